@@ -1,0 +1,21 @@
+/*
+ * The CPU backend's internal entry points. All take a validated fp_problem whose tensors live in
+ * host memory (core/backend.h); none allocates more than O(B * H * (Nq + Nk)) plus per-thread
+ * tiles.
+ *
+ *   reference.c   naive, obviously right, accumulates in double: the oracle of every test
+ *   flash_fwd.c   tiled forward with online softmax (core/online_softmax.h), OpenMP
+ *   flash_bwd.c   tiled backward recomputing P from LSE, OpenMP, deterministic
+ */
+#ifndef FLASHPORT_BACKENDS_CPU_INTERNAL_H
+#define FLASHPORT_BACKENDS_CPU_INTERNAL_H
+
+#include "core/backend.h"
+
+flashport_status fp_reference_forward(const fp_problem *p);
+flashport_status fp_reference_backward(const fp_problem *p);
+
+flashport_status fp_cpu_flash_forward(const fp_problem *p);
+flashport_status fp_cpu_flash_backward(const fp_problem *p);
+
+#endif /* FLASHPORT_BACKENDS_CPU_INTERNAL_H */

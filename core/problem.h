@@ -1,0 +1,56 @@
+/*
+ * Small helpers over fp_problem (core/backend.h) for host-side backends: where a sequence's
+ * tokens start and how long it is, and element offsets of one row of each tensor.
+ * Dense and varlen problems share one addressing rule:
+ *   element (b, s, h, d) of q is at  b * stride[FP_B] + (q_start(b) + s) * stride[FP_S]
+ *                                    + h * stride[FP_H] + d * stride[FP_D]
+ * with q_start = 0 for dense problems and cu_seqlens_q[b] (and stride[FP_B] = 0) for varlen.
+ */
+#ifndef FLASHPORT_CORE_PROBLEM_H
+#define FLASHPORT_CORE_PROBLEM_H
+
+#include "core/backend.h"
+
+typedef struct fp_seq {
+    int64_t q_start, nq; /* first packed token and length of sequence b's queries */
+    int64_t k_start, nk;
+} fp_seq;
+
+/* Host backends only: reads cu_seqlens directly. */
+static inline fp_seq fp_problem_seq(const fp_problem *p, int64_t b)
+{
+    fp_seq s;
+    if (p->varlen) {
+        s.q_start = p->cu_seqlens_q[b];
+        s.nq = p->cu_seqlens_q[b + 1] - s.q_start;
+        s.k_start = p->cu_seqlens_k[b];
+        s.nk = p->cu_seqlens_k[b + 1] - s.k_start;
+    } else {
+        s.q_start = 0;
+        s.nq = p->seqlen_q;
+        s.k_start = 0;
+        s.nk = p->seqlen_k;
+    }
+    return s;
+}
+
+/* Element offset of (b, token, h, 0) in a q/k/v/o-shaped view; token is the packed index
+ * (seq start + position). */
+static inline int64_t fp_row_offset(const fp_tensor_view *t, int64_t b, int64_t token, int64_t h)
+{
+    return b * t->stride[FP_B] + token * t->stride[FP_S] + h * t->stride[FP_H];
+}
+
+/* Element offset of LSE (b, h, token). */
+static inline int64_t fp_lse_offset(const fp_tensor_view *t, int64_t b, int64_t h, int64_t token)
+{
+    return b * t->stride[0] + h * t->stride[1] + token * t->stride[2];
+}
+
+/* The kv head read by query head h. */
+static inline int64_t fp_kv_head(const fp_problem *p, int64_t h)
+{
+    return h / (p->heads / p->kv_heads);
+}
+
+#endif /* FLASHPORT_CORE_PROBLEM_H */

@@ -1,0 +1,247 @@
+/*
+ * flashport: portable IO-aware exact attention (FlashAttention) behind one C API.
+ *
+ * The whole public API is this header. It is C11 and links nothing from CUDA or ROCm: GPU
+ * backends are plugins that the library loads at run time.
+ *
+ * Semantics (every backend computes exactly this; ../shared/SPEC.md is the contract):
+ *   q [B, Nq, H, D], k and v [B, Nk, Hkv, D], o [B, Nq, H, D]; element strides are arbitrary.
+ *   S = scale * Q K^T (scale defaults to 1/sqrt(D));
+ *   optional softcap c > 0: S = c * tanh(S / c);
+ *   optional ALiBi: S[i][j] -= slope[h] * |i + Nk - Nq - j|;
+ *   window (left, right), -1 = unbounded, aligned bottom-right: query i sees key j iff
+ *       i + Nk - Nq - left <= j <= i + Nk - Nq + right;  causal == (left = -1, right = 0);
+ *   P = softmax(S) over visible keys; O = P V; LSE = log(sum exp S) (natural log, f32).
+ *   A row with no visible key gives O = 0 and LSE = -inf, never NaN.
+ *   GQA/MQA: H % Hkv == 0; query head h reads kv head h / (H / Hkv).
+ *
+ * Every function returns a flashport_status; on failure flashport_last_error() gives a message
+ * for the calling thread. The library never prints (unless FLASHPORT_LOG is set), never exits and
+ * never aborts. A call that fails validation writes nothing to its outputs.
+ *
+ * Environment variables:
+ *   FLASHPORT_BACKEND      backend used by flashport_backend_open(NULL, ...): "cpu", "reference",
+ *                          "cuda", "hip" or "auto" (the first available GPU backend, else "cpu").
+ *   FLASHPORT_DEVICE       device index for GPU backends (default 0).
+ *   FLASHPORT_LOG          "1" (or any value but "0"): log to stderr which backend and kernel
+ *                          variant ran, and why.
+ *   FLASHPORT_PLUGIN_PATH  colon-separated folders searched for backend plugins
+ *                          (libflashport_<name>.so) before the folder of the library itself.
+ *   FLASHPORT_NUM_THREADS  threads used by the CPU backend (default: OpenMP's default).
+ */
+#ifndef FLASHPORT_H
+#define FLASHPORT_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#if defined(_WIN32)
+#define FLASHPORT_API __declspec(dllexport)
+#else
+#define FLASHPORT_API __attribute__((visibility("default")))
+#endif
+
+#define FLASHPORT_VERSION_MAJOR 0
+#define FLASHPORT_VERSION_MINOR 1
+#define FLASHPORT_VERSION_PATCH 0
+/* One integer that orders versions: major * 10000 + minor * 100 + patch. */
+#define FLASHPORT_VERSION \
+    (FLASHPORT_VERSION_MAJOR * 10000 + FLASHPORT_VERSION_MINOR * 100 + FLASHPORT_VERSION_PATCH)
+
+/* ---------------------------------------------------------------------------------------------
+ * Status codes. FLASHPORT_OK is 0; every other value is a distinct failure.
+ * ------------------------------------------------------------------------------------------- */
+typedef enum flashport_status {
+    FLASHPORT_OK = 0,
+    FLASHPORT_ERR_NULL_POINTER = 1,         /* a required pointer argument was NULL            */
+    FLASHPORT_ERR_INVALID_VALUE = 2,        /* a parameter is out of its range (scale, window,
+                                               softcap, rank, unknown enum value)              */
+    FLASHPORT_ERR_SHAPE_MISMATCH = 3,       /* tensors disagree on B, N, H, D                  */
+    FLASHPORT_ERR_DTYPE_MISMATCH = 4,       /* q/k/v/o (and grads) do not share one dtype, or
+                                               lse is not f32                                  */
+    FLASHPORT_ERR_HEAD_RATIO = 5,           /* H % Hkv != 0                                    */
+    FLASHPORT_ERR_BAD_SIZE = 6,             /* a size is negative, zero where not allowed, or
+                                               an extent overflows 64-bit offsets              */
+    FLASHPORT_ERR_BAD_STRIDE = 7,           /* a stride is negative or overflows               */
+    FLASHPORT_ERR_ALIASING = 8,             /* an output overlaps an input or another output   */
+    FLASHPORT_ERR_UNSUPPORTED_HEAD_DIM = 9, /* the backend has no kernel for this D            */
+    FLASHPORT_ERR_UNSUPPORTED_DTYPE = 10,   /* the backend has no kernel for this dtype        */
+    FLASHPORT_ERR_UNSUPPORTED_LAYOUT = 11,  /* e.g. the backend needs a contiguous last dim    */
+    FLASHPORT_ERR_UNSUPPORTED_FEATURE = 12, /* a feature this backend/direction lacks          */
+    FLASHPORT_ERR_BAD_SEQLENS = 13,         /* cu_seqlens not monotone, not starting at 0,
+                                               exceeding the buffer, or over max_seqlen        */
+    FLASHPORT_ERR_BACKEND_UNKNOWN = 14,     /* no backend of this name exists                  */
+    FLASHPORT_ERR_BACKEND_UNAVAILABLE = 15, /* the backend's plugin is missing or failed to
+                                               load, or has the wrong API version             */
+    FLASHPORT_ERR_NO_DEVICE = 16,           /* the backend's runtime finds no usable device    */
+    FLASHPORT_ERR_OUT_OF_MEMORY = 17,       /* host or device allocation failed                */
+    FLASHPORT_ERR_DEVICE = 18,              /* a device runtime call failed                    */
+    FLASHPORT_ERR_INTERNAL = 19             /* a bug in flashport; please report it            */
+} flashport_status;
+
+/* A short constant name for a status ("FLASHPORT_ERR_HEAD_RATIO"). Never NULL. */
+FLASHPORT_API const char *flashport_status_string(flashport_status status);
+
+/* The message of the last failure on the calling thread ("" if none). Thread-local; valid until
+ * the next flashport call on this thread. */
+FLASHPORT_API const char *flashport_last_error(void);
+
+/* "major.minor.patch". */
+FLASHPORT_API const char *flashport_version(void);
+
+/* ---------------------------------------------------------------------------------------------
+ * Element types and tensor descriptors.
+ * ------------------------------------------------------------------------------------------- */
+typedef enum flashport_dtype {
+    FLASHPORT_F32 = 0,
+    FLASHPORT_F16 = 1,  /* IEEE binary16 */
+    FLASHPORT_BF16 = 2, /* bfloat16      */
+    FLASHPORT_FP8_E4M3 = 3, /* reserved: Hopper forward with per-tensor descale (not yet served) */
+    FLASHPORT_FP8_E5M2 = 4, /* reserved */
+    FLASHPORT_DTYPE_COUNT
+} flashport_dtype;
+
+/* Size in bytes of one element (0 for an unknown dtype). */
+FLASHPORT_API size_t flashport_dtype_size(flashport_dtype dtype);
+/* "f32", "f16", "bf16", "fp8_e4m3", "fp8_e5m2", or "?". */
+FLASHPORT_API const char *flashport_dtype_name(flashport_dtype dtype);
+
+#define FLASHPORT_MAX_RANK 4
+
+/* A strided view of memory owned by the caller. `data` lives where the backend computes (host
+ * memory for "cpu"/"reference", device memory for GPU backends). Shapes and strides are in
+ * elements, outermost dimension first; strides may be any non-negative value (a backend may
+ * require stride 1 on the last dimension and says so with FLASHPORT_ERR_UNSUPPORTED_LAYOUT).
+ *
+ *   dense q/k/v/o/dq/dk/dv:  rank 4, [B, N, heads, D]
+ *   varlen q/k/v/o/...:      rank 3, [total_tokens, heads, D]   (with params.cu_seqlens_*)
+ *   lse (f32):               rank 3, [B, H, Nq]; varlen: rank 2, [H, total_q]              */
+typedef struct flashport_tensor {
+    void *data;
+    flashport_dtype dtype;
+    int32_t rank;
+    int64_t shape[FLASHPORT_MAX_RANK];
+    int64_t stride[FLASHPORT_MAX_RANK];
+} flashport_tensor;
+
+/* Fills a contiguous (row-major) descriptor of the given rank and shape. Returns it by value so
+ * it can be used inline; never fails (validation happens when the tensor is used). */
+FLASHPORT_API flashport_tensor flashport_tensor_contiguous(void *data, flashport_dtype dtype,
+                                                           int32_t rank, const int64_t *shape);
+
+/* ---------------------------------------------------------------------------------------------
+ * Backends.
+ * ------------------------------------------------------------------------------------------- */
+typedef struct flashport_backend flashport_backend;
+
+/* Opens a backend by name: "cpu" (tiled flash kernels, OpenMP), "reference" (the naive oracle,
+ * double accumulation), "cuda", "hip", or "auto". name == NULL reads FLASHPORT_BACKEND (and
+ * "auto" if that is unset). The device index comes from FLASHPORT_DEVICE (default 0).
+ * An unknown or unavailable backend is an error whose message names the available ones; there
+ * is never a silent fallback ("auto" is the only name that chooses). */
+FLASHPORT_API flashport_status flashport_backend_open(const char *name, flashport_backend **out);
+
+/* Same, with an explicit device index (ignored by host backends). */
+FLASHPORT_API flashport_status flashport_backend_open_device(const char *name, int device,
+                                                             flashport_backend **out);
+
+/* Releases the handle. NULL is accepted. Does not free memory allocated through it. */
+FLASHPORT_API void flashport_backend_close(flashport_backend *backend);
+
+/* The backend's name ("cpu", "cuda", ...) and the device index it runs on. */
+FLASHPORT_API const char *flashport_backend_name(const flashport_backend *backend);
+FLASHPORT_API int flashport_backend_device(const flashport_backend *backend);
+
+/* Writes a comma-separated list of the backends that open on this machine right now into buf
+ * (always NUL-terminated when size > 0). */
+FLASHPORT_API flashport_status flashport_available_backends(char *buf, size_t size);
+
+/* Memory helpers: where the backend's tensors live. For host backends these are plain host
+ * allocations and copies. Copies are synchronous with respect to the host. */
+FLASHPORT_API flashport_status flashport_malloc(flashport_backend *backend, size_t bytes,
+                                                void **ptr);
+FLASHPORT_API flashport_status flashport_free(flashport_backend *backend, void *ptr);
+FLASHPORT_API flashport_status flashport_memcpy_to_device(flashport_backend *backend, void *dst,
+                                                          const void *src_host, size_t bytes);
+FLASHPORT_API flashport_status flashport_memcpy_to_host(flashport_backend *backend, void *dst_host,
+                                                        const void *src, size_t bytes);
+FLASHPORT_API flashport_status flashport_synchronize(flashport_backend *backend);
+
+/* The stream the backend enqueues work on (a cudaStream_t / hipStream_t cast to void *; NULL is
+ * the default stream). Host backends accept only NULL. Kernels launched through this handle are
+ * ordered after prior work on that stream and run asynchronously to the host. */
+FLASHPORT_API flashport_status flashport_set_stream(flashport_backend *backend, void *stream);
+
+/* ---------------------------------------------------------------------------------------------
+ * Attention.
+ * ------------------------------------------------------------------------------------------- */
+typedef struct flashport_attention_params {
+    /* Multiplier of Q K^T. 0 means 1/sqrt(D). Must be finite and not negative. */
+    float scale;
+
+    /* Sliding window, in keys, aligned bottom-right (see top of file). -1 means unbounded on that
+     * side. Values below -1 are invalid. */
+    int32_t window_left;
+    int32_t window_right;
+
+    /* Nonzero: causal, i.e. window_right is forced to 0 (window_left still applies, which gives
+     * causal sliding-window attention). */
+    int32_t causal;
+
+    /* Softcap c: S = c * tanh(S / c). 0 disables; negative is invalid. */
+    float softcap;
+
+    /* ALiBi: H slopes, f32, contiguous, in the backend's memory; NULL disables. */
+    const float *alibi_slopes;
+
+    /* Variable-length batches. Both NULL: dense rank-4 tensors. Both set: rank-3 packed tensors
+     * and B + 1 monotone int32 offsets (in the backend's memory) starting at 0, the last not
+     * exceeding the packed tensor's token count. max_seqlen_q/k bound every sequence length. */
+    const int32_t *cu_seqlens_q;
+    const int32_t *cu_seqlens_k;
+    int32_t batch;        /* B for varlen (number of sequences); ignored for dense tensors */
+    int32_t max_seqlen_q; /* varlen only */
+    int32_t max_seqlen_k; /* varlen only */
+
+    /* Backward: nonzero asks for bitwise-identical gradients from run to run (no float atomics
+     * whose order varies). */
+    int32_t deterministic;
+
+    /* fp8 inputs only (reserved): per-tensor dequantization factors; 0 means 1. */
+    float descale_q;
+    float descale_k;
+    float descale_v;
+} flashport_attention_params;
+
+/* Defaults: scale 1/sqrt(D), no window, not causal, no softcap, no ALiBi, dense, not
+ * deterministic. Always start from this so fields added later keep their defaults. */
+FLASHPORT_API void flashport_attention_params_init(flashport_attention_params *params);
+
+/* O = attention(Q, K, V). lse may be NULL; if given it receives the row log-sum-exp (f32) that
+ * the backward pass needs. q, k, v, o must share one dtype. */
+FLASHPORT_API flashport_status flashport_attention_forward(flashport_backend *backend,
+                                                           const flashport_attention_params *params,
+                                                           const flashport_tensor *q,
+                                                           const flashport_tensor *k,
+                                                           const flashport_tensor *v,
+                                                           const flashport_tensor *o,
+                                                           const flashport_tensor *lse);
+
+/* dQ, dK, dV from q, k, v, the forward's o and lse, and dO. dK/dV are summed over the query
+ * heads that share a kv head. Gradients have the shapes (and dtype) of q, k, v. No Nq x Nk
+ * matrix is ever stored: P is recomputed from lse. params must be those of the forward. */
+FLASHPORT_API flashport_status flashport_attention_backward(
+    flashport_backend *backend, const flashport_attention_params *params,
+    const flashport_tensor *q, const flashport_tensor *k, const flashport_tensor *v,
+    const flashport_tensor *o, const flashport_tensor *lse, const flashport_tensor *dout,
+    const flashport_tensor *dq, const flashport_tensor *dk, const flashport_tensor *dv);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* FLASHPORT_H */

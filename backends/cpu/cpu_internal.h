@@ -18,4 +18,8 @@ flashport_status fp_reference_backward(const fp_problem *p);
 flashport_status fp_cpu_flash_forward(const fp_problem *p);
 flashport_status fp_cpu_flash_backward(const fp_problem *p);
 
+/* Threads the CPU kernels use: FLASHPORT_NUM_THREADS if set, else OpenMP's default (1 without
+ * OpenMP). Kernels pass it to their parallel regions as num_threads(...). */
+int fp_cpu_threads(void);
+
 #endif /* FLASHPORT_BACKENDS_CPU_INTERNAL_H */

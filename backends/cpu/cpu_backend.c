@@ -1,0 +1,145 @@
+/*
+ * The built-in host backends: "cpu" (tiled flash kernels, flash_fwd.c / flash_bwd.c) and
+ * "reference" (the naive double-accumulating oracle, reference.c). Tensors live in host memory,
+ * so the memory helpers are plain allocations and copies. Both take any D in 1..256 and f32, f16
+ * and bf16, with any strides.
+ */
+#include "backends/cpu/cpu_internal.h"
+#include "core/plan.h"
+
+#include <stdlib.h>
+#include <string.h>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+#define CPU_MAX_HEAD_DIM 256
+
+int fp_cpu_threads(void)
+{
+    static int threads; /* 0 until read; a benign race: every reader computes the same value */
+    int t = __atomic_load_n(&threads, __ATOMIC_RELAXED);
+    if (t > 0)
+        return t;
+    const char *env = getenv("FLASHPORT_NUM_THREADS");
+    char *end;
+    long v = env && *env ? strtol(env, &end, 10) : 0;
+    if (v > 0 && v < 4096 && *end == '\0')
+        t = (int)v;
+    else {
+#ifdef _OPENMP
+        t = omp_get_max_threads();
+#else
+        t = 1;
+#endif
+    }
+    __atomic_store_n(&threads, t, __ATOMIC_RELAXED);
+    return t;
+}
+
+static flashport_status host_open(int device, void **ctx)
+{
+    (void)device; /* one host */
+    *ctx = NULL;
+    return FLASHPORT_OK;
+}
+
+static void host_close(void *ctx) { (void)ctx; }
+
+static void host_caps(void *ctx, fp_backend_caps *caps)
+{
+    (void)ctx;
+    uint32_t all = (1u << FLASHPORT_F32) | (1u << FLASHPORT_F16) | (1u << FLASHPORT_BF16);
+    caps->dtypes_fwd = all;
+    caps->dtypes_bwd = all;
+    caps->max_head_dim = CPU_MAX_HEAD_DIM;
+    caps->head_dim_multiple = 1;
+    caps->needs_contiguous_dim = 0;
+    caps->is_host = 1;
+}
+
+static flashport_status host_malloc(void *ctx, size_t bytes, void **ptr)
+{
+    (void)ctx;
+    size_t rounded = (bytes + 63) & ~(size_t)63;
+    if (rounded < bytes || !(*ptr = aligned_alloc(64, rounded)))
+        return fp_host()->set_error(FLASHPORT_ERR_OUT_OF_MEMORY,
+                                    "cannot allocate %zu bytes of host memory", bytes);
+    return FLASHPORT_OK;
+}
+
+static flashport_status host_free(void *ctx, void *ptr)
+{
+    (void)ctx;
+    free(ptr);
+    return FLASHPORT_OK;
+}
+
+static flashport_status host_copy(void *ctx, void *dst, const void *src, size_t bytes)
+{
+    (void)ctx;
+    memmove(dst, src, bytes);
+    return FLASHPORT_OK;
+}
+
+static flashport_status host_sync(void *ctx)
+{
+    (void)ctx;
+    return FLASHPORT_OK;
+}
+
+static flashport_status cpu_forward(void *ctx, const fp_problem *p)
+{
+    (void)ctx;
+    if (fp_host()->log_enabled()) {
+        int32_t bq, bk;
+        fp_plan_cpu_tiles(p->head_dim, &bq, &bk);
+        fp_host()->log("cpu: flash forward (tiled, online softmax), block_q=%d block_k=%d, "
+                       "%d threads",
+                       bq, bk, fp_cpu_threads());
+    }
+    return fp_cpu_flash_forward(p);
+}
+
+static flashport_status cpu_backward(void *ctx, const fp_problem *p)
+{
+    (void)ctx;
+    if (fp_host()->log_enabled()) {
+        int32_t bq, bk;
+        fp_plan_cpu_tiles(p->head_dim, &bq, &bk);
+        fp_host()->log("cpu: flash backward (recompute P from LSE; dK/dV pass over key blocks, "
+                       "dQ pass over query blocks; deterministic), block_q=%d block_k=%d, "
+                       "%d threads",
+                       bq, bk, fp_cpu_threads());
+    }
+    return fp_cpu_flash_backward(p);
+}
+
+static flashport_status reference_forward(void *ctx, const fp_problem *p)
+{
+    (void)ctx;
+    fp_host()->log("reference: naive forward, double accumulation");
+    return fp_reference_forward(p);
+}
+
+static flashport_status reference_backward(void *ctx, const fp_problem *p)
+{
+    (void)ctx;
+    fp_host()->log("reference: naive backward, double accumulation");
+    return fp_reference_backward(p);
+}
+
+static const fp_backend_ops cpu_ops = {
+    FP_PLUGIN_API_VERSION, "cpu",     host_open, host_close,  host_caps,    host_malloc,
+    host_free,             host_copy, host_copy, host_sync,   NULL,         cpu_forward,
+    cpu_backward,
+};
+
+static const fp_backend_ops reference_ops = {
+    FP_PLUGIN_API_VERSION, "reference", host_open, host_close,        host_caps, host_malloc,
+    host_free,             host_copy,   host_copy, host_sync,         NULL,      reference_forward,
+    reference_backward,
+};
+
+const fp_backend_ops *fp_cpu_backend_ops(void) { return &cpu_ops; }
+const fp_backend_ops *fp_reference_backend_ops(void) { return &reference_ops; }

@@ -1,0 +1,100 @@
+/*
+ * Tile planning (see core/plan.h).
+ */
+#include "core/plan.h"
+
+#include "core/mask.h"
+
+static int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+int64_t fp_plan_block_cost(const fp_plan *plan, const fp_plan_shape *s, int64_t q_block)
+{
+    int64_t i0 = q_block * plan->block_q;
+    int64_t i1 = i0 + plan->block_q;
+    if (i1 > s->seqlen_q)
+        i1 = s->seqlen_q;
+    if (i1 <= i0)
+        return 0;
+    int64_t lo, hi;
+    fp_mask_block_range(i0, i1, s->seqlen_q, s->seqlen_k, s->window_left, s->window_right, &lo,
+                        &hi);
+    if (hi <= lo)
+        return 0;
+    return ceil_div(hi, plan->block_k) - lo / plan->block_k;
+}
+
+/* Busy fraction of all waves when `tasks` equal tasks run on `workers` (a grid smaller than the
+ * machine counts its idle workers too). */
+static double wave_efficiency(int64_t tasks, int64_t workers)
+{
+    int64_t waves = ceil_div(tasks, workers);
+    return (double)tasks / (double)(waves * workers);
+}
+
+fp_plan fp_plan_forward(const fp_plan_shape *s, const fp_plan_target *t)
+{
+    fp_plan p;
+    p.block_q = t->block_q;
+    p.block_k = t->block_k;
+    p.num_q_blocks = s->seqlen_q > 0 ? ceil_div(s->seqlen_q, t->block_q) : 0;
+    /* A bounded right side with an unbounded left (causal) makes later query blocks the heavier
+     * ones; with the left side bounded the cost is flat or falls, and natural order is right. */
+    p.heavy_first = s->window_right >= 0 && s->window_left < 0;
+
+    int64_t k_blocks = s->seqlen_k > 0 ? ceil_div(s->seqlen_k, t->block_k) : 0;
+    int64_t base_tasks = s->batch * s->heads * p.num_q_blocks;
+    int32_t splits = 1;
+    /* Split only when the unsplit grid leaves most workers idle and each split keeps at least
+     * two key blocks (below that the combine costs more than it saves). Among the split counts
+     * pick the smallest whose wave efficiency is within 85% of the best: fewer splits mean less
+     * combine traffic. */
+    if (t->max_splits > 1 && base_tasks > 0 && base_tasks * 5 < t->workers * 4 && k_blocks >= 4) {
+        int64_t max_s = t->max_splits;
+        if (max_s > k_blocks / 2)
+            max_s = k_blocks / 2;
+        double best = 0.0;
+        for (int64_t n = 1; n <= max_s; n++) {
+            double e = wave_efficiency(base_tasks * n, t->workers);
+            if (e > best)
+                best = e;
+        }
+        for (int64_t n = 1; n <= max_s; n++) {
+            double e = wave_efficiency(base_tasks * n, t->workers);
+            if (e >= 0.85 * best) {
+                splits = (int32_t)n;
+                break;
+            }
+        }
+    }
+    p.num_splits = splits;
+    p.keys_per_split = ceil_div(k_blocks, splits) * t->block_k;
+    /* Recount: rounding keys_per_split up can leave trailing splits empty. */
+    if (p.keys_per_split > 0)
+        p.num_splits = (int32_t)ceil_div(s->seqlen_k, p.keys_per_split);
+    if (p.num_splits < 1)
+        p.num_splits = 1;
+    p.num_tasks = base_tasks * p.num_splits;
+    return p;
+}
+
+fp_plan_task fp_plan_task_at(const fp_plan *p, const fp_plan_shape *s, int64_t task)
+{
+    fp_plan_task out;
+    int64_t per_block = s->batch * s->heads * p->num_splits;
+    int64_t rank = task / per_block; /* position of the query block in the work order */
+    int64_t rest = task % per_block;
+    out.split = (int32_t)(rest % p->num_splits);
+    rest /= p->num_splits;
+    out.head = rest % s->heads;
+    out.batch = rest / s->heads;
+    /* heavy_first: later query blocks see more keys (see fp_plan_forward), so run them first. */
+    out.q_block = p->heavy_first ? p->num_q_blocks - 1 - rank : rank;
+    return out;
+}
+
+void fp_plan_cpu_tiles(int64_t head_dim, int32_t *block_q, int32_t *block_k)
+{
+    /* Q, K, V and O tiles in f32 plus the S tile stay within ~256 KiB (a core's L2 share). */
+    *block_q = 64;
+    *block_k = head_dim <= 128 ? 64 : 32;
+}

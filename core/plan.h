@@ -1,0 +1,68 @@
+/*
+ * Tile planning as pure functions (after FlashAttention's hopper/tile_size.h): given a problem's
+ * shape and a backend's target (how many parallel workers, its tile sizes, how far it may split
+ * the keys), decide the grid of work. No allocation, no side effects: unit-tested in
+ * tests/test_plan.c.
+ *
+ *   - query blocks per (batch, head): ceil(Nq / block_q);
+ *   - KV splits for decode-like shapes (few query blocks, long keys): split the key range so the
+ *     machine is filled, combining partial results through the LSE merge (core/online_softmax.h);
+ *   - work order: with a causal/windowed mask query blocks differ in cost; tasks are numbered so
+ *     the heaviest come first, which keeps a dynamic scheduler (OpenMP dynamic, or a GPU's block
+ *     dispatcher) from ending on one long straggler.
+ */
+#ifndef FLASHPORT_CORE_PLAN_H
+#define FLASHPORT_CORE_PLAN_H
+
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct fp_plan_shape {
+    int64_t batch, heads;
+    int64_t seqlen_q, seqlen_k; /* dense lengths, or varlen maxima */
+    int64_t head_dim;
+    int64_t window_left, window_right; /* -1 = unbounded; causal is right = 0 */
+} fp_plan_shape;
+
+typedef struct fp_plan_target {
+    int64_t workers;    /* parallel units to fill: CPU threads, or GPU SMs x resident blocks */
+    int32_t block_q;    /* query rows per tile */
+    int32_t block_k;    /* keys per tile */
+    int32_t max_splits; /* upper bound on KV splits; 1 disables split-KV */
+} fp_plan_target;
+
+typedef struct fp_plan {
+    int32_t block_q, block_k;
+    int64_t num_q_blocks;   /* per (batch, head) */
+    int32_t num_splits;     /* KV splits per query block; 1 = none */
+    int64_t keys_per_split; /* a multiple of block_k */
+    int64_t num_tasks;      /* batch * heads * num_q_blocks * num_splits */
+    int32_t heavy_first;    /* 1: later query blocks cost more (causal); they are run first */
+} fp_plan;
+
+typedef struct fp_plan_task {
+    int64_t batch, head, q_block;
+    int32_t split;
+} fp_plan_task;
+
+/* The plan for a forward pass (the backward uses the same numbering with num_splits = 1). */
+fp_plan fp_plan_forward(const fp_plan_shape *shape, const fp_plan_target *target);
+
+/* Task index (0 .. num_tasks - 1) to coordinates, heaviest query blocks first when
+ * plan->heavy_first. Tasks of one query block across (batch, head, split) are adjacent. */
+fp_plan_task fp_plan_task_at(const fp_plan *plan, const fp_plan_shape *shape, int64_t task);
+
+/* Number of key blocks that query block q_block must visit (its cost), for a dense problem. */
+int64_t fp_plan_block_cost(const fp_plan *plan, const fp_plan_shape *shape, int64_t q_block);
+
+/* Tile sizes of the CPU flash kernels for head dim d (block_q, block_k). */
+void fp_plan_cpu_tiles(int64_t head_dim, int32_t *block_q, int32_t *block_k);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* FLASHPORT_CORE_PLAN_H */

@@ -1,0 +1,473 @@
+/*
+ * Validation and normalization of attention calls (see core/validate.h).
+ *
+ * Order of checks: pointers, enum values and parameter ranges, ranks, sizes and strides
+ * (overflow), shapes against each other, head ratio, varlen offsets, what the backend can run
+ * (dtype, head dim, layout), and last aliasing of outputs. The first failure wins; its message
+ * names the tensor and dimension.
+ */
+#include "core/validate.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* Element count and the largest element offset of a tensor, with overflow checks. */
+static flashport_status tensor_extent(const char *name, const flashport_tensor *t,
+                                      int64_t *max_offset, int64_t *count)
+{
+    int64_t off = 0, n = 1;
+    for (int d = 0; d < t->rank; d++) {
+        if (t->shape[d] < 0)
+            return fp_set_error(FLASHPORT_ERR_BAD_SIZE, "%s: dimension %d has negative size %lld",
+                                name, d, (long long)t->shape[d]);
+        if (t->stride[d] < 0)
+            return fp_set_error(FLASHPORT_ERR_BAD_STRIDE,
+                                "%s: dimension %d has negative stride %lld", name, d,
+                                (long long)t->stride[d]);
+    }
+    for (int d = 0; d < t->rank; d++) {
+        int64_t term;
+        if (__builtin_mul_overflow(t->shape[d], n, &n))
+            return fp_set_error(FLASHPORT_ERR_BAD_SIZE, "%s: element count overflows", name);
+        if (t->shape[d] > 0 && (__builtin_mul_overflow(t->shape[d] - 1, t->stride[d], &term) ||
+                                __builtin_add_overflow(off, term, &off)))
+            return fp_set_error(FLASHPORT_ERR_BAD_STRIDE,
+                                "%s: stride %lld of dimension %d overflows 64-bit offsets", name,
+                                (long long)t->stride[d], d);
+    }
+    int64_t bytes;
+    if (__builtin_add_overflow(off, 1, &bytes) ||
+        __builtin_mul_overflow(bytes, (int64_t)flashport_dtype_size(t->dtype), &bytes))
+        return fp_set_error(FLASHPORT_ERR_BAD_STRIDE, "%s: extent overflows 64-bit byte offsets",
+                            name);
+    if (n > 0 && (uintptr_t)t->data > UINTPTR_MAX - (uintptr_t)bytes)
+        return fp_set_error(FLASHPORT_ERR_BAD_STRIDE, "%s: extent wraps the address space", name);
+    *max_offset = off;
+    *count = n;
+    return FLASHPORT_OK;
+}
+
+static int64_t element_count(const flashport_tensor *t)
+{
+    int64_t n = 1;
+    for (int d = 0; d < t->rank; d++)
+        n *= t->shape[d];
+    return n;
+}
+
+/* Dimensions of size > 1, sorted by stride ascending. Returns how many. */
+static int sorted_dims(const flashport_tensor *t, int64_t *shape, int64_t *stride)
+{
+    int n = 0;
+    for (int d = 0; d < t->rank; d++) {
+        if (t->shape[d] <= 1)
+            continue;
+        int i = n++;
+        while (i > 0 && stride[i - 1] > t->stride[d]) {
+            stride[i] = stride[i - 1];
+            shape[i] = shape[i - 1];
+            i--;
+        }
+        stride[i] = t->stride[d];
+        shape[i] = t->shape[d];
+    }
+    return n;
+}
+
+int fp_tensor_injective(const flashport_tensor *t)
+{
+    int64_t shape[FLASHPORT_MAX_RANK], stride[FLASHPORT_MAX_RANK];
+    int n = sorted_dims(t, shape, stride);
+    int64_t reach = 0; /* largest offset reachable with the inner dimensions */
+    for (int i = 0; i < n; i++) {
+        if (stride[i] <= reach)
+            return 0;
+        reach += (shape[i] - 1) * stride[i];
+    }
+    return 1;
+}
+
+/* Is delta = sum_i c_i * stride_i for some integers |c_i| < shape_i (dims 0..k, sorted, injective)? */
+static int reachable(int64_t delta, const int64_t *shape, const int64_t *stride, int k)
+{
+    if (k < 0)
+        return delta == 0;
+    int64_t inner = 0;
+    for (int i = 0; i < k; i++)
+        inner += (shape[i] - 1) * stride[i];
+    /* candidates c with |delta - c * stride_k| <= inner; at most two since stride_k > inner */
+    int64_t s = stride[k];
+    int64_t lo = delta - inner, hi = delta + inner;
+    int64_t c_lo = lo >= 0 ? (lo + s - 1) / s : -((-lo) / s);
+    int64_t c_hi = hi >= 0 ? hi / s : -((-hi + s - 1) / s);
+    if (c_lo < -(shape[k] - 1))
+        c_lo = -(shape[k] - 1);
+    if (c_hi > shape[k] - 1)
+        c_hi = shape[k] - 1;
+    for (int64_t c = c_lo; c <= c_hi; c++)
+        if (reachable(delta - c * s, shape, stride, k - 1))
+            return 1;
+    return 0;
+}
+
+int fp_tensors_disjoint(const flashport_tensor *a, const flashport_tensor *b)
+{
+    int64_t ea = 0, eb = 0, na, nb;
+    if (tensor_extent("a", a, &ea, &na) != FLASHPORT_OK ||
+        tensor_extent("b", b, &eb, &nb) != FLASHPORT_OK)
+        return 0;
+    if (na == 0 || nb == 0)
+        return 1;
+    uintptr_t a_lo = (uintptr_t)a->data, b_lo = (uintptr_t)b->data;
+    uintptr_t a_hi = a_lo + (uintptr_t)(ea + 1) * flashport_dtype_size(a->dtype);
+    uintptr_t b_hi = b_lo + (uintptr_t)(eb + 1) * flashport_dtype_size(b->dtype);
+    if (a_hi <= b_lo || b_hi <= a_lo)
+        return 1;
+    /* Interleaved slices of one buffer (e.g. q, k, v of a packed qkv tensor): same dtype, shape
+     * and strides, non-self-overlapping, and the offset between them is not a difference of two
+     * element offsets. */
+    if (a->dtype != b->dtype || a->rank != b->rank)
+        return 0;
+    for (int d = 0; d < a->rank; d++)
+        if (a->shape[d] != b->shape[d] || a->stride[d] != b->stride[d])
+            return 0;
+    if (!fp_tensor_injective(a))
+        return 0;
+    size_t es = flashport_dtype_size(a->dtype);
+    intptr_t delta_bytes = (intptr_t)(b_lo - a_lo);
+    if (delta_bytes % (intptr_t)es != 0)
+        return 0;
+    int64_t shape[FLASHPORT_MAX_RANK], stride[FLASHPORT_MAX_RANK];
+    int n = sorted_dims(a, shape, stride);
+    return !reachable((int64_t)(delta_bytes / (intptr_t)es), shape, stride, n - 1);
+}
+
+/* ------------------------------------------------------------------------------------------ */
+
+typedef struct dims {
+    int64_t b, nq, nk, h, hkv, d, total_q, total_k;
+} dims;
+
+static flashport_status check_present(const char *name, const flashport_tensor *t)
+{
+    if (!t)
+        return fp_set_error(FLASHPORT_ERR_NULL_POINTER, "%s is NULL", name);
+    if ((unsigned)t->dtype >= FLASHPORT_DTYPE_COUNT)
+        return fp_set_error(FLASHPORT_ERR_INVALID_VALUE, "%s: unknown dtype %d", name,
+                            (int)t->dtype);
+    if (t->rank < 1 || t->rank > FLASHPORT_MAX_RANK)
+        return fp_set_error(FLASHPORT_ERR_INVALID_VALUE, "%s: rank %d is not in 1..%d", name,
+                            (int)t->rank, FLASHPORT_MAX_RANK);
+    int64_t off, n;
+    flashport_status st = tensor_extent(name, t, &off, &n);
+    if (st != FLASHPORT_OK)
+        return st;
+    if (!t->data && n > 0)
+        return fp_set_error(FLASHPORT_ERR_NULL_POINTER, "%s->data is NULL", name);
+    return FLASHPORT_OK;
+}
+
+static flashport_status check_rank(const char *name, const flashport_tensor *t, int rank,
+                                   int varlen)
+{
+    if (t->rank != rank)
+        return fp_set_error(FLASHPORT_ERR_SHAPE_MISMATCH, "%s has rank %d; a %s call needs rank %d",
+                            name, (int)t->rank, varlen ? "varlen" : "dense", rank);
+    return FLASHPORT_OK;
+}
+
+/* Expects a q/k/v-shaped tensor: dense [B, N, heads, D] or varlen [total, heads, D]. */
+static flashport_status check_shape(const char *name, const flashport_tensor *t, int varlen,
+                                    int64_t b, int64_t n, int64_t heads, int64_t d)
+{
+    const int64_t *s = t->shape;
+    if (varlen) {
+        if (s[0] != n || s[1] != heads || s[2] != d)
+            return fp_set_error(FLASHPORT_ERR_SHAPE_MISMATCH,
+                                "%s has shape [%lld, %lld, %lld]; expected [%lld, %lld, %lld]",
+                                name, (long long)s[0], (long long)s[1], (long long)s[2],
+                                (long long)n, (long long)heads, (long long)d);
+    } else if (s[0] != b || s[1] != n || s[2] != heads || s[3] != d) {
+        return fp_set_error(FLASHPORT_ERR_SHAPE_MISMATCH,
+                            "%s has shape [%lld, %lld, %lld, %lld]; expected [%lld, %lld, %lld, "
+                            "%lld]",
+                            name, (long long)s[0], (long long)s[1], (long long)s[2],
+                            (long long)s[3], (long long)b, (long long)n, (long long)heads,
+                            (long long)d);
+    }
+    return FLASHPORT_OK;
+}
+
+static flashport_status check_dtype(const char *name, const flashport_tensor *t,
+                                    flashport_dtype want)
+{
+    if (t->dtype != want)
+        return fp_set_error(FLASHPORT_ERR_DTYPE_MISMATCH, "%s has dtype %s; expected %s", name,
+                            flashport_dtype_name(t->dtype), flashport_dtype_name(want));
+    return FLASHPORT_OK;
+}
+
+static flashport_status check_params(const flashport_attention_params *p)
+{
+    if (!isfinite(p->scale) || p->scale < 0.0f)
+        return fp_set_error(FLASHPORT_ERR_INVALID_VALUE,
+                            "scale %g must be finite and >= 0 (0 = 1/sqrt(D))", (double)p->scale);
+    if (!isfinite(p->softcap) || p->softcap < 0.0f)
+        return fp_set_error(FLASHPORT_ERR_INVALID_VALUE,
+                            "softcap %g must be finite and >= 0 (0 = off)", (double)p->softcap);
+    if (p->window_left < -1 || p->window_right < -1)
+        return fp_set_error(FLASHPORT_ERR_INVALID_VALUE,
+                            "window (%d, %d): each side must be >= -1 (-1 = unbounded)",
+                            (int)p->window_left, (int)p->window_right);
+    if ((p->cu_seqlens_q == NULL) != (p->cu_seqlens_k == NULL))
+        return fp_set_error(FLASHPORT_ERR_NULL_POINTER,
+                            "varlen needs both cu_seqlens_q and cu_seqlens_k (one is NULL)");
+    if (p->cu_seqlens_q && (p->batch < 0 || p->max_seqlen_q < 0 || p->max_seqlen_k < 0))
+        return fp_set_error(FLASHPORT_ERR_BAD_SIZE,
+                            "varlen batch %d, max_seqlen_q %d, max_seqlen_k %d must be >= 0",
+                            (int)p->batch, (int)p->max_seqlen_q, (int)p->max_seqlen_k);
+    float ds[3] = {p->descale_q, p->descale_k, p->descale_v};
+    for (int i = 0; i < 3; i++)
+        if (!isfinite(ds[i]) || ds[i] < 0.0f)
+            return fp_set_error(FLASHPORT_ERR_INVALID_VALUE,
+                                "fp8 descale factors must be finite and >= 0 (0 = 1)");
+    return FLASHPORT_OK;
+}
+
+/* Reads cu_seqlens (B + 1 ints in backend memory) and checks them against the buffers. */
+static flashport_status check_seqlens(flashport_backend *be, const char *name,
+                                      const int32_t *cu, int64_t batch, int64_t total,
+                                      int64_t max_seqlen)
+{
+    size_t bytes = (size_t)(batch + 1) * sizeof(int32_t);
+    int32_t stack_buf[64];
+    int32_t *host = (size_t)(batch + 1) <= 64 ? stack_buf : (int32_t *)malloc(bytes);
+    if (!host)
+        return fp_set_error(FLASHPORT_ERR_OUT_OF_MEMORY, "cannot read %s: out of memory", name);
+    flashport_status st = be->caps.is_host ? (memcpy(host, cu, bytes), FLASHPORT_OK)
+                                           : be->ops->copy_to_host(be->ctx, host, cu, bytes);
+    if (st == FLASHPORT_OK && host[0] != 0)
+        st = fp_set_error(FLASHPORT_ERR_BAD_SEQLENS, "%s[0] is %d; it must be 0", name,
+                          (int)host[0]);
+    for (int64_t b = 0; st == FLASHPORT_OK && b < batch; b++) {
+        int64_t len = (int64_t)host[b + 1] - host[b];
+        if (len < 0)
+            st = fp_set_error(FLASHPORT_ERR_BAD_SEQLENS,
+                              "%s is not monotone: entry %lld is %d, entry %lld is %d", name,
+                              (long long)b, (int)host[b], (long long)b + 1, (int)host[b + 1]);
+        else if (len > max_seqlen)
+            st = fp_set_error(FLASHPORT_ERR_BAD_SEQLENS,
+                              "%s: sequence %lld has length %lld > max_seqlen %lld", name,
+                              (long long)b, (long long)len, (long long)max_seqlen);
+    }
+    if (st == FLASHPORT_OK && host[batch] > total)
+        st = fp_set_error(FLASHPORT_ERR_BAD_SEQLENS,
+                          "%s[%lld] = %d exceeds the %lld tokens of the packed buffer", name,
+                          (long long)batch, (int)host[batch], (long long)total);
+    if (host != stack_buf)
+        free(host);
+    return st;
+}
+
+static flashport_status check_caps(const fp_backend_caps *caps, const char *backend,
+                                   flashport_dtype dtype, int64_t d, int backward,
+                                   const fp_call_tensors *t)
+{
+    uint32_t dtypes = backward ? caps->dtypes_bwd : caps->dtypes_fwd;
+    if (!(dtypes & (1u << dtype)))
+        return fp_set_error(FLASHPORT_ERR_UNSUPPORTED_DTYPE,
+                            "backend '%s' has no %s kernel for dtype %s", backend,
+                            backward ? "backward" : "forward", flashport_dtype_name(dtype));
+    if (d > caps->max_head_dim || d % caps->head_dim_multiple != 0)
+        return fp_set_error(FLASHPORT_ERR_UNSUPPORTED_HEAD_DIM,
+                            "backend '%s' supports head dims up to %d that are multiples of %d; "
+                            "got %lld",
+                            backend, (int)caps->max_head_dim, (int)caps->head_dim_multiple,
+                            (long long)d);
+    if (caps->needs_contiguous_dim) {
+        const flashport_tensor *all[] = {t->q,    t->k,  t->v,  t->o, t->dout,
+                                         t->dq,   t->dk, t->dv};
+        const char *names[] = {"q", "k", "v", "o", "dout", "dq", "dk", "dv"};
+        for (int i = 0; i < 8; i++)
+            if (all[i] && all[i]->stride[all[i]->rank - 1] != 1 && all[i]->shape[all[i]->rank - 1] > 1)
+                return fp_set_error(FLASHPORT_ERR_UNSUPPORTED_LAYOUT,
+                                    "backend '%s' needs %s's last dimension contiguous (stride "
+                                    "1); got stride %lld",
+                                    backend, names[i], (long long)all[i]->stride[all[i]->rank - 1]);
+    }
+    return FLASHPORT_OK;
+}
+
+static void view(fp_tensor_view *v, const flashport_tensor *t, int varlen)
+{
+    v->data = t->data;
+    if (varlen) {
+        v->stride[FP_B] = 0;
+        v->stride[FP_S] = t->stride[0];
+        v->stride[FP_H] = t->stride[1];
+        v->stride[FP_D] = t->stride[2];
+    } else {
+        for (int i = 0; i < 4; i++)
+            v->stride[i] = t->stride[i];
+    }
+}
+
+flashport_status fp_validate_call(flashport_backend *be, const flashport_attention_params *p,
+                                  const fp_call_tensors *t, int backward, fp_problem *out)
+{
+    flashport_status st;
+    if (!be)
+        return fp_set_error(FLASHPORT_ERR_NULL_POINTER, "backend is NULL");
+    if (!p)
+        return fp_set_error(FLASHPORT_ERR_NULL_POINTER, "params is NULL");
+    const char *names[] = {"q", "k", "v", "o", "lse", "dout", "dq", "dk", "dv"};
+    const flashport_tensor *all[] = {t->q,    t->k,  t->v,  t->o, t->lse,
+                                     t->dout, t->dq, t->dk, t->dv};
+    int ntensors = backward ? 9 : 5;
+    for (int i = 0; i < ntensors; i++) {
+        if (i == 4 && !backward && !t->lse)
+            continue; /* lse is optional in forward */
+        if ((st = check_present(names[i], all[i])) != FLASHPORT_OK)
+            return st;
+    }
+    if ((st = check_params(p)) != FLASHPORT_OK)
+        return st;
+
+    const int varlen = p->cu_seqlens_q != NULL;
+    const int rank = varlen ? 3 : 4;
+    const flashport_tensor *q = t->q, *k = t->k, *v = t->v, *o = t->o, *lse = t->lse;
+    for (int i = 0; i < ntensors; i++)
+        if (i != 4 && (st = check_rank(names[i], all[i], rank, varlen)) != FLASHPORT_OK)
+            return st;
+
+    dims dm;
+    if (varlen) {
+        dm.b = p->batch;
+        dm.nq = p->max_seqlen_q;
+        dm.nk = p->max_seqlen_k;
+        dm.total_q = q->shape[0];
+        dm.total_k = k->shape[0];
+        dm.h = q->shape[1];
+        dm.hkv = k->shape[1];
+        dm.d = q->shape[2];
+    } else {
+        dm.b = q->shape[0];
+        dm.nq = q->shape[1];
+        dm.nk = k->shape[1];
+        dm.h = q->shape[2];
+        dm.hkv = k->shape[2];
+        dm.d = q->shape[3];
+        dm.total_q = dm.b * dm.nq;
+        dm.total_k = dm.b * dm.nk;
+    }
+    if (dm.h < 1 || dm.hkv < 1 || dm.d < 1)
+        return fp_set_error(FLASHPORT_ERR_BAD_SIZE,
+                            "heads (%lld), kv heads (%lld) and head dim (%lld) must be >= 1",
+                            (long long)dm.h, (long long)dm.hkv, (long long)dm.d);
+    if (dm.nq > INT32_MAX || dm.nk > INT32_MAX || dm.h > INT32_MAX || dm.b > INT32_MAX)
+        return fp_set_error(FLASHPORT_ERR_BAD_SIZE,
+                            "batch, sequence lengths and heads must each fit in 31 bits");
+    const int64_t qn = varlen ? dm.total_q : dm.nq, kn = varlen ? dm.total_k : dm.nk;
+    if ((st = check_shape("k", k, varlen, dm.b, kn, dm.hkv, dm.d)) ||
+        (st = check_shape("v", v, varlen, dm.b, kn, dm.hkv, dm.d)) ||
+        (st = check_shape("o", o, varlen, dm.b, qn, dm.h, dm.d)))
+        return st;
+    if (backward && ((st = check_shape("dout", t->dout, varlen, dm.b, qn, dm.h, dm.d)) ||
+                     (st = check_shape("dq", t->dq, varlen, dm.b, qn, dm.h, dm.d)) ||
+                     (st = check_shape("dk", t->dk, varlen, dm.b, kn, dm.hkv, dm.d)) ||
+                     (st = check_shape("dv", t->dv, varlen, dm.b, kn, dm.hkv, dm.d))))
+        return st;
+    if (lse) {
+        int lrank = varlen ? 2 : 3;
+        int ok = lse->rank == lrank &&
+                 (varlen ? (lse->shape[0] == dm.h && lse->shape[1] == dm.total_q)
+                         : (lse->shape[0] == dm.b && lse->shape[1] == dm.h &&
+                            lse->shape[2] == dm.nq));
+        if (!ok)
+            return fp_set_error(FLASHPORT_ERR_SHAPE_MISMATCH,
+                                "lse must have shape %s", varlen ? "[H, total_q]" : "[B, H, Nq]");
+    }
+    for (int i = 1; i < ntensors; i++)
+        if (i != 4 && (st = check_dtype(names[i], all[i], q->dtype)) != FLASHPORT_OK)
+            return st;
+    if (lse && (st = check_dtype("lse", lse, FLASHPORT_F32)) != FLASHPORT_OK)
+        return st;
+    if (dm.h % dm.hkv != 0)
+        return fp_set_error(FLASHPORT_ERR_HEAD_RATIO,
+                            "query heads (%lld) must be a multiple of kv heads (%lld)",
+                            (long long)dm.h, (long long)dm.hkv);
+    if (varlen && ((st = check_seqlens(be, "cu_seqlens_q", p->cu_seqlens_q, dm.b, dm.total_q,
+                                       dm.nq)) ||
+                   (st = check_seqlens(be, "cu_seqlens_k", p->cu_seqlens_k, dm.b, dm.total_k,
+                                       dm.nk))))
+        return st;
+    if ((st = check_caps(&be->caps, be->ops->name, q->dtype, dm.d, backward, t)) != FLASHPORT_OK)
+        return st;
+    if (backward && !be->ops->backward)
+        return fp_set_error(FLASHPORT_ERR_UNSUPPORTED_FEATURE, "backend '%s' has no backward",
+                            be->ops->name);
+
+    /* Outputs: each must not overlap itself, another output, or an input. */
+    int first_out = backward ? 6 : 3;
+    for (int i = first_out; i < ntensors; i++) {
+        if (!all[i] || element_count(all[i]) == 0)
+            continue;
+        if (!fp_tensor_injective(all[i]))
+            return fp_set_error(FLASHPORT_ERR_ALIASING,
+                                "%s: its strides make distinct elements share memory", names[i]);
+        for (int j = 0; j < ntensors; j++) {
+            if (j == i || !all[j] || (j > i && j >= first_out))
+                continue; /* output pairs are checked once */
+            if (!fp_tensors_disjoint(all[i], all[j]))
+                return fp_set_error(FLASHPORT_ERR_ALIASING, "output %s overlaps %s %s", names[i],
+                                    j >= first_out ? "output" : "input", names[j]);
+        }
+    }
+
+    memset(out, 0, sizeof *out);
+    out->dtype = q->dtype;
+    out->batch = dm.b;
+    out->seqlen_q = dm.nq;
+    out->seqlen_k = dm.nk;
+    out->heads = dm.h;
+    out->kv_heads = dm.hkv;
+    out->head_dim = dm.d;
+    out->total_q = dm.total_q;
+    out->total_k = dm.total_k;
+    out->scale = p->scale > 0.0f ? p->scale : 1.0f / sqrtf((float)dm.d);
+    out->softcap = p->softcap;
+    out->window_left = p->window_left;
+    out->window_right = p->causal ? 0 : p->window_right;
+    out->alibi_slopes = p->alibi_slopes;
+    out->varlen = varlen;
+    out->cu_seqlens_q = p->cu_seqlens_q;
+    out->cu_seqlens_k = p->cu_seqlens_k;
+    out->deterministic = p->deterministic != 0;
+    out->descale_q = p->descale_q > 0.0f ? p->descale_q : 1.0f;
+    out->descale_k = p->descale_k > 0.0f ? p->descale_k : 1.0f;
+    out->descale_v = p->descale_v > 0.0f ? p->descale_v : 1.0f;
+    view(&out->q, q, varlen);
+    view(&out->k, k, varlen);
+    view(&out->v, v, varlen);
+    view(&out->o, o, varlen);
+    if (lse) {
+        out->lse.data = lse->data;
+        if (varlen) { /* [H, total_q] */
+            out->lse.stride[0] = 0;
+            out->lse.stride[1] = lse->stride[0];
+            out->lse.stride[2] = lse->stride[1];
+        } else {
+            out->lse.stride[0] = lse->stride[0];
+            out->lse.stride[1] = lse->stride[1];
+            out->lse.stride[2] = lse->stride[2];
+        }
+    }
+    if (backward) {
+        view(&out->dout, t->dout, varlen);
+        view(&out->dq, t->dq, varlen);
+        view(&out->dk, t->dk, varlen);
+        view(&out->dv, t->dv, varlen);
+    }
+    return FLASHPORT_OK;
+}

@@ -1,0 +1,93 @@
+/*
+ * The shared table of attention cases that every backend test runs (CPU now, CUDA and HIP
+ * through the same binary later), the inputs of a case and the memory layouts it is run in.
+ *
+ * A case fixes the problem (dtype, shapes, masking, softcap, ALiBi, varlen lengths), whether the
+ * backward must be deterministic, and the layout of the tensors handed to the backend under test.
+ * Its inputs are generated from a seed derived from the case's position in the table, so a case
+ * gives the same numbers whether it runs alone (--filter) or with the others.
+ */
+#ifndef FLASHPORT_TESTS_CASES_H
+#define FLASHPORT_TESTS_CASES_H
+
+#include "tests/test_util.h"
+
+#define TC_MAX_BATCH 8
+
+/* How the backend under test sees its tensors. */
+typedef enum tc_layout {
+    TC_CONTIGUOUS,  /* row-major [B, N, heads, D] / [tokens, heads, D], each its own buffer    */
+    TC_PACKED_QKV,  /* q, k, v slices of one [.., H + 2 Hkv, D] buffer; dq, dk, dv likewise    */
+    TC_HEAD_MAJOR,  /* [B, heads, N, D + 3] / [heads, tokens, D + 3]: permuted, padded rows    */
+    TC_DIM_STRIDED, /* stride 2 on the head dim (GPU backends may refuse: unsupported layout) */
+    TC_LAYOUT_COUNT
+} tc_layout;
+
+typedef struct tc_case {
+    flashport_dtype dtype;
+    int batch, heads, kv_heads;
+    int seqlen_q, seqlen_k; /* dense only */
+    int head_dim;
+    int causal;
+    int window; /* nonzero: window_left/right apply (-1 = unbounded); zero: no window */
+    int window_left, window_right;
+    float softcap; /* 0 = off */
+    int alibi;     /* nonzero: slopes 2^(-8 (h + 1) / H) */
+    float scale;   /* 0 = default 1/sqrt(D) */
+    float range;   /* q and k uniform in [-range, range); 0 = 2 */
+    int varlen;    /* nonzero: sequence lengths below, batch entries each */
+    int seqlens_q[TC_MAX_BATCH], seqlens_k[TC_MAX_BATCH];
+    int deterministic; /* backward runs twice and must be bitwise identical */
+    tc_layout layout;
+    int quick; /* part of the --quick subset (sanitizer runs) */
+} tc_case;
+
+/* The table. */
+const tc_case *tc_table(int *count);
+
+/* A one-line description ("f16 B2 H8/1 N65x63 D64 causal win(16,0) cap30 alibi varlen det
+ * packed"), also what --filter matches. */
+void tc_case_name(const tc_case *c, char *buf, size_t size);
+
+/* Whether a backend of this name must run the case (SPEC.md): host backends run everything; GPU
+ * backends must run f16/bf16 with D a multiple of 8 up to 256 and a contiguous head dim. A
+ * backend that answers FLASHPORT_ERR_UNSUPPORTED_* for a required case fails it. */
+int tc_required(const tc_case *c, const char *backend_name);
+
+/* The inputs of a case, on the host, in logical layout (see tu_problem). */
+typedef struct tc_data {
+    tu_problem prob; /* points into the arrays below; what the naive computation reads */
+    int64_t total_q, total_k, max_q, max_k;
+    int32_t *cu_q, *cu_k;    /* batch + 1 offsets (dense: b * N) */
+    float *q, *k, *v, *dout; /* logical [tokens, heads, D], values representable in the dtype */
+    float *alibi;            /* [heads] or NULL */
+    /* The API parameters. alibi_slopes and cu_seqlens point at the host arrays above; a test of a
+     * device backend replaces them with device copies. */
+    flashport_attention_params params;
+} tc_data;
+
+/* Builds the inputs of case number `index` of the table. Returns 0, or -1 when out of memory. */
+int tc_data_make(const tc_case *c, int index, tc_data *d);
+void tc_data_free(tc_data *d);
+
+/* The tensors a case hands to a backend, and the buffers they live in. */
+enum { TC_Q, TC_K, TC_V, TC_O, TC_DOUT, TC_DQ, TC_DK, TC_DV, TC_TENSORS };
+
+typedef struct tc_plan {
+    tu_view view[TC_TENSORS];
+    int buffer[TC_TENSORS]; /* which buffer each tensor lives in */
+    int64_t buffer_elems[TC_TENSORS];
+    int buffers;
+} tc_plan;
+
+/* Views of the case's tensors in `layout`. Returns 0, or -1 when the layout cannot hold the case
+ * (TC_PACKED_QKV needs as many q tokens as k tokens). */
+int tc_plan_make(const tc_case *c, const tc_data *d, tc_layout layout, tc_plan *plan);
+
+/* The LSE is always contiguous f32: [B, H, Nq] dense, [H, total_q] varlen. Its descriptor at
+ * `base`, its element count, and its conversion to the logical [H, total_q] order. */
+int64_t tc_lse_elems(const tc_data *d);
+flashport_tensor tc_lse_tensor(const tc_case *c, const tc_data *d, void *base);
+void tc_lse_to_logical(const tc_case *c, const tc_data *d, const float *lse, float *logical);
+
+#endif /* FLASHPORT_TESTS_CASES_H */

@@ -1,0 +1,443 @@
+/*
+ * The oracle checked against things simpler than itself:
+ *   - forward vs attention written out from SPEC.md in this file (double, full-row softmax, the
+ *     window and ALiBi formulas typed in directly), on tiny problems covering GQA, causal with
+ *     Nq > Nk, windows, softcap, ALiBi, varlen with empty sequences, f16 storage, strided
+ *     layouts, rows that see no key (O must be exactly 0, LSE -inf);
+ *   - backward vs central finite differences (Richardson-extrapolated) of L = sum(dO * O),
+ *     with L evaluated through the reference forward, for every element of q, k and v;
+ *   - the float score helpers of core/mask.h vs the double formulas the oracle uses.
+ * fp_reference_forward/backward are called directly with fp_problem filled in here.
+ */
+#include "backends/cpu/cpu_internal.h"
+#include "core/mask.h"
+#include "tests/cases.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* A case staged in host buffers for a direct call. */
+typedef struct host_case {
+    tc_case c;
+    tc_data d;
+    tc_plan plan;
+    void *buf[TC_TENSORS];
+    float *lse; /* contiguous, tc_lse_tensor order */
+    fp_problem p;
+} host_case;
+
+static fp_tensor_view view_of(const host_case *hc, int t)
+{
+    const tu_view *v = &hc->plan.view[t];
+    fp_tensor_view fv;
+    fv.data = (char *)hc->buf[hc->plan.buffer[t]] + v->offset * (int64_t)tu_dtype_size(hc->c.dtype);
+    for (int i = 0; i < 4; i++)
+        fv.stride[i] = v->stride[i];
+    if (v->varlen)
+        fv.stride[FP_B] = 0;
+    return fv;
+}
+
+static void host_case_free(host_case *hc)
+{
+    for (int b = 0; b < TC_TENSORS; b++)
+        free(hc->buf[b]);
+    free(hc->lse);
+    tc_data_free(&hc->d);
+}
+
+/* Stages case c (inputs from table-style generation with `seed`) in `layout`; outputs poisoned. */
+static int host_case_make(host_case *hc, const tc_case *c, int seed)
+{
+    memset(hc, 0, sizeof *hc);
+    hc->c = *c;
+    if (tc_data_make(c, seed, &hc->d) != 0 || tc_plan_make(c, &hc->d, c->layout, &hc->plan) != 0)
+        return -1;
+    const tc_data *d = &hc->d;
+    const float *inputs[TC_TENSORS] = {d->q, d->k, d->v, NULL, d->dout, NULL, NULL, NULL};
+    for (int b = 0; b < hc->plan.buffers; b++) {
+        hc->buf[b] = malloc((size_t)hc->plan.buffer_elems[b] * tu_dtype_size(c->dtype));
+        if (!hc->buf[b])
+            return -1;
+        tu_poison(hc->buf[b], hc->plan.buffer_elems[b], c->dtype);
+    }
+    for (int t = 0; t < TC_TENSORS; t++)
+        if (inputs[t])
+            tu_scatter(&hc->plan.view[t], inputs[t], hc->buf[hc->plan.buffer[t]], c->dtype);
+    hc->lse = malloc((size_t)tc_lse_elems(d) * sizeof(float));
+    if (!hc->lse)
+        return -1;
+    tu_poison(hc->lse, tc_lse_elems(d), FLASHPORT_F32);
+
+    fp_problem *p = &hc->p;
+    p->dtype = c->dtype;
+    p->batch = c->batch;
+    p->seqlen_q = c->varlen ? d->max_q : c->seqlen_q;
+    p->seqlen_k = c->varlen ? d->max_k : c->seqlen_k;
+    p->heads = c->heads;
+    p->kv_heads = c->kv_heads;
+    p->head_dim = c->head_dim;
+    p->total_q = d->total_q;
+    p->total_k = d->total_k;
+    p->scale = d->prob.scale;
+    p->softcap = c->softcap;
+    p->window_left = d->prob.window_left;
+    p->window_right = d->prob.window_right;
+    p->alibi_slopes = d->alibi;
+    p->varlen = c->varlen;
+    p->cu_seqlens_q = c->varlen ? d->cu_q : NULL;
+    p->cu_seqlens_k = c->varlen ? d->cu_k : NULL;
+    p->descale_q = p->descale_k = p->descale_v = 1.0f;
+    p->q = view_of(hc, TC_Q);
+    p->k = view_of(hc, TC_K);
+    p->v = view_of(hc, TC_V);
+    p->o = view_of(hc, TC_O);
+    p->dout = view_of(hc, TC_DOUT);
+    p->dq = view_of(hc, TC_DQ);
+    p->dk = view_of(hc, TC_DK);
+    p->dv = view_of(hc, TC_DV);
+    p->lse.data = hc->lse;
+    p->lse.stride[0] = c->varlen ? 0 : (int64_t)c->heads * c->seqlen_q;
+    p->lse.stride[1] = c->varlen ? d->total_q : c->seqlen_q;
+    p->lse.stride[2] = 1;
+    return 0;
+}
+
+/* ---- forward vs the formula -------------------------------------------------------------- */
+
+/* Attention from SPEC.md, in double, over logical [tokens, heads, D] arrays; Nk <= 64. */
+static void formula(const tc_case *c, const tc_data *d, double *o, double *lse)
+{
+    const int64_t H = c->heads, Hkv = c->kv_heads, D = c->head_dim;
+    /* The scale is an f32 parameter of the API; its default is 1/sqrt(D) rounded to f32. */
+    const double scale = c->scale > 0.0f ? c->scale : 1.0f / sqrtf((float)D);
+    for (int64_t b = 0; b < c->batch; b++) {
+        int64_t q0 = d->cu_q[b], nq = d->cu_q[b + 1] - q0;
+        int64_t k0 = d->cu_k[b], nk = d->cu_k[b + 1] - k0;
+        for (int64_t h = 0; h < H; h++) {
+            int64_t kvh = h / (H / Hkv);
+            for (int64_t i = 0; i < nq; i++) {
+                double s[64], m = -INFINITY, l = 0.0;
+                int visible[64];
+                for (int64_t j = 0; j < nk; j++) {
+                    int64_t shift = i + nk - nq;
+                    int64_t left = c->window ? c->window_left : -1;
+                    int64_t right = c->causal ? 0 : c->window ? c->window_right : -1;
+                    visible[j] =
+                        (left < 0 || j >= shift - left) && (right < 0 || j <= shift + right);
+                    double dot = 0.0;
+                    for (int64_t x = 0; x < D; x++)
+                        dot += (double)d->q[((q0 + i) * H + h) * D + x] *
+                               d->k[((k0 + j) * Hkv + kvh) * D + x];
+                    s[j] = scale * dot;
+                    if (c->softcap > 0.0f)
+                        s[j] = c->softcap * tanh(s[j] / c->softcap);
+                    if (c->alibi)
+                        s[j] -= d->alibi[h] * fabs((double)(shift - j));
+                    if (visible[j] && s[j] > m)
+                        m = s[j];
+                }
+                double *orow = o + ((q0 + i) * H + h) * D;
+                for (int64_t x = 0; x < D; x++)
+                    orow[x] = 0.0;
+                for (int64_t j = 0; j < nk; j++) {
+                    if (!visible[j])
+                        continue;
+                    double w = exp(s[j] - m);
+                    l += w;
+                    for (int64_t x = 0; x < D; x++)
+                        orow[x] += w * d->v[((k0 + j) * Hkv + kvh) * D + x];
+                }
+                for (int64_t x = 0; l > 0.0 && x < D; x++)
+                    orow[x] /= l;
+                lse[h * d->total_q + q0 + i] = l > 0.0 ? m + log(l) : -INFINITY;
+            }
+        }
+    }
+}
+
+static void check_forward(const tc_case *c, int seed, int with_lse)
+{
+    char name[200];
+    tc_case_name(c, name, sizeof name);
+    host_case hc;
+    if (!CHECK(host_case_make(&hc, c, seed) == 0)) {
+        host_case_free(&hc);
+        return;
+    }
+    const tc_data *d = &hc.d;
+    int64_t no = d->total_q * c->heads * c->head_dim, nl = tc_lse_elems(d);
+    double *o_ref = malloc((size_t)no * sizeof(double)),
+           *lse_ref = malloc((size_t)nl * sizeof(double));
+    float *o = malloc((size_t)no * sizeof(float)), *lse = malloc((size_t)nl * sizeof(float));
+    if (!CHECK(o_ref && lse_ref && o && lse) || !CHECK(d->max_k <= 64))
+        goto out;
+    formula(c, d, o_ref, lse_ref);
+    if (!with_lse)
+        hc.p.lse.data = NULL;
+    if (!CHECK_MSG(fp_reference_forward(&hc.p) == FLASHPORT_OK, "%s: forward failed", name))
+        goto out;
+    tu_gather(&hc.plan.view[TC_O], hc.buf[hc.plan.buffer[TC_O]], c->dtype, o);
+    tc_lse_to_logical(c, d, hc.lse, lse);
+
+    /* One rounding of the true value to the storage dtype (and f32 for the LSE). */
+    double u = tu_unit_roundoff(c->dtype), worst = 0.0;
+    double floor = c->dtype == FLASHPORT_F16 ? ldexp(1.0, -25) : 1e-12; /* f16 subnormals */
+    for (int64_t x = 0; x < no; x++) {
+        double err = fabs(o[x] - o_ref[x]);
+        worst = err > worst ? err : worst;
+        CHECK_MSG(err <= 1.01 * u * fabs(o_ref[x]) + floor, "%s: O[%lld] = %.9g, formula %.9g",
+                  name, (long long)x, o[x], o_ref[x]);
+    }
+    int64_t masked = 0;
+    for (int64_t x = 0; with_lse && x < nl; x++) {
+        if (lse_ref[x] == -INFINITY) {
+            masked++;
+            CHECK_MSG(lse[x] == -INFINITY, "%s: LSE[%lld] = %g for a row that sees nothing", name,
+                      (long long)x, lse[x]);
+        } else {
+            CHECK_MSG(fabs(lse[x] - lse_ref[x]) <= 1e-6 * (1.0 + fabs(lse_ref[x])),
+                      "%s: LSE[%lld] = %.9g, formula %.9g", name, (long long)x, lse[x], lse_ref[x]);
+        }
+    }
+    if (!with_lse)
+        CHECK_MSG(tu_is_poison(hc.lse, 0, FLASHPORT_F32), "%s: LSE written though absent", name);
+    printf("forward  %-58s max |O - formula| %.2e, %lld masked rows%s\n", name, worst,
+           (long long)masked, with_lse ? "" : ", no LSE");
+out:
+    free(o_ref);
+    free(lse_ref);
+    free(o);
+    free(lse);
+    host_case_free(&hc);
+}
+
+/* ---- backward vs finite differences ------------------------------------------------------ */
+
+/* L = sum dO * O over the logical output, O from the reference forward of the staged inputs. */
+static double loss(host_case *hc)
+{
+    const tc_data *d = &hc->d;
+    if (fp_reference_forward(&hc->p) != FLASHPORT_OK)
+        return NAN;
+    int64_t n = d->total_q * hc->c.heads * hc->c.head_dim;
+    float *o = malloc((size_t)n * sizeof(float));
+    if (!o)
+        return NAN;
+    tu_gather(&hc->plan.view[TC_O], hc->buf[hc->plan.buffer[TC_O]], hc->c.dtype, o);
+    double l = 0.0;
+    for (int64_t x = 0; x < n; x++)
+        l += (double)d->dout[x] * o[x];
+    free(o);
+    return l;
+}
+
+/* dL/dx for element x of tensor t by central differences at steps h and h/2, extrapolated. Steps
+ * are powers of two so x +- h is exact in f32 for |x| < 2^16. */
+static double numeric_grad(host_case *hc, int t, int64_t x)
+{
+    const tu_view *v = &hc->plan.view[t];
+    int64_t per_token = v->heads * v->dim;
+    int64_t tok = x / per_token, h = x % per_token / v->dim, dd = x % v->dim;
+    int64_t b = v->varlen ? 0 : tok / v->n, s = v->varlen ? tok : tok % v->n;
+    int64_t off =
+        v->offset + b * v->stride[0] + s * v->stride[1] + h * v->stride[2] + dd * v->stride[3];
+    float *elem = (float *)hc->buf[hc->plan.buffer[t]] + off;
+    const float x0 = *elem, step = 1.0f / 64.0f;
+    double diff[2];
+    for (int k = 0; k < 2; k++) {
+        float hk = k ? step / 2 : step;
+        *elem = x0 + hk;
+        double lp = loss(hc);
+        *elem = x0 - hk;
+        double lm = loss(hc);
+        diff[k] = (lp - lm) / (2.0 * hk);
+    }
+    *elem = x0;
+    return (4.0 * diff[1] - diff[0]) / 3.0;
+}
+
+static void check_backward(const tc_case *c, int seed)
+{
+    char name[200];
+    tc_case_name(c, name, sizeof name);
+    host_case hc;
+    float *grad = NULL;
+    if (!CHECK(host_case_make(&hc, c, seed) == 0) ||
+        !CHECK(c->dtype == FLASHPORT_F32 && c->layout == TC_CONTIGUOUS))
+        goto out;
+    if (!CHECK(fp_reference_forward(&hc.p) == FLASHPORT_OK) ||
+        !CHECK(fp_reference_backward(&hc.p) == FLASHPORT_OK))
+        goto out;
+    static const int tensors[3] = {TC_DQ, TC_DK, TC_DV}, inputs[3] = {TC_Q, TC_K, TC_V};
+    static const char *names[3] = {"dQ", "dK", "dV"};
+    double worst = 0.0;
+    for (int g = 0; g < 3; g++) {
+        const tu_view *v = &hc.plan.view[tensors[g]];
+        int64_t n = v->nb * v->n * v->heads * v->dim;
+        grad = malloc((size_t)n * sizeof(float));
+        if (!CHECK(grad != NULL))
+            goto out;
+        tu_gather(v, hc.buf[hc.plan.buffer[tensors[g]]], c->dtype, grad);
+        double gmax = 0.0;
+        for (int64_t x = 0; x < n; x++)
+            gmax = fabs(grad[x]) > gmax ? fabs(grad[x]) : gmax;
+        for (int64_t x = 0; x < n; x++) {
+            double num = numeric_grad(&hc, inputs[g], x);
+            double err = fabs(num - grad[x]);
+            worst = err / (gmax + 1e-30) > worst ? err / (gmax + 1e-30) : worst;
+            CHECK_MSG(err <= 3e-4 * gmax + 1e-5, "%s: %s[%lld] = %.7g, finite difference %.7g",
+                      name, names[g], (long long)x, grad[x], num);
+        }
+        free(grad);
+        grad = NULL;
+    }
+    printf("backward %-58s max |grad - finite diff| / max |grad| %.2e\n", name, worst);
+out:
+    free(grad);
+    host_case_free(&hc);
+}
+
+/* Rows that see no key get dQ = 0, keys no row sees get dK = dV = 0, and every gradient element
+ * is written (the outputs start poisoned). */
+static void check_backward_masked(const tc_case *c, int seed)
+{
+    char name[200];
+    tc_case_name(c, name, sizeof name);
+    host_case hc;
+    if (!CHECK(host_case_make(&hc, c, seed) == 0) ||
+        !CHECK(fp_reference_forward(&hc.p) == FLASHPORT_OK) ||
+        !CHECK(fp_reference_backward(&hc.p) == FLASHPORT_OK)) {
+        host_case_free(&hc);
+        return;
+    }
+    const tc_data *d = &hc.d;
+    const int64_t H = c->heads, Hkv = c->kv_heads, D = c->head_dim;
+    int64_t nq = d->total_q * H * D, nk = d->total_k * Hkv * D;
+    float *dq = malloc((size_t)nq * sizeof(float)), *dk = malloc((size_t)nk * sizeof(float));
+    float *dv = malloc((size_t)nk * sizeof(float)), *lse = malloc((size_t)tc_lse_elems(d) * 4);
+    int64_t zero_rows = 0, zero_keys = 0;
+    if (!CHECK(dq && dk && dv && lse))
+        goto out;
+    tu_gather(&hc.plan.view[TC_DQ], hc.buf[hc.plan.buffer[TC_DQ]], c->dtype, dq);
+    tu_gather(&hc.plan.view[TC_DK], hc.buf[hc.plan.buffer[TC_DK]], c->dtype, dk);
+    tu_gather(&hc.plan.view[TC_DV], hc.buf[hc.plan.buffer[TC_DV]], c->dtype, dv);
+    tc_lse_to_logical(c, d, hc.lse, lse);
+    for (int64_t x = 0; x < nq; x++)
+        CHECK_MSG(isfinite(dq[x]), "%s: dQ[%lld] not finite", name, (long long)x);
+    for (int64_t x = 0; x < nk; x++)
+        CHECK_MSG(isfinite(dk[x]) && isfinite(dv[x]), "%s: dK/dV[%lld] not finite", name,
+                  (long long)x);
+    for (int64_t b = 0; b < c->batch; b++) {
+        int64_t q0 = d->cu_q[b], sq = d->cu_q[b + 1] - q0;
+        int64_t k0 = d->cu_k[b], sk = d->cu_k[b + 1] - k0;
+        for (int64_t h = 0; h < H; h++)
+            for (int64_t i = 0; i < sq; i++) {
+                if (lse[h * d->total_q + q0 + i] != -INFINITY)
+                    continue;
+                zero_rows++;
+                for (int64_t x = 0; x < D; x++)
+                    CHECK_MSG(dq[((q0 + i) * H + h) * D + x] == 0.0f,
+                              "%s: dQ of a row that sees nothing is not 0", name);
+            }
+        for (int64_t j = 0; j < sk; j++) {
+            int seen = 0;
+            for (int64_t i = 0; i < sq && !seen; i++)
+                seen = fp_mask_visible(i, j, sq, sk, d->prob.window_left, d->prob.window_right);
+            if (seen)
+                continue;
+            zero_keys++;
+            for (int64_t x = 0; x < Hkv * D; x++)
+                CHECK_MSG(dk[(k0 + j) * Hkv * D + x] == 0.0f && dv[(k0 + j) * Hkv * D + x] == 0.0f,
+                          "%s: dK/dV of a key no row sees is not 0", name);
+        }
+    }
+    CHECK_MSG(zero_rows + zero_keys > 0, "%s: meant to have unseen rows or keys", name);
+    printf("masked   %-58s %lld rows and %lld keys without partner: zero gradients\n", name,
+           (long long)zero_rows, (long long)zero_keys);
+out:
+    free(dq);
+    free(dk);
+    free(dv);
+    free(lse);
+    host_case_free(&hc);
+}
+
+/* The oracle evaluates softcap in double; the kernels' float helpers must agree with it. */
+static void check_score_helpers(void)
+{
+    static const float caps[] = {0.0f, 0.5f, 2.0f, 30.0f};
+    tu_rng r = tu_rng_seed(3);
+    for (int t = 0; t < 4000; t++) {
+        float c = caps[t % 4], s = tu_rng_uniform(&r, -40.0f, 40.0f);
+        float slope = tu_rng_uniform(&r, 0.0f, 1.0f), dist = (float)(tu_rng_u32(&r) % 2000);
+        double capped = c > 0.0f ? c * tanh((double)s / c) : s;
+        double want = capped - (double)slope * dist;
+        float got = fp_score_transform(s, c, slope, dist);
+        CHECK_MSG(fabs(got - want) <= 4e-7 * (fabs(capped) + slope * dist) + 1e-30,
+                  "fp_score_transform(%g, cap %g, slope %g, dist %g) = %.9g, want %.9g", s, c,
+                  slope, dist, got, want);
+        double grad = c > 0.0f ? 1.0 - tanh((double)s / c) * tanh((double)s / c) : 1.0;
+        float ggot = fp_softcap_grad((float)capped, c);
+        CHECK_MSG(fabs(ggot - grad) <= 1e-6, "fp_softcap_grad(cap %g, s %g) = %.9g, want %.9g", c,
+                  s, ggot, grad);
+    }
+}
+
+#define DENSE(dt, B, H, HKV, NQ, NK, D)                                                            \
+    .dtype = FLASHPORT_##dt, .batch = B, .heads = H, .kv_heads = HKV, .seqlen_q = NQ,              \
+    .seqlen_k = NK, .head_dim = D
+#define VARLEN(dt, B, H, HKV, D)                                                                   \
+    .dtype = FLASHPORT_##dt, .batch = B, .heads = H, .kv_heads = HKV, .head_dim = D, .varlen = 1
+#define WINDOW(L, R) .window = 1, .window_left = L, .window_right = R
+
+static const tc_case forward_cases[] = {
+    {DENSE(F32, 2, 4, 2, 5, 7, 8)},
+    {DENSE(F32, 1, 2, 1, 9, 4, 3), .causal = 1, .alibi = 1}, /* rows 0..4 see nothing */
+    {VARLEN(F32, 3, 2, 2, 5), WINDOW(1, 1), .softcap = 1.5f, .seqlens_q = {3, 0, 4},
+     .seqlens_k = {0, 2, 6}},
+    {DENSE(F16, 1, 3, 1, 6, 6, 16), WINDOW(2, 0), .softcap = 3.0f, .alibi = 1,
+     .layout = TC_HEAD_MAJOR},
+    {DENSE(BF16, 2, 2, 2, 7, 5, 9), .causal = 1, .layout = TC_DIM_STRIDED},
+    {DENSE(F32, 1, 8, 1, 4, 4, 4), .scale = 3.0f, .range = 3.0f, .layout = TC_PACKED_QKV},
+    {DENSE(F32, 1, 2, 2, 6, 8, 4), WINDOW(0, 0)},
+    {DENSE(F32, 1, 1, 1, 1, 1, 1)},
+};
+
+static const tc_case backward_cases[] = {
+    {DENSE(F32, 1, 2, 1, 5, 6, 4), .causal = 1, .softcap = 1.5f, .alibi = 1},
+    {DENSE(F32, 2, 4, 2, 4, 3, 3), WINDOW(1, 2)},
+    {VARLEN(F32, 2, 2, 2, 5), .causal = 1, .seqlens_q = {4, 3}, .seqlens_k = {2, 5}},
+    {DENSE(F32, 1, 1, 1, 3, 7, 2), WINDOW(3, -1), .softcap = 0.7f, .scale = 2.0f},
+};
+
+/* Nq > Nk with a window leaves rows without keys; Nq < Nk with a left window, keys without
+ * rows; an empty key sequence, rows without keys. */
+static const tc_case masked_cases[] = {
+    {DENSE(F32, 2, 4, 2, 9, 5, 4), WINDOW(0, 1)},
+    {DENSE(F16, 1, 2, 1, 4, 9, 8), .causal = 1, WINDOW(1, 0)},
+    {VARLEN(F32, 2, 2, 1, 3), .causal = 1, WINDOW(1, 0), .seqlens_q = {3, 2}, .seqlens_k = {6, 0}},
+};
+
+int main(void)
+{
+    const int nf = (int)(sizeof forward_cases / sizeof forward_cases[0]);
+    const int nb = (int)(sizeof backward_cases / sizeof backward_cases[0]);
+    const int nm = (int)(sizeof masked_cases / sizeof masked_cases[0]);
+    for (int i = 0; i < nf; i++)
+        check_forward(&forward_cases[i], 100 + i, i != 1);
+    check_forward(&forward_cases[1], 101, 1);
+    for (int i = 0; i < nb; i++)
+        check_backward(&backward_cases[i], 200 + i);
+    for (int i = 0; i < nm; i++)
+        check_backward_masked(&masked_cases[i], 300 + i);
+    check_score_helpers();
+    if (tu_failures) {
+        printf("test_reference: %d checks failed\n", tu_failures);
+        return 1;
+    }
+    printf("test_reference: all checks passed\n");
+    return 0;
+}

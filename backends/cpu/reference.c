@@ -14,8 +14,9 @@
  * Known differences from the fast backends: masking comes from core/mask.h (the one definition),
  * but the score transform (softcap, ALiBi) and its derivative are evaluated here in double, the
  * same formulas as fp_score_transform / fp_softcap_grad, so the oracle inherits no float
- * rounding (finite-difference tests of the backward need that). Outputs are rounded once, from
- * double, to the storage dtype.
+ * rounding (finite-difference tests of the backward need that). Outputs go from double through
+ * f32 to the storage dtype (fp_store), so f16/bf16 outputs may sit one unit off a single
+ * correctly rounded result on rare ties; tests compare against f32 outputs of the oracle.
  */
 #include "backends/cpu/cpu_internal.h"
 #include "core/dtype.h"

@@ -1,0 +1,1201 @@
+/*
+ * flashport-bench: times flashport_attention_forward / _backward on any backend, through the
+ * public API only (include/flashport.h), after checking the results against the "reference"
+ * backend. Run `flashport-bench --help` for the options. Examples:
+ *
+ *   flashport-bench --backend cpu --heads 8 --seqlen 2048 --hdim 128 --direction both --check
+ *   flashport-bench --backend cpu --sweep --check --csv cpu.csv
+ *
+ * Per shape: q, k, v and dO live in flashport_malloc memory, filled from a fixed seed with
+ * uniform values in [-1, 1) rounded to the dtype on the host; every output is first filled with
+ * NaN so that an element a backend forgets to write fails the check instead of passing on stale
+ * memory. The forward runs once (and is checked), then --warmup untimed runs and --iters timed
+ * runs, each between two flashport_synchronize calls and timed with CLOCK_MONOTONIC on the host;
+ * the median is reported. The backward is timed alone (without the forward), from that forward's
+ * O and LSE.
+ *
+ * FLOPs, FlashAttention convention: forward = 4 * B * H * D * pairs, backward = 2.5 x forward,
+ * where pairs counts the (query, key) dot products:
+ *   no mask                          Nq * Nk
+ *   causal (window -1,0)             Nq * Nk / 2 (the convention; exact would be N(N+1)/2)
+ *   any other window (left, right)   exact: sum over i of the size of
+ *                                    [max(0, i + Nk - Nq - left), min(Nk - 1, i + Nk - Nq + right)]
+ * Softcap, ALiBi and the exponentials are not counted.
+ *
+ * Check (--check): the reference backend (naive, double accumulation) runs on f32 host copies
+ * of the same dtype-rounded inputs, so the measured error is the tested backend's alone. When
+ * the reference would do more than --check-gflop GFLOP, the check narrows to the last batch, then
+ * to the last kv-head group (all its query heads, so dK/dV sums stay complete), then to the last
+ * query rows (masks are aligned bottom-right, so the last R rows against all keys are an exact
+ * sub-problem). Forward outputs and dQ are compared with the timed run's own outputs; when rows
+ * were dropped, dK/dV of the full problem cannot be rebuilt, so the tested backend also runs the
+ * backward on the sub-problem (as strided views of its own tensors) and that is compared. The
+ * scope is printed and written to the CSV. Pass: for each output tensor,
+ * max_abs_err <= tol(dtype) * max(1, max |reference|), tol = 1e-4 (f32), 5e-3 (f16), 4e-2 (bf16):
+ * a few output roundings for the 16-bit types, loose enough for any correct f32 summation order.
+ *
+ * Peak (pct_peak): on host backends ("cpu", "reference"), the f32 FMA throughput measured on the
+ * spot by peak.c with the CPU backend's thread count, also for f16/bf16 inputs (the CPU targets
+ * compare those with f32). GPU backends take --peak-tflops; without it pct_peak is left empty.
+ */
+#define _POSIX_C_SOURCE 200809L
+
+#include "flashport.h"
+
+#include "bench_dtype.h"
+#include "peak.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#define BENCH_MAX_LIST     32
+#define BENCH_PEAK_SECONDS 0.2
+/* The sweep: ANCHORS.md's GPU grid (B * N = 16384 tokens, H * D = 2048) shrunk 4x on both
+ * products and capped at N = 4096, so that the 24 shapes run in minutes on two cores. */
+#define BENCH_SWEEP_TOKENS 4096
+#define BENCH_SWEEP_HD     512
+
+typedef struct bench_list {
+    int64_t v[BENCH_MAX_LIST];
+    int n;
+} bench_list;
+
+typedef struct bench_options {
+    const char *backend; /* NULL: FLASHPORT_BACKEND, else auto */
+    bench_list dtype, batch, heads, kv_heads, seqlen, seqlen_q, seqlen_k, hdim, causal;
+    int window_left, window_right;
+    float softcap;
+    int fwd, bwd;
+    int iters, warmup;
+    int check;
+    double check_gflop;
+    const char *csv;
+    int sweep;
+    double peak_tflops; /* 0: measure on host backends, unknown on others */
+    uint64_t seed;
+} bench_options;
+
+typedef struct bench_shape {
+    flashport_dtype dtype;
+    int64_t b, h, hkv, nq, nk, d;
+    int causal;
+} bench_shape;
+
+typedef struct bench_ctx {
+    const bench_options *opt;
+    flashport_backend *be;
+    flashport_backend *ref; /* NULL unless --check */
+    const char *name;
+    const char *variant;
+    double peak_tflops; /* NaN when unknown */
+    FILE *csv;
+    int failures;
+} bench_ctx;
+
+/* Device tensors of one shape (all contiguous) and the host copies of the inputs. */
+typedef struct bench_tensors {
+    void *q, *k, *v, *o, *lse, *dout, *dq, *dk, *dv;
+    void *hq, *hk, *hv, *hdout;
+    flashport_tensor tq, tk, tv, to, tlse, tdout, tdq, tdk, tdv;
+} bench_tensors;
+
+/* The part of a shape the reference recomputes: the last nb batches, the last ng kv heads with
+ * their ng * G query heads, the last rows query rows, all keys. */
+typedef struct bench_subset {
+    int64_t nb, ng, g, rows;
+    char scope[96];
+} bench_subset;
+
+/* Reference results on the subset, kept from the forward check for the backward check.
+ * q, o: (nb, rows, ng * G, D); k, v: (nb, Nk, ng, D); lse: (nb, ng * G, rows); all f32. */
+typedef struct bench_refdata {
+    bench_subset sub;
+    float *q, *k, *v, *o, *lse;
+} bench_refdata;
+
+typedef struct bench_row {
+    const char *direction;
+    double ms_median, ms_min, tflops, pct_peak, max_abs_err;
+    const char *check; /* "ok", "FAIL" or "off" */
+    const char *scope;
+} bench_row;
+
+/* ---------------------------------------------------------------------------------------------
+ * Failure handling: the bench is a program, so a failed library call ends it with the library's
+ * own message.
+ * ------------------------------------------------------------------------------------------- */
+static void bench_ok(flashport_status status, const char *what)
+{
+    if (status == FLASHPORT_OK)
+        return;
+    char msg[1024];
+    snprintf(msg, sizeof msg, "%s", flashport_last_error());
+    fprintf(stderr, "flashport-bench: %s failed: %s: %s\n", what, flashport_status_string(status),
+            msg);
+    exit(1);
+}
+
+static void *bench_host_alloc(size_t bytes)
+{
+    void *p = malloc(bytes ? bytes : 1);
+    if (!p) {
+        fprintf(stderr, "flashport-bench: out of host memory (%zu bytes)\n", bytes);
+        exit(1);
+    }
+    return p;
+}
+
+static double bench_now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec * 1e-6;
+}
+
+/* The library exposes no kernel-variant string yet; when it does, only this function changes. */
+static const char *bench_variant(const flashport_backend *be)
+{
+    (void)be;
+    return "default";
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * Command line.
+ * ------------------------------------------------------------------------------------------- */
+static void bench_usage(FILE *f)
+{
+    fprintf(
+        f,
+        "usage: flashport-bench [options]\n"
+        "Times flashport attention forward/backward through the public API.\n"
+        "LIST is one value or several separated by commas; every combination runs.\n"
+        "\n"
+        "  --backend NAME     cpu, reference, cuda, hip or auto\n"
+        "                     (default: $FLASHPORT_BACKEND, else auto)\n"
+        "  --dtype LIST       f32, f16, bf16 (default f32)\n"
+        "  --batch LIST       B (default 1; with --sweep: %d / seqlen)\n"
+        "  --heads LIST       H (default 8; with --sweep: %d / hdim)\n"
+        "  --kv-heads LIST    Hkv (default: H)\n"
+        "  --seqlen LIST      Nq = Nk (default 1024)\n"
+        "  --seqlen-q LIST    Nq } given either, every (Nq, Nk) pair of the two lists runs;\n"
+        "  --seqlen-k LIST    Nk } the one not given defaults to --seqlen\n"
+        "  --hdim LIST        D (default 128)\n"
+        "  --causal[=LIST]    causal mask; --causal=0,1 runs both\n"
+        "  --window L,R       sliding window, keys left/right of the diagonal (-1 = unbounded)\n"
+        "  --softcap C        S = C * tanh(S / C) (default 0 = off)\n"
+        "  --direction DIR    fwd, bwd or both (default fwd)\n"
+        "  --iters N          timed runs per shape and direction; the median is reported\n"
+        "                     (default 5)\n"
+        "  --warmup N         untimed runs before them (default 1)\n"
+        "  --check            compare with the reference backend before timing; exit 1 if an\n"
+        "                     error exceeds the dtype's tolerance\n"
+        "  --check-gflop X    reference work per check before it narrows to fewer batches,\n"
+        "                     heads, rows (default 4)\n"
+        "  --csv FILE         append one row per shape and direction (header if new or empty)\n"
+        "  --sweep            the ANCHORS.md grid scaled for a CPU: D 64,128,256 x N 512,1024,\n"
+        "                     2048,4096 x causal 0,1 with B*N = %d and H*D = %d, both\n"
+        "                     directions; the options above narrow or override it\n"
+        "  --peak-tflops X    peak for pct_peak (default: the f32 FMA peak measured here on\n"
+        "                     host backends; none on GPU backends)\n"
+        "  --seed N           input seed (default 1)\n"
+        "  --help             this text\n",
+        BENCH_SWEEP_TOKENS, BENCH_SWEEP_HD, BENCH_SWEEP_TOKENS, BENCH_SWEEP_HD);
+}
+
+static void bench_bad_arg(const char *opt, const char *value, const char *why)
+{
+    fprintf(stderr, "flashport-bench: %s%s%s: %s (see --help)\n", opt, value ? " " : "",
+            value ? value : "", why);
+    exit(2);
+}
+
+static int64_t bench_parse_int(const char *opt, const char *s, int64_t lo, int64_t hi)
+{
+    char *end = NULL;
+    errno = 0;
+    long long x = strtoll(s, &end, 10);
+    if (end == s || *end != '\0' || errno == ERANGE)
+        bench_bad_arg(opt, s, "not an integer");
+    if (x < lo || x > hi)
+        bench_bad_arg(opt, s, "out of range");
+    return (int64_t)x;
+}
+
+static double bench_parse_double(const char *opt, const char *s, double lo)
+{
+    char *end = NULL;
+    errno = 0;
+    double x = strtod(s, &end);
+    if (end == s || *end != '\0' || errno == ERANGE || !isfinite(x))
+        bench_bad_arg(opt, s, "not a number");
+    if (x < lo)
+        bench_bad_arg(opt, s, "out of range");
+    return x;
+}
+
+/* Splits s at commas into out; each item an integer in [lo, hi]. */
+static void bench_parse_list(const char *opt, const char *s, bench_list *out, int64_t lo,
+                             int64_t hi)
+{
+    char item[64];
+    out->n = 0;
+    const char *p = s;
+    for (;;) {
+        const char *comma = strchr(p, ',');
+        size_t len = comma ? (size_t)(comma - p) : strlen(p);
+        if (len == 0 || len >= sizeof item)
+            bench_bad_arg(opt, s, "bad list");
+        if (out->n == BENCH_MAX_LIST)
+            bench_bad_arg(opt, s, "too many values");
+        memcpy(item, p, len);
+        item[len] = '\0';
+        out->v[out->n++] = bench_parse_int(opt, item, lo, hi);
+        if (!comma)
+            break;
+        p = comma + 1;
+    }
+}
+
+static int bench_dtype_from_name(const char *s)
+{
+    if (strcmp(s, "f32") == 0)
+        return FLASHPORT_F32;
+    if (strcmp(s, "f16") == 0)
+        return FLASHPORT_F16;
+    if (strcmp(s, "bf16") == 0)
+        return FLASHPORT_BF16;
+    return -1;
+}
+
+static void bench_parse_dtypes(const char *s, bench_list *out)
+{
+    char item[16];
+    out->n = 0;
+    const char *p = s;
+    for (;;) {
+        const char *comma = strchr(p, ',');
+        size_t len = comma ? (size_t)(comma - p) : strlen(p);
+        if (len == 0 || len >= sizeof item || out->n == BENCH_MAX_LIST)
+            bench_bad_arg("--dtype", s, "bad list");
+        memcpy(item, p, len);
+        item[len] = '\0';
+        int dt = bench_dtype_from_name(item);
+        if (dt < 0)
+            bench_bad_arg("--dtype", item, "expected f32, f16 or bf16");
+        out->v[out->n++] = dt;
+        if (!comma)
+            break;
+        p = comma + 1;
+    }
+}
+
+static void bench_parse_args(int argc, char **argv, bench_options *o)
+{
+    memset(o, 0, sizeof *o);
+    o->window_left = -1;
+    o->window_right = -1;
+    o->iters = 5;
+    o->warmup = 1;
+    o->check_gflop = 4.0;
+    o->seed = 1;
+    int direction_set = 0;
+    const int64_t big = INT32_MAX;
+
+    for (int i = 1; i < argc; i++) {
+        char opt[64];
+        const char *arg = argv[i];
+        const char *eq = strchr(arg, '=');
+        size_t len = eq ? (size_t)(eq - arg) : strlen(arg);
+        if (strncmp(arg, "--", 2) != 0 || len >= sizeof opt)
+            bench_bad_arg(arg, NULL, "unknown argument");
+        memcpy(opt, arg, len);
+        opt[len] = '\0';
+        const char *val = eq ? eq + 1 : NULL;
+
+        /* Flags first: they never take the next argument. */
+        if (strcmp(opt, "--help") == 0) {
+            bench_usage(stdout);
+            exit(0);
+        }
+        if (strcmp(opt, "--check") == 0 || strcmp(opt, "--sweep") == 0) {
+            if (val)
+                bench_bad_arg(opt, val, "takes no value");
+            if (opt[2] == 'c')
+                o->check = 1;
+            else
+                o->sweep = 1;
+            continue;
+        }
+        if (strcmp(opt, "--causal") == 0) {
+            if (val)
+                bench_parse_list(opt, val, &o->causal, 0, 1);
+            else {
+                o->causal.v[0] = 1;
+                o->causal.n = 1;
+            }
+            continue;
+        }
+        static const char *const valued[] = {
+            "--backend",  "--dtype",    "--batch",       "--heads",  "--kv-heads",    "--seqlen",
+            "--seqlen-q", "--seqlen-k", "--hdim",        "--window", "--softcap",     "--direction",
+            "--iters",    "--warmup",   "--check-gflop", "--csv",    "--peak-tflops", "--seed"};
+        size_t known = 0;
+        while (known < sizeof valued / sizeof valued[0] && strcmp(opt, valued[known]) != 0)
+            known++;
+        if (known == sizeof valued / sizeof valued[0])
+            bench_bad_arg(opt, NULL, "unknown option");
+        if (!val) {
+            if (i + 1 >= argc)
+                bench_bad_arg(opt, NULL, "needs a value");
+            val = argv[++i];
+        }
+
+        if (strcmp(opt, "--backend") == 0)
+            o->backend = val;
+        else if (strcmp(opt, "--dtype") == 0)
+            bench_parse_dtypes(val, &o->dtype);
+        else if (strcmp(opt, "--batch") == 0)
+            bench_parse_list(opt, val, &o->batch, 1, big);
+        else if (strcmp(opt, "--heads") == 0)
+            bench_parse_list(opt, val, &o->heads, 1, big);
+        else if (strcmp(opt, "--kv-heads") == 0)
+            bench_parse_list(opt, val, &o->kv_heads, 1, big);
+        else if (strcmp(opt, "--seqlen") == 0)
+            bench_parse_list(opt, val, &o->seqlen, 1, big);
+        else if (strcmp(opt, "--seqlen-q") == 0)
+            bench_parse_list(opt, val, &o->seqlen_q, 1, big);
+        else if (strcmp(opt, "--seqlen-k") == 0)
+            bench_parse_list(opt, val, &o->seqlen_k, 1, big);
+        else if (strcmp(opt, "--hdim") == 0)
+            bench_parse_list(opt, val, &o->hdim, 1, big);
+        else if (strcmp(opt, "--window") == 0) {
+            bench_list w;
+            bench_parse_list(opt, val, &w, INT32_MIN, big);
+            if (w.n != 2)
+                bench_bad_arg(opt, val, "expected L,R");
+            o->window_left = (int)w.v[0];
+            o->window_right = (int)w.v[1];
+        } else if (strcmp(opt, "--softcap") == 0)
+            o->softcap = (float)bench_parse_double(opt, val, 0.0);
+        else if (strcmp(opt, "--direction") == 0) {
+            direction_set = 1;
+            o->fwd = strcmp(val, "fwd") == 0 || strcmp(val, "both") == 0;
+            o->bwd = strcmp(val, "bwd") == 0 || strcmp(val, "both") == 0;
+            if (!o->fwd && !o->bwd)
+                bench_bad_arg(opt, val, "expected fwd, bwd or both");
+        } else if (strcmp(opt, "--iters") == 0)
+            o->iters = (int)bench_parse_int(opt, val, 1, 100000);
+        else if (strcmp(opt, "--warmup") == 0)
+            o->warmup = (int)bench_parse_int(opt, val, 0, 100000);
+        else if (strcmp(opt, "--check-gflop") == 0)
+            o->check_gflop = bench_parse_double(opt, val, 0.0);
+        else if (strcmp(opt, "--csv") == 0)
+            o->csv = val;
+        else if (strcmp(opt, "--peak-tflops") == 0)
+            o->peak_tflops = bench_parse_double(opt, val, 0.0);
+        else
+            o->seed = (uint64_t)bench_parse_int(opt, val, 0, INT64_MAX);
+    }
+
+    if (!direction_set) {
+        o->fwd = 1;
+        o->bwd = o->sweep;
+    }
+    if (o->dtype.n == 0) {
+        o->dtype.v[o->dtype.n++] = FLASHPORT_F32;
+    }
+    if (o->causal.n == 0) {
+        o->causal.v[o->causal.n++] = 0;
+        if (o->sweep)
+            o->causal.v[o->causal.n++] = 1;
+    }
+    if (o->hdim.n == 0) {
+        if (o->sweep) {
+            o->hdim.v[o->hdim.n++] = 64;
+            o->hdim.v[o->hdim.n++] = 128;
+            o->hdim.v[o->hdim.n++] = 256;
+        } else {
+            o->hdim.v[o->hdim.n++] = 128;
+        }
+    }
+    if (o->seqlen.n == 0) {
+        if (o->sweep) {
+            for (int64_t n = 512; n <= 4096; n *= 2)
+                o->seqlen.v[o->seqlen.n++] = n;
+        } else {
+            o->seqlen.v[o->seqlen.n++] = 1024;
+        }
+    }
+}
+
+/* Every combination of the option lists, in the order dtype, D, sequence lengths, causal,
+ * B, H, Hkv. Returns a malloc'd array of *count shapes. */
+static bench_shape *bench_expand(const bench_options *o, int *count)
+{
+    /* Sequence-length pairs: Nq = Nk from --seqlen unless --seqlen-q/-k ask for a product. */
+    int64_t pairs[BENCH_MAX_LIST * BENCH_MAX_LIST][2];
+    int npairs = 0;
+    if (o->seqlen_q.n == 0 && o->seqlen_k.n == 0) {
+        for (int i = 0; i < o->seqlen.n; i++) {
+            pairs[npairs][0] = pairs[npairs][1] = o->seqlen.v[i];
+            npairs++;
+        }
+    } else {
+        const bench_list *lq = o->seqlen_q.n ? &o->seqlen_q : &o->seqlen;
+        const bench_list *lk = o->seqlen_k.n ? &o->seqlen_k : &o->seqlen;
+        for (int i = 0; i < lq->n; i++)
+            for (int j = 0; j < lk->n; j++) {
+                pairs[npairs][0] = lq->v[i];
+                pairs[npairs][1] = lk->v[j];
+                npairs++;
+            }
+    }
+    int nb = o->batch.n ? o->batch.n : 1;
+    int nh = o->heads.n ? o->heads.n : 1;
+    int nkv = o->kv_heads.n ? o->kv_heads.n : 1;
+    size_t total = (size_t)o->dtype.n * o->hdim.n * npairs * o->causal.n * nb * nh * nkv;
+    bench_shape *shapes = bench_host_alloc(total * sizeof *shapes);
+    int n = 0;
+    for (int a = 0; a < o->dtype.n; a++)
+        for (int di = 0; di < o->hdim.n; di++)
+            for (int p = 0; p < npairs; p++)
+                for (int c = 0; c < o->causal.n; c++)
+                    for (int bi = 0; bi < nb; bi++)
+                        for (int hi = 0; hi < nh; hi++)
+                            for (int ki = 0; ki < nkv; ki++) {
+                                bench_shape *s = &shapes[n++];
+                                s->dtype = (flashport_dtype)o->dtype.v[a];
+                                s->d = o->hdim.v[di];
+                                s->nq = pairs[p][0];
+                                s->nk = pairs[p][1];
+                                s->causal = (int)o->causal.v[c];
+                                if (o->batch.n)
+                                    s->b = o->batch.v[bi];
+                                else if (o->sweep)
+                                    s->b =
+                                        s->nq < BENCH_SWEEP_TOKENS ? BENCH_SWEEP_TOKENS / s->nq : 1;
+                                else
+                                    s->b = 1;
+                                if (o->heads.n)
+                                    s->h = o->heads.v[hi];
+                                else if (o->sweep)
+                                    s->h = s->d < BENCH_SWEEP_HD ? BENCH_SWEEP_HD / s->d : 1;
+                                else
+                                    s->h = 8;
+                                s->hkv = o->kv_heads.n ? o->kv_heads.v[ki] : s->h;
+                            }
+    *count = n;
+    return shapes;
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * FLOPs and tolerances.
+ * ------------------------------------------------------------------------------------------- */
+
+/* Visible (query, key) pairs of an nq x nk problem under the window (left, right), -1 being
+ * unbounded, aligned bottom-right. */
+static double bench_visible_pairs(int64_t nq, int64_t nk, int64_t left, int64_t right)
+{
+    double pairs = 0.0;
+    for (int64_t i = 0; i < nq; i++) {
+        int64_t diag = i + nk - nq;
+        int64_t lo = left < 0 ? 0 : diag - left;
+        int64_t hi = right < 0 ? nk - 1 : diag + right;
+        if (lo < 0)
+            lo = 0;
+        if (hi > nk - 1)
+            hi = nk - 1;
+        if (hi >= lo)
+            pairs += (double)(hi - lo + 1);
+    }
+    return pairs;
+}
+
+static int64_t bench_right(const bench_shape *s, const bench_options *o)
+{
+    return s->causal ? 0 : o->window_right;
+}
+
+/* Pairs by the FlashAttention convention (see the top of the file). */
+static double bench_flop_pairs(const bench_shape *s, const bench_options *o)
+{
+    int64_t left = o->window_left, right = bench_right(s, o);
+    if (left < 0 && right < 0)
+        return (double)s->nq * (double)s->nk;
+    if (left < 0 && right == 0)
+        return (double)s->nq * (double)s->nk / 2.0;
+    return bench_visible_pairs(s->nq, s->nk, left, right);
+}
+
+static double bench_forward_flops(const bench_shape *s, const bench_options *o)
+{
+    return 4.0 * (double)s->b * (double)s->h * (double)s->d * bench_flop_pairs(s, o);
+}
+
+static double bench_tolerance(flashport_dtype dtype)
+{
+    switch (dtype) {
+    case FLASHPORT_F32:
+        return 1e-4;
+    case FLASHPORT_F16:
+        return 5e-3;
+    default:
+        return 4e-2;
+    }
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * Tensors.
+ * ------------------------------------------------------------------------------------------- */
+static uint64_t bench_rng_next(uint64_t *state)
+{
+    uint64_t z = (*state += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+/* Uniform in [-1, 1) with 24 random bits. */
+static float bench_rng_uniform(uint64_t *state)
+{
+    return (float)(bench_rng_next(state) >> 40) * (2.0f / 16777216.0f) - 1.0f;
+}
+
+static void *bench_device_alloc(bench_ctx *c, size_t bytes)
+{
+    void *p = NULL;
+    bench_ok(flashport_malloc(c->be, bytes, &p), "flashport_malloc");
+    return p;
+}
+
+/* Fills n elements of device memory with NaN of the given dtype. */
+static void bench_fill_nan(bench_ctx *c, void *dev, flashport_dtype dtype, size_t n)
+{
+    size_t es = flashport_dtype_size(dtype);
+    void *h = bench_host_alloc(n * es);
+    for (size_t i = 0; i < n; i++)
+        bench_store(h, dtype, i, NAN);
+    bench_ok(flashport_memcpy_to_device(c->be, dev, h, n * es), "flashport_memcpy_to_device");
+    free(h);
+}
+
+/* A host copy of n random elements, also copied to the device. */
+static void *bench_random_input(bench_ctx *c, void *dev, flashport_dtype dtype, size_t n,
+                                uint64_t *rng)
+{
+    size_t es = flashport_dtype_size(dtype);
+    void *h = bench_host_alloc(n * es);
+    for (size_t i = 0; i < n; i++)
+        bench_store(h, dtype, i, bench_rng_uniform(rng));
+    bench_ok(flashport_memcpy_to_device(c->be, dev, h, n * es), "flashport_memcpy_to_device");
+    return h;
+}
+
+static void bench_tensors_create(bench_ctx *c, const bench_shape *s, bench_tensors *t)
+{
+    memset(t, 0, sizeof *t);
+    size_t es = flashport_dtype_size(s->dtype);
+    size_t nq = (size_t)(s->b * s->nq * s->h * s->d);
+    size_t nk = (size_t)(s->b * s->nk * s->hkv * s->d);
+    size_t nl = (size_t)(s->b * s->h * s->nq);
+    int64_t qshape[4] = {s->b, s->nq, s->h, s->d};
+    int64_t kshape[4] = {s->b, s->nk, s->hkv, s->d};
+    int64_t lshape[3] = {s->b, s->h, s->nq};
+    uint64_t rng = c->opt->seed;
+
+    t->q = bench_device_alloc(c, nq * es);
+    t->k = bench_device_alloc(c, nk * es);
+    t->v = bench_device_alloc(c, nk * es);
+    t->o = bench_device_alloc(c, nq * es);
+    t->lse = bench_device_alloc(c, nl * sizeof(float));
+    t->hq = bench_random_input(c, t->q, s->dtype, nq, &rng);
+    t->hk = bench_random_input(c, t->k, s->dtype, nk, &rng);
+    t->hv = bench_random_input(c, t->v, s->dtype, nk, &rng);
+    bench_fill_nan(c, t->o, s->dtype, nq);
+    bench_fill_nan(c, t->lse, FLASHPORT_F32, nl);
+    t->tq = flashport_tensor_contiguous(t->q, s->dtype, 4, qshape);
+    t->tk = flashport_tensor_contiguous(t->k, s->dtype, 4, kshape);
+    t->tv = flashport_tensor_contiguous(t->v, s->dtype, 4, kshape);
+    t->to = flashport_tensor_contiguous(t->o, s->dtype, 4, qshape);
+    t->tlse = flashport_tensor_contiguous(t->lse, FLASHPORT_F32, 3, lshape);
+    if (!c->opt->bwd)
+        return;
+    t->dout = bench_device_alloc(c, nq * es);
+    t->dq = bench_device_alloc(c, nq * es);
+    t->dk = bench_device_alloc(c, nk * es);
+    t->dv = bench_device_alloc(c, nk * es);
+    t->hdout = bench_random_input(c, t->dout, s->dtype, nq, &rng);
+    bench_fill_nan(c, t->dq, s->dtype, nq);
+    bench_fill_nan(c, t->dk, s->dtype, nk);
+    bench_fill_nan(c, t->dv, s->dtype, nk);
+    t->tdout = flashport_tensor_contiguous(t->dout, s->dtype, 4, qshape);
+    t->tdq = flashport_tensor_contiguous(t->dq, s->dtype, 4, qshape);
+    t->tdk = flashport_tensor_contiguous(t->dk, s->dtype, 4, kshape);
+    t->tdv = flashport_tensor_contiguous(t->dv, s->dtype, 4, kshape);
+}
+
+static void bench_tensors_destroy(bench_ctx *c, bench_tensors *t)
+{
+    void *dev[] = {t->q, t->k, t->v, t->o, t->lse, t->dout, t->dq, t->dk, t->dv};
+    for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++)
+        if (dev[i])
+            bench_ok(flashport_free(c->be, dev[i]), "flashport_free");
+    free(t->hq);
+    free(t->hk);
+    free(t->hv);
+    free(t->hdout);
+}
+
+/* Device contents of a tensor, copied to a new host buffer. */
+static void *bench_to_host(bench_ctx *c, const void *dev, size_t bytes)
+{
+    void *h = bench_host_alloc(bytes);
+    bench_ok(flashport_memcpy_to_host(c->be, h, dev, bytes), "flashport_memcpy_to_host");
+    return h;
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * Check against the reference backend.
+ * ------------------------------------------------------------------------------------------- */
+
+/* A block of a contiguous 4-D tensor: full extents, first index and block extents. */
+typedef struct bench_block {
+    int64_t full[4], start[4], ext[4];
+} bench_block;
+
+static size_t bench_block_count(const bench_block *blk)
+{
+    return (size_t)(blk->ext[0] * blk->ext[1] * blk->ext[2] * blk->ext[3]);
+}
+
+static size_t bench_block_offset(const bench_block *blk, int64_t i0, int64_t i1, int64_t i2)
+{
+    return (size_t)((((blk->start[0] + i0) * blk->full[1] + blk->start[1] + i1) * blk->full[2] +
+                     blk->start[2] + i2) *
+                        blk->full[3] +
+                    blk->start[3]);
+}
+
+/* The block of src (dtype, contiguous with extents blk->full) as a new contiguous f32 array. */
+static float *bench_gather_f32(const void *src, flashport_dtype dtype, const bench_block *blk)
+{
+    float *dst = bench_host_alloc(bench_block_count(blk) * sizeof(float));
+    size_t n = 0;
+    for (int64_t i0 = 0; i0 < blk->ext[0]; i0++)
+        for (int64_t i1 = 0; i1 < blk->ext[1]; i1++)
+            for (int64_t i2 = 0; i2 < blk->ext[2]; i2++) {
+                size_t off = bench_block_offset(blk, i0, i1, i2);
+                for (int64_t i3 = 0; i3 < blk->ext[3]; i3++)
+                    dst[n++] = bench_load(src, dtype, off + (size_t)i3);
+            }
+    return dst;
+}
+
+typedef struct bench_err {
+    double max_abs; /* infinity when a NaN or a misplaced infinity shows up */
+    double max_ref; /* largest finite |reference| */
+} bench_err;
+
+/* Compares the block of `test` (dtype, contiguous with extents blk->full) with ref, the block
+ * as a contiguous f32 array. Equal values (both -inf for a fully masked LSE row) count as 0. */
+static bench_err bench_compare(const void *test, flashport_dtype dtype, const bench_block *blk,
+                               const float *ref)
+{
+    bench_err e = {0.0, 0.0};
+    size_t n = 0;
+    for (int64_t i0 = 0; i0 < blk->ext[0]; i0++)
+        for (int64_t i1 = 0; i1 < blk->ext[1]; i1++)
+            for (int64_t i2 = 0; i2 < blk->ext[2]; i2++) {
+                size_t off = bench_block_offset(blk, i0, i1, i2);
+                for (int64_t i3 = 0; i3 < blk->ext[3]; i3++) {
+                    double t = bench_load(test, dtype, off + (size_t)i3);
+                    double r = ref[n++];
+                    double d;
+                    if (isnan(t) || isnan(r))
+                        d = INFINITY;
+                    else if (t == r)
+                        d = 0.0;
+                    else
+                        d = fabs(t - r);
+                    if (d > e.max_abs)
+                        e.max_abs = d;
+                    if (isfinite(r) && fabs(r) > e.max_ref)
+                        e.max_ref = fabs(r);
+                }
+            }
+    return e;
+}
+
+/* Reference FLOPs (forward 4, backward 10 per pair and element of D) of the subset. */
+static double bench_subset_gflop(const bench_shape *s, const bench_options *o,
+                                 const bench_subset *u, int backward)
+{
+    double pairs = bench_visible_pairs(u->rows, s->nk, o->window_left, bench_right(s, o));
+    double per = backward ? 14.0 : 4.0;
+    return per * (double)(u->nb * u->ng * u->g) * pairs * (double)s->d * 1e-9;
+}
+
+/* Narrows to the last batch, the last kv-head group, then the last rows, until the reference
+ * fits in --check-gflop (one row at least). The budget counts the backward too when it runs. */
+static bench_subset bench_plan_subset(const bench_shape *s, const bench_options *o)
+{
+    bench_subset u = {s->b, s->hkv, s->h / s->hkv, s->nq, ""};
+    double budget = o->check_gflop;
+    if (bench_subset_gflop(s, o, &u, o->bwd) > budget)
+        u.nb = 1;
+    if (bench_subset_gflop(s, o, &u, o->bwd) > budget)
+        u.ng = 1;
+    if (bench_subset_gflop(s, o, &u, o->bwd) > budget) {
+        int64_t lo = 1, hi = s->nq;
+        while (lo < hi) {
+            u.rows = (lo + hi + 1) / 2;
+            if (bench_subset_gflop(s, o, &u, o->bwd) <= budget)
+                lo = u.rows;
+            else
+                hi = u.rows - 1;
+        }
+        u.rows = lo;
+    }
+    if (u.nb == s->b && u.ng == s->hkv && u.rows == s->nq)
+        snprintf(u.scope, sizeof u.scope, "full");
+    else
+        snprintf(u.scope, sizeof u.scope, "b[%lld:%lld] h[%lld:%lld] q[%lld:%lld]",
+                 (long long)(s->b - u.nb), (long long)s->b, (long long)(s->h - u.ng * u.g),
+                 (long long)s->h, (long long)(s->nq - u.rows), (long long)s->nq);
+    return u;
+}
+
+/* Blocks of the subset inside the full tensors: q-shaped (B, Nq, H, D), kv-shaped
+ * (B, Nk, Hkv, D) and the lse (B, H, Nq) seen as (B, H, Nq, 1). */
+static bench_block bench_qblock(const bench_shape *s, const bench_subset *u)
+{
+    bench_block b = {{s->b, s->nq, s->h, s->d},
+                     {s->b - u->nb, s->nq - u->rows, s->h - u->ng * u->g, 0},
+                     {u->nb, u->rows, u->ng * u->g, s->d}};
+    return b;
+}
+
+static bench_block bench_kvblock(const bench_shape *s, const bench_subset *u)
+{
+    bench_block b = {{s->b, s->nk, s->hkv, s->d},
+                     {s->b - u->nb, 0, s->hkv - u->ng, 0},
+                     {u->nb, s->nk, u->ng, s->d}};
+    return b;
+}
+
+static bench_block bench_lseblock(const bench_shape *s, const bench_subset *u)
+{
+    bench_block b = {{s->b, s->h, s->nq, 1},
+                     {s->b - u->nb, s->h - u->ng * u->g, s->nq - u->rows, 0},
+                     {u->nb, u->ng * u->g, u->rows, 1}};
+    return b;
+}
+
+/* A tensor descriptor of a block of a contiguous tensor (data: the full tensor's memory), with
+ * the full tensor's strides; rank 3 drops the block's trailing extent of 1 (the lse). */
+static flashport_tensor bench_block_view(void *data, flashport_dtype dtype, const bench_block *blk,
+                                         int32_t rank)
+{
+    flashport_tensor t;
+    memset(&t, 0, sizeof t);
+    int64_t stride[4];
+    stride[3] = 1;
+    for (int i = 2; i >= 0; i--)
+        stride[i] = stride[i + 1] * blk->full[i + 1];
+    size_t off = 0;
+    for (int i = 0; i < 4; i++)
+        off += (size_t)(blk->start[i] * stride[i]);
+    t.data = (char *)data + off * flashport_dtype_size(dtype);
+    t.dtype = dtype;
+    t.rank = rank;
+    for (int i = 0; i < rank; i++) {
+        t.shape[i] = blk->ext[i];
+        t.stride[i] = stride[i];
+    }
+    return t;
+}
+
+static flashport_tensor bench_f32_tensor(float *data, const bench_block *blk, int32_t rank)
+{
+    return flashport_tensor_contiguous(data, FLASHPORT_F32, rank, blk->ext);
+}
+
+static void bench_refdata_free(bench_refdata *r)
+{
+    free(r->q);
+    free(r->k);
+    free(r->v);
+    free(r->o);
+    free(r->lse);
+    memset(r, 0, sizeof *r);
+}
+
+/* Largest error of one tensor against the tolerance; prints it. Returns nonzero when over. */
+static int bench_judge(const char *name, bench_err e, double tol, double *max_abs)
+{
+    double limit = tol * (e.max_ref > 1.0 ? e.max_ref : 1.0);
+    int bad = !(e.max_abs <= limit);
+    fprintf(stderr, " %s %.3g%s", name, e.max_abs, bad ? " (OVER)" : "");
+    if (e.max_abs > *max_abs || isnan(*max_abs))
+        *max_abs = e.max_abs;
+    return bad;
+}
+
+/* Runs the reference forward on the subset (kept in r for the backward check) and compares the
+ * tested forward's O and LSE with it. Returns nonzero on failure; *max_abs gets the error. */
+static int bench_check_forward(bench_ctx *c, const bench_shape *s,
+                               const flashport_attention_params *params, const bench_tensors *t,
+                               bench_refdata *r, double *max_abs)
+{
+    r->sub = bench_plan_subset(s, c->opt);
+    bench_block qb = bench_qblock(s, &r->sub), kb = bench_kvblock(s, &r->sub);
+    bench_block lb = bench_lseblock(s, &r->sub);
+    r->q = bench_gather_f32(t->hq, s->dtype, &qb);
+    r->k = bench_gather_f32(t->hk, s->dtype, &kb);
+    r->v = bench_gather_f32(t->hv, s->dtype, &kb);
+    r->o = bench_host_alloc(bench_block_count(&qb) * sizeof(float));
+    r->lse = bench_host_alloc(bench_block_count(&lb) * sizeof(float));
+    flashport_tensor rq = bench_f32_tensor(r->q, &qb, 4), rk = bench_f32_tensor(r->k, &kb, 4);
+    flashport_tensor rv = bench_f32_tensor(r->v, &kb, 4), ro = bench_f32_tensor(r->o, &qb, 4);
+    flashport_tensor rl = bench_f32_tensor(r->lse, &lb, 3);
+    bench_ok(flashport_attention_forward(c->ref, params, &rq, &rk, &rv, &ro, &rl),
+             "reference flashport_attention_forward");
+
+    size_t es = flashport_dtype_size(s->dtype);
+    void *o = bench_to_host(c, t->o, (size_t)(s->b * s->nq * s->h * s->d) * es);
+    void *lse = bench_to_host(c, t->lse, (size_t)(s->b * s->h * s->nq) * sizeof(float));
+    double tol = bench_tolerance(s->dtype);
+    *max_abs = 0.0;
+    fprintf(stderr, "check fwd (%s):", r->sub.scope);
+    int bad = bench_judge("o", bench_compare(o, s->dtype, &qb, r->o), tol, max_abs);
+    bad |= bench_judge("lse", bench_compare(lse, FLASHPORT_F32, &lb, r->lse), tol, max_abs);
+    fprintf(stderr, "; tol %.1e x max(1, max|ref|)%s\n", tol, bad ? ": FAILED" : "");
+    free(o);
+    free(lse);
+    return bad;
+}
+
+/* Reference backward on the subset from the reference forward's O and LSE, compared with the
+ * tested backward's dQ, dK, dV (of the timed run when every row is in the subset, else of a
+ * tested run on the sub-problem). */
+static int bench_check_backward(bench_ctx *c, const bench_shape *s,
+                                const flashport_attention_params *params, const bench_tensors *t,
+                                const bench_refdata *r, double *max_abs)
+{
+    const bench_subset *u = &r->sub;
+    bench_block qb = bench_qblock(s, u), kb = bench_kvblock(s, u), lb = bench_lseblock(s, u);
+    size_t nqb = bench_block_count(&qb), nkb = bench_block_count(&kb);
+    float *rdout = bench_gather_f32(t->hdout, s->dtype, &qb);
+    float *rdq = bench_host_alloc(nqb * sizeof(float));
+    float *rdk = bench_host_alloc(nkb * sizeof(float));
+    float *rdv = bench_host_alloc(nkb * sizeof(float));
+    flashport_tensor rq = bench_f32_tensor(r->q, &qb, 4), rk = bench_f32_tensor(r->k, &kb, 4);
+    flashport_tensor rv = bench_f32_tensor(r->v, &kb, 4), ro = bench_f32_tensor(r->o, &qb, 4);
+    flashport_tensor rl = bench_f32_tensor(r->lse, &lb, 3);
+    flashport_tensor rdo = bench_f32_tensor(rdout, &qb, 4), rtdq = bench_f32_tensor(rdq, &qb, 4);
+    flashport_tensor rtdk = bench_f32_tensor(rdk, &kb, 4), rtdv = bench_f32_tensor(rdv, &kb, 4);
+    bench_ok(flashport_attention_backward(c->ref, params, &rq, &rk, &rv, &ro, &rl, &rdo, &rtdq,
+                                          &rtdk, &rtdv),
+             "reference flashport_attention_backward");
+
+    size_t es = flashport_dtype_size(s->dtype);
+    bench_block tqb = qb, tkb = kb; /* where the tested gradients sit in host memory */
+    void *dq, *dk, *dv;
+    const char *source = "";
+    if (u->rows == s->nq) {
+        dq = bench_to_host(c, t->dq, (size_t)(s->b * s->nq * s->h * s->d) * es);
+        dk = bench_to_host(c, t->dk, (size_t)(s->b * s->nk * s->hkv * s->d) * es);
+        dv = bench_to_host(c, t->dv, (size_t)(s->b * s->nk * s->hkv * s->d) * es);
+    } else {
+        /* The sub-problem on the tested backend, as views of its own tensors. */
+        flashport_tensor vq = bench_block_view(t->q, s->dtype, &qb, 4);
+        flashport_tensor vk = bench_block_view(t->k, s->dtype, &kb, 4);
+        flashport_tensor vv = bench_block_view(t->v, s->dtype, &kb, 4);
+        flashport_tensor vo = bench_block_view(t->o, s->dtype, &qb, 4);
+        flashport_tensor vl = bench_block_view(t->lse, FLASHPORT_F32, &lb, 3);
+        flashport_tensor vdo = bench_block_view(t->dout, s->dtype, &qb, 4);
+        void *sdq = bench_device_alloc(c, nqb * es);
+        void *sdk = bench_device_alloc(c, nkb * es);
+        void *sdv = bench_device_alloc(c, nkb * es);
+        bench_fill_nan(c, sdq, s->dtype, nqb);
+        bench_fill_nan(c, sdk, s->dtype, nkb);
+        bench_fill_nan(c, sdv, s->dtype, nkb);
+        flashport_tensor vdq = flashport_tensor_contiguous(sdq, s->dtype, 4, qb.ext);
+        flashport_tensor vdk = flashport_tensor_contiguous(sdk, s->dtype, 4, kb.ext);
+        flashport_tensor vdv = flashport_tensor_contiguous(sdv, s->dtype, 4, kb.ext);
+        bench_ok(flashport_attention_backward(c->be, params, &vq, &vk, &vv, &vo, &vl, &vdo, &vdq,
+                                              &vdk, &vdv),
+                 "flashport_attention_backward (check sub-problem)");
+        bench_ok(flashport_synchronize(c->be), "flashport_synchronize");
+        dq = bench_to_host(c, sdq, nqb * es);
+        dk = bench_to_host(c, sdk, nkb * es);
+        dv = bench_to_host(c, sdv, nkb * es);
+        bench_ok(flashport_free(c->be, sdq), "flashport_free");
+        bench_ok(flashport_free(c->be, sdk), "flashport_free");
+        bench_ok(flashport_free(c->be, sdv), "flashport_free");
+        for (int i = 0; i < 4; i++) {
+            tqb.full[i] = tqb.ext[i];
+            tkb.full[i] = tkb.ext[i];
+            tqb.start[i] = tkb.start[i] = 0;
+        }
+        source = ", tested backward rerun on the sub-problem";
+    }
+    double tol = bench_tolerance(s->dtype);
+    *max_abs = 0.0;
+    fprintf(stderr, "check bwd (%s%s):", u->scope, source);
+    int bad = bench_judge("dq", bench_compare(dq, s->dtype, &tqb, rdq), tol, max_abs);
+    bad |= bench_judge("dk", bench_compare(dk, s->dtype, &tkb, rdk), tol, max_abs);
+    bad |= bench_judge("dv", bench_compare(dv, s->dtype, &tkb, rdv), tol, max_abs);
+    fprintf(stderr, "; tol %.1e x max(1, max|ref|)%s\n", tol, bad ? ": FAILED" : "");
+    free(dq);
+    free(dk);
+    free(dv);
+    free(rdout);
+    free(rdq);
+    free(rdk);
+    free(rdv);
+    return bad;
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * Timing and output.
+ * ------------------------------------------------------------------------------------------- */
+static void bench_run_once(bench_ctx *c, const flashport_attention_params *p,
+                           const bench_tensors *t, int backward)
+{
+    if (backward)
+        bench_ok(flashport_attention_backward(c->be, p, &t->tq, &t->tk, &t->tv, &t->to, &t->tlse,
+                                              &t->tdout, &t->tdq, &t->tdk, &t->tdv),
+                 "flashport_attention_backward");
+    else
+        bench_ok(flashport_attention_forward(c->be, p, &t->tq, &t->tk, &t->tv, &t->to, &t->tlse),
+                 "flashport_attention_forward");
+}
+
+static int bench_cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+/* Median and minimum of --iters synchronized runs after --warmup untimed ones, in ms. */
+static void bench_time(bench_ctx *c, const flashport_attention_params *p, const bench_tensors *t,
+                       int backward, double *median, double *min)
+{
+    int iters = c->opt->iters;
+    for (int i = 0; i < c->opt->warmup; i++)
+        bench_run_once(c, p, t, backward);
+    double *ms = bench_host_alloc((size_t)iters * sizeof(double));
+    for (int i = 0; i < iters; i++) {
+        bench_ok(flashport_synchronize(c->be), "flashport_synchronize");
+        double t0 = bench_now_ms();
+        bench_run_once(c, p, t, backward);
+        bench_ok(flashport_synchronize(c->be), "flashport_synchronize");
+        ms[i] = bench_now_ms() - t0;
+    }
+    qsort(ms, (size_t)iters, sizeof(double), bench_cmp_double);
+    *median = iters % 2 ? ms[iters / 2] : 0.5 * (ms[iters / 2 - 1] + ms[iters / 2]);
+    *min = ms[0];
+    free(ms);
+}
+
+static const char *bench_csv_header =
+    "backend,variant,dtype,batch,heads,kv_heads,seqlen_q,seqlen_k,hdim,causal,window_left,"
+    "window_right,softcap,direction,iters,ms_median,ms_min,tflops,peak_tflops,pct_peak,"
+    "max_abs_err,check,check_scope\n";
+
+/* A number for the CSV; NaN (unknown) is left empty. */
+static void bench_csv_num(FILE *f, double x)
+{
+    if (!isnan(x))
+        fprintf(f, "%.6g", x);
+    fputc(',', f);
+}
+
+static void bench_print_header(void)
+{
+    printf("%-9s %-8s %-5s %4s %4s %4s %6s %6s %4s %6s %9s %4s %10s %9s %6s %11s %s\n", "backend",
+           "variant", "dtype", "B", "H", "Hkv", "Nq", "Nk", "D", "causal", "window", "dir",
+           "ms_median", "TFLOP/s", "%peak", "max_abs_err", "check");
+}
+
+static void bench_emit(bench_ctx *c, const bench_shape *s, const bench_row *r)
+{
+    const bench_options *o = c->opt;
+    char window[24], pct[16], err[16];
+    snprintf(window, sizeof window, "%d,%d", o->window_left, o->window_right);
+    if (isnan(r->pct_peak))
+        snprintf(pct, sizeof pct, "-");
+    else
+        snprintf(pct, sizeof pct, "%.1f", r->pct_peak);
+    if (isnan(r->max_abs_err))
+        snprintf(err, sizeof err, "-");
+    else
+        snprintf(err, sizeof err, "%.3g", r->max_abs_err);
+    printf("%-9s %-8s %-5s %4lld %4lld %4lld %6lld %6lld %4lld %6s %9s %4s %10.3f %9.4f %6s %11s "
+           "%s\n",
+           c->name, c->variant, flashport_dtype_name(s->dtype), (long long)s->b, (long long)s->h,
+           (long long)s->hkv, (long long)s->nq, (long long)s->nk, (long long)s->d,
+           s->causal ? "yes" : "no", window, r->direction, r->ms_median, r->tflops, pct, err,
+           r->check);
+    fflush(stdout);
+    if (!c->csv)
+        return;
+    fprintf(c->csv, "%s,%s,%s,%lld,%lld,%lld,%lld,%lld,%lld,%d,%d,%d,%g,%s,%d,", c->name,
+            c->variant, flashport_dtype_name(s->dtype), (long long)s->b, (long long)s->h,
+            (long long)s->hkv, (long long)s->nq, (long long)s->nk, (long long)s->d, s->causal,
+            o->window_left, o->window_right, (double)o->softcap, r->direction, o->iters);
+    bench_csv_num(c->csv, r->ms_median);
+    bench_csv_num(c->csv, r->ms_min);
+    bench_csv_num(c->csv, r->tflops);
+    bench_csv_num(c->csv, c->peak_tflops);
+    bench_csv_num(c->csv, r->pct_peak);
+    bench_csv_num(c->csv, r->max_abs_err);
+    fprintf(c->csv, "%s,%s\n", r->check, r->scope);
+    fflush(c->csv);
+}
+
+/* Times one direction and emits its row. */
+static void bench_direction(bench_ctx *c, const bench_shape *s, const flashport_attention_params *p,
+                            const bench_tensors *t, int backward, double max_abs, int bad,
+                            const char *scope)
+{
+    bench_row r;
+    r.direction = backward ? "bwd" : "fwd";
+    r.max_abs_err = max_abs;
+    r.check = !c->opt->check ? "off" : bad ? "FAIL" : "ok";
+    r.scope = c->opt->check ? scope : "";
+    bench_time(c, p, t, backward, &r.ms_median, &r.ms_min);
+    double flops = bench_forward_flops(s, c->opt) * (backward ? 2.5 : 1.0);
+    r.tflops = flops / (r.ms_median * 1e-3) * 1e-12;
+    r.pct_peak = 100.0 * r.tflops / c->peak_tflops;
+    bench_emit(c, s, &r);
+}
+
+static void bench_shape_run(bench_ctx *c, const bench_shape *s)
+{
+    const bench_options *o = c->opt;
+    flashport_attention_params params;
+    flashport_attention_params_init(&params);
+    params.causal = s->causal;
+    params.window_left = o->window_left;
+    params.window_right = o->window_right;
+    params.softcap = o->softcap;
+
+    bench_tensors t;
+    bench_tensors_create(c, s, &t);
+    bench_refdata ref;
+    memset(&ref, 0, sizeof ref);
+    double err_fwd = NAN, err_bwd = NAN;
+    int bad_fwd = 0, bad_bwd = 0;
+
+    bench_run_once(c, &params, &t, 0);
+    bench_ok(flashport_synchronize(c->be), "flashport_synchronize");
+    if (o->check)
+        bad_fwd = bench_check_forward(c, s, &params, &t, &ref, &err_fwd);
+    if (o->fwd)
+        bench_direction(c, s, &params, &t, 0, err_fwd, bad_fwd, ref.sub.scope);
+    if (o->bwd) {
+        bench_run_once(c, &params, &t, 1);
+        bench_ok(flashport_synchronize(c->be), "flashport_synchronize");
+        if (o->check)
+            bad_bwd = bench_check_backward(c, s, &params, &t, &ref, &err_bwd);
+        bench_direction(c, s, &params, &t, 1, err_bwd, bad_bwd | bad_fwd, ref.sub.scope);
+    }
+    c->failures += bad_fwd + bad_bwd;
+    bench_refdata_free(&ref);
+    bench_tensors_destroy(c, &t);
+}
+
+static int bench_is_host_backend(const char *name)
+{
+    return strcmp(name, "cpu") == 0 || strcmp(name, "reference") == 0;
+}
+
+static void bench_set_peak(bench_ctx *c)
+{
+    if (c->opt->peak_tflops > 0.0) {
+        c->peak_tflops = c->opt->peak_tflops;
+        printf("# peak: %.4g TFLOP/s (given with --peak-tflops)\n", c->peak_tflops);
+        return;
+    }
+    if (!bench_is_host_backend(c->name)) {
+        c->peak_tflops = NAN;
+        printf("# peak: unknown for backend %s (no portable way to measure it; pass "
+               "--peak-tflops X): pct_peak left empty\n",
+               c->name);
+        return;
+    }
+    bench_peak pk = bench_measure_f32_peak(bench_host_threads(), BENCH_PEAK_SECONDS);
+    c->peak_tflops = pk.gflops > 0.0 ? pk.gflops * 1e-3 : NAN;
+    printf("# peak: %.1f GFLOP/s f32 FMA, measured here (%d thread%s, %s); pct_peak is against "
+           "it for every dtype\n",
+           pk.gflops, pk.threads, pk.threads == 1 ? "" : "s", pk.isa);
+}
+
+static FILE *bench_open_csv(const char *path)
+{
+    FILE *f = fopen(path, "a");
+    if (!f) {
+        fprintf(stderr, "flashport-bench: cannot open %s: %s\n", path, strerror(errno));
+        exit(1);
+    }
+    fseek(f, 0, SEEK_END);
+    if (ftell(f) == 0)
+        fputs(bench_csv_header, f);
+    return f;
+}
+
+int main(int argc, char **argv)
+{
+    bench_options opt;
+    bench_parse_args(argc, argv, &opt);
+    int nshapes = 0;
+    bench_shape *shapes = bench_expand(&opt, &nshapes);
+
+    bench_ctx c;
+    memset(&c, 0, sizeof c);
+    c.opt = &opt;
+    bench_ok(flashport_backend_open(opt.backend, &c.be), "flashport_backend_open");
+    if (opt.check)
+        bench_ok(flashport_backend_open("reference", &c.ref), "flashport_backend_open(reference)");
+    c.name = flashport_backend_name(c.be);
+    c.variant = bench_variant(c.be);
+    if (opt.csv)
+        c.csv = bench_open_csv(opt.csv);
+
+    printf("# flashport %s, backend %s (device %d), iters %d after %d warm-up, seed %llu, "
+           "softcap %g\n",
+           flashport_version(), c.name, flashport_backend_device(c.be), opt.iters, opt.warmup,
+           (unsigned long long)opt.seed, (double)opt.softcap);
+    bench_set_peak(&c);
+    bench_print_header();
+    fflush(stdout);
+
+    for (int i = 0; i < nshapes; i++) {
+        const bench_shape *s = &shapes[i];
+        if (nshapes > 1)
+            fprintf(stderr, "[%d/%d] %s B=%lld H=%lld Hkv=%lld Nq=%lld Nk=%lld D=%lld%s\n", i + 1,
+                    nshapes, flashport_dtype_name(s->dtype), (long long)s->b, (long long)s->h,
+                    (long long)s->hkv, (long long)s->nq, (long long)s->nk, (long long)s->d,
+                    s->causal ? " causal" : "");
+        bench_shape_run(&c, s);
+    }
+
+    if (c.csv)
+        fclose(c.csv);
+    flashport_backend_close(c.ref);
+    flashport_backend_close(c.be);
+    free(shapes);
+    if (c.failures) {
+        fprintf(stderr, "flashport-bench: %d check%s FAILED\n", c.failures,
+                c.failures == 1 ? "" : "s");
+        return 1;
+    }
+    return 0;
+}

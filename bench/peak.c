@@ -1,0 +1,205 @@
+/*
+ * The f32 FMA throughput of this CPU, measured on the spot: the development machine is shared and
+ * its clock varies, so a data-sheet number would not describe the run the bench reports.
+ *
+ * Method: every thread runs acc = acc * m + a over CHAINS independent accumulators of 16 floats.
+ * Enough independent chains hide the FMA latency (4 cycles x 2 ports needs at least 8 vector
+ * accumulators in flight), and 16 floats fill one AVX-512 register, two AVX2 or four NEON ones.
+ * This file is compiled with -O3 -ffp-contract=fast (bench/CMakeLists.txt) so that the compiler
+ * vectorizes the lanes and fuses the multiply-add, which strict C11 mode would not do. With GCC
+ * or Clang on x86 the same loop is also compiled for AVX-512 and for AVX2+FMA and chosen at run
+ * time with __builtin_cpu_supports; elsewhere the plain build runs (NEON FMA on AArch64, SSE2
+ * mul + add on baseline x86). Each element update counts 2 FLOPs. m < 1 keeps the values bounded
+ * (they converge to a / (1 - m)), so no denormal or infinity slows the loop. The result is the
+ * best of three timed runs after a calibration run that also brings the vector unit to its
+ * steady clock.
+ *
+ * Threads: as many as the CPU backend uses (bench_host_threads), through OpenMP, started
+ * together behind a barrier.
+ */
+#define _POSIX_C_SOURCE 200809L
+
+#include "peak.h"
+
+#include <stdlib.h>
+#include <time.h>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+#define PEAK_LANES      16
+#define PEAK_MAX_CHAINS 12
+/* Per-thread accumulator block; a multiple of 64 bytes, so threads never share a cache line. */
+#define PEAK_BLOCK (PEAK_MAX_CHAINS * PEAK_LANES)
+#define PEAK_M     0.9999999f
+#define PEAK_A     1e-7f
+
+#if defined(__GNUC__) && (defined(__x86_64__) || defined(__i386__))
+#define PEAK_X86_DISPATCH 1
+#else
+#define PEAK_X86_DISPATCH 0
+#endif
+
+#if defined(__GNUC__)
+#define PEAK_INLINE static inline __attribute__((always_inline))
+#else
+#define PEAK_INLINE static inline
+#endif
+
+/* Defines name(acc, iters, m, a): `chains` x 16 accumulators updated `iters` times. acc carries
+ * chains * 16 floats in and out so the compiler cannot drop the work. The unroll pragmas let
+ * Clang keep the accumulators in registers (without them it keeps the array in memory); GCC
+ * does so either way. */
+#define PEAK_DEFINE_LOOP(name, chains)                                                             \
+    PEAK_INLINE void name(float *restrict acc, long iters, float m, float a)                       \
+    {                                                                                              \
+        float c[chains][PEAK_LANES];                                                               \
+        for (int i = 0; i < (chains); i++)                                                         \
+            for (int l = 0; l < PEAK_LANES; l++)                                                   \
+                c[i][l] = acc[i * PEAK_LANES + l];                                                 \
+        for (long it = 0; it < iters; it++) {                                                      \
+            _Pragma("GCC unroll 16") for (int i = 0; i < (chains); i++)                            \
+            {                                                                                      \
+                _Pragma("GCC unroll 16") for (int l = 0; l < PEAK_LANES; l++)                      \
+                {                                                                                  \
+                    c[i][l] = c[i][l] * m + a;                                                     \
+                }                                                                                  \
+            }                                                                                      \
+        }                                                                                          \
+        for (int i = 0; i < (chains); i++)                                                         \
+            for (int l = 0; l < PEAK_LANES; l++)                                                   \
+                acc[i * PEAK_LANES + l] = c[i][l];                                                 \
+    }
+
+/* Chains chosen so that the accumulators fit the register file next to the two constants. */
+#if defined(__aarch64__)
+#define PEAK_PLAIN_CHAINS 6 /* 24 of 32 NEON registers */
+#else
+#define PEAK_PLAIN_CHAINS 3 /* 12 of 16 SSE registers */
+#endif
+
+typedef void (*peak_loop_fn)(float *restrict acc, long iters, float m, float a);
+
+typedef struct peak_kernel {
+    peak_loop_fn fn;
+    int chains;
+    const char *isa;
+} peak_kernel;
+
+PEAK_DEFINE_LOOP(peak_loop_plain, PEAK_PLAIN_CHAINS)
+
+static void peak_fma_plain(float *restrict acc, long iters, float m, float a)
+{
+    peak_loop_plain(acc, iters, m, a);
+}
+
+#if PEAK_X86_DISPATCH
+PEAK_DEFINE_LOOP(peak_loop_12, 12) /* 12 of 32 zmm registers */
+PEAK_DEFINE_LOOP(peak_loop_6, 6)   /* 12 of 16 ymm registers */
+
+__attribute__((target("avx512f"))) static void peak_fma_avx512(float *restrict acc, long iters,
+                                                               float m, float a)
+{
+    peak_loop_12(acc, iters, m, a);
+}
+
+__attribute__((target("avx2,fma"))) static void peak_fma_avx2(float *restrict acc, long iters,
+                                                              float m, float a)
+{
+    peak_loop_6(acc, iters, m, a);
+}
+#endif
+
+static peak_kernel peak_pick_kernel(void)
+{
+#if PEAK_X86_DISPATCH
+    if (__builtin_cpu_supports("avx512f"))
+        return (peak_kernel){peak_fma_avx512, 12, "avx512f"};
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))
+        return (peak_kernel){peak_fma_avx2, 6, "avx2+fma"};
+#endif
+    return (peak_kernel){peak_fma_plain, PEAK_PLAIN_CHAINS, "generic"};
+}
+
+static double peak_now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+int bench_host_threads(void)
+{
+    const char *env = getenv("FLASHPORT_NUM_THREADS");
+    if (env && *env) {
+        char *end = NULL;
+        long n = strtol(env, &end, 10);
+        if (*end == '\0' && n > 0 && n < 4096)
+            return (int)n;
+    }
+#ifdef _OPENMP
+    return omp_get_max_threads();
+#else
+    return 1;
+#endif
+}
+
+/* Seconds for `iters` iterations on every thread; *ran receives the number of threads that ran.
+ * accs: (threads, PEAK_BLOCK) */
+static double peak_run(peak_kernel k, int threads, long iters, float *accs, int *ran)
+{
+    double t0 = 0.0, t1 = 0.0;
+#ifdef _OPENMP
+#pragma omp parallel num_threads(threads)
+    {
+        float *acc = accs + (size_t)omp_get_thread_num() * PEAK_BLOCK;
+#pragma omp single
+        {
+            *ran = omp_get_num_threads();
+            t0 = peak_now();
+        }
+        k.fn(acc, iters, PEAK_M, PEAK_A);
+#pragma omp barrier
+#pragma omp single
+        t1 = peak_now();
+    }
+#else
+    (void)threads;
+    *ran = 1;
+    t0 = peak_now();
+    k.fn(accs, iters, PEAK_M, PEAK_A);
+    t1 = peak_now();
+#endif
+    return t1 - t0;
+}
+
+bench_peak bench_measure_f32_peak(int threads, double seconds)
+{
+    peak_kernel k = peak_pick_kernel();
+    bench_peak result = {0.0, threads, k.isa};
+    float *accs = malloc((size_t)threads * PEAK_BLOCK * sizeof(float));
+    if (!accs)
+        return result;
+    for (size_t i = 0; i < (size_t)threads * PEAK_BLOCK; i++)
+        accs[i] = 1.0f;
+
+    int ran = 1;
+    long iters = 1L << 12;
+    double t = peak_run(k, threads, iters, accs, &ran);
+    while (t < seconds / 8 && iters < (1L << 40)) {
+        iters *= 2;
+        t = peak_run(k, threads, iters, accs, &ran);
+    }
+    iters = (long)((double)iters * seconds / t) + 1;
+
+    double flops_per_iter = (double)k.chains * PEAK_LANES * 2.0;
+    for (int rep = 0; rep < 3; rep++) {
+        t = peak_run(k, threads, iters, accs, &ran);
+        double gflops = (double)ran * (double)iters * flops_per_iter / t * 1e-9;
+        if (gflops > result.gflops)
+            result.gflops = gflops;
+        result.threads = ran;
+    }
+    free(accs);
+    return result;
+}

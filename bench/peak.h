@@ -1,0 +1,21 @@
+/*
+ * Measured f32 FMA peak of the host CPU, for the bench's pct_peak column on host backends.
+ * See peak.c for the method.
+ */
+#ifndef FLASHPORT_BENCH_PEAK_H
+#define FLASHPORT_BENCH_PEAK_H
+
+typedef struct bench_peak {
+    double gflops;   /* best of a few timed runs, all threads together */
+    int threads;     /* threads that ran the loop */
+    const char *isa; /* vector unit the loop ran on: "avx512f", "avx2+fma", "generic" */
+} bench_peak;
+
+/* Threads the CPU backend uses: FLASHPORT_NUM_THREADS if set to a positive number, else
+ * OpenMP's default (OMP_NUM_THREADS or the CPUs this process may run on); 1 without OpenMP. */
+int bench_host_threads(void);
+
+/* Runs the FMA loop on `threads` threads for about `seconds` per timed run. */
+bench_peak bench_measure_f32_peak(int threads, double seconds);
+
+#endif /* FLASHPORT_BENCH_PEAK_H */

@@ -54,7 +54,7 @@
 #include <time.h>
 
 #define BENCH_MAX_LIST     32
-#define BENCH_PEAK_SECONDS 0.2
+#define BENCH_PEAK_SECONDS 0.15
 /* The sweep: ANCHORS.md's GPU grid (B * N = 16384 tokens, H * D = 2048) shrunk 4x on both
  * products and capped at N = 4096, so that the 24 shapes run in minutes on two cores. */
 #define BENCH_SWEEP_TOKENS 4096
@@ -841,7 +841,7 @@ static int bench_judge(const char *name, bench_err e, double tol, double *max_ab
     double limit = tol * (e.max_ref > 1.0 ? e.max_ref : 1.0);
     int bad = !(e.max_abs <= limit);
     fprintf(stderr, " %s %.3g%s", name, e.max_abs, bad ? " (OVER)" : "");
-    if (e.max_abs > *max_abs || isnan(*max_abs))
+    if (e.max_abs > *max_abs)
         *max_abs = e.max_abs;
     return bad;
 }

@@ -27,10 +27,11 @@
  * the reference would do more than --check-gflop GFLOP, the check narrows to the last batch, then
  * to the last kv-head group (all its query heads, so dK/dV sums stay complete), then to the last
  * query rows (masks are aligned bottom-right, so the last R rows against all keys are an exact
- * sub-problem). Forward outputs and dQ are compared with the timed run's own outputs; when rows
- * were dropped, dK/dV of the full problem cannot be rebuilt, so the tested backend also runs the
- * backward on the sub-problem (as strided views of its own tensors) and that is compared. The
- * scope is printed and written to the CSV. Pass: for each output tensor,
+ * sub-problem). O and LSE are always those of the timed run, and so are dQ, dK, dV when every
+ * row is in the subset. When rows were dropped, dK/dV of the full problem cannot be rebuilt from
+ * the subset, so the tested backend runs the backward again on the sub-problem (as strided views
+ * of its own tensors) and that run's dQ, dK, dV are compared. The scope is printed and written
+ * to the CSV. Pass: for each output tensor,
  * max_abs_err <= tol(dtype) * max(1, max |reference|), tol = 1e-4 (f32), 5e-3 (f16), 4e-2 (bf16):
  * a few output roundings for the 16-bit types, loose enough for any correct f32 summation order.
  *

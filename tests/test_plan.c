@@ -1,0 +1,327 @@
+/*
+ * Unit tests of the tile planner (core/plan.h), a pure function of shape and target.
+ *
+ * What is checked, and against what:
+ *   - num_q_blocks is ceil(Nq / block_q) and num_tasks the product of the grid;
+ *   - split-KV: a decode shape (Nq = 1, Nk = 32768, B * H = 4 on 132 workers) splits and fills
+ *     the machine; a large prefill does not split; over random shapes the splits never exceed
+ *     max_splits, keys_per_split is a multiple of block_k, the splits cover Nk and none is empty;
+ *   - task numbering: task -> (b, h, q_block, split) is a bijection onto the grid, and the tasks
+ *     of one query block are adjacent;
+ *   - heavy_first: for causal masks the first task's query block is the costliest, and costs never
+ *     rise along the task order;
+ *   - fp_plan_block_cost equals a brute-force count of key blocks holding at least one visible
+ *     (row, key) pair under fp_mask_visible (core/mask.h), for random windows and shapes;
+ *   - fp_plan_cpu_tiles: positive tile sizes whose f32 working set fits the budget its comment
+ *     states, for every D in 1..256.
+ */
+#include "core/mask.h"
+#include "core/plan.h"
+#include "tests/test_util.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static int64_t ceil_div(int64_t a, int64_t b)
+{
+    return (a + b - 1) / b;
+}
+
+static fp_plan_shape make_shape(int64_t b, int64_t h, int64_t nq, int64_t nk, int64_t d,
+                                int64_t left, int64_t right)
+{
+    fp_plan_shape s;
+    s.batch = b;
+    s.heads = h;
+    s.seqlen_q = nq;
+    s.seqlen_k = nk;
+    s.head_dim = d;
+    s.window_left = left;
+    s.window_right = right;
+    return s;
+}
+
+static fp_plan_target make_target(int64_t workers, int32_t bq, int32_t bk, int32_t max_splits)
+{
+    fp_plan_target t;
+    t.workers = workers;
+    t.block_q = bq;
+    t.block_k = bk;
+    t.max_splits = max_splits;
+    return t;
+}
+
+/* Invariants every plan must satisfy; `what` names the shape in failure messages. */
+static void check_plan_invariants(const fp_plan *p, const fp_plan_shape *s, const fp_plan_target *t,
+                                  const char *what)
+{
+    CHECK_MSG(p->block_q == t->block_q && p->block_k == t->block_k, "%s: tile sizes changed", what);
+    CHECK_MSG(p->num_q_blocks == ceil_div(s->seqlen_q, t->block_q),
+              "%s: num_q_blocks %lld, expected ceil(%lld / %d)", what, (long long)p->num_q_blocks,
+              (long long)s->seqlen_q, (int)t->block_q);
+    CHECK_MSG(p->num_splits >= 1, "%s: num_splits %d < 1", what, (int)p->num_splits);
+    int32_t cap = t->max_splits > 1 ? t->max_splits : 1;
+    CHECK_MSG(p->num_splits <= cap, "%s: num_splits %d exceeds max_splits %d", what,
+              (int)p->num_splits, (int)t->max_splits);
+    CHECK_MSG(p->num_tasks == s->batch * s->heads * p->num_q_blocks * p->num_splits,
+              "%s: num_tasks %lld is not B * H * q_blocks * splits", what, (long long)p->num_tasks);
+    if (s->seqlen_k > 0) {
+        CHECK_MSG(p->keys_per_split > 0 && p->keys_per_split % t->block_k == 0,
+                  "%s: keys_per_split %lld is not a positive multiple of block_k %d", what,
+                  (long long)p->keys_per_split, (int)t->block_k);
+        CHECK_MSG(p->keys_per_split * p->num_splits >= s->seqlen_k,
+                  "%s: %d splits of %lld keys do not cover Nk = %lld", what, (int)p->num_splits,
+                  (long long)p->keys_per_split, (long long)s->seqlen_k);
+        CHECK_MSG(p->keys_per_split * (p->num_splits - 1) < s->seqlen_k,
+                  "%s: the last of %d splits of %lld keys is empty (Nk = %lld)", what,
+                  (int)p->num_splits, (long long)p->keys_per_split, (long long)s->seqlen_k);
+        if (p->num_splits > 1)
+            CHECK_MSG(p->keys_per_split >= 2 * t->block_k,
+                      "%s: a split keeps %lld keys, fewer than two key blocks", what,
+                      (long long)p->keys_per_split);
+    }
+}
+
+static void test_q_blocks(void)
+{
+    const int64_t nqs[] = {0, 1, 63, 64, 65, 127, 128, 129, 1000};
+    const int32_t bqs[] = {1, 16, 64, 128};
+    for (size_t i = 0; i < sizeof nqs / sizeof nqs[0]; i++)
+        for (size_t j = 0; j < sizeof bqs / sizeof bqs[0]; j++) {
+            fp_plan_shape s = make_shape(2, 3, nqs[i], 100, 64, -1, -1);
+            fp_plan_target t = make_target(8, bqs[j], 32, 1);
+            fp_plan p = fp_plan_forward(&s, &t);
+            char what[64];
+            snprintf(what, sizeof what, "Nq=%lld block_q=%d", (long long)nqs[i], (int)bqs[j]);
+            check_plan_invariants(&p, &s, &t, what);
+            CHECK_MSG(p.num_splits == 1, "%s: max_splits = 1 must disable splitting", what);
+        }
+}
+
+static void test_split_decisions(void)
+{
+    /* Decode: one query row, long context, 4 (b, h) pairs on an H100-like 132 workers. */
+    fp_plan_shape dec = make_shape(1, 4, 1, 32768, 128, -1, -1);
+    fp_plan_target gpu = make_target(132, 64, 128, 128);
+    fp_plan p = fp_plan_forward(&dec, &gpu);
+    check_plan_invariants(&p, &dec, &gpu, "decode");
+    CHECK_MSG(p.num_splits > 1, "decode shape did not split (num_splits %d)", (int)p.num_splits);
+    /* Splitting must actually fill the machine: at least 80% of one wave busy. */
+    CHECK_MSG(p.num_tasks * 5 >= gpu.workers * 4 && p.num_tasks <= gpu.workers,
+              "decode plan has %lld tasks for %lld workers", (long long)p.num_tasks,
+              (long long)gpu.workers);
+    printf("decode B*H=4 Nk=32768 on 132 workers: %d splits of %lld keys, %lld tasks\n",
+           (int)p.num_splits, (long long)p.keys_per_split, (long long)p.num_tasks);
+
+    fp_plan_target capped = make_target(132, 64, 128, 4);
+    p = fp_plan_forward(&dec, &capped);
+    check_plan_invariants(&p, &dec, &capped, "decode, max_splits 4");
+    CHECK_MSG(p.num_splits == 4, "decode with max_splits 4 gave %d splits", (int)p.num_splits);
+
+    /* Prefill: B=4, H=32, N=8192 gives thousands of tasks; splitting only adds combine work. */
+    fp_plan_shape pre = make_shape(4, 32, 8192, 8192, 128, -1, 0);
+    p = fp_plan_forward(&pre, &gpu);
+    check_plan_invariants(&p, &pre, &gpu, "prefill");
+    CHECK_MSG(p.num_splits == 1, "prefill split into %d", (int)p.num_splits);
+
+    /* Short keys: fewer than four key blocks never split. */
+    fp_plan_shape short_k = make_shape(1, 1, 1, 3 * 128, 128, -1, -1);
+    p = fp_plan_forward(&short_k, &gpu);
+    check_plan_invariants(&p, &short_k, &gpu, "short keys");
+    CHECK_MSG(p.num_splits == 1, "3 key blocks split into %d", (int)p.num_splits);
+}
+
+static void test_random_plans(void)
+{
+    tu_rng r = tu_rng_seed(1234);
+    for (int it = 0; it < 20000; it++) {
+        int64_t b = 1 + tu_rng_u32(&r) % 4, h = 1 + tu_rng_u32(&r) % 16;
+        int64_t nq = tu_rng_u32(&r) % 3 == 0 ? 1 + tu_rng_u32(&r) % 4 : tu_rng_u32(&r) % 5000;
+        int64_t nk = tu_rng_u32(&r) % 70000;
+        int32_t bq = (int32_t)(16 << (tu_rng_u32(&r) % 4));
+        int32_t bk = (int32_t)(16 << (tu_rng_u32(&r) % 4));
+        int32_t max_splits = (int32_t)(tu_rng_u32(&r) % 200);
+        int64_t workers = 1 + tu_rng_u32(&r) % 300;
+        int64_t left = (int64_t)(tu_rng_u32(&r) % 3) - 1, right = (int64_t)(tu_rng_u32(&r) % 3) - 1;
+        fp_plan_shape s = make_shape(b, h, nq, nk, 64, left, right);
+        fp_plan_target t = make_target(workers, bq, bk, max_splits);
+        fp_plan p = fp_plan_forward(&s, &t);
+        char what[160];
+        snprintf(what, sizeof what, "B%lld H%lld Nq%lld Nk%lld bq%d bk%d max_splits%d workers%lld",
+                 (long long)b, (long long)h, (long long)nq, (long long)nk, (int)bq, (int)bk,
+                 (int)max_splits, (long long)workers);
+        int before = tu_failures;
+        check_plan_invariants(&p, &s, &t, what);
+        if (tu_failures != before)
+            break; /* one failing shape is enough to read */
+    }
+}
+
+/* Visits every task of a plan: a bijection onto the grid, query blocks adjacent, and under
+ * heavy_first costs never rising. */
+static void check_task_order(const fp_plan_shape *s, const fp_plan_target *t, const char *what)
+{
+    fp_plan p = fp_plan_forward(s, t);
+    int64_t n = p.num_tasks;
+    uint8_t *seen = (uint8_t *)calloc((size_t)(n > 0 ? n : 1), 1);
+    if (!CHECK(seen != NULL))
+        return;
+    int64_t prev_block = -1, prev_cost = INT64_MAX, max_cost = 0;
+    int64_t per_block = s->batch * s->heads * p.num_splits;
+    for (int64_t qb = 0; qb < p.num_q_blocks; qb++) {
+        int64_t c = fp_plan_block_cost(&p, s, qb);
+        if (c > max_cost)
+            max_cost = c;
+    }
+    int ok = 1;
+    for (int64_t i = 0; i < n && ok; i++) {
+        fp_plan_task k = fp_plan_task_at(&p, s, i);
+        ok = CHECK_MSG(k.batch >= 0 && k.batch < s->batch && k.head >= 0 && k.head < s->heads &&
+                           k.q_block >= 0 && k.q_block < p.num_q_blocks && k.split >= 0 &&
+                           k.split < p.num_splits,
+                       "%s: task %lld maps outside the grid", what, (long long)i);
+        if (!ok)
+            break;
+        int64_t idx =
+            ((k.batch * s->heads + k.head) * p.num_q_blocks + k.q_block) * p.num_splits + k.split;
+        ok = CHECK_MSG(!seen[idx], "%s: task %lld repeats (b %lld, h %lld, qb %lld, split %d)",
+                       what, (long long)i, (long long)k.batch, (long long)k.head,
+                       (long long)k.q_block, (int)k.split);
+        seen[idx] = 1;
+        if (i % per_block == 0) {
+            prev_block = k.q_block;
+        } else {
+            ok = ok && CHECK_MSG(k.q_block == prev_block,
+                                 "%s: tasks of query block %lld are not adjacent", what,
+                                 (long long)prev_block);
+        }
+        int64_t cost = fp_plan_block_cost(&p, s, k.q_block);
+        if (i == 0 && p.heavy_first)
+            ok = ok && CHECK_MSG(cost == max_cost,
+                                 "%s: first task's block costs %lld, the costliest %lld", what,
+                                 (long long)cost, (long long)max_cost);
+        if (p.heavy_first)
+            ok = ok && CHECK_MSG(cost <= prev_cost, "%s: cost rises from %lld to %lld at task %lld",
+                                 what, (long long)prev_cost, (long long)cost, (long long)i);
+        prev_cost = cost;
+    }
+    /* Bijection: n tasks, each distinct, onto a grid of n cells. */
+    for (int64_t i = 0; i < n && ok; i++)
+        ok = CHECK_MSG(seen[i], "%s: grid cell %lld is never visited", what, (long long)i);
+    free(seen);
+}
+
+static void test_task_order(void)
+{
+    fp_plan_target gpu = make_target(132, 64, 128, 128);
+    fp_plan_target cpu = make_target(16, 64, 64, 1);
+    /* Causal prefill: later query blocks see more keys. */
+    fp_plan_shape causal = make_shape(2, 3, 1000, 1000, 64, -1, 0);
+    fp_plan p = fp_plan_forward(&causal, &cpu);
+    CHECK_MSG(p.heavy_first, "causal plan is not heavy_first");
+    fp_plan_task first = fp_plan_task_at(&p, &causal, 0);
+    CHECK_MSG(first.q_block == p.num_q_blocks - 1, "causal: first task runs block %lld of %lld",
+              (long long)first.q_block, (long long)p.num_q_blocks);
+    check_task_order(&causal, &cpu, "causal");
+    /* Causal with Nq > Nk (leading rows see nothing) and Nq < Nk. */
+    fp_plan_shape tall = make_shape(1, 2, 777, 300, 64, -1, 0);
+    check_task_order(&tall, &cpu, "causal Nq > Nk");
+    fp_plan_shape wide = make_shape(1, 2, 300, 777, 64, -1, 0);
+    check_task_order(&wide, &cpu, "causal Nq < Nk");
+    /* Split decode shape, then plain and windowed shapes in natural order. */
+    fp_plan_shape dec = make_shape(2, 2, 1, 32768, 128, -1, -1);
+    check_task_order(&dec, &gpu, "decode split");
+    fp_plan_shape dec_causal = make_shape(1, 4, 3, 20000, 128, -1, 0);
+    check_task_order(&dec_causal, &gpu, "causal decode split");
+    fp_plan_shape full = make_shape(3, 5, 200, 130, 64, -1, -1);
+    check_task_order(&full, &cpu, "no mask");
+    fp_plan_shape win = make_shape(2, 2, 500, 500, 64, 64, 0);
+    check_task_order(&win, &cpu, "sliding window");
+    fp_plan_shape empty = make_shape(2, 2, 0, 100, 64, -1, 0);
+    check_task_order(&empty, &cpu, "Nq = 0");
+}
+
+/* Key blocks holding at least one (row, key) pair of the query block that the mask shows. */
+static int64_t brute_cost(const fp_plan *p, const fp_plan_shape *s, int64_t qb)
+{
+    int64_t i0 = qb * p->block_q, i1 = i0 + p->block_q;
+    if (i1 > s->seqlen_q)
+        i1 = s->seqlen_q;
+    int64_t blocks = 0;
+    for (int64_t j0 = 0; j0 < s->seqlen_k; j0 += p->block_k) {
+        int any = 0;
+        for (int64_t i = i0; i < i1 && !any; i++)
+            for (int64_t j = j0; j < j0 + p->block_k && j < s->seqlen_k && !any; j++)
+                any = fp_mask_visible(i, j, s->seqlen_q, s->seqlen_k, s->window_left,
+                                      s->window_right);
+        blocks += any;
+    }
+    return blocks;
+}
+
+static void test_block_cost(void)
+{
+    tu_rng r = tu_rng_seed(99);
+    int fails = 0;
+    for (int it = 0; it < 3000 && fails < 5; it++) {
+        int64_t nq = 1 + tu_rng_u32(&r) % 150, nk = 1 + tu_rng_u32(&r) % 150;
+        int64_t left = (int64_t)(tu_rng_u32(&r) % 60) - 1;
+        int64_t right = (int64_t)(tu_rng_u32(&r) % 60) - 1;
+        if (tu_rng_u32(&r) % 4 == 0)
+            right = 0; /* causal-like */
+        if (tu_rng_u32(&r) % 4 == 0)
+            left = -1;
+        int32_t bq = (int32_t)(1 + tu_rng_u32(&r) % 40), bk = (int32_t)(1 + tu_rng_u32(&r) % 40);
+        fp_plan_shape s = make_shape(1, 1, nq, nk, 64, left, right);
+        fp_plan_target t = make_target(4, bq, bk, 1);
+        fp_plan p = fp_plan_forward(&s, &t);
+        for (int64_t qb = 0; qb < p.num_q_blocks; qb++) {
+            int64_t got = fp_plan_block_cost(&p, &s, qb), want = brute_cost(&p, &s, qb);
+            if (!CHECK_MSG(got == want,
+                           "block cost Nq %lld Nk %lld window (%lld, %lld) bq %d bk %d block "
+                           "%lld: %lld, brute force %lld",
+                           (long long)nq, (long long)nk, (long long)left, (long long)right, (int)bq,
+                           (int)bk, (long long)qb, (long long)got, (long long)want)) {
+                fails++;
+                break;
+            }
+        }
+    }
+}
+
+static void test_cpu_tiles(void)
+{
+    int32_t prev_bk = INT32_MAX;
+    for (int64_t d = 1; d <= 256; d++) {
+        int32_t bq = -1, bk = -1;
+        fp_plan_cpu_tiles(d, &bq, &bk);
+        int ok = CHECK_MSG(bq >= 8 && bq <= 256 && bk >= 8 && bk <= 256,
+                           "D %lld: tiles %d x %d out of range", (long long)d, (int)bq, (int)bk);
+        /* Q, K, V, O tiles in f32 plus the S tile: the ~256 KiB budget of plan.c. */
+        int64_t bytes = 4 * ((2 * (int64_t)bq + 2 * (int64_t)bk) * d + (int64_t)bq * bk);
+        ok = ok && CHECK_MSG(bytes <= 256 * 1024, "D %lld: tiles %d x %d need %lld bytes",
+                             (long long)d, (int)bq, (int)bk, (long long)bytes);
+        ok = ok && CHECK_MSG(bk <= prev_bk, "D %lld: block_k grows with D (%d after %d)",
+                             (long long)d, (int)bk, (int)prev_bk);
+        prev_bk = bk;
+        if (!ok)
+            break;
+    }
+}
+
+int main(void)
+{
+    test_q_blocks();
+    test_split_decisions();
+    test_random_plans();
+    test_task_order();
+    test_block_cost();
+    test_cpu_tiles();
+    if (tu_failures) {
+        fprintf(stderr, "test_plan: %d check(s) failed\n", tu_failures);
+        return 1;
+    }
+    printf("test_plan: all checks passed\n");
+    return 0;
+}

@@ -88,32 +88,36 @@ int fp_tensor_injective(const flashport_tensor *t)
     return 1;
 }
 
-/* Is delta = sum_i c_i * stride_i for some integers |c_i| < shape_i (dims 0..k, sorted, injective)? */
-static int reachable(int64_t delta, const int64_t *shape, const int64_t *stride, int k)
+/* Is delta = sum_i c_i * stride_i for some integers lo_i <= c_i <= hi_i? Dims 0..k are sorted by
+ * stride, each stride larger than the span the dims inside it can reach, so at most two c_k fit. */
+static int reachable(int64_t delta, const int64_t *lo, const int64_t *hi, const int64_t *stride,
+                     int k)
 {
     if (k < 0)
         return delta == 0;
-    int64_t inner = 0;
-    for (int i = 0; i < k; i++)
-        inner += (shape[i] - 1) * stride[i];
-    /* candidates c with |delta - c * stride_k| <= inner; at most two since stride_k > inner */
+    int64_t in_lo = 0, in_hi = 0; /* range of sum_{i<k} c_i * stride_i */
+    for (int i = 0; i < k; i++) {
+        in_lo += lo[i] * stride[i];
+        in_hi += hi[i] * stride[i];
+    }
+    /* candidates c with in_lo <= delta - c * s <= in_hi */
     int64_t s = stride[k];
-    int64_t lo = delta - inner, hi = delta + inner;
-    int64_t c_lo = lo >= 0 ? (lo + s - 1) / s : -((-lo) / s);
-    int64_t c_hi = hi >= 0 ? hi / s : -((-hi + s - 1) / s);
-    if (c_lo < -(shape[k] - 1))
-        c_lo = -(shape[k] - 1);
-    if (c_hi > shape[k] - 1)
-        c_hi = shape[k] - 1;
+    int64_t a = delta - in_hi, b = delta - in_lo;
+    int64_t c_lo = a >= 0 ? (a + s - 1) / s : -((-a) / s);
+    int64_t c_hi = b >= 0 ? b / s : -((-b + s - 1) / s);
+    if (c_lo < lo[k])
+        c_lo = lo[k];
+    if (c_hi > hi[k])
+        c_hi = hi[k];
     for (int64_t c = c_lo; c <= c_hi; c++)
-        if (reachable(delta - c * s, shape, stride, k - 1))
+        if (reachable(delta - c * s, lo, hi, stride, k - 1))
             return 1;
     return 0;
 }
 
 int fp_tensors_disjoint(const flashport_tensor *a, const flashport_tensor *b)
 {
-    int64_t ea = 0, eb = 0, na, nb;
+    int64_t ea = 0, eb = 0, na = 0, nb = 0;
     if (tensor_extent("a", a, &ea, &na) != FLASHPORT_OK ||
         tensor_extent("b", b, &eb, &nb) != FLASHPORT_OK)
         return 0;
@@ -124,23 +128,44 @@ int fp_tensors_disjoint(const flashport_tensor *a, const flashport_tensor *b)
     uintptr_t b_hi = b_lo + (uintptr_t)(eb + 1) * flashport_dtype_size(b->dtype);
     if (a_hi <= b_lo || b_hi <= a_lo)
         return 1;
-    /* Interleaved slices of one buffer (e.g. q, k, v of a packed qkv tensor): same dtype, shape
-     * and strides, non-self-overlapping, and the offset between them is not a difference of two
-     * element offsets. */
+    /* Interleaved slices of one buffer (e.g. q, k, v of a packed [.., H + 2 Hkv, D] tensor): same
+     * dtype and strides, sizes that may differ (H vs Hkv heads). They meet iff the offset between
+     * them is sum_d (i_d - j_d) * stride_d with i_d < shape_a[d], j_d < shape_b[d]. Solved exactly
+     * when the layout with the larger of the two sizes per dim is non-self-overlapping; otherwise
+     * "overlap". */
     if (a->dtype != b->dtype || a->rank != b->rank)
         return 0;
-    for (int d = 0; d < a->rank; d++)
-        if (a->shape[d] != b->shape[d] || a->stride[d] != b->stride[d])
+    flashport_tensor hull = *a;
+    for (int d = 0; d < a->rank; d++) {
+        if (a->stride[d] != b->stride[d])
             return 0;
-    if (!fp_tensor_injective(a))
+        if (b->shape[d] > hull.shape[d])
+            hull.shape[d] = b->shape[d];
+    }
+    if (!fp_tensor_injective(&hull))
         return 0;
     size_t es = flashport_dtype_size(a->dtype);
     intptr_t delta_bytes = (intptr_t)(b_lo - a_lo);
     if (delta_bytes % (intptr_t)es != 0)
         return 0;
-    int64_t shape[FLASHPORT_MAX_RANK], stride[FLASHPORT_MAX_RANK];
-    int n = sorted_dims(a, shape, stride);
-    return !reachable((int64_t)(delta_bytes / (intptr_t)es), shape, stride, n - 1);
+    /* dims of size > 1 in either tensor, sorted by stride ascending */
+    int64_t lo[FLASHPORT_MAX_RANK], hi[FLASHPORT_MAX_RANK], stride[FLASHPORT_MAX_RANK];
+    int n = 0;
+    for (int d = 0; d < a->rank; d++) {
+        if (hull.shape[d] <= 1)
+            continue;
+        int i = n++;
+        while (i > 0 && stride[i - 1] > a->stride[d]) {
+            stride[i] = stride[i - 1];
+            lo[i] = lo[i - 1];
+            hi[i] = hi[i - 1];
+            i--;
+        }
+        stride[i] = a->stride[d];
+        lo[i] = -(b->shape[d] - 1);
+        hi[i] = a->shape[d] - 1;
+    }
+    return !reachable((int64_t)(delta_bytes / (intptr_t)es), lo, hi, stride, n - 1);
 }
 
 /* ------------------------------------------------------------------------------------------ */
@@ -402,11 +427,12 @@ flashport_status fp_validate_call(flashport_backend *be, const flashport_attenti
                    (st = check_seqlens(be, "cu_seqlens_k", p->cu_seqlens_k, dm.b, dm.total_k,
                                        dm.nk))))
         return st;
-    if ((st = check_caps(&be->caps, be->ops->name, q->dtype, dm.d, backward, t)) != FLASHPORT_OK)
-        return st;
+    /* A backend without a backward also serves no dtype backward: say which is the cause. */
     if (backward && !be->ops->backward)
         return fp_set_error(FLASHPORT_ERR_UNSUPPORTED_FEATURE, "backend '%s' has no backward",
                             be->ops->name);
+    if ((st = check_caps(&be->caps, be->ops->name, q->dtype, dm.d, backward, t)) != FLASHPORT_OK)
+        return st;
 
     /* Outputs: each must not overlap itself, another output, or an input. */
     int first_out = backward ? 6 : 3;

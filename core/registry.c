@@ -123,14 +123,14 @@ static int try_plugin_file(const char *path, const char *name, const fp_backend_
 static flashport_status load_plugin(const char *name, const fp_backend_ops **ops, char *why,
                                     size_t why_size)
 {
-    char path[4096];
+    char path[4096 + 64]; /* a folder (< 4096) plus "/libflashport_<name>.so" */
     why[0] = '\0';
     const char *env = getenv("FLASHPORT_PLUGIN_PATH");
     if (env && *env) {
         const char *p = env;
         while (*p) {
             size_t len = strcspn(p, ":");
-            if (len > 0 && len < sizeof path - 64) {
+            if (len > 0 && len < 4096) {
                 snprintf(path, sizeof path, "%.*s/libflashport_%s.so", (int)len, p, name);
                 int r = try_plugin_file(path, name, ops, why, why_size);
                 if (r >= 0)

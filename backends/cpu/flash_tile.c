@@ -184,8 +184,11 @@ static void load_row(float *restrict dst, const void *x, flashport_dtype dtype, 
     }
     default: {
         const float *src = (const float *)x + off;
-        for (int c = 0; c < d; c++)
-            dst[c] = scale * src[c * cs];
+        if (cs == 1 && scale == 1.0f)
+            memcpy(dst, src, sizeof(float) * (size_t)d);
+        else
+            for (int c = 0; c < d; c++)
+                dst[c] = scale * src[c * cs];
         break;
     }
     }

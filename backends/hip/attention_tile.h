@@ -1,0 +1,627 @@
+/*
+ * The HIP backend's flash attention kernels, written once over a tile-matmul policy MMA
+ * (mma_generic.h or mma_cdna.h). Everything but the two matmul shapes lives here and is shared by
+ * both paths: tile loads, masking with whole-block skipping, softcap and ALiBi, online softmax,
+ * split-KV partials and their combine, the backward's recomputation of P and dS, and the stores.
+ * Masking and softmax are core/mask.h and core/online_softmax.h, called, not copied.
+ *
+ * Forward (grid B*H x splits x query blocks; FP_HIP_THREADS threads):
+ *   Q tile [BQ, D] in LDS; for each visible key block: K, V tiles to LDS;
+ *   S = Q K^T (MMA::mm_abt, raw dot products, f32 in LDS); per row: scale, softcap, ALiBi, mask,
+ *   online softmax in log2 units (fp_softmax_update_exp2), P rounded to the storage dtype written
+ *   back over S; O *= alpha; O += P V (MMA::mm_acc, accumulator in registers). Finalize with
+ *   1/l and LSE; with split-KV, f32 partials go to the workspace and the combine kernel merges
+ *   them with fp_softmax_merge.
+ * Backward (recomputation from LSE; no atomics, deterministic in every mode):
+ *   prep     delta = rowsum(dO * O)
+ *   dK/dV    one block per (b, kv head, key block): K, V tiles stay in LDS; for every query head
+ *            of the group and every query block that sees the key block: S = Q K^T,
+ *            dP = dO V^T, P = exp2(S' - LSE), dS = P (dP - delta) softcap'; dV += P^T dO,
+ *            dK += dS^T Q. GQA sums happen inside the block, so no atomics.
+ *   dQ       one block per (b, head, query block): dQ += dS K over the visible key blocks.
+ * P and dS are rounded to the storage dtype before the matmuls, as a GPU kernel feeding f16/bf16
+ * matrix units must; accumulation is f32 throughout.
+ *
+ * Thread mappings: the score tile [BQ, BK] is owned row-wise by FP_HIP_THREADS / BQ consecutive
+ * threads per row (columns interleaved), reduced with __shfl_xor of that width; accumulators
+ * belong to the MMA policy, which says for each of its elements which row and column it holds.
+ * The only cross-lane operation outside the policy is that shuffle within a row's group (at most
+ * 16 lanes), so this file works for wave32, wave64 and NVIDIA's warp32 alike.
+ *
+ * Known differences from the reference: P and dS are rounded to the storage dtype (the reference
+ * keeps them in double); scores use exp2 with log2(e) folded in. Both are within the tolerance of
+ * tests/test_backends.c. Speed on AMD hardware has not been measured (no AMD GPU was available).
+ */
+#ifndef FLASHPORT_BACKENDS_HIP_ATTENTION_TILE_H
+#define FLASHPORT_BACKENDS_HIP_ATTENTION_TILE_H
+
+#include "backends/hip/hip_common.h"
+
+#include "core/mask.h"
+#include "core/online_softmax.h"
+
+/* LDS row padding: dtype tiles by 8 elements (16 bytes: keeps 16-byte loads aligned and moves
+ * consecutive rows to other banks), f32 score tiles by 4 floats. */
+#define FP_HIP_DPAD 8
+#define FP_HIP_SPAD 4
+
+/* ---- storage dtypes ------------------------------------------------------------------------ */
+
+struct fp_hip_f16 {
+    static __device__ __forceinline__ float load(uint16_t bits)
+    {
+        return __half2float(__ushort_as_half(bits));
+    }
+    static __device__ __forceinline__ uint16_t store(float x)
+    {
+        return __half_as_ushort(__float2half_rn(x));
+    }
+};
+
+/* Round to nearest even, NaN kept quiet (the rule of core/dtype.h). */
+struct fp_hip_bf16 {
+    static __device__ __forceinline__ float load(uint16_t bits)
+    {
+        return __uint_as_float((uint32_t)bits << 16);
+    }
+    static __device__ __forceinline__ uint16_t store(float x)
+    {
+        uint32_t u = __float_as_uint(x);
+        if ((u & 0x7fffffffu) > 0x7f800000u)
+            return (uint16_t)((u >> 16) | 0x40u);
+        u += 0x7fffu + ((u >> 16) & 1u);
+        return (uint16_t)(u >> 16);
+    }
+};
+
+template <class T> __device__ __forceinline__ float fp_hip_round(float x)
+{
+    return T::load(T::store(x));
+}
+
+template <class T> __device__ __forceinline__ void fp_hip_unpack8(uint4 v, float *f)
+{
+    const uint32_t w[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        f[2 * i] = T::load((uint16_t)(w[i] & 0xffffu));
+        f[2 * i + 1] = T::load((uint16_t)(w[i] >> 16));
+    }
+}
+
+__device__ __forceinline__ int64_t fp_hip_min64(int64_t a, int64_t b) { return a < b ? a : b; }
+__device__ __forceinline__ int64_t fp_hip_max64(int64_t a, int64_t b) { return a > b ? a : b; }
+
+/* ---- sequences, rows, tiles ---------------------------------------------------------------- */
+
+typedef struct fp_hip_seq {
+    int64_t q_off, nq; /* first token of the sequence in q's sequence dimension, and its length */
+    int64_t k_off, nk;
+    int64_t tok0; /* first row of the sequence in the [H, total_q] workspaces */
+} fp_hip_seq;
+
+__device__ __forceinline__ fp_hip_seq fp_hip_seq_of(const fp_hip_args &a, int b)
+{
+    fp_hip_seq s;
+    if (a.cu_q) {
+        s.q_off = a.cu_q[b];
+        s.nq = a.cu_q[b + 1] - s.q_off;
+        s.k_off = a.cu_k[b];
+        s.nk = a.cu_k[b + 1] - s.k_off;
+        s.tok0 = s.q_off;
+    } else {
+        s.q_off = 0;
+        s.nq = a.seqlen_q;
+        s.k_off = 0;
+        s.nk = a.seqlen_k;
+        s.tok0 = (int64_t)b * a.seqlen_q;
+    }
+    return s;
+}
+
+/* Element (b, off, h, 0) of a q/k/v/o-shaped tensor. */
+__device__ __forceinline__ uint16_t *fp_hip_row0(const fp_hip_tensor &t, int b, int64_t off, int h)
+{
+    return (uint16_t *)t.data + b * t.sb + off * t.ss + h * t.sh;
+}
+
+/* dst[r][c] = row (row0 + r), column c of `src` (rows `rs` elements apart), for r < ROWS and
+ * c < dpad; zero past the sequence (n rows) and past the head dim d, so that padded rows and
+ * columns add nothing to any product. */
+template <int ROWS, int LD>
+__device__ __forceinline__ void fp_hip_load_tile(uint16_t (*dst)[LD], const uint16_t *src, int64_t rs,
+                                                 int64_t row0, int64_t n, int d, int dpad, int vec_ok)
+{
+    const int chunks = dpad / 8;
+    for (int c = threadIdx.x; c < ROWS * chunks; c += FP_HIP_THREADS) {
+        const int r = c / chunks, col = (c - r * chunks) * 8;
+        uint4 val = make_uint4(0u, 0u, 0u, 0u);
+        if (row0 + r < n && col < d) {
+            const uint16_t *p = src + (row0 + r) * rs + col;
+            if (vec_ok) {
+                val = *(const uint4 *)p;
+            } else {
+                val.x = p[0] | (uint32_t)p[1] << 16;
+                val.y = p[2] | (uint32_t)p[3] << 16;
+                val.z = p[4] | (uint32_t)p[5] << 16;
+                val.w = p[6] | (uint32_t)p[7] << 16;
+            }
+        }
+        *(uint4 *)&dst[r][col] = val;
+    }
+}
+
+/* out[(row0 + r) * rs + c] = acc(r, c) * (row_scale ? row_scale[r] : scale), for rows inside the
+ * sequence (n) and columns inside the head dim (d). */
+template <class T, class ACC>
+__device__ __forceinline__ void fp_hip_store_acc(const ACC &acc, uint16_t *out, int64_t rs,
+                                                 int64_t row0, int64_t n, int d,
+                                                 const float *row_scale, float scale)
+{
+#pragma unroll
+    for (int i = 0; i < ACC::N; i++) {
+        const int r = ACC::row(i), c = ACC::col(i);
+        if (row0 + r < n && c < d)
+            out[(row0 + r) * rs + c] = T::store(acc.get(i) * (row_scale ? row_scale[r] : scale));
+    }
+}
+
+/* ---- scores -------------------------------------------------------------------------------- */
+
+/* What turns a raw q.k of one (sequence, head) into a transformed, masked score. */
+typedef struct fp_hip_score {
+    float scale, softcap, slope;
+    int64_t nq, nk, left, right;
+} fp_hip_score;
+
+__device__ __forceinline__ fp_hip_score fp_hip_score_of(const fp_hip_args &a, const fp_hip_seq &s,
+                                                        int h)
+{
+    fp_hip_score sc;
+    sc.scale = a.scale;
+    sc.softcap = a.softcap;
+    sc.slope = a.alibi ? a.alibi[h] : 0.0f;
+    sc.nq = s.nq;
+    sc.nk = s.nk;
+    sc.left = a.left;
+    sc.right = a.right;
+    return sc;
+}
+
+/* Nonzero when no element of tile [i0, i0 + BQ) x [j0, j0 + BK) needs the per-element mask:
+ * every real row sees every key, and the tile does not run past the keys. */
+template <int BQ, int BK>
+__device__ __forceinline__ int fp_hip_tile_full(const fp_hip_score &sc, int64_t i0, int64_t j0)
+{
+    const int64_t i1 = fp_hip_min64(i0 + BQ, sc.nq);
+    return j0 + BK <= sc.nk &&
+           fp_mask_block_full(i0, i1, j0, j0 + BK, sc.nq, sc.nk, sc.left, sc.right);
+}
+
+/* Visible keys [*lo, *hi) of row i; rows past the sequence see nothing. */
+__device__ __forceinline__ void fp_hip_row_range(const fp_hip_score &sc, int64_t i, int64_t *lo,
+                                                 int64_t *hi)
+{
+    if (i < sc.nq) {
+        *lo = fp_mask_lo(i, sc.nq, sc.nk, sc.left);
+        *hi = fp_mask_hi(i, sc.nq, sc.nk, sc.right);
+    } else {
+        *lo = 0;
+        *hi = 0;
+    }
+}
+
+/* One key block of the forward's online softmax. s holds raw dot products [BQ, BK]; on return it
+ * holds P (rounded to T, as the P V product consumes it) relative to the updated running max,
+ * row_alpha[r] the factor by which row r of the output accumulator must be scaled, and st (this
+ * thread's row) is updated. The row sum l adds the unrounded weights, so the LSE keeps f32
+ * accuracy. */
+template <class T, int BQ, int BK>
+__device__ __forceinline__ void fp_hip_softmax_tile(float (*s)[BK + FP_HIP_SPAD], float *row_alpha,
+                                                    fp_softmax_state *st, const fp_hip_score &sc,
+                                                    int64_t i0, int64_t j0, int full)
+{
+    constexpr int TPR = FP_HIP_THREADS / BQ; /* threads per row */
+    constexpr int CPT = BK / TPR;            /* columns per thread */
+    static_assert(TPR * BQ == FP_HIP_THREADS && CPT * TPR == BK && TPR <= 16, "row mapping");
+    const int r = threadIdx.x / TPR, part = threadIdx.x % TPR;
+    const int64_t i = i0 + r;
+    int64_t lo, hi;
+    fp_hip_row_range(sc, i, &lo, &hi);
+
+    float x[CPT];
+    float mx = -INFINITY;
+#pragma unroll
+    for (int c = 0; c < CPT; c++) {
+        const int col = part + c * TPR;
+        const int64_t j = j0 + col;
+        x[c] = -INFINITY;
+        if (full || (j >= lo && j < hi))
+            x[c] = fp_score_transform(s[r][col] * sc.scale, sc.softcap, sc.slope,
+                                      fp_alibi_distance(i, j, sc.nq, sc.nk)) *
+                   FP_LOG2E;
+        mx = fmaxf(mx, x[c]);
+    }
+#pragma unroll
+    for (int o = TPR / 2; o > 0; o >>= 1)
+        mx = fmaxf(mx, __shfl_xor(mx, o, TPR));
+
+    const float alpha = fp_softmax_update_exp2(st, mx);
+    float sum = 0.0f;
+#pragma unroll
+    for (int c = 0; c < CPT; c++) {
+        const float p = fp_softmax_weight_exp2(st, x[c]);
+        s[r][part + c * TPR] = fp_hip_round<T>(p);
+        sum += p;
+    }
+#pragma unroll
+    for (int o = TPR / 2; o > 0; o >>= 1)
+        sum += __shfl_xor(sum, o, TPR);
+    st->l += sum;
+    if (part == 0)
+        row_alpha[r] = alpha;
+}
+
+/* One (query block, key block) pair of the backward. s holds S (raw q.k) and dp holds dO.V^T;
+ * on return s holds P and dp holds dS (the gradient with respect to the scaled score, softcap
+ * included), both rounded to T. P is the softmax weight of the score under m = LSE (log2 units,
+ * lse2), so l = 1; padded rows carry lse2 = +inf and get P = 0. */
+template <class T, int BQ, int BK>
+__device__ __forceinline__ void fp_hip_grad_tile(float (*s)[BK + FP_HIP_SPAD],
+                                                 float (*dp)[BK + FP_HIP_SPAD], const float *lse2,
+                                                 const float *delta, const fp_hip_score &sc,
+                                                 int64_t i0, int64_t j0, int full)
+{
+    constexpr int TPR = FP_HIP_THREADS / BQ;
+    constexpr int CPT = BK / TPR;
+    static_assert(TPR * BQ == FP_HIP_THREADS && CPT * TPR == BK, "row mapping");
+    const int r = threadIdx.x / TPR, part = threadIdx.x % TPR;
+    const int64_t i = i0 + r;
+    int64_t lo, hi;
+    fp_hip_row_range(sc, i, &lo, &hi);
+    fp_softmax_state st;
+    st.m = lse2[r];
+    st.l = 1.0f;
+
+#pragma unroll
+    for (int c = 0; c < CPT; c++) {
+        const int col = part + c * TPR;
+        const int64_t j = j0 + col;
+        float p = 0.0f, ds = 0.0f;
+        if (full || (j >= lo && j < hi)) {
+            const float capped = fp_score_transform(s[r][col] * sc.scale, sc.softcap, 0.0f, 0.0f);
+            const float t = fp_score_transform(capped, 0.0f, sc.slope,
+                                               fp_alibi_distance(i, j, sc.nq, sc.nk));
+            p = fp_softmax_weight_exp2(&st, t * FP_LOG2E);
+            ds = p * (dp[r][col] - delta[r]) * fp_softcap_grad(capped, sc.softcap);
+        }
+        s[r][col] = fp_hip_round<T>(p);
+        dp[r][col] = fp_hip_round<T>(ds);
+    }
+}
+
+/* ---- forward ------------------------------------------------------------------------------- */
+
+template <int DMAX, int BQ, int BK> struct fp_hip_fwd_smem {
+    alignas(16) uint16_t q[BQ][DMAX + FP_HIP_DPAD];
+    alignas(16) uint16_t k[BK][DMAX + FP_HIP_DPAD];
+    alignas(16) uint16_t v[BK][DMAX + FP_HIP_DPAD];
+    alignas(16) float s[BQ][BK + FP_HIP_SPAD];
+    float alpha[BQ];
+    float oscale[BQ];
+};
+
+template <class T, int DMAX, class MMA> __device__ void fp_hip_forward_tile(const fp_hip_args &a)
+{
+    enum { BQ = fp_hip_tile<DMAX, 0>::BQ, BK = fp_hip_tile<DMAX, 0>::BK };
+    constexpr int TPR = FP_HIP_THREADS / BQ;
+    static_assert(sizeof(fp_hip_fwd_smem<DMAX, BQ, BK>) <= 48 * 1024, "LDS budget");
+    __shared__ fp_hip_fwd_smem<DMAX, BQ, BK> sm;
+
+    const int b = blockIdx.x / a.heads, h = blockIdx.x % a.heads, split = blockIdx.y;
+    const int64_t qb = a.heavy_first ? a.num_q_blocks - 1 - blockIdx.z : blockIdx.z;
+    const fp_hip_seq sq = fp_hip_seq_of(a, b);
+    const int64_t i0 = qb * BQ;
+    if (i0 >= sq.nq)
+        return; /* a shorter sequence of a varlen batch */
+    const int kh = h / (a.heads / a.kv_heads);
+    const int d = a.head_dim, dpad = (d + 15) & ~15;
+    const fp_hip_score sc = fp_hip_score_of(a, sq, h);
+
+    /* Keys this block visits: those any of its rows sees, within its split. Splits are whole
+     * key blocks (keys_per_split is a multiple of BK), so tiles never straddle two splits. */
+    int64_t lo, hi;
+    fp_mask_block_range(i0, fp_hip_min64(i0 + BQ, sq.nq), sq.nq, sq.nk, a.left, a.right, &lo, &hi);
+    const int64_t split_lo = (int64_t)split * a.keys_per_split;
+    lo = fp_hip_max64(lo, split_lo);
+    hi = fp_hip_min64(hi, fp_hip_min64(split_lo + a.keys_per_split, sq.nk));
+
+    fp_hip_load_tile<BQ>(sm.q, fp_hip_row0(a.q, b, sq.q_off, h), a.q.ss, i0, sq.nq, d, dpad,
+                         a.vec_ok);
+    const uint16_t *kp = fp_hip_row0(a.k, b, sq.k_off, kh), *vp = fp_hip_row0(a.v, b, sq.k_off, kh);
+    typename MMA::template acc<BQ, DMAX> o;
+    o.zero();
+    fp_softmax_state st;
+    fp_softmax_init(&st);
+
+    for (int64_t j0 = lo / BK * BK; j0 < hi; j0 += BK) {
+        __syncthreads(); /* the previous block's readers of k, v and s are done */
+        fp_hip_load_tile<BK>(sm.k, kp, a.k.ss, j0, sq.nk, d, dpad, a.vec_ok);
+        fp_hip_load_tile<BK>(sm.v, vp, a.v.ss, j0, sq.nk, d, dpad, a.vec_ok);
+        __syncthreads();
+        MMA::template mm_abt<T, BQ, BK>(sm.q, sm.k, d, sm.s);
+        __syncthreads();
+        fp_hip_softmax_tile<T, BQ, BK>(sm.s, sm.alpha, &st, sc, i0, j0,
+                                       fp_hip_tile_full<BQ, BK>(sc, i0, j0));
+        __syncthreads();
+#pragma unroll
+        for (int i = 0; i < o.N; i++)
+            o.mul(i, sm.alpha[o.row(i)]);
+        MMA::template mm_acc<T, BK>(o, &sm.s[0][0], BK + FP_HIP_SPAD, 1, sm.v, d);
+    }
+
+    const int r = threadIdx.x / TPR;
+    const int64_t i = i0 + r;
+    if (threadIdx.x % TPR == 0) {
+        sm.oscale[r] = fp_softmax_out_scale(&st);
+        if (i < sq.nq) {
+            if (a.num_splits > 1)
+                a.part_lse[((int64_t)split * a.heads + h) * a.total_q + sq.tok0 + i] =
+                    fp_softmax_lse_exp2(&st);
+            else if (a.lse)
+                a.lse[b * a.lse_sb + h * a.lse_sh + (sq.q_off + i) * a.lse_ss] =
+                    fp_softmax_lse_exp2(&st);
+        }
+    }
+    __syncthreads();
+    if (a.num_splits > 1) {
+        float *po = a.part_o + (((int64_t)split * a.heads + h) * a.total_q + sq.tok0) * d;
+#pragma unroll
+        for (int e = 0; e < o.N; e++) {
+            const int rr = o.row(e), c = o.col(e);
+            if (i0 + rr < sq.nq && c < d)
+                po[(i0 + rr) * d + c] = o.get(e) * sm.oscale[rr];
+        }
+    } else {
+        fp_hip_store_acc<T>(o, fp_hip_row0(a.o, b, sq.q_off, h), a.o.ss, i0, sq.nq, d, sm.oscale,
+                            1.0f);
+    }
+}
+
+/* Split-KV combine: one block per (b * H + h, row); thread c merges column c over the splits. */
+template <class T> __device__ void fp_hip_combine_rows(const fp_hip_args &a)
+{
+    const int b = blockIdx.x / a.heads, h = blockIdx.x % a.heads;
+    const fp_hip_seq sq = fp_hip_seq_of(a, b);
+    const int d = a.head_dim, c = threadIdx.x;
+    for (int64_t i = blockIdx.y; i < sq.nq; i += gridDim.y) {
+        float lse = -INFINITY, acc = 0.0f;
+        for (int s = 0; s < a.num_splits; s++) {
+            const int64_t row = ((int64_t)s * a.heads + h) * a.total_q + sq.tok0 + i;
+            float wa, wb;
+            lse = fp_softmax_merge(lse, a.part_lse[row], &wa, &wb);
+            acc = wa * acc + (c < d ? wb * a.part_o[row * d + c] : 0.0f);
+        }
+        if (c < d)
+            fp_hip_row0(a.o, b, sq.q_off, h)[i * a.o.ss + c] = T::store(acc);
+        if (c == 0 && a.lse)
+            a.lse[b * a.lse_sb + h * a.lse_sh + (sq.q_off + i) * a.lse_ss] = lse;
+    }
+}
+
+/* ---- backward ------------------------------------------------------------------------------ */
+
+/* delta[h, tok] = sum_d dO * O, one thread per row. */
+template <class T> __device__ void fp_hip_bwd_prep_rows(const fp_hip_args &a)
+{
+    const int b = blockIdx.x / a.heads, h = blockIdx.x % a.heads;
+    const fp_hip_seq sq = fp_hip_seq_of(a, b);
+    const int64_t i = (int64_t)blockIdx.y * FP_HIP_THREADS + threadIdx.x;
+    if (i >= sq.nq)
+        return;
+    const uint16_t *o = fp_hip_row0(a.o, b, sq.q_off + i, h);
+    const uint16_t *g = fp_hip_row0(a.dout, b, sq.q_off + i, h);
+    float sum = 0.0f;
+    for (int c = 0; c < a.head_dim; c++)
+        sum += T::load(o[c]) * T::load(g[c]);
+    a.delta[(int64_t)h * a.total_q + sq.tok0 + i] = sum;
+}
+
+template <int DMAX, int BQ, int BK> struct fp_hip_bwd_smem {
+    alignas(16) uint16_t q[BQ][DMAX + FP_HIP_DPAD];
+    alignas(16) uint16_t dout[BQ][DMAX + FP_HIP_DPAD];
+    alignas(16) uint16_t k[BK][DMAX + FP_HIP_DPAD];
+    alignas(16) uint16_t v[BK][DMAX + FP_HIP_DPAD];
+    alignas(16) float s[BQ][BK + FP_HIP_SPAD];
+    alignas(16) float dp[BQ][BK + FP_HIP_SPAD];
+    float lse2[BQ];
+    float delta[BQ];
+};
+
+/* Q and dO rows [i0, i0 + BQ) of head h, with their LSE (log2 units) and delta. */
+template <int DMAX, int BQ, int BK>
+__device__ __forceinline__ void fp_hip_load_query_side(fp_hip_bwd_smem<DMAX, BQ, BK> &sm,
+                                                       const fp_hip_args &a, int b, int h,
+                                                       const fp_hip_seq &sq, int64_t i0, int dpad)
+{
+    const int d = a.head_dim;
+    fp_hip_load_tile<BQ>(sm.q, fp_hip_row0(a.q, b, sq.q_off, h), a.q.ss, i0, sq.nq, d, dpad,
+                         a.vec_ok);
+    fp_hip_load_tile<BQ>(sm.dout, fp_hip_row0(a.dout, b, sq.q_off, h), a.dout.ss, i0, sq.nq, d,
+                         dpad, a.vec_ok);
+    for (int r = threadIdx.x; r < BQ; r += FP_HIP_THREADS) {
+        const int64_t i = i0 + r;
+        if (i < sq.nq) {
+            sm.lse2[r] = a.lse[b * a.lse_sb + h * a.lse_sh + (sq.q_off + i) * a.lse_ss] * FP_LOG2E;
+            sm.delta[r] = a.delta[(int64_t)h * a.total_q + sq.tok0 + i];
+        } else {
+            sm.lse2[r] = INFINITY;
+            sm.delta[r] = 0.0f;
+        }
+    }
+}
+
+/* With Q, dO (rows i0..) and K, V (keys j0..) in LDS: P into sm.s and dS into sm.dp. */
+template <class T, int DMAX, int BQ, int BK, class MMA>
+__device__ __forceinline__ void fp_hip_grad_scores(fp_hip_bwd_smem<DMAX, BQ, BK> &sm,
+                                                   const fp_hip_score &sc, int64_t i0, int64_t j0,
+                                                   int d)
+{
+    MMA::template mm_abt<T, BQ, BK>(sm.q, sm.k, d, sm.s);
+    MMA::template mm_abt<T, BQ, BK>(sm.dout, sm.v, d, sm.dp);
+    __syncthreads();
+    fp_hip_grad_tile<T, BQ, BK>(sm.s, sm.dp, sm.lse2, sm.delta, sc, i0, j0,
+                                fp_hip_tile_full<BQ, BK>(sc, i0, j0));
+    __syncthreads();
+}
+
+template <class T, int DMAX, class MMA> __device__ void fp_hip_bwd_dkdv_tile(const fp_hip_args &a)
+{
+    enum { BQ = fp_hip_tile<DMAX, 1>::BQ, BK = fp_hip_tile<DMAX, 1>::BK };
+    static_assert(sizeof(fp_hip_bwd_smem<DMAX, BQ, BK>) <= 48 * 1024, "LDS budget");
+    __shared__ fp_hip_bwd_smem<DMAX, BQ, BK> sm;
+
+    const int b = blockIdx.x / a.kv_heads, kh = blockIdx.x % a.kv_heads;
+    const fp_hip_seq sq = fp_hip_seq_of(a, b);
+    const int64_t j0 = (int64_t)blockIdx.z * BK;
+    if (j0 >= sq.nk)
+        return;
+    const int64_t j1 = fp_hip_min64(j0 + BK, sq.nk);
+    const int d = a.head_dim, dpad = (d + 15) & ~15, group = a.heads / a.kv_heads;
+
+    fp_hip_load_tile<BK>(sm.k, fp_hip_row0(a.k, b, sq.k_off, kh), a.k.ss, j0, sq.nk, d, dpad,
+                         a.vec_ok);
+    fp_hip_load_tile<BK>(sm.v, fp_hip_row0(a.v, b, sq.k_off, kh), a.v.ss, j0, sq.nk, d, dpad,
+                         a.vec_ok);
+    typename MMA::template acc<BK, DMAX> dk, dv;
+    dk.zero();
+    dv.zero();
+
+    for (int g = 0; g < group; g++) {
+        const int h = kh * group + g;
+        const fp_hip_score sc = fp_hip_score_of(a, sq, h);
+        for (int64_t i0 = 0; i0 < sq.nq; i0 += BQ) {
+            int64_t lo, hi;
+            fp_mask_block_range(i0, fp_hip_min64(i0 + BQ, sq.nq), sq.nq, sq.nk, a.left, a.right,
+                                &lo, &hi);
+            if (hi <= lo || hi <= j0 || lo >= j1)
+                continue; /* no row of this query block sees these keys */
+            __syncthreads(); /* the previous pair's readers of q, dout, s, dp are done */
+            fp_hip_load_query_side(sm, a, b, h, sq, i0, dpad);
+            __syncthreads();
+            fp_hip_grad_scores<T, DMAX, BQ, BK, MMA>(sm, sc, i0, j0, d);
+            /* A(m = key, k = query row) = P[row][key]: the transposed score tile. */
+            MMA::template mm_acc<T, BQ>(dv, &sm.s[0][0], 1, BK + FP_HIP_SPAD, sm.dout, d);
+            MMA::template mm_acc<T, BQ>(dk, &sm.dp[0][0], 1, BK + FP_HIP_SPAD, sm.q, d);
+        }
+    }
+    fp_hip_store_acc<T>(dk, fp_hip_row0(a.dk, b, sq.k_off, kh), a.dk.ss, j0, sq.nk, d, NULL,
+                        a.scale);
+    fp_hip_store_acc<T>(dv, fp_hip_row0(a.dv, b, sq.k_off, kh), a.dv.ss, j0, sq.nk, d, NULL, 1.0f);
+}
+
+template <class T, int DMAX, class MMA> __device__ void fp_hip_bwd_dq_tile(const fp_hip_args &a)
+{
+    enum { BQ = fp_hip_tile<DMAX, 1>::BQ, BK = fp_hip_tile<DMAX, 1>::BK };
+    __shared__ fp_hip_bwd_smem<DMAX, BQ, BK> sm;
+
+    const int b = blockIdx.x / a.heads, h = blockIdx.x % a.heads;
+    const int64_t qb = a.heavy_first ? a.num_q_blocks - 1 - blockIdx.z : blockIdx.z;
+    const fp_hip_seq sq = fp_hip_seq_of(a, b);
+    const int64_t i0 = qb * BQ;
+    if (i0 >= sq.nq)
+        return;
+    const int kh = h / (a.heads / a.kv_heads);
+    const int d = a.head_dim, dpad = (d + 15) & ~15;
+    const fp_hip_score sc = fp_hip_score_of(a, sq, h);
+    int64_t lo, hi;
+    fp_mask_block_range(i0, fp_hip_min64(i0 + BQ, sq.nq), sq.nq, sq.nk, a.left, a.right, &lo, &hi);
+
+    fp_hip_load_query_side(sm, a, b, h, sq, i0, dpad);
+    const uint16_t *kp = fp_hip_row0(a.k, b, sq.k_off, kh), *vp = fp_hip_row0(a.v, b, sq.k_off, kh);
+    typename MMA::template acc<BQ, DMAX> dq;
+    dq.zero();
+    for (int64_t j0 = lo / BK * BK; j0 < hi; j0 += BK) {
+        __syncthreads();
+        fp_hip_load_tile<BK>(sm.k, kp, a.k.ss, j0, sq.nk, d, dpad, a.vec_ok);
+        fp_hip_load_tile<BK>(sm.v, vp, a.v.ss, j0, sq.nk, d, dpad, a.vec_ok);
+        __syncthreads();
+        fp_hip_grad_scores<T, DMAX, BQ, BK, MMA>(sm, sc, i0, j0, d);
+        MMA::template mm_acc<T, BK>(dq, &sm.dp[0][0], BK + FP_HIP_SPAD, 1, sm.k, d);
+    }
+    fp_hip_store_acc<T>(dq, fp_hip_row0(a.dq, b, sq.q_off, h), a.dq.ss, i0, sq.nq, d, NULL,
+                        a.scale);
+}
+
+/* ---- kernels and their tables -------------------------------------------------------------- */
+
+template <class T, int DMAX, class MMA>
+__global__ __launch_bounds__(FP_HIP_THREADS) void fp_hip_fwd_kernel(fp_hip_args a)
+{
+    fp_hip_forward_tile<T, DMAX, MMA>(a);
+}
+
+template <class T, int DMAX, class MMA>
+__global__ __launch_bounds__(FP_HIP_THREADS) void fp_hip_bwd_dkdv_kernel(fp_hip_args a)
+{
+    fp_hip_bwd_dkdv_tile<T, DMAX, MMA>(a);
+}
+
+template <class T, int DMAX, class MMA>
+__global__ __launch_bounds__(FP_HIP_THREADS) void fp_hip_bwd_dq_kernel(fp_hip_args a)
+{
+    fp_hip_bwd_dq_tile<T, DMAX, MMA>(a);
+}
+
+template <class T, class MMA> fp_hip_kernel_fn fp_hip_fwd_pick(int dmax)
+{
+    switch (dmax) {
+    case 64: return fp_hip_fwd_kernel<T, 64, MMA>;
+    case 128: return fp_hip_fwd_kernel<T, 128, MMA>;
+    case 256: return fp_hip_fwd_kernel<T, 256, MMA>;
+    default: return NULL;
+    }
+}
+
+/* The forward kernel of path MMA for a dtype and head-dim class. */
+template <class MMA> fp_hip_kernel_fn fp_hip_fwd_table(flashport_dtype dtype, int dmax)
+{
+    if (dtype == FLASHPORT_F16)
+        return fp_hip_fwd_pick<fp_hip_f16, MMA>(dmax);
+    if (dtype == FLASHPORT_BF16)
+        return fp_hip_fwd_pick<fp_hip_bf16, MMA>(dmax);
+    return NULL;
+}
+
+template <class T, class MMA> fp_hip_bwd_kernels fp_hip_bwd_pick(int dmax)
+{
+    fp_hip_bwd_kernels k = {NULL, NULL};
+    switch (dmax) {
+    case 64:
+        k.dkdv = fp_hip_bwd_dkdv_kernel<T, 64, MMA>;
+        k.dq = fp_hip_bwd_dq_kernel<T, 64, MMA>;
+        break;
+    case 128:
+        k.dkdv = fp_hip_bwd_dkdv_kernel<T, 128, MMA>;
+        k.dq = fp_hip_bwd_dq_kernel<T, 128, MMA>;
+        break;
+    case 256:
+        k.dkdv = fp_hip_bwd_dkdv_kernel<T, 256, MMA>;
+        k.dq = fp_hip_bwd_dq_kernel<T, 256, MMA>;
+        break;
+    default: break;
+    }
+    return k;
+}
+
+template <class MMA> fp_hip_bwd_kernels fp_hip_bwd_table(flashport_dtype dtype, int dmax)
+{
+    if (dtype == FLASHPORT_F16)
+        return fp_hip_bwd_pick<fp_hip_f16, MMA>(dmax);
+    if (dtype == FLASHPORT_BF16)
+        return fp_hip_bwd_pick<fp_hip_bf16, MMA>(dmax);
+    fp_hip_bwd_kernels none = {NULL, NULL};
+    return none;
+}
+
+#endif /* FLASHPORT_BACKENDS_HIP_ATTENTION_TILE_H */

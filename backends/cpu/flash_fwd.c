@@ -20,6 +20,8 @@
  *   FLASHPORT_NUM_THREADS=2 flashport-bench --backend cpu --heads 8 --seqlen 2048 --hdim 128
  *       --direction both --causal=0,1 --check
  *   not causal 480-570 ms (30-36 GFLOP/s, 9-10% of peak); causal 250-265 ms (32-34 GFLOP/s).
+ * Same command on the 2-core AVX-512 EPYC development machine (shared, noisy): not causal 370 ms
+ * (46 GFLOP/s), causal 186-228 ms (38-46 GFLOP/s).
  * The portable products run 128-bit vectors without FMA, a quarter of that peak at best; ISA
  * micro-kernels behind fp_tile_ops are the way up.
  */

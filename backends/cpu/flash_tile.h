@@ -6,16 +6,17 @@
  * Split after BLIS: the kernels are a portable framework that moves data between the caller's
  * strided tensors and small f32 tiles; every O(m * n * d) inner product goes through the
  * fp_tile_ops table, so an ISA-specific micro-kernel (AVX-512, NEON) can replace a product
- * without touching the framework. The portable products (flash_tile.c) are plain C that the
- * compiler vectorizes.
+ * without touching the framework. The portable products (flash_tile.c) are C with GCC/Clang
+ * generic vectors (plain loops elsewhere), no ISA intrinsics.
  *
  * Tile layout (the contract every fp_tile_ops implementation follows):
  *   a tile is row-major f32: element (r, c) of a tile `x` with leading dimension `ldx` is
  *   x[r * ldx + c]. Leading dimensions are in elements, at least the tile's column count.
  *   Products read exactly the m/n/d extents they are given and write only the output extent; they
  *   never read or write padding, so callers may pass any m, n, d >= 1. Output tiles never alias
- *   input tiles. Every output element is summed in a fixed order over the reduction index, so a
- *   product is deterministic for given inputs (the backward relies on this).
+ *   input tiles. Every output element must be summed in an order fixed by (m, n, d) alone, never by
+ *   threads or timing, so a product is deterministic for given inputs (the backward's
+ *   bitwise-reproducibility rests on it).
  */
 #ifndef FLASHPORT_BACKENDS_CPU_FLASH_TILE_H
 #define FLASHPORT_BACKENDS_CPU_FLASH_TILE_H
@@ -24,7 +25,6 @@
 #include "core/mask.h"
 
 #include <math.h>
-
 #include <stddef.h>
 #include <stdint.h>
 

@@ -89,8 +89,14 @@ template <class T> __device__ __forceinline__ void fp_hip_unpack8(uint4 v, float
     }
 }
 
-__device__ __forceinline__ int64_t fp_hip_min64(int64_t a, int64_t b) { return a < b ? a : b; }
-__device__ __forceinline__ int64_t fp_hip_max64(int64_t a, int64_t b) { return a > b ? a : b; }
+__device__ __forceinline__ int64_t fp_hip_min64(int64_t a, int64_t b)
+{
+    return a < b ? a : b;
+}
+__device__ __forceinline__ int64_t fp_hip_max64(int64_t a, int64_t b)
+{
+    return a > b ? a : b;
+}
 
 /* ---- sequences, rows, tiles ---------------------------------------------------------------- */
 
@@ -129,8 +135,9 @@ __device__ __forceinline__ uint16_t *fp_hip_row0(const fp_hip_tensor &t, int b, 
  * c < dpad; zero past the sequence (n rows) and past the head dim d, so that padded rows and
  * columns add nothing to any product. */
 template <int ROWS, int LD>
-__device__ __forceinline__ void fp_hip_load_tile(uint16_t (*dst)[LD], const uint16_t *src, int64_t rs,
-                                                 int64_t row0, int64_t n, int d, int dpad, int vec_ok)
+__device__ __forceinline__ void fp_hip_load_tile(uint16_t (*dst)[LD], const uint16_t *src,
+                                                 int64_t rs, int64_t row0, int64_t n, int d,
+                                                 int dpad, int vec_ok)
 {
     const int chunks = dpad / 8;
     for (int c = threadIdx.x; c < ROWS * chunks; c += FP_HIP_THREADS) {
@@ -267,10 +274,9 @@ __device__ __forceinline__ void fp_hip_softmax_tile(float (*s)[BK + FP_HIP_SPAD]
  * included), both rounded to T. P is the softmax weight of the score under m = LSE (log2 units,
  * lse2), so l = 1; padded rows carry lse2 = +inf and get P = 0. */
 template <class T, int BQ, int BK>
-__device__ __forceinline__ void fp_hip_grad_tile(float (*s)[BK + FP_HIP_SPAD],
-                                                 float (*dp)[BK + FP_HIP_SPAD], const float *lse2,
-                                                 const float *delta, const fp_hip_score &sc,
-                                                 int64_t i0, int64_t j0, int full)
+__device__ __forceinline__ void
+fp_hip_grad_tile(float (*s)[BK + FP_HIP_SPAD], float (*dp)[BK + FP_HIP_SPAD], const float *lse2,
+                 const float *delta, const fp_hip_score &sc, int64_t i0, int64_t j0, int full)
 {
     constexpr int TPR = FP_HIP_THREADS / BQ;
     constexpr int CPT = BK / TPR;
@@ -290,8 +296,8 @@ __device__ __forceinline__ void fp_hip_grad_tile(float (*s)[BK + FP_HIP_SPAD],
         float p = 0.0f, ds = 0.0f;
         if (full || (j >= lo && j < hi)) {
             const float capped = fp_score_transform(s[r][col] * sc.scale, sc.softcap, 0.0f, 0.0f);
-            const float t = fp_score_transform(capped, 0.0f, sc.slope,
-                                               fp_alibi_distance(i, j, sc.nq, sc.nk));
+            const float t =
+                fp_score_transform(capped, 0.0f, sc.slope, fp_alibi_distance(i, j, sc.nq, sc.nk));
             p = fp_softmax_weight_exp2(&st, t * FP_LOG2E);
             ds = p * (dp[r][col] - delta[r]) * fp_softcap_grad(capped, sc.softcap);
         }
@@ -505,7 +511,7 @@ template <class T, int DMAX, class MMA> __device__ void fp_hip_bwd_dkdv_tile(con
             fp_mask_block_range(i0, fp_hip_min64(i0 + BQ, sq.nq), sq.nq, sq.nk, a.left, a.right,
                                 &lo, &hi);
             if (hi <= lo || hi <= j0 || lo >= j1)
-                continue; /* no row of this query block sees these keys */
+                continue;    /* no row of this query block sees these keys */
             __syncthreads(); /* the previous pair's readers of q, dout, s, dp are done */
             fp_hip_load_query_side(sm, a, b, h, sq, i0, dpad);
             __syncthreads();
@@ -576,10 +582,14 @@ __global__ __launch_bounds__(FP_HIP_THREADS) void fp_hip_bwd_dq_kernel(fp_hip_ar
 template <class T, class MMA> fp_hip_kernel_fn fp_hip_fwd_pick(int dmax)
 {
     switch (dmax) {
-    case 64: return fp_hip_fwd_kernel<T, 64, MMA>;
-    case 128: return fp_hip_fwd_kernel<T, 128, MMA>;
-    case 256: return fp_hip_fwd_kernel<T, 256, MMA>;
-    default: return NULL;
+    case 64:
+        return fp_hip_fwd_kernel<T, 64, MMA>;
+    case 128:
+        return fp_hip_fwd_kernel<T, 128, MMA>;
+    case 256:
+        return fp_hip_fwd_kernel<T, 256, MMA>;
+    default:
+        return NULL;
     }
 }
 
@@ -609,7 +619,8 @@ template <class T, class MMA> fp_hip_bwd_kernels fp_hip_bwd_pick(int dmax)
         k.dkdv = fp_hip_bwd_dkdv_kernel<T, 256, MMA>;
         k.dq = fp_hip_bwd_dq_kernel<T, 256, MMA>;
         break;
-    default: break;
+    default:
+        break;
     }
     return k;
 }

@@ -16,7 +16,7 @@
 
 #include <string.h>
 
-#define FP_HIP_MAX_SPLITS 32
+#define FP_HIP_MAX_SPLITS  32
 #define FP_HIP_GRID_YZ_MAX 65535
 
 static int aligned_view(const fp_tensor_view *t)
@@ -71,16 +71,15 @@ static fp_plan plan_for(const fp_hip_ctx *ctx, const fp_problem *p, fp_hip_kerne
 {
     int bq, bk, per_cu = 0;
     fp_hip_tiles(dmax, backward, &bq, &bk);
-    if (hipOccupancyMaxActiveBlocksPerMultiprocessor(&per_cu, (const void *)kernel,
-                                                     FP_HIP_THREADS, 0) != hipSuccess ||
+    if (hipOccupancyMaxActiveBlocksPerMultiprocessor(&per_cu, (const void *)kernel, FP_HIP_THREADS,
+                                                     0) != hipSuccess ||
         per_cu < 1) {
         (void)hipGetLastError(); /* the launch reports a real problem; the plan needs an estimate */
         per_cu = 1;
     }
-    fp_plan_shape shape = {p->batch,    p->heads,       p->seqlen_q,     p->seqlen_k,
+    fp_plan_shape shape = {p->batch,    p->heads,       p->seqlen_q,    p->seqlen_k,
                            p->head_dim, p->window_left, p->window_right};
-    fp_plan_target target = {(int64_t)ctx->cus * per_cu, bq, bk,
-                             backward ? 1 : FP_HIP_MAX_SPLITS};
+    fp_plan_target target = {(int64_t)ctx->cus * per_cu, bq, bk, backward ? 1 : FP_HIP_MAX_SPLITS};
     return fp_plan_forward(&shape, &target);
 }
 
@@ -163,14 +162,14 @@ static flashport_status run_forward(fp_hip_ctx *ctx, const fp_problem *p)
     a.num_splits = plan.num_splits;
     a.keys_per_split = plan.keys_per_split;
     if (fp_hip_host()->log_enabled())
-        fp_hip_host()->log("%s: forward, %s kernel, %s D=%lld (class %d), tile %dx%d, grid %lldx%dx%lld"
-                           " (%s), %d KV split(s), %d threads",
-                           FP_HIP_BACKEND_NAME, path_name(ctx), dtype_name(p->dtype),
-                           (long long)p->head_dim, dmax, plan.block_q, plan.block_k,
-                           (long long)(p->batch * p->heads), plan.num_splits,
-                           (long long)plan.num_q_blocks,
-                           plan.heavy_first ? "heaviest query blocks first" : "natural order",
-                           plan.num_splits, FP_HIP_THREADS);
+        fp_hip_host()->log(
+            "%s: forward, %s kernel, %s D=%lld (class %d), tile %dx%d, grid %lldx%dx%lld"
+            " (%s), %d KV split(s), %d threads",
+            FP_HIP_BACKEND_NAME, path_name(ctx), dtype_name(p->dtype), (long long)p->head_dim, dmax,
+            plan.block_q, plan.block_k, (long long)(p->batch * p->heads), plan.num_splits,
+            (long long)plan.num_q_blocks,
+            plan.heavy_first ? "heaviest query blocks first" : "natural order", plan.num_splits,
+            FP_HIP_THREADS);
 
     const dim3 grid((unsigned)(p->batch * p->heads), (unsigned)plan.num_splits,
                     (unsigned)plan.num_q_blocks);
@@ -209,9 +208,8 @@ static flashport_status run_backward(fp_hip_ctx *ctx, const fp_problem *p)
     fp_hip_kernel_fn prep = fp_hip_bwd_prep_kernel(p->dtype);
     if (!k.dkdv || !k.dq || !prep)
         return fp_hip_host()->set_error(FLASHPORT_ERR_INTERNAL,
-                                        "%s: no backward kernel for %s D=%lld",
-                                        FP_HIP_BACKEND_NAME, dtype_name(p->dtype),
-                                        (long long)p->head_dim);
+                                        "%s: no backward kernel for %s D=%lld", FP_HIP_BACKEND_NAME,
+                                        dtype_name(p->dtype), (long long)p->head_dim);
 
     fp_hip_args a;
     make_args(p, &a);
@@ -236,20 +234,20 @@ static flashport_status run_backward(fp_hip_ctx *ctx, const fp_problem *p)
                            (long long)(p->batch * p->kv_heads), (long long)plan.num_q_blocks);
 
     float *ws;
-    flashport_status st = workspace(ctx, (size_t)p->heads * (size_t)p->total_q * sizeof(float), &ws);
+    flashport_status st =
+        workspace(ctx, (size_t)p->heads * (size_t)p->total_q * sizeof(float), &ws);
     if (st == FLASHPORT_OK) {
         a.delta = ws;
         st = launch(ctx, prep, dim3((unsigned)(p->batch * p->heads), (unsigned)prep_blocks), &a,
                     "backward preprocessing launch");
     }
     if (st == FLASHPORT_OK)
-        st = launch(ctx, k.dkdv,
-                    dim3((unsigned)(p->batch * p->kv_heads), 1, (unsigned)key_blocks), &a,
-                    "backward dK/dV kernel launch");
+        st = launch(ctx, k.dkdv, dim3((unsigned)(p->batch * p->kv_heads), 1, (unsigned)key_blocks),
+                    &a, "backward dK/dV kernel launch");
     if (st == FLASHPORT_OK)
-        st = launch(ctx, k.dq,
-                    dim3((unsigned)(p->batch * p->heads), 1, (unsigned)plan.num_q_blocks), &a,
-                    "backward dQ kernel launch");
+        st =
+            launch(ctx, k.dq, dim3((unsigned)(p->batch * p->heads), 1, (unsigned)plan.num_q_blocks),
+                   &a, "backward dQ kernel launch");
     if (st == FLASHPORT_OK)
         st = fp_hip_check(hipEventRecord(ctx->ws_free, ctx->stream), "hipEventRecord");
     return st;

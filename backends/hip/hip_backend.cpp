@@ -19,7 +19,10 @@
 
 static const fp_host_api *host_api;
 
-const fp_host_api *fp_hip_host(void) { return host_api; }
+const fp_host_api *fp_hip_host(void)
+{
+    return host_api;
+}
 
 /* "hipErrorNoDevice: no ROCm-capable device is detected", or the name alone where the runtime's
  * string is the name again (ROCm 5.2 does that for some errors). */
@@ -38,8 +41,8 @@ flashport_status fp_hip_check(hipError_t err, const char *what)
         return FLASHPORT_OK;
     char text[256];
     error_text(err, text, sizeof text);
-    flashport_status st = err == hipErrorOutOfMemory ? FLASHPORT_ERR_OUT_OF_MEMORY
-                                                     : FLASHPORT_ERR_DEVICE;
+    flashport_status st =
+        err == hipErrorOutOfMemory ? FLASHPORT_ERR_OUT_OF_MEMORY : FLASHPORT_ERR_DEVICE;
     return host_api->set_error(st, "%s: %s failed: %s", FP_HIP_BACKEND_NAME, what, text);
 }
 
@@ -89,14 +92,15 @@ static flashport_status hip_open(int device, void **out)
                                    FP_HIP_BACKEND_NAME, text);
     }
     if (count == 0)
-        return host_api->set_error(FLASHPORT_ERR_NO_DEVICE, "%s: no device: the runtime sees no GPU",
-                                   FP_HIP_BACKEND_NAME);
+        return host_api->set_error(FLASHPORT_ERR_NO_DEVICE,
+                                   "%s: no device: the runtime sees no GPU", FP_HIP_BACKEND_NAME);
     if (device >= count)
         return host_api->set_error(FLASHPORT_ERR_NO_DEVICE,
                                    "%s: no device %d (FLASHPORT_DEVICE): the runtime sees %d",
                                    FP_HIP_BACKEND_NAME, device, count);
     hipDeviceProp_t prop;
-    flashport_status st = fp_hip_check(hipGetDeviceProperties(&prop, device), "hipGetDeviceProperties");
+    flashport_status st =
+        fp_hip_check(hipGetDeviceProperties(&prop, device), "hipGetDeviceProperties");
     if (st != FLASHPORT_OK)
         return st;
     char arch[64];
@@ -117,9 +121,10 @@ static flashport_status hip_open(int device, void **out)
     int prev;
     st = fp_hip_enter(ctx, &prev);
     if (st == FLASHPORT_OK)
-        st = fp_hip_leave(ctx, prev,
-                          fp_hip_check(hipEventCreateWithFlags(&ctx->ws_free, hipEventDisableTiming),
-                                       "hipEventCreateWithFlags"));
+        st =
+            fp_hip_leave(ctx, prev,
+                         fp_hip_check(hipEventCreateWithFlags(&ctx->ws_free, hipEventDisableTiming),
+                                      "hipEventCreateWithFlags"));
     if (st != FLASHPORT_OK) {
         free(ctx);
         return st;
@@ -130,8 +135,7 @@ static flashport_status hip_open(int device, void **out)
     ctx->cdna = use_cdna(arch);
     if (host_api->log_enabled())
         host_api->log("%s: device %d: %s (%s), %d compute units, %s kernels", FP_HIP_BACKEND_NAME,
-                      device, prop.name, arch, ctx->cus,
-                      ctx->cdna ? "CDNA (MFMA)" : "generic");
+                      device, prop.name, arch, ctx->cus, ctx->cdna ? "CDNA (MFMA)" : "generic");
     *out = ctx;
     return FLASHPORT_OK;
 }
@@ -214,11 +218,10 @@ static flashport_status copy(fp_hip_ctx *ctx, void *dst, const void *src, size_t
     flashport_status st = fp_hip_enter(ctx, &prev);
     if (st != FLASHPORT_OK)
         return st;
-    st = fp_hip_check(hipMemcpyAsync(dst, src, bytes,
-                                     to_device ? hipMemcpyHostToDevice : hipMemcpyDeviceToHost,
-                                     ctx->stream),
-                      to_device ? "hipMemcpyAsync (host to device)"
-                                : "hipMemcpyAsync (device to host)");
+    st = fp_hip_check(
+        hipMemcpyAsync(dst, src, bytes, to_device ? hipMemcpyHostToDevice : hipMemcpyDeviceToHost,
+                       ctx->stream),
+        to_device ? "hipMemcpyAsync (host to device)" : "hipMemcpyAsync (device to host)");
     if (st == FLASHPORT_OK)
         st = fp_hip_check(hipStreamSynchronize(ctx->stream), "hipStreamSynchronize");
     return fp_hip_leave(ctx, prev, st);

@@ -25,8 +25,8 @@
 #include <stdint.h>
 #include <stdio.h>
 
-#define FP_HIP_THREADS 256
-#define FP_HIP_MAX_HEAD_DIM 256
+#define FP_HIP_THREADS           256
+#define FP_HIP_MAX_HEAD_DIM      256
 #define FP_HIP_HEAD_DIM_MULTIPLE 8
 
 /* One q/k/v/o-shaped tensor: element strides of batch, sequence and head; the head dim is
@@ -65,22 +65,22 @@ typedef struct fp_hip_args {
  * to one block plus the compiler's own use. BQ and BK are multiples of 16 (the MFMA tile). */
 template <int DMAX, int BWD> struct fp_hip_tile;
 template <> struct fp_hip_tile<64, 0> {
-    enum { BQ = 64, BK = 64 };
+    static constexpr int BQ = 64, BK = 64;
 };
 template <> struct fp_hip_tile<128, 0> {
-    enum { BQ = 64, BK = 32 };
+    static constexpr int BQ = 64, BK = 32;
 };
 template <> struct fp_hip_tile<256, 0> {
-    enum { BQ = 32, BK = 16 };
+    static constexpr int BQ = 32, BK = 16;
 };
 template <> struct fp_hip_tile<64, 1> {
-    enum { BQ = 32, BK = 64 };
+    static constexpr int BQ = 32, BK = 64;
 };
 template <> struct fp_hip_tile<128, 1> {
-    enum { BQ = 32, BK = 32 };
+    static constexpr int BQ = 32, BK = 32;
 };
 template <> struct fp_hip_tile<256, 1> {
-    enum { BQ = 16, BK = 16 };
+    static constexpr int BQ = 16, BK = 16;
 };
 
 /* The head-dim class that serves D (a multiple of 8 up to 256), or 0 for none. */
@@ -92,16 +92,20 @@ static inline int fp_hip_dmax(int64_t head_dim)
 }
 
 /* Host view of fp_hip_tile. */
+template <int DMAX> static inline void fp_hip_tiles_of(int backward, int *bq, int *bk)
+{
+    *bq = backward ? fp_hip_tile<DMAX, 1>::BQ : fp_hip_tile<DMAX, 0>::BQ;
+    *bk = backward ? fp_hip_tile<DMAX, 1>::BK : fp_hip_tile<DMAX, 0>::BK;
+}
+
 static inline void fp_hip_tiles(int dmax, int backward, int *bq, int *bk)
 {
-    switch (dmax * 2 + backward) {
-    case 128: *bq = fp_hip_tile<64, 0>::BQ, *bk = fp_hip_tile<64, 0>::BK; break;
-    case 129: *bq = fp_hip_tile<64, 1>::BQ, *bk = fp_hip_tile<64, 1>::BK; break;
-    case 256: *bq = fp_hip_tile<128, 0>::BQ, *bk = fp_hip_tile<128, 0>::BK; break;
-    case 257: *bq = fp_hip_tile<128, 1>::BQ, *bk = fp_hip_tile<128, 1>::BK; break;
-    case 513: *bq = fp_hip_tile<256, 1>::BQ, *bk = fp_hip_tile<256, 1>::BK; break;
-    default: *bq = fp_hip_tile<256, 0>::BQ, *bk = fp_hip_tile<256, 0>::BK; break;
-    }
+    if (dmax == 64)
+        fp_hip_tiles_of<64>(backward, bq, bk);
+    else if (dmax == 128)
+        fp_hip_tiles_of<128>(backward, bq, bk);
+    else
+        fp_hip_tiles_of<256>(backward, bq, bk);
 }
 
 /* The device's target name without feature suffixes ("gfx90a" from "gfx90a:sramecc+:xnack-");

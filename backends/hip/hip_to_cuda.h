@@ -24,30 +24,30 @@ typedef cudaError_t hipError_t;
 typedef cudaStream_t hipStream_t;
 typedef cudaDeviceProp hipDeviceProp_t;
 typedef cudaEvent_t hipEvent_t;
-#define hipSuccess cudaSuccess
-#define hipErrorOutOfMemory cudaErrorMemoryAllocation
+#define hipSuccess            cudaSuccess
+#define hipErrorOutOfMemory   cudaErrorMemoryAllocation
 #define hipMemcpyHostToDevice cudaMemcpyHostToDevice
 #define hipMemcpyDeviceToHost cudaMemcpyDeviceToHost
 #define hipEventDisableTiming cudaEventDisableTiming
 
 /* Runtime calls. */
-#define hipGetDeviceCount cudaGetDeviceCount
-#define hipGetDevice cudaGetDevice
-#define hipSetDevice cudaSetDevice
-#define hipGetDeviceProperties cudaGetDeviceProperties
-#define hipGetErrorString cudaGetErrorString
-#define hipGetErrorName cudaGetErrorName
-#define hipGetLastError cudaGetLastError
-#define hipMalloc cudaMalloc
-#define hipFree cudaFree
-#define hipMemcpyAsync cudaMemcpyAsync
-#define hipStreamSynchronize cudaStreamSynchronize
-#define hipDeviceSynchronize cudaDeviceSynchronize
+#define hipGetDeviceCount                            cudaGetDeviceCount
+#define hipGetDevice                                 cudaGetDevice
+#define hipSetDevice                                 cudaSetDevice
+#define hipGetDeviceProperties                       cudaGetDeviceProperties
+#define hipGetErrorString                            cudaGetErrorString
+#define hipGetErrorName                              cudaGetErrorName
+#define hipGetLastError                              cudaGetLastError
+#define hipMalloc                                    cudaMalloc
+#define hipFree                                      cudaFree
+#define hipMemcpyAsync                               cudaMemcpyAsync
+#define hipStreamSynchronize                         cudaStreamSynchronize
+#define hipDeviceSynchronize                         cudaDeviceSynchronize
 #define hipOccupancyMaxActiveBlocksPerMultiprocessor cudaOccupancyMaxActiveBlocksPerMultiprocessor
-#define hipEventCreateWithFlags cudaEventCreateWithFlags
-#define hipEventDestroy cudaEventDestroy
-#define hipEventRecord cudaEventRecord
-#define hipStreamWaitEvent cudaStreamWaitEvent
+#define hipEventCreateWithFlags                      cudaEventCreateWithFlags
+#define hipEventDestroy                              cudaEventDestroy
+#define hipEventRecord                               cudaEventRecord
+#define hipStreamWaitEvent                           cudaStreamWaitEvent
 
 /* Kernel launch. */
 #define hipLaunchKernelGGL(kernel, grid, block, shmem, stream, ...)                                \

@@ -27,7 +27,7 @@
 
 #include "backends/hip/attention_tile.h"
 
-#if defined(__HIP_DEVICE_COMPILE__) && !defined(__gfx90a__) && !defined(__gfx940__) &&           \
+#if defined(__HIP_DEVICE_COMPILE__) && !defined(__gfx90a__) && !defined(__gfx940__) &&             \
     !defined(__gfx941__) && !defined(__gfx942__)
 #error "mma_cdna.h is built only for gfx90a and gfx94x (see backends/hip/CMakeLists.txt)"
 #endif
@@ -42,9 +42,8 @@ template <> struct fp_cdna_mfma<fp_hip_f16> {
     static __device__ __forceinline__ fp_cdna_f32x4 run(fp_cdna_i16x4 a, fp_cdna_i16x4 b,
                                                         fp_cdna_f32x4 c)
     {
-        return __builtin_amdgcn_mfma_f32_16x16x16f16(__builtin_bit_cast(fp_cdna_f16x4, a),
-                                                     __builtin_bit_cast(fp_cdna_f16x4, b), c, 0,
-                                                     0, 0);
+        return __builtin_amdgcn_mfma_f32_16x16x16f16(
+            __builtin_bit_cast(fp_cdna_f16x4, a), __builtin_bit_cast(fp_cdna_f16x4, b), c, 0, 0, 0);
     }
 };
 
@@ -71,9 +70,18 @@ struct fp_hip_mma_cdna {
             for (int n = 0; n < NB; n++)
                 v[n] = fp_cdna_f32x4{0.0f, 0.0f, 0.0f, 0.0f};
         }
-        __device__ __forceinline__ float get(int i) const { return v[i / 4][i % 4]; }
-        __device__ __forceinline__ void mul(int i, float f) { v[i / 4][i % 4] *= f; }
-        static __device__ __forceinline__ int block(int n) { return threadIdx.x / 64 + n * WAVES; }
+        __device__ __forceinline__ float get(int i) const
+        {
+            return v[i / 4][i % 4];
+        }
+        __device__ __forceinline__ void mul(int i, float f)
+        {
+            v[i / 4][i % 4] *= f;
+        }
+        static __device__ __forceinline__ int block(int n)
+        {
+            return threadIdx.x / 64 + n * WAVES;
+        }
         static __device__ __forceinline__ int row(int i)
         {
             return block(i / 4) / CB * 16 + (threadIdx.x % 64) / 16 * 4 + i % 4;

@@ -31,17 +31,35 @@ struct fp_hip_mma_generic {
             for (int i = 0; i < N; i++)
                 v[i] = 0.0f;
         }
-        __device__ __forceinline__ float get(int i) const { return v[i]; }
-        __device__ __forceinline__ void mul(int i, float f) { v[i] *= f; }
-        static __device__ __forceinline__ int row(int i) { return threadIdx.x / CH + (i / 8) * RG; }
-        static __device__ __forceinline__ int col(int i) { return (threadIdx.x % CH) * 8 + i % 8; }
+        __device__ __forceinline__ float get(int i) const
+        {
+            return v[i];
+        }
+        __device__ __forceinline__ void mul(int i, float f)
+        {
+            v[i] *= f;
+        }
+        static __device__ __forceinline__ int row(int i)
+        {
+            return threadIdx.x / CH + (i / 8) * RG;
+        }
+        static __device__ __forceinline__ int col(int i)
+        {
+            return (threadIdx.x % CH) * 8 + i % 8;
+        }
     };
 
     template <class T, int M, int N, int LD, int LDC>
     static __device__ __forceinline__ void mm_abt(const uint16_t (*a)[LD], const uint16_t (*b)[LD],
                                                   int d, float (*c)[LDC])
     {
-        enum { E = M * N / FP_HIP_THREADS, TN = E < 4 ? E : 4, TM = E / TN, NC = N / TN, MR = M / TM };
+        enum {
+            E = M * N / FP_HIP_THREADS,
+            TN = E < 4 ? E : 4,
+            TM = E / TN,
+            NC = N / TN,
+            MR = M / TM
+        };
         static_assert(E >= 1 && TM * TN == E && MR * NC == FP_HIP_THREADS, "score tile mapping");
         const int tn = threadIdx.x % NC, tm = threadIdx.x / NC;
         float s[TM][TN];

@@ -1,0 +1,272 @@
+/*
+ * The CUDA backend plugin (libflashport_cuda.so): the plugin entry point, device selection, caps,
+ * memory helpers, the caller's stream, and dispatch to the kernel files.
+ *
+ * Built as a module with the static CUDA runtime and no link to libcuda: the runtime opens the
+ * driver itself when first used, so on a machine without a driver or GPU the plugin still loads
+ * and open() answers FLASHPORT_ERR_NO_DEVICE with the runtime's reason. Only
+ * flashport_plugin_entry is exported (exports.map), so the runtime's own symbols never clash
+ * with another CUDA runtime in the process (PyTorch's, say).
+ *
+ * Every call makes the handle's device current for its duration and restores the caller's
+ * device afterwards; every launch and copy goes to the handle's stream (flashport_set_stream).
+ * Every CUDA error becomes FLASHPORT_ERR_DEVICE (or OUT_OF_MEMORY) with cudaGetErrorString in
+ * the message.
+ *
+ * Kernels: sm80 path (sm80_fwd.cu, sm80_bwd.cu) on compute capability 8.0 and later, f16 and
+ * bf16, head dims that are multiples of 8 up to 256. f32 is not served (the caps leave it out,
+ * so the core answers FLASHPORT_ERR_UNSUPPORTED_DTYPE).
+ */
+#include "backends/cuda/cuda_internal.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+static const fp_host_api *host;
+
+flashport_status fp_cuda_error(flashport_status status, cudaError_t err, const char *what)
+{
+    return host->set_error(status, "cuda: %s: %s (%s)", what, cudaGetErrorString(err),
+                           cudaGetErrorName(err));
+}
+
+void fp_cuda_log(const char *fmt, ...)
+{
+    if (!host->log_enabled())
+        return;
+    char buf[512];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(buf, sizeof buf, fmt, ap);
+    va_end(ap);
+    host->log("cuda: %s", buf);
+}
+
+/* Makes ctx's device current for one call; restores the caller's device in device_leave. */
+static flashport_status device_enter(const fp_cuda_ctx *ctx, int *prev)
+{
+    cudaError_t e = cudaGetDevice(prev);
+    if (e == cudaSuccess && *prev != ctx->device)
+        e = cudaSetDevice(ctx->device);
+    return e == cudaSuccess ? FLASHPORT_OK : fp_cuda_error(FLASHPORT_ERR_DEVICE, e, "set device");
+}
+
+static flashport_status device_leave(const fp_cuda_ctx *ctx, int prev, flashport_status st)
+{
+    if (prev != ctx->device) {
+        cudaError_t e = cudaSetDevice(prev);
+        if (e != cudaSuccess && st == FLASHPORT_OK)
+            return fp_cuda_error(FLASHPORT_ERR_DEVICE, e, "restore device");
+    }
+    return st;
+}
+
+static flashport_status cuda_open(int device, void **out)
+{
+    int count = 0;
+    cudaError_t e = cudaGetDeviceCount(&count);
+    if (e == cudaErrorInsufficientDriver) {
+        cudaGetLastError();
+        return host->set_error(FLASHPORT_ERR_NO_DEVICE,
+                               "cuda: no usable CUDA driver (none installed, or older than CUDA "
+                               "%d.%d that this plugin was built with): %s (%s)",
+                               CUDART_VERSION / 1000, CUDART_VERSION % 1000 / 10,
+                               cudaGetErrorString(e), cudaGetErrorName(e));
+    }
+    if (e == cudaErrorNoDevice || e == cudaErrorInitializationError ||
+        e == cudaErrorSystemDriverMismatch || e == cudaErrorCompatNotSupportedOnDevice) {
+        cudaGetLastError();
+        return host->set_error(FLASHPORT_ERR_NO_DEVICE, "cuda: no usable CUDA device: %s (%s)",
+                               cudaGetErrorString(e), cudaGetErrorName(e));
+    }
+    if (e != cudaSuccess)
+        return host->set_error(FLASHPORT_ERR_NO_DEVICE, "cuda: cannot query devices: %s (%s)",
+                               cudaGetErrorString(e), cudaGetErrorName(e));
+    if (count == 0)
+        return host->set_error(FLASHPORT_ERR_NO_DEVICE, "cuda: no CUDA device found");
+    if (device < 0 || device >= count)
+        return host->set_error(FLASHPORT_ERR_NO_DEVICE,
+                               "cuda: device %d does not exist (%d device%s: 0..%d)", device, count,
+                               count == 1 ? "" : "s", count - 1);
+
+    struct cudaDeviceProp prop;
+    e = cudaGetDeviceProperties(&prop, device);
+    if (e != cudaSuccess)
+        return fp_cuda_error(FLASHPORT_ERR_NO_DEVICE, e, "device properties");
+    if (prop.major < 8)
+        return host->set_error(FLASHPORT_ERR_NO_DEVICE,
+                               "cuda: device %d (%s) has compute capability %d.%d; the CUDA "
+                               "backend needs 8.0 or later",
+                               device, prop.name, prop.major, prop.minor);
+
+    fp_cuda_ctx *ctx = calloc(1, sizeof *ctx);
+    if (!ctx)
+        return host->set_error(FLASHPORT_ERR_OUT_OF_MEMORY, "cuda: out of host memory");
+    ctx->device = device;
+    ctx->stream = NULL;
+    ctx->sm_count = prop.multiProcessorCount;
+    ctx->cc_major = prop.major;
+    ctx->cc_minor = prop.minor;
+    ctx->smem_optin = prop.sharedMemPerBlockOptin;
+    fp_cuda_log("device %d: %s, compute capability %d.%d, %d SMs, %zu KiB shared memory per "
+                "block",
+                device, prop.name, prop.major, prop.minor, prop.multiProcessorCount,
+                ctx->smem_optin / 1024);
+    *out = ctx;
+    return FLASHPORT_OK;
+}
+
+static void cuda_close(void *ctx)
+{
+    free(ctx);
+}
+
+static void cuda_caps(void *ctx, fp_backend_caps *caps)
+{
+    (void)ctx;
+    caps->dtypes_fwd = (1u << FLASHPORT_F16) | (1u << FLASHPORT_BF16);
+    caps->dtypes_bwd = caps->dtypes_fwd;
+    caps->max_head_dim = 256;
+    caps->head_dim_multiple = 8;
+    caps->needs_contiguous_dim = 1;
+    caps->is_host = 0;
+}
+
+static flashport_status cuda_malloc(void *vctx, size_t bytes, void **ptr)
+{
+    const fp_cuda_ctx *ctx = vctx;
+    int prev;
+    flashport_status st = device_enter(ctx, &prev);
+    if (st != FLASHPORT_OK)
+        return st;
+    cudaError_t e = cudaMalloc(ptr, bytes);
+    if (e == cudaErrorMemoryAllocation) {
+        cudaGetLastError();
+        st = host->set_error(FLASHPORT_ERR_OUT_OF_MEMORY, "cuda: cannot allocate %zu bytes: %s",
+                             bytes, cudaGetErrorString(e));
+    } else if (e != cudaSuccess) {
+        st = fp_cuda_error(FLASHPORT_ERR_DEVICE, e, "cudaMalloc");
+    }
+    return device_leave(ctx, prev, st);
+}
+
+static flashport_status cuda_free(void *vctx, void *ptr)
+{
+    const fp_cuda_ctx *ctx = vctx;
+    int prev;
+    flashport_status st = device_enter(ctx, &prev);
+    if (st != FLASHPORT_OK)
+        return st;
+    cudaError_t e = cudaFree(ptr);
+    if (e != cudaSuccess)
+        st = fp_cuda_error(FLASHPORT_ERR_DEVICE, e, "cudaFree");
+    return device_leave(ctx, prev, st);
+}
+
+/* Copies are ordered on the handle's stream and complete before returning. */
+static flashport_status copy(const fp_cuda_ctx *ctx, void *dst, const void *src, size_t bytes,
+                             enum cudaMemcpyKind kind, const char *what)
+{
+    int prev;
+    flashport_status st = device_enter(ctx, &prev);
+    if (st != FLASHPORT_OK)
+        return st;
+    cudaError_t e = cudaMemcpyAsync(dst, src, bytes, kind, ctx->stream);
+    if (e == cudaSuccess)
+        e = cudaStreamSynchronize(ctx->stream);
+    if (e != cudaSuccess)
+        st = fp_cuda_error(FLASHPORT_ERR_DEVICE, e, what);
+    return device_leave(ctx, prev, st);
+}
+
+static flashport_status cuda_copy_to_device(void *ctx, void *dst, const void *src, size_t bytes)
+{
+    return copy(ctx, dst, src, bytes, cudaMemcpyHostToDevice, "copy to device");
+}
+
+static flashport_status cuda_copy_to_host(void *ctx, void *dst, const void *src, size_t bytes)
+{
+    return copy(ctx, dst, src, bytes, cudaMemcpyDeviceToHost, "copy to host");
+}
+
+static flashport_status cuda_synchronize(void *vctx)
+{
+    const fp_cuda_ctx *ctx = vctx;
+    int prev;
+    flashport_status st = device_enter(ctx, &prev);
+    if (st != FLASHPORT_OK)
+        return st;
+    cudaError_t e = cudaStreamSynchronize(ctx->stream);
+    if (e != cudaSuccess)
+        st = fp_cuda_error(FLASHPORT_ERR_DEVICE, e, "synchronize");
+    return device_leave(ctx, prev, st);
+}
+
+static flashport_status cuda_set_stream(void *vctx, void *stream)
+{
+    fp_cuda_ctx *ctx = vctx;
+    ctx->stream = (cudaStream_t)stream;
+    return FLASHPORT_OK;
+}
+
+static flashport_status cuda_forward(void *vctx, const fp_problem *p)
+{
+    const fp_cuda_ctx *ctx = vctx;
+    int prev;
+    flashport_status st = device_enter(ctx, &prev);
+    if (st != FLASHPORT_OK)
+        return st;
+    fp_problem work;
+    void *ws;
+    st = fp_cuda_layout_begin(ctx, p, 0, &work, &ws);
+    if (st == FLASHPORT_OK)
+        st = fp_cuda_layout_end(ctx, p, &work, 0, ws, fp_cuda_sm80_forward(ctx, &work));
+    return device_leave(ctx, prev, st);
+}
+
+static flashport_status cuda_backward(void *vctx, const fp_problem *p)
+{
+    const fp_cuda_ctx *ctx = vctx;
+    int prev;
+    flashport_status st = device_enter(ctx, &prev);
+    if (st != FLASHPORT_OK)
+        return st;
+    fp_problem work;
+    void *ws;
+    st = fp_cuda_layout_begin(ctx, p, 1, &work, &ws);
+    if (st == FLASHPORT_OK)
+        st = fp_cuda_layout_end(ctx, p, &work, 1, ws, fp_cuda_sm80_backward(ctx, &work));
+    return device_leave(ctx, prev, st);
+}
+
+static const fp_backend_ops cuda_ops = {
+    .api_version = FP_PLUGIN_API_VERSION,
+    .name = "cuda",
+    .open = cuda_open,
+    .close = cuda_close,
+    .caps = cuda_caps,
+    .malloc_fn = cuda_malloc,
+    .free_fn = cuda_free,
+    .copy_to_device = cuda_copy_to_device,
+    .copy_to_host = cuda_copy_to_host,
+    .synchronize = cuda_synchronize,
+    .set_stream = cuda_set_stream,
+    .forward = cuda_forward,
+    .backward = cuda_backward,
+};
+
+__attribute__((visibility("default"))) flashport_status
+flashport_plugin_entry(uint32_t core_api_version, const fp_host_api *host_api,
+                       const fp_backend_ops **ops)
+{
+    if (!host_api || !ops)
+        return FLASHPORT_ERR_NULL_POINTER;
+    /* A core of another API version may lay out fp_host_api differently: touch nothing of it
+     * (the core reports the mismatch). */
+    if (core_api_version != FP_PLUGIN_API_VERSION || host_api->api_version != FP_PLUGIN_API_VERSION)
+        return FLASHPORT_ERR_BACKEND_UNAVAILABLE;
+    host = host_api;
+    *ops = &cuda_ops;
+    return FLASHPORT_OK;
+}

@@ -1,0 +1,59 @@
+/*
+ * Internal interface of the CUDA plugin (backends/cuda/): the per-handle context, error and log
+ * helpers over the core's fp_host_api, and the entry points of the kernel files. C, so that
+ * cuda_backend.c (C11) and the .cu files share it.
+ *
+ *   cuda_backend.c   plugin entry, device open, caps, memory helpers, stream, dispatch
+ *   sm80_fwd.cu      forward (+ split-KV combine), mma.sync / ldmatrix / cp.async
+ *   sm80_bwd.cu      backward: preprocess, dK/dV (+ atomic dQ), deterministic dQ, dQ convert
+ *   layout.cu        staging of tensors whose rows are not 16-byte aligned
+ */
+#ifndef FLASHPORT_BACKENDS_CUDA_INTERNAL_H
+#define FLASHPORT_BACKENDS_CUDA_INTERNAL_H
+
+#include "core/backend.h"
+
+#include <cuda_runtime_api.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct fp_cuda_ctx {
+    int device;
+    cudaStream_t stream; /* every launch and copy goes here; NULL = the legacy default stream */
+    int sm_count;
+    int cc_major, cc_minor;
+    size_t smem_optin; /* largest dynamic shared memory one block may ask for */
+} fp_cuda_ctx;
+
+/* Sets the calling thread's error to `status` with "cuda: <what>: <cudaGetErrorString>" and
+ * returns status. */
+flashport_status fp_cuda_error(flashport_status status, cudaError_t err, const char *what);
+
+/* Logs through the core when FLASHPORT_LOG is on. */
+void fp_cuda_log(const char *fmt, ...)
+#if defined(__GNUC__)
+    __attribute__((format(printf, 1, 2)))
+#endif
+    ;
+
+/* Gives every tensor of p whose rows are not 16-byte aligned a contiguous twin in a
+ * stream-ordered workspace (*ws, NULL when none is needed), copying inputs in; *work is p with
+ * those tensors replaced. fp_cuda_layout_end copies the outputs back when st is OK, frees the
+ * workspace and returns st (or the error of the copy). backward: 0 forward, 1 backward. */
+flashport_status fp_cuda_layout_begin(const fp_cuda_ctx *ctx, const fp_problem *p, int backward,
+                                      fp_problem *work, void **ws);
+flashport_status fp_cuda_layout_end(const fp_cuda_ctx *ctx, const fp_problem *p,
+                                    const fp_problem *work, int backward, void *ws,
+                                    flashport_status st);
+
+/* Kernel entry points; the problem is validated, the device current, head dim <= 256. */
+flashport_status fp_cuda_sm80_forward(const fp_cuda_ctx *ctx, const fp_problem *p);
+flashport_status fp_cuda_sm80_backward(const fp_cuda_ctx *ctx, const fp_problem *p);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* FLASHPORT_BACKENDS_CUDA_INTERNAL_H */

@@ -1,0 +1,143 @@
+/*
+ * Layout staging for the CUDA kernels. The kernels move rows with 16-byte cp.async copies and
+ * 16-byte stores, which needs every row of q/k/v/o (and the gradients) to start on 16 bytes:
+ * base pointer and batch/sequence/head strides multiples of 8 elements. A tensor that is not
+ * (e.g. rows padded to D + 3) gets a contiguous twin in one stream-ordered workspace: inputs are
+ * copied in before the kernels, outputs copied out after. The common layouts (contiguous,
+ * packed QKV, head-major with aligned rows) take no copy; the kernels themselves never branch
+ * on the layout. Extra memory: one copy of each staged tensor, O(tokens x heads x D).
+ */
+#include "backends/cuda/cuda_internal.h"
+
+#include <stdint.h>
+
+// dst, src: (nb, ns, nh, d), element strides [b, s, h], d contiguous, 2-byte elements.
+__global__ void fp_cuda_repack_kernel(uint16_t *dst, int64_t dsb, int64_t dss, int64_t dsh,
+                                      const uint16_t *src, int64_t ssb, int64_t sss, int64_t ssh,
+                                      int64_t nb, int64_t ns, int64_t nh, int d)
+{
+    const int64_t rows = nb * ns * nh;
+    for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+        const int64_t h = r % nh, s = (r / nh) % ns, b = r / (nh * ns);
+        const uint16_t *from = src + b * ssb + s * sss + h * ssh;
+        uint16_t *to = dst + b * dsb + s * dss + h * dsh;
+        for (int c = threadIdx.x; c < d; c += blockDim.x)
+            to[c] = from[c];
+    }
+}
+
+static int view_aligned(const fp_tensor_view *t)
+{
+    return t->data == NULL || ((uintptr_t)t->data % 16 == 0 && t->stride[FP_B] % 8 == 0 &&
+                               t->stride[FP_S] % 8 == 0 && t->stride[FP_H] % 8 == 0);
+}
+
+/* Sequence length and head count of tensor i (0..7: q k v o dout dq dk dv). */
+static void tensor_shape(const fp_problem *p, int i, int64_t *nb, int64_t *ns, int64_t *nh)
+{
+    const int is_q = i == 0 || i == 3 || i == 4 || i == 5;
+    *nb = p->varlen ? 1 : p->batch;
+    *ns = p->varlen ? (is_q ? p->total_q : p->total_k) : (is_q ? p->seqlen_q : p->seqlen_k);
+    *nh = is_q ? p->heads : p->kv_heads;
+}
+
+static fp_tensor_view *tensor_at(fp_problem *p, int i)
+{
+    fp_tensor_view *t[8] = {&p->q, &p->k, &p->v, &p->o, &p->dout, &p->dq, &p->dk, &p->dv};
+    return t[i];
+}
+
+static cudaError_t repack(const fp_cuda_ctx *ctx, const fp_tensor_view *dst,
+                          const fp_tensor_view *src, int64_t nb, int64_t ns, int64_t nh, int d)
+{
+    const int64_t rows = nb * ns * nh;
+    if (rows == 0)
+        return cudaSuccess;
+    const unsigned grid = (unsigned)(rows < (1 << 20) ? rows : (1 << 20));
+    const unsigned threads = d < 128 ? 64 : 128;
+    fp_cuda_repack_kernel<<<grid, threads, 0, ctx->stream>>>(
+        (uint16_t *)dst->data, dst->stride[FP_B], dst->stride[FP_S], dst->stride[FP_H],
+        (const uint16_t *)src->data, src->stride[FP_B], src->stride[FP_S], src->stride[FP_H], nb,
+        ns, nh, d);
+    return cudaGetLastError();
+}
+
+/* Tensors of a forward (q k v | o) or backward (q k v o dout | dq dk dv). */
+static int tensor_count(int backward)
+{
+    return backward ? 8 : 4;
+}
+static int is_output(int backward, int i)
+{
+    return backward ? i >= 5 : i == 3;
+}
+
+extern "C" flashport_status fp_cuda_layout_begin(const fp_cuda_ctx *ctx, const fp_problem *p,
+                                                 int backward, fp_problem *work, void **ws)
+{
+    *work = *p;
+    *ws = NULL;
+    size_t bytes = 0, offset[8];
+    for (int i = 0; i < tensor_count(backward); i++) {
+        offset[i] = bytes;
+        if (view_aligned(tensor_at(work, i)))
+            continue;
+        int64_t nb, ns, nh;
+        tensor_shape(p, i, &nb, &ns, &nh);
+        bytes += ((size_t)(nb * ns * nh * p->head_dim) * 2 + 255) / 256 * 256;
+    }
+    if (bytes == 0)
+        return FLASHPORT_OK;
+    cudaError_t e = cudaMallocAsync(ws, bytes, ctx->stream);
+    if (e != cudaSuccess)
+        return fp_cuda_error(e == cudaErrorMemoryAllocation ? FLASHPORT_ERR_OUT_OF_MEMORY
+                                                            : FLASHPORT_ERR_DEVICE,
+                             e, "layout staging workspace");
+    for (int i = 0; i < tensor_count(backward) && e == cudaSuccess; i++) {
+        fp_tensor_view *t = tensor_at(work, i);
+        if (view_aligned(t))
+            continue;
+        int64_t nb, ns, nh;
+        tensor_shape(p, i, &nb, &ns, &nh);
+        fp_tensor_view twin;
+        twin.data = (char *)*ws + offset[i];
+        twin.stride[FP_D] = 1;
+        twin.stride[FP_H] = p->head_dim;
+        twin.stride[FP_S] = nh * p->head_dim;
+        twin.stride[FP_B] = p->varlen ? 0 : ns * nh * p->head_dim;
+        if (!is_output(backward, i))
+            e = repack(ctx, &twin, t, nb, ns, nh, (int)p->head_dim);
+        *t = twin;
+    }
+    fp_cuda_log("staged the unaligned tensors of this %s in %zu bytes of workspace",
+                backward ? "backward" : "forward", bytes);
+    if (e != cudaSuccess) {
+        cudaFreeAsync(*ws, ctx->stream);
+        *ws = NULL;
+        return fp_cuda_error(FLASHPORT_ERR_DEVICE, e, "layout staging");
+    }
+    return FLASHPORT_OK;
+}
+
+extern "C" flashport_status fp_cuda_layout_end(const fp_cuda_ctx *ctx, const fp_problem *p,
+                                               const fp_problem *work, int backward, void *ws,
+                                               flashport_status st)
+{
+    if (!ws)
+        return st;
+    cudaError_t e = cudaSuccess;
+    for (int i = 0; i < tensor_count(backward) && st == FLASHPORT_OK && e == cudaSuccess; i++) {
+        const fp_tensor_view *t = tensor_at((fp_problem *)p, i);
+        if (!is_output(backward, i) || view_aligned(t))
+            continue;
+        int64_t nb, ns, nh;
+        tensor_shape(p, i, &nb, &ns, &nh);
+        e = repack(ctx, t, tensor_at((fp_problem *)work, i), nb, ns, nh, (int)p->head_dim);
+    }
+    cudaError_t ef = cudaFreeAsync(ws, ctx->stream);
+    if (e == cudaSuccess)
+        e = ef;
+    if (st == FLASHPORT_OK && e != cudaSuccess)
+        st = fp_cuda_error(FLASHPORT_ERR_DEVICE, e, "layout unstaging");
+    return st;
+}

@@ -1,0 +1,428 @@
+/*
+ * Device building blocks of the sm80 (Ampere-class) attention kernels, shared by sm80_fwd.cu and
+ * sm80_bwd.cu: the argument blocks the launchers fill, and small named tile operations over the
+ * instructions these kernels are made of (they also run on sm_90 and later):
+ *
+ *   cp.async.cg 16 B      global -> shared copies, zero-filling rows/columns past the tensor
+ *   ldmatrix(.trans) x4   shared -> the register fragments of mma.sync
+ *   mma.sync m16n8k16     f16/bf16 inputs, f32 accumulate
+ *
+ * Shared-memory tiles hold 2-byte elements, rows of COLS elements (COLS a multiple of 64), in
+ * 16-byte chunks whose index is XORed with (row % 8): the eight rows that one ldmatrix phase
+ * reads, or one fragment store writes, then fall in eight different bank groups (no conflicts).
+ *
+ * mma.sync m16n8k16 fragments (PTX ISA), lane = 4 * g + t:
+ *   A 16x16: a0 (row g, k 2t..2t+1), a1 (row g+8, same k), a2 (row g, k 2t+8..), a3 (row g+8, ..)
+ *   B 16x8:  b0 (k 2t..2t+1, col g), b1 (k 2t+8..2t+9, col g)
+ *   C 16x8:  c0,c1 (row g, cols 2t, 2t+1), c2,c3 (row g+8, same cols)
+ * so the C fragments of two adjacent 8-column tiles, rounded to 16 bits, are the A fragment of a
+ * 16-deep k step: P and dS feed the next product straight from registers.
+ */
+#ifndef FLASHPORT_BACKENDS_CUDA_SM80_COMMON_CUH
+#define FLASHPORT_BACKENDS_CUDA_SM80_COMMON_CUH
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "core/backend.h"
+#include "core/mask.h"
+#include "core/online_softmax.h"
+
+#define FP_DEV static __device__ __forceinline__
+
+/* ---- argument blocks (filled by the launchers, passed by value) ---------------------------- */
+
+/* One q/k/v/o-shaped tensor: base pointer and element strides [batch, seq, head]. The head-dim
+ * stride is 1 (the backend's caps ask the core for it). */
+typedef struct fp_cuda_view {
+    const void *ptr;
+    int64_t sb, ss, sh;
+} fp_cuda_view;
+
+typedef struct fp_sm80_args {
+    fp_cuda_view q, k, v, o;
+    float *lse; /* may be NULL in the forward */
+    int64_t lse_sb, lse_sh, lse_ss;
+    const int32_t *cu_q, *cu_k; /* varlen: B + 1 offsets in device memory; NULL when dense */
+    int nq, nk;                 /* dense lengths, or varlen maxima */
+    int heads, group;           /* query heads, query heads per kv head */
+    int d;                      /* the problem's head dim (<= the kernel's, multiple of 8) */
+    int64_t left, right;        /* window, -1 = unbounded, causal folded in */
+    float scale, scale_log2;    /* scale and scale * log2(e) */
+    float softcap;              /* 0 = off */
+    const float *alibi;         /* [H] or NULL */
+    int transform;              /* softcap or ALiBi: scores go through fp_score_transform */
+    int reverse;                /* launch the last query blocks first (causal: the heaviest) */
+    /* forward split-KV */
+    int splits;
+    int64_t keys_per_split; /* a multiple of the key block */
+    float *o_part;          /* [splits, B, H, nq, d] f32, normalized per split */
+    float *lse_part;        /* [splits, B, H, nq] natural log */
+    int batch;
+    /* backward */
+    fp_cuda_view dout, dq, dk, dv;
+    float *ws_lse2;  /* [B, H, nq_pad]: LSE * log2(e), +inf where a row sees nothing */
+    float *ws_dsum;  /* [B, H, nq_pad]: rowsum(dO * O) */
+    float *dq_accum; /* [B, H, nq_pad, DK] f32, atomic mode only */
+    int nq_pad;
+    int dq_atomic; /* the dK/dV kernel also accumulates dQ (atomic mode) */
+} fp_sm80_args;
+
+static inline fp_cuda_view fp_cuda_view_of(const fp_tensor_view &t)
+{
+    fp_cuda_view v;
+    v.ptr = t.data;
+    v.sb = t.stride[FP_B];
+    v.ss = t.stride[FP_S];
+    v.sh = t.stride[FP_H];
+    return v;
+}
+
+/* The argument block of a validated problem (forward and backward fields). */
+static inline void fp_sm80_fill_args(const fp_problem *p, fp_sm80_args *a)
+{
+    memset(a, 0, sizeof *a);
+    a->q = fp_cuda_view_of(p->q);
+    a->k = fp_cuda_view_of(p->k);
+    a->v = fp_cuda_view_of(p->v);
+    a->o = fp_cuda_view_of(p->o);
+    a->lse = (float *)p->lse.data;
+    a->lse_sb = p->lse.stride[0];
+    a->lse_sh = p->lse.stride[1];
+    a->lse_ss = p->lse.stride[2];
+    a->cu_q = p->varlen ? p->cu_seqlens_q : NULL;
+    a->cu_k = p->varlen ? p->cu_seqlens_k : NULL;
+    a->nq = (int)p->seqlen_q;
+    a->nk = (int)p->seqlen_k;
+    a->batch = (int)p->batch;
+    a->heads = (int)p->heads;
+    a->group = (int)(p->heads / p->kv_heads);
+    a->d = (int)p->head_dim;
+    a->left = p->window_left;
+    a->right = p->window_right;
+    a->scale = p->scale;
+    a->scale_log2 = p->scale * FP_LOG2E;
+    a->softcap = p->softcap;
+    a->alibi = p->alibi_slopes;
+    a->transform = p->softcap > 0.0f || p->alibi_slopes != NULL;
+    a->dout = fp_cuda_view_of(p->dout);
+    a->dq = fp_cuda_view_of(p->dq);
+    a->dk = fp_cuda_view_of(p->dk);
+    a->dv = fp_cuda_view_of(p->dv);
+    a->splits = 1;
+}
+
+/* Where sequence b's tokens start and how many there are. */
+typedef struct fp_cuda_seq {
+    int64_t q_start, k_start;
+    int nq, nk;
+} fp_cuda_seq;
+
+FP_DEV fp_cuda_seq fp_cuda_seq_of(const fp_sm80_args &a, int b)
+{
+    fp_cuda_seq s;
+    if (a.cu_q) {
+        int q0 = a.cu_q[b], k0 = a.cu_k[b];
+        s.q_start = q0;
+        s.k_start = k0;
+        s.nq = a.cu_q[b + 1] - q0;
+        s.nk = a.cu_k[b + 1] - k0;
+    } else {
+        s.q_start = 0;
+        s.k_start = 0;
+        s.nq = a.nq;
+        s.nk = a.nk;
+    }
+    return s;
+}
+
+/* Element offset of row (b, token, h) of a view; token is the packed index (start + position). */
+FP_DEV int64_t fp_cuda_row(const fp_cuda_view &v, int b, int64_t token, int h)
+{
+    return (int64_t)b * v.sb + token * v.ss + (int64_t)h * v.sh;
+}
+
+/* fp_mask_visible (core/mask.h) in 32-bit integers for one sequence, for per-element masking:
+ * key j is visible from row i iff i + lo_off <= j < i + hi_off and j < nk (the same
+ * inequalities; an unbounded side gets an offset no position reaches). Positions < 2^30. */
+typedef struct fp_mask32 {
+    int lo_off, hi_off, nk;
+} fp_mask32;
+
+FP_DEV fp_mask32 fp_mask32_make(int nq, int nk, int64_t left, int64_t right)
+{
+    const int64_t lim = (int64_t)1 << 30;
+    int64_t lo = left < 0 ? -lim : (int64_t)nk - nq - left;
+    int64_t hi = right < 0 ? lim : (int64_t)nk - nq + right + 1;
+    fp_mask32 m;
+    m.lo_off = (int)(lo < -lim ? -lim : lo > lim ? lim : lo);
+    m.hi_off = (int)(hi < -lim ? -lim : hi > lim ? lim : hi);
+    m.nk = nk;
+    return m;
+}
+
+FP_DEV bool fp_mask32_visible(const fp_mask32 &m, int i, int j)
+{
+    return j >= i + m.lo_off && j < i + m.hi_off && j < m.nk;
+}
+
+/* How a block of scores is treated: all visible, per-element mask, or mask plus softcap/ALiBi.
+ * A template argument, so each variant is straight-line code (a run-time test per element
+ * would split the unrolled tile into hundreds of branches). */
+enum { FP_SCORES_FULL, FP_SCORES_MASK, FP_SCORES_TRANSFORM };
+
+/* Query rows [*i0, *i1) that see at least one key of [j0, j1) (mask.h's rule solved for i):
+ * key j is visible from row i iff j - shift - right <= i <= j - shift + left, shift = nk - nq. */
+FP_DEV void fp_cuda_rows_for_keys(int64_t j0, int64_t j1, int64_t nq, int64_t nk, int64_t left,
+                                  int64_t right, int64_t *i0, int64_t *i1)
+{
+    const int64_t shift = nk - nq;
+    int64_t lo = right < 0 ? 0 : j0 - shift - right;
+    int64_t hi = left < 0 ? nq : j1 - 1 - shift + left + 1;
+    *i0 = lo < 0 ? 0 : lo;
+    *i1 = hi > nq ? nq : hi;
+}
+
+/* ---- element types ------------------------------------------------------------------------- */
+
+/* Per-dtype pieces: packing two f32 into a 32-bit pair, scalar conversions, and the mma. */
+template <typename T> struct fp_dt;
+template <> struct fp_dt<__half> {
+    static __device__ __forceinline__ uint32_t pack2(float lo, float hi)
+    {
+        __half2 h = __floats2half2_rn(lo, hi);
+        return *reinterpret_cast<uint32_t *>(&h);
+    }
+    static __device__ __forceinline__ __half from_f32(float x) { return __float2half_rn(x); }
+    static __device__ __forceinline__ void mma(float c[4], const uint32_t a[4], uint32_t b0,
+                                               uint32_t b1)
+    {
+        asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, "
+                     "{%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+                     : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+    }
+};
+template <> struct fp_dt<__nv_bfloat16> {
+    static __device__ __forceinline__ uint32_t pack2(float lo, float hi)
+    {
+        __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
+        return *reinterpret_cast<uint32_t *>(&h);
+    }
+    static __device__ __forceinline__ __nv_bfloat16 from_f32(float x)
+    {
+        return __float2bfloat16_rn(x);
+    }
+    static __device__ __forceinline__ void mma(float c[4], const uint32_t a[4], uint32_t b0,
+                                               uint32_t b1)
+    {
+        asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, "
+                     "{%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+                     : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+    }
+};
+
+template <typename T> FP_DEV uint32_t fp_pack2(float lo, float hi)
+{
+    return fp_dt<T>::pack2(lo, hi);
+}
+template <typename T> FP_DEV T fp_from_f32(float x)
+{
+    return fp_dt<T>::from_f32(x);
+}
+FP_DEV float fp_to_f32(__half x)
+{
+    return __half2float(x);
+}
+FP_DEV float fp_to_f32(__nv_bfloat16 x)
+{
+    return __bfloat162float(x);
+}
+
+/* c += a * b (m16n8k16, f32 accumulate). */
+template <typename T> FP_DEV void fp_mma(float c[4], const uint32_t a[4], uint32_t b0, uint32_t b1)
+{
+    fp_dt<T>::mma(c, a, b0, b1);
+}
+
+/* ---- instructions -------------------------------------------------------------------------- */
+
+FP_DEV uint32_t fp_smem_addr(const void *p)
+{
+    return (uint32_t)__cvta_generic_to_shared(p);
+}
+
+/* 16 bytes global -> shared; bytes = 0 writes zeros and reads nothing. */
+FP_DEV void fp_cp_async16(uint32_t dst, const void *src, int bytes)
+{
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
+                 "r"(bytes));
+}
+FP_DEV void fp_cp_async_commit()
+{
+    asm volatile("cp.async.commit_group;\n" ::: "memory");
+}
+template <int N> FP_DEV void fp_cp_async_wait()
+{
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+
+FP_DEV void fp_ldsm_x4(uint32_t r[4], uint32_t addr)
+{
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(addr));
+}
+FP_DEV void fp_ldsm_x4_t(uint32_t r[4], uint32_t addr)
+{
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(addr));
+}
+
+/* 2^x with the hardware approximation (2 ulp); 2^-inf = 0. */
+FP_DEV float fp_exp2(float x)
+{
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+    return y;
+}
+
+FP_DEV float fp_quad_max(float x)
+{
+    x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
+    return fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 2));
+}
+FP_DEV float fp_quad_sum(float x)
+{
+    x += __shfl_xor_sync(0xffffffffu, x, 1);
+    return x + __shfl_xor_sync(0xffffffffu, x, 2);
+}
+
+/* ---- swizzled shared-memory tiles ---------------------------------------------------------- */
+
+/* Element offset of 16-byte chunk `chunk` of row `row` in a tile of COLS columns. */
+template <int COLS> FP_DEV int fp_swz(int row, int chunk)
+{
+    static_assert(COLS % 64 == 0, "swizzle needs at least 8 chunks per row");
+    return row * COLS + ((chunk ^ (row & 7)) << 3);
+}
+
+/* ldmatrix x4 addressing. Every lane supplies the address of one 16-byte row piece: lane l
+ * reads row R(l) and chunk 2 * pair + C(l) of a 16-row block. With rows starting at multiples
+ * of 8, the swizzle XOR depends only on the lane, and (2 * pair + C) ^ (R % 8) equals
+ * 8 * (pair / 4) + ((2 * (pair % 4)) ^ (C ^ R % 8)): four per-lane offsets plus a compile-time
+ * immediate cover every address (precomputing one address per k step instead costs dozens of
+ * registers). The lane patterns, for the fragments of the mma (see top of file):
+ *   A   [m][k] tile:  R = l % 16,                  C = l / 16           -> a0..a3
+ *   B   [n][k] tile:  R = 8 (l / 16) + l % 8,      C = (l / 8) % 2      -> b0,b1 of n tiles 0, 1
+ *   Bt  [k][n] tile:  R = 8 ((l / 8) % 2) + l % 8, C = l / 16  (.trans) -> b0,b1 of n tiles 0, 1
+ *   At  [k][m] tile:  same lanes as B           (.trans)              -> a0..a3 of A = tile^T */
+typedef struct fp_ldsm_lane {
+    uint32_t off[4]; /* bytes, row_base and this lane's row and chunk folded in */
+} fp_ldsm_lane;
+
+template <int COLS> FP_DEV fp_ldsm_lane fp_ldsm_lane_make(int row_base, int r, int c)
+{
+    static_assert(COLS % 64 == 0, "swizzle needs at least 8 chunks per row");
+    fp_ldsm_lane l;
+    const int x = c ^ (r & 7);
+#pragma unroll
+    for (int m = 0; m < 4; ++m)
+        l.off[m] = (uint32_t)(((row_base + r) * COLS + (((2 * m) ^ x) << 3)) * 2);
+    return l;
+}
+template <int COLS> FP_DEV fp_ldsm_lane fp_lane_a(int row_base, int lane)
+{
+    return fp_ldsm_lane_make<COLS>(row_base, lane & 15, lane >> 4);
+}
+template <int COLS> FP_DEV fp_ldsm_lane fp_lane_b(int row_base, int lane)
+{
+    return fp_ldsm_lane_make<COLS>(row_base, ((lane >> 4) << 3) + (lane & 7), (lane >> 3) & 1);
+}
+template <int COLS> FP_DEV fp_ldsm_lane fp_lane_bt(int row_base, int lane)
+{
+    return fp_ldsm_lane_make<COLS>(row_base, (((lane >> 3) & 1) << 3) + (lane & 7), lane >> 4);
+}
+
+/* One lane offset for a chunk pair fixed at run time (same lane patterns). */
+template <int COLS> FP_DEV uint32_t fp_ldsm_off(int row_base, int r, int c, int pair)
+{
+    return (uint32_t)(((row_base + r) * COLS + (((2 * pair + c) ^ (r & 7)) << 3)) * 2);
+}
+
+/* Address of the 16 x 16 block at rows row0.. (a multiple of 8, relative to the lane's
+ * row_base) and chunks 2 pair, 2 pair + 1 of the tile at shared address `tile`. */
+template <int COLS>
+FP_DEV uint32_t fp_ldsm_addr(uint32_t tile, const fp_ldsm_lane &l, int row0, int pair)
+{
+    return tile + l.off[pair & 3] + (uint32_t)((row0 * COLS + (pair >> 2) * 64) * 2);
+}
+
+/* Global rows -> shared tile [ROWS][COLS] with cp.async: row r from src + r * stride (16-byte
+ * aligned rows: the host stages other layouts, see layout.cu). Rows >= nrows and chunks >=
+ * nchunks are zero-filled, so padded head dims and ragged ends add nothing to any product. */
+template <int ROWS, int COLS, int NT, typename T>
+FP_DEV void fp_load_tile(T *tile, const T *src, int64_t stride, int nrows, int nchunks, int tid)
+{
+    constexpr int CH = COLS / 8;
+    static_assert((ROWS * CH) % NT == 0 && NT % CH == 0, "tile copy must split evenly");
+    const int r0 = tid / CH, c = tid % CH;
+    const uint32_t dst0 = fp_smem_addr(tile);
+    const T *from = src + r0 * stride + c * 8;
+    const int64_t step = (int64_t)(NT / CH) * stride;
+#pragma unroll
+    for (int it = 0; it < ROWS * CH / NT; ++it) {
+        const int r = r0 + it * (NT / CH);
+        const bool ok = r < nrows && c < nchunks;
+        fp_cp_async16(dst0 + 2u * fp_swz<COLS>(r, c), ok ? (const void *)from : (const void *)src,
+                      ok ? 16 : 0);
+        from += step;
+    }
+}
+
+/* Shared tile -> global rows, rows < nrows and chunks < nchunks only (16-byte stores). */
+template <int ROWS, int COLS, int NT, typename T>
+FP_DEV void fp_store_tile(T *dst, int64_t stride, const T *tile, int nrows, int nchunks, int tid)
+{
+    constexpr int CH = COLS / 8;
+    static_assert((ROWS * CH) % NT == 0 && NT % CH == 0, "tile copy must split evenly");
+    const int r0 = tid / CH, c = tid % CH;
+#pragma unroll
+    for (int it = 0; it < ROWS * CH / NT; ++it) {
+        const int r = r0 + it * (NT / CH);
+        if (r < nrows && c < nchunks)
+            *reinterpret_cast<uint4 *>(dst + r * stride + c * 8) =
+                *reinterpret_cast<const uint4 *>(tile + fp_swz<COLS>(r, c));
+    }
+}
+
+/* Writes a warp's C fragments (16 rows from row0, NT8 tiles of 8 columns from chunk0), times a
+ * per-row factor, into a shared tile as T. */
+template <int COLS, int NT8, typename T>
+FP_DEV void fp_stage_acc(T *tile, int row0, int chunk0, const float (*acc)[4], float f_lo,
+                         float f_hi, int lane)
+{
+    const int g = lane >> 2, t = lane & 3;
+#pragma unroll
+    for (int j = 0; j < NT8; ++j) {
+        *reinterpret_cast<uint32_t *>(tile + fp_swz<COLS>(row0 + g, chunk0 + j) + 2 * t) =
+            fp_pack2<T>(acc[j][0] * f_lo, acc[j][1] * f_lo);
+        *reinterpret_cast<uint32_t *>(tile + fp_swz<COLS>(row0 + g + 8, chunk0 + j) + 2 * t) =
+            fp_pack2<T>(acc[j][2] * f_hi, acc[j][3] * f_hi);
+    }
+}
+
+/* The A fragment of k step kk from the C fragments of n tiles 2kk and 2kk+1 (see top of file). */
+template <typename T> FP_DEV void fp_acc_to_a(uint32_t a[4], const float c0[4], const float c1[4])
+{
+    a[0] = fp_pack2<T>(c0[0], c0[1]);
+    a[1] = fp_pack2<T>(c0[2], c0[3]);
+    a[2] = fp_pack2<T>(c1[0], c1[1]);
+    a[3] = fp_pack2<T>(c1[2], c1[3]);
+}
+
+#endif /* FLASHPORT_BACKENDS_CUDA_SM80_COMMON_CUH */

@@ -1,0 +1,475 @@
+/*
+ * Flash attention forward, sm80 path (mma.sync + ldmatrix + cp.async; runs on sm_80 .. sm_90).
+ *
+ * Algorithm (FlashAttention-2 forward): one thread block per (query block of BM rows, head,
+ * batch [, KV split]). Each warp owns MT x 16 query rows. The Q tile goes to shared memory once;
+ * with D = 64 its fragments then live in registers for the whole key loop, for larger D they are
+ * re-read from shared memory each step (registers are taken by the O accumulator: D = 128 keeps
+ * 2 x 16 rows x 128 f32 per warp). K and V tiles of BN keys stream through two shared-memory
+ * buffers each, interleaved K0 V0 K1 V1 ... as cp.async groups: K(j+2) is issued as soon as
+ * S(j) = Q K(j)^T is done and V(j+1) as soon as iteration j starts, so each load has about one
+ * and a half iterations to land.
+ * S accumulates in f32 registers; online softmax runs on it in log2 units with the softmax
+ * scale folded into one FMA before exp2 (ex2.approx); P is rounded to the input dtype and fed to
+ * P V from registers. Key blocks outside the window/causal range are never visited; blocks fully
+ * inside it skip per-element masking.
+ *
+ * Masking and online softmax: core/mask.h gives the key-block range of a query block
+ * (fp_mask_block_range), the blocks that need no per-element mask (fp_mask_block_full), the
+ * per-element rule (fp_mask_visible's inequalities in 32-bit form, fp_mask32) and the softcap /
+ * ALiBi transform (fp_score_transform). The running max and rescale factor come from
+ * fp_softmax_update_exp2 (core/online_softmax.h). The per-element weight mirrors
+ * fp_softmax_weight_exp2 (masked scores are -inf and give 0; a row whose max is still -inf uses 0
+ * as its max, so no -inf - -inf), the finalize calls fp_softmax_out_scale / fp_softmax_lse_exp2,
+ * and the split-KV combine calls fp_softmax_merge.
+ *
+ * Split-KV (decode-like shapes, chosen by core/plan.h): each split writes its normalized partial
+ * O (f32) and LSE; fp_sm80_fwd_combine merges them in split order.
+ *
+ * Tiles (BM x BN, warps): D=64 128x64, 4 warps, Q in registers; D=128 128x64, 4 warps;
+ * D=256 128x64, 8 warps. Other head dims (multiples of 8) run on the next larger kernel with the
+ * extra columns zero-filled.
+ *
+ * Differences from the reference: P is rounded to f16/bf16 before P V (as every tensor-core
+ * flash kernel does; the row sum uses the unrounded P); exp2 is the hardware approximation.
+ * Measured speed: docs/bench/ (bench/compare_torch.py on the H200).
+ */
+#include "backends/cuda/cuda_internal.h"
+#include "backends/cuda/sm80_common.cuh"
+
+#include "core/plan.h"
+
+#include <math.h>
+
+template <int DK> struct fp_fwd_cfg;
+template <> struct fp_fwd_cfg<64> {
+    enum { NW = 4, MT = 2, BN = 64, QREG = 1 };
+};
+template <> struct fp_fwd_cfg<128> {
+    enum { NW = 4, MT = 2, BN = 64, QREG = 0 };
+};
+template <> struct fp_fwd_cfg<256> {
+    enum { NW = 8, MT = 1, BN = 64, QREG = 0 };
+};
+
+template <int DK> constexpr int fp_fwd_bm()
+{
+    return fp_fwd_cfg<DK>::NW * fp_fwd_cfg<DK>::MT * 16;
+}
+
+template <int DK> constexpr size_t fp_fwd_smem()
+{
+    return (size_t)(fp_fwd_bm<DK>() + 4 * fp_fwd_cfg<DK>::BN) * DK * 2;
+}
+
+/* Masks (and for FP_SCORES_TRANSFORM softcaps and ALiBi-shifts, into log2 units) a warp's
+ * score tile: MT x 16 rows from row0, NB8 x 8 keys from j0. Masked scores become -inf. */
+template <int MODE, int MT, int NB8>
+FP_DEV void fp_fwd_scores(float (*s)[NB8][4], const fp_sm80_args &a, const fp_mask32 &mk, int row0,
+                          int j0, int nq, int nk, float slope, int lane)
+{
+    const int g = lane >> 2, t = lane & 3;
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+            const int i = row0 + mt * 16 + g + 8 * r;
+#pragma unroll
+            for (int j = 0; j < NB8; ++j)
+#pragma unroll
+                for (int e = 0; e < 2; ++e) {
+                    const int kj = j0 + 8 * j + 2 * t + e;
+                    float &x = s[mt][j][2 * r + e];
+                    float v = x;
+                    if constexpr (MODE == FP_SCORES_TRANSFORM)
+                        v = fp_score_transform(x * a.scale, a.softcap, slope,
+                                               fp_alibi_distance(i, kj, nq, nk)) *
+                            FP_LOG2E;
+                    x = fp_mask32_visible(mk, i, kj) ? v : -INFINITY;
+                }
+        }
+}
+
+// q, o: (B, Nq, H, D); k, v: (B, Nk, Hkv, D); lse: (B, H, Nq); grid (q blocks, H, B * splits)
+template <typename T, int DK>
+__global__ void __launch_bounds__(fp_fwd_cfg<DK>::NW * 32) fp_sm80_fwd_kernel(const fp_sm80_args a)
+{
+    constexpr int NW = fp_fwd_cfg<DK>::NW, MT = fp_fwd_cfg<DK>::MT, BN = fp_fwd_cfg<DK>::BN;
+    constexpr bool QREG = fp_fwd_cfg<DK>::QREG;
+    constexpr int NT = NW * 32, BM = NW * MT * 16;
+    constexpr int KT = DK / 16, NB8 = BN / 8, DT8 = DK / 8;
+
+    extern __shared__ __align__(128) unsigned char fp_smem[];
+    T *sq = reinterpret_cast<T *>(fp_smem); /* [BM][DK], later the O staging tile */
+    T *sk = sq + BM * DK;                   /* [2][BN][DK] */
+    T *sv = sk + 2 * BN * DK;               /* [2][BN][DK] */
+
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    const int g = lane >> 2, t = lane & 3;
+    const int qblk = a.reverse ? gridDim.x - 1 - blockIdx.x : blockIdx.x;
+    const int h = blockIdx.y;
+    const int b = blockIdx.z / a.splits, split = blockIdx.z % a.splits;
+    const fp_cuda_seq sq_ = fp_cuda_seq_of(a, b);
+    const int nq = sq_.nq, nk = sq_.nk;
+    const int m0 = qblk * BM;
+    if (m0 >= nq)
+        return;
+    const int kvh = h / a.group;
+    const int nchunks = a.d / 8;
+
+    /* Key blocks this block visits: the window's range for its rows, cut to its split. */
+    int64_t lo, hi;
+    fp_mask_block_range(m0, min(m0 + BM, nq), nq, nk, a.left, a.right, &lo, &hi);
+    int nb_begin = 0, nb_end = 0;
+    if (hi > lo) {
+        nb_begin = (int)(lo / BN);
+        nb_end = (int)((hi + BN - 1) / BN);
+    }
+    if (a.splits > 1) {
+        const int per = (int)(a.keys_per_split / BN);
+        nb_begin = max(nb_begin, split * per);
+        nb_end = min(nb_end, (split + 1) * per);
+    }
+
+    const T *qg = reinterpret_cast<const T *>(a.q.ptr) + fp_cuda_row(a.q, b, sq_.q_start + m0, h);
+    const T *kg = reinterpret_cast<const T *>(a.k.ptr) + fp_cuda_row(a.k, b, sq_.k_start, kvh);
+    const T *vg = reinterpret_cast<const T *>(a.v.ptr) + fp_cuda_row(a.v, b, sq_.k_start, kvh);
+
+    fp_load_tile<BM, DK, NT>(sq, qg, a.q.ss, nq - m0, nchunks, tid);
+    if (nb_begin < nb_end)
+        fp_load_tile<BN, DK, NT>(sk, kg + (int64_t)nb_begin * BN * a.k.ss, a.k.ss,
+                                 nk - nb_begin * BN, nchunks, tid);
+    fp_cp_async_commit();
+    if (nb_begin < nb_end)
+        fp_load_tile<BN, DK, NT>(sv, vg + (int64_t)nb_begin * BN * a.v.ss, a.v.ss,
+                                 nk - nb_begin * BN, nchunks, tid);
+    fp_cp_async_commit();
+    if (nb_begin + 1 < nb_end)
+        fp_load_tile<BN, DK, NT>(sk + BN * DK, kg + (int64_t)(nb_begin + 1) * BN * a.k.ss, a.k.ss,
+                                 nk - (nb_begin + 1) * BN, nchunks, tid);
+    fp_cp_async_commit();
+
+    const uint32_t sq_a = fp_smem_addr(sq), sk_a = fp_smem_addr(sk), sv_a = fp_smem_addr(sv);
+    const int wrow = warp * MT * 16; /* this warp's first row within the block */
+    const fp_ldsm_lane lq = fp_lane_a<DK>(wrow, lane), lk = fp_lane_b<DK>(0, lane);
+    const fp_ldsm_lane lv = fp_lane_bt<DK>(0, lane);
+
+    uint32_t qf[QREG ? MT : 1][QREG ? KT : 1][4];
+    if constexpr (QREG) {
+        fp_cp_async_wait<2>();
+        __syncthreads();
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+            for (int kk = 0; kk < KT; ++kk)
+                fp_ldsm_x4(qf[mt][kk], fp_ldsm_addr<DK>(sq_a, lq, mt * 16, kk));
+    }
+
+    float o[MT][DT8][4];
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+        for (int j = 0; j < DT8; ++j)
+#pragma unroll
+            for (int e = 0; e < 4; ++e)
+                o[mt][j][e] = 0.0f;
+    fp_softmax_state st[MT][2];
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt) {
+        fp_softmax_init(&st[mt][0]);
+        fp_softmax_init(&st[mt][1]);
+    }
+    /* Transformed scores are already in log2 units; raw ones get the scale in the exp2 FMA. */
+    const float sc = a.transform ? 1.0f : a.scale_log2;
+    const float slope = a.alibi ? a.alibi[h] : 0.0f;
+    const fp_mask32 mk = fp_mask32_make(nq, nk, a.left, a.right);
+
+    for (int nb = nb_begin; nb < nb_end; ++nb) {
+        const int buf = (nb - nb_begin) & 1;
+        const int j0 = nb * BN;
+        fp_cp_async_wait<2>(); /* K(nb) has landed */
+        __syncthreads();
+        if (nb + 1 < nb_end)
+            fp_load_tile<BN, DK, NT>(sv + (buf ^ 1) * BN * DK, vg + (int64_t)(nb + 1) * BN * a.v.ss,
+                                     a.v.ss, nk - (nb + 1) * BN, nchunks, tid);
+        fp_cp_async_commit();
+
+        /* S = Q K^T */
+        float s[MT][NB8][4];
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+            for (int j = 0; j < NB8; ++j)
+#pragma unroll
+                for (int e = 0; e < 4; ++e)
+                    s[mt][j][e] = 0.0f;
+        const uint32_t kt = sk_a + buf * BN * DK * 2;
+#pragma unroll
+        for (int kk = 0; kk < KT; ++kk) {
+            uint32_t qa[MT][4];
+#pragma unroll
+            for (int mt = 0; mt < MT; ++mt) {
+                if constexpr (QREG) {
+#pragma unroll
+                    for (int e = 0; e < 4; ++e)
+                        qa[mt][e] = qf[mt][kk][e];
+                } else {
+                    fp_ldsm_x4(qa[mt], fp_ldsm_addr<DK>(sq_a, lq, mt * 16, kk));
+                }
+            }
+#pragma unroll
+            for (int p = 0; p < BN / 16; ++p) {
+                uint32_t kb[4];
+                fp_ldsm_x4(kb, fp_ldsm_addr<DK>(kt, lk, 16 * p, kk));
+#pragma unroll
+                for (int mt = 0; mt < MT; ++mt) {
+                    fp_mma<T>(s[mt][2 * p], qa[mt], kb[0], kb[1]);
+                    fp_mma<T>(s[mt][2 * p + 1], qa[mt], kb[2], kb[3]);
+                }
+            }
+        }
+
+        /* Mask and transform (blocks that need it), online softmax; P overwrites S. */
+        const bool full =
+            fp_mask_block_full(m0, min(m0 + BM, nq), j0, j0 + BN, nq, nk, a.left, a.right);
+        if (a.transform)
+            fp_fwd_scores<FP_SCORES_TRANSFORM, MT, NB8>(s, a, mk, m0 + wrow, j0, nq, nk, slope,
+                                                        lane);
+        else if (!full)
+            fp_fwd_scores<FP_SCORES_MASK, MT, NB8>(s, a, mk, m0 + wrow, j0, nq, nk, slope, lane);
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt) {
+#pragma unroll
+            for (int r = 0; r < 2; ++r) {
+                float mx = -INFINITY;
+#pragma unroll
+                for (int j = 0; j < NB8; ++j)
+                    mx = fmaxf(mx, fmaxf(s[mt][j][2 * r], s[mt][j][2 * r + 1]));
+                mx = fp_quad_max(mx);
+                const float alpha = fp_softmax_update_exp2(&st[mt][r], mx * sc);
+#pragma unroll
+                for (int j = 0; j < DT8; ++j) {
+                    o[mt][j][2 * r] *= alpha;
+                    o[mt][j][2 * r + 1] *= alpha;
+                }
+                const float mu = st[mt][r].m == -INFINITY ? 0.0f : st[mt][r].m;
+                float l = 0.0f;
+#pragma unroll
+                for (int j = 0; j < NB8; ++j)
+#pragma unroll
+                    for (int e = 0; e < 2; ++e) {
+                        float &x = s[mt][j][2 * r + e];
+                        x = fp_exp2(fmaf(x, sc, -mu));
+                        l += x;
+                    }
+                st[mt][r].l += l; /* this thread's columns; the quad's sum is taken at the end */
+            }
+        }
+
+        fp_cp_async_wait<2>(); /* V(nb) has landed */
+        __syncthreads();
+        if (nb + 2 < nb_end)
+            fp_load_tile<BN, DK, NT>(sk + buf * BN * DK, kg + (int64_t)(nb + 2) * BN * a.k.ss,
+                                     a.k.ss, nk - (nb + 2) * BN, nchunks, tid);
+        fp_cp_async_commit();
+
+        /* O += P V */
+        const uint32_t vt = sv_a + buf * BN * DK * 2;
+#pragma unroll
+        for (int kk = 0; kk < BN / 16; ++kk) {
+            uint32_t pa[MT][4];
+#pragma unroll
+            for (int mt = 0; mt < MT; ++mt)
+                fp_acc_to_a<T>(pa[mt], s[mt][2 * kk], s[mt][2 * kk + 1]);
+#pragma unroll
+            for (int p = 0; p < DK / 16; ++p) {
+                uint32_t vb[4];
+                fp_ldsm_x4_t(vb, fp_ldsm_addr<DK>(vt, lv, 16 * kk, p));
+#pragma unroll
+                for (int mt = 0; mt < MT; ++mt) {
+                    fp_mma<T>(o[mt][2 * p], pa[mt], vb[0], vb[1]);
+                    fp_mma<T>(o[mt][2 * p + 1], pa[mt], vb[2], vb[3]);
+                }
+            }
+        }
+    }
+    fp_cp_async_wait<0>();
+
+    /* Finalize: O = acc / l, LSE = m + log l (natural log); rows that saw nothing: 0, -inf. */
+    float fac[MT][2], lse[MT][2];
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+            st[mt][r].l = fp_quad_sum(st[mt][r].l);
+            fac[mt][r] = fp_softmax_out_scale(&st[mt][r]);
+            lse[mt][r] = fp_softmax_lse_exp2(&st[mt][r]);
+        }
+
+    if (a.splits == 1) {
+        __syncthreads(); /* every warp is done reading sq */
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt)
+            fp_stage_acc<DK, DT8, T>(sq, wrow + mt * 16, 0, o[mt], fac[mt][0], fac[mt][1], lane);
+        __syncthreads();
+        T *og = reinterpret_cast<T *>(const_cast<void *>(a.o.ptr)) +
+                fp_cuda_row(a.o, b, sq_.q_start + m0, h);
+        fp_store_tile<BM, DK, NT>(og, a.o.ss, sq, nq - m0, nchunks, tid);
+        if (a.lse && t == 0) {
+#pragma unroll
+            for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+                for (int r = 0; r < 2; ++r) {
+                    const int i = m0 + wrow + mt * 16 + g + 8 * r;
+                    if (i < nq)
+                        a.lse[(int64_t)b * a.lse_sb + (int64_t)h * a.lse_sh +
+                              (sq_.q_start + i) * a.lse_ss] = lse[mt][r];
+                }
+        }
+    } else {
+        const int64_t rows = ((int64_t)split * a.batch + b) * a.heads + h; /* (split, b, h) */
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+            for (int r = 0; r < 2; ++r) {
+                const int i = m0 + wrow + mt * 16 + g + 8 * r;
+                if (i >= nq)
+                    continue;
+                float *dst = a.o_part + (rows * a.nq + i) * a.d;
+#pragma unroll
+                for (int j = 0; j < DT8; ++j)
+                    if (8 * j < a.d)
+                        *reinterpret_cast<float2 *>(dst + 8 * j + 2 * t) = make_float2(
+                            o[mt][j][2 * r] * fac[mt][r], o[mt][j][2 * r + 1] * fac[mt][r]);
+                if (t == 0)
+                    a.lse_part[rows * a.nq + i] = lse[mt][r];
+            }
+    }
+}
+
+/* Merges the splits of each row (one warp per row): O = sum w_s O_s with the LSE weights of
+ * fp_softmax_merge, in split order. grid (ceil(nq / 4), H, B), 128 threads. */
+template <typename T>
+__global__ void __launch_bounds__(128) fp_sm80_fwd_combine(const fp_sm80_args a)
+{
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int i = blockIdx.x * 4 + warp, h = blockIdx.y, b = blockIdx.z;
+    const fp_cuda_seq sq_ = fp_cuda_seq_of(a, b);
+    if (i >= sq_.nq)
+        return;
+    float acc[4][2] = {{0.0f, 0.0f}, {0.0f, 0.0f}, {0.0f, 0.0f}, {0.0f, 0.0f}};
+    float lse = -INFINITY;
+    for (int s = 0; s < a.splits; ++s) {
+        const int64_t row = (((int64_t)s * a.batch + b) * a.heads + h) * a.nq + i;
+        float wa, wb;
+        lse = fp_softmax_merge(lse, a.lse_part[row], &wa, &wb);
+        const float *src = a.o_part + row * a.d;
+#pragma unroll
+        for (int c = 0; c < 4; ++c) {
+            const int col = 64 * c + 2 * lane;
+            if (col < a.d) {
+                const float2 x = *reinterpret_cast<const float2 *>(src + col);
+                acc[c][0] = wa * acc[c][0] + wb * x.x;
+                acc[c][1] = wa * acc[c][1] + wb * x.y;
+            }
+        }
+    }
+    T *og = reinterpret_cast<T *>(const_cast<void *>(a.o.ptr)) +
+            fp_cuda_row(a.o, b, sq_.q_start + i, h);
+#pragma unroll
+    for (int c = 0; c < 4; ++c) {
+        const int col = 64 * c + 2 * lane;
+        if (col < a.d) {
+            og[col] = fp_from_f32<T>(acc[c][0]);
+            og[col + 1] = fp_from_f32<T>(acc[c][1]);
+        }
+    }
+    if (a.lse && lane == 0)
+        a.lse[(int64_t)b * a.lse_sb + (int64_t)h * a.lse_sh + (sq_.q_start + i) * a.lse_ss] = lse;
+}
+
+template <typename T, int DK>
+static flashport_status fp_fwd_launch(const fp_cuda_ctx *ctx, const fp_problem *p, fp_sm80_args a)
+{
+    constexpr int BM = fp_fwd_bm<DK>(), BN = fp_fwd_cfg<DK>::BN;
+    constexpr size_t smem = fp_fwd_smem<DK>();
+    const cudaStream_t stream = ctx->stream;
+
+    fp_plan_shape shape = {p->batch,    p->heads,       p->seqlen_q,    p->seqlen_k,
+                           p->head_dim, p->window_left, p->window_right};
+    fp_plan_target target;
+    void (*kernel)(const fp_sm80_args) = fp_sm80_fwd_kernel<T, DK>;
+    cudaError_t e =
+        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+    int resident = 1;
+    if (e == cudaSuccess)
+        e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&resident, kernel,
+                                                          fp_fwd_cfg<DK>::NW * 32, smem);
+    if (e != cudaSuccess)
+        return fp_cuda_error(FLASHPORT_ERR_DEVICE, e, "forward kernel setup");
+    target.workers = (int64_t)ctx->sm_count * (resident > 0 ? resident : 1);
+    target.block_q = BM;
+    target.block_k = BN;
+    target.max_splits = 64;
+    const fp_plan plan = fp_plan_forward(&shape, &target);
+    if (plan.num_q_blocks == 0 || p->batch == 0 || p->heads == 0)
+        return FLASHPORT_OK;
+    a.splits = plan.num_splits;
+    a.keys_per_split = plan.keys_per_split;
+    a.reverse = plan.heavy_first;
+
+    void *ws = NULL;
+    if (a.splits > 1) {
+        const size_t rows = (size_t)a.splits * p->batch * p->heads * a.nq;
+        const size_t bytes = rows * (size_t)(a.d + 1) * sizeof(float);
+        e = cudaMallocAsync(&ws, bytes, stream);
+        if (e != cudaSuccess)
+            return fp_cuda_error(e == cudaErrorMemoryAllocation ? FLASHPORT_ERR_OUT_OF_MEMORY
+                                                                : FLASHPORT_ERR_DEVICE,
+                                 e, "split-KV workspace");
+        a.o_part = (float *)ws;
+        a.lse_part = a.o_part + rows * a.d;
+    }
+
+    {
+        dim3 grid((unsigned)plan.num_q_blocks, (unsigned)p->heads, (unsigned)(p->batch * a.splits));
+        kernel<<<grid, fp_fwd_cfg<DK>::NW * 32, smem, stream>>>(a);
+        e = cudaGetLastError();
+        fp_cuda_log("forward: sm80 D%d kernel (BM %d, BN %d, %d warps) for D=%lld, grid %ux%ux%u, "
+                    "%d split(s)",
+                    DK, BM, BN, fp_fwd_cfg<DK>::NW, (long long)p->head_dim, grid.x, grid.y, grid.z,
+                    a.splits);
+    }
+    if (e == cudaSuccess && a.splits > 1) {
+        dim3 grid((unsigned)((a.nq + 3) / 4), (unsigned)p->heads, (unsigned)p->batch);
+        fp_sm80_fwd_combine<T><<<grid, 128, 0, stream>>>(a);
+        e = cudaGetLastError();
+    }
+    if (ws) {
+        cudaError_t ef = cudaFreeAsync(ws, stream);
+        if (e == cudaSuccess)
+            e = ef;
+    }
+    return e == cudaSuccess ? FLASHPORT_OK
+                            : fp_cuda_error(FLASHPORT_ERR_DEVICE, e, "forward kernel launch");
+}
+
+template <typename T>
+static flashport_status fp_fwd_dispatch(const fp_cuda_ctx *ctx, const fp_problem *p,
+                                        const fp_sm80_args &a)
+{
+    if (p->head_dim <= 64)
+        return fp_fwd_launch<T, 64>(ctx, p, a);
+    if (p->head_dim <= 128)
+        return fp_fwd_launch<T, 128>(ctx, p, a);
+    return fp_fwd_launch<T, 256>(ctx, p, a);
+}
+
+extern "C" flashport_status fp_cuda_sm80_forward(const fp_cuda_ctx *ctx, const fp_problem *p)
+{
+    fp_sm80_args a;
+    fp_sm80_fill_args(p, &a);
+    if (p->dtype == FLASHPORT_F16)
+        return fp_fwd_dispatch<__half>(ctx, p, a);
+    return fp_fwd_dispatch<__nv_bfloat16>(ctx, p, a);
+}

@@ -1,0 +1,100 @@
+#!/usr/bin/env bash
+# The CUDA backend's whole check on a GPU machine (written for the H200 lease; any sm_80+ GPU):
+# configure for sm_80 and sm_90a, build, run the GPU tests (the shared case table and
+# tests/gpu/test_cuda_large.c), compute-sanitizer memcheck and racecheck on the quick cases, and
+# the PyTorch SDPA comparison (bench/compare_torch.py), and an Nsight Compute profile of the main
+# kernels. Logs go to $OUT (8 files at most: summary.txt, build.log, checks.log, profile.txt,
+# bench.log, compare_torch.{md,csv,png}); a short summary is printed last.
+#
+#   OUT=/tmp/out tests/gpu/run_h200.sh [stages]
+#
+# stages: any of build test bench sanitize profile (default: all, in that order).
+# Environment: BUILD (build folder, default build-gpu), BENCH_ARGS (extra compare_torch.py
+# arguments), JOBS (build parallelism, default: all cores), SAN_TIMEOUT (seconds per sanitizer
+# run, default 240), PROFILE_SHAPES (profile_one.py argument sets separated by ';', default
+# "--dim 128 --seqlen 8192").
+set -uo pipefail
+OUT=${OUT:-$PWD/out}
+BUILD=${BUILD:-build-gpu}
+JOBS=${JOBS:-$(nproc)}
+STAGES=${*:-build test bench sanitize profile}
+export PATH=$PATH:/usr/local/cuda/bin
+mkdir -p "$OUT"
+SUMMARY="$OUT/summary.txt"
+: >"$SUMMARY"
+note() { echo "$*" | tee -a "$SUMMARY"; }
+has() { [[ " $STAGES " == *" $1 "* ]]; }
+
+note "== $(date -u '+%Y-%m-%d %H:%M UTC') $(nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null)"
+note "== nvcc $(nvcc --version | tail -1); cmake $(cmake --version | head -1 | cut -d' ' -f3)"
+note "== torch $(python3 -c 'import torch; print(torch.__version__, torch.version.cuda)' 2>/dev/null)"
+
+if has build; then
+    GEN=()
+    command -v ninja >/dev/null && GEN=(-G Ninja)
+    start=$(date +%s)
+    {
+        cmake -S . -B "$BUILD" "${GEN[@]}" -DCMAKE_BUILD_TYPE=Release -DFLASHPORT_CUDA=ON \
+            -DCMAKE_CUDA_COMPILER="$(command -v nvcc)" -DCMAKE_CUDA_FLAGS="--threads=0" \
+            -DFLASHPORT_HIP=OFF -DFLASHPORT_CUDA_ARCHITECTURES="80;90a" \
+            -DFLASHPORT_CUDA_PTXAS_VERBOSE=ON &&
+            cmake --build "$BUILD" -j "$JOBS"
+    } >"$OUT/build.log" 2>&1
+    rc=$?
+    note "build: rc=$rc in $(($(date +%s) - start)) s; $(grep -c 'bytes spill stores' "$OUT/build.log") kernels reported, $(grep -E 'bytes spill stores' "$OUT/build.log" | grep -vc ' 0 bytes spill stores') with spills"
+    [ $rc -eq 0 ] || { tail -30 "$OUT/build.log"; exit 1; }
+fi
+
+if has test; then
+    start=$(date +%s)
+    ctest --test-dir "$BUILD" -L gpu -V --timeout 900 >"$OUT/checks.log" 2>&1
+    rc=$?
+    note "ctest -L gpu: rc=$rc in $(($(date +%s) - start)) s: $(grep -E 'tests passed|tests failed' "$OUT/checks.log")"
+    grep -E 'FAIL|UNSUPPORTED| passed, |long N|memory N|stream:|determinism:|device:' "$OUT/checks.log" | grep -vE '(fwd|bwd) f32 .*UNSUPPORTED|FLASHPORT_ERR_UNSUPPORTED_DTYPE' | tail -40 | tee -a "$SUMMARY"
+fi
+
+if has bench; then
+    start=$(date +%s)
+    # shellcheck disable=SC2086
+    PYTHONUNBUFFERED=1 python3 bench/compare_torch.py --lib "$BUILD/lib/libflashport.so" \
+        --out "$OUT" ${BENCH_ARGS:-} >"$OUT/bench.log" 2>&1
+    rc=$?
+    note "bench: rc=$rc in $(($(date +%s) - start)) s"
+    grep -E '^\| (bf16|fp16)' "$OUT/compare_torch.md" 2>/dev/null | tee -a "$SUMMARY" || tail -20 "$OUT/bench.log"
+fi
+
+if has sanitize; then
+    start=$(date +%s)
+    {
+        # every f16/bf16 case of the table ("f16" matches "bf16" too), then the quick long checks
+        T=${SAN_TIMEOUT:-240}
+        for tool in memcheck racecheck; do
+            echo "### $tool: test_backends cuda --filter f16"
+            timeout "$T" compute-sanitizer --tool $tool --error-exitcode 99 \
+                "$BUILD/bin/test_backends" cuda --filter f16 | grep -vE '^(fwd|bwd) .*PASS$'
+            echo "rc=$?"
+        done
+        echo "### memcheck: test_cuda_large --quick"
+        timeout "$T" compute-sanitizer --tool memcheck --error-exitcode 99 \
+            "$BUILD/bin/test_cuda_large" --quick
+        echo "rc=$?"
+    } >"$OUT/sanitizer.log" 2>&1
+    note "sanitizer ($(($(date +%s) - start)) s): $(grep -E '^rc=|ERROR SUMMARY|RACECHECK SUMMARY|passed,' "$OUT/sanitizer.log" | tr '\n' ' ')"
+    cat "$OUT/sanitizer.log" >>"$OUT/checks.log" && rm "$OUT/sanitizer.log"
+fi
+
+if has profile; then
+    start=$(date +%s)
+    IFS=';' read -r -a shapes <<<"${PROFILE_SHAPES:---dim 128 --seqlen 8192}"
+    for shape in "${shapes[@]}"; do
+        echo "### ncu: $shape"
+        # shellcheck disable=SC2086
+        timeout 300 ncu --clock-control none -k regex:'fp_sm80_(fwd_kernel|bwd_dkdv|bwd_dq)' \
+            --section SpeedOfLight --section ComputeWorkloadAnalysis \
+            --section MemoryWorkloadAnalysis --section Occupancy --section LaunchStats \
+            --section WarpStateStats --section InstructionStats \
+            python3 tests/gpu/profile_one.py --lib "$BUILD/lib/libflashport.so" $shape
+        echo "rc=$?"
+    done >"$OUT/profile.txt" 2>&1
+    note "profile: $(($(date +%s) - start)) s; $(grep -cE '^  fp_sm80' "$OUT/profile.txt") kernels"
+fi

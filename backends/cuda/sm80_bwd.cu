@@ -3,7 +3,8 @@
  *
  * Algorithm (FlashAttention-2 backward), P recomputed from the forward's LSE:
  *   1. fp_sm80_bwd_pre: per query row, Dsum = rowsum(dO * O) and LSE * log2(e) (+inf for rows
- *      that saw nothing, so their P is 0), into a [B, H, Nq_pad] f32 workspace.
+ *      that saw nothing, so their P is 0), into a [B, H, Nq_pad] f32 workspace; it also zeroes
+ *      the dQ accumulator (atomic mode).
  *   2. fp_sm80_bwd_dkdv: one thread block per (key block of BN = 16 x warps keys, kv head,
  *      batch). Each warp owns 16 keys: their dK and dV accumulate in f32 registers across every
  *      query block that sees them, for every query head of the GQA group (so the group sum
@@ -26,7 +27,7 @@
  * outside the window are never visited, fp_mask_block_full picks the blocks that need no
  * per-element mask, and the others apply fp_mask_visible's inequalities (fp_mask32).
  *
- * Tiles: dK/dV D=64: BN 64 (4 warps), query block 64; D=128: 128 (8 warps), 64;
+ * Tiles: dK/dV D=64: BN 128 (8 warps), query block 64; D=128: 128 (8 warps), 64;
  * D=256: 64 (4 warps), 64, two passes. Deterministic dQ: 64 query rows (4 warps), key block 64
  * (32 for D=256). Other head dims run on the next larger kernel, zero-filled.
  *
@@ -44,7 +45,7 @@
  * slices of SLICE (so every warp has one), TWO_PASS: dV and dK in separate launches. */
 template <int DK> struct fp_bwd_cfg;
 template <> struct fp_bwd_cfg<64> {
-    enum { NW = 4, BM = 64, SLICE = 64, TWO_PASS = 0 };
+    enum { NW = 8, BM = 64, SLICE = 32, TWO_PASS = 0 };
 };
 template <> struct fp_bwd_cfg<128> {
     enum { NW = 8, BM = 64, SLICE = 64, TWO_PASS = 0 };
@@ -151,7 +152,7 @@ FP_DEV void fp_bwd_tile(const fp_sm80_args &a, const fp_mask32 &mk, float (*s)[4
                                         j0 + 8 * j + 2 * t + e, nq, nk, lse2[r], dsum[r], slope);
 }
 
-// o, dout: (B, Nq, H, D); lse: (B, H, Nq) -> ws_lse2, ws_dsum: (B, H, nq_pad).
+// o, dout: (B, Nq, H, D); lse: (B, H, Nq) -> ws_lse2, ws_dsum: (B, H, nq_pad); zeroes dq_accum.
 // grid (nq_pad / 4, H, B), 128 threads, one warp per row.
 template <typename T> __global__ void __launch_bounds__(128) fp_sm80_bwd_pre(const fp_sm80_args a)
 {
@@ -172,10 +173,15 @@ template <typename T> __global__ void __launch_bounds__(128) fp_sm80_bwd_pre(con
             a.lse[(int64_t)b * a.lse_sb + (int64_t)h * a.lse_sh + (sq_.q_start + i) * a.lse_ss];
         lse2 = l == -INFINITY ? INFINITY : l * FP_LOG2E;
     }
+    const int64_t idx = ((int64_t)b * a.heads + h) * a.nq_pad + i;
     if (lane == 0) {
-        const int64_t idx = ((int64_t)b * a.heads + h) * a.nq_pad + i;
         a.ws_lse2[idx] = lse2;
         a.ws_dsum[idx] = dsum;
+    }
+    if (a.dq_accum) {
+        float4 *row = reinterpret_cast<float4 *>(a.dq_accum + idx * a.d_accum);
+        for (int c = lane; c < a.d_accum / 4; c += 32)
+            row[c] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     }
 }
 
@@ -188,8 +194,8 @@ __global__ void __launch_bounds__(fp_bwd_cfg<DK>::NW * 32) fp_sm80_bwd_dkdv(cons
     constexpr int KT = DK / 16, MB8 = BM / 8, DT8 = DK / 8;
     constexpr bool WANT_DV = PASS != FP_PASS_DK, WANT_DK = PASS != FP_PASS_DV;
     constexpr int ITEMS = (BM / 16) * (DK / SLICE);
-    static_assert(ITEMS % NW == 0 && NW % (BM / 16) == 0 && SLICE % 64 == 0,
-                  "dQ slices: one 16-row tile per warp, whole swizzle groups per slice");
+    static_assert(ITEMS % NW == 0 && NW % (BM / 16) == 0 && SLICE % 16 == 0,
+                  "dQ slices: one 16-row tile per warp, whole k steps per slice");
 
     extern __shared__ __align__(128) unsigned char fp_smem[];
     T *sk = reinterpret_cast<T *>(fp_smem); /* [BN][DK], later the dK/dV staging tile */
@@ -364,6 +370,17 @@ __global__ void __launch_bounds__(fp_bwd_cfg<DK>::NW * 32) fp_sm80_bwd_dkdv(cons
 #pragma unroll
             for (int w = 0; w < ITEMS / NW; ++w) {
                 const int mt = dq_mt, sl = (w * NW + warp) / (BM / 16);
+                /* K^T lane offsets of this slice's chunk pairs (Bt lanes); a slice of whole
+                 * swizzle groups (SLICE % 64 == 0) reuses lbt, a narrower one computes them. */
+                uint32_t koff[SLICE / 16];
+#pragma unroll
+                for (int p = 0; p < SLICE / 16; ++p) {
+                    if constexpr (SLICE % 64 == 0)
+                        koff[p] = lbt.off[p & 3] + (uint32_t)((sl * SLICE + (p >> 2) * 64) * 2);
+                    else
+                        koff[p] = fp_ldsm_off<DK>(0, (((lane >> 3) & 1) << 3) + (lane & 7),
+                                                  lane >> 4, sl * (SLICE / 16) + p);
+                }
                 float acc[SLICE / 8][4];
 #pragma unroll
                 for (int j = 0; j < SLICE / 8; ++j)
@@ -377,7 +394,7 @@ __global__ void __launch_bounds__(fp_bwd_cfg<DK>::NW * 32) fp_sm80_bwd_dkdv(cons
 #pragma unroll
                     for (int p = 0; p < SLICE / 16; ++p) {
                         uint32_t kb2[4];
-                        fp_ldsm_x4_t(kb2, fp_ldsm_addr<DK>(sk_a + sl * SLICE * 2, lbt, 16 * kk, p));
+                        fp_ldsm_x4_t(kb2, sk_a + koff[p] + 16 * kk * DK * 2);
                         fp_mma<T>(acc[2 * p], da, kb2[0], kb2[1]);
                         fp_mma<T>(acc[2 * p + 1], da, kb2[2], kb2[3]);
                     }
@@ -627,14 +644,11 @@ static flashport_status fp_bwd_launch(const fp_cuda_ctx *ctx, const fp_problem *
     a.ws_lse2 = (float *)ws;
     a.ws_dsum = a.ws_lse2 + rows;
     a.dq_accum = a.dq_atomic ? a.ws_dsum + rows : NULL;
+    a.d_accum = DK;
 
-    if (a.dq_atomic)
-        e = cudaMemsetAsync(a.dq_accum, 0, accum * sizeof(float), stream);
-    if (e == cudaSuccess) {
-        dim3 grid((unsigned)(a.nq_pad / 4), (unsigned)p->heads, (unsigned)p->batch);
-        fp_sm80_bwd_pre<T><<<grid, 128, 0, stream>>>(a);
-        e = cudaGetLastError();
-    }
+    const dim3 pre_grid((unsigned)(a.nq_pad / 4), (unsigned)p->heads, (unsigned)p->batch);
+    fp_sm80_bwd_pre<T><<<pre_grid, 128, 0, stream>>>(a);
+    e = cudaGetLastError();
     if (e == cudaSuccess) {
         if constexpr (fp_bwd_cfg<DK>::TWO_PASS) {
             e = fp_dkdv_launch<T, DK, FP_PASS_DV>(ctx, p, a);

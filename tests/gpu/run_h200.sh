@@ -93,8 +93,9 @@ if has profile; then
             --section SpeedOfLight --section ComputeWorkloadAnalysis \
             --section MemoryWorkloadAnalysis --section Occupancy --section LaunchStats \
             --section WarpStateStats --section InstructionStats \
+            --metrics 'regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio' \
             python3 tests/gpu/profile_one.py --lib "$BUILD/lib/libflashport.so" $shape
         echo "rc=$?"
     done >"$OUT/profile.txt" 2>&1
-    note "profile: $(($(date +%s) - start)) s; $(grep -cE '^  fp_sm80' "$OUT/profile.txt") kernels"
+    note "profile: $(($(date +%s) - start)) s; $(grep -cE '^  void fp_sm80' "$OUT/profile.txt") kernels"
 fi

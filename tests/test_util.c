@@ -164,7 +164,10 @@ tu_err tu_error(const float *x, const float *ref, int64_t n)
 tu_tol tu_tolerance(tu_err naive, double roundoff)
 {
     tu_tol t;
-    t.max_abs = TU_TOL_FACTOR * naive.max_abs + 2.0 * roundoff * naive.ref_max;
+    /* An all-zero reference (e.g. dQ when every row sees one key) gets an absolute floor, as
+     * rel_l2 does (tu_error): rounding noise of order roundoff must not fail it. */
+    t.max_abs = TU_TOL_FACTOR * naive.max_abs +
+                2.0 * roundoff * (naive.ref_max > 0.0 ? naive.ref_max : 1.0);
     t.rel_l2 = TU_TOL_FACTOR * naive.rel_l2 + 2.0 * roundoff;
     return t;
 }

@@ -23,7 +23,7 @@ extern "C" {
 #endif
 
 /* Bumped whenever fp_problem, fp_backend_ops or fp_host_api change layout or meaning. */
-#define FP_PLUGIN_API_VERSION 1
+#define FP_PLUGIN_API_VERSION 2
 #define FP_PLUGIN_ENTRY_SYMBOL "flashport_plugin_entry"
 
 /* Stride order of every fp_problem tensor: [batch, seq, head, dim]. For varlen problems the batch
@@ -113,6 +113,13 @@ typedef struct fp_backend_ops {
     /* The problem is validated. lse.data may be NULL in forward. */
     flashport_status (*forward)(void *ctx, const fp_problem *p);
     flashport_status (*backward)(void *ctx, const fp_problem *p); /* may be NULL */
+
+    /* Optional timing on the backend's stream (device events). All NULL: the core times with the
+     * host clock after synchronizing. elapsed waits for `stop` to complete. */
+    flashport_status (*event_create)(void *ctx, void **event);
+    flashport_status (*event_record)(void *ctx, void *event);
+    flashport_status (*event_elapsed_ms)(void *ctx, void *start, void *stop, float *ms);
+    void (*event_destroy)(void *ctx, void *event);
 } fp_backend_ops;
 
 typedef flashport_status (*fp_plugin_entry_fn)(uint32_t core_api_version, const fp_host_api *host,

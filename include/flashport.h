@@ -176,6 +176,20 @@ FLASHPORT_API flashport_status flashport_synchronize(flashport_backend *backend)
  * ordered after prior work on that stream and run asynchronously to the host. */
 FLASHPORT_API flashport_status flashport_set_stream(flashport_backend *backend, void *stream);
 
+/* Timing of the work enqueued through a backend: device events on the backend's stream for GPU
+ * backends (no host synchronization between start and stop), the host clock for host backends.
+ * start and stop mark points in the stream; elapsed waits for stop and gives the milliseconds
+ * between the two marks. */
+typedef struct flashport_timer flashport_timer;
+
+FLASHPORT_API flashport_status flashport_timer_create(flashport_backend *backend,
+                                                      flashport_timer **timer);
+FLASHPORT_API flashport_status flashport_timer_start(flashport_timer *timer);
+FLASHPORT_API flashport_status flashport_timer_stop(flashport_timer *timer);
+FLASHPORT_API flashport_status flashport_timer_elapsed_ms(flashport_timer *timer, float *ms);
+/* NULL is accepted. The timer must not outlive its backend handle. */
+FLASHPORT_API void flashport_timer_destroy(flashport_timer *timer);
+
 /* ---------------------------------------------------------------------------------------------
  * Attention.
  * ------------------------------------------------------------------------------------------- */

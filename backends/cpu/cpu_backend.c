@@ -1,11 +1,11 @@
 /*
- * The built-in host backends: "cpu" (tiled flash kernels, flash_fwd.c / flash_bwd.c) and
- * "reference" (the naive double-accumulating oracle, reference.c). Tensors live in host memory,
- * so the memory helpers are plain allocations and copies. Both take any D in 1..256 and f32, f16
- * and bf16, with any strides.
+ * The built-in host backends: "cpu" (tiled flash kernels, flash_fwd.c / flash_bwd.c, on the
+ * micro-kernels isa.c picks for this CPU) and "reference" (the naive double-accumulating oracle,
+ * reference.c). Tensors live in host memory, so the memory helpers are plain allocations and
+ * copies. Both take any D in 1..256 and f32, f16 and bf16, with any strides.
  */
 #include "backends/cpu/cpu_internal.h"
-#include "core/plan.h"
+#include "backends/cpu/ukernel.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -44,7 +44,23 @@ static flashport_status host_open(int device, void **ctx)
     return FLASHPORT_OK;
 }
 
-static void host_close(void *ctx) { (void)ctx; }
+/* The cpu backend opens only if its micro-kernels can run: a FLASHPORT_CPU_ISA this CPU lacks
+ * (or that is misspelled) is reported here, at open, with the ISAs that would run. */
+static flashport_status cpu_open(int device, void **ctx)
+{
+    const fp_ukernels *uk;
+    const char *why;
+    flashport_status s = fp_cpu_ukernels(&uk, &why);
+    if (s != FLASHPORT_OK)
+        return s;
+    fp_host()->log("cpu: micro-kernels %s (%s): %s", uk->name, uk->describe, why);
+    return host_open(device, ctx);
+}
+
+static void host_close(void *ctx)
+{
+    (void)ctx;
+}
 
 static void host_caps(void *ctx, fp_backend_caps *caps)
 {
@@ -91,27 +107,12 @@ static flashport_status host_sync(void *ctx)
 static flashport_status cpu_forward(void *ctx, const fp_problem *p)
 {
     (void)ctx;
-    if (fp_host()->log_enabled()) {
-        int32_t bq, bk;
-        fp_plan_cpu_tiles(p->head_dim, &bq, &bk);
-        fp_host()->log("cpu: flash forward (tiled, online softmax), block_q=%d block_k=%d, "
-                       "%d threads",
-                       bq, bk, fp_cpu_threads());
-    }
-    return fp_cpu_flash_forward(p);
+    return fp_cpu_flash_forward(p); /* logs its kernel path itself */
 }
 
 static flashport_status cpu_backward(void *ctx, const fp_problem *p)
 {
     (void)ctx;
-    if (fp_host()->log_enabled()) {
-        int32_t bq, bk;
-        fp_plan_cpu_tiles(p->head_dim, &bq, &bk);
-        fp_host()->log("cpu: flash backward (recompute P from LSE; dK/dV pass over key blocks, "
-                       "dQ pass over query blocks; deterministic), block_q=%d block_k=%d, "
-                       "%d threads",
-                       bq, bk, fp_cpu_threads());
-    }
     return fp_cpu_flash_backward(p);
 }
 
@@ -130,16 +131,50 @@ static flashport_status reference_backward(void *ctx, const fp_problem *p)
 }
 
 static const fp_backend_ops cpu_ops = {
-    FP_PLUGIN_API_VERSION, "cpu",     host_open, host_close,  host_caps,    host_malloc,
-    host_free,             host_copy, host_copy, host_sync,   NULL,         cpu_forward,
+    FP_PLUGIN_API_VERSION,
+    "cpu",
+    cpu_open,
+    host_close,
+    host_caps,
+    host_malloc,
+    host_free,
+    host_copy,
+    host_copy,
+    host_sync,
+    NULL,
+    cpu_forward,
     cpu_backward,
+    NULL, /* no events: the core times with the host clock */
+    NULL,
+    NULL,
+    NULL,
 };
 
 static const fp_backend_ops reference_ops = {
-    FP_PLUGIN_API_VERSION, "reference", host_open, host_close,        host_caps, host_malloc,
-    host_free,             host_copy,   host_copy, host_sync,         NULL,      reference_forward,
+    FP_PLUGIN_API_VERSION,
+    "reference",
+    host_open,
+    host_close,
+    host_caps,
+    host_malloc,
+    host_free,
+    host_copy,
+    host_copy,
+    host_sync,
+    NULL,
+    reference_forward,
     reference_backward,
+    NULL,
+    NULL,
+    NULL,
+    NULL,
 };
 
-const fp_backend_ops *fp_cpu_backend_ops(void) { return &cpu_ops; }
-const fp_backend_ops *fp_reference_backend_ops(void) { return &reference_ops; }
+const fp_backend_ops *fp_cpu_backend_ops(void)
+{
+    return &cpu_ops;
+}
+const fp_backend_ops *fp_reference_backend_ops(void)
+{
+    return &reference_ops;
+}

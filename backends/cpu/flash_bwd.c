@@ -1,30 +1,36 @@
 /*
- * CPU flash backward: dQ, dK, dV from q, k, v, o, lse and dO, recomputing P = exp(S - LSE) tile by
- * tile; never an Nq x Nk buffer. Deterministic by construction: every gradient element is summed
- * by one task in an order fixed by the problem alone (no atomics, no per-thread partial sums), so
- * the bits do not depend on the thread count or the schedule, whatever params.deterministic says.
+ * CPU flash backward: dQ, dK, dV from q, k, v, o, lse and dO, recomputing P = 2^(S - LSE) tile by
+ * tile; never an Nq x Nk buffer. The portable framework; every product and per-score step runs
+ * in the micro-kernel table chosen at run time (ukernel.h, isa.c).
  *
- * Algorithm (FlashAttention-2 backward split into two passes so no two tasks write one element):
- *   0. Di = rowsum(dO * O) per (b, h, query row), an f32 [H][total_q] buffer.
- *   1. per (key block, batch, kv head): dK, dV of BLOCK_K keys in f32 tiles; for each query head
- *      of the GQA group and each query block that sees the keys: recompute S = Q K^T (Q times
- *      scale), transform (softcap, ALiBi) and mask as the forward does, P = exp(S - LSE),
- *      dV += P^T dO, dP = dO V^T, dS = P (dP - Di) (times fp_softcap_grad), dK += dS^T (scale Q).
- *   2. per (query block, batch, head): dQ of BLOCK_Q rows in an f32 tile; for each visible key
- *      block recompute P and dS the same way, dQ += dS K; dQ is stored times scale.
- * Pass 2 repeats the S and dP products of pass 1 (7 tile products per block pair against 5 for a
- * dQ accumulated with atomics): the price of determinism without an O(Nk / BLOCK_K * Nq * D)
- * buffer of partial dQ. Steps 0-2 run in one OpenMP region, pass 1 without a barrier at its end, so
- * threads drain into pass 2.
- * A row whose LSE is -inf (no visible key) gets P = 0 and thus contributes zero, never NaN.
- * Extra memory: the Di buffer (4 * H * total query rows bytes) and per-thread tiles.
- * Target: portable C11 (+ OpenMP when available); products go through flash_tile.h.
- * Tile shape: block_q x block_k from fp_plan_cpu_tiles, shared with the forward.
- * Known differences from the reference: f32 accumulation and f32 exp; scale folded into Q.
- * Measured (same setup and command as flash_fwd.c; FLOPs by the 2.5 x forward convention):
- *   not causal 1465-1645 ms (26-29 GFLOP/s, 7.5-8.6% of peak); causal 745-825 ms (26-29 GFLOP/s).
- * On the 2-core EPYC development machine: not causal 1223 ms (35 GFLOP/s), causal 549-646 ms
- * (33-39 GFLOP/s).
+ * Per (query block i, key block j), tiles transposed as in flash_fwd.c (keys down the rows, the
+ * block's queries across the columns):
+ *   S^T  = K Q^T          (A = K in place for f32)      P^T = 2^(S^T * scale * log2(e) - LSE)
+ *   dP^T = V dO^T         (A = V in place for f32)      dS^T = P^T (dP^T - Di)
+ *   dV  += P^T dO         dK += dS^T Q                  dQ^T += K^T dS^T  (A = K^T in place)
+ * with softcap/ALiBi (fp_score_transform, fp_softcap_grad) and the window (core/mask.h) applied
+ * to S^T as in the forward; Di = rowsum(dO * O). scale is applied to dQ and dK when stored.
+ *
+ * Deterministic by construction, in two schedules that give the same bits:
+ *   fused      one task per (batch, kv head): for each query head of the group, each query
+ *              block i, each key block j visible to it: the five products, dK/dV accumulated in
+ *              per-thread f32 buffers of the whole key range, dQ^T in a tile. Chosen when the
+ *              tasks fill the threads (tasks % threads == 0 or tasks >= 4 * threads).
+ *   two-pass   pass 1 per (key block, batch, kv head): dK, dV over every (head, query block);
+ *              pass 2 per (query block, batch, head): dQ over every key block, recomputing
+ *              S^T, P^T, dP^T, dS^T (7 products per block pair instead of 5): for problems with
+ *              too few (batch, kv head) pairs to keep every thread busy, e.g. B = H = 1.
+ * In both, dK/dV of key block j receive their (head, query block) terms in the same order and
+ * dQ of query block i its key-block terms in order j = 0, 1, ..., each through the same
+ * micro-kernel calls, so the result depends neither on the schedule nor on the thread count.
+ * A row whose LSE is -inf (no visible key) has every score masked, so P = 0: it contributes
+ * nothing and its dQ is 0, never NaN.
+ * Extra memory: Di (4 * H * total query rows bytes), per-thread tiles, and in the fused schedule
+ * two f32 Nk x D buffers per thread (threads <= B * Hkv there).
+ * Tile shape: BLOCK_Q = 64 queries x BLOCK_K = 64 keys.
+ * Known differences from the reference: f32 accumulation, the polynomial exp2; scale applied to
+ * the f32 scores, dQ and dK rather than folded into Q. f16/bf16 inputs are converted to f32.
+ * Measured: see docs/bench/cpu.md.
  */
 #include "backends/cpu/cpu_internal.h"
 #include "backends/cpu/flash_tile.h"
@@ -42,49 +48,63 @@
 #include <omp.h>
 #endif
 
-/* Offsets (floats) of one thread's tiles inside its scratch slice; both passes share it. */
+enum { BLOCK_Q = 64, BLOCK_K = 64 };
+
+/* Offsets (floats) of one thread's tiles inside its scratch slice. */
 typedef struct bwd_layout {
-    int ldd, ldn;        /* leading dims of d-wide and block_k-wide tiles */
-    size_t q, dout;      /* block_q x d: scale * Q and dO of a query block */
-    size_t kt, vt;       /* d x block_k: K^T and V^T of a key block */
-    size_t k;            /* block_k x d: K of a key block (pass 2) */
-    size_t acc_a, acc_b; /* accumulators: dK and dV (pass 1), dQ in acc_a (pass 2) */
-    size_t s, pr, dp;    /* block_q x block_k: scores/softcap grad, P, dP then dS */
-    size_t lse, di;      /* block_q each */
+    int ldq, ldd;    /* leading dims: BLOCK_Q-wide and d-wide tiles */
+    size_t qt, dot;  /* d x BLOCK_Q: Q^T, dO^T */
+    size_t q, dout;  /* BLOCK_Q x d: Q, dO */
+    size_t kt, vt;   /* BLOCK_K x d: K, V converted to f32 (non-f32 inputs) */
+    size_t s, dp, g; /* BLOCK_K x BLOCK_Q: S^T then P^T; dP^T then dS^T; softcap gradient */
+    size_t dqt;      /* d x BLOCK_Q: dQ^T accumulator */
+    size_t dk, dv;   /* BLOCK_K x d accumulators (two-pass schedule) */
+    size_t lse, di;  /* per query: LSE in log2 units (finite), Di */
     size_t total;
 } bwd_layout;
 
-static bwd_layout bwd_layout_of(int block_q, int block_k, int64_t d)
+static bwd_layout bwd_layout_of(int64_t d)
 {
-    const size_t bq = (size_t)block_q, bk = (size_t)block_k;
-    const size_t bmax = bq > bk ? bq : bk;
+    const size_t bq = BLOCK_Q, bk = BLOCK_K;
     bwd_layout L;
+    L.ldq = fp_tile_ld(BLOCK_Q);
     L.ldd = fp_tile_ld(d);
-    L.ldn = fp_tile_ld(block_k);
-    L.q = 0;
+    L.qt = 0;
+    L.dot = L.qt + (size_t)d * L.ldq;
+    L.q = L.dot + (size_t)d * L.ldq;
     L.dout = L.q + bq * L.ldd;
     L.kt = L.dout + bq * L.ldd;
-    L.vt = L.kt + (size_t)d * L.ldn;
-    L.k = L.vt + (size_t)d * L.ldn;
-    L.acc_a = L.k + bk * L.ldd;
-    L.acc_b = L.acc_a + bmax * L.ldd;
-    L.s = L.acc_b + bk * L.ldd;
-    L.pr = L.s + bq * L.ldn;
-    L.dp = L.pr + bq * L.ldn;
-    L.lse = L.dp + bq * L.ldn;
-    L.di = L.lse + (size_t)fp_tile_ld(block_q);
-    L.total = L.di + (size_t)fp_tile_ld(block_q);
+    L.vt = L.kt + bk * L.ldd;
+    L.s = L.vt + bk * L.ldd;
+    L.dp = L.s + bk * L.ldq;
+    L.g = L.dp + bk * L.ldq;
+    L.dqt = L.g + bk * L.ldq;
+    L.dk = L.dqt + (size_t)d * L.ldq;
+    L.dv = L.dk + bk * L.ldd;
+    L.lse = L.dv + bk * L.ldd;
+    L.di = L.lse + (size_t)L.ldq;
+    L.total = L.di + (size_t)L.ldq;
     return L;
 }
 
 /* What every task needs to address the problem. */
 typedef struct bwd_ctx {
     const fp_problem *p;
-    int block_q, block_k;
-    const fp_tile_ops *ops;
+    const fp_ukernels *uk;
     bwd_layout L;
-    float *di; /* [H][total_q]: per head, one entry per (dense or packed) query row */
+    int direct; /* K and V read in place (f32) */
+    float *di;  /* [H][total_q]: per head, one entry per (dense or packed) query row */
+    float *big; /* fused schedule: per thread, dK and dV of a whole key range */
+    size_t big_slice;
 } bwd_ctx;
+
+/* The key block being worked on: where the products read K, K^T and V. */
+typedef struct key_side {
+    int64_t j0;
+    int n;
+    const float *k, *v;
+    ptrdiff_t krs, kcs, vrs, vcs;
+} key_side;
 
 /* Row of di for query row i of batch b: dense rows are b * Nq + i, varlen rows the packed token. */
 static int64_t di_row(const bwd_ctx *c, const fp_seq *seq, int64_t b, int64_t i)
@@ -92,7 +112,14 @@ static int64_t di_row(const bwd_ctx *c, const fp_seq *seq, int64_t b, int64_t i)
     return c->p->varlen ? seq->q_start + i : b * c->p->seqlen_q + i;
 }
 
-/* Loads the query side of (b, h, rows [i0, i0 + m)): scale * Q, dO, LSE and Di. */
+static fp_block block_of(const fp_problem *p, const fp_tensor_view *t, int64_t b, int64_t tok,
+                         int64_t h)
+{
+    fp_block x = {t->data, p->dtype, fp_row_offset(t, b, tok, h), t->stride[FP_S], t->stride[FP_D]};
+    return x;
+}
+
+/* Loads the query side of (b, h, rows [i0, i0 + m)): Q^T, dO^T, Q, dO, LSE, Di. */
 static void load_query_block(const bwd_ctx *c, float *scratch, const fp_seq *seq, int64_t b,
                              int64_t h, int64_t i0, int m)
 {
@@ -100,224 +127,319 @@ static void load_query_block(const bwd_ctx *c, float *scratch, const fp_seq *seq
     const bwd_layout *L = &c->L;
     const int d = (int)p->head_dim;
     const int64_t tok = seq->q_start + i0;
-    fp_tile_load(scratch + L->q, L->ldd, p->q.data, p->dtype, fp_row_offset(&p->q, b, tok, h),
-                 p->q.stride[FP_S], p->q.stride[FP_D], m, d, p->scale);
-    fp_tile_load(scratch + L->dout, L->ldd, p->dout.data, p->dtype,
-                 fp_row_offset(&p->dout, b, tok, h), p->dout.stride[FP_S], p->dout.stride[FP_D], m,
-                 d, 1.0f);
+    const fp_block qb = block_of(p, &p->q, b, tok, h), ob = block_of(p, &p->dout, b, tok, h);
+    fp_tile_load_t(scratch + L->qt, L->ldq, &qb, m, d);
+    fp_tile_load_t(scratch + L->dot, L->ldq, &ob, m, d);
+    fp_tile_load(scratch + L->q, L->ldd, &qb, m, d, c->uk);
+    fp_tile_load(scratch + L->dout, L->ldd, &ob, m, d, c->uk);
     const float *lse = (const float *)p->lse.data;
-    const float *di = c->di + h * c->p->total_q + di_row(c, seq, b, i0);
-    for (int r = 0; r < m; r++) {
-        scratch[L->lse + r] = lse[fp_lse_offset(&p->lse, b, h, tok + r)];
-        scratch[L->di + r] = di[r];
+    const float *di = c->di + h * p->total_q + di_row(c, seq, b, i0);
+    for (int r = 0; r < L->ldq; r++) {
+        const float x = r < m ? lse[fp_lse_offset(&p->lse, b, h, tok + r)] : 0.0f;
+        /* -inf: the row sees no key, all its scores are masked and give 0 against any finite
+         * subtrahend. */
+        scratch[L->lse + r] = x == -INFINITY ? 0.0f : x * FP_LOG2E;
+        scratch[L->di + r] = r < m ? di[r] : 0.0f;
     }
 }
 
-/* P of one row from raw scores s (scale already in Q): transform, mask, exp(S - LSE). The row's
- * final softmax state is (m = LSE, l = 1), so fp_softmax_weight gives exp(S - LSE) (0 where
- * masked). With softcap, s is overwritten by the softcap gradient the dS step needs. */
-static void probs_row(float *restrict s, float *restrict pr, int n, int64_t i, int64_t j0,
-                      const fp_seq *seq, const fp_problem *p, float slope, int full, float lse)
-{
-    if (lse == -INFINITY) {
-        memset(pr, 0, sizeof(float) * (size_t)n);
-        return;
-    }
-    const fp_softmax_state st = {lse, 1.0f};
-    if (p->softcap > 0.0f || slope != 0.0f) {
-        for (int j = 0; j < n; j++) {
-            float capped = fp_score_transform(s[j], p->softcap, 0.0f, 0.0f);
-            pr[j] = fp_score_transform(capped, 0.0f, slope,
-                                       fp_alibi_distance(i, j0 + j, seq->nq, seq->nk));
-            s[j] = fp_softcap_grad(capped, p->softcap);
-        }
-    } else {
-        memcpy(pr, s, sizeof(float) * (size_t)n);
-    }
-    if (!full)
-        fp_row_mask(pr, n, i, j0, seq->nq, seq->nk, p->window_left, p->window_right);
-    for (int j = 0; j < n; j++)
-        pr[j] = fp_softmax_weight(&st, pr[j]);
-}
-
-/* For query rows [i0, i0 + m) (tiles loaded) and keys [j0, j0 + n) (kt, vt loaded): P into pr and
- * dS = P (dP - Di) into dp, both m x n. */
-static void block_grads(const bwd_ctx *c, float *scratch, const fp_seq *seq, int64_t i0, int m,
-                        int64_t j0, int n, float slope)
+/* Points the products at key block [j0, j0 + n) of (b, kvh): in place for f32, else as f32
+ * tiles converted into scratch. */
+static key_side load_key_block(const bwd_ctx *c, float *scratch, const fp_seq *seq, int64_t b,
+                               int64_t kvh, int64_t j0, int n)
 {
     const fp_problem *p = c->p;
     const bwd_layout *L = &c->L;
-    const int d = (int)p->head_dim;
-    float *s = scratch + L->s, *pr = scratch + L->pr, *dp = scratch + L->dp;
-    const float *lse = scratch + L->lse, *di = scratch + L->di;
-
-    c->ops->qk(m, n, d, scratch + L->q, L->ldd, scratch + L->kt, L->ldn, s, L->ldn);
-    const int full = fp_mask_block_full(i0, i0 + m, j0, j0 + n, seq->nq, seq->nk, p->window_left,
-                                        p->window_right);
-    for (int r = 0; r < m; r++)
-        probs_row(s + (size_t)r * L->ldn, pr + (size_t)r * L->ldn, n, i0 + r, j0, seq, p, slope,
-                  full, lse[r]);
-
-    c->ops->qk(m, n, d, scratch + L->dout, L->ldd, scratch + L->vt, L->ldn, dp, L->ldn);
-    for (int r = 0; r < m; r++) {
-        const float *restrict pr_r = pr + (size_t)r * L->ldn;
-        const float *restrict g = s + (size_t)r * L->ldn;
-        float *restrict ds = dp + (size_t)r * L->ldn;
-        const float dir = di[r];
-        if (p->softcap > 0.0f) {
-            for (int j = 0; j < n; j++)
-                ds[j] = pr_r[j] * (ds[j] - dir) * g[j];
-        } else {
-            for (int j = 0; j < n; j++)
-                ds[j] = pr_r[j] * (ds[j] - dir);
-        }
+    const int64_t tok = seq->k_start + j0;
+    const fp_block kb = block_of(p, &p->k, b, tok, kvh), vb = block_of(p, &p->v, b, tok, kvh);
+    key_side ks;
+    ks.j0 = j0;
+    ks.n = n;
+    if (c->direct) {
+        ks.k = (const float *)kb.data + kb.off;
+        ks.v = (const float *)vb.data + vb.off;
+        ks.krs = kb.rs;
+        ks.kcs = kb.cs;
+        ks.vrs = vb.rs;
+        ks.vcs = vb.cs;
+    } else {
+        const int d = (int)p->head_dim;
+        fp_tile_load(scratch + L->kt, L->ldd, &kb, n, d, c->uk);
+        fp_tile_load(scratch + L->vt, L->ldd, &vb, n, d, c->uk);
+        ks.k = scratch + L->kt;
+        ks.v = scratch + L->vt;
+        ks.krs = ks.vrs = L->ldd;
+        ks.kcs = ks.vcs = 1;
     }
+    return ks;
 }
 
-/* Step 0 for query rows [i0, i0 + m) of (b, h): Di = rowsum(dO * O), from the stored O. */
+/* For query rows [i0, i0 + m) (query side loaded) and the key block ks: P^T into s and
+ * dS^T = P^T (dP^T - Di) into dp, both n x BLOCK_Q. */
+static void block_grads(const bwd_ctx *c, float *scratch, const fp_seq *seq, int64_t h, int64_t i0,
+                        int m, const key_side *ks)
+{
+    const fp_problem *p = c->p;
+    const fp_ukernels *uk = c->uk;
+    const bwd_layout *L = &c->L;
+    const int d = (int)p->head_dim, n = ks->n, mp = fp_tile_ld(m);
+    const int64_t j0 = ks->j0;
+    const float slope = p->alibi_slopes ? p->alibi_slopes[h] : 0.0f;
+    float *s = scratch + L->s, *dp = scratch + L->dp, *g = scratch + L->g;
+
+    uk->gemm(n, mp, d, ks->k, ks->krs, ks->kcs, scratch + L->qt, L->ldq, s, L->ldq, 0);
+    float mul = p->scale * FP_LOG2E;
+    if (p->softcap > 0.0f || slope != 0.0f) {
+        /* The forward's transform, keeping the softcap gradient for dS. */
+        for (int r = 0; r < n; r++)
+            for (int x = 0; x < m; x++) {
+                float *e = s + (ptrdiff_t)r * L->ldq + x;
+                const float capped = fp_score_transform(*e * p->scale, p->softcap, 0.0f, 0.0f);
+                const float dist = fp_alibi_distance(i0 + x, j0 + r, seq->nq, seq->nk);
+                *e = fp_score_transform(capped, 0.0f, slope, dist) * FP_LOG2E;
+                g[(ptrdiff_t)r * L->ldq + x] = fp_softcap_grad(capped, p->softcap);
+            }
+        mul = 1.0f;
+    }
+    if (!fp_mask_block_full(i0, i0 + m, j0, j0 + n, seq->nq, seq->nk, p->window_left,
+                            p->window_right)) {
+        /* The forward's mask (flash_fwd.c, mask_tile): a contiguous run of visible columns. */
+        const int64_t shift = seq->nk - seq->nq, left = p->window_left, right = p->window_right;
+        for (int r = 0; r < n; r++) {
+            const int64_t j = j0 + r;
+            int64_t lo = right < 0 ? 0 : j - shift - right - i0;
+            int64_t hi = left < 0 ? m : j - shift + left - i0 + 1;
+            lo = lo < 0 ? 0 : lo > m ? m : lo;
+            hi = hi < lo ? lo : hi > m ? m : hi;
+            float *row = s + (ptrdiff_t)r * L->ldq;
+            for (int64_t x = 0; x < lo; x++)
+                row[x] = -INFINITY;
+            for (int64_t x = hi; x < m; x++)
+                row[x] = -INFINITY;
+        }
+    }
+    uk->exp2_cols(n, mp, s, L->ldq, mul, scratch + L->lse, NULL);
+
+    uk->gemm(n, mp, d, ks->v, ks->vrs, ks->vcs, scratch + L->dot, L->ldq, dp, L->ldq, 0);
+    uk->dsoftmax_cols(n, mp, s, L->ldq, dp, L->ldq, scratch + L->di);
+    if (p->softcap > 0.0f)
+        for (int r = 0; r < n; r++)
+            for (int x = 0; x < m; x++)
+                dp[(ptrdiff_t)r * L->ldq + x] *= g[(ptrdiff_t)r * L->ldq + x];
+}
+
+/* dV += P^T dO and dK += dS^T Q for the block pair just computed; dk, dv: n x d tiles. */
+static void accumulate_dkdv(const bwd_ctx *c, float *scratch, int m, int n, float *dk, float *dv)
+{
+    const bwd_layout *L = &c->L;
+    const int d = (int)c->p->head_dim;
+    c->uk->gemm(n, d, m, scratch + L->s, L->ldq, 1, scratch + L->dout, L->ldd, dv, L->ldd, 1);
+    c->uk->gemm(n, d, m, scratch + L->dp, L->ldq, 1, scratch + L->q, L->ldd, dk, L->ldd, 1);
+}
+
+/* dQ^T += K^T dS^T for the block pair just computed. */
+static void accumulate_dq(const bwd_ctx *c, float *scratch, int m, const key_side *ks)
+{
+    const bwd_layout *L = &c->L;
+    const int d = (int)c->p->head_dim;
+    c->uk->gemm(d, fp_tile_ld(m), ks->n, ks->k, ks->kcs, ks->krs, scratch + L->dp, L->ldq,
+                scratch + L->dqt, L->ldq, 1);
+}
+
+static void store_dq(const bwd_ctx *c, float *scratch, const fp_seq *seq, int64_t b, int64_t h,
+                     int64_t i0, int m)
+{
+    const fp_problem *p = c->p;
+    const fp_block qb = block_of(p, &p->dq, b, seq->q_start + i0, h);
+    fp_tile_store_t(&qb, scratch + c->L.dqt, c->L.ldq, m, (int)p->head_dim, p->scale);
+}
+
+static void store_dkdv(const bwd_ctx *c, const fp_seq *seq, int64_t b, int64_t kvh, int64_t j0,
+                       int n, const float *dk, const float *dv)
+{
+    const fp_problem *p = c->p;
+    const int d = (int)p->head_dim;
+    const fp_block kb = block_of(p, &p->dk, b, seq->k_start + j0, kvh);
+    const fp_block vb = block_of(p, &p->dv, b, seq->k_start + j0, kvh);
+    fp_tile_store(&kb, dk, c->L.ldd, n, d, p->scale);
+    fp_tile_store(&vb, dv, c->L.ldd, n, d, 1.0f);
+}
+
+/* Di = rowsum(dO * O) for query rows [i0, i0 + BLOCK_Q) of (b, h), from the stored O. Each sum
+ * is the micro-kernel's dot product of O's row with dO's, the same operation in the same order
+ * as the elements of dP^T = V dO^T: where a row's O equals a V row (one visible key), dP - Di is
+ * exactly 0, as in exact arithmetic. */
 static void di_block(const bwd_ctx *c, float *scratch, int64_t b, int64_t h, int64_t i0)
 {
     const fp_problem *p = c->p;
+    const bwd_layout *L = &c->L;
     const fp_seq seq = fp_problem_seq(p, b);
     if (i0 >= seq.nq)
         return;
     const int d = (int)p->head_dim;
-    const int m = (int)(seq.nq - i0 < c->block_q ? seq.nq - i0 : c->block_q);
+    const int m = (int)(seq.nq - i0 < BLOCK_Q ? seq.nq - i0 : BLOCK_Q);
     const int64_t tok = seq.q_start + i0;
-    float *o = scratch + c->L.q, *dout = scratch + c->L.dout;
-    fp_tile_load(o, c->L.ldd, p->o.data, p->dtype, fp_row_offset(&p->o, b, tok, h),
-                 p->o.stride[FP_S], p->o.stride[FP_D], m, d, 1.0f);
-    fp_tile_load(dout, c->L.ldd, p->dout.data, p->dtype, fp_row_offset(&p->dout, b, tok, h),
-                 p->dout.stride[FP_S], p->dout.stride[FP_D], m, d, 1.0f);
-    float *di = c->di + h * c->p->total_q + di_row(c, &seq, b, i0);
+    float *o = scratch + L->q, *dot = scratch + L->dot, *out = scratch + L->s;
+    const fp_block ob = block_of(p, &p->o, b, tok, h), gb = block_of(p, &p->dout, b, tok, h);
+    fp_tile_load(o, L->ldd, &ob, m, d, c->uk);
+    fp_tile_load_t(dot, L->ldq, &gb, m, d);
+    float *di = c->di + h * p->total_q + di_row(c, &seq, b, i0);
     for (int r = 0; r < m; r++) {
-        const float *orow = o + (size_t)r * c->L.ldd, *grow = dout + (size_t)r * c->L.ldd;
-        float sum = 0.0f;
-        for (int x = 0; x < d; x++)
-            sum += orow[x] * grow[x];
-        di[r] = sum;
+        /* Row r of O against the FP_TILE_COLS columns of dO^T that hold row r. */
+        const int c0 = r / FP_TILE_COLS * FP_TILE_COLS;
+        c->uk->gemm(1, FP_TILE_COLS, d, o + (size_t)r * L->ldd, 0, 1, dot + c0, L->ldq, out, L->ldq,
+                    0);
+        di[r] = out[r - c0];
     }
 }
 
-/* Pass 1 for keys [j0, j0 + n) of (b, kv head kvh): dK, dV over all query heads of the group. */
-static void dkdv_block(const bwd_ctx *c, float *scratch, int64_t b, int64_t kvh, int64_t j0)
+/* The key blocks that query rows [i0, i0 + m) see, on the fixed grid j0 = 0, BLOCK_K, ... that
+ * every schedule uses: [*first, *end) (empty when the rows see nothing). */
+static void key_blocks(const bwd_ctx *c, const fp_seq *seq, int64_t i0, int m, int64_t *first,
+                       int64_t *end)
+{
+    int64_t lo, hi;
+    fp_mask_block_range(i0, i0 + m, seq->nq, seq->nk, c->p->window_left, c->p->window_right, &lo,
+                        &hi);
+    *first = lo / BLOCK_K * BLOCK_K;
+    *end = hi > lo ? hi : *first;
+}
+
+/* Fused schedule: all of (b, kv head kvh); big holds dK then dV, Nk x ldd each. */
+static void fused_task(const bwd_ctx *c, float *scratch, float *big, int64_t b, int64_t kvh)
+{
+    const fp_problem *p = c->p;
+    const bwd_layout *L = &c->L;
+    const fp_seq seq = fp_problem_seq(p, b);
+    const size_t kv_floats = (size_t)seq.nk * L->ldd;
+    float *dk = big, *dv = big + kv_floats;
+    memset(big, 0, 2 * kv_floats * sizeof(float));
+
+    const int64_t group = p->heads / p->kv_heads;
+    for (int64_t h = kvh * group; h < (kvh + 1) * group; h++)
+        for (int64_t i0 = 0; i0 < seq.nq; i0 += BLOCK_Q) {
+            const int m = (int)(seq.nq - i0 < BLOCK_Q ? seq.nq - i0 : BLOCK_Q);
+            int64_t first, end;
+            key_blocks(c, &seq, i0, m, &first, &end);
+            load_query_block(c, scratch, &seq, b, h, i0, m);
+            memset(scratch + L->dqt, 0, sizeof(float) * (size_t)p->head_dim * (size_t)L->ldq);
+            for (int64_t j0 = first; j0 < end; j0 += BLOCK_K) {
+                const int n = (int)(seq.nk - j0 < BLOCK_K ? seq.nk - j0 : BLOCK_K);
+                const key_side ks = load_key_block(c, scratch, &seq, b, kvh, j0, n);
+                block_grads(c, scratch, &seq, h, i0, m, &ks);
+                accumulate_dkdv(c, scratch, m, n, dk + (size_t)j0 * L->ldd,
+                                dv + (size_t)j0 * L->ldd);
+                accumulate_dq(c, scratch, m, &ks);
+            }
+            store_dq(c, scratch, &seq, b, h, i0, m);
+        }
+    for (int64_t j0 = 0; j0 < seq.nk; j0 += BLOCK_K) {
+        const int n = (int)(seq.nk - j0 < BLOCK_K ? seq.nk - j0 : BLOCK_K);
+        store_dkdv(c, &seq, b, kvh, j0, n, dk + (size_t)j0 * L->ldd, dv + (size_t)j0 * L->ldd);
+    }
+}
+
+/* Two-pass schedule, pass 1: keys [j0, j0 + BLOCK_K) of (b, kvh) over every query head of the
+ * group and every query block that sees them. */
+static void dkdv_task(const bwd_ctx *c, float *scratch, int64_t b, int64_t kvh, int64_t j0)
 {
     const fp_problem *p = c->p;
     const bwd_layout *L = &c->L;
     const fp_seq seq = fp_problem_seq(p, b);
     if (j0 >= seq.nk)
         return;
-    const int d = (int)p->head_dim;
-    const int bq = c->block_q;
-    const int n = (int)(seq.nk - j0 < c->block_k ? seq.nk - j0 : c->block_k);
-    const int64_t tok = seq.k_start + j0;
-    float *dk = scratch + L->acc_a, *dv = scratch + L->acc_b;
+    const int n = (int)(seq.nk - j0 < BLOCK_K ? seq.nk - j0 : BLOCK_K);
+    float *dk = scratch + L->dk, *dv = scratch + L->dv;
+    memset(dk, 0, sizeof(float) * (size_t)n * (size_t)L->ldd);
+    memset(dv, 0, sizeof(float) * (size_t)n * (size_t)L->ldd);
 
-    fp_tile_load_t(scratch + L->kt, L->ldn, p->k.data, p->dtype, fp_row_offset(&p->k, b, tok, kvh),
-                   p->k.stride[FP_S], p->k.stride[FP_D], n, d);
-    fp_tile_load_t(scratch + L->vt, L->ldn, p->v.data, p->dtype, fp_row_offset(&p->v, b, tok, kvh),
-                   p->v.stride[FP_S], p->v.stride[FP_D], n, d);
-    for (int r = 0; r < n; r++) {
-        memset(dk + (size_t)r * L->ldd, 0, sizeof(float) * (size_t)d);
-        memset(dv + (size_t)r * L->ldd, 0, sizeof(float) * (size_t)d);
-    }
-
+    const key_side ks = load_key_block(c, scratch, &seq, b, kvh, j0, n);
     const int64_t group = p->heads / p->kv_heads;
-    for (int64_t h = kvh * group; h < (kvh + 1) * group; h++) {
-        const float slope = p->alibi_slopes ? p->alibi_slopes[h] : 0.0f;
-        for (int64_t i0 = 0; i0 < seq.nq; i0 += bq) {
-            const int m = (int)(seq.nq - i0 < bq ? seq.nq - i0 : bq);
-            int64_t lo, hi;
-            fp_mask_block_range(i0, i0 + m, seq.nq, seq.nk, p->window_left, p->window_right, &lo,
-                                &hi);
-            if (hi <= lo || hi <= j0 || lo >= j0 + n)
+    for (int64_t h = kvh * group; h < (kvh + 1) * group; h++)
+        for (int64_t i0 = 0; i0 < seq.nq; i0 += BLOCK_Q) {
+            const int m = (int)(seq.nq - i0 < BLOCK_Q ? seq.nq - i0 : BLOCK_Q);
+            int64_t first, end;
+            key_blocks(c, &seq, i0, m, &first, &end);
+            if (j0 < first || j0 >= end)
                 continue;
             load_query_block(c, scratch, &seq, b, h, i0, m);
-            block_grads(c, scratch, &seq, i0, m, j0, n, slope);
-            c->ops->ptx(m, n, d, scratch + L->pr, L->ldn, scratch + L->dout, L->ldd, dv, L->ldd);
-            c->ops->ptx(m, n, d, scratch + L->dp, L->ldn, scratch + L->q, L->ldd, dk, L->ldd);
+            block_grads(c, scratch, &seq, h, i0, m, &ks);
+            accumulate_dkdv(c, scratch, m, n, dk, dv);
         }
-    }
-
-    fp_tile_store(p->dk.data, p->dtype, fp_row_offset(&p->dk, b, tok, kvh), p->dk.stride[FP_S],
-                  p->dk.stride[FP_D], dk, L->ldd, n, d, 1.0f);
-    fp_tile_store(p->dv.data, p->dtype, fp_row_offset(&p->dv, b, tok, kvh), p->dv.stride[FP_S],
-                  p->dv.stride[FP_D], dv, L->ldd, n, d, 1.0f);
+    store_dkdv(c, &seq, b, kvh, j0, n, dk, dv);
 }
 
-/* Pass 2 for query rows [i0, i0 + m) of (b, h): dQ over the visible key blocks. */
-static void dq_block(const bwd_ctx *c, float *scratch, int64_t b, int64_t h, int64_t i0)
+/* Two-pass schedule, pass 2: dQ of query rows [i0, i0 + BLOCK_Q) of (b, h). */
+static void dq_task(const bwd_ctx *c, float *scratch, int64_t b, int64_t h, int64_t i0)
 {
     const fp_problem *p = c->p;
-    const bwd_layout *L = &c->L;
     const fp_seq seq = fp_problem_seq(p, b);
     if (i0 >= seq.nq)
         return;
-    const int d = (int)p->head_dim;
-    const int bk = c->block_k;
-    const int m = (int)(seq.nq - i0 < c->block_q ? seq.nq - i0 : c->block_q);
+    const int m = (int)(seq.nq - i0 < BLOCK_Q ? seq.nq - i0 : BLOCK_Q);
     const int64_t kvh = fp_kv_head(p, h);
-    const float slope = p->alibi_slopes ? p->alibi_slopes[h] : 0.0f;
-    float *dq = scratch + L->acc_a;
-
     load_query_block(c, scratch, &seq, b, h, i0, m);
-    for (int r = 0; r < m; r++)
-        memset(dq + (size_t)r * L->ldd, 0, sizeof(float) * (size_t)d);
-
-    int64_t lo, hi;
-    fp_mask_block_range(i0, i0 + m, seq.nq, seq.nk, p->window_left, p->window_right, &lo, &hi);
-    for (int64_t j0 = lo; j0 < hi; j0 += bk) {
-        const int n = (int)(hi - j0 < bk ? hi - j0 : bk);
-        const int64_t tok = seq.k_start + j0;
-        const int64_t k_off = fp_row_offset(&p->k, b, tok, kvh);
-        fp_tile_load_t(scratch + L->kt, L->ldn, p->k.data, p->dtype, k_off, p->k.stride[FP_S],
-                       p->k.stride[FP_D], n, d);
-        fp_tile_load_t(scratch + L->vt, L->ldn, p->v.data, p->dtype,
-                       fp_row_offset(&p->v, b, tok, kvh), p->v.stride[FP_S], p->v.stride[FP_D], n,
-                       d);
-        fp_tile_load(scratch + L->k, L->ldd, p->k.data, p->dtype, k_off, p->k.stride[FP_S],
-                     p->k.stride[FP_D], n, d, 1.0f);
-        block_grads(c, scratch, &seq, i0, m, j0, n, slope);
-        c->ops->pv(m, n, d, scratch + L->dp, L->ldn, scratch + L->k, L->ldd, dq, L->ldd);
+    memset(scratch + c->L.dqt, 0, sizeof(float) * (size_t)p->head_dim * (size_t)c->L.ldq);
+    int64_t first, end;
+    key_blocks(c, &seq, i0, m, &first, &end);
+    for (int64_t j0 = first; j0 < end; j0 += BLOCK_K) {
+        const int n = (int)(seq.nk - j0 < BLOCK_K ? seq.nk - j0 : BLOCK_K);
+        const key_side ks = load_key_block(c, scratch, &seq, b, kvh, j0, n);
+        block_grads(c, scratch, &seq, h, i0, m, &ks);
+        accumulate_dq(c, scratch, m, &ks);
     }
-
-    fp_tile_store(p->dq.data, p->dtype, fp_row_offset(&p->dq, b, seq.q_start + i0, h),
-                  p->dq.stride[FP_S], p->dq.stride[FP_D], dq, L->ldd, m, d, p->scale);
+    store_dq(c, scratch, &seq, b, h, i0, m);
 }
 
 flashport_status fp_cpu_flash_backward(const fp_problem *p)
 {
+    bwd_ctx c;
+    memset(&c, 0, sizeof c);
+    c.p = p;
+    flashport_status status = fp_cpu_ukernels(&c.uk, NULL);
+    if (status != FLASHPORT_OK)
+        return status;
+    c.L = bwd_layout_of(p->head_dim);
+    c.direct = p->dtype == FLASHPORT_F32;
+
     const fp_plan_shape shape = {p->batch,    p->heads,       p->seqlen_q,    p->seqlen_k,
                                  p->head_dim, p->window_left, p->window_right};
-    int32_t block_q, block_k;
-    fp_plan_cpu_tiles(p->head_dim, &block_q, &block_k);
-    const fp_plan_target target = {fp_cpu_threads(), block_q, block_k, 1};
+    const int workers = fp_cpu_threads();
+    const fp_plan_target target = {workers, BLOCK_Q, BLOCK_K, 1};
     /* Query-side tasks (Di, dQ) in the forward's numbering: heaviest blocks first. */
     const fp_plan plan = fp_plan_forward(&shape, &target);
     const int64_t bhkv = p->batch * p->kv_heads;
-    const int64_t k_tasks = bhkv * ((p->seqlen_k + block_k - 1) / block_k);
+    const int64_t k_tasks = bhkv * ((p->seqlen_k + BLOCK_K - 1) / BLOCK_K);
     const int64_t most = plan.num_tasks > k_tasks ? plan.num_tasks : k_tasks;
     if (most == 0)
         return FLASHPORT_OK;
-    const int threads = most < target.workers ? (int)most : (int)target.workers;
+    const int threads = most < workers ? (int)most : workers;
+    const int fused = bhkv % threads == 0 || bhkv >= 4 * (int64_t)threads;
 
-    bwd_ctx c;
-    c.p = p;
-    c.block_q = block_q;
-    c.block_k = block_k;
-    c.ops = fp_cpu_tile_ops();
-    c.L = bwd_layout_of(block_q, block_k, p->head_dim);
+    if (fp_host()->log_enabled())
+        fp_host()->log("cpu: flash backward (recompute P from LSE; deterministic), %s "
+                       "micro-kernels: f32 products%s; %s schedule (%lld batch x kv-head tasks "
+                       "for %d threads); block_q=%d block_k=%d",
+                       c.uk->name, c.direct ? ", K and V read in place" : " on converted inputs",
+                       fused ? "fused one-pass" : "two-pass (dK/dV, then dQ)", (long long)bhkv,
+                       threads, BLOCK_Q, BLOCK_K);
+
     size_t slice;
     const size_t di_floats = (size_t)(p->heads * p->total_q);
     float *scratch = fp_scratch_alloc(threads, c.L.total, &slice);
     c.di = malloc(sizeof(float) * (di_floats > 0 ? di_floats : 1));
-    if (!scratch || !c.di) {
+    if (fused && scratch && c.di)
+        c.big = fp_scratch_alloc(threads, 2 * (size_t)p->seqlen_k * c.L.ldd, &c.big_slice);
+    if (!scratch || !c.di || (fused && !c.big)) {
         fp_scratch_free(scratch);
+        fp_scratch_free(c.big);
         free(c.di);
         return fp_host()->set_error(FLASHPORT_ERR_OUT_OF_MEMORY,
-                                    "cpu flash backward: cannot allocate %d x %zu bytes of tiles "
-                                    "and %zu bytes of row sums",
-                                    threads, c.L.total * sizeof(float), di_floats * sizeof(float));
+                                    "cpu flash backward: cannot allocate %d x %zu bytes of tiles, "
+                                    "%zu bytes of row sums and %d x %zu bytes of dK/dV buffers",
+                                    threads, c.L.total * sizeof(float), di_floats * sizeof(float),
+                                    fused ? threads : 0,
+                                    2 * (size_t)p->seqlen_k * c.L.ldd * sizeof(float));
     }
 
 #ifdef _OPENMP
@@ -325,33 +447,44 @@ flashport_status fp_cpu_flash_backward(const fp_problem *p)
 #endif
     {
 #ifdef _OPENMP
-        float *mine = scratch + slice * (size_t)omp_get_thread_num();
+        const int me = omp_get_thread_num();
 #pragma omp for schedule(dynamic, 1)
 #else
-        float *mine = scratch;
+        const int me = 0;
 #endif
         for (int64_t t = 0; t < plan.num_tasks; t++) {
             const fp_plan_task task = fp_plan_task_at(&plan, &shape, t);
-            di_block(&c, mine, task.batch, task.head, task.q_block * block_q);
+            di_block(&c, scratch + slice * (size_t)me, task.batch, task.head,
+                     task.q_block * BLOCK_Q);
         }
-
-        /* Pass 1, first key blocks first: under a causal mask they are seen by the most rows. */
+        float *mine = scratch + slice * (size_t)me;
+        if (fused) {
+#ifdef _OPENMP
+#pragma omp for schedule(dynamic, 1)
+#endif
+            for (int64_t t = 0; t < bhkv; t++)
+                fused_task(&c, mine, c.big + c.big_slice * (size_t)me, t / p->kv_heads,
+                           t % p->kv_heads);
+        } else {
+            /* Pass 1, first key blocks first: under a causal mask they are seen by the most
+             * rows. No barrier after it: threads drain into pass 2. */
 #ifdef _OPENMP
 #pragma omp for schedule(dynamic, 1) nowait
 #endif
-        for (int64_t t = 0; t < k_tasks; t++)
-            dkdv_block(&c, mine, (t % bhkv) / p->kv_heads, t % p->kv_heads, (t / bhkv) * block_k);
-
-            /* Pass 2. */
+            for (int64_t t = 0; t < k_tasks; t++)
+                dkdv_task(&c, mine, (t % bhkv) / p->kv_heads, t % p->kv_heads,
+                          (t / bhkv) * BLOCK_K);
 #ifdef _OPENMP
 #pragma omp for schedule(dynamic, 1)
 #endif
-        for (int64_t t = 0; t < plan.num_tasks; t++) {
-            const fp_plan_task task = fp_plan_task_at(&plan, &shape, t);
-            dq_block(&c, mine, task.batch, task.head, task.q_block * block_q);
+            for (int64_t t = 0; t < plan.num_tasks; t++) {
+                const fp_plan_task task = fp_plan_task_at(&plan, &shape, t);
+                dq_task(&c, mine, task.batch, task.head, task.q_block * BLOCK_Q);
+            }
         }
     }
     fp_scratch_free(scratch);
+    fp_scratch_free(c.big);
     free(c.di);
     return FLASHPORT_OK;
 }

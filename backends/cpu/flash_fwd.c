@@ -1,29 +1,31 @@
 /*
  * CPU flash forward: O = softmax(mask(transform(scale * Q K^T))) V and the row LSE, tiled after
- * FlashAttention-2, never storing more than one BLOCK_Q x BLOCK_K score tile per thread.
+ * FlashAttention-2, never holding more than one BLOCK_K x BLOCK_Q score tile per thread. The
+ * portable framework; every O(m * n * d) product and every per-score step runs in the micro-kernel
+ * table chosen at run time (ukernel.h, isa.c).
  *
  * Algorithm: one task per (query block, batch, head) numbered by core/plan.h (fp_plan_forward
  * without KV splits, fp_plan_task_at: heaviest query blocks first under a causal mask), run by an
- * OpenMP dynamic loop so causal work balances; block sizes from fp_plan_cpu_tiles.
- * A task loads its BLOCK_Q query rows into an f32 tile (times scale), then for each BLOCK_K key
- * block of the range core/mask.h says the rows may see: converts K (transposed) and V to f32
- * tiles, S = Q K^T (fp_tile_ops.qk), softcap/ALiBi (fp_score_transform), the per-row window
- * (skipped when fp_mask_block_full), the online softmax update of core/online_softmax.h, and
- * O_acc += P V (fp_tile_ops.pv). Finalize with fp_softmax_out_scale / fp_softmax_lse.
+ * OpenMP dynamic loop so causal work balances. Scores are kept transposed: S^T (keys down the
+ * rows, the block's BLOCK_Q queries across the columns), so that
+ *   - S^T = K Q^T reads K in place as the product's A operand (broadcast from the caller's
+ *     tensor, any strides), against Q^T packed once per task;
+ *   - each query's online-softmax statistics (core/online_softmax.h, exp2 form: scores in log2
+ *     units) are lane-wise column reductions;
+ *   - O += P V reads P^T as A (a transposed view) against V, in place when it is f32 with
+ *     contiguous, 16-aligned rows, else converted to a tile.
+ * Per key block: S^T; softcap/ALiBi (fp_score_transform); the window (core/mask.h) on blocks
+ * that straddle it (fp_mask_block_full); column max; the online update per query
+ * (fp_softmax_update_exp2, skipped when the maximum did not grow, where it would return 1);
+ * rescale of O rows; P = 2^(S * scale * log2(e) - m); O += P V.
+ * bf16 inputs on a CPU with AVX512_BF16 stay bf16: Q^T and V as bf16 pairs, K in place, S^T and
+ * P V by vdpbf16ps with P rounded to bf16 (ukernel_avx512bf16.c). Other dtypes convert to f32.
  * Extra memory: the per-thread tiles of fwd_layout only.
- * Target: portable C11 (+ OpenMP when available); the products go through flash_tile.h.
- * Tile shape: block_q x block_k from fp_plan_cpu_tiles (64 x 64 for D <= 128, 64 x 32 above).
- * Known differences from the reference: f32 accumulation and f32 exp; Q is multiplied by scale
- * before the product (one rounding earlier than scale * (q . k)).
- * Measured (f32, B=1 H=8 N=2048 D=128, Release build, 2 threads of a shared 16-core Xeon host whose
- * measured 2-thread AVX-512 FMA peak is ~345 GFLOP/s):
- *   FLASHPORT_NUM_THREADS=2 flashport-bench --backend cpu --heads 8 --seqlen 2048 --hdim 128
- *       --direction both --causal=0,1 --check
- *   not causal 480-570 ms (30-36 GFLOP/s, 9-10% of peak); causal 250-265 ms (32-34 GFLOP/s).
- * Same command on the 2-core AVX-512 EPYC development machine (shared, noisy): not causal 370 ms
- * (46 GFLOP/s), causal 186-228 ms (38-46 GFLOP/s).
- * The portable products run 128-bit vectors without FMA, a quarter of that peak at best; ISA
- * micro-kernels behind fp_tile_ops are the way up.
+ * Tile shape: BLOCK_Q = 64 queries (one 4-register column block of the AVX-512 kernel) x
+ * BLOCK_K = 64 keys.
+ * Known differences from the reference: f32 accumulation, the polynomial exp2 (ukernel.h); the
+ * scale is applied to the f32 scores (Q is not pre-scaled); bf16 path: P in bf16 for P V.
+ * Measured: see docs/bench/cpu.md.
  */
 #include "backends/cpu/cpu_internal.h"
 #include "backends/cpu/flash_tile.h"
@@ -40,114 +42,197 @@
 #include <omp.h>
 #endif
 
+enum { BLOCK_Q = 64, BLOCK_K = 64 };
+
 /* Offsets (floats) of one thread's tiles inside its scratch slice. */
 typedef struct fwd_layout {
-    int ldd, ldn;       /* leading dims of d-wide and block_k-wide tiles */
-    size_t q, o, kt, v; /* q, o: block_q x d; kt: d x block_k; v: block_k x d */
-    size_t s;           /* block_q x block_k scores, then probabilities */
-    size_t state;       /* block_q fp_softmax_state (2 floats each) */
+    int ldq, ldd;   /* leading dims: BLOCK_Q-wide and d-wide tiles */
+    size_t qt;      /* Q^T: d x BLOCK_Q f32, or ceil(d/2) x BLOCK_Q bf16 pairs */
+    size_t o;       /* BLOCK_Q x d accumulator */
+    size_t s;       /* S^T, then P^T: BLOCK_K x BLOCK_Q */
+    size_t pp;      /* bf16 path: P^T as pairs, BLOCK_K / 2 x BLOCK_Q */
+    size_t kt, vt;  /* K and V when not read in place: BLOCK_K x d (f32, bf16 or pairs) */
+    size_t st;      /* BLOCK_Q fp_softmax_state */
+    size_t bm, sub; /* per query: block maximum; subtrahend of the exponent */
+    size_t alpha;   /* per query: rescale factor of O */
+    size_t bsum;    /* per query: the block's sum of P */
     size_t total;
 } fwd_layout;
 
-static fwd_layout fwd_layout_of(int block_q, int block_k, int64_t d)
+static fwd_layout fwd_layout_of(int64_t d)
 {
     fwd_layout L;
+    L.ldq = fp_tile_ld(BLOCK_Q);
     L.ldd = fp_tile_ld(d);
-    L.ldn = fp_tile_ld(block_k);
-    L.q = 0;
-    L.o = L.q + (size_t)block_q * L.ldd;
-    L.kt = L.o + (size_t)block_q * L.ldd;
-    L.v = L.kt + (size_t)d * L.ldn;
-    L.s = L.v + (size_t)block_k * L.ldd;
-    L.state = L.s + (size_t)block_q * L.ldn;
-    L.total = L.state + (size_t)fp_tile_ld(2 * block_q);
+    L.qt = 0;
+    L.o = L.qt + (size_t)d * L.ldq;
+    L.s = L.o + (size_t)BLOCK_Q * L.ldd;
+    L.pp = L.s + (size_t)BLOCK_K * L.ldq;
+    L.kt = L.pp + (size_t)(BLOCK_K + 1) / 2 * L.ldq;
+    L.vt = L.kt + (size_t)BLOCK_K * L.ldd;
+    L.st = L.vt + (size_t)BLOCK_K * L.ldd;
+    L.bm = L.st + 2 * (size_t)L.ldq;
+    L.sub = L.bm + (size_t)L.ldq;
+    L.alpha = L.sub + (size_t)L.ldq;
+    L.bsum = L.alpha + (size_t)L.ldq;
+    L.total = L.bsum + (size_t)L.ldq;
     return L;
 }
 
-/* Applies softcap and ALiBi to one score row (keys j0 .. j0 + n - 1 of query row i). */
-static void transform_row(float *s, int n, int64_t i, int64_t j0, int64_t nq, int64_t nk,
-                          float softcap, float slope)
+typedef struct fwd_ctx {
+    const fp_problem *p;
+    const fp_ukernels *uk;
+    int bf16;     /* bf16 dot products (gemm_bf16) */
+    int k_direct; /* K read in place by the product */
+    int v_direct; /* V read in place (f32 only) */
+    fwd_layout L;
+} fwd_ctx;
+
+/* Softcap and ALiBi on a transposed score tile (raw q . k in, log2 units out), keys j0 + r down
+ * the rows, queries i0 + c across. */
+static void transform_tile(float *s, int ld, int n, int m, int64_t i0, int64_t j0,
+                           const fp_seq *seq, const fp_problem *p, float slope)
 {
-    for (int j = 0; j < n; j++)
-        s[j] = fp_score_transform(s[j], softcap, slope, fp_alibi_distance(i, j0 + j, nq, nk));
+    for (int r = 0; r < n; r++)
+        for (int c = 0; c < m; c++) {
+            float *x = s + (ptrdiff_t)r * ld + c;
+            const float dist = fp_alibi_distance(i0 + c, j0 + r, seq->nq, seq->nk);
+            *x = fp_score_transform(*x * p->scale, p->softcap, slope, dist) * FP_LOG2E;
+        }
 }
 
-static float row_max(const float *restrict s, int n)
+/* -inf where query i0 + c may not see key j0 + r. From core/mask.h's rule, with i in the role of
+ * the unknown: key j is visible to i iff  j - shift - right <= i <= j - shift + left  (shift =
+ * Nk - Nq; an unbounded side drops its inequality), a contiguous run of columns per row. */
+static void mask_tile(float *s, int ld, int n, int m, int64_t i0, int64_t j0, const fp_seq *seq,
+                      int64_t left, int64_t right)
 {
-    float mx = -INFINITY;
-    for (int j = 0; j < n; j++)
-        mx = s[j] > mx ? s[j] : mx;
-    return mx;
-}
-
-/* Replaces scores by their weights under the row's state; returns the sum of the weights. */
-static float weights_row(float *restrict s, int n, const fp_softmax_state *st)
-{
-    float sum = 0.0f;
-    for (int j = 0; j < n; j++) {
-        s[j] = fp_softmax_weight(st, s[j]);
-        sum += s[j];
+    const int64_t shift = seq->nk - seq->nq;
+    for (int r = 0; r < n; r++) {
+        const int64_t j = j0 + r;
+        int64_t lo = right < 0 ? 0 : j - shift - right - i0;
+        int64_t hi = left < 0 ? m : j - shift + left - i0 + 1;
+        lo = lo < 0 ? 0 : lo > m ? m : lo;
+        hi = hi < lo ? lo : hi > m ? m : hi;
+        float *row = s + (ptrdiff_t)r * ld;
+        for (int64_t c = 0; c < lo; c++)
+            row[c] = -INFINITY;
+        for (int64_t c = hi; c < m; c++)
+            row[c] = -INFINITY;
     }
-    return sum;
-}
-
-static void scale_row(float *restrict x, int d, float f)
-{
-    for (int c = 0; c < d; c++)
-        x[c] *= f;
 }
 
 /* One task: query rows [i0, i0 + m) of (b, h). */
-static void fwd_block(const fp_problem *p, const fp_plan *plan, const fp_tile_ops *ops,
-                      const fwd_layout *L, float *scratch, int64_t b, int64_t h, int64_t i0)
+static void fwd_block(const fwd_ctx *c, float *scratch, int64_t b, int64_t h, int64_t i0)
 {
+    const fp_problem *p = c->p;
+    const fp_ukernels *uk = c->uk;
+    const fwd_layout *L = &c->L;
     const fp_seq seq = fp_problem_seq(p, b);
     if (i0 >= seq.nq)
         return;
     const int d = (int)p->head_dim;
-    const int m = (int)(seq.nq - i0 < plan->block_q ? seq.nq - i0 : plan->block_q);
+    const int m = (int)(seq.nq - i0 < BLOCK_Q ? seq.nq - i0 : BLOCK_Q);
+    const int mp = fp_tile_ld(m);
     const int64_t kvh = fp_kv_head(p, h);
     const float slope = p->alibi_slopes ? p->alibi_slopes[h] : 0.0f;
     const int transform = p->softcap > 0.0f || slope != 0.0f;
-    float *q = scratch + L->q, *o = scratch + L->o, *kt = scratch + L->kt, *v = scratch + L->v;
-    float *s = scratch + L->s;
-    fp_softmax_state *st = (fp_softmax_state *)(scratch + L->state);
+    float *qt = scratch + L->qt, *o = scratch + L->o, *s = scratch + L->s;
+    uint32_t *pp = (uint32_t *)(scratch + L->pp);
+    fp_softmax_state *st = (fp_softmax_state *)(scratch + L->st);
+    float *bm = scratch + L->bm, *sub = scratch + L->sub, *alpha = scratch + L->alpha;
+    float *bsum = scratch + L->bsum;
 
-    fp_tile_load(q, L->ldd, p->q.data, p->dtype, fp_row_offset(&p->q, b, seq.q_start + i0, h),
-                 p->q.stride[FP_S], p->q.stride[FP_D], m, d, p->scale);
-    for (int r = 0; r < m; r++) {
-        fp_softmax_init(&st[r]);
-        memset(o + (size_t)r * L->ldd, 0, sizeof(float) * (size_t)d);
+    const fp_block qb = {p->q.data, p->dtype, fp_row_offset(&p->q, b, seq.q_start + i0, h),
+                         p->q.stride[FP_S], p->q.stride[FP_D]};
+    if (c->bf16)
+        fp_tile_pairs_t((uint32_t *)qt, L->ldq, &qb, m, d);
+    else
+        fp_tile_load_t(qt, L->ldq, &qb, m, d);
+    for (int x = 0; x < mp; x++) {
+        fp_softmax_init(&st[x]);
+        sub[x] = 0.0f; /* finite for padding columns too; real ones are set per block */
     }
+    memset(o, 0, sizeof(float) * (size_t)m * (size_t)L->ldd);
 
+    const float log2_scale = p->scale * FP_LOG2E;
     int64_t lo, hi;
     fp_mask_block_range(i0, i0 + m, seq.nq, seq.nk, p->window_left, p->window_right, &lo, &hi);
-    for (int64_t j0 = lo; j0 < hi; j0 += plan->block_k) {
-        const int n = (int)(hi - j0 < plan->block_k ? hi - j0 : plan->block_k);
-        const int64_t k_off = fp_row_offset(&p->k, b, seq.k_start + j0, kvh);
-        const int64_t v_off = fp_row_offset(&p->v, b, seq.k_start + j0, kvh);
-        fp_tile_load_t(kt, L->ldn, p->k.data, p->dtype, k_off, p->k.stride[FP_S], p->k.stride[FP_D],
-                       n, d);
-        fp_tile_load(v, L->ldd, p->v.data, p->dtype, v_off, p->v.stride[FP_S], p->v.stride[FP_D], n,
-                     d, 1.0f);
+    for (int64_t j0 = lo; j0 < hi; j0 += BLOCK_K) {
+        const int n = (int)(hi - j0 < BLOCK_K ? hi - j0 : BLOCK_K);
+        const fp_block kb = {p->k.data, p->dtype, fp_row_offset(&p->k, b, seq.k_start + j0, kvh),
+                             p->k.stride[FP_S], p->k.stride[FP_D]};
+        const fp_block vb = {p->v.data, p->dtype, fp_row_offset(&p->v, b, seq.k_start + j0, kvh),
+                             p->v.stride[FP_S], p->v.stride[FP_D]};
 
-        ops->qk(m, n, d, q, L->ldd, kt, L->ldn, s, L->ldn);
-
-        const int full = fp_mask_block_full(i0, i0 + m, j0, j0 + n, seq.nq, seq.nk, p->window_left,
-                                            p->window_right);
-        for (int r = 0; r < m; r++) {
-            float *sr = s + (size_t)r * L->ldn;
-            if (transform)
-                transform_row(sr, n, i0 + r, j0, seq.nq, seq.nk, p->softcap, slope);
-            if (!full)
-                fp_row_mask(sr, n, i0 + r, j0, seq.nq, seq.nk, p->window_left, p->window_right);
-            float alpha = fp_softmax_update(&st[r], row_max(sr, n));
-            if (alpha != 1.0f)
-                scale_row(o + (size_t)r * L->ldd, d, alpha);
-            st[r].l += weights_row(sr, n, &st[r]);
+        /* S^T = K Q^T, raw dot products. */
+        if (c->bf16) {
+            const uint16_t *ka = (const uint16_t *)kb.data + kb.off;
+            ptrdiff_t krs = kb.rs;
+            if (!c->k_direct) {
+                fp_tile_load_bf16((uint16_t *)(scratch + L->kt), 2 * L->ldd, &kb, n, d);
+                ka = (const uint16_t *)(scratch + L->kt);
+                krs = 2 * L->ldd;
+            }
+            uk->gemm_bf16(n, mp, (d + 1) / 2, ka, krs, 2, (const uint32_t *)qt, L->ldq, s, L->ldq,
+                          0);
+        } else if (c->k_direct) {
+            uk->gemm(n, mp, d, (const float *)kb.data + kb.off, kb.rs, kb.cs, qt, L->ldq, s, L->ldq,
+                     0);
+        } else {
+            fp_tile_load(scratch + L->kt, L->ldd, &kb, n, d, uk);
+            uk->gemm(n, mp, d, scratch + L->kt, L->ldd, 1, qt, L->ldq, s, L->ldq, 0);
         }
 
-        ops->pv(m, n, d, s, L->ldn, v, L->ldd, o, L->ldd);
+        float mul = log2_scale;
+        if (transform) {
+            transform_tile(s, L->ldq, n, m, i0, j0, &seq, p, slope);
+            mul = 1.0f;
+        }
+        if (!fp_mask_block_full(i0, i0 + m, j0, j0 + n, seq.nq, seq.nk, p->window_left,
+                                p->window_right))
+            mask_tile(s, L->ldq, n, m, i0, j0, &seq, p->window_left, p->window_right);
+
+        /* Online softmax (core/online_softmax.h, exp2 form), one query per column. */
+        for (int x = 0; x < mp; x++)
+            bm[x] = -INFINITY;
+        uk->col_max(n, mp, s, L->ldq, bm);
+        int rescale = 0;
+        for (int x = 0; x < m; x++) {
+            const float block_max = bm[x] * mul;
+            alpha[x] = 1.0f;
+            if (block_max > st[x].m) {
+                alpha[x] = fp_softmax_update_exp2(&st[x], block_max);
+                rescale |= alpha[x] != 1.0f;
+            }
+            /* A column that has seen only -inf keeps m = -inf; its scores are all -inf, which
+             * give 0 against any finite subtrahend. */
+            sub[x] = st[x].m == -INFINITY ? 0.0f : st[x].m;
+            bsum[x] = 0.0f;
+        }
+        if (rescale)
+            uk->scale_rows(m, d, o, L->ldd, alpha);
+
+        /* P and O += P V. */
+        if (c->bf16) {
+            uk->exp2_cols_bf16(n, mp, s, L->ldq, mul, sub, bsum, pp, L->ldq);
+            uint32_t *vp = (uint32_t *)(scratch + L->vt);
+            fp_tile_pairs_rows(vp, L->ldd, &vb, n, d);
+            uk->gemm_bf16(m, d, (n + 1) / 2, (const uint16_t *)pp, 2, 2 * (ptrdiff_t)L->ldq, vp,
+                          L->ldd, o, L->ldd, 1);
+        } else {
+            uk->exp2_cols(n, mp, s, L->ldq, mul, sub, bsum);
+            const float *vt = (const float *)vb.data + vb.off;
+            ptrdiff_t ldv = vb.rs;
+            if (!c->v_direct) {
+                fp_tile_load(scratch + L->vt, L->ldd, &vb, n, d, uk);
+                vt = scratch + L->vt;
+                ldv = L->ldd;
+            }
+            uk->gemm(m, d, n, s, 1, L->ldq, vt, ldv, o, L->ldd, 1);
+        }
+        for (int x = 0; x < m; x++)
+            st[x].l += bsum[x];
     }
 
     for (int r = 0; r < m; r++) {
@@ -156,37 +241,58 @@ static void fwd_block(const fp_problem *p, const fp_plan *plan, const fp_tile_op
         if (f == 0.0f) /* no visible key: O = 0 even if V holds inf or NaN */
             memset(orow, 0, sizeof(float) * (size_t)d);
         else
-            scale_row(orow, d, f);
+            for (int x = 0; x < d; x++)
+                orow[x] *= f;
     }
-    fp_tile_store(p->o.data, p->dtype, fp_row_offset(&p->o, b, seq.q_start + i0, h),
-                  p->o.stride[FP_S], p->o.stride[FP_D], o, L->ldd, m, d, 1.0f);
+    const fp_block ob = {p->o.data, p->dtype, fp_row_offset(&p->o, b, seq.q_start + i0, h),
+                         p->o.stride[FP_S], p->o.stride[FP_D]};
+    fp_tile_store(&ob, o, L->ldd, m, d, 1.0f);
     if (p->lse.data) {
         float *lse = (float *)p->lse.data;
         for (int r = 0; r < m; r++)
-            lse[fp_lse_offset(&p->lse, b, h, seq.q_start + i0 + r)] = fp_softmax_lse(&st[r]);
+            lse[fp_lse_offset(&p->lse, b, h, seq.q_start + i0 + r)] = fp_softmax_lse_exp2(&st[r]);
     }
 }
 
 flashport_status fp_cpu_flash_forward(const fp_problem *p)
 {
-    const fp_plan_shape shape = {p->batch,    p->heads,       p->seqlen_q,    p->seqlen_k,
-                                 p->head_dim, p->window_left, p->window_right};
-    int32_t block_q, block_k;
-    fp_plan_cpu_tiles(p->head_dim, &block_q, &block_k);
-    const fp_plan_target target = {fp_cpu_threads(), block_q, block_k, 1};
+    fwd_ctx c;
+    c.p = p;
+    flashport_status status = fp_cpu_ukernels(&c.uk, NULL);
+    if (status != FLASHPORT_OK)
+        return status;
+    const int64_t d = p->head_dim;
+    c.bf16 = p->dtype == FLASHPORT_BF16 && c.uk->gemm_bf16 != NULL;
+    /* In place: f32 K with any strides; bf16 K whose pairs are contiguous and never run past a
+     * row (even d); f32 V whose rows the product reads whole (d a multiple of 16). */
+    c.k_direct = c.bf16 ? p->k.stride[FP_D] == 1 && d % 2 == 0 : p->dtype == FLASHPORT_F32;
+    c.v_direct =
+        !c.bf16 && p->dtype == FLASHPORT_F32 && p->v.stride[FP_D] == 1 && d % FP_TILE_COLS == 0;
+    c.L = fwd_layout_of(d);
+    if (fp_host()->log_enabled())
+        fp_host()->log("cpu: flash forward (tiled, online softmax), %s micro-kernels: %s%s%s; "
+                       "block_q=%d block_k=%d, %d threads",
+                       c.uk->name,
+                       c.bf16                      ? "bf16 dot products (vdpbf16ps), P in bf16"
+                       : p->dtype == FLASHPORT_F32 ? "f32 products"
+                                                   : "f32 products on inputs converted to f32",
+                       c.k_direct ? ", K read in place" : "", c.v_direct ? ", V read in place" : "",
+                       BLOCK_Q, BLOCK_K, fp_cpu_threads());
+
+    const fp_plan_shape shape = {p->batch, p->heads,       p->seqlen_q,    p->seqlen_k,
+                                 d,        p->window_left, p->window_right};
+    const fp_plan_target target = {fp_cpu_threads(), BLOCK_Q, BLOCK_K, 1};
     const fp_plan plan = fp_plan_forward(&shape, &target);
-    const fwd_layout L = fwd_layout_of(block_q, block_k, p->head_dim);
-    const fp_tile_ops *ops = fp_cpu_tile_ops();
     if (plan.num_tasks == 0)
         return FLASHPORT_OK;
     const int threads = plan.num_tasks < target.workers ? (int)plan.num_tasks : (int)target.workers;
 
     size_t slice;
-    float *scratch = fp_scratch_alloc(threads, L.total, &slice);
+    float *scratch = fp_scratch_alloc(threads, c.L.total, &slice);
     if (!scratch)
         return fp_host()->set_error(FLASHPORT_ERR_OUT_OF_MEMORY,
                                     "cpu flash forward: cannot allocate %d x %zu bytes of scratch",
-                                    threads, L.total * sizeof(float));
+                                    threads, c.L.total * sizeof(float));
 
 #ifdef _OPENMP
 #pragma omp parallel num_threads(threads)
@@ -200,7 +306,7 @@ flashport_status fp_cpu_flash_forward(const fp_problem *p)
 #endif
         for (int64_t t = 0; t < plan.num_tasks; t++) {
             const fp_plan_task task = fp_plan_task_at(&plan, &shape, t);
-            fwd_block(p, &plan, ops, &L, mine, task.batch, task.head, task.q_block * block_q);
+            fwd_block(&c, mine, task.batch, task.head, task.q_block * BLOCK_Q);
         }
     }
     fp_scratch_free(scratch);

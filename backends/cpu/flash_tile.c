@@ -1,16 +1,10 @@
 /*
- * Portable tile layer of the CPU flash kernels (contract in flash_tile.h): the f32 tile products,
- * tile loads/stores with f16/bf16 conversion (core/dtype.h) and per-thread scratch.
- *
- * Products: all three are one register-blocked kernel C (+)= A B, with A read through (row,
- * column) strides, so the transposed operand of P^T X costs nothing, and B and C row-major. C is
- * computed in MR x NR = 6 x 8 blocks whose accumulators stay in registers across the whole
- * reduction: GCC/Clang generic 4-float vectors (SSE, NEON, any target; no intrinsics), unrolled
- * so the vector code does not depend on the optimization level; other compilers and edge blocks
- * take plain loops. Vectors run across output columns, never across the reduction, so each
- * output element is summed in index order whatever the thread count or schedule.
- * Target: any C11 compiler; tuned for 16 x 128-bit registers (x86-64 baseline SSE2, NEON).
- * Known differences from the reference: f32 accumulation instead of double.
+ * Tile loads, stores and packs of the CPU flash kernels (contract in flash_tile.h), and their
+ * per-thread scratch. Portable C: contiguous rows are copied (f32) or converted by the micro-kernel
+ * table's vector converters (f16, bf16); strided rows and transposes take plain loops, written
+ * so that the source is read row by row.
+ * Target: any C11 compiler. Known differences from the reference: none (conversions are exact,
+ * stores round to nearest even as core/dtype.h does).
  */
 #include "backends/cpu/flash_tile.h"
 
@@ -19,239 +13,153 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* Block of the products: MR rows x NR columns of C, 12 SSE/NEON registers of accumulators. */
-enum { MR = 6, NR = 8 };
-
-/* c[mr x nr] (+)= a[mr x k] b[k x nr] for mr <= MR, nr <= NR; a(r, p) = a[r * rsa + p * csa].
- * Plain C: the edge blocks, and every block on compilers without generic vectors. */
-static void block_scalar(int mr, int nr, int k, const float *a, ptrdiff_t rsa, ptrdiff_t csa,
-                         const float *restrict b, ptrdiff_t ldb, float *restrict c, ptrdiff_t ldc,
-                         int accumulate)
+static inline const uint16_t *u16_at(const fp_block *x, int64_t i)
 {
-    float t[MR][NR];
-    for (int r = 0; r < mr; r++)
-        for (int j = 0; j < nr; j++)
-            t[r][j] = accumulate ? c[r * ldc + j] : 0.0f;
-    for (int p = 0; p < k; p++) {
-        const float *restrict bp = b + p * ldb;
-        for (int r = 0; r < mr; r++) {
-            float ar = a[r * rsa + p * csa];
-            for (int j = 0; j < nr; j++)
-                t[r][j] += ar * bp[j];
+    return (const uint16_t *)x->data + x->off + i;
+}
+
+static inline const float *f32_at(const fp_block *x, int64_t i)
+{
+    return (const float *)x->data + x->off + i;
+}
+
+void fp_tile_load(float *dst, int ld, const fp_block *x, int rows, int d, const fp_ukernels *uk)
+{
+    for (int r = 0; r < rows; r++) {
+        float *out = dst + (ptrdiff_t)r * ld;
+        const int64_t o = r * x->rs;
+        if (x->cs == 1) {
+            switch (x->dtype) {
+            case FLASHPORT_F16:
+                uk->cvt_f16(d, u16_at(x, o), out);
+                break;
+            case FLASHPORT_BF16:
+                uk->cvt_bf16(d, u16_at(x, o), out);
+                break;
+            default:
+                memcpy(out, f32_at(x, o), sizeof(float) * (size_t)d);
+                break;
+            }
+            continue;
         }
-    }
-    for (int r = 0; r < mr; r++)
-        for (int j = 0; j < nr; j++)
-            c[r * ldc + j] = t[r][j];
-}
-
-#if defined(__GNUC__)
-/* GCC/Clang generic vectors of 4 floats (no ISA intrinsics: SSE, NEON, anything), so the
- * accumulators of a block stay in registers across the whole reduction. */
-typedef float fp_vec4 __attribute__((vector_size(16)));
-enum { NV = NR / 4 };
-
-/* block_scalar for nr == NR. Always inlined into rows_vec's switch, so mr is a constant and the
- * unrolled loops leave mr x NV vector accumulators. */
-static inline __attribute__((always_inline)) void
-block_vec(int mr, int k, const float *a, ptrdiff_t rsa, ptrdiff_t csa, const float *restrict b,
-          ptrdiff_t ldb, float *restrict c, ptrdiff_t ldc, int accumulate)
-{
-    fp_vec4 t[MR][NV];
-#pragma GCC unroll 8
-    for (int r = 0; r < mr; r++)
-#pragma GCC unroll 8
-        for (int v = 0; v < NV; v++) {
-            fp_vec4 x = {0};
-            if (accumulate)
-                memcpy(&x, c + r * ldc + 4 * v, sizeof x);
-            t[r][v] = x;
-        }
-    for (int p = 0; p < k; p++) {
-        fp_vec4 bp[NV];
-#pragma GCC unroll 8
-        for (int v = 0; v < NV; v++)
-            memcpy(&bp[v], b + p * ldb + 4 * v, sizeof bp[v]);
-        const float *ap = a + p * csa;
-#pragma GCC unroll 8
-        for (int r = 0; r < mr; r++) {
-            const float ar = ap[r * rsa];
-#pragma GCC unroll 8
-            for (int v = 0; v < NV; v++)
-                t[r][v] += ar * bp[v];
-        }
-    }
-#pragma GCC unroll 8
-    for (int r = 0; r < mr; r++)
-#pragma GCC unroll 8
-        for (int v = 0; v < NV; v++) {
-            fp_vec4 x = t[r][v];
-            memcpy(c + r * ldc + 4 * v, &x, sizeof x);
-        }
-}
-
-static void block_full_width(int mr, int k, const float *a, ptrdiff_t rsa, ptrdiff_t csa,
-                             const float *b, ptrdiff_t ldb, float *c, ptrdiff_t ldc, int accumulate)
-{
-    switch (mr) {
-    case 6:
-        block_vec(6, k, a, rsa, csa, b, ldb, c, ldc, accumulate);
-        break;
-    case 5:
-        block_vec(5, k, a, rsa, csa, b, ldb, c, ldc, accumulate);
-        break;
-    case 4:
-        block_vec(4, k, a, rsa, csa, b, ldb, c, ldc, accumulate);
-        break;
-    case 3:
-        block_vec(3, k, a, rsa, csa, b, ldb, c, ldc, accumulate);
-        break;
-    case 2:
-        block_vec(2, k, a, rsa, csa, b, ldb, c, ldc, accumulate);
-        break;
-    default:
-        block_vec(1, k, a, rsa, csa, b, ldb, c, ldc, accumulate);
-        break;
-    }
-}
-#else
-static void block_full_width(int mr, int k, const float *a, ptrdiff_t rsa, ptrdiff_t csa,
-                             const float *b, ptrdiff_t ldb, float *c, ptrdiff_t ldc, int accumulate)
-{
-    block_scalar(mr, NR, k, a, rsa, csa, b, ldb, c, ldc, accumulate);
-}
-#endif
-
-/* c[m x n] (+)= A[m x k] b[k x n], A(r, p) = a[r * rsa + p * csa], b and c row-major. */
-static void gemm(int m, int n, int k, const float *a, ptrdiff_t rsa, ptrdiff_t csa, const float *b,
-                 ptrdiff_t ldb, float *c, ptrdiff_t ldc, int accumulate)
-{
-    for (int i = 0; i < m; i += MR) {
-        const int mr = m - i < MR ? m - i : MR;
-        const float *ai = a + i * rsa;
-        for (int j = 0; j < n; j += NR) {
-            float *cij = c + i * ldc + j;
-            if (n - j >= NR)
-                block_full_width(mr, k, ai, rsa, csa, b + j, ldb, cij, ldc, accumulate);
-            else
-                block_scalar(mr, n - j, k, ai, rsa, csa, b + j, ldb, cij, ldc, accumulate);
-        }
-    }
-}
-
-static void qk_tile(int m, int n, int d, const float *q, int ldq, const float *kt, int ldkt,
-                    float *s, int lds)
-{
-    gemm(m, n, d, q, ldq, 1, kt, ldkt, s, lds, 0);
-}
-
-static void pv_tile(int m, int n, int d, const float *p, int ldp, const float *v, int ldv, float *o,
-                    int ldo)
-{
-    gemm(m, d, n, p, ldp, 1, v, ldv, o, ldo, 1);
-}
-
-static void ptx_tile(int m, int n, int d, const float *p, int ldp, const float *x, int ldx,
-                     float *g, int ldg)
-{
-    gemm(n, d, m, p, 1, ldp, x, ldx, g, ldg, 1);
-}
-
-static const fp_tile_ops portable_ops = {qk_tile, pv_tile, ptx_tile};
-
-const fp_tile_ops *fp_cpu_tile_ops(void)
-{
-    return &portable_ops;
-}
-
-/* One row of d elements, x[off + c * cs], into dst, times scale. The dtype switch sits outside
- * the loops so each loop is a plain conversion the compiler can vectorize. */
-static void load_row(float *restrict dst, const void *x, flashport_dtype dtype, int64_t off,
-                     int64_t cs, int d, float scale)
-{
-    switch (dtype) {
-    case FLASHPORT_F16: {
-        const uint16_t *src = (const uint16_t *)x + off;
         for (int c = 0; c < d; c++)
-            dst[c] = scale * fp_f16_to_f32(src[c * cs]);
-        break;
-    }
-    case FLASHPORT_BF16: {
-        const uint16_t *src = (const uint16_t *)x + off;
-        for (int c = 0; c < d; c++)
-            dst[c] = scale * fp_bf16_to_f32(src[c * cs]);
-        break;
-    }
-    default: {
-        const float *src = (const float *)x + off;
-        if (cs == 1 && scale == 1.0f)
-            memcpy(dst, src, sizeof(float) * (size_t)d);
-        else
-            for (int c = 0; c < d; c++)
-                dst[c] = scale * src[c * cs];
-        break;
-    }
+            out[c] = fp_load(x->data, x->off + o + c * x->cs, x->dtype);
     }
 }
 
-void fp_tile_load(float *dst, int ld, const void *x, flashport_dtype dtype, int64_t off,
-                  int64_t row_stride, int64_t col_stride, int rows, int d, float scale)
+void fp_tile_load_t(float *dst, int ld, const fp_block *x, int rows, int d)
 {
-    for (int r = 0; r < rows; r++)
-        load_row(dst + (ptrdiff_t)r * ld, x, dtype, off + r * row_stride, col_stride, d, scale);
-}
-
-void fp_tile_load_t(float *dst, int ld, const void *x, flashport_dtype dtype, int64_t off,
-                    int64_t row_stride, int64_t col_stride, int rows, int d)
-{
-    /* Bands of 16 source rows: each source row is read sequentially and each destination row
-     * receives 64 contiguous bytes per band. Walking a whole column at once instead strides
-     * through the source by the row pitch, which for power-of-two head counts maps every access
-     * to one L1 set. */
+    /* Bands of 16 source rows: each source row is read in order and each destination row gets
+     * 64 contiguous bytes per band. Walking one whole column at a time instead strides through
+     * the source by the row pitch, which for power-of-two head counts maps every access to one
+     * L1 set. */
     enum { BAND = 16 };
     for (int r0 = 0; r0 < rows; r0 += BAND) {
         const int nr = rows - r0 < BAND ? rows - r0 : BAND;
         for (int c = 0; c < d; c++) {
             float *restrict out = dst + (ptrdiff_t)c * ld + r0;
-            const int64_t o = off + r0 * row_stride + c * col_stride;
-            switch (dtype) {
+            const int64_t o = r0 * x->rs + c * x->cs;
+            switch (x->dtype) {
             case FLASHPORT_F16:
                 for (int r = 0; r < nr; r++)
-                    out[r] = fp_f16_to_f32(((const uint16_t *)x)[o + r * row_stride]);
+                    out[r] = fp_f16_to_f32(*u16_at(x, o + r * x->rs));
                 break;
             case FLASHPORT_BF16:
                 for (int r = 0; r < nr; r++)
-                    out[r] = fp_bf16_to_f32(((const uint16_t *)x)[o + r * row_stride]);
+                    out[r] = fp_bf16_to_f32(*u16_at(x, o + r * x->rs));
                 break;
             default:
                 for (int r = 0; r < nr; r++)
-                    out[r] = ((const float *)x)[o + r * row_stride];
+                    out[r] = *f32_at(x, o + r * x->rs);
                 break;
             }
         }
     }
+    for (int c = 0; c < d; c++)
+        memset(dst + (ptrdiff_t)c * ld + rows, 0, sizeof(float) * (size_t)(ld - rows));
 }
 
-void fp_tile_store(void *x, flashport_dtype dtype, int64_t off, int64_t row_stride,
-                   int64_t col_stride, const float *src, int ld, int rows, int d, float scale)
+void fp_tile_store(const fp_block *x, const float *src, int ld, int rows, int d, float scale)
 {
     for (int r = 0; r < rows; r++) {
         const float *s = src + (ptrdiff_t)r * ld;
-        int64_t o = off + r * row_stride;
-        switch (dtype) {
+        const int64_t o = x->off + r * x->rs;
+        void *base = x->data;
+        switch (x->dtype) {
         case FLASHPORT_F16:
             for (int c = 0; c < d; c++)
-                ((uint16_t *)x)[o + c * col_stride] = fp_f32_to_f16(scale * s[c]);
+                ((uint16_t *)base)[o + c * x->cs] = fp_f32_to_f16(scale * s[c]);
             break;
         case FLASHPORT_BF16:
             for (int c = 0; c < d; c++)
-                ((uint16_t *)x)[o + c * col_stride] = fp_f32_to_bf16(scale * s[c]);
+                ((uint16_t *)base)[o + c * x->cs] = fp_f32_to_bf16(scale * s[c]);
             break;
         default:
             for (int c = 0; c < d; c++)
-                ((float *)x)[o + c * col_stride] = scale * s[c];
+                ((float *)base)[o + c * x->cs] = scale * s[c];
             break;
         }
+    }
+}
+
+void fp_tile_store_t(const fp_block *x, const float *src, int ld, int rows, int d, float scale)
+{
+    void *base = x->data;
+    for (int r = 0; r < rows; r++) {
+        const int64_t o = x->off + r * x->rs;
+        for (int c = 0; c < d; c++)
+            fp_store(base, o + c * x->cs, x->dtype, scale * src[(ptrdiff_t)c * ld + r]);
+    }
+}
+
+void fp_tile_pairs_t(uint32_t *dst, int ld, const fp_block *x, int rows, int d)
+{
+    const int pairs = (d + 1) / 2;
+    for (int r = 0; r < rows; r++) {
+        const uint16_t *row = u16_at(x, r * x->rs);
+        for (int p = 0; p < pairs; p++) {
+            const uint32_t lo = row[2 * p * x->cs];
+            const uint32_t hi = 2 * p + 1 < d ? row[(2 * p + 1) * x->cs] : 0u;
+            dst[(ptrdiff_t)p * ld + r] = lo | hi << 16;
+        }
+    }
+    for (int p = 0; p < pairs; p++)
+        memset(dst + (ptrdiff_t)p * ld + rows, 0, sizeof(uint32_t) * (size_t)(ld - rows));
+}
+
+void fp_tile_pairs_rows(uint32_t *dst, int ld, const fp_block *x, int rows, int d)
+{
+    for (int p = 0; 2 * p < rows; p++) {
+        uint32_t *restrict out = dst + (ptrdiff_t)p * ld;
+        const uint16_t *even = u16_at(x, 2 * p * x->rs);
+        if (2 * p + 1 == rows) {
+            for (int c = 0; c < d; c++)
+                out[c] = even[c * x->cs];
+            continue;
+        }
+        const uint16_t *odd = u16_at(x, (2 * p + 1) * x->rs);
+        if (x->cs == 1) {
+            for (int c = 0; c < d; c++)
+                out[c] = (uint32_t)even[c] | (uint32_t)odd[c] << 16;
+        } else {
+            for (int c = 0; c < d; c++)
+                out[c] = (uint32_t)even[c * x->cs] | (uint32_t)odd[c * x->cs] << 16;
+        }
+    }
+}
+
+void fp_tile_load_bf16(uint16_t *dst, int ld, const fp_block *x, int rows, int d)
+{
+    for (int r = 0; r < rows; r++) {
+        uint16_t *out = dst + (ptrdiff_t)r * ld;
+        const uint16_t *row = u16_at(x, r * x->rs);
+        if (x->cs == 1)
+            memcpy(out, row, sizeof(uint16_t) * (size_t)d);
+        else
+            for (int c = 0; c < d; c++)
+                out[c] = row[c * x->cs];
+        if (d % 2)
+            out[d] = 0;
     }
 }
 

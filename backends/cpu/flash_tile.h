@@ -1,82 +1,65 @@
 /*
- * The tile layer of the CPU flash kernels (flash_fwd.c, flash_bwd.c): the f32 tile products the
- * kernels are built from, tile loads/stores with dtype conversion, and per-thread scratch. Block
- * sizes come from core/plan.h (fp_plan_cpu_tiles).
+ * The tile layer of the CPU flash kernels (flash_fwd.c, flash_bwd.c): moving blocks of the
+ * caller's strided tensors (f32, f16, bf16) into the tiles the micro-kernels work on (layout
+ * contract in ukernel.h), back out, and per-thread scratch. Portable C; conversions of contiguous
+ * rows go through the micro-kernel table's vector converters.
  *
- * Split after BLIS: the kernels are a portable framework that moves data between the caller's
- * strided tensors and small f32 tiles; every O(m * n * d) inner product goes through the
- * fp_tile_ops table, so an ISA-specific micro-kernel (AVX-512, NEON) can replace a product
- * without touching the framework. The portable products (flash_tile.c) are C with GCC/Clang
- * generic vectors (plain loops elsewhere), no ISA intrinsics.
- *
- * Tile layout (the contract every fp_tile_ops implementation follows):
- *   a tile is row-major f32: element (r, c) of a tile `x` with leading dimension `ldx` is
- *   x[r * ldx + c]. Leading dimensions are in elements, at least the tile's column count.
- *   Products read exactly the m/n/d extents they are given and write only the output extent; they
- *   never read or write padding, so callers may pass any m, n, d >= 1. Output tiles never alias
- *   input tiles. Every output element must be summed in an order fixed by (m, n, d) alone, never by
- *   threads or timing, so a product is deterministic for given inputs (the backward's
- *   bitwise-reproducibility rests on it).
+ * Tiles are row-major with a leading dimension from fp_tile_ld (a multiple of FP_TILE_COLS
+ * floats), in 64-byte aligned scratch. Three shapes occur:
+ *   row tile     dst[r * ld + c] = x(r, c)                    (rows x d)
+ *   transposed   dst[c * ld + r] = x(r, c)                    (d x rows; query blocks as columns)
+ *   bf16 pairs   one uint32 holds two bf16 neighbours along the reduction of a product
+ *                (low half: the even one), for vdpbf16ps (ukernel.h, gemm_bf16).
+ * x(r, c) is element off + r * row_stride + c * col_stride of the tensor.
  */
 #ifndef FLASHPORT_BACKENDS_CPU_FLASH_TILE_H
 #define FLASHPORT_BACKENDS_CPU_FLASH_TILE_H
 
+#include "backends/cpu/ukernel.h"
 #include "core/backend.h"
-#include "core/mask.h"
 
-#include <math.h>
 #include <stddef.h>
 #include <stdint.h>
 
-/* The f32 tile products. m: query rows, n: key rows, d: head dim (see layout above). */
-typedef struct fp_tile_ops {
-    /* s[m x n] = q[m x d] * kt[d x n]: scores from a query tile and a transposed key tile
-     * (also dP = dO V^T with dO and a transposed value tile). Overwrites s. */
-    void (*qk)(int m, int n, int d, const float *q, int ldq, const float *kt, int ldkt, float *s,
-               int lds);
-    /* o[m x d] += p[m x n] * v[n x d]: probabilities times values (also dQ += dS K). */
-    void (*pv)(int m, int n, int d, const float *p, int ldp, const float *v, int ldv, float *o,
-               int ldo);
-    /* g[n x d] += p[m x n]^T * x[m x d]: per-key accumulation over query rows
-     * (dV += P^T dO, dK += dS^T Q). */
-    void (*ptx)(int m, int n, int d, const float *p, int ldp, const float *x, int ldx, float *g,
-                int ldg);
-} fp_tile_ops;
-
-/* The products this build runs: the portable C ones (an ISA dispatch would choose here). */
-const fp_tile_ops *fp_cpu_tile_ops(void);
-
-/* Leading dimension used for tiles with `cols` columns: rounded up to 16 floats so every row starts
- * on a 64-byte boundary of a 64-byte aligned buffer. */
+/* Leading dimension (and padded width) of a tile with `cols` columns. */
 static inline int fp_tile_ld(int64_t cols)
 {
-    return (int)((cols + 15) / 16 * 16);
+    return (int)((cols + FP_TILE_COLS - 1) / FP_TILE_COLS * FP_TILE_COLS);
 }
 
-/* Sets the scores of keys outside query row i's window to -inf; s holds keys j0 .. j0 + n - 1. */
-static inline void fp_row_mask(float *s, int n, int64_t i, int64_t j0, int64_t nq, int64_t nk,
-                               int64_t left, int64_t right)
-{
-    int64_t lo = fp_mask_lo(i, nq, nk, left) - j0;
-    int64_t hi = fp_mask_hi(i, nq, nk, right) - j0;
-    for (int j = 0; j < n; j++)
-        if (j < lo || j >= hi)
-            s[j] = -INFINITY;
-}
+/* A block of a strided tensor: element (r, c) is at data + off + r * rs + c * cs. */
+typedef struct fp_block {
+    void *data; /* written only by the store functions */
+    flashport_dtype dtype;
+    int64_t off, rs, cs;
+} fp_block;
 
-/* Loads rows x d elements of a strided tensor into a tile, times `scale`:
- *   dst[r * ld + c] = scale * x[off + r * row_stride + c * col_stride]. */
-void fp_tile_load(float *dst, int ld, const void *x, flashport_dtype dtype, int64_t off,
-                  int64_t row_stride, int64_t col_stride, int rows, int d, float scale);
+/* Row tile, f32: dst[r * ld + c] = x(r, c) for r < rows, c < d. */
+void fp_tile_load(float *dst, int ld, const fp_block *x, int rows, int d, const fp_ukernels *uk);
 
-/* The same elements, transposed into the tile: dst[c * ld + r] = x[off + r * rs + c * cs]. */
-void fp_tile_load_t(float *dst, int ld, const void *x, flashport_dtype dtype, int64_t off,
-                    int64_t row_stride, int64_t col_stride, int rows, int d);
+/* Transposed tile, f32: dst[c * ld + r] = x(r, c) for c < d, r < rows; columns rows .. ld - 1
+ * are set to 0 so the padding of a query block stays finite. */
+void fp_tile_load_t(float *dst, int ld, const fp_block *x, int rows, int d);
 
-/* Stores rows x d tile elements, times `scale`, into a strided tensor of `dtype` (rounded to
- * nearest even for f16/bf16). */
-void fp_tile_store(void *x, flashport_dtype dtype, int64_t off, int64_t row_stride,
-                   int64_t col_stride, const float *src, int ld, int rows, int d, float scale);
+/* Stores rows x d elements of a row tile, times scale, into the tensor (f16/bf16 rounded to
+ * nearest even). */
+void fp_tile_store(const fp_block *x, const float *src, int ld, int rows, int d, float scale);
+
+/* Stores the transpose of a d x rows tile: x(r, c) = scale * src[c * ld + r]. */
+void fp_tile_store_t(const fp_block *x, const float *src, int ld, int rows, int d, float scale);
+
+/* bf16 pairs along the columns, transposed (the query side of S^T = K Q^T):
+ * dst[p * ld + r] = x(r, 2p) | x(r, 2p + 1) << 16 for p < ceil(d / 2), r < rows; a missing odd
+ * element and the columns rows .. ld - 1 are 0. x must be bf16. */
+void fp_tile_pairs_t(uint32_t *dst, int ld, const fp_block *x, int rows, int d);
+
+/* bf16 pairs down the rows (V for P V): dst[p * ld + c] = x(2p, c) | x(2p + 1, c) << 16 for
+ * p < ceil(rows / 2), c < d; a missing odd row is 0. x must be bf16. */
+void fp_tile_pairs_rows(uint32_t *dst, int ld, const fp_block *x, int rows, int d);
+
+/* bf16 row tile with an even row length: dst[r * ld + c] = x(r, c), and dst[r * ld + d] = 0 when
+ * d is odd (K for gemm_bf16 when it cannot be read in place). ld counts uint16 elements. */
+void fp_tile_load_bf16(uint16_t *dst, int ld, const fp_block *x, int rows, int d);
 
 /* 64-byte aligned, zeroed per-thread scratch: `threads` slices of `floats_per_thread` floats each
  * (each slice rounded up to a multiple of 16 floats). NULL when the allocation fails. */

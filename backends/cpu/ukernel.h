@@ -1,0 +1,115 @@
+/*
+ * The CPU micro-kernel contract: everything in the flash kernels that costs O(m * n * d) or runs
+ * once per score goes through one fp_ukernels table, chosen at run time from what the CPU can
+ * execute (isa.c). The tile loop itself (online softmax state, masking, block skipping, packing,
+ * threading) is portable C in flash_fwd.c / flash_bwd.c and never depends on the ISA.
+ *
+ * Split after BLIS: one framework, small per-ISA kernels, a table of kernel pointers.
+ *   ukernel_scalar.c      plain C (GCC/Clang generic 4-float vectors), any target
+ *   ukernel_avx2.c        AVX2 + FMA + F16C (x86-64)
+ *   ukernel_avx512.c      AVX-512 F/BW/VL f32 (x86-64)
+ *   ukernel_avx512bf16.c  the AVX-512 table plus bf16 dot products (vdpbf16ps) for bf16 inputs
+ *   ukernel_neon.c        AArch64 Advanced SIMD
+ * Each ISA file is compiled with its own target flags (CMakeLists.txt) and only called after
+ * isa.c has checked that the CPU runs it.
+ *
+ * Tile layout, the contract of every entry below:
+ *   - A "tile" is row-major: element (r, c) of tile x with leading dimension ldx is x[r * ldx + c].
+ *     Tiles are scratch memory of the kernels, 64-byte aligned, with ldx a multiple of
+ *     FP_TILE_COLS, and every row padded to a multiple of FP_TILE_COLS columns. Kernels may read
+ *     and write the padding columns of the tiles they are given (garbage in, garbage out: a
+ *     padding column never feeds a real one); per-column vectors (mx, sub, sum, di) are padded
+ *     the same way.
+ *   - The A operand of a product is not a tile: it is read through (row, column) strides, exactly
+ *     its m x k elements and nothing else, so it may be the caller's tensor itself (for instance
+ *     K in place) or a transposed view (P^T read as P).
+ *   - Outputs never alias inputs.
+ *   - Every output element is summed in an order fixed by the call's extents alone (the product
+ *     reduction runs p = 0, 1, ..., k - 1 into one accumulator), never by threads or timing: the
+ *     backward's bitwise reproducibility rests on it. Different tables may round differently.
+ *   - The exponential is 2^x (scores are kept in log2 units) with about 1 ulp of error on
+ *     [-126, 127]; anything below -126, -inf included, gives exactly 0.
+ */
+#ifndef FLASHPORT_BACKENDS_CPU_UKERNEL_H
+#define FLASHPORT_BACKENDS_CPU_UKERNEL_H
+
+#include "flashport.h"
+
+#include <stddef.h>
+#include <stdint.h>
+
+/* Tile rows are padded to this many floats (one 64-byte line, one AVX-512 register). */
+#define FP_TILE_COLS 16
+
+/* 2^f on [-0.5, 0.5] = 1 + f (C1 + f (C2 + ...)): minimax for relative error (4.6e-9, below f32
+ * rounding), constant term pinned to 1 so that 2^0 == 1 exactly (the row maximum gets P = 1). */
+#define FP_EXP2_C1 6.931471825e-01f
+#define FP_EXP2_C2 2.402265072e-01f
+#define FP_EXP2_C3 5.550336465e-02f
+#define FP_EXP2_C4 9.617960081e-03f
+#define FP_EXP2_C5 1.339753857e-03f
+#define FP_EXP2_C6 1.549740118e-04f
+
+typedef struct fp_ukernels {
+    const char *name;     /* FLASHPORT_CPU_ISA spelling: "avx512bf16", "avx512", ... */
+    const char *describe; /* one line for FLASHPORT_LOG: vector width, register block */
+
+    /* C[m x n] (+)= A[m x k] B[k x n], f32. A(r, p) = a[r * rsa + p * csa]; B and C tiles.
+     * accumulate = 0 overwrites C. */
+    void (*gemm)(int m, int n, int k, const float *a, ptrdiff_t rsa, ptrdiff_t csa, const float *b,
+                 ptrdiff_t ldb, float *c, ptrdiff_t ldc, int accumulate);
+
+    /* The same with bf16 pairs, NULL where the ISA has no bf16 dot product:
+     * C[m x n] (+)= sum over pairs p < kp of A2(r, p) . B2(p, col), where A2(r, p) is the two bf16
+     * at a[r * rsa + p * csa] and a[r * rsa + p * csa + 1] (strides in bf16 elements) and B2 is a
+     * tile of uint32 pairs (low half: element 2p, high half: element 2p + 1). Products of bf16 are
+     * exact in f32; each pair is added to the f32 accumulator as vdpbf16ps does. */
+    void (*gemm_bf16)(int m, int n, int kp, const uint16_t *a, ptrdiff_t rsa, ptrdiff_t csa,
+                      const uint32_t *b, ptrdiff_t ldb, float *c, ptrdiff_t ldc, int accumulate);
+
+    /* Column-wise softmax pieces over a tile whose columns are query rows (keys down the rows):
+     * mx[c] = max(mx[c], max over r < rows of s[r][c]). */
+    void (*col_max)(int rows, int cols, const float *s, ptrdiff_t lds, float *mx);
+    /* s[r][c] = 2^(s[r][c] * mul - sub[c]) in place; sum[c] += the column's new values (sum may
+     * be NULL). sub[c] must be finite. */
+    void (*exp2_cols)(int rows, int cols, float *s, ptrdiff_t lds, float mul, const float *sub,
+                      float *sum);
+    /* exp2_cols writing bf16 pairs instead (NULL when gemm_bf16 is NULL): pairs[r2][c] holds the
+     * values of rows 2 r2 and 2 r2 + 1 (a missing last odd row is 0), rounded to nearest even;
+     * sum[c] adds the f32 values before rounding. s is left unchanged. */
+    void (*exp2_cols_bf16)(int rows, int cols, const float *s, ptrdiff_t lds, float mul,
+                           const float *sub, float *sum, uint32_t *pairs, ptrdiff_t ldpairs);
+    /* dp[r][c] = p[r][c] * (dp[r][c] - di[c]): the softmax gradient dS from P and dP. */
+    void (*dsoftmax_cols)(int rows, int cols, const float *p, ptrdiff_t ldp, float *dp,
+                          ptrdiff_t lddp, const float *di);
+    /* x[r][c] *= f[r] for c < cols. */
+    void (*scale_rows)(int rows, int cols, float *x, ptrdiff_t ldx, const float *f);
+
+    /* n contiguous f16 / bf16 values to f32 (exact; NaN stays NaN). Any n, no padding needed. */
+    void (*cvt_f16)(int n, const uint16_t *src, float *dst);
+    void (*cvt_bf16)(int n, const uint16_t *src, float *dst);
+} fp_ukernels;
+
+/* The tables this build contains: which ones depends on the target architecture and the
+ * compiler's flags (CMakeLists.txt defines FLASHPORT_UK_<ISA> for each file it builds). */
+extern const fp_ukernels fp_ukernels_scalar;
+#if defined(FLASHPORT_UK_AVX2)
+extern const fp_ukernels fp_ukernels_avx2;
+#endif
+#if defined(FLASHPORT_UK_AVX512)
+extern const fp_ukernels fp_ukernels_avx512;
+#endif
+#if defined(FLASHPORT_UK_AVX512BF16)
+extern const fp_ukernels fp_ukernels_avx512bf16;
+#endif
+#if defined(FLASHPORT_UK_NEON)
+extern const fp_ukernels fp_ukernels_neon;
+#endif
+
+/* The table this process runs, chosen once: FLASHPORT_CPU_ISA if set, else the best the CPU
+ * supports. When FLASHPORT_CPU_ISA names an unknown ISA (FLASHPORT_ERR_INVALID_VALUE) or one that
+ * this build or this CPU cannot run (FLASHPORT_ERR_UNSUPPORTED_FEATURE), returns that status with
+ * the error set, on every call. *why says how the table was chosen (for FLASHPORT_LOG). */
+flashport_status fp_cpu_ukernels(const fp_ukernels **uk, const char **why);
+
+#endif /* FLASHPORT_BACKENDS_CPU_UKERNEL_H */

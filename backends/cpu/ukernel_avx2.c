@@ -1,0 +1,124 @@
+/*
+ * AVX2 + FMA micro-kernels (contract in ukernel.h): FLASHPORT_CPU_ISA=avx2; the default on x86-64
+ * CPUs with AVX2, FMA and F16C but no AVX-512.
+ *
+ * Products: ukernel_gemm.h with a 6 x 16 register block on ymm registers: 12 accumulators, 2 B
+ * vectors and a broadcast fill the 16 registers. exp2: vroundps to nearest, the shared
+ * polynomial (ukernel.h), 2^n built in the exponent field (n is clamped to [-126, 127], and lanes
+ * below -126 are zeroed by a mask). f16 storage converts with vcvtph2ps (F16C), bf16 by shifting
+ * into the high half.
+ * Target: x86-64 with AVX2, FMA, F16C (compiled with those flags alone; isa.c checks the CPU).
+ * Known differences from the reference: f32 accumulation with FMA; the polynomial exp2.
+ */
+#include "backends/cpu/ukernel.h"
+
+#include <immintrin.h>
+
+typedef __m256 uk_vec;
+#define UK_LANES 8
+#define UK_MR    6
+#define UK_NV    2
+
+static inline uk_vec uk_zero(void)
+{
+    return _mm256_setzero_ps();
+}
+static inline uk_vec uk_set1(float x)
+{
+    return _mm256_set1_ps(x);
+}
+static inline uk_vec uk_load(const float *p)
+{
+    return _mm256_loadu_ps(p);
+}
+static inline void uk_store(float *p, uk_vec v)
+{
+    _mm256_storeu_ps(p, v);
+}
+static inline uk_vec uk_add(uk_vec a, uk_vec b)
+{
+    return _mm256_add_ps(a, b);
+}
+static inline uk_vec uk_sub(uk_vec a, uk_vec b)
+{
+    return _mm256_sub_ps(a, b);
+}
+static inline uk_vec uk_mul(uk_vec a, uk_vec b)
+{
+    return _mm256_mul_ps(a, b);
+}
+static inline uk_vec uk_madd(uk_vec a, uk_vec b, uk_vec c)
+{
+    return _mm256_fmadd_ps(a, b, c);
+}
+static inline uk_vec uk_max(uk_vec a, uk_vec b)
+{
+    return _mm256_max_ps(a, b);
+}
+
+static inline uk_vec uk_exp2(uk_vec x)
+{
+    /* NLT_UQ keeps NaN lanes; max/min with the constant first pass NaN through. */
+    const __m256 keep = _mm256_cmp_ps(x, _mm256_set1_ps(-126.0f), _CMP_NLT_UQ);
+    x = _mm256_min_ps(_mm256_set1_ps(127.0f), _mm256_max_ps(_mm256_set1_ps(-126.0f), x));
+    const __m256 n = _mm256_round_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    const __m256 f = _mm256_sub_ps(x, n);
+    __m256 p = _mm256_set1_ps(FP_EXP2_C6);
+    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(FP_EXP2_C5));
+    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(FP_EXP2_C4));
+    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(FP_EXP2_C3));
+    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(FP_EXP2_C2));
+    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(FP_EXP2_C1));
+    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(1.0f));
+    const __m256i e =
+        _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+    return _mm256_and_ps(keep, _mm256_mul_ps(p, _mm256_castsi256_ps(e)));
+}
+
+#include "backends/cpu/ukernel_ops.h"
+
+static inline __m256 bf16x8(__m128i h)
+{
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+}
+
+static void cvt_f16(int n, const uint16_t *src, float *dst)
+{
+    int i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(src + i))));
+    if (i < n) {
+        uint16_t in[8] = {0};
+        float out[8];
+        for (int j = 0; j < n - i; j++)
+            in[j] = src[i + j];
+        _mm256_storeu_ps(out, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)in)));
+        for (int j = 0; j < n - i; j++)
+            dst[i + j] = out[j];
+    }
+}
+
+static void cvt_bf16(int n, const uint16_t *src, float *dst)
+{
+    int i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(dst + i, bf16x8(_mm_loadu_si128((const __m128i *)(src + i))));
+    if (i < n) {
+        uint16_t in[8] = {0};
+        float out[8];
+        for (int j = 0; j < n - i; j++)
+            in[j] = src[i + j];
+        _mm256_storeu_ps(out, bf16x8(_mm_loadu_si128((const __m128i *)in)));
+        for (int j = 0; j < n - i; j++)
+            dst[i + j] = out[j];
+    }
+}
+
+const fp_ukernels fp_ukernels_avx2 = {
+    "avx2",        "AVX2 f32 FMA, 6x16 register block",
+    uk_gemm,       NULL,
+    uk_col_max,    uk_exp2_cols,
+    NULL,          uk_dsoftmax_cols,
+    uk_scale_rows, cvt_f16,
+    cvt_bf16,
+};

@@ -1,0 +1,25 @@
+/*
+ * AVX-512 f32 micro-kernels (contract in ukernel.h): FMA on zmm registers, 6 x 64 register block
+ * (primitives and the block's reasoning in ukernel_avx512.h), f16/bf16 storage converted to f32
+ * with vcvtph2ps / shifts. FLASHPORT_CPU_ISA=avx512; the default on AVX-512 CPUs without BF16,
+ * and the f32 and f16 half of the avx512bf16 table.
+ * Target: x86-64 with AVX-512 F, BW, VL (compiled with those flags alone; isa.c checks the CPU).
+ * Known differences from the reference: f32 accumulation with FMA; the polynomial exp2.
+ */
+#include "backends/cpu/ukernel_avx512.h"
+
+#include "backends/cpu/ukernel_ops.h"
+
+const fp_ukernels fp_ukernels_avx512 = {
+    "avx512",
+    "AVX-512 f32 FMA, 6x64 register block",
+    uk_gemm,
+    NULL,
+    uk_col_max,
+    uk_exp2_cols,
+    NULL,
+    uk_dsoftmax_cols,
+    uk_scale_rows,
+    avx512_cvt_f16,
+    avx512_cvt_bf16,
+};

@@ -1,0 +1,82 @@
+/*
+ * AVX-512 BF16 micro-kernels (contract in ukernel.h): the AVX-512 f32 table (ukernel_avx512.h,
+ * used for f32 and f16 inputs) plus bf16 dot products for bf16 inputs. FLASHPORT_CPU_ISA=
+ * avx512bf16; the default where the CPU has AVX512_BF16.
+ *
+ * gemm_bf16: ukernel_gemm.h with vdpbf16ps as the multiply-add. A 32-bit broadcast carries a pair
+ * of bf16 (two consecutive elements of a row of K in place, or two keys of P), the B tile holds
+ * 16 pairs per register, and each instruction does 32 multiply-adds into 16 f32 accumulators: twice
+ * the work of an f32 FMA per instruction, with half the bytes loaded. The bf16 products are exact;
+ * each pair sum is rounded into the f32 accumulator.
+ * exp2_cols_bf16: the f32 exp2 of two key rows, rounded to bf16 by vcvtne2ps2bf16 (nearest even)
+ * and interleaved by vpermw into pairs: P enters P V in bf16, as in the GPU kernels (and as the
+ * tests' naive bf16 computation does); the row sums use the unrounded values.
+ * Target: x86-64 with AVX-512 F, BW, VL, BF16 (compiled with those flags alone).
+ * Known differences from the reference: Q K^T and P V from bf16 operands with f32 accumulation;
+ * P rounded to bf16 before P V.
+ */
+#include "backends/cpu/ukernel_avx512.h"
+
+#include "backends/cpu/ukernel_ops.h"
+
+#include <string.h>
+
+static inline __m512bh bcast_pair(const uint16_t *p)
+{
+    uint32_t pair;
+    memcpy(&pair, p, sizeof pair);
+    return (__m512bh)_mm512_set1_epi32((int)pair);
+}
+
+#define UK_GEMM               uk_gemm_bf16
+#define UK_GEMM_A             uint16_t
+#define UK_GEMM_B             uint32_t
+#define uk_gemm_avec          __m512bh
+#define uk_gemm_bvec          __m512bh
+#define uk_gemm_bcast(p)      bcast_pair(p)
+#define uk_gemm_loadb(p)      ((__m512bh)_mm512_loadu_si512((const void *)(p)))
+#define uk_gemm_madd(c, a, b) _mm512_dpbf16_ps(c, a, b)
+#include "backends/cpu/ukernel_gemm.h"
+
+static void uk_exp2_cols_bf16(int rows, int cols, const float *s, ptrdiff_t lds, float mul,
+                              const float *sub, float *sum, uint32_t *pairs, ptrdiff_t ldpairs)
+{
+    /* Word i of the result takes word i / 2 of the low (even row) or high (odd row) half. */
+    const __m512i interleave =
+        _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8, 23, 7, 22, 6,
+                         21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
+    const __m512 vmul = _mm512_set1_ps(mul);
+    for (int c = 0; c < cols; c += 16) {
+        const __m512 nsub = _mm512_sub_ps(_mm512_setzero_ps(), _mm512_loadu_ps(sub + c));
+        __m512 acc = _mm512_setzero_ps();
+        for (int r = 0; r < rows; r += 2) {
+            const __m512 e0 =
+                uk_exp2(_mm512_fmadd_ps(_mm512_loadu_ps(s + r * lds + c), vmul, nsub));
+            acc = _mm512_add_ps(acc, e0);
+            __m512 e1 = _mm512_setzero_ps();
+            if (r + 1 < rows) {
+                e1 = uk_exp2(_mm512_fmadd_ps(_mm512_loadu_ps(s + (r + 1) * lds + c), vmul, nsub));
+                acc = _mm512_add_ps(acc, e1);
+            }
+            const __m512i halves = (__m512i)_mm512_cvtne2ps_pbh(e1, e0);
+            _mm512_storeu_si512((void *)(pairs + (r / 2) * ldpairs + c),
+                                _mm512_permutexvar_epi16(interleave, halves));
+        }
+        if (sum)
+            _mm512_storeu_ps(sum + c, _mm512_add_ps(_mm512_loadu_ps(sum + c), acc));
+    }
+}
+
+const fp_ukernels fp_ukernels_avx512bf16 = {
+    "avx512bf16",
+    "AVX-512 f32 FMA, 6x64 register block; bf16 inputs: vdpbf16ps, 6x64 block of bf16 pairs",
+    uk_gemm,
+    uk_gemm_bf16,
+    uk_col_max,
+    uk_exp2_cols,
+    uk_exp2_cols_bf16,
+    uk_dsoftmax_cols,
+    uk_scale_rows,
+    avx512_cvt_f16,
+    avx512_cvt_bf16,
+};

@@ -1,0 +1,75 @@
+/*
+ * The fp_ukernels entries that every vector ISA implements the same way (ukernel.h has the
+ * contract): the f32 product (ukernel_gemm.h) and the column-wise softmax pieces. Included once by
+ * each ukernel_<isa>.c after it defines its vector primitives:
+ *   uk_vec, UK_LANES (divides FP_TILE_COLS), UK_MR, UK_NV
+ *   uk_zero(), uk_set1(x), uk_load(p), uk_store(p, v)     unaligned loads and stores
+ *   uk_add, uk_sub, uk_mul, uk_max(a, b)
+ *   uk_madd(a, b, c)    a * b + c (fused where the ISA has FMA)
+ *   uk_exp2(x)          2^x as the contract says (0 below -126, -inf included)
+ * Column-wise: a tile holds keys down its rows and query rows across its columns, so a query's
+ * softmax statistics are lane-wise reductions down a column, with no horizontal shuffles.
+ */
+
+#define UK_GEMM               uk_gemm
+#define UK_GEMM_A             float
+#define UK_GEMM_B             float
+#define uk_gemm_avec          uk_vec
+#define uk_gemm_bvec          uk_vec
+#define uk_gemm_bcast(p)      uk_set1(*(p))
+#define uk_gemm_loadb(p)      uk_load(p)
+#define uk_gemm_madd(c, a, b) uk_madd(a, b, c)
+#include "backends/cpu/ukernel_gemm.h"
+
+static void uk_col_max(int rows, int cols, const float *s, ptrdiff_t lds, float *mx)
+{
+    for (int c = 0; c < cols; c += UK_LANES) {
+        /* Two running maxima halve the dependency chain; max is exact, so the order is free. */
+        uk_vec m0 = uk_load(mx + c), m1 = m0;
+        int r = 0;
+        for (; r + 1 < rows; r += 2) {
+            m0 = uk_max(m0, uk_load(s + r * lds + c));
+            m1 = uk_max(m1, uk_load(s + (r + 1) * lds + c));
+        }
+        if (r < rows)
+            m0 = uk_max(m0, uk_load(s + r * lds + c));
+        uk_store(mx + c, uk_max(m0, m1));
+    }
+}
+
+static void uk_exp2_cols(int rows, int cols, float *s, ptrdiff_t lds, float mul, const float *sub,
+                         float *sum)
+{
+    const uk_vec vmul = uk_set1(mul);
+    for (int c = 0; c < cols; c += UK_LANES) {
+        const uk_vec nsub = uk_sub(uk_zero(), uk_load(sub + c));
+        uk_vec acc = uk_zero();
+        for (int r = 0; r < rows; r++) {
+            float *p = s + r * lds + c;
+            const uk_vec e = uk_exp2(uk_madd(uk_load(p), vmul, nsub));
+            uk_store(p, e);
+            acc = uk_add(acc, e);
+        }
+        if (sum)
+            uk_store(sum + c, uk_add(uk_load(sum + c), acc));
+    }
+}
+
+static void uk_dsoftmax_cols(int rows, int cols, const float *p, ptrdiff_t ldp, float *dp,
+                             ptrdiff_t lddp, const float *di)
+{
+    for (int r = 0; r < rows; r++)
+        for (int c = 0; c < cols; c += UK_LANES) {
+            float *d = dp + r * lddp + c;
+            uk_store(d, uk_mul(uk_load(p + r * ldp + c), uk_sub(uk_load(d), uk_load(di + c))));
+        }
+}
+
+static void uk_scale_rows(int rows, int cols, float *x, ptrdiff_t ldx, const float *f)
+{
+    for (int r = 0; r < rows; r++) {
+        const uk_vec fr = uk_set1(f[r]);
+        for (int c = 0; c < cols; c += UK_LANES)
+            uk_store(x + r * ldx + c, uk_mul(uk_load(x + r * ldx + c), fr));
+    }
+}

@@ -159,6 +159,10 @@ static const fp_backend_ops tp_ops = {
     tp_sync,
     tp_set_stream,
     tp_forward,
+    NULL, /* no backward */
+    NULL, /* no events: the core times with the host clock */
+    NULL,
+    NULL,
     NULL,
 };
 

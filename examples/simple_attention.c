@@ -69,7 +69,7 @@ int main(int argc, char **argv)
     srand(1);
     for (int t = 0; t < 4; t++) {
         for (size_t i = 0; i < counts[t]; i++)
-            host[i] = to_bf16((float)rand() / RAND_MAX * 2.0f - 1.0f);
+            host[i] = to_bf16((float)((double)rand() / RAND_MAX) * 2.0f - 1.0f);
         CHECK(flashport_memcpy_to_device(be, inputs[t], host, counts[t] * 2));
     }
 

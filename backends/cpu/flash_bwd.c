@@ -174,6 +174,20 @@ static key_side load_key_block(const bwd_ctx *c, float *scratch, const fp_seq *s
     return ks;
 }
 
+/* Prefetches K and V of key block j0 of (b, kvh) (see fp_block_prefetch); no-op past the end. */
+static void prefetch_key_block(const bwd_ctx *c, const fp_seq *seq, int64_t b, int64_t kvh,
+                               int64_t j0, int64_t end)
+{
+    const fp_problem *p = c->p;
+    if (j0 >= end)
+        return;
+    const int n = (int)(seq->nk - j0 < BLOCK_K ? seq->nk - j0 : BLOCK_K);
+    const fp_block kb = block_of(p, &p->k, b, seq->k_start + j0, kvh);
+    const fp_block vb = block_of(p, &p->v, b, seq->k_start + j0, kvh);
+    fp_block_prefetch(&kb, n, (int)p->head_dim);
+    fp_block_prefetch(&vb, n, (int)p->head_dim);
+}
+
 /* For query rows [i0, i0 + m) (query side loaded) and the key block ks: P^T into s and
  * dS^T = P^T (dP^T - Di) into dp, both n x BLOCK_Q. */
 static void block_grads(const bwd_ctx *c, float *scratch, const fp_seq *seq, int64_t h, int64_t i0,
@@ -325,6 +339,14 @@ static void fused_task(const bwd_ctx *c, float *scratch, float *big, int64_t b, 
             memset(scratch + L->dqt, 0, sizeof(float) * (size_t)p->head_dim * (size_t)L->ldq);
             for (int64_t j0 = first; j0 < end; j0 += BLOCK_K) {
                 const int n = (int)(seq.nk - j0 < BLOCK_K ? seq.nk - j0 : BLOCK_K);
+                prefetch_key_block(c, &seq, b, kvh, j0 + BLOCK_K, end);
+                if (j0 + BLOCK_K < end) { /* and the next dK, dV tiles, to be written */
+                    const float *next[2] = {dk + (size_t)(j0 + BLOCK_K) * L->ldd,
+                                            dv + (size_t)(j0 + BLOCK_K) * L->ldd};
+                    for (int t = 0; t < 2; t++)
+                        for (size_t x = 0; x < (size_t)BLOCK_K * L->ldd; x += 16)
+                            __builtin_prefetch(next[t] + x, 1, 2);
+                }
                 const key_side ks = load_key_block(c, scratch, &seq, b, kvh, j0, n);
                 block_grads(c, scratch, &seq, h, i0, m, &ks);
                 accumulate_dkdv(c, scratch, m, n, dk + (size_t)j0 * L->ldd,
@@ -384,6 +406,7 @@ static void dq_task(const bwd_ctx *c, float *scratch, int64_t b, int64_t h, int6
     key_blocks(c, &seq, i0, m, &first, &end);
     for (int64_t j0 = first; j0 < end; j0 += BLOCK_K) {
         const int n = (int)(seq.nk - j0 < BLOCK_K ? seq.nk - j0 : BLOCK_K);
+        prefetch_key_block(c, &seq, b, kvh, j0 + BLOCK_K, end);
         const key_side ks = load_key_block(c, scratch, &seq, b, kvh, j0, n);
         block_grads(c, scratch, &seq, h, i0, m, &ks);
         accumulate_dq(c, scratch, m, &ks);

@@ -164,6 +164,15 @@ static void fwd_block(const fwd_ctx *c, float *scratch, int64_t b, int64_t h, in
                              p->k.stride[FP_S], p->k.stride[FP_D]};
         const fp_block vb = {p->v.data, p->dtype, fp_row_offset(&p->v, b, seq.k_start + j0, kvh),
                              p->v.stride[FP_S], p->v.stride[FP_D]};
+        if (j0 + BLOCK_K < hi) {
+            const int n_next = (int)(hi - j0 - BLOCK_K < BLOCK_K ? hi - j0 - BLOCK_K : BLOCK_K);
+            fp_block next = kb;
+            next.off += BLOCK_K * kb.rs;
+            fp_block_prefetch(&next, n_next, d);
+            next = vb;
+            next.off += BLOCK_K * vb.rs;
+            fp_block_prefetch(&next, n_next, d);
+        }
 
         /* S^T = K Q^T, raw dot products. */
         if (c->bf16) {
@@ -217,7 +226,7 @@ static void fwd_block(const fwd_ctx *c, float *scratch, int64_t b, int64_t h, in
         if (c->bf16) {
             uk->exp2_cols_bf16(n, mp, s, L->ldq, mul, sub, bsum, pp, L->ldq);
             uint32_t *vp = (uint32_t *)(scratch + L->vt);
-            fp_tile_pairs_rows(vp, L->ldd, &vb, n, d);
+            fp_tile_pairs_rows(vp, L->ldd, &vb, n, d, uk);
             uk->gemm_bf16(m, d, (n + 1) / 2, (const uint16_t *)pp, 2, 2 * (ptrdiff_t)L->ldq, vp,
                           L->ldd, o, L->ldd, 1);
         } else {

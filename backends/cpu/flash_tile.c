@@ -127,24 +127,19 @@ void fp_tile_pairs_t(uint32_t *dst, int ld, const fp_block *x, int rows, int d)
         memset(dst + (ptrdiff_t)p * ld + rows, 0, sizeof(uint32_t) * (size_t)(ld - rows));
 }
 
-void fp_tile_pairs_rows(uint32_t *dst, int ld, const fp_block *x, int rows, int d)
+void fp_tile_pairs_rows(uint32_t *dst, int ld, const fp_block *x, int rows, int d,
+                        const fp_ukernels *uk)
 {
     for (int p = 0; 2 * p < rows; p++) {
         uint32_t *restrict out = dst + (ptrdiff_t)p * ld;
         const uint16_t *even = u16_at(x, 2 * p * x->rs);
-        if (2 * p + 1 == rows) {
-            for (int c = 0; c < d; c++)
-                out[c] = even[c * x->cs];
+        const uint16_t *odd = 2 * p + 1 < rows ? u16_at(x, (2 * p + 1) * x->rs) : NULL;
+        if (x->cs == 1) {
+            uk->interleave_bf16(d, even, odd, out);
             continue;
         }
-        const uint16_t *odd = u16_at(x, (2 * p + 1) * x->rs);
-        if (x->cs == 1) {
-            for (int c = 0; c < d; c++)
-                out[c] = (uint32_t)even[c] | (uint32_t)odd[c] << 16;
-        } else {
-            for (int c = 0; c < d; c++)
-                out[c] = (uint32_t)even[c * x->cs] | (uint32_t)odd[c * x->cs] << 16;
-        }
+        for (int c = 0; c < d; c++)
+            out[c] = (uint32_t)even[c * x->cs] | (odd ? (uint32_t)odd[c * x->cs] << 16 : 0u);
     }
 }
 
@@ -160,6 +155,19 @@ void fp_tile_load_bf16(uint16_t *dst, int ld, const fp_block *x, int rows, int d
                 out[c] = row[c * x->cs];
         if (d % 2)
             out[d] = 0;
+    }
+}
+
+void fp_block_prefetch(const fp_block *x, int rows, int d)
+{
+    if (x->cs != 1)
+        return;
+    const size_t es = x->dtype == FLASHPORT_F32 ? 4 : 2;
+    const char *base = (const char *)x->data + (size_t)x->off * es;
+    for (int r = 0; r < rows; r++) {
+        const char *row = base + (ptrdiff_t)(r * x->rs) * (ptrdiff_t)es;
+        for (size_t b = 0; b < (size_t)d * es; b += 64)
+            __builtin_prefetch(row + b, 0, 2);
     }
 }
 

@@ -54,12 +54,19 @@ void fp_tile_store_t(const fp_block *x, const float *src, int ld, int rows, int 
 void fp_tile_pairs_t(uint32_t *dst, int ld, const fp_block *x, int rows, int d);
 
 /* bf16 pairs down the rows (V for P V): dst[p * ld + c] = x(2p, c) | x(2p + 1, c) << 16 for
- * p < ceil(rows / 2), c < d; a missing odd row is 0. x must be bf16. */
-void fp_tile_pairs_rows(uint32_t *dst, int ld, const fp_block *x, int rows, int d);
+ * p < ceil(rows / 2), c < d; a missing odd row is 0. x must be bf16; contiguous rows go through
+ * uk->interleave_bf16. */
+void fp_tile_pairs_rows(uint32_t *dst, int ld, const fp_block *x, int rows, int d,
+                        const fp_ukernels *uk);
 
 /* bf16 row tile with an even row length: dst[r * ld + c] = x(r, c), and dst[r * ld + d] = 0 when
  * d is odd (K for gemm_bf16 when it cannot be read in place). ld counts uint16 elements. */
 void fp_tile_load_bf16(uint16_t *dst, int ld, const fp_block *x, int rows, int d);
+
+/* Asks the caches for rows x d elements of a block with contiguous rows (nothing otherwise),
+ * into L2: the next key block's K and V, fetched while the current one is computed. Their rows
+ * are short (D elements), too short for the hardware prefetchers to pick up on their own. */
+void fp_block_prefetch(const fp_block *x, int rows, int d);
 
 /* 64-byte aligned, zeroed per-thread scratch: `threads` slices of `floats_per_thread` floats each
  * (each slice rounded up to a multiple of 16 floats). NULL when the allocation fails. */

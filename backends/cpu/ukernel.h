@@ -79,6 +79,9 @@ typedef struct fp_ukernels {
      * sum[c] adds the f32 values before rounding. s is left unchanged. */
     void (*exp2_cols_bf16)(int rows, int cols, const float *s, ptrdiff_t lds, float mul,
                            const float *sub, float *sum, uint32_t *pairs, ptrdiff_t ldpairs);
+    /* dst[c] = even[c] | odd[c] << 16 for c < n (odd == NULL: zeros): two bf16 rows as pairs,
+     * the B operand of P V in gemm_bf16. NULL when gemm_bf16 is NULL. */
+    void (*interleave_bf16)(int n, const uint16_t *even, const uint16_t *odd, uint32_t *dst);
     /* dp[r][c] = p[r][c] * (dp[r][c] - di[c]): the softmax gradient dS from P and dP. */
     void (*dsoftmax_cols)(int rows, int cols, const float *p, ptrdiff_t ldp, float *dp,
                           ptrdiff_t lddp, const float *di);

@@ -18,6 +18,7 @@ const fp_ukernels fp_ukernels_avx512 = {
     uk_col_max,
     uk_exp2_cols,
     NULL,
+    NULL,
     uk_dsoftmax_cols,
     uk_scale_rows,
     avx512_cvt_f16,

@@ -67,6 +67,26 @@ static void uk_exp2_cols_bf16(int rows, int cols, const float *s, ptrdiff_t lds,
     }
 }
 
+static void uk_interleave_bf16(int n, const uint16_t *even, const uint16_t *odd, uint32_t *dst)
+{
+    /* Words 0..31 of the result alternate even[i] and odd[i] (index 32 + i selects odd). */
+    const __m512i lo = _mm512_set_epi16(47, 15, 46, 14, 45, 13, 44, 12, 43, 11, 42, 10, 41, 9, 40,
+                                        8, 39, 7, 38, 6, 37, 5, 36, 4, 35, 3, 34, 2, 33, 1, 32, 0);
+    const __m512i hi = _mm512_add_epi16(lo, _mm512_set1_epi16(16));
+    for (int c = 0; c < n; c += 32) {
+        const int left = n - c < 32 ? n - c : 32;
+        const __mmask32 m = left == 32 ? ~(__mmask32)0 : (__mmask32)((1u << left) - 1u);
+        const __m512i e = _mm512_maskz_loadu_epi16(m, even + c);
+        const __m512i o = odd ? _mm512_maskz_loadu_epi16(m, odd + c) : _mm512_setzero_si512();
+        const __mmask16 m0 = (__mmask16)(left >= 16 ? 0xffffu : (1u << left) - 1u);
+        const __mmask16 m1 = (__mmask16)(left >= 32  ? 0xffffu
+                                         : left > 16 ? (1u << (left - 16)) - 1u
+                                                     : 0u);
+        _mm512_mask_storeu_epi32(dst + c, m0, _mm512_permutex2var_epi16(e, lo, o));
+        _mm512_mask_storeu_epi32(dst + c + 16, m1, _mm512_permutex2var_epi16(e, hi, o));
+    }
+}
+
 const fp_ukernels fp_ukernels_avx512bf16 = {
     "avx512bf16",
     "AVX-512 f32 FMA, 6x64 register block; bf16 inputs: vdpbf16ps, 6x64 block of bf16 pairs",
@@ -75,6 +95,7 @@ const fp_ukernels fp_ukernels_avx512bf16 = {
     uk_col_max,
     uk_exp2_cols,
     uk_exp2_cols_bf16,
+    uk_interleave_bf16,
     uk_dsoftmax_cols,
     uk_scale_rows,
     avx512_cvt_f16,

@@ -96,10 +96,16 @@ static void cvt_bf16(int n, const uint16_t *src, float *dst)
 }
 
 const fp_ukernels fp_ukernels_neon = {
-    "neon",        "AArch64 NEON f32 FMA, 6x16 register block",
-    uk_gemm,       NULL,
-    uk_col_max,    uk_exp2_cols,
-    NULL,          uk_dsoftmax_cols,
-    uk_scale_rows, cvt_f16,
+    "neon",
+    "AArch64 NEON f32 FMA, 6x16 register block",
+    uk_gemm,
+    NULL,
+    uk_col_max,
+    uk_exp2_cols,
+    NULL,
+    NULL,
+    uk_dsoftmax_cols,
+    uk_scale_rows,
+    cvt_f16,
     cvt_bf16,
 };

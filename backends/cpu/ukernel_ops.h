@@ -68,6 +68,8 @@ static void uk_dsoftmax_cols(int rows, int cols, const float *p, ptrdiff_t ldp, 
 static void uk_scale_rows(int rows, int cols, float *x, ptrdiff_t ldx, const float *f)
 {
     for (int r = 0; r < rows; r++) {
+        if (f[r] == 1.0f) /* most rows once their maximum has settled */
+            continue;
         const uk_vec fr = uk_set1(f[r]);
         for (int c = 0; c < cols; c += UK_LANES)
             uk_store(x + r * ldx + c, uk_mul(uk_load(x + r * ldx + c), fr));

@@ -106,10 +106,16 @@ static void cvt_bf16(int n, const uint16_t *src, float *dst)
 }
 
 const fp_ukernels fp_ukernels_scalar = {
-    "scalar",      "portable C, 4-float generic vectors, 6x8 register block, no FMA",
-    uk_gemm,       NULL,
-    uk_col_max,    uk_exp2_cols,
-    NULL,          uk_dsoftmax_cols,
-    uk_scale_rows, cvt_f16,
+    "scalar",
+    "portable C, 4-float generic vectors, 6x8 register block, no FMA",
+    uk_gemm,
+    NULL,
+    uk_col_max,
+    uk_exp2_cols,
+    NULL,
+    NULL,
+    uk_dsoftmax_cols,
+    uk_scale_rows,
+    cvt_f16,
     cvt_bf16,
 };

@@ -159,6 +159,14 @@ static void choose(isa_choice *c)
              env, runnable);
 }
 
+const fp_ukernels *fp_cpu_ukernels_find(const char *name)
+{
+    for (int i = 0; i < ISA_COUNT; i++)
+        if (strcmp(name, isa_table[i].name) == 0 && isa_table[i].uk && isa_table[i].runs())
+            return isa_table[i].uk;
+    return NULL;
+}
+
 static isa_choice choice;
 static pthread_once_t choice_once = PTHREAD_ONCE_INIT;
 

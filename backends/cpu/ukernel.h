@@ -115,4 +115,8 @@ extern const fp_ukernels fp_ukernels_neon;
  * the error set, on every call. *why says how the table was chosen (for FLASHPORT_LOG). */
 flashport_status fp_cpu_ukernels(const fp_ukernels **uk, const char **why);
 
+/* The table spelled `name` when this build has it and this CPU runs it, else NULL (for tests,
+ * which check every runnable table in one process). */
+const fp_ukernels *fp_cpu_ukernels_find(const char *name);
+
 #endif /* FLASHPORT_BACKENDS_CPU_UKERNEL_H */

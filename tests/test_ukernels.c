@@ -1,0 +1,409 @@
+/*
+ * The CPU micro-kernel contract (backends/cpu/ukernel.h), checked entry by entry on every table
+ * this build has and this CPU runs (scalar, avx2, avx512, avx512bf16, neon), against plain C:
+ *   gemm          bit-exact against the sequential multiply-add chain p = 0 .. k-1 (the fixed
+ *                 summation order the deterministic backward relies on), for ragged m, n, k,
+ *                 strided and transposed A, overwrite and accumulate; A is surrounded by NaN so a
+ *                 read outside its m x k elements shows, and C rows past m must stay untouched
+ *   gemm_bf16     against exact f32 products summed in double (pair sums rounded in f32)
+ *   exp2          relative error <= 4 ulp on [-126, 127], 2^0 == 1, 0 below -126 and for -inf,
+ *                 NaN stays NaN; exp2_cols' sums; col_max
+ *   exp2_cols_bf16   the exp2_cols values rounded to bf16, in pairs, the same sums
+ *   interleave_bf16, dsoftmax_cols, scale_rows, cvt_f16, cvt_bf16 (every 16-bit pattern)
+ * Then one end-to-end bf16 and f16 forward with an odd head dim (bf16: K cannot be read in
+ * place) on the default table, against the reference backend.
+ */
+#include "backends/cpu/ukernel.h"
+#include "core/dtype.h"
+#include "tests/test_util.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define LD(n) (((n) + FP_TILE_COLS - 1) / FP_TILE_COLS * FP_TILE_COLS)
+
+static const char *table;
+static int fma_table; /* products fused: the chain is fmaf, else multiply then add */
+
+static float *alloc_f(size_t n)
+{
+    float *p = aligned_alloc(64, (n * sizeof(float) + 63) / 64 * 64);
+    if (!p) {
+        fprintf(stderr, "out of memory\n");
+        exit(1);
+    }
+    return p;
+}
+
+static float chain_step(float a, float b, float c, int fused)
+{
+    if (fused)
+        return fmaf(a, b, c);
+    const float prod = a * b; /* a separate statement: never contracted */
+    return prod + c;
+}
+
+static void check_gemm(const fp_ukernels *uk, tu_rng *rng)
+{
+    int bad = 0;
+    for (int trial = 0; trial < 300 && !bad; trial++) {
+        const int m = 1 + (int)(tu_rng_u32(rng) % 14), n = 1 + (int)(tu_rng_u32(rng) % 80);
+        const int k = 1 + (int)(tu_rng_u32(rng) % 45), acc = (int)(tu_rng_u32(rng) % 2);
+        const int trans = (int)(tu_rng_u32(rng) % 2), pad = (int)(tu_rng_u32(rng) % 5);
+        /* A: m x k inside a NaN-filled buffer, row-major with a padded pitch, or transposed. */
+        const ptrdiff_t rsa = trans ? 1 : k + pad, csa = trans ? m + pad : 1;
+        const size_t a_elems = (size_t)(trans ? (m + pad) * k : (k + pad) * m) + 32;
+        float *abuf = alloc_f(a_elems), *a = abuf + 16;
+        for (size_t i = 0; i < a_elems; i++)
+            abuf[i] = NAN;
+        for (int r = 0; r < m; r++)
+            for (int p = 0; p < k; p++)
+                a[r * rsa + p * csa] = tu_rng_uniform(rng, -1.0f, 1.0f);
+        const int ld = LD(n) + FP_TILE_COLS * (int)(tu_rng_u32(rng) % 2);
+        float *b = alloc_f((size_t)k * ld), *c = alloc_f((size_t)(m + 1) * ld);
+        for (int i = 0; i < k * ld; i++)
+            b[i] = tu_rng_uniform(rng, -1.0f, 1.0f);
+        for (int i = 0; i < (m + 1) * ld; i++)
+            c[i] = tu_rng_uniform(rng, -1.0f, 1.0f);
+        float *c0 = alloc_f((size_t)(m + 1) * ld);
+        memcpy(c0, c, sizeof(float) * (size_t)(m + 1) * ld);
+        uk->gemm(m, n, k, a, rsa, csa, b, ld, c, ld, acc);
+        for (int r = 0; r < m && !bad; r++)
+            for (int j = 0; j < n && !bad; j++) {
+                float want = acc ? c0[r * ld + j] : 0.0f, other = want;
+                for (int p = 0; p < k; p++) {
+                    want = chain_step(a[r * rsa + p * csa], b[p * ld + j], want, fma_table);
+                    other = chain_step(a[r * rsa + p * csa], b[p * ld + j], other, !fma_table);
+                }
+                const float got = c[r * ld + j];
+                /* The portable table is plain C: a compiler may fuse its multiply-add. */
+                const int ok = got == want || (!strcmp(table, "scalar") && got == other);
+                bad = !CHECK_MSG(ok,
+                                 "%s gemm m=%d n=%d k=%d acc=%d trans=%d: C[%d][%d] = %.9g, the "
+                                 "sequential chain gives %.9g",
+                                 table, m, n, k, acc, trans, r, j, (double)got, (double)want);
+            }
+        for (int j = 0; j < ld && !bad; j++)
+            bad = !CHECK_MSG(memcmp(&c[m * ld + j], &c0[m * ld + j], sizeof(float)) == 0,
+                             "%s gemm m=%d: wrote row %d, past the output", table, m, m);
+        free(abuf);
+        free(b);
+        free(c);
+        free(c0);
+    }
+}
+
+static uint16_t bf16_random(tu_rng *rng)
+{
+    return fp_f32_to_bf16(tu_rng_uniform(rng, -2.f, 2.f));
+}
+
+static void check_gemm_bf16(const fp_ukernels *uk, tu_rng *rng)
+{
+    int bad = 0;
+    for (int trial = 0; trial < 200 && !bad; trial++) {
+        const int m = 1 + (int)(tu_rng_u32(rng) % 14), n = 1 + (int)(tu_rng_u32(rng) % 80);
+        const int kp = 1 + (int)(tu_rng_u32(rng) % 40), acc = (int)(tu_rng_u32(rng) % 2);
+        const int trans = (int)(tu_rng_u32(rng) % 2);
+        /* A pairs: row-major (pairs along a row) or transposed (a uint32 pair per element). */
+        const ptrdiff_t rsa = trans ? 2 : 2 * kp + 2, csa = trans ? 2 * (m + 1) : 2;
+        const size_t a_elems = (size_t)(trans ? 2 * (m + 1) * kp : (2 * kp + 2) * m);
+        uint16_t *a = malloc(a_elems * sizeof(uint16_t));
+        const int ld = LD(n);
+        uint32_t *b = malloc(sizeof(uint32_t) * (size_t)kp * ld);
+        float *c = alloc_f((size_t)m * ld), *c0 = alloc_f((size_t)m * ld);
+        if (!CHECK(a && b))
+            return;
+        for (size_t i = 0; i < a_elems; i++)
+            a[i] = bf16_random(rng);
+        for (int i = 0; i < kp * ld; i++)
+            b[i] = (uint32_t)bf16_random(rng) | (uint32_t)bf16_random(rng) << 16;
+        for (int i = 0; i < m * ld; i++)
+            c[i] = c0[i] = tu_rng_uniform(rng, -1.0f, 1.0f);
+        uk->gemm_bf16(m, n, kp, a, rsa, csa, b, ld, c, ld, acc);
+        for (int r = 0; r < m && !bad; r++)
+            for (int j = 0; j < n && !bad; j++) {
+                double want = acc ? c0[r * ld + j] : 0.0, mag = fabs(want);
+                for (int p = 0; p < kp; p++) {
+                    const uint16_t *ap = a + r * rsa + p * csa;
+                    const uint32_t bp = b[p * ld + j];
+                    const double t0 = (double)fp_bf16_to_f32(ap[0]) *
+                                      (double)fp_bf16_to_f32((uint16_t)(bp & 0xffffu));
+                    const double t1 = (double)fp_bf16_to_f32(ap[1]) *
+                                      (double)fp_bf16_to_f32((uint16_t)(bp >> 16));
+                    want += t0 + t1;
+                    mag += fabs(t0) + fabs(t1);
+                }
+                const double err = fabs((double)c[r * ld + j] - want);
+                bad = !CHECK_MSG(err <= 2.0 * (kp + 1) * 0x1p-24 * mag,
+                                 "%s gemm_bf16 m=%d n=%d kp=%d acc=%d trans=%d: C[%d][%d] = %.9g, "
+                                 "want %.9g",
+                                 table, m, n, kp, acc, trans, r, j, (double)c[r * ld + j], want);
+            }
+        free(a);
+        free(b);
+        free(c);
+        free(c0);
+    }
+}
+
+/* exp2 through exp2_cols (mul = 1, sub = 0) on `count` values, one row of a 16-wide tile each. */
+static void exp2_values(const fp_ukernels *uk, const float *x, float *out, int count)
+{
+    float sub[FP_TILE_COLS] = {0}, tile[FP_TILE_COLS];
+    for (int i = 0; i < count; i += FP_TILE_COLS) {
+        for (int j = 0; j < FP_TILE_COLS; j++)
+            tile[j] = i + j < count ? x[i + j] : 0.0f;
+        uk->exp2_cols(1, FP_TILE_COLS, tile, FP_TILE_COLS, 1.0f, sub, NULL);
+        for (int j = 0; j < FP_TILE_COLS && i + j < count; j++)
+            out[i + j] = tile[j];
+    }
+}
+
+static void check_exp2(const fp_ukernels *uk)
+{
+    enum { N = 270001 };
+    float *x = alloc_f(N + 8), *y = alloc_f(N + 8);
+    for (int i = 0; i < N; i++)
+        x[i] = -130.0f + 260.0f * (float)i / (float)(N - 1); /* [-130, 130] */
+    const float special[8] = {-INFINITY, NAN, 0.0f, -126.0f, -126.00002f, 127.0f, -0.5f, 0.5f};
+    memcpy(x + N, special, sizeof special);
+    exp2_values(uk, x, y, N + 8);
+    double worst = 0.0;
+    int bad = 0;
+    for (int i = 0; i < N && !bad; i++) {
+        if (x[i] > 127.0f)
+            continue; /* outside the contract */
+        if (x[i] < -126.0f) {
+            bad = !CHECK_MSG(y[i] == 0.0f, "%s exp2(%.9g) = %.9g, want 0 below -126", table,
+                             (double)x[i], (double)y[i]);
+            continue;
+        }
+        const double want = exp2((double)x[i]), rel = fabs((double)y[i] - want) / want;
+        worst = rel > worst ? rel : worst;
+        bad = !CHECK_MSG(rel <= 4.0 * 0x1p-24, "%s exp2(%.9g) = %.9g, want %.9g", table,
+                         (double)x[i], (double)y[i], want);
+    }
+    CHECK_MSG(y[N] == 0.0f, "%s exp2(-inf) = %g", table, (double)y[N]);
+    CHECK_MSG(y[N + 1] != y[N + 1], "%s exp2(NaN) = %g", table, (double)y[N + 1]);
+    CHECK_MSG(y[N + 2] == 1.0f, "%s exp2(0) = %.9g", table, (double)y[N + 2]);
+    CHECK_MSG(y[N + 3] == 0x1p-126f, "%s exp2(-126) = %g", table, (double)y[N + 3]);
+    CHECK_MSG(y[N + 4] == 0.0f, "%s exp2(just below -126) = %g", table, (double)y[N + 4]);
+    printf("  %s exp2: max relative error %.2f ulp on [-126, 127]\n", table, worst / 0x1p-24);
+    free(x);
+    free(y);
+}
+
+static void check_softmax_ops(const fp_ukernels *uk, tu_rng *rng)
+{
+    for (int trial = 0; trial < 40; trial++) {
+        const int rows = 1 + (int)(tu_rng_u32(rng) % 70), cols = 1 + (int)(tu_rng_u32(rng) % 70);
+        const int ld = LD(cols);
+        float *s = alloc_f((size_t)rows * ld), *s2 = alloc_f((size_t)rows * ld);
+        float *mx = alloc_f((size_t)ld), *sub = alloc_f((size_t)ld);
+        float *sum = alloc_f((size_t)ld), *sum2 = alloc_f((size_t)ld);
+        for (int i = 0; i < rows * ld; i++)
+            s[i] = (tu_rng_u32(rng) % 9 == 0) ? -INFINITY : tu_rng_uniform(rng, -20.0f, 20.0f);
+        memcpy(s2, s, sizeof(float) * (size_t)rows * ld);
+        for (int c = 0; c < ld; c++)
+            mx[c] = -INFINITY;
+        uk->col_max(rows, cols, s, ld, mx);
+        for (int c = 0; c < cols; c++) {
+            float want = -INFINITY;
+            for (int r = 0; r < rows; r++)
+                want = s[r * ld + c] > want ? s[r * ld + c] : want;
+            CHECK_MSG(mx[c] == want, "%s col_max rows=%d column %d: %g, want %g", table, rows, c,
+                      (double)mx[c], (double)want);
+            sub[c] = want == -INFINITY ? 0.0f : want * 0.3f;
+            sum[c] = sum2[c] = 1.0f;
+        }
+        for (int c = cols; c < ld; c++)
+            sub[c] = sum[c] = sum2[c] = 0.0f;
+        uk->exp2_cols(rows, cols, s, ld, 0.3f, sub, sum);
+        int bad = 0;
+        for (int c = 0; c < cols && !bad; c++) {
+            double want_sum = 1.0;
+            for (int r = 0; r < rows && !bad; r++) {
+                const double x = (double)s2[r * ld + c] * 0.3 - sub[c];
+                const double want = s2[r * ld + c] == -INFINITY ? 0.0 : exp2(x);
+                want_sum += (double)s[r * ld + c];
+                bad = !CHECK_MSG(fabs(s[r * ld + c] - want) <= 2e-6 * want + 1e-30,
+                                 "%s exp2_cols (%d, %d): %.9g, want %.9g", table, r, c,
+                                 (double)s[r * ld + c], want);
+            }
+            bad = bad || !CHECK_MSG(fabs(sum[c] - want_sum) <= 1e-5 * want_sum,
+                                    "%s exp2_cols sum of column %d: %.9g, want %.9g", table, c,
+                                    (double)sum[c], want_sum);
+        }
+        if (uk->exp2_cols_bf16) {
+            const int prs = (rows + 1) / 2;
+            uint32_t *pairs = malloc(sizeof(uint32_t) * (size_t)prs * ld);
+            if (!CHECK(pairs))
+                return;
+            uk->exp2_cols_bf16(rows, cols, s2, ld, 0.3f, sub, sum2, pairs, ld);
+            for (int c = 0; c < cols && !bad; c++) {
+                bad = !CHECK_MSG(sum2[c] == sum[c], "%s exp2_cols_bf16 sum %d: %.9g vs %.9g", table,
+                                 c, (double)sum2[c], (double)sum[c]);
+                for (int r = 0; r < 2 * prs && !bad; r++) {
+                    const uint32_t pr = pairs[(r / 2) * ld + c];
+                    const uint16_t got = (uint16_t)(r % 2 ? pr >> 16 : pr & 0xffffu);
+                    const uint16_t want = r < rows ? fp_f32_to_bf16(s[r * ld + c]) : 0;
+                    bad = !CHECK_MSG(got == want, "%s exp2_cols_bf16 (%d, %d): %04x, want %04x",
+                                     table, r, c, got, want);
+                }
+            }
+            free(pairs);
+        }
+        /* dsoftmax_cols and scale_rows, exact: one subtraction and one multiplication. */
+        float *dp = alloc_f((size_t)rows * ld), *dp0 = alloc_f((size_t)rows * ld);
+        for (int i = 0; i < rows * ld; i++)
+            dp[i] = dp0[i] = tu_rng_uniform(rng, -1.0f, 1.0f);
+        uk->dsoftmax_cols(rows, cols, s, ld, dp, ld, mx);
+        for (int r = 0; r < rows && !bad; r++)
+            for (int c = 0; c < cols && !bad; c++) {
+                const float want = s[r * ld + c] * (dp0[r * ld + c] - mx[c]);
+                bad = !CHECK_MSG(memcmp(&dp[r * ld + c], &want, sizeof want) == 0,
+                                 "%s dsoftmax_cols (%d, %d)", table, r, c);
+            }
+        float *f = alloc_f((size_t)rows);
+        for (int r = 0; r < rows; r++)
+            f[r] = r % 3 ? tu_rng_uniform(rng, 0.0f, 1.0f) : 1.0f;
+        memcpy(dp, dp0, sizeof(float) * (size_t)rows * ld);
+        uk->scale_rows(rows, cols, dp, ld, f);
+        for (int r = 0; r < rows && !bad; r++)
+            for (int c = 0; c < cols && !bad; c++)
+                bad = !CHECK_MSG(dp[r * ld + c] == dp0[r * ld + c] * f[r], "%s scale_rows (%d, %d)",
+                                 table, r, c);
+        free(s);
+        free(s2);
+        free(mx);
+        free(sub);
+        free(sum);
+        free(sum2);
+        free(dp);
+        free(dp0);
+        free(f);
+    }
+}
+
+static void check_conversions(const fp_ukernels *uk)
+{
+    enum { ALL = 65536 };
+    uint16_t *h = malloc(ALL * sizeof(uint16_t));
+    float *out = alloc_f(ALL + 1);
+    if (!CHECK(h))
+        return;
+    for (int i = 0; i < ALL; i++)
+        h[i] = (uint16_t)i;
+    for (int kind = 0; kind < 2; kind++) {
+        int bad = 0;
+        /* An odd count exercises the tail; the element after it must stay untouched. */
+        out[ALL - 1] = 12345.0f;
+        (kind ? uk->cvt_bf16 : uk->cvt_f16)(ALL - 1, h, out);
+        for (int i = 0; i < ALL - 1 && !bad; i++) {
+            const float want = kind ? fp_bf16_to_f32(h[i]) : fp_f16_to_f32(h[i]);
+            const int same =
+                memcmp(&out[i], &want, sizeof want) == 0 || (out[i] != out[i] && want != want);
+            bad = !CHECK_MSG(same, "%s cvt_%s(0x%04x) = %g, want %g", table, kind ? "bf16" : "f16",
+                             h[i], (double)out[i], (double)want);
+        }
+        CHECK_MSG(out[ALL - 1] == 12345.0f, "%s cvt wrote past n", table);
+    }
+    if (uk->interleave_bf16) {
+        uint32_t dst[101];
+        for (int n = 1; n <= 100; n++)
+            for (int odd = 0; odd < 2; odd++) {
+                dst[n] = 0xdeadbeefu;
+                uk->interleave_bf16(n, h + 7, odd ? h + 1000 : NULL, dst);
+                for (int c = 0; c < n; c++)
+                    CHECK_MSG(dst[c] ==
+                                  ((uint32_t)h[7 + c] | (odd ? (uint32_t)h[1000 + c] << 16 : 0u)),
+                              "%s interleave_bf16 n=%d c=%d", table, n, c);
+                CHECK_MSG(dst[n] == 0xdeadbeefu, "%s interleave_bf16 n=%d wrote past n", table, n);
+            }
+    }
+    free(h);
+    free(out);
+}
+
+/* One forward with an odd head dim in `dtype` on the default table, against the reference. */
+static void check_odd_head_dim(flashport_dtype dtype)
+{
+    enum { NQ = 37, NK = 45, H = 2, D = 33 };
+    const int64_t qs[4] = {1, NQ, H, D}, ks[4] = {1, NK, H, D}, ls[3] = {1, H, NQ};
+    const size_t es = tu_dtype_size(dtype), nq = NQ * H * D, nk = NK * H * D;
+    void *q = malloc(nq * es), *k = malloc(nk * es), *v = malloc(nk * es), *o = malloc(nq * es);
+    float *qf = malloc(nq * 4), *kf = malloc(nk * 4), *vf = malloc(nk * 4), *of = malloc(nq * 4);
+    float *ref = malloc(nq * 4), *lse = malloc(H * NQ * 4), *lse_ref = malloc(H * NQ * 4);
+    flashport_backend *cpu, *reference;
+    if (!CHECK(q && k && v && o && qf && kf && vf && of && ref && lse && lse_ref) ||
+        !CHECK(flashport_backend_open("cpu", &cpu) == FLASHPORT_OK) ||
+        !CHECK(flashport_backend_open("reference", &reference) == FLASHPORT_OK))
+        return;
+    tu_rng rng = tu_rng_seed(7);
+    tu_fill_uniform(q, nq, dtype, -1.0f, 1.0f, &rng);
+    tu_fill_uniform(k, nk, dtype, -1.0f, 1.0f, &rng);
+    tu_fill_uniform(v, nk, dtype, -1.0f, 1.0f, &rng);
+    tu_to_f32(q, nq, dtype, qf);
+    tu_to_f32(k, nk, dtype, kf);
+    tu_to_f32(v, nk, dtype, vf);
+    flashport_attention_params params;
+    flashport_attention_params_init(&params);
+    params.causal = 1;
+    flashport_tensor tq = flashport_tensor_contiguous(q, dtype, 4, qs);
+    flashport_tensor tk = flashport_tensor_contiguous(k, dtype, 4, ks);
+    flashport_tensor tv = flashport_tensor_contiguous(v, dtype, 4, ks);
+    flashport_tensor to = flashport_tensor_contiguous(o, dtype, 4, qs);
+    flashport_tensor tl = flashport_tensor_contiguous(lse, FLASHPORT_F32, 3, ls);
+    flashport_tensor rq = flashport_tensor_contiguous(qf, FLASHPORT_F32, 4, qs);
+    flashport_tensor rk = flashport_tensor_contiguous(kf, FLASHPORT_F32, 4, ks);
+    flashport_tensor rv = flashport_tensor_contiguous(vf, FLASHPORT_F32, 4, ks);
+    flashport_tensor ro = flashport_tensor_contiguous(ref, FLASHPORT_F32, 4, qs);
+    flashport_tensor rl = flashport_tensor_contiguous(lse_ref, FLASHPORT_F32, 3, ls);
+    CHECK(flashport_attention_forward(cpu, &params, &tq, &tk, &tv, &to, &tl) == FLASHPORT_OK);
+    CHECK(flashport_attention_forward(reference, &params, &rq, &rk, &rv, &ro, &rl) == FLASHPORT_OK);
+    tu_to_f32(o, nq, dtype, of);
+    tu_err e = tu_error(of, ref, nq), el = tu_error(lse, lse_ref, H * NQ);
+    /* bf16: P and O rounded to 8 bits; f16: O rounded to 11 bits. */
+    const double tol = dtype == FLASHPORT_BF16 ? 2e-2 : 2e-3;
+    printf("  odd head dim D=%d %s forward: O max %.2e (tol %.0e), LSE max %.2e\n", D,
+           dtype == FLASHPORT_BF16 ? "bf16" : "f16", e.max_abs, tol, el.max_abs);
+    CHECK_MSG(e.max_abs <= tol && el.max_abs <= 1e-4, "odd head dim %s forward: error too large",
+              dtype == FLASHPORT_BF16 ? "bf16" : "f16");
+    flashport_backend_close(cpu);
+    flashport_backend_close(reference);
+    void *all[] = {q, k, v, o, qf, kf, vf, of, ref, lse, lse_ref};
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
+        free(all[i]);
+}
+
+int main(void)
+{
+    static const char *names[] = {"scalar", "avx2", "avx512", "avx512bf16", "neon"};
+    int tested = 0;
+    tu_rng rng = tu_rng_seed(11);
+    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
+        const fp_ukernels *uk = fp_cpu_ukernels_find(names[i]);
+        if (!uk) {
+            printf("%s: not built or not supported by this CPU, skipped\n", names[i]);
+            continue;
+        }
+        table = names[i];
+        fma_table = strcmp(table, "scalar") != 0;
+        const int before = tu_failures;
+        check_gemm(uk, &rng);
+        if (uk->gemm_bf16)
+            check_gemm_bf16(uk, &rng);
+        check_exp2(uk);
+        check_softmax_ops(uk, &rng);
+        check_conversions(uk);
+        printf("%s: %s\n", table, tu_failures == before ? "ok" : "FAILED");
+        tested++;
+    }
+    check_odd_head_dim(FLASHPORT_BF16);
+    check_odd_head_dim(FLASHPORT_F16);
+    CHECK_MSG(tested >= 1, "no micro-kernel table ran");
+    return tu_failures ? 1 : 0;
+}

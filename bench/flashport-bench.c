@@ -10,9 +10,9 @@
  * uniform values in [-1, 1) rounded to the dtype on the host; every output is first filled with
  * NaN so that an element a backend forgets to write fails the check instead of passing on stale
  * memory. The forward runs once (and is checked), then --warmup untimed runs and --iters timed
- * runs, each between two flashport_synchronize calls and timed with CLOCK_MONOTONIC on the host;
- * the median is reported. The backward is timed alone (without the forward), from that forward's
- * O and LSE.
+ * runs, each bracketed by flashport_timer_start/stop (CUDA/HIP events on the backend's stream;
+ * host backends: the host's monotonic clock after synchronizing); the median is reported. The
+ * backward is timed alone (without the forward), from that forward's O and LSE.
  *
  * FLOPs, FlashAttention convention: forward = 4 * B * H * D * pairs, backward = 2.5 x forward,
  * where pairs counts the (query, key) dot products:
@@ -52,7 +52,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #define BENCH_MAX_LIST     32
 #define BENCH_PEAK_SECONDS 0.15
@@ -149,13 +148,6 @@ static void *bench_host_alloc(size_t bytes)
         exit(1);
     }
     return p;
-}
-
-static double bench_now_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec * 1e-6;
 }
 
 /* The library exposes no kernel-variant string yet; when it does, only this function changes. */
@@ -984,21 +976,27 @@ static int bench_cmp_double(const void *a, const void *b)
     return (x > y) - (x < y);
 }
 
-/* Median and minimum of --iters synchronized runs after --warmup untimed ones, in ms. */
+/* Median and minimum of --iters runs after --warmup untimed ones, in ms. Each run is bracketed
+ * by a flashport_timer: device events on the backend's stream where the backend has them (CUDA,
+ * HIP), the host clock around synchronizations otherwise. */
 static void bench_time(bench_ctx *c, const flashport_attention_params *p, const bench_tensors *t,
                        int backward, double *median, double *min)
 {
     int iters = c->opt->iters;
     for (int i = 0; i < c->opt->warmup; i++)
         bench_run_once(c, p, t, backward);
+    flashport_timer *timer = NULL;
+    bench_ok(flashport_timer_create(c->be, &timer), "flashport_timer_create");
     double *ms = bench_host_alloc((size_t)iters * sizeof(double));
     for (int i = 0; i < iters; i++) {
-        bench_ok(flashport_synchronize(c->be), "flashport_synchronize");
-        double t0 = bench_now_ms();
+        float elapsed = 0.0f;
+        bench_ok(flashport_timer_start(timer), "flashport_timer_start");
         bench_run_once(c, p, t, backward);
-        bench_ok(flashport_synchronize(c->be), "flashport_synchronize");
-        ms[i] = bench_now_ms() - t0;
+        bench_ok(flashport_timer_stop(timer), "flashport_timer_stop");
+        bench_ok(flashport_timer_elapsed_ms(timer, &elapsed), "flashport_timer_elapsed_ms");
+        ms[i] = elapsed;
     }
+    flashport_timer_destroy(timer);
     qsort(ms, (size_t)iters, sizeof(double), bench_cmp_double);
     *median = iters % 2 ? ms[iters / 2] : 0.5 * (ms[iters / 2 - 1] + ms[iters / 2]);
     *min = ms[0];

@@ -11,7 +11,7 @@
  * Every call makes the handle's device current for its duration and restores the caller's
  * device afterwards; every launch and copy goes to the handle's stream (flashport_set_stream).
  * Every CUDA error becomes FLASHPORT_ERR_DEVICE (or OUT_OF_MEMORY) with cudaGetErrorString in
- * the message.
+ * the message. flashport_timer uses cudaEvents recorded on the handle's stream.
  *
  * Kernels: sm80 path (sm80_fwd.cu, sm80_bwd.cu) on compute capability 8.0 and later, f16 and
  * bf16, head dims that are multiples of 8 up to 256. f32 is not served (the caps leave it out,
@@ -210,6 +210,65 @@ static flashport_status cuda_set_stream(void *vctx, void *stream)
     return FLASHPORT_OK;
 }
 
+/* Events belong to the handle's device; they record on whatever stream the handle has at the time
+ * of the record, so a timer spans the caller's stream when one is set. Timing only (no
+ * cudaEventDisableTiming), default blocking behaviour: elapsed waits for `stop` by spinning on
+ * cudaEventSynchronize, which is what a benchmark wants. */
+static flashport_status cuda_event_create(void *vctx, void **event)
+{
+    const fp_cuda_ctx *ctx = vctx;
+    int prev;
+    flashport_status st = device_enter(ctx, &prev);
+    if (st != FLASHPORT_OK)
+        return st;
+    cudaEvent_t ev = NULL;
+    cudaError_t e = cudaEventCreate(&ev);
+    if (e != cudaSuccess)
+        st = fp_cuda_error(FLASHPORT_ERR_DEVICE, e, "cudaEventCreate");
+    *event = st == FLASHPORT_OK ? (void *)ev : NULL;
+    return device_leave(ctx, prev, st);
+}
+
+static flashport_status cuda_event_record(void *vctx, void *event)
+{
+    const fp_cuda_ctx *ctx = vctx;
+    int prev;
+    flashport_status st = device_enter(ctx, &prev);
+    if (st != FLASHPORT_OK)
+        return st;
+    cudaError_t e = cudaEventRecord((cudaEvent_t)event, ctx->stream);
+    if (e != cudaSuccess)
+        st = fp_cuda_error(FLASHPORT_ERR_DEVICE, e, "cudaEventRecord");
+    return device_leave(ctx, prev, st);
+}
+
+static flashport_status cuda_event_elapsed_ms(void *vctx, void *start, void *stop, float *ms)
+{
+    const fp_cuda_ctx *ctx = vctx;
+    int prev;
+    flashport_status st = device_enter(ctx, &prev);
+    if (st != FLASHPORT_OK)
+        return st;
+    cudaError_t e = cudaEventSynchronize((cudaEvent_t)stop);
+    if (e == cudaSuccess)
+        e = cudaEventElapsedTime(ms, (cudaEvent_t)start, (cudaEvent_t)stop);
+    if (e != cudaSuccess)
+        st = fp_cuda_error(FLASHPORT_ERR_DEVICE, e, "event elapsed time");
+    return device_leave(ctx, prev, st);
+}
+
+/* Destroy cannot report; a failure is cleared so that the next launch check does not see it. */
+static void cuda_event_destroy(void *vctx, void *event)
+{
+    const fp_cuda_ctx *ctx = vctx;
+    int prev;
+    if (device_enter(ctx, &prev) != FLASHPORT_OK)
+        return;
+    if (cudaEventDestroy((cudaEvent_t)event) != cudaSuccess)
+        cudaGetLastError();
+    device_leave(ctx, prev, FLASHPORT_OK);
+}
+
 static flashport_status cuda_forward(void *vctx, const fp_problem *p)
 {
     const fp_cuda_ctx *ctx = vctx;
@@ -254,6 +313,10 @@ static const fp_backend_ops cuda_ops = {
     .set_stream = cuda_set_stream,
     .forward = cuda_forward,
     .backward = cuda_backward,
+    .event_create = cuda_event_create,
+    .event_record = cuda_event_record,
+    .event_elapsed_ms = cuda_event_elapsed_ms,
+    .event_destroy = cuda_event_destroy,
 };
 
 __attribute__((visibility("default"))) flashport_status

@@ -3,7 +3,8 @@
  * the same file is built by nvcc through hip_to_cuda.h (FLASHPORT_HIP_SHIM, a test plugin that
  * runs this host code and the generic kernels on NVIDIA GPUs). It exports one symbol,
  * flashport_plugin_entry (core/backend.h); the rest is the ops table: device selection, memory
- * helpers and the caller's stream, and every runtime error turned into a status and message.
+ * helpers and the caller's stream, timing events for flashport_timer, and every runtime error
+ * turned into a status and message.
  *
  * "No device" is FLASHPORT_ERR_NO_DEVICE with the runtime's own reason: the runtime finds no GPU
  * or no driver, the index is out of range, or the device's target is not among the targets the
@@ -257,6 +258,62 @@ static flashport_status hip_set_stream(void *p, void *stream)
     return FLASHPORT_OK;
 }
 
+/* flashport_timer's events: timing events of the handle's device, recorded on the handle's stream
+ * as it is at the time of the record (read under the lock, as flashport_set_stream writes it). */
+static flashport_status hip_event_create(void *p, void **event)
+{
+    fp_hip_ctx *ctx = (fp_hip_ctx *)p;
+    int prev;
+    *event = NULL;
+    flashport_status st = fp_hip_enter(ctx, &prev);
+    if (st != FLASHPORT_OK)
+        return st;
+    hipEvent_t ev;
+    st = fp_hip_check(hipEventCreate(&ev), "hipEventCreate");
+    if (st == FLASHPORT_OK)
+        *event = (void *)ev;
+    return fp_hip_leave(ctx, prev, st);
+}
+
+static flashport_status hip_event_record(void *p, void *event)
+{
+    fp_hip_ctx *ctx = (fp_hip_ctx *)p;
+    int prev;
+    flashport_status st = fp_hip_enter(ctx, &prev);
+    if (st != FLASHPORT_OK)
+        return st;
+    pthread_mutex_lock(&ctx->lock);
+    hipStream_t stream = ctx->stream;
+    pthread_mutex_unlock(&ctx->lock);
+    return fp_hip_leave(ctx, prev,
+                        fp_hip_check(hipEventRecord((hipEvent_t)event, stream), "hipEventRecord"));
+}
+
+static flashport_status hip_event_elapsed_ms(void *p, void *start, void *stop, float *ms)
+{
+    fp_hip_ctx *ctx = (fp_hip_ctx *)p;
+    int prev;
+    flashport_status st = fp_hip_enter(ctx, &prev);
+    if (st != FLASHPORT_OK)
+        return st;
+    st = fp_hip_check(hipEventSynchronize((hipEvent_t)stop), "hipEventSynchronize");
+    if (st == FLASHPORT_OK)
+        st = fp_hip_check(hipEventElapsedTime(ms, (hipEvent_t)start, (hipEvent_t)stop),
+                          "hipEventElapsedTime");
+    return fp_hip_leave(ctx, prev, st);
+}
+
+/* Nothing to report to: a failed destroy is dropped, as in hip_close. */
+static void hip_event_destroy(void *p, void *event)
+{
+    fp_hip_ctx *ctx = (fp_hip_ctx *)p;
+    int prev;
+    if (fp_hip_enter(ctx, &prev) != FLASHPORT_OK)
+        return;
+    (void)hipEventDestroy((hipEvent_t)event);
+    (void)fp_hip_leave(ctx, prev, FLASHPORT_OK);
+}
+
 static flashport_status hip_forward(void *ctx, const fp_problem *p)
 {
     return fp_hip_forward((fp_hip_ctx *)ctx, p);
@@ -281,6 +338,10 @@ static const fp_backend_ops hip_ops = {
     hip_set_stream,
     hip_forward,
     hip_backward,
+    hip_event_create,
+    hip_event_record,
+    hip_event_elapsed_ms,
+    hip_event_destroy,
 };
 
 extern "C" __attribute__((visibility("default"))) flashport_status

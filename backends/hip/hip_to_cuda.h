@@ -44,9 +44,12 @@ typedef cudaEvent_t hipEvent_t;
 #define hipStreamSynchronize                         cudaStreamSynchronize
 #define hipDeviceSynchronize                         cudaDeviceSynchronize
 #define hipOccupancyMaxActiveBlocksPerMultiprocessor cudaOccupancyMaxActiveBlocksPerMultiprocessor
+#define hipEventCreate                               cudaEventCreate
 #define hipEventCreateWithFlags                      cudaEventCreateWithFlags
 #define hipEventDestroy                              cudaEventDestroy
 #define hipEventRecord                               cudaEventRecord
+#define hipEventSynchronize                          cudaEventSynchronize
+#define hipEventElapsedTime                          cudaEventElapsedTime
 #define hipStreamWaitEvent                           cudaStreamWaitEvent
 
 /* Kernel launch. */

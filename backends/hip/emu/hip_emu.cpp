@@ -6,6 +6,7 @@
 
 #include <pthread.h>
 #include <stdlib.h>
+#include <time.h>
 #include <thread>
 #include <vector>
 
@@ -148,17 +149,38 @@ hipError_t hipOccupancyMaxActiveBlocksPerMultiprocessor(int *blocks, const void 
     *blocks = 2;
     return hipSuccess;
 }
+struct emu_event {
+    double ms;
+};
+hipError_t hipEventCreate(hipEvent_t *event)
+{
+    *event = (hipEvent_t)calloc(1, sizeof(struct emu_event));
+    return *event ? hipSuccess : hipErrorOutOfMemory;
+}
 hipError_t hipEventCreateWithFlags(hipEvent_t *event, int)
 {
-    *event = 1;
+    return hipEventCreate(event);
+}
+hipError_t hipEventDestroy(hipEvent_t event)
+{
+    free(event);
     return hipSuccess;
 }
-hipError_t hipEventDestroy(hipEvent_t)
+/* Streams are synchronous: everything before the record has finished when it runs. */
+hipError_t hipEventRecord(hipEvent_t event, hipStream_t)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    event->ms = (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec * 1e-6;
+    return hipSuccess;
+}
+hipError_t hipEventSynchronize(hipEvent_t)
 {
     return hipSuccess;
 }
-hipError_t hipEventRecord(hipEvent_t, hipStream_t)
+hipError_t hipEventElapsedTime(float *ms, hipEvent_t start, hipEvent_t stop)
 {
+    *ms = (float)(stop->ms - start->ms);
     return hipSuccess;
 }
 hipError_t hipStreamWaitEvent(hipStream_t, hipEvent_t, int)

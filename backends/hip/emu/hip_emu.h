@@ -9,7 +9,8 @@
  *   - the MFMA builtins of mma_cdna.h are computed per wave of 64 threads from the operand layout
  *     AMD documents for v_mfma_f32_16x16x16{f16,bf16_1k} (see hip_emu.cpp), with a barrier per
  *     wave, so the CDNA path's fragment indexing, block distribution and accumulator mapping run
- *     for real; device memory is host memory and streams are synchronous.
+ *     for real; device memory is host memory and streams are synchronous, so an event records
+ *     the host clock.
  * What it cannot show: that the hardware agrees with the documented layout, memory-ordering or
  * timing effects, or speed. It defines the shim's include guard, so hip_to_cuda.h adds nothing.
  */
@@ -99,7 +100,7 @@ static inline emu_f32x4 emu_mfma_bf16(emu_i16x4 a, emu_i16x4 b, emu_f32x4 c, int
 
 typedef int hipError_t;
 typedef void *hipStream_t;
-typedef int hipEvent_t;
+typedef struct emu_event *hipEvent_t; /* the host clock at the last record */
 typedef struct hipDeviceProp_t {
     char name[64];
     int major, minor, multiProcessorCount;
@@ -124,9 +125,12 @@ hipError_t hipStreamSynchronize(hipStream_t stream);
 hipError_t hipDeviceSynchronize(void);
 hipError_t hipOccupancyMaxActiveBlocksPerMultiprocessor(int *blocks, const void *kernel,
                                                         int threads, size_t shmem);
+hipError_t hipEventCreate(hipEvent_t *event);
 hipError_t hipEventCreateWithFlags(hipEvent_t *event, int flags);
 hipError_t hipEventDestroy(hipEvent_t event);
 hipError_t hipEventRecord(hipEvent_t event, hipStream_t stream);
+hipError_t hipEventSynchronize(hipEvent_t event);
+hipError_t hipEventElapsedTime(float *ms, hipEvent_t start, hipEvent_t stop);
 hipError_t hipStreamWaitEvent(hipStream_t stream, hipEvent_t event, int flags);
 
 struct fp_hip_args;

@@ -18,8 +18,14 @@ Writes into --out: compare_torch.md (table and ratios), compare_torch.csv (every
 compare_torch.png (TFLOP/s against N), and prints the markdown last.
 
     python3 bench/compare_torch.py --lib build/lib/libflashport.so --out out/
+
+A/B runs of our backward: --bwd-env VAR=A,B,... times it once per value of the environment
+variable VAR (read by the library at each call), checks each against SDPA flash, and adds a table
+of the variants; the first value is the one in the main table. --impls narrows the SDPA backends
+that are timed (SDPA flash is always run once, for the agreement check).
 """
 import argparse
+import collections
 import ctypes as C
 import csv
 import datetime
@@ -118,7 +124,7 @@ def bench_ms(fn, grad_to_none=None, rep=60):
                                    return_mode="median")
 
 
-def run_shape(fp, dtype, D, N, causal, args):
+def run_shape(fp, dtype, D, N, causal, args, bwd_env):
     B, H = 16384 // N, 2048 // D
     dev = "cuda"
     torch.manual_seed(N * 7 + D + causal)
@@ -142,14 +148,27 @@ def run_shape(fp, dtype, D, N, causal, args):
                          causal=int(causal), impl=impl, direction=direction, ms=ms,
                          tflops=(flops / ms / 1e9) if ms == ms else float("nan"), note=extra))
 
-    # ours, forward and backward (checked against SDPA flash below)
-    fp.forward(prm, q, k, v, o, lse)
-    fp.backward(prm, q, k, v, o, lse, do, dq, dk, dv)
-    torch.cuda.synchronize()
+    def set_env(value):
+        if bwd_env:
+            os.environ[bwd_env[0]] = value
 
-    agree = {}
+    # ours, forward and backward (checked against SDPA flash below), once per A/B value
+    fp.forward(prm, q, k, v, o, lse)
+    grads = {}
+    for value in (bwd_env[1] if bwd_env else [""]):
+        set_env(value)
+        dq.fill_(float("nan"))
+        dk.fill_(float("nan"))
+        dv.fill_(float("nan"))
+        fp.backward(prm, q, k, v, o, lse, do, dq, dk, dv)
+        torch.cuda.synchronize()
+        grads[value] = (dq.clone(), dk.clone(), dv.clone())
+
+    agree, agree_alt = {}, {}
     qt, kt, vt = (x.detach().transpose(1, 2).requires_grad_(True) for x in (q, k, v))
     for impl, backend in SDPA.items():
+        if impl != "fa2" and impl not in args.impls:
+            continue
         try:
             with sdpa_kernel([backend]):
                 out = F.scaled_dot_product_attention(qt, kt, vt, is_causal=bool(causal))
@@ -157,9 +176,20 @@ def run_shape(fp, dtype, D, N, causal, args):
                 torch.cuda.synchronize()
                 if impl == "fa2":
                     ref_o = out.detach().transpose(1, 2)
-                    agree = {"O": rel_l2(o, ref_o), "dQ": rel_l2(dq, qt.grad.transpose(1, 2)),
-                             "dK": rel_l2(dk, kt.grad.transpose(1, 2)),
-                             "dV": rel_l2(dv, vt.grad.transpose(1, 2))}
+                    ref = [x.grad.transpose(1, 2) for x in (qt, kt, vt)]
+                    for n, (value, g) in enumerate(grads.items()):
+                        a = {"O": rel_l2(o, ref_o)} if n == 0 else {}
+                        a.update({name: rel_l2(x, r) for name, x, r in zip(("dQ", "dK", "dV"), g,
+                                                                           ref)})
+                        if n == 0:
+                            agree = a
+                        else:
+                            agree_alt[value] = a
+                    del ref
+                if impl not in args.impls:
+                    del out
+                    qt.grad = kt.grad = vt.grad = None
+                    continue
                 ms_f = bench_ms(lambda: F.scaled_dot_product_attention(
                     qt, kt, vt, is_causal=bool(causal)), rep=args.rep)
                 ms_b = bench_ms(lambda: out.backward(do.transpose(1, 2), retain_graph=True),
@@ -173,14 +203,21 @@ def run_shape(fp, dtype, D, N, causal, args):
         qt.grad = kt.grad = vt.grad = None
 
     record("ours", "fwd", bench_ms(lambda: fp.forward(prm, q, k, v, o, lse), rep=args.rep))
-    record("ours", "bwd", bench_ms(lambda: fp.backward(prm, q, k, v, o, lse, do, dq, dk, dv),
-                                   rep=args.rep))
+    for n, value in enumerate(bwd_env[1] if bwd_env else [""]):
+        set_env(value)
+        record("ours" if n == 0 else f"ours:{bwd_env[0]}={value}", "bwd",
+               bench_ms(lambda: fp.backward(prm, q, k, v, o, lse, do, dq, dk, dv), rep=args.rep))
+    set_env(bwd_env[1][0] if bwd_env else "")
     if args.det:
         prm_det = fp.params(causal, deterministic=True)
         record("ours-det", "bwd", bench_ms(
             lambda: fp.backward(prm_det, q, k, v, o, lse, do, dq, dk, dv), rep=args.rep))
     tol = 2e-2 if dtype == torch.bfloat16 else 5e-3
     ok = bool(agree) and all(x <= tol for x in agree.values())
+    for value, a in agree_alt.items():
+        if not all(x <= tol for x in a.values()):
+            ok = False
+            print(f"  {bwd_env[0]}={value}: backward disagrees with SDPA flash: {a}", flush=True)
     return rows, agree, ok
 
 
@@ -200,7 +237,16 @@ def main():
     ap.add_argument("--seqlens", default="512,2048,8192,16384")
     ap.add_argument("--rep", type=int, default=60, help="do_bench repetition time, ms")
     ap.add_argument("--det", action="store_true", help="also time our deterministic backward")
+    ap.add_argument("--impls", default="fa2,cudnn,eff",
+                    help="SDPA backends to time (fa2, cudnn, eff)")
+    ap.add_argument("--bwd-env", default="",
+                    help="VAR=A,B,...: time our backward once per value of VAR (A/B runs)")
     args = ap.parse_args()
+    args.impls = args.impls.split(",")
+    bwd_env = None
+    if args.bwd_env:
+        var, values = args.bwd_env.split("=", 1)
+        bwd_env = (var, values.split(","))
     os.makedirs(args.out, exist_ok=True)
 
     fp = Flashport(args.lib)
@@ -219,14 +265,17 @@ def main():
         for D in [int(x) for x in args.dims.split(",")]:
             for N in [int(x) for x in args.seqlens.split(",")]:
                 for causal in (0, 1):
-                    rows, agree, ok = run_shape(fp, dtypes[dname], D, N, causal, args)
+                    rows, agree, ok = run_shape(fp, dtypes[dname], D, N, causal, args, bwd_env)
                     all_rows += rows
-                    t = {(r["impl"], r["direction"]): r["tflops"] for r in rows}
+                    t = collections.defaultdict(lambda: float("nan"))
+                    t.update({(r["impl"], r["direction"]): r["tflops"] for r in rows})
                     table.append((dname, D, N, rows[0]["B"], rows[0]["H"], causal, t, agree, ok))
+                    alt = "".join(f"  {i} {t[(i, 'bwd')]:.0f}" for i in sorted(
+                        {r["impl"] for r in rows if r["impl"].startswith("ours:")}))
                     print(f"{dname} D{D} N{N} causal={causal}: ours {t[('ours', 'fwd')]:.0f}/"
                           f"{t[('ours', 'bwd')]:.0f}  fa2 {t[('fa2', 'fwd')]:.0f}/"
                           f"{t[('fa2', 'bwd')]:.0f}  cudnn {t[('cudnn', 'fwd')]:.0f}/"
-                          f"{t[('cudnn', 'bwd')]:.0f}  agree {'yes' if ok else 'NO'} "
+                          f"{t[('cudnn', 'bwd')]:.0f}{alt}  agree {'yes' if ok else 'NO'} "
                           + " ".join(f"{k}={v:.1e}" for k, v in agree.items()), flush=True)
 
     with open(os.path.join(args.out, "compare_torch.csv"), "w", newline="") as f:
@@ -255,6 +304,17 @@ def main():
                      f"{pair('ours')} | {pair('fa2')} | {pair('cudnn')} | {pair('eff')} | "
                      f"{rpair('fa2')} | {rpair('cudnn')} | {'yes' if ok else 'NO'} "
                      f"({worst:.1e}) |")
+    if bwd_env:
+        alts = [f"ours:{bwd_env[0]}={v}" for v in bwd_env[1][1:]]
+        lines += ["", f"A/B of our backward ({bwd_env[0]}; 'ours' is {bwd_env[0]}="
+                  f"{bwd_env[1][0]}): TFLOP/s and ratio to FA2", "",
+                  "| dtype | D | N | causal | FA2 | ours | " + " | ".join(alts) + " |",
+                  "|---|---|---|---|---|---|" + "---|" * len(alts)]
+        for dname, D, N, B, H, causal, t, agree, ok in table:
+            cells = [f"{t[(i, 'bwd')]:.0f} ({ratio(t[(i, 'bwd')], t[('fa2', 'bwd')]):.2f})"
+                     for i in ["ours"] + alts]
+            lines.append(f"| {dname} | {D} | {N} | {'yes' if causal else 'no'} | "
+                         f"{t[('fa2', 'bwd')]:.0f} | " + " | ".join(cells) + " |")
     if args.det:
         lines += ["", "Deterministic backward (no atomics), TFLOP/s: " + ", ".join(
             f"{r['dtype']} D{r['D']} N{r['N']}{' causal' if r['causal'] else ''} "

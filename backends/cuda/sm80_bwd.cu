@@ -18,6 +18,10 @@
  *      dq.
  *      D = 256 would need 256 accumulator registers per thread for dK and dV together, so it
  *      runs the kernel twice: once for dV, once for dK (and dQ), recomputing S.
+ *      D = 64 runs fp_sm80_bwd_dkdv_sub, the same algorithm with each warp taking the query
+ *      block in sub-blocks (only one sub-block's S^T and dP^T in registers beside dK and dV)
+ *      and every product software-pipelined in the registers this frees: the next k step's
+ *      ldmatrix fragments are requested before this step's mma.
  *   3. Deterministic mode: the dK/dV kernel skips dQ and fp_sm80_bwd_dq computes it without
  *      atomics, one block per query block walking the key blocks in order (S, dP and dS
  *      recomputed: two more products than the atomic mode). Every output then has one writer
@@ -27,18 +31,20 @@
  * outside the window are never visited, fp_mask_block_full picks the blocks that need no
  * per-element mask, and the others apply fp_mask_visible's inequalities (fp_mask32).
  *
- * Tiles: dK/dV D=64: BN 128 (8 warps), query block 64; D=128: 128 (8 warps), 64;
- * D=256: 64 (4 warps), 64, two passes. Deterministic dQ: 64 query rows (4 warps), key block 64
- * (32 for D=256). Other head dims run on the next larger kernel, zero-filled.
+ * Tiles: dK/dV D=64: BN 128 (8 warps), query block 128 in 2 sub-blocks of 64; D=128: 128
+ * (8 warps), 64; D=256: 64 (4 warps), 64, two passes. Deterministic dQ: 64 query rows (4 warps),
+ * key block 64 (32 for D=256). Other head dims run on the next larger kernel, zero-filled.
  *
  * Differences from the reference: P and dS are rounded to f16/bf16 before the products that
  * use them (as in every tensor-core flash kernel); exp2 is the hardware approximation; dQ in the
  * atomic mode is summed in an order that varies from run to run (last-bit differences).
- * Measured (H200, bf16/fp16, ANCHORS grid, tests/gpu/run_h200.sh -> bench/compare_torch.py):
- * 0.75 .. 0.87x SDPA flash (FA2) at D = 64 and 128, 0.59 .. 0.67x at D = 256; up to 250
- * TFLOP/s (D = 128). The dK/dV kernel is latency-bound (8 warps per SM at 255 registers; ncu:
- * ldmatrix -> mma scoreboard stalls first, dQ reductions second). The deterministic mode runs at
- * 0.91 .. 1.06x the atomic one. Details: docs/bench/README.md.
+ * Measured (H200, ANCHORS grid, tests/gpu/run_h200.sh -> bench/compare_torch.py): D = 64 with
+ * sub-blocks 0.80 .. 0.85x SDPA flash (FA2), bf16 (2026-11-30 04:20; fp16 not timed), was
+ * 0.75 .. 0.79x; D = 128 0.78 .. 0.87x, D = 256 0.59 .. 0.67x (bf16 and fp16, 03:54); up to
+ * 250 TFLOP/s (D = 128). The dK/dV kernel is latency-bound (8 warps per SM at 228 .. 255
+ * registers; ncu at D = 128: ldmatrix -> mma scoreboard stalls first, dQ reductions second).
+ * The deterministic mode ran at 0.91 .. 1.06x the atomic one (03:54, before the D = 64
+ * change). Details: docs/bench/.
  */
 #include "backends/cuda/cuda_internal.h"
 #include "backends/cuda/sm80_common.cuh"
@@ -46,16 +52,21 @@
 #include <math.h>
 
 /* dK/dV kernel: NW warps (BN = 16 NW keys), BM query rows per step, dQ computed in column
- * slices of SLICE (so every warp has one), TWO_PASS: dV and dK in separate launches. */
+ * slices of SLICE (so every warp has one), TWO_PASS: dV and dK in separate launches. QS > 1
+ * runs fp_sm80_bwd_dkdv_sub instead: each warp takes the query block in QS sub-blocks and the
+ * products are software-pipelined. Measured on the H200 (2026-11-30, bf16, one run, every N,
+ * causal and not): sub-blocks made D = 64 4.5 .. 7.6 % faster (BM 128 in 2 x 64) and D = 128
+ * 2.5 .. 5.1 % slower (BM 64 in 2 x 32; likely because S^T/dP^T then take six ldmatrix per
+ * eight mma instead of ten per sixteen). D = 256 with sub-blocks was not timed. */
 template <int DK> struct fp_bwd_cfg;
 template <> struct fp_bwd_cfg<64> {
-    enum { NW = 8, BM = 64, SLICE = 32, TWO_PASS = 0 };
+    enum { NW = 8, BM = 128, QS = 2, SLICE = 64, TWO_PASS = 0 };
 };
 template <> struct fp_bwd_cfg<128> {
-    enum { NW = 8, BM = 64, SLICE = 64, TWO_PASS = 0 };
+    enum { NW = 8, BM = 64, QS = 1, SLICE = 64, TWO_PASS = 0 };
 };
 template <> struct fp_bwd_cfg<256> {
-    enum { NW = 4, BM = 64, SLICE = 64, TWO_PASS = 1 };
+    enum { NW = 4, BM = 64, QS = 1, SLICE = 64, TWO_PASS = 1 };
 };
 
 /* Deterministic dQ kernel: NW warps of 16 query rows, BN keys per step. */
@@ -189,6 +200,60 @@ template <typename T> __global__ void __launch_bounds__(128) fp_sm80_bwd_pre(con
     }
 }
 
+/* cp.async loads of step `it` of a dK/dV kernel (query head kvh * group + it / nmb, query
+ * block mb_lo + it % nmb) into buffer `buf`: the Q and dO tiles, LSE2 and Dsum. */
+template <typename T, int DK, int NT, int BM>
+FP_DEV void fp_bwd_load_step(const fp_sm80_args &a, T *sq, T *sdo, float *slse, float *sdsum, int b,
+                             int kvh, int64_t q_start, int nq, int mb_lo, int nmb, int nchunks,
+                             int it, int buf)
+{
+    const int tid = threadIdx.x;
+    const int h = kvh * a.group + it / nmb;
+    const int m = (mb_lo + it % nmb) * BM;
+    const int64_t row = q_start + m;
+    fp_load_tile<BM, DK, NT>(sq + buf * BM * DK,
+                             reinterpret_cast<const T *>(a.q.ptr) + fp_cuda_row(a.q, b, row, h),
+                             a.q.ss, nq - m, nchunks, tid);
+    fp_load_tile<BM, DK, NT>(sdo + buf * BM * DK,
+                             reinterpret_cast<const T *>(a.dout.ptr) +
+                                 fp_cuda_row(a.dout, b, row, h),
+                             a.dout.ss, nq - m, nchunks, tid);
+    const int64_t w = ((int64_t)b * a.heads + h) * a.nq_pad + m;
+    if (tid < BM / 4)
+        fp_cp_async16(fp_smem_addr(slse + buf * BM + 4 * tid), a.ws_lse2 + w + 4 * tid, 16);
+    else if (tid < BM / 2)
+        fp_cp_async16(fp_smem_addr(sdsum + buf * BM + 4 * (tid - BM / 4)),
+                      a.ws_dsum + w + 4 * (tid - BM / 4), 16);
+}
+
+/* The end of the dK/dV kernels: waits for the last copies, then writes dV, and dK * scale,
+ * staged through sk (rows past nrows and padded columns not written). */
+template <typename T, int DK, int NW, bool WANT_DV, bool WANT_DK>
+FP_DEV void fp_bwd_store_dkdv(const fp_sm80_args &a, T *sk, const float (*dv)[4],
+                              const float (*dk)[4], int b, int64_t key0, int kvh, int nrows,
+                              int nchunks)
+{
+    constexpr int NT = NW * 32, BN = 16 * NW, DT8 = DK / 8;
+    const int tid = threadIdx.x, krow = (tid >> 5) * 16, lane = tid & 31;
+    fp_cp_async_wait<0>();
+    __syncthreads();
+    if constexpr (WANT_DV) {
+        fp_stage_acc<DK, DT8, T>(sk, krow, 0, dv, 1.0f, 1.0f, lane);
+        __syncthreads();
+        T *dst =
+            reinterpret_cast<T *>(const_cast<void *>(a.dv.ptr)) + fp_cuda_row(a.dv, b, key0, kvh);
+        fp_store_tile<BN, DK, NT>(dst, a.dv.ss, sk, nrows, nchunks, tid);
+        __syncthreads();
+    }
+    if constexpr (WANT_DK) {
+        fp_stage_acc<DK, DT8, T>(sk, krow, 0, dk, a.scale, a.scale, lane);
+        __syncthreads();
+        T *dst =
+            reinterpret_cast<T *>(const_cast<void *>(a.dk.ptr)) + fp_cuda_row(a.dk, b, key0, kvh);
+        fp_store_tile<BN, DK, NT>(dst, a.dk.ss, sk, nrows, nchunks, tid);
+    }
+}
+
 // q, dout: (B, Nq, H, D); k, v, dk, dv: (B, Nk, Hkv, D); grid (key blocks, Hkv, B).
 template <typename T, int DK, int PASS>
 __global__ void __launch_bounds__(fp_bwd_cfg<DK>::NW * 32) fp_sm80_bwd_dkdv(const fp_sm80_args a)
@@ -232,30 +297,9 @@ __global__ void __launch_bounds__(fp_bwd_cfg<DK>::NW * 32) fp_sm80_bwd_dkdv(cons
     if constexpr (WANT_DK)
         fp_load_tile<BN, DK, NT>(sv, vg, a.v.ss, nk - n0, nchunks, tid);
 
-        /* Loads of step `it` (query head, query block) into buffer `buf`. */
-#define FP_LOAD_STEP(it, buf)                                                                      \
-    do {                                                                                           \
-        const int h_ = kvh * a.group + (it) / nmb;                                                 \
-        const int m_ = (mb_lo + (it) % nmb) * BM;                                                  \
-        const int64_t row_ = sq_.q_start + m_;                                                     \
-        fp_load_tile<BM, DK, NT>(sq + (buf)*BM * DK,                                               \
-                                 reinterpret_cast<const T *>(a.q.ptr) +                            \
-                                     fp_cuda_row(a.q, b, row_, h_),                                \
-                                 a.q.ss, nq - m_, nchunks, tid);                                   \
-        fp_load_tile<BM, DK, NT>(sdo + (buf)*BM * DK,                                              \
-                                 reinterpret_cast<const T *>(a.dout.ptr) +                         \
-                                     fp_cuda_row(a.dout, b, row_, h_),                             \
-                                 a.dout.ss, nq - m_, nchunks, tid);                                \
-        const int64_t w_ = ((int64_t)b * a.heads + h_) * a.nq_pad + m_;                            \
-        if (tid < BM / 4)                                                                          \
-            fp_cp_async16(fp_smem_addr(slse + (buf)*BM + 4 * tid), a.ws_lse2 + w_ + 4 * tid, 16);  \
-        else if (tid < BM / 2)                                                                     \
-            fp_cp_async16(fp_smem_addr(sdsum + (buf)*BM + 4 * (tid - BM / 4)),                     \
-                          a.ws_dsum + w_ + 4 * (tid - BM / 4), 16);                                \
-    } while (0)
-
     if (iters > 0)
-        FP_LOAD_STEP(0, 0);
+        fp_bwd_load_step<T, DK, NT, BM>(a, sq, sdo, slse, sdsum, b, kvh, sq_.q_start, nq, mb_lo,
+                                        nmb, nchunks, 0, 0);
     fp_cp_async_commit();
 
     float dv[WANT_DV ? DT8 : 1][4], dk[WANT_DK ? DT8 : 1][4];
@@ -288,7 +332,8 @@ __global__ void __launch_bounds__(fp_bwd_cfg<DK>::NW * 32) fp_sm80_bwd_dkdv(cons
         fp_cp_async_wait<0>();
         __syncthreads();
         if (it + 1 < iters)
-            FP_LOAD_STEP(it + 1, buf ^ 1);
+            fp_bwd_load_step<T, DK, NT, BM>(a, sq, sdo, slse, sdsum, b, kvh, sq_.q_start, nq, mb_lo,
+                                            nmb, nchunks, it + 1, buf ^ 1);
         fp_cp_async_commit();
 
         /* S^T = K Q^T, dP^T = V dO^T (this warp's 16 keys x BM queries) */
@@ -414,26 +459,278 @@ __global__ void __launch_bounds__(fp_bwd_cfg<DK>::NW * 32) fp_sm80_bwd_dkdv(cons
             }
         }
     }
-#undef FP_LOAD_STEP
-    fp_cp_async_wait<0>();
-    __syncthreads();
+    fp_bwd_store_dkdv<T, DK, NW, WANT_DV, WANT_DK>(a, sk, dv, dk, b, sq_.k_start + n0, kvh, nk - n0,
+                                                   nchunks);
+}
 
-    /* dV, then dK * scale, staged through sk (rows past nk and padded columns not written). */
-    if constexpr (WANT_DV) {
-        fp_stage_acc<DK, DT8, T>(sk, krow, 0, dv, 1.0f, 1.0f, lane);
-        __syncthreads();
-        T *dst = reinterpret_cast<T *>(const_cast<void *>(a.dv.ptr)) +
-                 fp_cuda_row(a.dv, b, sq_.k_start + n0, kvh);
-        fp_store_tile<BN, DK, NT>(dst, a.dv.ss, sk, nk - n0, nchunks, tid);
-        __syncthreads();
+/* ldmatrix fragments of k step kk of S^T = K Q^T and dP^T = V dO^T: this warp's K and V rows (A)
+ * and NP 16-column pieces of Q and dO from column c0 (B). */
+template <int DK, int NP, bool WANT_DK>
+FP_DEV void fp_bwd_sdp_frags(uint32_t ka[4], uint32_t va[4], uint32_t (*qb)[4], uint32_t (*db)[4],
+                             uint32_t sk_a, uint32_t sv_a, uint32_t qt, uint32_t dot,
+                             const fp_ldsm_lane &lka, const fp_ldsm_lane &lb, int c0, int kk)
+{
+    fp_ldsm_x4(ka, fp_ldsm_addr<DK>(sk_a, lka, 0, kk));
+    if constexpr (WANT_DK)
+        fp_ldsm_x4(va, fp_ldsm_addr<DK>(sv_a, lka, 0, kk));
+#pragma unroll
+    for (int p = 0; p < NP; ++p) {
+        fp_ldsm_x4(qb[p], fp_ldsm_addr<DK>(qt, lb, c0 + 16 * p, kk));
+        if constexpr (WANT_DK)
+            fp_ldsm_x4(db[p], fp_ldsm_addr<DK>(dot, lb, c0 + 16 * p, kk));
     }
-    if constexpr (WANT_DK) {
-        fp_stage_acc<DK, DT8, T>(sk, krow, 0, dk, a.scale, a.scale, lane);
+}
+
+/* Transposed dO and Q fragments of step i of dV += P^T dO, dK += dS^T Q (i = kk * DK / 16 + p:
+ * query rows c0 + 16 kk.., head-dim columns 16 p..). */
+template <int DK, bool WANT_DV, bool WANT_DK>
+FP_DEV void fp_bwd_dkv_frags(uint32_t ob[4], uint32_t qb[4], uint32_t dot, uint32_t qt,
+                             const fp_ldsm_lane &lbt, int c0, int i)
+{
+    const int kk = i / (DK / 16), p = i % (DK / 16);
+    if constexpr (WANT_DV)
+        fp_ldsm_x4_t(ob, fp_ldsm_addr<DK>(dot, lbt, c0 + 16 * kk, p));
+    if constexpr (WANT_DK)
+        fp_ldsm_x4_t(qb, fp_ldsm_addr<DK>(qt, lbt, c0 + 16 * kk, p));
+}
+
+// The dK/dV kernel with QS > 1 sub-blocks, software-pipelined. Same arguments and grid.
+template <typename T, int DK, int PASS>
+__global__ void __launch_bounds__(fp_bwd_cfg<DK>::NW * 32)
+    fp_sm80_bwd_dkdv_sub(const fp_sm80_args a)
+{
+    using CFG = fp_bwd_cfg<DK>;
+    constexpr int NW = CFG::NW, BM = CFG::BM, QS = CFG::QS, SLICE = CFG::SLICE;
+    constexpr int NT = NW * 32, BN = 16 * NW, BMS = BM / QS;
+    constexpr int KT = DK / 16, MB8 = BMS / 8, DT8 = DK / 8;
+    constexpr bool WANT_DV = PASS != FP_PASS_DK, WANT_DK = PASS != FP_PASS_DV;
+    constexpr int ITEMS = (BM / 16) * (DK / SLICE);
+    static_assert(ITEMS % NW == 0 && NW % (BM / 16) == 0 && SLICE % 16 == 0,
+                  "dQ slices: one 16-row tile per warp, whole k steps per slice");
+    static_assert(BM % QS == 0 && BMS % 16 == 0, "sub-blocks of whole 16-column steps");
+
+    extern __shared__ __align__(128) unsigned char fp_smem[];
+    T *sk = reinterpret_cast<T *>(fp_smem); /* [BN][DK], later the dK/dV staging tile */
+    T *sv = sk + BN * DK;                   /* [BN][DK] (WANT_DK) */
+    T *sq = sv + (WANT_DK ? BN * DK : 0);   /* [2][BM][DK] */
+    T *sdo = sq + 2 * BM * DK;              /* [2][BM][DK] */
+    T *sds = sdo + 2 * BM * DK;             /* [BN][BM] (WANT_DK) */
+    float *slse = reinterpret_cast<float *>(sds + (WANT_DK ? BN * BM : 0)); /* [2][BM] */
+    float *sdsum = slse + 2 * BM;                                           /* [2][BM] */
+
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    const int g = lane >> 2, t = lane & 3;
+    const int kb = blockIdx.x, kvh = blockIdx.y, b = blockIdx.z;
+    const fp_cuda_seq sq_ = fp_cuda_seq_of(a, b);
+    const int nq = sq_.nq, nk = sq_.nk;
+    const int n0 = kb * BN;
+    if (n0 >= nk)
+        return;
+    const int nchunks = a.d / 8;
+
+    int64_t i0, i1;
+    fp_cuda_rows_for_keys(n0, min(n0 + BN, nk), nq, nk, a.left, a.right, &i0, &i1);
+    const int mb_lo = (int)(i0 / BM);
+    const int nmb = i1 > i0 ? (int)((i1 + BM - 1) / BM) - mb_lo : 0;
+    const int iters = a.group * nmb;
+
+    const T *kg = reinterpret_cast<const T *>(a.k.ptr) + fp_cuda_row(a.k, b, sq_.k_start + n0, kvh);
+    const T *vg = reinterpret_cast<const T *>(a.v.ptr) + fp_cuda_row(a.v, b, sq_.k_start + n0, kvh);
+    fp_load_tile<BN, DK, NT>(sk, kg, a.k.ss, nk - n0, nchunks, tid);
+    if constexpr (WANT_DK)
+        fp_load_tile<BN, DK, NT>(sv, vg, a.v.ss, nk - n0, nchunks, tid);
+
+    if (iters > 0)
+        fp_bwd_load_step<T, DK, NT, BM>(a, sq, sdo, slse, sdsum, b, kvh, sq_.q_start, nq, mb_lo,
+                                        nmb, nchunks, 0, 0);
+    fp_cp_async_commit();
+
+    float dv[WANT_DV ? DT8 : 1][4], dk[WANT_DK ? DT8 : 1][4];
+#pragma unroll
+    for (int j = 0; j < (WANT_DV ? DT8 : 1); ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e)
+            dv[j][e] = 0.0f;
+#pragma unroll
+    for (int j = 0; j < (WANT_DK ? DT8 : 1); ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e)
+            dk[j][e] = 0.0f;
+
+    const int krow = warp * 16; /* this warp's keys within the block */
+    const fp_mask32 mk = fp_mask32_make(nq, nk, a.left, a.right);
+    const uint32_t sk_a = fp_smem_addr(sk), sv_a = fp_smem_addr(sv);
+    const uint32_t sq_a = fp_smem_addr(sq), sdo_a = fp_smem_addr(sdo), sds_a = fp_smem_addr(sds);
+    const fp_ldsm_lane lka = fp_lane_a<DK>(krow, lane), lb = fp_lane_b<DK>(0, lane);
+    const fp_ldsm_lane lbt = fp_lane_bt<DK>(0, lane);
+    /* dQ: this warp's 16-row tile of the query block, read as A from dS^T (At lanes = B lanes) */
+    const int dq_mt = warp % (BM / 16);
+    const uint32_t ds_off =
+        fp_ldsm_off<BM>(0, ((lane >> 4) << 3) + (lane & 7), (lane >> 3) & 1, dq_mt);
+
+    for (int it = 0; it < iters; ++it) {
+        const int buf = it & 1;
+        const int h = kvh * a.group + it / nmb;
+        const int m0 = (mb_lo + it % nmb) * BM;
+        fp_cp_async_wait<0>();
         __syncthreads();
-        T *dst = reinterpret_cast<T *>(const_cast<void *>(a.dk.ptr)) +
-                 fp_cuda_row(a.dk, b, sq_.k_start + n0, kvh);
-        fp_store_tile<BN, DK, NT>(dst, a.dk.ss, sk, nk - n0, nchunks, tid);
+        if (it + 1 < iters)
+            fp_bwd_load_step<T, DK, NT, BM>(a, sq, sdo, slse, sdsum, b, kvh, sq_.q_start, nq, mb_lo,
+                                            nmb, nchunks, it + 1, buf ^ 1);
+        fp_cp_async_commit();
+
+        const uint32_t qt = sq_a + buf * BM * DK * 2, dot = sdo_a + buf * BM * DK * 2;
+
+        /* A real loop: unrolled, the sub-blocks' products would be interleaved and their S^T
+         * and dP^T live at once, which is what the sub-blocks are there to avoid. */
+#pragma unroll 1
+        for (int qs = 0; qs < QS; ++qs) {
+            const int c0 = qs * BMS; /* the sub-block's first query within the block */
+
+            /* S^T = K Q^T, dP^T = V dO^T (this warp's 16 keys x BMS queries) */
+            float s[MB8][4], dp[WANT_DK ? MB8 : 1][4];
+#pragma unroll
+            for (int j = 0; j < MB8; ++j)
+#pragma unroll
+                for (int e = 0; e < 4; ++e)
+                    s[j][e] = 0.0f;
+#pragma unroll
+            for (int j = 0; j < (WANT_DK ? MB8 : 1); ++j)
+#pragma unroll
+                for (int e = 0; e < 4; ++e)
+                    dp[j][e] = 0.0f;
+            /* Software-pipelined: k step kk + 1's fragments are requested before step kk's
+             * products, so the ldmatrix latency overlaps the mma. */
+            constexpr int NP = BMS / 16;
+            uint32_t ka[2][4], va[2][4], qb[2][NP][4], db[2][NP][4];
+            fp_bwd_sdp_frags<DK, NP, WANT_DK>(ka[0], va[0], qb[0], db[0], sk_a, sv_a, qt, dot, lka,
+                                              lb, c0, 0);
+#pragma unroll
+            for (int kk = 0; kk < KT; ++kk) {
+                const int cur = kk & 1;
+                if (kk + 1 < KT)
+                    fp_bwd_sdp_frags<DK, NP, WANT_DK>(ka[cur ^ 1], va[cur ^ 1], qb[cur ^ 1],
+                                                      db[cur ^ 1], sk_a, sv_a, qt, dot, lka, lb, c0,
+                                                      kk + 1);
+#pragma unroll
+                for (int p = 0; p < NP; ++p) {
+                    fp_mma<T>(s[2 * p], ka[cur], qb[cur][p][0], qb[cur][p][1]);
+                    fp_mma<T>(s[2 * p + 1], ka[cur], qb[cur][p][2], qb[cur][p][3]);
+                    if constexpr (WANT_DK) {
+                        fp_mma<T>(dp[2 * p], va[cur], db[cur][p][0], db[cur][p][1]);
+                        fp_mma<T>(dp[2 * p + 1], va[cur], db[cur][p][2], db[cur][p][3]);
+                    }
+                }
+            }
+
+            /* P^T and dS^T */
+            const bool full =
+                fp_mask_block_full(m0, min(m0 + BM, nq), n0, n0 + BN, nq, nk, a.left, a.right);
+            const float slope = a.alibi ? a.alibi[h] : 0.0f;
+            const float *lse2 = slse + buf * BM + c0, *dsum = sdsum + buf * BM + c0;
+            if (a.transform)
+                fp_bwd_tile_t<FP_SCORES_TRANSFORM, WANT_DK, MB8>(a, mk, s, dp, m0 + c0, n0 + krow,
+                                                                 nq, nk, lse2, dsum, slope, lane);
+            else if (!full)
+                fp_bwd_tile_t<FP_SCORES_MASK, WANT_DK, MB8>(a, mk, s, dp, m0 + c0, n0 + krow, nq,
+                                                            nk, lse2, dsum, slope, lane);
+            else
+                fp_bwd_tile_t<FP_SCORES_FULL, WANT_DK, MB8>(a, mk, s, dp, m0 + c0, n0 + krow, nq,
+                                                            nk, lse2, dsum, slope, lane);
+
+            /* dV += P^T dO, dK += dS^T Q, fragments requested two steps ahead */
+            constexpr int NI = (BMS / 16) * (DK / 16);
+            uint32_t ob[3][4], qtb[3][4];
+            fp_bwd_dkv_frags<DK, WANT_DV, WANT_DK>(ob[0], qtb[0], dot, qt, lbt, c0, 0);
+            fp_bwd_dkv_frags<DK, WANT_DV, WANT_DK>(ob[1], qtb[1], dot, qt, lbt, c0, 1);
+#pragma unroll
+            for (int kk = 0; kk < BMS / 16; ++kk) {
+                uint32_t pa[4], da[4];
+                if constexpr (WANT_DV)
+                    fp_acc_to_a<T>(pa, s[2 * kk], s[2 * kk + 1]);
+                if constexpr (WANT_DK)
+                    fp_acc_to_a<T>(da, dp[2 * kk], dp[2 * kk + 1]);
+#pragma unroll
+                for (int p = 0; p < DK / 16; ++p) {
+                    const int i = kk * (DK / 16) + p, cur = i % 3;
+                    if (i + 2 < NI)
+                        fp_bwd_dkv_frags<DK, WANT_DV, WANT_DK>(ob[(i + 2) % 3], qtb[(i + 2) % 3],
+                                                               dot, qt, lbt, c0, i + 2);
+                    if constexpr (WANT_DV) {
+                        fp_mma<T>(dv[2 * p], pa, ob[cur][0], ob[cur][1]);
+                        fp_mma<T>(dv[2 * p + 1], pa, ob[cur][2], ob[cur][3]);
+                    }
+                    if constexpr (WANT_DK) {
+                        fp_mma<T>(dk[2 * p], da, qtb[cur][0], qtb[cur][1]);
+                        fp_mma<T>(dk[2 * p + 1], da, qtb[cur][2], qtb[cur][3]);
+                    }
+                }
+            }
+
+            /* dS^T of the sub-block to shared memory for dQ (atomic mode) */
+            if constexpr (WANT_DK) {
+                if (a.dq_atomic)
+                    fp_stage_acc<BM, MB8, T>(sds, krow, c0 / 8, dp, 1.0f, 1.0f, lane);
+            }
+        }
+
+        /* dQ += dS K (atomic mode): dS^T (staged above), BM x DK in slices. */
+        if constexpr (WANT_DK) {
+            if (!a.dq_atomic)
+                continue;
+            __syncthreads();
+#pragma unroll
+            for (int w = 0; w < ITEMS / NW; ++w) {
+                const int mt = dq_mt, sl = (w * NW + warp) / (BM / 16);
+                /* K^T lane offsets of this slice's chunk pairs (Bt lanes); a slice of whole
+                 * swizzle groups (SLICE % 64 == 0) reuses lbt, a narrower one computes them. */
+                uint32_t koff[SLICE / 16];
+#pragma unroll
+                for (int p = 0; p < SLICE / 16; ++p) {
+                    if constexpr (SLICE % 64 == 0)
+                        koff[p] = lbt.off[p & 3] + (uint32_t)((sl * SLICE + (p >> 2) * 64) * 2);
+                    else
+                        koff[p] = fp_ldsm_off<DK>(0, (((lane >> 3) & 1) << 3) + (lane & 7),
+                                                  lane >> 4, sl * (SLICE / 16) + p);
+                }
+                float acc[SLICE / 8][4];
+#pragma unroll
+                for (int j = 0; j < SLICE / 8; ++j)
+#pragma unroll
+                    for (int e = 0; e < 4; ++e)
+                        acc[j][e] = 0.0f;
+                /* pipelined like the products above: k step kk + 1's fragments first */
+                uint32_t da[2][4], kb2[2][SLICE / 16][4];
+#pragma unroll
+                for (int kk = 0; kk <= BN / 16; ++kk) {
+                    if (kk < BN / 16) {
+                        fp_ldsm_x4_t(da[kk & 1], sds_a + ds_off + 16 * kk * BM * 2);
+#pragma unroll
+                        for (int p = 0; p < SLICE / 16; ++p)
+                            fp_ldsm_x4_t(kb2[kk & 1][p], sk_a + koff[p] + 16 * kk * DK * 2);
+                    }
+                    if (kk > 0) {
+                        const int c = (kk - 1) & 1;
+#pragma unroll
+                        for (int p = 0; p < SLICE / 16; ++p) {
+                            fp_mma<T>(acc[2 * p], da[c], kb2[c][p][0], kb2[c][p][1]);
+                            fp_mma<T>(acc[2 * p + 1], da[c], kb2[c][p][2], kb2[c][p][3]);
+                        }
+                    }
+                }
+                float *dst = a.dq_accum +
+                             (((int64_t)b * a.heads + h) * a.nq_pad + m0 + mt * 16 + g) * DK +
+                             sl * SLICE + 2 * t;
+#pragma unroll
+                for (int j = 0; j < SLICE / 8; ++j) {
+                    fp_red_add2(dst + 8 * j, acc[j][0], acc[j][1]);
+                    fp_red_add2(dst + 8 * DK + 8 * j, acc[j][2], acc[j][3]);
+                }
+            }
+        }
     }
+    fp_bwd_store_dkdv<T, DK, NW, WANT_DV, WANT_DK>(a, sk, dv, dk, b, sq_.k_start + n0, kvh, nk - n0,
+                                                   nchunks);
 }
 
 // Deterministic dQ. q, dout, dq: (B, Nq, H, D); k, v: (B, Nk, Hkv, D); grid (q blocks, H, B).
@@ -618,12 +915,17 @@ static cudaError_t fp_dkdv_launch(const fp_cuda_ctx *ctx, const fp_problem *p,
     dim3 grid((unsigned)((a.nk + BN - 1) / BN), (unsigned)p->kv_heads, (unsigned)p->batch);
     if (grid.x == 0)
         return cudaSuccess;
-    cudaError_t e = fp_set_smem(fp_sm80_bwd_dkdv<T, DK, PASS>, smem);
+    void (*kernel)(const fp_sm80_args);
+    if constexpr (fp_bwd_cfg<DK>::QS > 1)
+        kernel = fp_sm80_bwd_dkdv_sub<T, DK, PASS>;
+    else
+        kernel = fp_sm80_bwd_dkdv<T, DK, PASS>;
+    cudaError_t e = fp_set_smem(kernel, smem);
     if (e != cudaSuccess)
         return e;
-    fp_sm80_bwd_dkdv<T, DK, PASS><<<grid, fp_bwd_cfg<DK>::NW * 32, smem, ctx->stream>>>(a);
-    fp_cuda_log("backward: sm80 dK/dV D%d kernel pass %d (BN %d, BM %d), grid %ux%ux%u", DK, PASS,
-                BN, fp_bwd_cfg<DK>::BM, grid.x, grid.y, grid.z);
+    kernel<<<grid, fp_bwd_cfg<DK>::NW * 32, smem, ctx->stream>>>(a);
+    fp_cuda_log("backward: sm80 dK/dV D%d kernel pass %d (BN %d, BM %d in %d), grid %ux%ux%u", DK,
+                PASS, BN, fp_bwd_cfg<DK>::BM, fp_bwd_cfg<DK>::QS, grid.x, grid.y, grid.z);
     return cudaGetLastError();
 }
 

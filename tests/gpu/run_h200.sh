@@ -4,15 +4,20 @@
 # tests/gpu/test_cuda_large.c), compute-sanitizer memcheck and racecheck on the quick cases, and
 # the PyTorch SDPA comparison (bench/compare_torch.py), and an Nsight Compute profile of the main
 # kernels. Logs go to $OUT (8 files at most: summary.txt, build.log, checks.log, profile.txt,
-# bench.log, compare_torch.{md,csv,png}); a short summary is printed last.
+# bench.log, compare_torch.{md,csv,png}; the quick stages write events.log instead of
+# profile.txt); a short summary is printed last.
 #
 #   OUT=/tmp/out tests/gpu/run_h200.sh [stages]
 #
-# stages: any of build test bench sanitize profile (default: all, in that order).
-# Environment: BUILD (build folder, default build-gpu), BENCH_ARGS (extra compare_torch.py
-# arguments), JOBS (build parallelism, default: all cores), SAN_TIMEOUT (seconds per sanitizer
-# run, default 240), PROFILE_SHAPES (profile_one.py argument sets separated by ';', default
-# "--dim 128 --seqlen 8192").
+# stages: any of build test bench sanitize profile (default: all, in that order), and the
+# shorter quicktest (test_backends cuda, the whole table, once per TEST_ENVS entry, and
+# test_cuda_large --quick) and events (one flashport-bench --backend cuda run: CUDA-event timing).
+# Environment: BUILD (build folder, default build-gpu), ARCHS (CUDA architectures, default
+# "80;90a"), BENCH_ARGS (extra compare_torch.py arguments), EVENT_ARGS (flashport-bench arguments
+# of the events stage), TEST_ENVS (space-separated VAR=VALUE settings, each a quicktest run of the
+# table; default: one run as is), JOBS (build parallelism, default: all cores), SAN_TIMEOUT
+# (seconds per sanitizer run, default 240), PROFILE_SHAPES (profile_one.py argument sets
+# separated by ';', default "--dim 128 --seqlen 8192").
 set -uo pipefail
 OUT=${OUT:-$PWD/out}
 BUILD=${BUILD:-build-gpu}
@@ -36,7 +41,7 @@ if has build; then
     {
         cmake -S . -B "$BUILD" "${GEN[@]}" -DCMAKE_BUILD_TYPE=Release -DFLASHPORT_CUDA=ON \
             -DCMAKE_CUDA_COMPILER="$(command -v nvcc)" -DCMAKE_CUDA_FLAGS="--threads=0" \
-            -DFLASHPORT_HIP=OFF -DFLASHPORT_CUDA_ARCHITECTURES="80;90a" \
+            -DFLASHPORT_HIP=OFF -DFLASHPORT_CUDA_ARCHITECTURES="${ARCHS:-80;90a}" \
             -DFLASHPORT_CUDA_PTXAS_VERBOSE=ON &&
             cmake --build "$BUILD" -j "$JOBS"
     } >"$OUT/build.log" 2>&1
@@ -51,6 +56,28 @@ if has test; then
     rc=$?
     note "ctest -L gpu: rc=$rc in $(($(date +%s) - start)) s: $(grep -E 'tests passed|tests failed' "$OUT/checks.log")"
     grep -E 'FAIL|UNSUPPORTED| passed, |long N|memory N|stream:|determinism:|device:' "$OUT/checks.log" | grep -vE '(fwd|bwd) f32 .*UNSUPPORTED|FLASHPORT_ERR_UNSUPPORTED_DTYPE' | tail -40 | tee -a "$SUMMARY"
+fi
+
+if has quicktest; then
+    start=$(date +%s)
+    for setting in ${TEST_ENVS:-FLASHPORT_NOTHING=}; do
+        echo "### test_backends cuda with $setting"
+        env "$setting" "$BUILD/bin/test_backends" cuda
+        echo "rc=$?"
+    done >"$OUT/checks.log" 2>&1
+    echo "### test_cuda_large --quick" >>"$OUT/checks.log"
+    "$BUILD/bin/test_cuda_large" --quick >>"$OUT/checks.log" 2>&1
+    echo "rc=$?" >>"$OUT/checks.log"
+    note "quicktest ($(($(date +%s) - start)) s): $(grep -E '^rc=|^### | passed, ' "$OUT/checks.log" | tr '\n' ' ')"
+    grep -E 'FAIL' "$OUT/checks.log" | head -20 | tee -a "$SUMMARY"
+fi
+
+if has events; then
+    start=$(date +%s)
+    # shellcheck disable=SC2086
+    "$BUILD/bin/flashport-bench" --backend cuda ${EVENT_ARGS:-} >"$OUT/events.log" 2>&1
+    note "events: rc=$? in $(($(date +%s) - start)) s"
+    tee -a "$SUMMARY" <"$OUT/events.log" | tail -8
 fi
 
 if has bench; then

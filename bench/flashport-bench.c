@@ -35,6 +35,10 @@
  * max_abs_err <= tol(dtype) * max(1, max |reference|), tol = 1e-4 (f32), 5e-3 (f16), 4e-2 (bf16):
  * a few output roundings for the 16-bit types, loose enough for any correct f32 summation order.
  *
+ * Baseline (--baseline blas, f32 forward): the same inputs through sgemm + softmax + sgemm
+ * (bench/baseline_blas.c), as a "blas" row after the backend's, with the backend's speedup over it;
+ * its O must agree with the backend's (f32 tolerance) or the run fails.
+ *
  * Peak (pct_peak): on host backends ("cpu", "reference"), the f32 FMA throughput measured on the
  * spot by peak.c with the CPU backend's thread count, also for f16/bf16 inputs (the CPU targets
  * compare those with f32). GPU backends take --peak-tflops; without it pct_peak is left empty.
@@ -43,6 +47,7 @@
 
 #include "flashport.h"
 
+#include "baseline_blas.h"
 #include "bench_dtype.h"
 #include "peak.h"
 
@@ -76,6 +81,7 @@ typedef struct bench_options {
     double check_gflop;
     const char *csv;
     int sweep;
+    int baseline_blas;  /* --baseline blas */
     double peak_tflops; /* 0: measure on host backends, unknown on others */
     uint64_t seed;
 } bench_options;
@@ -195,6 +201,9 @@ static void bench_usage(FILE *f)
         "                     directions; the options above narrow or override it\n"
         "  --peak-tflops X    peak for pct_peak (default: the f32 FMA peak measured here on\n"
         "                     host backends; none on GPU backends)\n"
+        "  --baseline blas    also time sgemm + softmax + sgemm through the BLAS on the same\n"
+        "                     inputs (f32 forward; bench/baseline_blas.c) and print the\n"
+        "                     backend's speedup over it\n"
         "  --seed N           input seed (default 1)\n"
         "  --help             this text\n",
         BENCH_SWEEP_TOKENS, BENCH_SWEEP_HD, BENCH_SWEEP_TOKENS, BENCH_SWEEP_HD);
@@ -334,9 +343,10 @@ static void bench_parse_args(int argc, char **argv, bench_options *o)
             continue;
         }
         static const char *const valued[] = {
-            "--backend",  "--dtype",    "--batch",       "--heads",  "--kv-heads",    "--seqlen",
-            "--seqlen-q", "--seqlen-k", "--hdim",        "--window", "--softcap",     "--direction",
-            "--iters",    "--warmup",   "--check-gflop", "--csv",    "--peak-tflops", "--seed"};
+            "--backend", "--dtype",       "--batch",    "--heads",   "--kv-heads",
+            "--seqlen",  "--seqlen-q",    "--seqlen-k", "--hdim",    "--window",
+            "--softcap", "--direction",   "--iters",    "--warmup",  "--check-gflop",
+            "--csv",     "--peak-tflops", "--seed",     "--baseline"};
         size_t known = 0;
         while (known < sizeof valued / sizeof valued[0] && strcmp(opt, valued[known]) != 0)
             known++;
@@ -391,7 +401,13 @@ static void bench_parse_args(int argc, char **argv, bench_options *o)
             o->csv = val;
         else if (strcmp(opt, "--peak-tflops") == 0)
             o->peak_tflops = bench_parse_double(opt, val, 0.0);
-        else
+        else if (strcmp(opt, "--baseline") == 0) {
+            if (strcmp(val, "blas") != 0)
+                bench_bad_arg(opt, val, "expected blas");
+            if (bench_blas_missing())
+                bench_bad_arg(opt, val, bench_blas_missing());
+            o->baseline_blas = 1;
+        } else
             o->seed = (uint64_t)bench_parse_int(opt, val, 0, INT64_MAX);
     }
 
@@ -1059,10 +1075,10 @@ static void bench_emit(bench_ctx *c, const bench_shape *s, const bench_row *r)
     fflush(c->csv);
 }
 
-/* Times one direction and emits its row. */
-static void bench_direction(bench_ctx *c, const bench_shape *s, const flashport_attention_params *p,
-                            const bench_tensors *t, int backward, double max_abs, int bad,
-                            const char *scope)
+/* Times one direction and emits its row; returns the median in ms. */
+static double bench_direction(bench_ctx *c, const bench_shape *s,
+                              const flashport_attention_params *p, const bench_tensors *t,
+                              int backward, double max_abs, int bad, const char *scope)
 {
     bench_row r;
     r.direction = backward ? "bwd" : "fwd";
@@ -1074,6 +1090,62 @@ static void bench_direction(bench_ctx *c, const bench_shape *s, const flashport_
     r.tflops = flops / (r.ms_median * 1e-3) * 1e-12;
     r.pct_peak = 100.0 * r.tflops / c->peak_tflops;
     bench_emit(c, s, &r);
+    return r.ms_median;
+}
+
+/* --baseline blas: the BLAS-materialized forward on the same f32 inputs, as a "blas" row, and
+ * the backend's speedup over it (backend_ms: the backend's forward median). */
+static void bench_baseline_blas(bench_ctx *c, const bench_shape *s, const bench_tensors *t,
+                                double backend_ms)
+{
+    const bench_options *o = c->opt;
+    if (s->dtype != FLASHPORT_F32 || o->softcap > 0.0f) {
+        printf("# blas baseline: f32 without softcap only, not run here\n");
+        return;
+    }
+    const int threads = bench_host_threads();
+    const size_t nq = (size_t)(s->b * s->nq * s->h * s->d);
+    float *o_blas = bench_host_alloc(nq * sizeof(float));
+    float *scores = bench_host_alloc((size_t)threads * (size_t)(s->nq * s->nk) * sizeof(float));
+    const bench_blas_problem bp = {s->b,
+                                   s->h,
+                                   s->hkv,
+                                   s->nq,
+                                   s->nk,
+                                   s->d,
+                                   o->window_left,
+                                   bench_right(s, o),
+                                   1.0f / sqrtf((float)s->d),
+                                   t->hq,
+                                   t->hk,
+                                   t->hv,
+                                   o_blas};
+    bench_row r;
+    r.direction = "fwd";
+    r.scope = "backend's O";
+    bench_blas_time(&bp, scores, threads, o->warmup, o->iters, &r.ms_median, &r.ms_min);
+    r.tflops = bench_forward_flops(s, o) / (r.ms_median * 1e-3) * 1e-12;
+    r.pct_peak = 100.0 * r.tflops / c->peak_tflops;
+    float *o_backend = bench_to_host(c, t->o, nq * sizeof(float));
+    r.max_abs_err = 0.0; /* here: against the backend's O */
+    for (size_t i = 0; i < nq; i++) {
+        const double e = fabs((double)o_blas[i] - (double)o_backend[i]);
+        r.max_abs_err = e > r.max_abs_err || e != e ? e : r.max_abs_err;
+    }
+    /* Both compute the same O from the same inputs: a disagreement is a failure of one. */
+    const int bad = !(r.max_abs_err <= bench_tolerance(FLASHPORT_F32));
+    r.check = bad ? "FAIL" : "ok";
+    c->failures += bad;
+    bench_ctx as_blas = *c;
+    as_blas.name = "blas";
+    as_blas.variant = "sgemm";
+    bench_emit(&as_blas, s, &r);
+    printf("# blas baseline (%s): %.3f ms; %s is %.2fx faster; max |O_blas - O_%s| = %.3g\n",
+           bench_blas_name(), r.ms_median, c->name, r.ms_median / backend_ms, c->name,
+           r.max_abs_err);
+    free(o_blas);
+    free(scores);
+    free(o_backend);
 }
 
 static void bench_shape_run(bench_ctx *c, const bench_shape *s)
@@ -1097,8 +1169,11 @@ static void bench_shape_run(bench_ctx *c, const bench_shape *s)
     bench_ok(flashport_synchronize(c->be), "flashport_synchronize");
     if (o->check)
         bad_fwd = bench_check_forward(c, s, &params, &t, &ref, &err_fwd);
-    if (o->fwd)
-        bench_direction(c, s, &params, &t, 0, err_fwd, bad_fwd, ref.sub.scope);
+    if (o->fwd) {
+        const double ms = bench_direction(c, s, &params, &t, 0, err_fwd, bad_fwd, ref.sub.scope);
+        if (o->baseline_blas)
+            bench_baseline_blas(c, s, &t, ms);
+    }
     if (o->bwd) {
         bench_run_once(c, &params, &t, 1);
         bench_ok(flashport_synchronize(c->be), "flashport_synchronize");

@@ -21,8 +21,9 @@ compare_torch.png (TFLOP/s against N), and prints the markdown last.
 
 A/B runs of our backward: --bwd-env VAR=A,B,... times it once per value of the environment
 variable VAR (read by the library at each call), checks each against SDPA flash, and adds a table
-of the variants; the first value is the one in the main table. --impls narrows the SDPA backends
-that are timed (SDPA flash is always run once, for the agreement check).
+of the variants; the first value is the one in the main table. --fwd-env VAR=A,B,... does the
+same for our forward (each variant's O is checked against SDPA flash). --impls narrows the SDPA
+backends that are timed (SDPA flash is always run once, for the agreement check).
 """
 import argparse
 import collections
@@ -124,7 +125,7 @@ def bench_ms(fn, grad_to_none=None, rep=60):
                                    return_mode="median")
 
 
-def run_shape(fp, dtype, D, N, causal, args, bwd_env):
+def run_shape(fp, dtype, D, N, causal, args, bwd_env, fwd_env=None):
     B, H = 16384 // N, 2048 // D
     dev = "cuda"
     torch.manual_seed(N * 7 + D + causal)
@@ -153,7 +154,17 @@ def run_shape(fp, dtype, D, N, causal, args, bwd_env):
             os.environ[bwd_env[0]] = value
 
     # ours, forward and backward (checked against SDPA flash below), once per A/B value
-    fp.forward(prm, q, k, v, o, lse)
+    outs = {}
+    for value in (fwd_env[1] if fwd_env else [""]):
+        if fwd_env:
+            os.environ[fwd_env[0]] = value
+        o.fill_(float("nan"))
+        fp.forward(prm, q, k, v, o, lse)
+        torch.cuda.synchronize()
+        outs[value] = o.clone()
+    if fwd_env:
+        os.environ[fwd_env[0]] = fwd_env[1][0]
+        fp.forward(prm, q, k, v, o, lse)
     grads = {}
     for value in (bwd_env[1] if bwd_env else [""]):
         set_env(value)
@@ -184,7 +195,10 @@ def run_shape(fp, dtype, D, N, causal, args, bwd_env):
                         if n == 0:
                             agree = a
                         else:
-                            agree_alt[value] = a
+                            agree_alt[f"{bwd_env[0]}={value}"] = a
+                    for n, (value, x) in enumerate(outs.items()):
+                        if n > 0:
+                            agree_alt[f"{fwd_env[0]}={value}"] = {"O": rel_l2(x, ref_o)}
                     del ref
                 if impl not in args.impls:
                     del out
@@ -202,7 +216,13 @@ def run_shape(fp, dtype, D, N, causal, args, bwd_env):
             record(impl, "bwd", float("nan"), str(e).splitlines()[0][:80])
         qt.grad = kt.grad = vt.grad = None
 
-    record("ours", "fwd", bench_ms(lambda: fp.forward(prm, q, k, v, o, lse), rep=args.rep))
+    for n, value in enumerate(fwd_env[1] if fwd_env else [""]):
+        if fwd_env:
+            os.environ[fwd_env[0]] = value
+        record("ours" if n == 0 else f"ours:{fwd_env[0]}={value}", "fwd",
+               bench_ms(lambda: fp.forward(prm, q, k, v, o, lse), rep=args.rep))
+    if fwd_env:
+        os.environ[fwd_env[0]] = fwd_env[1][0]
     for n, value in enumerate(bwd_env[1] if bwd_env else [""]):
         set_env(value)
         record("ours" if n == 0 else f"ours:{bwd_env[0]}={value}", "bwd",
@@ -214,10 +234,10 @@ def run_shape(fp, dtype, D, N, causal, args, bwd_env):
             lambda: fp.backward(prm_det, q, k, v, o, lse, do, dq, dk, dv), rep=args.rep))
     tol = 2e-2 if dtype == torch.bfloat16 else 5e-3
     ok = bool(agree) and all(x <= tol for x in agree.values())
-    for value, a in agree_alt.items():
+    for variant, a in agree_alt.items():
         if not all(x <= tol for x in a.values()):
             ok = False
-            print(f"  {bwd_env[0]}={value}: backward disagrees with SDPA flash: {a}", flush=True)
+            print(f"  {variant}: disagrees with SDPA flash: {a}", flush=True)
     return rows, agree, ok
 
 
@@ -241,12 +261,18 @@ def main():
                     help="SDPA backends to time (fa2, cudnn, eff)")
     ap.add_argument("--bwd-env", default="",
                     help="VAR=A,B,...: time our backward once per value of VAR (A/B runs)")
+    ap.add_argument("--fwd-env", default="",
+                    help="VAR=A,B,...: time our forward once per value of VAR (A/B runs)")
     args = ap.parse_args()
     args.impls = args.impls.split(",")
     bwd_env = None
     if args.bwd_env:
         var, values = args.bwd_env.split("=", 1)
         bwd_env = (var, values.split(","))
+    fwd_env = None
+    if args.fwd_env:
+        var, values = args.fwd_env.split("=", 1)
+        fwd_env = (var, values.split(","))
     os.makedirs(args.out, exist_ok=True)
 
     fp = Flashport(args.lib)
@@ -265,13 +291,15 @@ def main():
         for D in [int(x) for x in args.dims.split(",")]:
             for N in [int(x) for x in args.seqlens.split(",")]:
                 for causal in (0, 1):
-                    rows, agree, ok = run_shape(fp, dtypes[dname], D, N, causal, args, bwd_env)
+                    rows, agree, ok = run_shape(fp, dtypes[dname], D, N, causal, args, bwd_env,
+                                                fwd_env)
                     all_rows += rows
                     t = collections.defaultdict(lambda: float("nan"))
                     t.update({(r["impl"], r["direction"]): r["tflops"] for r in rows})
                     table.append((dname, D, N, rows[0]["B"], rows[0]["H"], causal, t, agree, ok))
-                    alt = "".join(f"  {i} {t[(i, 'bwd')]:.0f}" for i in sorted(
-                        {r["impl"] for r in rows if r["impl"].startswith("ours:")}))
+                    alt = "".join(f"  {i} {t[(i, d)]:.0f}" for i, d in sorted(
+                        {(r["impl"], r["direction"]) for r in rows
+                         if r["impl"].startswith("ours:")}))
                     print(f"{dname} D{D} N{N} causal={causal}: ours {t[('ours', 'fwd')]:.0f}/"
                           f"{t[('ours', 'bwd')]:.0f}  fa2 {t[('fa2', 'fwd')]:.0f}/"
                           f"{t[('fa2', 'bwd')]:.0f}  cudnn {t[('cudnn', 'fwd')]:.0f}/"
@@ -315,6 +343,17 @@ def main():
                      for i in ["ours"] + alts]
             lines.append(f"| {dname} | {D} | {N} | {'yes' if causal else 'no'} | "
                          f"{t[('fa2', 'bwd')]:.0f} | " + " | ".join(cells) + " |")
+    if fwd_env:
+        alts = [f"ours:{fwd_env[0]}={v}" for v in fwd_env[1][1:]]
+        lines += ["", f"A/B of our forward ({fwd_env[0]}; 'ours' is {fwd_env[0]}="
+                  f"{fwd_env[1][0]}): TFLOP/s and ratio to FA2", "",
+                  "| dtype | D | N | causal | FA2 | ours | " + " | ".join(alts) + " |",
+                  "|---|---|---|---|---|---|" + "---|" * len(alts)]
+        for dname, D, N, B, H, causal, t, agree, ok in table:
+            cells = [f"{t[(i, 'fwd')]:.0f} ({ratio(t[(i, 'fwd')], t[('fa2', 'fwd')]):.2f})"
+                     for i in ["ours"] + alts]
+            lines.append(f"| {dname} | {D} | {N} | {'yes' if causal else 'no'} | "
+                         f"{t[('fa2', 'fwd')]:.0f} | " + " | ".join(cells) + " |")
     if args.det:
         lines += ["", "Deterministic backward (no atomics), TFLOP/s: " + ", ".join(
             f"{r['dtype']} D{r['D']} N{r['N']}{' causal' if r['causal'] else ''} "

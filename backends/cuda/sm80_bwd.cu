@@ -18,8 +18,9 @@
  *      dq.
  *      D = 256 would need 256 accumulator registers per thread for dK and dV together, so it
  *      runs the kernel twice: once for dV, once for dK (and dQ), recomputing S.
- *      D = 64 runs fp_sm80_bwd_dkdv_sub, the same algorithm with each warp taking the query
- *      block in sub-blocks (only one sub-block's S^T and dP^T in registers beside dK and dV)
+ *      D = 64, and D = 128 on devices with 226 KiB of shared memory per block (sm_90), run
+ *      fp_sm80_bwd_dkdv_sub, the same algorithm with each warp taking the query block in
+ *      sub-blocks (only one sub-block's S^T and dP^T in registers beside dK and dV)
  *      and every product software-pipelined in the registers this frees: the next k step's
  *      ldmatrix fragments are requested before this step's mma.
  *   3. Deterministic mode: the dK/dV kernel skips dQ and fp_sm80_bwd_dq computes it without
@@ -32,17 +33,19 @@
  * per-element mask, and the others apply fp_mask_visible's inequalities (fp_mask32).
  *
  * Tiles: dK/dV D=64: BN 128 (8 warps), query block 128 in 2 sub-blocks of 64; D=128: 128
- * (8 warps), 64; D=256: 64 (4 warps), 64, two passes. Deterministic dQ: 64 query rows (4 warps),
- * key block 64 (32 for D=256). Other head dims run on the next larger kernel, zero-filled.
+ * (8 warps), 128 in 2 sub-blocks of 64 where the 226 KiB of shared memory fit (sm_90), else 64
+ * in one (sm_80 .. sm_89); D=256: 64 (4 warps), 64, two passes. Deterministic dQ: 64 query
+ * rows (4 warps), key block 64 (32 for D=256). Other head dims run on the next larger kernel,
+ * zero-filled.
  *
  * Differences from the reference: P and dS are rounded to f16/bf16 before the products that
  * use them (as in every tensor-core flash kernel); exp2 is the hardware approximation; dQ in the
  * atomic mode is summed in an order that varies from run to run (last-bit differences).
- * Measured (H200, ANCHORS grid, tests/gpu/run_h200.sh -> bench/compare_torch.py): D = 64 with
- * sub-blocks 0.80 .. 0.85x SDPA flash (FA2), bf16 (2026-11-30 04:20; fp16 not timed), was
- * 0.75 .. 0.79x; D = 128 0.78 .. 0.87x, D = 256 0.59 .. 0.67x (bf16 and fp16, 03:54); up to
- * 250 TFLOP/s (D = 128). The dK/dV kernel is latency-bound (8 warps per SM at 228 .. 255
- * registers; ncu at D = 128: ldmatrix -> mma scoreboard stalls first, dQ reductions second).
+ * Measured (H200, ANCHORS grid, tests/gpu/run_h200.sh -> bench/compare_torch.py, bf16 and
+ * fp16, 2026-11-30 04:35): D = 64 0.80 .. 0.85x SDPA flash (FA2), D = 128 0.86 .. 0.91x (was
+ * 0.78 .. 0.86x with the one-block kernel); D = 256 0.59 .. 0.67x (03:54); up to 272 TFLOP/s
+ * (D = 128). The dK/dV kernel is latency-bound (8 warps per SM at 228 .. 255 registers; ncu at
+ * D = 128, one-block kernel: ldmatrix -> mma scoreboard stalls first, dQ reductions second).
  * The deterministic mode ran at 0.91 .. 1.06x the atomic one (03:54, before the D = 64
  * change). Details: docs/bench/.
  */
@@ -54,18 +57,25 @@
 /* dK/dV kernel: NW warps (BN = 16 NW keys), BM query rows per step, dQ computed in column
  * slices of SLICE (so every warp has one), TWO_PASS: dV and dK in separate launches. QS > 1
  * runs fp_sm80_bwd_dkdv_sub instead: each warp takes the query block in QS sub-blocks and the
- * products are software-pipelined. Measured on the H200 (2026-11-30, bf16, one run, every N,
- * causal and not): sub-blocks made D = 64 4.5 .. 7.6 % faster (BM 128 in 2 x 64) and D = 128
- * 2.5 .. 5.1 % slower (BM 64 in 2 x 32; likely because S^T/dP^T then take six ldmatrix per
- * eight mma instead of ten per sixteen). D = 256 with sub-blocks was not timed. */
-template <int DK> struct fp_bwd_cfg;
-template <> struct fp_bwd_cfg<64> {
+ * products are software-pipelined. BIG: the config for devices whose blocks may take
+ * fp_dkdv_smem<DK, true, ...> bytes of shared memory (sm_90: 227 KiB); the others run
+ * BIG = false. Measured on the H200 (2026-11-30, one run each, every N, causal and not):
+ * sub-blocks made D = 64 4.5 .. 7.6 % faster (BM 128 in 2 x 64, bf16) and D = 128 2.5 .. 5.1 %
+ * slower with BM 64 in 2 x 32 (bf16; likely because S^T/dP^T then take six ldmatrix per eight
+ * mma instead of ten per sixteen) but 2.2 .. 10.2 % faster with BM 128 in 2 x 64 (bf16 and
+ * fp16; 226 KiB of shared memory, 52 bytes spilled); at D = 128, 4 warps (BN 64, BM 64) were
+ * -7.6 .. +2.7 %. D = 256 with sub-blocks was not timed. */
+template <int DK, bool BIG> struct fp_bwd_cfg;
+template <> struct fp_bwd_cfg<64, false> {
     enum { NW = 8, BM = 128, QS = 2, SLICE = 64, TWO_PASS = 0 };
 };
-template <> struct fp_bwd_cfg<128> {
+template <> struct fp_bwd_cfg<128, false> {
     enum { NW = 8, BM = 64, QS = 1, SLICE = 64, TWO_PASS = 0 };
 };
-template <> struct fp_bwd_cfg<256> {
+template <> struct fp_bwd_cfg<128, true> {
+    enum { NW = 8, BM = 128, QS = 2, SLICE = 64, TWO_PASS = 0 };
+};
+template <> struct fp_bwd_cfg<256, false> {
     enum { NW = 4, BM = 64, QS = 1, SLICE = 64, TWO_PASS = 1 };
 };
 
@@ -79,9 +89,9 @@ enum { FP_PASS_BOTH = 0, FP_PASS_DV = 1, FP_PASS_DK = 2 };
 /* Rows are padded to this in the workspaces, a multiple of every kernel's query block. */
 #define FP_BWD_ROW_PAD 128
 
-template <int DK, int PASS> constexpr size_t fp_dkdv_smem()
+template <int DK, bool BIG, int PASS> constexpr size_t fp_dkdv_smem()
 {
-    constexpr int BN = 16 * fp_bwd_cfg<DK>::NW, BM = fp_bwd_cfg<DK>::BM;
+    constexpr int BN = 16 * fp_bwd_cfg<DK, BIG>::NW, BM = fp_bwd_cfg<DK, BIG>::BM;
     constexpr bool WANT_DK = PASS != FP_PASS_DV;
     return (size_t)(BN * DK * (WANT_DK ? 2 : 1) + 4 * BM * DK + (WANT_DK ? BN * BM : 0)) * 2 +
            4 * BM * sizeof(float);
@@ -255,10 +265,12 @@ FP_DEV void fp_bwd_store_dkdv(const fp_sm80_args &a, T *sk, const float (*dv)[4]
 }
 
 // q, dout: (B, Nq, H, D); k, v, dk, dv: (B, Nk, Hkv, D); grid (key blocks, Hkv, B).
-template <typename T, int DK, int PASS>
-__global__ void __launch_bounds__(fp_bwd_cfg<DK>::NW * 32) fp_sm80_bwd_dkdv(const fp_sm80_args a)
+template <typename T, int DK, bool BIG, int PASS>
+__global__ void __launch_bounds__(fp_bwd_cfg<DK, BIG>::NW * 32)
+    fp_sm80_bwd_dkdv(const fp_sm80_args a)
 {
-    constexpr int NW = fp_bwd_cfg<DK>::NW, BM = fp_bwd_cfg<DK>::BM, SLICE = fp_bwd_cfg<DK>::SLICE;
+    constexpr int NW = fp_bwd_cfg<DK, BIG>::NW, BM = fp_bwd_cfg<DK, BIG>::BM;
+    constexpr int SLICE = fp_bwd_cfg<DK, BIG>::SLICE;
     constexpr int NT = NW * 32, BN = 16 * NW;
     constexpr int KT = DK / 16, MB8 = BM / 8, DT8 = DK / 8;
     constexpr bool WANT_DV = PASS != FP_PASS_DK, WANT_DK = PASS != FP_PASS_DV;
@@ -495,11 +507,11 @@ FP_DEV void fp_bwd_dkv_frags(uint32_t ob[4], uint32_t qb[4], uint32_t dot, uint3
 }
 
 // The dK/dV kernel with QS > 1 sub-blocks, software-pipelined. Same arguments and grid.
-template <typename T, int DK, int PASS>
-__global__ void __launch_bounds__(fp_bwd_cfg<DK>::NW * 32)
+template <typename T, int DK, bool BIG, int PASS>
+__global__ void __launch_bounds__(fp_bwd_cfg<DK, BIG>::NW * 32)
     fp_sm80_bwd_dkdv_sub(const fp_sm80_args a)
 {
-    using CFG = fp_bwd_cfg<DK>;
+    using CFG = fp_bwd_cfg<DK, BIG>;
     constexpr int NW = CFG::NW, BM = CFG::BM, QS = CFG::QS, SLICE = CFG::SLICE;
     constexpr int NT = NW * 32, BN = 16 * NW, BMS = BM / QS;
     constexpr int KT = DK / 16, MB8 = BMS / 8, DT8 = DK / 8;
@@ -906,30 +918,30 @@ template <typename F> static cudaError_t fp_set_smem(F kernel, size_t smem)
     return cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
 }
 
-template <typename T, int DK, int PASS>
+template <typename T, int DK, bool BIG, int PASS>
 static cudaError_t fp_dkdv_launch(const fp_cuda_ctx *ctx, const fp_problem *p,
                                   const fp_sm80_args &a)
 {
-    constexpr size_t smem = fp_dkdv_smem<DK, PASS>();
-    constexpr int BN = 16 * fp_bwd_cfg<DK>::NW;
+    constexpr size_t smem = fp_dkdv_smem<DK, BIG, PASS>();
+    constexpr int BN = 16 * fp_bwd_cfg<DK, BIG>::NW;
     dim3 grid((unsigned)((a.nk + BN - 1) / BN), (unsigned)p->kv_heads, (unsigned)p->batch);
     if (grid.x == 0)
         return cudaSuccess;
     void (*kernel)(const fp_sm80_args);
-    if constexpr (fp_bwd_cfg<DK>::QS > 1)
-        kernel = fp_sm80_bwd_dkdv_sub<T, DK, PASS>;
+    if constexpr (fp_bwd_cfg<DK, BIG>::QS > 1)
+        kernel = fp_sm80_bwd_dkdv_sub<T, DK, BIG, PASS>;
     else
-        kernel = fp_sm80_bwd_dkdv<T, DK, PASS>;
+        kernel = fp_sm80_bwd_dkdv<T, DK, BIG, PASS>;
     cudaError_t e = fp_set_smem(kernel, smem);
     if (e != cudaSuccess)
         return e;
-    kernel<<<grid, fp_bwd_cfg<DK>::NW * 32, smem, ctx->stream>>>(a);
+    kernel<<<grid, fp_bwd_cfg<DK, BIG>::NW * 32, smem, ctx->stream>>>(a);
     fp_cuda_log("backward: sm80 dK/dV D%d kernel pass %d (BN %d, BM %d in %d), grid %ux%ux%u", DK,
-                PASS, BN, fp_bwd_cfg<DK>::BM, fp_bwd_cfg<DK>::QS, grid.x, grid.y, grid.z);
+                PASS, BN, fp_bwd_cfg<DK, BIG>::BM, fp_bwd_cfg<DK, BIG>::QS, grid.x, grid.y, grid.z);
     return cudaGetLastError();
 }
 
-template <typename T, int DK>
+template <typename T, int DK, bool BIG>
 static flashport_status fp_bwd_launch(const fp_cuda_ctx *ctx, const fp_problem *p, fp_sm80_args a)
 {
     const cudaStream_t stream = ctx->stream;
@@ -956,12 +968,12 @@ static flashport_status fp_bwd_launch(const fp_cuda_ctx *ctx, const fp_problem *
     fp_sm80_bwd_pre<T><<<pre_grid, 128, 0, stream>>>(a);
     e = cudaGetLastError();
     if (e == cudaSuccess) {
-        if constexpr (fp_bwd_cfg<DK>::TWO_PASS) {
-            e = fp_dkdv_launch<T, DK, FP_PASS_DV>(ctx, p, a);
+        if constexpr (fp_bwd_cfg<DK, BIG>::TWO_PASS) {
+            e = fp_dkdv_launch<T, DK, BIG, FP_PASS_DV>(ctx, p, a);
             if (e == cudaSuccess)
-                e = fp_dkdv_launch<T, DK, FP_PASS_DK>(ctx, p, a);
+                e = fp_dkdv_launch<T, DK, BIG, FP_PASS_DK>(ctx, p, a);
         } else {
-            e = fp_dkdv_launch<T, DK, FP_PASS_BOTH>(ctx, p, a);
+            e = fp_dkdv_launch<T, DK, BIG, FP_PASS_BOTH>(ctx, p, a);
         }
     }
     if (e == cudaSuccess && a.dq_atomic && a.nq > 0) {
@@ -992,10 +1004,13 @@ static flashport_status fp_bwd_dispatch(const fp_cuda_ctx *ctx, const fp_problem
                                         const fp_sm80_args &a)
 {
     if (p->head_dim <= 64)
-        return fp_bwd_launch<T, 64>(ctx, p, a);
-    if (p->head_dim <= 128)
-        return fp_bwd_launch<T, 128>(ctx, p, a);
-    return fp_bwd_launch<T, 256>(ctx, p, a);
+        return fp_bwd_launch<T, 64, false>(ctx, p, a);
+    if (p->head_dim <= 128) {
+        if (ctx->smem_optin >= fp_dkdv_smem<128, true, FP_PASS_BOTH>())
+            return fp_bwd_launch<T, 128, true>(ctx, p, a);
+        return fp_bwd_launch<T, 128, false>(ctx, p, a);
+    }
+    return fp_bwd_launch<T, 256, false>(ctx, p, a);
 }
 
 extern "C" flashport_status fp_cuda_sm80_backward(const fp_cuda_ctx *ctx, const fp_problem *p)

@@ -2,10 +2,10 @@
  * Flash attention forward, sm80 path (mma.sync + ldmatrix + cp.async; runs on sm_80 .. sm_90).
  *
  * Algorithm (FlashAttention-2 forward): one thread block per (query block of BM rows, head,
- * batch [, KV split]). Each warp owns MT x 16 query rows. The Q tile goes to shared memory once;
- * with D = 64 its fragments then live in registers for the whole key loop, for larger D they are
- * re-read from shared memory each step (registers are taken by the O accumulator: D = 128 keeps
- * 2 x 16 rows x 128 f32 per warp). K and V tiles of BN keys stream through two shared-memory
+ * batch [, KV split]). Each warp owns MT x 16 query rows. The Q tile goes to shared memory once
+ * and its fragments are re-read from there at every k step: the registers go to the O
+ * accumulator (D = 128: 2 x 16 rows x 128 f32 per warp) and to S (D = 64: 2 x 16 rows x 128
+ * keys). K and V tiles of BN keys stream through two shared-memory
  * buffers each, interleaved K0 V0 K1 V1 ... as cp.async groups: K(j+2) is issued as soon as
  * S(j) = Q K(j)^T is done and V(j+1) as soon as iteration j starts, so each load has about one
  * and a half iterations to land.
@@ -26,15 +26,20 @@
  * Split-KV (decode-like shapes, chosen by core/plan.h): each split writes its normalized partial
  * O (f32) and LSE; fp_sm80_fwd_combine merges them in split order.
  *
- * Tiles (BM x BN, warps): D=64 128x64, 4 warps, Q in registers; D=128 128x64, 4 warps;
- * D=256 128x64, 8 warps. Other head dims (multiples of 8) run on the next larger kernel with the
- * extra columns zero-filled.
+ * Tiles (BM x BN, warps): D=64 128x128, 4 warps; D=128 128x64, 4 warps; D=256 128x64, 8 warps.
+ * Other head dims (multiples of 8) run on the next larger kernel with the extra columns
+ * zero-filled. Chosen on the H200 (2026-11-30, one run, bf16 and fp16, every N, causal and not;
+ * docs/bench/h200-2026-11-30-tiles.md): at D = 64, 128x128 was 1.7 .. 5.6 % faster than
+ * 128x64 with Q in registers and 8 warps x 16 rows x 128 keys 23 .. 29 % slower; at D = 128,
+ * 128x32 (4 warps, no spills), 128x64 and 128x128 with 8 warps (Q in registers) were 7 .. 25 %
+ * slower than 128x64 with 4 warps, despite its spills.
  *
  * Differences from the reference: P is rounded to f16/bf16 before P V (as every tensor-core
  * flash kernel does; the row sum uses the unrounded P); exp2 is the hardware approximation.
  * Measured (H200, bf16/fp16, ANCHORS grid, tests/gpu/run_h200.sh -> bench/compare_torch.py):
- * 0.91 .. 1.05x SDPA flash (FA2) at D = 64 and 128, 0.81 .. 1.02x at D = 256; up to 349 TFLOP/s
- * (D = 128, N = 16384). Limits: 255 registers, D = 128 spills ~60 bytes; 8 warps per SM.
+ * 0.96 .. 1.07x SDPA flash (FA2) at D = 64 and 0.95 .. 1.07x at D = 128 (2026-11-30 04:35),
+ * 0.81 .. 1.02x at D = 256 (03:54); up to 349 TFLOP/s (D = 128, N = 16384). Limits: 255
+ * registers, D = 64 and D = 128 spill ~60 bytes; 8 warps per SM.
  * Details and the ncu profile: docs/bench/README.md.
  */
 #include "backends/cuda/cuda_internal.h"
@@ -46,13 +51,13 @@
 
 template <int DK> struct fp_fwd_cfg;
 template <> struct fp_fwd_cfg<64> {
-    enum { NW = 4, MT = 2, BN = 64, QREG = 1 };
+    enum { NW = 4, MT = 2, BN = 128 };
 };
 template <> struct fp_fwd_cfg<128> {
-    enum { NW = 4, MT = 2, BN = 64, QREG = 0 };
+    enum { NW = 4, MT = 2, BN = 64 };
 };
 template <> struct fp_fwd_cfg<256> {
-    enum { NW = 8, MT = 1, BN = 64, QREG = 0 };
+    enum { NW = 8, MT = 1, BN = 64 };
 };
 
 template <int DK> constexpr int fp_fwd_bm()
@@ -98,7 +103,6 @@ template <typename T, int DK>
 __global__ void __launch_bounds__(fp_fwd_cfg<DK>::NW * 32) fp_sm80_fwd_kernel(const fp_sm80_args a)
 {
     constexpr int NW = fp_fwd_cfg<DK>::NW, MT = fp_fwd_cfg<DK>::MT, BN = fp_fwd_cfg<DK>::BN;
-    constexpr bool QREG = fp_fwd_cfg<DK>::QREG;
     constexpr int NT = NW * 32, BM = NW * MT * 16;
     constexpr int KT = DK / 16, NB8 = BN / 8, DT8 = DK / 8;
 
@@ -157,17 +161,6 @@ __global__ void __launch_bounds__(fp_fwd_cfg<DK>::NW * 32) fp_sm80_fwd_kernel(co
     const fp_ldsm_lane lq = fp_lane_a<DK>(wrow, lane), lk = fp_lane_b<DK>(0, lane);
     const fp_ldsm_lane lv = fp_lane_bt<DK>(0, lane);
 
-    uint32_t qf[QREG ? MT : 1][QREG ? KT : 1][4];
-    if constexpr (QREG) {
-        fp_cp_async_wait<2>();
-        __syncthreads();
-#pragma unroll
-        for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-            for (int kk = 0; kk < KT; ++kk)
-                fp_ldsm_x4(qf[mt][kk], fp_ldsm_addr<DK>(sq_a, lq, mt * 16, kk));
-    }
-
     float o[MT][DT8][4];
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt)
@@ -211,15 +204,8 @@ __global__ void __launch_bounds__(fp_fwd_cfg<DK>::NW * 32) fp_sm80_fwd_kernel(co
         for (int kk = 0; kk < KT; ++kk) {
             uint32_t qa[MT][4];
 #pragma unroll
-            for (int mt = 0; mt < MT; ++mt) {
-                if constexpr (QREG) {
-#pragma unroll
-                    for (int e = 0; e < 4; ++e)
-                        qa[mt][e] = qf[mt][kk][e];
-                } else {
-                    fp_ldsm_x4(qa[mt], fp_ldsm_addr<DK>(sq_a, lq, mt * 16, kk));
-                }
-            }
+            for (int mt = 0; mt < MT; ++mt)
+                fp_ldsm_x4(qa[mt], fp_ldsm_addr<DK>(sq_a, lq, mt * 16, kk));
 #pragma unroll
             for (int p = 0; p < BN / 16; ++p) {
                 uint32_t kb[4];

@@ -17,8 +17,11 @@
  * infinities (which -ffast-math would not honour).
  * Known differences from the reference: f32 throughout; a causal mask still pays for the full
  * Nq x Nk products (as the unfused computation does).
- * Built only when CMake finds OpenBLAS (pkg-config openblas); otherwise bench_blas_missing says
- * so and flashport-bench refuses --baseline blas.
+ * OpenBLAS is opened with dlopen on the first --baseline blas, not linked: a linked OpenBLAS
+ * starts its thread pool when the program loads, and its idle workers' spinning would then
+ * perturb every timing of the bench, baseline or not. CMake passes the library's path when
+ * pkg-config finds it; otherwise (or when dlopen fails) bench_blas_missing says why and
+ * flashport-bench refuses --baseline blas.
  */
 #define _POSIX_C_SOURCE 200809L /* clock_gettime */
 
@@ -33,6 +36,7 @@
 
 #if defined(FLASHPORT_BENCH_OPENBLAS)
 #include <cblas.h>
+#include <dlfcn.h>
 #ifdef _OPENMP
 #include <omp.h>
 #endif
@@ -43,18 +47,46 @@
 #define BLAS_CLONES
 #endif
 
-static int blas_threads = 1;
-static const char *blas_mode = "";
+/* The OpenBLAS entry points the baseline uses, from dlsym. */
+static struct {
+    void (*sgemm)(enum CBLAS_ORDER, enum CBLAS_TRANSPOSE, enum CBLAS_TRANSPOSE, blasint, blasint,
+                  blasint, float, const float *, blasint, const float *, blasint, float, float *,
+                  blasint);
+    void (*set_num_threads)(int);
+    char *(*get_config)(void);
+} blas;
+static char blas_error[512];
 
 const char *bench_blas_missing(void)
 {
+    if (blas.sgemm)
+        return NULL;
+    void *lib = dlopen(FLASHPORT_BENCH_OPENBLAS, RTLD_NOW | RTLD_LOCAL);
+    if (!lib) {
+        snprintf(blas_error, sizeof blas_error, "cannot load %s: %s", FLASHPORT_BENCH_OPENBLAS,
+                 dlerror());
+        return blas_error;
+    }
+    /* POSIX: a function pointer travels through void * (dlsym's own convention). */
+    *(void **)&blas.sgemm = dlsym(lib, "cblas_sgemm");
+    *(void **)&blas.set_num_threads = dlsym(lib, "openblas_set_num_threads");
+    *(void **)&blas.get_config = dlsym(lib, "openblas_get_config");
+    if (!blas.sgemm || !blas.set_num_threads || !blas.get_config) {
+        blas.sgemm = NULL;
+        snprintf(blas_error, sizeof blas_error, "%s lacks cblas_sgemm or the openblas_* calls",
+                 FLASHPORT_BENCH_OPENBLAS);
+        return blas_error;
+    }
     return NULL;
 }
+
+static int blas_threads = 1;
+static const char *blas_mode = "";
 
 const char *bench_blas_name(void)
 {
     static char name[160];
-    snprintf(name, sizeof name, "%s, %d thread%s, %s", openblas_get_config(), blas_threads,
+    snprintf(name, sizeof name, "%s, %d thread%s, %s", blas.get_config(), blas_threads,
              blas_threads == 1 ? "" : "s", blas_mode);
     return name;
 }
@@ -86,8 +118,8 @@ static void one_head(const bench_blas_problem *p, int64_t b, int64_t h, float *s
     const float *k = p->k + (b * p->nk * p->hkv + h / group) * p->d;
     const float *v = p->v + (b * p->nk * p->hkv + h / group) * p->d;
     float *o = p->o + (b * p->nq * p->h + h) * p->d;
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)p->nq, (int)p->nk, (int)p->d,
-                p->scale, q, lq, k, lk, 0.0f, s, (int)p->nk);
+    blas.sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)p->nq, (int)p->nk, (int)p->d, p->scale,
+               q, lq, k, lk, 0.0f, s, (int)p->nk);
 #ifdef _OPENMP
 #pragma omp parallel for num_threads(threads) schedule(static) if (threads > 1)
 #endif
@@ -103,8 +135,8 @@ static void one_head(const bench_blas_problem *p, int64_t b, int64_t h, float *s
         else
             softmax_row(row, p->nk, lo, hi);
     }
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)p->nq, (int)p->d, (int)p->nk, 1.0f,
-                s, (int)p->nk, v, lk, 0.0f, o, lq);
+    blas.sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)p->nq, (int)p->d, (int)p->nk, 1.0f,
+               s, (int)p->nk, v, lk, 0.0f, o, lq);
 }
 
 void bench_blas_forward(const bench_blas_problem *p, float *s, int threads)
@@ -115,22 +147,21 @@ void bench_blas_forward(const bench_blas_problem *p, float *s, int threads)
         /* One (b, h) per thread, each on a single-threaded BLAS: no thread pool of the BLAS
          * spinning next to the softmax's threads (on two cores that halves the softmax). */
         blas_mode = "one (batch, head) per thread";
-        openblas_set_num_threads(1);
+        blas.set_num_threads(1);
 #ifdef _OPENMP
 #pragma omp parallel for num_threads(threads) schedule(dynamic, 1)
 #endif
         for (int64_t t = 0; t < heads; t++) {
+            int me = 0;
 #ifdef _OPENMP
-            float *mine = s + per_head * (size_t)omp_get_thread_num();
-#else
-            float *mine = s;
+            me = omp_get_thread_num();
 #endif
-            one_head(p, t / p->h, t % p->h, mine, 1);
+            one_head(p, t / p->h, t % p->h, s + per_head * (size_t)me, 1);
         }
         return;
     }
     blas_mode = "heads in turn, threaded BLAS";
-    openblas_set_num_threads(threads);
+    blas.set_num_threads(threads);
     for (int64_t t = 0; t < heads; t++)
         one_head(p, t / p->h, t % p->h, s, threads);
 }

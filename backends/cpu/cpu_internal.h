@@ -6,6 +6,8 @@
  *   reference.c   naive, obviously right, accumulates in double: the oracle of every test
  *   flash_fwd.c   tiled forward with online softmax (core/online_softmax.h), OpenMP
  *   flash_bwd.c   tiled backward recomputing P from LSE, OpenMP, deterministic
+ * The two flash kernels run their products and per-score steps on the micro-kernels of ukernel.h,
+ * chosen for the CPU at run time by isa.c.
  */
 #ifndef FLASHPORT_BACKENDS_CPU_INTERNAL_H
 #define FLASHPORT_BACKENDS_CPU_INTERNAL_H

@@ -9,7 +9,10 @@
  *   exp2          relative error <= 4 ulp on [-126, 127], 2^0 == 1, 0 below -126 and for -inf,
  *                 NaN stays NaN; exp2_cols' sums; col_max
  *   exp2_cols_bf16   the exp2_cols values rounded to bf16, in pairs, the same sums
- *   interleave_bf16, dsoftmax_cols, scale_rows, cvt_f16, cvt_bf16 (every 16-bit pattern)
+ *   transpose32   exact, from any byte offset (bf16 pairs sit on 2-byte boundaries), edges
+ *                 of every size, nothing written outside the rows x cols block
+ *   interleave_bf16, dsoftmax_cols, scale_rows, cvt_f16, cvt_bf16 (every 16-bit pattern),
+ *   store_f16, store_bf16 (bit for bit as core/dtype.h, NaN, infinities, denormals, overflow)
  * Then one end-to-end bf16 and f16 forward with an odd head dim (bf16: K cannot be read in
  * place) on the default table, against the reference backend.
  */
@@ -311,6 +314,43 @@ static void check_conversions(const fp_ukernels *uk)
         }
         CHECK_MSG(out[ALL - 1] == 12345.0f, "%s cvt wrote past n", table);
     }
+    /* Stores: every bf16/f16 neighbourhood, halfway cases, NaN, infinities, denormals. */
+    enum { NS = 70001 };
+    float *x = alloc_f(NS);
+    uint16_t *got = malloc(sizeof(uint16_t) * (NS + 1));
+    if (!CHECK(got))
+        return;
+    tu_rng rng = tu_rng_seed(5);
+    for (int i = 0; i < NS; i++) {
+        uint32_t u = tu_rng_u32(&rng);
+        if (i % 4 == 1)
+            u = (u & 0x8000ffffu) | 0x47700000u; /* near the f16 overflow */
+        if (i % 4 == 2)
+            u = (u & 0xffff0000u) | 0x8000u; /* bf16 halfway */
+        if (i % 4 == 3)
+            u &= 0x807fffffu; /* f32 denormals */
+        x[i] = fp_bits_f32(u);
+    }
+    x[0] = NAN;
+    x[1] = -INFINITY;
+    x[2] = 65520.0f;
+    for (int kind = 0; kind < 2; kind++) {
+        int bad = 0;
+        got[NS - 1] = 0x1234;
+        (kind ? uk->store_bf16 : uk->store_f16)(NS - 1, x, 1.0f, got);
+        for (int i = 0; i < NS - 1 && !bad; i++) {
+            const uint16_t want = kind ? fp_f32_to_bf16(x[i]) : fp_f32_to_f16(x[i]);
+            bad =
+                !CHECK_MSG(got[i] == want, "%s store_%s(%a = 0x%08x) = 0x%04x, want 0x%04x", table,
+                           kind ? "bf16" : "f16", (double)x[i], fp_f32_bits(x[i]), got[i], want);
+        }
+        CHECK_MSG(got[NS - 1] == 0x1234, "%s store wrote past n", table);
+        uk->store_bf16(5, x + 10, 0.5f, got);
+        for (int i = 0; i < 5; i++)
+            CHECK_MSG(got[i] == fp_f32_to_bf16(0.5f * x[10 + i]), "%s store_bf16 scale", table);
+    }
+    free(x);
+    free(got);
     if (uk->interleave_bf16) {
         uint32_t dst[101];
         for (int n = 1; n <= 100; n++)
@@ -326,6 +366,39 @@ static void check_conversions(const fp_ukernels *uk)
     }
     free(h);
     free(out);
+}
+
+static void check_transpose(const fp_ukernels *uk, tu_rng *rng)
+{
+    enum { MAXR = 40, MAXC = 40, LDD = 48 };
+    unsigned char *src = malloc(4 * (MAXR * (MAXC + 3)) + 8);
+    uint32_t *dst = malloc(sizeof(uint32_t) * (MAXC + 1) * LDD);
+    if (!CHECK(src && dst))
+        return;
+    int bad = 0;
+    for (int trial = 0; trial < 300 && !bad; trial++) {
+        const int rows = 1 + (int)(tu_rng_u32(rng) % MAXR),
+                  cols = 1 + (int)(tu_rng_u32(rng) % MAXC);
+        const int shift = (int)(tu_rng_u32(rng) % 4); /* byte offset of the block */
+        const ptrdiff_t lds = 4 * (cols + (int)(tu_rng_u32(rng) % 3)) + (shift % 2) * 2;
+        for (int i = 0; i < 4 * (MAXR * (MAXC + 3)) + 8; i++)
+            src[i] = (unsigned char)tu_rng_u32(rng);
+        for (int i = 0; i < (MAXC + 1) * LDD; i++)
+            dst[i] = 0xdeadbeefu;
+        uk->transpose32(rows, cols, src + shift, lds, dst, LDD);
+        for (int c = 0; c < MAXC + 1 && !bad; c++)
+            for (int r = 0; r < LDD && !bad; r++) {
+                uint32_t want = 0xdeadbeefu;
+                if (r < rows && c < cols)
+                    memcpy(&want, src + shift + r * lds + 4 * c, sizeof want);
+                bad = !CHECK_MSG(dst[c * LDD + r] == want,
+                                 "%s transpose32 %d x %d (byte offset %d): dst[%d][%d] = %08x, "
+                                 "want %08x",
+                                 table, rows, cols, shift, c, r, dst[c * LDD + r], want);
+            }
+    }
+    free(src);
+    free(dst);
 }
 
 /* One forward with an odd head dim in `dtype` on the default table, against the reference. */
@@ -399,6 +472,7 @@ int main(void)
         check_exp2(uk);
         check_softmax_ops(uk, &rng);
         check_conversions(uk);
+        check_transpose(uk, &rng);
         printf("%s: %s\n", table, tu_failures == before ? "ok" : "FAILED");
         tested++;
     }

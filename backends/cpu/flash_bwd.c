@@ -131,8 +131,8 @@ static void load_query_block(const bwd_ctx *c, float *scratch, const fp_seq *seq
     const int d = (int)p->head_dim;
     const int64_t tok = seq->q_start + i0;
     const fp_block qb = block_of(p, &p->q, b, tok, h), ob = block_of(p, &p->dout, b, tok, h);
-    fp_tile_load_t(scratch + L->qt, L->ldq, &qb, m, d);
-    fp_tile_load_t(scratch + L->dot, L->ldq, &ob, m, d);
+    fp_tile_load_t(scratch + L->qt, L->ldq, &qb, m, d, c->uk);
+    fp_tile_load_t(scratch + L->dot, L->ldq, &ob, m, d, c->uk);
     fp_tile_load(scratch + L->q, L->ldd, &qb, m, d, c->uk);
     fp_tile_load(scratch + L->dout, L->ldd, &ob, m, d, c->uk);
     const float *lse = (const float *)p->lse.data;
@@ -278,8 +278,8 @@ static void store_dkdv(const bwd_ctx *c, const fp_seq *seq, int64_t b, int64_t k
     const int d = (int)p->head_dim;
     const fp_block kb = block_of(p, &p->dk, b, seq->k_start + j0, kvh);
     const fp_block vb = block_of(p, &p->dv, b, seq->k_start + j0, kvh);
-    fp_tile_store(&kb, dk, c->L.ldd, n, d, p->scale);
-    fp_tile_store(&vb, dv, c->L.ldd, n, d, 1.0f);
+    fp_tile_store(&kb, dk, c->L.ldd, n, d, p->scale, c->uk);
+    fp_tile_store(&vb, dv, c->L.ldd, n, d, 1.0f, c->uk);
 }
 
 /* Di = rowsum(dO * O) for query rows [i0, i0 + BLOCK_Q) of (b, h), from the stored O. Each sum
@@ -299,7 +299,7 @@ static void di_block(const bwd_ctx *c, float *scratch, int64_t b, int64_t h, int
     float *o = scratch + L->q, *dot = scratch + L->dot, *out = scratch + L->s;
     const fp_block ob = block_of(p, &p->o, b, tok, h), gb = block_of(p, &p->dout, b, tok, h);
     fp_tile_load(o, L->ldd, &ob, m, d, c->uk);
-    fp_tile_load_t(dot, L->ldq, &gb, m, d);
+    fp_tile_load_t(dot, L->ldq, &gb, m, d, c->uk);
     float *di = c->di + h * p->total_q + di_row(c, &seq, b, i0);
     for (int r = 0; r < m; r++) {
         /* Row r of O against the FP_TILE_COLS columns of dO^T that hold row r. */

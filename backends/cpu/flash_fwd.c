@@ -150,9 +150,9 @@ static void fwd_block(const fwd_ctx *c, float *scratch, int64_t b, int64_t h, in
     const fp_block qb = {p->q.data, p->dtype, fp_row_offset(&p->q, b, seq.q_start + i0, h),
                          p->q.stride[FP_S], p->q.stride[FP_D]};
     if (c->bf16)
-        fp_tile_pairs_t((uint32_t *)qt, L->ldq, &qb, m, d);
+        fp_tile_pairs_t((uint32_t *)qt, L->ldq, &qb, m, d, uk);
     else
-        fp_tile_load_t(qt, L->ldq, &qb, m, d);
+        fp_tile_load_t(qt, L->ldq, &qb, m, d, uk);
     for (int x = 0; x < mp; x++) {
         fp_softmax_init(&st[x]);
         sub[x] = 0.0f; /* finite for padding columns too; real ones are set per block */
@@ -259,7 +259,7 @@ static void fwd_block(const fwd_ctx *c, float *scratch, int64_t b, int64_t h, in
     }
     const fp_block ob = {p->o.data, p->dtype, fp_row_offset(&p->o, b, seq.q_start + i0, h),
                          p->o.stride[FP_S], p->o.stride[FP_D]};
-    fp_tile_store(&ob, o, L->ldd, m, d, 1.0f);
+    fp_tile_store(&ob, o, L->ldd, m, d, 1.0f, uk);
     if (p->lse.data) {
         float *lse = (float *)p->lse.data;
         for (int r = 0; r < m; r++)

@@ -47,31 +47,24 @@ void fp_tile_load(float *dst, int ld, const fp_block *x, int rows, int d, const 
     }
 }
 
-void fp_tile_load_t(float *dst, int ld, const fp_block *x, int rows, int d)
+void fp_tile_load_t(float *dst, int ld, const fp_block *x, int rows, int d, const fp_ukernels *uk)
 {
-    /* Bands of 16 source rows: each source row is read in order and each destination row gets
-     * 64 contiguous bytes per band. Walking one whole column at a time instead strides through
-     * the source by the row pitch, which for power-of-two head counts maps every access to one
-     * L1 set. */
-    enum { BAND = 16 };
-    for (int r0 = 0; r0 < rows; r0 += BAND) {
-        const int nr = rows - r0 < BAND ? rows - r0 : BAND;
-        for (int c = 0; c < d; c++) {
-            float *restrict out = dst + (ptrdiff_t)c * ld + r0;
-            const int64_t o = r0 * x->rs + c * x->cs;
-            switch (x->dtype) {
-            case FLASHPORT_F16:
+    if (x->dtype == FLASHPORT_F32 && x->cs == 1) {
+        uk->transpose32(rows, d, f32_at(x, 0), (ptrdiff_t)x->rs * (ptrdiff_t)sizeof(float),
+                        (uint32_t *)dst, ld);
+    } else {
+        /* Bands of 16 source rows: each source row is read in order and each destination row
+         * gets 64 contiguous bytes per band. Walking one whole column at a time instead strides
+         * through the source by the row pitch, which for power-of-two head counts maps every
+         * access to one L1 set. */
+        enum { BAND = 16 };
+        for (int r0 = 0; r0 < rows; r0 += BAND) {
+            const int nr = rows - r0 < BAND ? rows - r0 : BAND;
+            for (int c = 0; c < d; c++) {
+                float *restrict out = dst + (ptrdiff_t)c * ld + r0;
+                const int64_t o = r0 * x->rs + c * x->cs;
                 for (int r = 0; r < nr; r++)
-                    out[r] = fp_f16_to_f32(*u16_at(x, o + r * x->rs));
-                break;
-            case FLASHPORT_BF16:
-                for (int r = 0; r < nr; r++)
-                    out[r] = fp_bf16_to_f32(*u16_at(x, o + r * x->rs));
-                break;
-            default:
-                for (int r = 0; r < nr; r++)
-                    out[r] = *f32_at(x, o + r * x->rs);
-                break;
+                    out[r] = fp_load(x->data, x->off + o + r * x->rs, x->dtype);
             }
         }
     }
@@ -79,26 +72,19 @@ void fp_tile_load_t(float *dst, int ld, const fp_block *x, int rows, int d)
         memset(dst + (ptrdiff_t)c * ld + rows, 0, sizeof(float) * (size_t)(ld - rows));
 }
 
-void fp_tile_store(const fp_block *x, const float *src, int ld, int rows, int d, float scale)
+void fp_tile_store(const fp_block *x, const float *src, int ld, int rows, int d, float scale,
+                   const fp_ukernels *uk)
 {
     for (int r = 0; r < rows; r++) {
         const float *s = src + (ptrdiff_t)r * ld;
         const int64_t o = x->off + r * x->rs;
-        void *base = x->data;
-        switch (x->dtype) {
-        case FLASHPORT_F16:
-            for (int c = 0; c < d; c++)
-                ((uint16_t *)base)[o + c * x->cs] = fp_f32_to_f16(scale * s[c]);
-            break;
-        case FLASHPORT_BF16:
-            for (int c = 0; c < d; c++)
-                ((uint16_t *)base)[o + c * x->cs] = fp_f32_to_bf16(scale * s[c]);
-            break;
-        default:
-            for (int c = 0; c < d; c++)
-                ((float *)base)[o + c * x->cs] = scale * s[c];
-            break;
+        if (x->cs == 1 && x->dtype != FLASHPORT_F32) {
+            (x->dtype == FLASHPORT_F16 ? uk->store_f16 : uk->store_bf16)(d, s, scale,
+                                                                         (uint16_t *)x->data + o);
+            continue;
         }
+        for (int c = 0; c < d; c++)
+            fp_store(x->data, o + c * x->cs, x->dtype, scale * s[c]);
     }
 }
 
@@ -112,15 +98,25 @@ void fp_tile_store_t(const fp_block *x, const float *src, int ld, int rows, int 
     }
 }
 
-void fp_tile_pairs_t(uint32_t *dst, int ld, const fp_block *x, int rows, int d)
+void fp_tile_pairs_t(uint32_t *dst, int ld, const fp_block *x, int rows, int d,
+                     const fp_ukernels *uk)
 {
     const int pairs = (d + 1) / 2;
-    for (int r = 0; r < rows; r++) {
-        const uint16_t *row = u16_at(x, r * x->rs);
-        for (int p = 0; p < pairs; p++) {
-            const uint32_t lo = row[2 * p * x->cs];
-            const uint32_t hi = 2 * p + 1 < d ? row[(2 * p + 1) * x->cs] : 0u;
-            dst[(ptrdiff_t)p * ld + r] = lo | hi << 16;
+    if (x->cs == 1) {
+        /* Whole pairs as 32-bit words; an odd last element alone, so no row is read past d. */
+        uk->transpose32(rows, d / 2, u16_at(x, 0), (ptrdiff_t)x->rs * (ptrdiff_t)sizeof(uint16_t),
+                        dst, ld);
+        if (d % 2)
+            for (int r = 0; r < rows; r++)
+                dst[(ptrdiff_t)(pairs - 1) * ld + r] = *u16_at(x, r * x->rs + d - 1);
+    } else {
+        for (int r = 0; r < rows; r++) {
+            const uint16_t *row = u16_at(x, r * x->rs);
+            for (int p = 0; p < pairs; p++) {
+                const uint32_t lo = row[2 * p * x->cs];
+                const uint32_t hi = 2 * p + 1 < d ? row[(2 * p + 1) * x->cs] : 0u;
+                dst[(ptrdiff_t)p * ld + r] = lo | hi << 16;
+            }
         }
     }
     for (int p = 0; p < pairs; p++)

@@ -38,20 +38,24 @@ typedef struct fp_block {
 void fp_tile_load(float *dst, int ld, const fp_block *x, int rows, int d, const fp_ukernels *uk);
 
 /* Transposed tile, f32: dst[c * ld + r] = x(r, c) for c < d, r < rows; columns rows .. ld - 1
- * are set to 0 so the padding of a query block stays finite. */
-void fp_tile_load_t(float *dst, int ld, const fp_block *x, int rows, int d);
+ * are set to 0 so the padding of a query block stays finite. Contiguous f32 rows go through
+ * uk->transpose32. */
+void fp_tile_load_t(float *dst, int ld, const fp_block *x, int rows, int d, const fp_ukernels *uk);
 
 /* Stores rows x d elements of a row tile, times scale, into the tensor (f16/bf16 rounded to
- * nearest even). */
-void fp_tile_store(const fp_block *x, const float *src, int ld, int rows, int d, float scale);
+ * nearest even, contiguous rows through uk->store_f16 / store_bf16). */
+void fp_tile_store(const fp_block *x, const float *src, int ld, int rows, int d, float scale,
+                   const fp_ukernels *uk);
 
 /* Stores the transpose of a d x rows tile: x(r, c) = scale * src[c * ld + r]. */
 void fp_tile_store_t(const fp_block *x, const float *src, int ld, int rows, int d, float scale);
 
 /* bf16 pairs along the columns, transposed (the query side of S^T = K Q^T):
  * dst[p * ld + r] = x(r, 2p) | x(r, 2p + 1) << 16 for p < ceil(d / 2), r < rows; a missing odd
- * element and the columns rows .. ld - 1 are 0. x must be bf16. */
-void fp_tile_pairs_t(uint32_t *dst, int ld, const fp_block *x, int rows, int d);
+ * element and the columns rows .. ld - 1 are 0. x must be bf16; contiguous rows go through
+ * uk->transpose32. */
+void fp_tile_pairs_t(uint32_t *dst, int ld, const fp_block *x, int rows, int d,
+                     const fp_ukernels *uk);
 
 /* bf16 pairs down the rows (V for P V): dst[p * ld + c] = x(2p, c) | x(2p + 1, c) << 16 for
  * p < ceil(rows / 2), c < d; a missing odd row is 0. x must be bf16; contiguous rows go through

@@ -88,9 +88,19 @@ typedef struct fp_ukernels {
     /* x[r][c] *= f[r] for c < cols. */
     void (*scale_rows)(int rows, int cols, float *x, ptrdiff_t ldx, const float *f);
 
+    /* dst[c * ldd + r] = element (r, c) of src, the 32-bit word at byte offset r * lds + 4 c, for
+     * r < rows, c < cols: a transposed copy of f32 values or of bf16 pairs. src may be the
+     * caller's tensor (any alignment; exactly those words are read), dst is a tile. */
+    void (*transpose32)(int rows, int cols, const void *src, ptrdiff_t lds, uint32_t *dst,
+                        ptrdiff_t ldd);
+
     /* n contiguous f16 / bf16 values to f32 (exact; NaN stays NaN). Any n, no padding needed. */
     void (*cvt_f16)(int n, const uint16_t *src, float *dst);
     void (*cvt_bf16)(int n, const uint16_t *src, float *dst);
+    /* dst[i] = scale * src[i] rounded to f16 / bf16, bit for bit as core/dtype.h rounds (nearest
+     * even, NaN to core/dtype.h's NaN, denormals kept). Any n, no padding needed. */
+    void (*store_f16)(int n, const float *src, float scale, uint16_t *dst);
+    void (*store_bf16)(int n, const float *src, float scale, uint16_t *dst);
 } fp_ukernels;
 
 /* The tables this build contains: which ones depends on the target architecture and the

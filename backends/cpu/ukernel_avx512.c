@@ -25,6 +25,9 @@ const fp_ukernels fp_ukernels_avx512 = {
     NULL,
     uk_dsoftmax_cols,
     uk_scale_rows,
+    avx512_transpose32,
     avx512_cvt_f16,
     avx512_cvt_bf16,
+    avx512_store_f16,
+    avx512_store_bf16,
 };

@@ -76,6 +76,49 @@ static inline uk_vec uk_exp2(uk_vec x)
     return _mm512_maskz_mov_ps(keep, _mm512_scalef_ps(p, n));
 }
 
+/* transpose32 by 16 x 16 blocks: 16 masked row loads, the usual four shuffle stages (32-bit,
+ * 64-bit and two 128-bit lane interleaves), 16 masked column stores. Masks keep the edge blocks
+ * from reading or writing outside the rows x cols words. */
+static void avx512_transpose32(int rows, int cols, const void *src, ptrdiff_t lds, uint32_t *dst,
+                               ptrdiff_t ldd)
+{
+    const unsigned char *s = src;
+    for (int r0 = 0; r0 < rows; r0 += 16)
+        for (int c0 = 0; c0 < cols; c0 += 16) {
+            const int nr = rows - r0 < 16 ? rows - r0 : 16, nc = cols - c0 < 16 ? cols - c0 : 16;
+            const __mmask16 cm = (__mmask16)(nc == 16 ? 0xffffu : (1u << nc) - 1u);
+            const __mmask16 rm = (__mmask16)(nr == 16 ? 0xffffu : (1u << nr) - 1u);
+            __m512i a[16], b[16];
+            for (int r = 0; r < 16; r++)
+                a[r] = r < nr ? _mm512_maskz_loadu_epi32(cm, s + (r0 + r) * lds + 4 * c0)
+                              : _mm512_setzero_si512();
+            for (int r = 0; r < 16; r += 2) {
+                b[r] = _mm512_unpacklo_epi32(a[r], a[r + 1]);
+                b[r + 1] = _mm512_unpackhi_epi32(a[r], a[r + 1]);
+            }
+            for (int r = 0; r < 16; r += 4) {
+                a[r] = _mm512_unpacklo_epi64(b[r], b[r + 2]);
+                a[r + 1] = _mm512_unpackhi_epi64(b[r], b[r + 2]);
+                a[r + 2] = _mm512_unpacklo_epi64(b[r + 1], b[r + 3]);
+                a[r + 3] = _mm512_unpackhi_epi64(b[r + 1], b[r + 3]);
+            }
+            /* Now 128-bit lane l of a[4q + k] holds column 4 l + k of rows 4q .. 4q + 3; column
+             * 4 l + k of the block is lane l of a[k], a[4 + k], a[8 + k], a[12 + k]. */
+            for (int k = 0; k < 4; k++) {
+                const __m512i t0 = _mm512_shuffle_i32x4(a[k], a[4 + k], 0x88);
+                const __m512i t1 = _mm512_shuffle_i32x4(a[k], a[4 + k], 0xdd);
+                const __m512i t2 = _mm512_shuffle_i32x4(a[8 + k], a[12 + k], 0x88);
+                const __m512i t3 = _mm512_shuffle_i32x4(a[8 + k], a[12 + k], 0xdd);
+                b[k] = _mm512_shuffle_i32x4(t0, t2, 0x88);
+                b[k + 8] = _mm512_shuffle_i32x4(t0, t2, 0xdd);
+                b[k + 4] = _mm512_shuffle_i32x4(t1, t3, 0x88);
+                b[k + 12] = _mm512_shuffle_i32x4(t1, t3, 0xdd);
+            }
+            for (int c = 0; c < nc; c++)
+                _mm512_mask_storeu_epi32(dst + (c0 + c) * ldd + r0, rm, b[c]);
+        }
+}
+
 /* 16-bit storage to f32: f16 by vcvtph2ps, bf16 by moving the bits into the high half. The tail
  * goes through masked loads and stores, so nothing past n is touched. */
 static inline __m512 avx512_f16x16(__m256i h)
@@ -106,6 +149,51 @@ static void avx512_cvt_bf16(int n, const uint16_t *src, float *dst)
     if (i < n) {
         const __mmask16 m = (__mmask16)((1u << (n - i)) - 1u);
         _mm512_mask_storeu_ps(dst + i, m, avx512_bf16x16(_mm256_maskz_loadu_epi16(m, src + i)));
+    }
+}
+
+/* f32 -> bf16 as core/dtype.h: add 0x7fff plus the lowest kept bit and truncate (integer
+ * arithmetic: vcvtneps2bf16 would flush denormals), NaN -> its top half with the quiet bit. */
+static inline __m256i avx512_bf16_of(__m512 x)
+{
+    const __m512i u = _mm512_castps_si512(x);
+    const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+    __m512i r = _mm512_srli_epi32(
+        _mm512_add_epi32(u, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7fff))), 16);
+    const __mmask16 nan = _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q);
+    r = _mm512_mask_or_epi32(r, nan, _mm512_srli_epi32(u, 16), _mm512_set1_epi32(0x40));
+    return _mm512_cvtepi32_epi16(r);
+}
+
+/* f32 -> f16 as core/dtype.h: vcvtps2ph rounds to nearest even with IEEE denormals and
+ * overflow; NaN lanes are replaced by core/dtype.h's sign | 0x7e00. */
+static inline __m256i avx512_f16_of(__m512 x)
+{
+    __m256i h = _mm512_cvtps_ph(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    const __mmask16 nan = _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q);
+    const __m256i sign =
+        _mm256_and_si256(_mm512_cvtepi32_epi16(_mm512_srli_epi32(_mm512_castps_si512(x), 16)),
+                         _mm256_set1_epi16((short)0x8000));
+    return _mm256_mask_blend_epi16(nan, h, _mm256_or_si256(sign, _mm256_set1_epi16(0x7e00)));
+}
+
+static void avx512_store_bf16(int n, const float *src, float scale, uint16_t *dst)
+{
+    const __m512 s = _mm512_set1_ps(scale);
+    for (int i = 0; i < n; i += 16) {
+        const __mmask16 m = (__mmask16)(n - i >= 16 ? 0xffffu : (1u << (n - i)) - 1u);
+        const __m512 x = _mm512_mul_ps(_mm512_maskz_loadu_ps(m, src + i), s);
+        _mm256_mask_storeu_epi16(dst + i, m, avx512_bf16_of(x));
+    }
+}
+
+static void avx512_store_f16(int n, const float *src, float scale, uint16_t *dst)
+{
+    const __m512 s = _mm512_set1_ps(scale);
+    for (int i = 0; i < n; i += 16) {
+        const __mmask16 m = (__mmask16)(n - i >= 16 ? 0xffffu : (1u << (n - i)) - 1u);
+        const __m512 x = _mm512_mul_ps(_mm512_maskz_loadu_ps(m, src + i), s);
+        _mm256_mask_storeu_epi16(dst + i, m, avx512_f16_of(x));
     }
 }
 

@@ -100,6 +100,9 @@ const fp_ukernels fp_ukernels_avx512bf16 = {
     uk_interleave_bf16,
     uk_dsoftmax_cols,
     uk_scale_rows,
+    avx512_transpose32,
     avx512_cvt_f16,
     avx512_cvt_bf16,
+    avx512_store_f16,
+    avx512_store_bf16,
 };

@@ -106,6 +106,9 @@ const fp_ukernels fp_ukernels_neon = {
     NULL,
     uk_dsoftmax_cols,
     uk_scale_rows,
+    uk_transpose32_generic,
     cvt_f16,
     cvt_bf16,
+    uk_store_f16_generic,
+    uk_store_bf16_generic,
 };

@@ -7,9 +7,14 @@
  *   uk_add, uk_sub, uk_mul, uk_max(a, b)
  *   uk_madd(a, b, c)    a * b + c (fused where the ISA has FMA)
  *   uk_exp2(x)          2^x as the contract says (0 below -126, -inf included)
- * Column-wise: a tile holds keys down its rows and query rows across its columns, so a query's
- * softmax statistics are lane-wise reductions down a column, with no horizontal shuffles.
+ * Column-wise: a tile holds keys down its rows and query rows across
+ * its columns, so a query's softmax statistics are lane-wise reductions down a column, with no
+ * horizontal shuffles.
  */
+
+#include "core/dtype.h"
+
+#include <string.h>
 
 #define UK_GEMM               uk_gemm
 #define UK_GEMM_A             float
@@ -63,6 +68,35 @@ static void uk_dsoftmax_cols(int rows, int cols, const float *p, ptrdiff_t ldp, 
             float *d = dp + r * lddp + c;
             uk_store(d, uk_mul(uk_load(p + r * ldp + c), uk_sub(uk_load(d), uk_load(di + c))));
         }
+}
+
+/* transpose32 in blocks of 8 x 8 words, so that both sides touch few cache lines at a time. The
+ * words go through memcpy: src may sit at any byte offset. */
+static inline void uk_transpose32_generic(int rows, int cols, const void *src, ptrdiff_t lds,
+                                          uint32_t *dst, ptrdiff_t ldd)
+{
+    const unsigned char *s = src;
+    for (int r0 = 0; r0 < rows; r0 += 8)
+        for (int c0 = 0; c0 < cols; c0 += 8) {
+            const int r1 = rows - r0 < 8 ? rows : r0 + 8, c1 = cols - c0 < 8 ? cols : c0 + 8;
+            for (int c = c0; c < c1; c++)
+                for (int r = r0; r < r1; r++)
+                    memcpy(dst + c * ldd + r, s + r * lds + 4 * c, sizeof(uint32_t));
+        }
+}
+
+/* store_f16 / store_bf16 through core/dtype.h, element by element: the definition the vector
+ * versions must match. */
+static inline void uk_store_f16_generic(int n, const float *src, float scale, uint16_t *dst)
+{
+    for (int i = 0; i < n; i++)
+        dst[i] = fp_f32_to_f16(scale * src[i]);
+}
+
+static inline void uk_store_bf16_generic(int n, const float *src, float scale, uint16_t *dst)
+{
+    for (int i = 0; i < n; i++)
+        dst[i] = fp_f32_to_bf16(scale * src[i]);
 }
 
 static void uk_scale_rows(int rows, int cols, float *x, ptrdiff_t ldx, const float *f)

@@ -14,8 +14,8 @@
  * Target: x86-64 with AVX-512 F, BW, VL, BF16 (compiled with those flags alone).
  * Known differences from the reference: Q K^T and P V from bf16 operands with f32 accumulation;
  * P rounded to bf16 before P V.
- * Measured (docs/bench/cpu.md): bf16 forward 223..328 GFLOP/s on 2 Zen 4 cores, 1.48..1.99x the
- * f32 forward of the same shapes (D = 64, 128; N = 1024..8192).
+ * Measured (docs/bench/cpu.md): bf16 forward 243..348 GFLOP/s on 2 Zen 4 cores, 1.50..1.95x the
+ * f32 forward of the same shapes (D = 64, 128; N = 1024..8192; medians of 3 runs).
  */
 #include "backends/cpu/ukernel_avx512.h"
 

@@ -7,8 +7,8 @@
  * Known differences from the reference: f32 accumulation with FMA; the polynomial exp2.
  * Measured on one Zen 4 core of the development machine: the product alone on the forward's tile
  * shapes (64 x 64 x D, D = 64, 128) 102..109 GFLOP/s in undisturbed runs, 88-94% of the
- * 114..117 GFLOP/s FMA loop of bench/peak.c; FLASHPORT_CPU_ISA=avx512 f32 forward B=1 H=4 N=2048 D=128 on 2 threads: 75% of
- * the measured peak (docs/bench/cpu.md).
+ * 114..117 GFLOP/s FMA loop of bench/peak.c; FLASHPORT_CPU_ISA=avx512 f32 forward B=1 H=4
+ * N=2048 D=128 on 2 threads: 75% of the measured peak (docs/bench/cpu.md).
  */
 #include "backends/cpu/ukernel_avx512.h"
 

@@ -91,10 +91,3 @@ fp_plan_task fp_plan_task_at(const fp_plan *p, const fp_plan_shape *s, int64_t t
     out.q_block = p->heavy_first ? p->num_q_blocks - 1 - rank : rank;
     return out;
 }
-
-void fp_plan_cpu_tiles(int64_t head_dim, int32_t *block_q, int32_t *block_k)
-{
-    /* Q, K, V and O tiles in f32 plus the S tile stay within ~256 KiB (a core's L2 share). */
-    *block_q = 64;
-    *block_k = head_dim <= 128 ? 64 : 32;
-}

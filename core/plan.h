@@ -58,9 +58,6 @@ fp_plan_task fp_plan_task_at(const fp_plan *plan, const fp_plan_shape *shape, in
 /* Number of key blocks that query block q_block must visit (its cost), for a dense problem. */
 int64_t fp_plan_block_cost(const fp_plan *plan, const fp_plan_shape *shape, int64_t q_block);
 
-/* Tile sizes of the CPU flash kernels for head dim d (block_q, block_k). */
-void fp_plan_cpu_tiles(int64_t head_dim, int32_t *block_q, int32_t *block_k);
-
 #ifdef __cplusplus
 }
 #endif

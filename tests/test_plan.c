@@ -11,9 +11,7 @@
  *   - heavy_first: for causal masks the first task's query block is the costliest, and costs never
  *     rise along the task order;
  *   - fp_plan_block_cost equals a brute-force count of key blocks holding at least one visible
- *     (row, key) pair under fp_mask_visible (core/mask.h), for random windows and shapes;
- *   - fp_plan_cpu_tiles: positive tile sizes whose f32 working set fits the budget its comment
- *     states, for every D in 1..256.
+ *     (row, key) pair under fp_mask_visible (core/mask.h), for random windows and shapes.
  */
 #include "core/mask.h"
 #include "core/plan.h"
@@ -290,26 +288,6 @@ static void test_block_cost(void)
     }
 }
 
-static void test_cpu_tiles(void)
-{
-    int32_t prev_bk = INT32_MAX;
-    for (int64_t d = 1; d <= 256; d++) {
-        int32_t bq = -1, bk = -1;
-        fp_plan_cpu_tiles(d, &bq, &bk);
-        int ok = CHECK_MSG(bq >= 8 && bq <= 256 && bk >= 8 && bk <= 256,
-                           "D %lld: tiles %d x %d out of range", (long long)d, (int)bq, (int)bk);
-        /* Q, K, V, O tiles in f32 plus the S tile: the ~256 KiB budget of plan.c. */
-        int64_t bytes = 4 * ((2 * (int64_t)bq + 2 * (int64_t)bk) * d + (int64_t)bq * bk);
-        ok = ok && CHECK_MSG(bytes <= 256 * 1024, "D %lld: tiles %d x %d need %lld bytes",
-                             (long long)d, (int)bq, (int)bk, (long long)bytes);
-        ok = ok && CHECK_MSG(bk <= prev_bk, "D %lld: block_k grows with D (%d after %d)",
-                             (long long)d, (int)bk, (int)prev_bk);
-        prev_bk = bk;
-        if (!ok)
-            break;
-    }
-}
-
 int main(void)
 {
     test_q_blocks();
@@ -317,7 +295,6 @@ int main(void)
     test_random_plans();
     test_task_order();
     test_block_cost();
-    test_cpu_tiles();
     if (tu_failures) {
         fprintf(stderr, "test_plan: %d check(s) failed\n", tu_failures);
         return 1;

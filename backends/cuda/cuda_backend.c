@@ -269,7 +269,9 @@ static void cuda_event_destroy(void *vctx, void *event)
     device_leave(ctx, prev, FLASHPORT_OK);
 }
 
-static flashport_status cuda_forward(void *vctx, const fp_problem *p)
+/* Forward and backward alike: enter the device, stage tensors the kernels cannot read in place
+ * (layout.cu), run the sm80 kernels, copy staged outputs back, leave the device. */
+static flashport_status cuda_run(void *vctx, const fp_problem *p, int backward)
 {
     const fp_cuda_ctx *ctx = vctx;
     int prev;
@@ -278,25 +280,23 @@ static flashport_status cuda_forward(void *vctx, const fp_problem *p)
         return st;
     fp_problem work;
     void *ws;
-    st = fp_cuda_layout_begin(ctx, p, 0, &work, &ws);
-    if (st == FLASHPORT_OK)
-        st = fp_cuda_layout_end(ctx, p, &work, 0, ws, fp_cuda_sm80_forward(ctx, &work));
+    st = fp_cuda_layout_begin(ctx, p, backward, &work, &ws);
+    if (st == FLASHPORT_OK) {
+        flashport_status run = backward ? fp_cuda_sm80_backward(ctx, &work)
+                                        : fp_cuda_sm80_forward(ctx, &work);
+        st = fp_cuda_layout_end(ctx, p, &work, backward, ws, run);
+    }
     return device_leave(ctx, prev, st);
+}
+
+static flashport_status cuda_forward(void *vctx, const fp_problem *p)
+{
+    return cuda_run(vctx, p, 0);
 }
 
 static flashport_status cuda_backward(void *vctx, const fp_problem *p)
 {
-    const fp_cuda_ctx *ctx = vctx;
-    int prev;
-    flashport_status st = device_enter(ctx, &prev);
-    if (st != FLASHPORT_OK)
-        return st;
-    fp_problem work;
-    void *ws;
-    st = fp_cuda_layout_begin(ctx, p, 1, &work, &ws);
-    if (st == FLASHPORT_OK)
-        st = fp_cuda_layout_end(ctx, p, &work, 1, ws, fp_cuda_sm80_backward(ctx, &work));
-    return device_leave(ctx, prev, st);
+    return cuda_run(vctx, p, 1);
 }
 
 static const fp_backend_ops cuda_ops = {

@@ -282,8 +282,8 @@ static flashport_status cuda_run(void *vctx, const fp_problem *p, int backward)
     void *ws;
     st = fp_cuda_layout_begin(ctx, p, backward, &work, &ws);
     if (st == FLASHPORT_OK) {
-        flashport_status run = backward ? fp_cuda_sm80_backward(ctx, &work)
-                                        : fp_cuda_sm80_forward(ctx, &work);
+        flashport_status run =
+            backward ? fp_cuda_sm80_backward(ctx, &work) : fp_cuda_sm80_forward(ctx, &work);
         st = fp_cuda_layout_end(ctx, p, &work, backward, ws, run);
     }
     return device_leave(ctx, prev, st);

@@ -57,10 +57,13 @@ enum { BLOCK_Q = 64, BLOCK_K = 64 };
 /* Offsets (floats) of one thread's tiles inside its scratch slice. */
 typedef struct bwd_layout {
     int ldq, ldd;    /* leading dims: BLOCK_Q-wide and d-wide tiles */
-    size_t qt, dot;  /* d x BLOCK_Q: Q^T, dO^T */
-    size_t q, dout;  /* BLOCK_Q x d: Q, dO */
-    size_t kt, vt;   /* BLOCK_K x d: K, V converted to f32 (non-f32 inputs) */
+    size_t qt, dot;  /* d x BLOCK_Q: Q^T, dO^T (bf16: ceil(d / 2) x BLOCK_Q pairs) */
+    size_t q, dout;  /* BLOCK_Q x d: Q, dO (bf16: BLOCK_Q / 2 x d pairs down the rows) */
+    size_t kt, vt;   /* BLOCK_K x d: K, V as f32 (f16 inputs) or bf16 rows (not in place) */
+    size_t kp;       /* bf16: BLOCK_K / 2 x d, K as pairs down the rows (the A of K^T dS^T) */
     size_t s, dp, g; /* BLOCK_K x BLOCK_Q: S^T then P^T; dP^T then dS^T; softcap gradient */
+    size_t pb, dsb;  /* bf16: BLOCK_K x BLOCK_Q bf16 rows of P^T, dS^T */
+    size_t dsp;      /* bf16: BLOCK_K / 2 x BLOCK_Q, dS^T as pairs down the rows */
     size_t dqt;      /* d x BLOCK_Q: dQ^T accumulator */
     size_t dk, dv;   /* BLOCK_K x d accumulators (two-pass schedule) */
     size_t lse, di;  /* per query: LSE in log2 units (finite), Di */
@@ -79,10 +82,14 @@ static bwd_layout bwd_layout_of(int64_t d)
     L.dout = L.q + bq * L.ldd;
     L.kt = L.dout + bq * L.ldd;
     L.vt = L.kt + bk * L.ldd;
-    L.s = L.vt + bk * L.ldd;
+    L.kp = L.vt + bk * L.ldd;
+    L.s = L.kp + (bk + 1) / 2 * L.ldd;
     L.dp = L.s + bk * L.ldq;
     L.g = L.dp + bk * L.ldq;
-    L.dqt = L.g + bk * L.ldq;
+    L.pb = L.g + bk * L.ldq;
+    L.dsb = L.pb + bk * L.ldq / 2;
+    L.dsp = L.dsb + bk * L.ldq / 2;
+    L.dqt = L.dsp + (bk + 1) / 2 * L.ldq;
     L.dk = L.dqt + (size_t)d * L.ldq;
     L.dv = L.dk + bk * L.ldd;
     L.lse = L.dv + bk * L.ldd;
@@ -96,17 +103,19 @@ typedef struct bwd_ctx {
     const fp_problem *p;
     const fp_ukernels *uk;
     bwd_layout L;
-    int direct; /* K and V read in place (f32) */
+    int bf16;   /* bf16 operands, gemm_bf16 products */
+    int direct; /* K and V read in place (f32 with any strides; bf16 with contiguous even rows) */
     float *di;  /* [H][total_q]: per head, one entry per (dense or packed) query row */
     float *big; /* fused schedule: per thread, dK and dV of a whole key range */
     size_t big_slice;
 } bwd_ctx;
 
-/* The key block being worked on: where the products read K, K^T and V. */
+/* The key block being worked on: where the products read K, K^T and V (f32 or bf16 elements;
+ * bf16 K and V have pairs along their rows, kcs = vcs = 1, and K^T comes from the kp tile). */
 typedef struct key_side {
     int64_t j0;
     int n;
-    const float *k, *v;
+    const void *k, *v;
     ptrdiff_t krs, kcs, vrs, vcs;
 } key_side;
 
@@ -132,10 +141,17 @@ static void load_query_block(const bwd_ctx *c, float *scratch, const fp_seq *seq
     const int d = (int)p->head_dim;
     const int64_t tok = seq->q_start + i0;
     const fp_block qb = block_of(p, &p->q, b, tok, h), ob = block_of(p, &p->dout, b, tok, h);
-    fp_tile_load_t(scratch + L->qt, L->ldq, &qb, m, d, c->uk);
-    fp_tile_load_t(scratch + L->dot, L->ldq, &ob, m, d, c->uk);
-    fp_tile_load(scratch + L->q, L->ldd, &qb, m, d, c->uk);
-    fp_tile_load(scratch + L->dout, L->ldd, &ob, m, d, c->uk);
+    if (c->bf16) {
+        fp_tile_pairs_t((uint32_t *)(scratch + L->qt), L->ldq, &qb, m, d, c->uk);
+        fp_tile_pairs_t((uint32_t *)(scratch + L->dot), L->ldq, &ob, m, d, c->uk);
+        fp_tile_pairs_rows((uint32_t *)(scratch + L->q), L->ldd, &qb, m, d, c->uk);
+        fp_tile_pairs_rows((uint32_t *)(scratch + L->dout), L->ldd, &ob, m, d, c->uk);
+    } else {
+        fp_tile_load_t(scratch + L->qt, L->ldq, &qb, m, d, c->uk);
+        fp_tile_load_t(scratch + L->dot, L->ldq, &ob, m, d, c->uk);
+        fp_tile_load(scratch + L->q, L->ldd, &qb, m, d, c->uk);
+        fp_tile_load(scratch + L->dout, L->ldd, &ob, m, d, c->uk);
+    }
     const float *lse = (const float *)p->lse.data;
     const float *di = c->di + h * p->total_q + di_row(c, seq, b, i0);
     for (int r = 0; r < L->ldq; r++) {
@@ -147,8 +163,9 @@ static void load_query_block(const bwd_ctx *c, float *scratch, const fp_seq *seq
     }
 }
 
-/* Points the products at key block [j0, j0 + n) of (b, kvh): in place for f32, else as f32
- * tiles converted into scratch. */
+/* Points the products at key block [j0, j0 + n) of (b, kvh): in place where c->direct, else as
+ * tiles in scratch (f32 converted from f16, or bf16 rows with an even length); bf16 also packs
+ * K's pairs down the rows for K^T dS^T. */
 static key_side load_key_block(const bwd_ctx *c, float *scratch, const fp_seq *seq, int64_t b,
                                int64_t kvh, int64_t j0, int n)
 {
@@ -157,17 +174,25 @@ static key_side load_key_block(const bwd_ctx *c, float *scratch, const fp_seq *s
     const int64_t tok = seq->k_start + j0;
     const fp_block kb = block_of(p, &p->k, b, tok, kvh), vb = block_of(p, &p->v, b, tok, kvh);
     key_side ks;
+    const int d = (int)p->head_dim;
+    const size_t es = c->bf16 ? sizeof(uint16_t) : sizeof(float);
     ks.j0 = j0;
     ks.n = n;
     if (c->direct) {
-        ks.k = (const float *)kb.data + kb.off;
-        ks.v = (const float *)vb.data + vb.off;
+        ks.k = (const char *)kb.data + (size_t)kb.off * es;
+        ks.v = (const char *)vb.data + (size_t)vb.off * es;
         ks.krs = kb.rs;
         ks.kcs = kb.cs;
         ks.vrs = vb.rs;
         ks.vcs = vb.cs;
+    } else if (c->bf16) {
+        fp_tile_load_bf16((uint16_t *)(scratch + L->kt), 2 * L->ldd, &kb, n, d);
+        fp_tile_load_bf16((uint16_t *)(scratch + L->vt), 2 * L->ldd, &vb, n, d);
+        ks.k = scratch + L->kt;
+        ks.v = scratch + L->vt;
+        ks.krs = ks.vrs = 2 * L->ldd;
+        ks.kcs = ks.vcs = 1;
     } else {
-        const int d = (int)p->head_dim;
         fp_tile_load(scratch + L->kt, L->ldd, &kb, n, d, c->uk);
         fp_tile_load(scratch + L->vt, L->ldd, &vb, n, d, c->uk);
         ks.k = scratch + L->kt;
@@ -175,6 +200,8 @@ static key_side load_key_block(const bwd_ctx *c, float *scratch, const fp_seq *s
         ks.krs = ks.vrs = L->ldd;
         ks.kcs = ks.vcs = 1;
     }
+    if (c->bf16)
+        fp_tile_pairs_rows((uint32_t *)(scratch + L->kp), L->ldd, &kb, n, d, c->uk);
     return ks;
 }
 
@@ -193,7 +220,8 @@ static void prefetch_key_block(const bwd_ctx *c, const fp_seq *seq, int64_t b, i
 }
 
 /* For query rows [i0, i0 + m) (query side loaded) and the key block ks: P^T into s and
- * dS^T = P^T (dP^T - Di) into dp, both n x BLOCK_Q. */
+ * dS^T = P^T (dP^T - Di) into dp, both n x BLOCK_Q f32; bf16: S^T and dP^T from bf16 operands,
+ * and P^T, dS^T also rounded to bf16 (pb, dsb, dsp) for the three products that follow. */
 static void block_grads(const bwd_ctx *c, float *scratch, const fp_seq *seq, int64_t h, int64_t i0,
                         int m, const key_side *ks)
 {
@@ -205,7 +233,11 @@ static void block_grads(const bwd_ctx *c, float *scratch, const fp_seq *seq, int
     const float slope = p->alibi_slopes ? p->alibi_slopes[h] : 0.0f;
     float *s = scratch + L->s, *dp = scratch + L->dp, *g = scratch + L->g;
 
-    uk->gemm(n, mp, d, ks->k, ks->krs, ks->kcs, scratch + L->qt, L->ldq, s, L->ldq, 0);
+    if (c->bf16)
+        uk->gemm_bf16(n, mp, (d + 1) / 2, ks->k, ks->krs, 2, (const uint32_t *)(scratch + L->qt),
+                      L->ldq, s, L->ldq, 0);
+    else
+        uk->gemm(n, mp, d, ks->k, ks->krs, ks->kcs, scratch + L->qt, L->ldq, s, L->ldq, 0);
     float mul = p->scale * FP_LOG2E;
     if (p->softcap > 0.0f || slope != 0.0f) {
         /* The forward's transform, keeping the softcap gradient for dS. */
@@ -238,28 +270,55 @@ static void block_grads(const bwd_ctx *c, float *scratch, const fp_seq *seq, int
     }
     uk->exp2_cols(n, mp, s, L->ldq, mul, scratch + L->lse, NULL);
 
-    uk->gemm(n, mp, d, ks->v, ks->vrs, ks->vcs, scratch + L->dot, L->ldq, dp, L->ldq, 0);
+    if (c->bf16)
+        uk->gemm_bf16(n, mp, (d + 1) / 2, ks->v, ks->vrs, 2, (const uint32_t *)(scratch + L->dot),
+                      L->ldq, dp, L->ldq, 0);
+    else
+        uk->gemm(n, mp, d, ks->v, ks->vrs, ks->vcs, scratch + L->dot, L->ldq, dp, L->ldq, 0);
     uk->dsoftmax_cols(n, mp, s, L->ldq, dp, L->ldq, scratch + L->di);
     if (p->softcap > 0.0f)
         for (int r = 0; r < n; r++)
             for (int x = 0; x < m; x++)
                 dp[(ptrdiff_t)r * L->ldq + x] *= g[(ptrdiff_t)r * L->ldq + x];
+    if (c->bf16) {
+        /* P and dS enter their products in bf16, as in the GPU kernels; dS = P (dP - Di) itself
+         * uses the f32 P. Columns from m on become 0: the odd last query pair reads one. */
+        uk->round_bf16(n, m, s, L->ldq, (uint16_t *)(scratch + L->pb), L->ldq, NULL, 0);
+        uk->round_bf16(n, m, dp, L->ldq, (uint16_t *)(scratch + L->dsb), L->ldq,
+                       (uint32_t *)(scratch + L->dsp), L->ldq);
+    }
 }
 
-/* dV += P^T dO and dK += dS^T Q for the block pair just computed; dk, dv: n x d tiles. */
+/* dV += P^T dO and dK += dS^T Q for the block pair just computed; dk, dv: n x d tiles. bf16:
+ * the query pairs of P^T and dS^T rows against dO and Q as pairs down the rows. */
 static void accumulate_dkdv(const bwd_ctx *c, float *scratch, int m, int n, float *dk, float *dv)
 {
     const bwd_layout *L = &c->L;
     const int d = (int)c->p->head_dim;
+    if (c->bf16) {
+        const int kp = (m + 1) / 2;
+        c->uk->gemm_bf16(n, d, kp, (const uint16_t *)(scratch + L->pb), L->ldq, 2,
+                         (const uint32_t *)(scratch + L->dout), L->ldd, dv, L->ldd, 1);
+        c->uk->gemm_bf16(n, d, kp, (const uint16_t *)(scratch + L->dsb), L->ldq, 2,
+                         (const uint32_t *)(scratch + L->q), L->ldd, dk, L->ldd, 1);
+        return;
+    }
     c->uk->gemm(n, d, m, scratch + L->s, L->ldq, 1, scratch + L->dout, L->ldd, dv, L->ldd, 1);
     c->uk->gemm(n, d, m, scratch + L->dp, L->ldq, 1, scratch + L->q, L->ldd, dk, L->ldd, 1);
 }
 
-/* dQ^T += K^T dS^T for the block pair just computed. */
+/* dQ^T += K^T dS^T for the block pair just computed. bf16: element (x, p) of K^T is the pair
+ * x of row p of the kp tile (stride 2 down, 2 ldd across), against dS^T's key pairs. */
 static void accumulate_dq(const bwd_ctx *c, float *scratch, int m, const key_side *ks)
 {
     const bwd_layout *L = &c->L;
     const int d = (int)c->p->head_dim;
+    if (c->bf16) {
+        c->uk->gemm_bf16(d, fp_tile_ld(m), (ks->n + 1) / 2, (const uint16_t *)(scratch + L->kp), 2,
+                         2 * (ptrdiff_t)L->ldd, (const uint32_t *)(scratch + L->dsp), L->ldq,
+                         scratch + L->dqt, L->ldq, 1);
+        return;
+    }
     c->uk->gemm(d, fp_tile_ld(m), ks->n, ks->k, ks->kcs, ks->krs, scratch + L->dp, L->ldq,
                 scratch + L->dqt, L->ldq, 1);
 }
@@ -285,8 +344,8 @@ static void store_dkdv(const bwd_ctx *c, const fp_seq *seq, int64_t b, int64_t k
 
 /* Di = rowsum(dO * O) for query rows [i0, i0 + BLOCK_Q) of (b, h), from the stored O. Each sum
  * is the micro-kernel's dot product of O's row with dO's, the same operation in the same order
- * as the elements of dP^T = V dO^T: where a row's O equals a V row (one visible key), dP - Di is
- * exactly 0, as in exact arithmetic. */
+ * (f32 or bf16 pairs) as the elements of dP^T = V dO^T: where a row's O equals a V row (one
+ * visible key), dP - Di is exactly 0, as in exact arithmetic. */
 static void di_block(const bwd_ctx *c, float *scratch, int64_t b, int64_t h, int64_t i0)
 {
     const fp_problem *p = c->p;
@@ -299,9 +358,26 @@ static void di_block(const bwd_ctx *c, float *scratch, int64_t b, int64_t h, int
     const int64_t tok = seq.q_start + i0;
     float *o = scratch + L->q, *dot = scratch + L->dot, *out = scratch + L->s;
     const fp_block ob = block_of(p, &p->o, b, tok, h), gb = block_of(p, &p->dout, b, tok, h);
+    float *di = c->di + h * p->total_q + di_row(c, &seq, b, i0);
+    if (c->bf16) {
+        const uint16_t *orow = (const uint16_t *)ob.data + ob.off;
+        ptrdiff_t ors = ob.rs;
+        if (ob.cs != 1 || d % 2) {
+            fp_tile_load_bf16((uint16_t *)o, 2 * L->ldd, &ob, m, d);
+            orow = (const uint16_t *)o;
+            ors = 2 * L->ldd;
+        }
+        fp_tile_pairs_t((uint32_t *)dot, L->ldq, &gb, m, d, c->uk);
+        for (int r = 0; r < m; r++) {
+            const int c0 = r / FP_TILE_COLS * FP_TILE_COLS;
+            c->uk->gemm_bf16(1, FP_TILE_COLS, (d + 1) / 2, orow + r * ors, 0, 2,
+                             (const uint32_t *)dot + c0, L->ldq, out, L->ldq, 0);
+            di[r] = out[r - c0];
+        }
+        return;
+    }
     fp_tile_load(o, L->ldd, &ob, m, d, c->uk);
     fp_tile_load_t(dot, L->ldq, &gb, m, d, c->uk);
-    float *di = c->di + h * p->total_q + di_row(c, &seq, b, i0);
     for (int r = 0; r < m; r++) {
         /* Row r of O against the FP_TILE_COLS columns of dO^T that hold row r. */
         const int c0 = r / FP_TILE_COLS * FP_TILE_COLS;
@@ -427,7 +503,11 @@ flashport_status fp_cpu_flash_backward(const fp_problem *p)
     if (status != FLASHPORT_OK)
         return status;
     c.L = bwd_layout_of(p->head_dim);
-    c.direct = p->dtype == FLASHPORT_F32;
+    c.bf16 = p->dtype == FLASHPORT_BF16 && c.uk->gemm_bf16 != NULL;
+    /* bf16 K and V in place when their pairs are contiguous and never run past a row, as in
+     * flash_fwd.c. */
+    c.direct = c.bf16 ? p->k.stride[FP_D] == 1 && p->v.stride[FP_D] == 1 && p->head_dim % 2 == 0
+                      : p->dtype == FLASHPORT_F32;
 
     const fp_plan_shape shape = {p->batch,    p->heads,       p->seqlen_q,    p->seqlen_k,
                                  p->head_dim, p->window_left, p->window_right};
@@ -445,9 +525,13 @@ flashport_status fp_cpu_flash_backward(const fp_problem *p)
 
     if (fp_host()->log_enabled())
         fp_host()->log("cpu: flash backward (recompute P from LSE; deterministic), %s "
-                       "micro-kernels: f32 products%s; %s schedule (%lld batch x kv-head tasks "
+                       "micro-kernels: %s%s; %s schedule (%lld batch x kv-head tasks "
                        "for %d threads); block_q=%d block_k=%d",
-                       c.uk->name, c.direct ? ", K and V read in place" : " on converted inputs",
+                       c.uk->name,
+                       c.bf16 ? "bf16 dot products (vdpbf16ps), P and dS in bf16" : "f32 products",
+                       c.direct ? ", K and V read in place"
+                       : c.bf16 ? ", K and V copied to even-length rows"
+                                : " on inputs converted to f32",
                        fused ? "fused one-pass" : "two-pass (dK/dV, then dQ)", (long long)bhkv,
                        threads, BLOCK_Q, BLOCK_K);
 

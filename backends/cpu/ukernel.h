@@ -82,6 +82,18 @@ typedef struct fp_ukernels {
     /* dst[c] = even[c] | odd[c] << 16 for c < n (odd == NULL: zeros): two bf16 rows as pairs,
      * the B operand of P V in gemm_bf16. NULL when gemm_bf16 is NULL. */
     void (*interleave_bf16)(int n, const uint16_t *even, const uint16_t *odd, uint32_t *dst);
+    /* A computed f32 tile (the backward's P^T and dS^T) rounded to bf16 operands of gemm_bf16,
+     * in either or both of two layouts (NULL: not wanted); NULL when gemm_bf16 is NULL.
+     *   dst    bf16 rows, the A operand with pairs along a row: dst[r * ldd + c] (uint16 elements,
+     *          ldd a multiple of FP_TILE_COLS) for r < rows, c < fp_tile_ld(cols);
+     *   pairs  pairs down the rows, a B tile: pairs[r2 * ldpairs + c] holds rows 2 r2 and
+     *          2 r2 + 1 (a missing last odd row is 0) for r2 < ceil(rows / 2), c <
+     * fp_tile_ld(cols). Columns cols and beyond are written as 0, so a reduction over ceil(cols /
+     * 2) pairs sees exactly the cols values whatever the source's padding holds. Rounding to
+     * nearest even as core/dtype.h does, except that an f32 denormal may become a zero of its sign
+     * (vcvtneps2bf16); NaN stays NaN. Nothing else of dst or pairs is written. */
+    void (*round_bf16)(int rows, int cols, const float *src, ptrdiff_t lds, uint16_t *dst,
+                       ptrdiff_t ldd, uint32_t *pairs, ptrdiff_t ldpairs);
     /* dp[r][c] = p[r][c] * (dp[r][c] - di[c]): the softmax gradient dS from P and dP. */
     void (*dsoftmax_cols)(int rows, int cols, const float *p, ptrdiff_t ldp, float *dp,
                           ptrdiff_t lddp, const float *di);

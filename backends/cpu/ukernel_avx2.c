@@ -126,6 +126,7 @@ const fp_ukernels fp_ukernels_avx2 = {
     uk_exp2_cols,
     NULL,
     NULL,
+    NULL,
     uk_dsoftmax_cols,
     uk_scale_rows,
     uk_transpose32_generic,

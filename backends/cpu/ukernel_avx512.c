@@ -23,6 +23,7 @@ const fp_ukernels fp_ukernels_avx512 = {
     uk_exp2_cols,
     NULL,
     NULL,
+    NULL,
     uk_dsoftmax_cols,
     uk_scale_rows,
     avx512_transpose32,

@@ -69,6 +69,36 @@ static void uk_exp2_cols_bf16(int rows, int cols, const float *s, ptrdiff_t lds,
     }
 }
 
+static void uk_round_bf16(int rows, int cols, const float *src, ptrdiff_t lds, uint16_t *dst,
+                          ptrdiff_t ldd, uint32_t *pairs, ptrdiff_t ldpairs)
+{
+    /* Two rows per step: one vcvtne2ps2bf16 rounds both (row r in the low half), whose halves
+     * are the two rows of dst and whose vpermw interleave is the row of pairs. The masked loads
+     * give the columns from cols on as 0. */
+    const __m512i interleave =
+        _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8, 23, 7, 22, 6,
+                         21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
+    for (int r = 0; r < rows; r += 2) {
+        const int two = r + 1 < rows;
+        for (int c = 0; c < cols; c += 16) {
+            const __mmask16 m = (__mmask16)(cols - c >= 16 ? 0xffffu : (1u << (cols - c)) - 1u);
+            const __m512 x0 = _mm512_maskz_loadu_ps(m, src + r * lds + c);
+            const __m512 x1 =
+                two ? _mm512_maskz_loadu_ps(m, src + (r + 1) * lds + c) : _mm512_setzero_ps();
+            const __m512i both = (__m512i)_mm512_cvtne2ps_pbh(x1, x0);
+            if (dst) {
+                _mm256_storeu_si256((__m256i *)(dst + r * ldd + c), _mm512_castsi512_si256(both));
+                if (two)
+                    _mm256_storeu_si256((__m256i *)(dst + (r + 1) * ldd + c),
+                                        _mm512_extracti64x4_epi64(both, 1));
+            }
+            if (pairs)
+                _mm512_storeu_si512((void *)(pairs + (r / 2) * ldpairs + c),
+                                    _mm512_permutexvar_epi16(interleave, both));
+        }
+    }
+}
+
 static void uk_interleave_bf16(int n, const uint16_t *even, const uint16_t *odd, uint32_t *dst)
 {
     /* Words 0..31 of the result alternate even[i] and odd[i] (index 32 + i selects odd). */
@@ -98,6 +128,7 @@ const fp_ukernels fp_ukernels_avx512bf16 = {
     uk_exp2_cols,
     uk_exp2_cols_bf16,
     uk_interleave_bf16,
+    uk_round_bf16,
     uk_dsoftmax_cols,
     uk_scale_rows,
     avx512_transpose32,

@@ -115,6 +115,7 @@ const fp_ukernels fp_ukernels_scalar = {
     uk_exp2_cols,
     NULL,
     NULL,
+    NULL,
     uk_dsoftmax_cols,
     uk_scale_rows,
     uk_transpose32_generic,

@@ -9,12 +9,17 @@
  *   exp2          relative error <= 4 ulp on [-126, 127], 2^0 == 1, 0 below -126 and for -inf,
  *                 NaN stays NaN; exp2_cols' sums; col_max
  *   exp2_cols_bf16   the exp2_cols values rounded to bf16, in pairs, the same sums
+ *   round_bf16    both layouts bit for bit as core/dtype.h rounds (a denormal may give a zero of
+ *                 its sign), NaN stays NaN, columns from cols on 0 whatever the source's padding
+ *                 holds (NaN here), nothing written past the padded width or the last row; each
+ *                 layout alone gives the same bits; present exactly where gemm_bf16 is
  *   transpose32   exact, from any byte offset (bf16 pairs sit on 2-byte boundaries), edges
  *                 of every size, nothing written outside the rows x cols block
  *   interleave_bf16, dsoftmax_cols, scale_rows, cvt_f16, cvt_bf16 (every 16-bit pattern),
  *   store_f16, store_bf16 (bit for bit as core/dtype.h, NaN, infinities, denormals, overflow)
- * Then one end-to-end bf16 and f16 forward with an odd head dim (bf16: K cannot be read in
- * place) on the default table, against the reference backend.
+ * Then one end-to-end bf16 and f16 forward and backward with an odd head dim and odd sequence
+ * lengths (bf16: K and V cannot be read in place, odd last pairs of dims, queries and keys) on
+ * the default table, against the reference backend.
  */
 #include "backends/cpu/ukernel.h"
 #include "core/dtype.h"
@@ -149,6 +154,88 @@ static void check_gemm_bf16(const fp_ukernels *uk, tu_rng *rng)
         free(b);
         free(c);
         free(c0);
+    }
+}
+
+/* The expected bf16 of x for round_bf16: core/dtype.h's, or a zero of x's sign for a denormal. */
+static int round_ok(float x, uint16_t got)
+{
+    const uint32_t u = fp_f32_bits(x);
+    if (x != x)
+        return (got & 0x7f80u) == 0x7f80u && (got & 0x7fu) != 0;
+    if ((u & 0x7f800000u) == 0 && got == (uint16_t)((u >> 16) & 0x8000u))
+        return 1;
+    return got == fp_f32_to_bf16(x);
+}
+
+static void check_round_bf16(const fp_ukernels *uk, tu_rng *rng)
+{
+    int bad = 0;
+    for (int trial = 0; trial < 200 && !bad; trial++) {
+        const int rows = 1 + (int)(tu_rng_u32(rng) % 70), cols = 1 + (int)(tu_rng_u32(rng) % 70);
+        const int prs = (rows + 1) / 2, lds = LD(cols), ld = LD(cols) + FP_TILE_COLS;
+        float *src = alloc_f((size_t)rows * lds);
+        uint16_t *dst = malloc(sizeof(uint16_t) * (size_t)(rows + 1) * ld);
+        uint16_t *dst1 = malloc(sizeof(uint16_t) * (size_t)(rows + 1) * ld);
+        uint32_t *pairs = malloc(sizeof(uint32_t) * (size_t)(prs + 1) * ld);
+        uint32_t *pairs1 = malloc(sizeof(uint32_t) * (size_t)(prs + 1) * ld);
+        if (!CHECK(dst && dst1 && pairs && pairs1))
+            return;
+        for (int r = 0; r < rows; r++)
+            for (int c = 0; c < lds; c++) {
+                const uint32_t kind = tu_rng_u32(rng) % 8;
+                float x = tu_rng_uniform(rng, -3.0f, 3.0f);
+                if (kind == 1) /* bf16 halfway */
+                    x = fp_bits_f32((fp_f32_bits(x) & 0xffff0000u) | 0x8000u);
+                if (kind == 2) /* denormal */
+                    x = fp_bits_f32(tu_rng_u32(rng) & 0x807fffffu);
+                if (kind == 3)
+                    x = 1e-3f * x;
+                src[r * lds + c] = c < cols ? x : NAN;
+            }
+        src[0] = NAN;
+        for (int i = 0; i < (rows + 1) * ld; i++)
+            dst[i] = dst1[i] = 0xdeadu;
+        for (int i = 0; i < (prs + 1) * ld; i++)
+            pairs[i] = pairs1[i] = 0xdeadbeefu;
+        uk->round_bf16(rows, cols, src, lds, dst, ld, pairs, ld);
+        for (int r = 0; r <= rows && !bad; r++)
+            for (int c = 0; c < ld && !bad; c++) {
+                const uint16_t got = dst[r * ld + c];
+                const int ok = r == rows || c >= lds ? got == 0xdeadu
+                               : c >= cols           ? got == 0
+                                                     : round_ok(src[r * lds + c], got);
+                bad = !CHECK_MSG(ok, "%s round_bf16 %d x %d rows: (%d, %d) = %04x from %a", table,
+                                 rows, cols, r, c, got,
+                                 r < rows && c < lds ? (double)src[r * lds + c] : 0.0);
+            }
+        for (int r2 = 0; r2 <= prs && !bad; r2++)
+            for (int c = 0; c < ld && !bad; c++) {
+                const uint32_t got = pairs[r2 * ld + c];
+                int ok = 1;
+                if (r2 == prs || c >= lds)
+                    ok = got == 0xdeadbeefu;
+                else
+                    for (int h = 0; h < 2; h++) {
+                        const int r = 2 * r2 + h;
+                        const uint16_t half = (uint16_t)(h ? got >> 16 : got & 0xffffu);
+                        ok &= r >= rows || c >= cols ? half == 0 : round_ok(src[r * lds + c], half);
+                    }
+                bad = !CHECK_MSG(ok, "%s round_bf16 %d x %d pairs: (%d, %d) = %08x", table, rows,
+                                 cols, r2, c, got);
+            }
+        /* Each layout alone: the same bits. */
+        uk->round_bf16(rows, cols, src, lds, dst1, ld, NULL, 0);
+        uk->round_bf16(rows, cols, src, lds, NULL, 0, pairs1, ld);
+        bad = bad ||
+              !CHECK_MSG(memcmp(dst, dst1, sizeof(uint16_t) * (size_t)(rows + 1) * ld) == 0 &&
+                             memcmp(pairs, pairs1, sizeof(uint32_t) * (size_t)(prs + 1) * ld) == 0,
+                         "%s round_bf16 %d x %d: one layout alone differs", table, rows, cols);
+        free(src);
+        free(dst);
+        free(dst1);
+        free(pairs);
+        free(pairs1);
     }
 }
 
@@ -401,55 +488,88 @@ static void check_transpose(const fp_ukernels *uk, tu_rng *rng)
     free(dst);
 }
 
-/* One forward with an odd head dim in `dtype` on the default table, against the reference. */
+/* One forward and backward with an odd head dim in `dtype` on the default table, against the
+ * reference on f32 copies of the inputs; each backend's backward gets its own O and LSE. */
 static void check_odd_head_dim(flashport_dtype dtype)
 {
     enum { NQ = 37, NK = 45, H = 2, D = 33 };
     const int64_t qs[4] = {1, NQ, H, D}, ks[4] = {1, NK, H, D}, ls[3] = {1, H, NQ};
     const size_t es = tu_dtype_size(dtype), nq = NQ * H * D, nk = NK * H * D;
-    void *q = malloc(nq * es), *k = malloc(nk * es), *v = malloc(nk * es), *o = malloc(nq * es);
-    float *qf = malloc(nq * 4), *kf = malloc(nk * 4), *vf = malloc(nk * 4), *of = malloc(nq * 4);
-    float *ref = malloc(nq * 4), *lse = malloc(H * NQ * 4), *lse_ref = malloc(H * NQ * 4);
+    /* Inputs, outputs and gradients in `dtype`, their f32 copies, the reference's results. */
+    enum { Q, K, V, O, DO, DQ, DK, DV, BUFS };
+    const size_t elems[BUFS] = {nq, nk, nk, nq, nq, nq, nk, nk};
+    void *x[BUFS];
+    float *xf[BUFS], *ref[BUFS];
+    float *lse = malloc(H * NQ * 4), *lse_ref = malloc(H * NQ * 4);
+    flashport_tensor t[BUFS], rt[BUFS];
+    int ok = lse && lse_ref;
+    for (int i = 0; i < BUFS; i++) {
+        x[i] = malloc(elems[i] * es);
+        xf[i] = malloc(elems[i] * 4);
+        ref[i] = malloc(elems[i] * 4);
+        ok &= x[i] && xf[i] && ref[i];
+    }
     flashport_backend *cpu, *reference;
-    if (!CHECK(q && k && v && o && qf && kf && vf && of && ref && lse && lse_ref) ||
-        !CHECK(flashport_backend_open("cpu", &cpu) == FLASHPORT_OK) ||
+    if (!CHECK(ok) || !CHECK(flashport_backend_open("cpu", &cpu) == FLASHPORT_OK) ||
         !CHECK(flashport_backend_open("reference", &reference) == FLASHPORT_OK))
         return;
     tu_rng rng = tu_rng_seed(7);
-    tu_fill_uniform(q, nq, dtype, -1.0f, 1.0f, &rng);
-    tu_fill_uniform(k, nk, dtype, -1.0f, 1.0f, &rng);
-    tu_fill_uniform(v, nk, dtype, -1.0f, 1.0f, &rng);
-    tu_to_f32(q, nq, dtype, qf);
-    tu_to_f32(k, nk, dtype, kf);
-    tu_to_f32(v, nk, dtype, vf);
+    const int inputs[4] = {Q, K, V, DO};
+    for (int i = 0; i < 4; i++) {
+        const int b = inputs[i];
+        tu_fill_uniform(x[b], (int64_t)elems[b], dtype, -1.0f, 1.0f, &rng);
+        tu_to_f32(x[b], (int64_t)elems[b], dtype, xf[b]);
+        memcpy(ref[b], xf[b], elems[b] * 4);
+    }
+    for (int i = 0; i < BUFS; i++) {
+        const int64_t *shape = elems[i] == nq ? qs : ks;
+        t[i] = flashport_tensor_contiguous(x[i], dtype, 4, shape);
+        rt[i] = flashport_tensor_contiguous(ref[i], FLASHPORT_F32, 4, shape);
+    }
+    flashport_tensor tl = flashport_tensor_contiguous(lse, FLASHPORT_F32, 3, ls);
+    flashport_tensor rl = flashport_tensor_contiguous(lse_ref, FLASHPORT_F32, 3, ls);
     flashport_attention_params params;
     flashport_attention_params_init(&params);
     params.causal = 1;
-    flashport_tensor tq = flashport_tensor_contiguous(q, dtype, 4, qs);
-    flashport_tensor tk = flashport_tensor_contiguous(k, dtype, 4, ks);
-    flashport_tensor tv = flashport_tensor_contiguous(v, dtype, 4, ks);
-    flashport_tensor to = flashport_tensor_contiguous(o, dtype, 4, qs);
-    flashport_tensor tl = flashport_tensor_contiguous(lse, FLASHPORT_F32, 3, ls);
-    flashport_tensor rq = flashport_tensor_contiguous(qf, FLASHPORT_F32, 4, qs);
-    flashport_tensor rk = flashport_tensor_contiguous(kf, FLASHPORT_F32, 4, ks);
-    flashport_tensor rv = flashport_tensor_contiguous(vf, FLASHPORT_F32, 4, ks);
-    flashport_tensor ro = flashport_tensor_contiguous(ref, FLASHPORT_F32, 4, qs);
-    flashport_tensor rl = flashport_tensor_contiguous(lse_ref, FLASHPORT_F32, 3, ls);
-    CHECK(flashport_attention_forward(cpu, &params, &tq, &tk, &tv, &to, &tl) == FLASHPORT_OK);
-    CHECK(flashport_attention_forward(reference, &params, &rq, &rk, &rv, &ro, &rl) == FLASHPORT_OK);
-    tu_to_f32(o, nq, dtype, of);
-    tu_err e = tu_error(of, ref, nq), el = tu_error(lse, lse_ref, H * NQ);
+    const char *name = dtype == FLASHPORT_BF16 ? "bf16" : "f16";
+    CHECK(flashport_attention_forward(cpu, &params, &t[Q], &t[K], &t[V], &t[O], &tl) ==
+          FLASHPORT_OK);
+    CHECK(flashport_attention_forward(reference, &params, &rt[Q], &rt[K], &rt[V], &rt[O], &rl) ==
+          FLASHPORT_OK);
+    tu_to_f32(x[O], (int64_t)nq, dtype, xf[O]);
+    tu_err e = tu_error(xf[O], ref[O], (int64_t)nq), el = tu_error(lse, lse_ref, H * NQ);
     /* bf16: P and O rounded to 8 bits; f16: O rounded to 11 bits. */
     const double tol = dtype == FLASHPORT_BF16 ? 2e-2 : 2e-3;
-    printf("  odd head dim D=%d %s forward: O max %.2e (tol %.0e), LSE max %.2e\n", D,
-           dtype == FLASHPORT_BF16 ? "bf16" : "f16", e.max_abs, tol, el.max_abs);
+    printf("  odd head dim D=%d %s forward: O max %.2e (tol %.0e), LSE max %.2e\n", D, name,
+           e.max_abs, tol, el.max_abs);
     CHECK_MSG(e.max_abs <= tol && el.max_abs <= 1e-4, "odd head dim %s forward: error too large",
-              dtype == FLASHPORT_BF16 ? "bf16" : "f16");
+              name);
+
+    CHECK(flashport_attention_backward(cpu, &params, &t[Q], &t[K], &t[V], &t[O], &tl, &t[DO],
+                                       &t[DQ], &t[DK], &t[DV]) == FLASHPORT_OK);
+    CHECK(flashport_attention_backward(reference, &params, &rt[Q], &rt[K], &rt[V], &rt[O], &rl,
+                                       &rt[DO], &rt[DQ], &rt[DK], &rt[DV]) == FLASHPORT_OK);
+    /* Relative to the largest gradient: bf16 rounds P, dS and the gradients to 8 bits. */
+    const double gtol = dtype == FLASHPORT_BF16 ? 2e-2 : 2e-3;
+    static const char *gname[3] = {"dQ", "dK", "dV"};
+    for (int g = 0; g < 3; g++) {
+        const int b = DQ + g;
+        tu_to_f32(x[b], (int64_t)elems[b], dtype, xf[b]);
+        const tu_err eg = tu_error(xf[b], ref[b], (int64_t)elems[b]);
+        printf("  odd head dim D=%d %s backward: %s max %.2e (tol %.0e x max |%s| %.2e)\n", D, name,
+               gname[g], eg.max_abs, gtol, gname[g], eg.ref_max);
+        CHECK_MSG(eg.ref_max > 0.0 && eg.max_abs <= gtol * eg.ref_max,
+                  "odd head dim %s backward: %s error too large", name, gname[g]);
+    }
     flashport_backend_close(cpu);
     flashport_backend_close(reference);
-    void *all[] = {q, k, v, o, qf, kf, vf, of, ref, lse, lse_ref};
-    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
-        free(all[i]);
+    for (int i = 0; i < BUFS; i++) {
+        free(x[i]);
+        free(xf[i]);
+        free(ref[i]);
+    }
+    free(lse);
+    free(lse_ref);
 }
 
 int main(void)
@@ -467,8 +587,13 @@ int main(void)
         fma_table = strcmp(table, "scalar") != 0;
         const int before = tu_failures;
         check_gemm(uk, &rng);
-        if (uk->gemm_bf16)
+        CHECK_MSG(!uk->gemm_bf16 == !uk->exp2_cols_bf16 && !uk->gemm_bf16 == !uk->interleave_bf16 &&
+                      !uk->gemm_bf16 == !uk->round_bf16,
+                  "%s: the bf16 entries must all be present or all NULL", table);
+        if (uk->gemm_bf16) {
             check_gemm_bf16(uk, &rng);
+            check_round_bf16(uk, &rng);
+        }
         check_exp2(uk);
         check_softmax_ops(uk, &rng);
         check_conversions(uk);

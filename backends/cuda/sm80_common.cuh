@@ -200,10 +200,14 @@ template <> struct fp_dt<__half> {
     static __device__ __forceinline__ void mma(float c[4], const uint32_t a[4], uint32_t b0,
                                                uint32_t b1)
     {
+#ifdef FP_CUDA_EMU
+        fp_emu_mma_m16n8k16(c, a, b0, b1, 0);
+#else
         asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, "
                      "{%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
                      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
                      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+#endif
     }
 };
 template <> struct fp_dt<__nv_bfloat16> {
@@ -219,10 +223,14 @@ template <> struct fp_dt<__nv_bfloat16> {
     static __device__ __forceinline__ void mma(float c[4], const uint32_t a[4], uint32_t b0,
                                                uint32_t b1)
     {
+#ifdef FP_CUDA_EMU
+        fp_emu_mma_m16n8k16(c, a, b0, b1, 1);
+#else
         asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, "
                      "{%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
                      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
                      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+#endif
     }
 };
 
@@ -259,37 +267,61 @@ FP_DEV uint32_t fp_smem_addr(const void *p)
 /* 16 bytes global -> shared; bytes = 0 writes zeros and reads nothing. */
 FP_DEV void fp_cp_async16(uint32_t dst, const void *src, int bytes)
 {
+#ifdef FP_CUDA_EMU
+    fp_emu_cp_async16(dst, src, bytes);
+#else
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
                  "r"(bytes));
+#endif
 }
 FP_DEV void fp_cp_async_commit()
 {
+#ifdef FP_CUDA_EMU
+    fp_emu_cp_async_commit();
+#else
     asm volatile("cp.async.commit_group;\n" ::: "memory");
+#endif
 }
 template <int N> FP_DEV void fp_cp_async_wait()
 {
+#ifdef FP_CUDA_EMU
+    fp_emu_cp_async_wait(N);
+#else
     asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+#endif
 }
 
 FP_DEV void fp_ldsm_x4(uint32_t r[4], uint32_t addr)
 {
+#ifdef FP_CUDA_EMU
+    fp_emu_ldmatrix_x4(r, addr, 0);
+#else
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
                  : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
                  : "r"(addr));
+#endif
 }
 FP_DEV void fp_ldsm_x4_t(uint32_t r[4], uint32_t addr)
 {
+#ifdef FP_CUDA_EMU
+    fp_emu_ldmatrix_x4(r, addr, 1);
+#else
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
                  : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
                  : "r"(addr));
+#endif
 }
 
 /* 2^x with the hardware approximation (2 ulp); 2^-inf = 0. */
 FP_DEV float fp_exp2(float x)
 {
+#ifdef FP_CUDA_EMU
+    return fp_emu_ex2_approx_ftz(x);
+#else
     float y;
     asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
     return y;
+#endif
 }
 
 FP_DEV float fp_quad_max(float x)

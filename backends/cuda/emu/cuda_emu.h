@@ -1,0 +1,170 @@
+/*
+ * cuda_emu.h: a CPU emulation of the CUDA device names that backends/cuda/ uses, force-included
+ * (-include) when run_emu.sh compiles the .cu files as C++ for the CPU (with -DFP_CUDA_EMU and
+ * include/ first on the path, for cuda_runtime_api.h, cuda_fp16.h, cuda_bf16.h). It lets the
+ * shared test table run the sm80 kernels and the host code on a machine with no GPU
+ * (docs/cuda_emu.md).
+ *
+ * Execution model (cuda_emu.cpp): a launch runs its blocks one after another (or on
+ * FP_CUDA_EMU_THREADS host threads, one block per thread at a time); a block's threads are
+ * fibers (user-level contexts) of one host thread, switched only at __syncthreads and at the
+ * warp-collective instructions, which complete once every lane of the warp has arrived:
+ * mma.sync m16n8k16, ldmatrix x4 (.trans), __shfl_xor_sync. Their lane mappings follow the PTX
+ * ISA. cp.async copies are queued per thread and land at the cp.async.wait_group that covers
+ * them (the latest moment the ISA allows). Dynamic shared memory (extern __shared__, which must
+ * be named fp_smem) is one buffer per host thread, poisoned (0xff: NaN in f16/bf16/f32) at every
+ * block start; "shared addresses" are byte offsets into it.
+ *
+ * The launch syntax kernel<<<grid, block, smem, stream>>>(args) is rewritten by run_emu.sh into
+ * kernel << fp_emu_cfg(grid, block, smem, stream)(args), which the operator below launches.
+ * __CUDA_ARCH__ is left undefined, as in nvcc's host pass (fp_red_add2 takes its pre-sm_90 path).
+ */
+#ifndef FLASHPORT_BACKENDS_CUDA_EMU_H
+#define FLASHPORT_BACKENDS_CUDA_EMU_H
+
+#include <cuda_runtime_api.h>
+
+#include <math.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+
+#define __device__
+#define __host__
+#define __global__
+#define __forceinline__ inline
+#define __launch_bounds__(...)
+#define __shared__      thread_local
+#define __align__(n)    __attribute__((aligned(n)))
+
+struct dim3 {
+    unsigned x, y, z;
+    dim3(unsigned a = 1, unsigned b = 1, unsigned c = 1) : x(a), y(b), z(c) {}
+};
+
+/* Set by the scheduler each time it switches to a thread (fiber). */
+extern thread_local dim3 fp_emu_thread_idx, fp_emu_block_idx, fp_emu_block_dim, fp_emu_grid_dim;
+#define threadIdx fp_emu_thread_idx
+#define blockIdx  fp_emu_block_idx
+#define blockDim  fp_emu_block_dim
+#define gridDim   fp_emu_grid_dim
+
+struct alignas(8) float2 {
+    float x, y;
+};
+struct alignas(16) float4 {
+    float x, y, z, w;
+};
+struct alignas(16) uint4 {
+    uint32_t x, y, z, w;
+};
+static inline float2 make_float2(float x, float y)
+{
+    float2 r = {x, y};
+    return r;
+}
+static inline float4 make_float4(float x, float y, float z, float w)
+{
+    float4 r = {x, y, z, w};
+    return r;
+}
+static inline uint4 make_uint4(uint32_t x, uint32_t y, uint32_t z, uint32_t w)
+{
+    uint4 r = {x, y, z, w};
+    return r;
+}
+
+/* CUDA's integer min/max overloads (host and device). */
+#define FP_EMU_MINMAX(T)                                                                           \
+    static inline T min(T a, T b) { return a < b ? a : b; }                                        \
+    static inline T max(T a, T b) { return a > b ? a : b; }
+FP_EMU_MINMAX(int)
+FP_EMU_MINMAX(unsigned)
+FP_EMU_MINMAX(long)
+FP_EMU_MINMAX(unsigned long)
+FP_EMU_MINMAX(long long)
+FP_EMU_MINMAX(unsigned long long)
+#undef FP_EMU_MINMAX
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+/* ---- device functions -------------------------------------------------------------------- */
+
+void __syncthreads(void);
+float atomicAdd(float *address, float value);
+float2 atomicAdd(float2 *address, float2 value); /* sm_90: atomic per element */
+
+/* Shared-window offset of a generic pointer into this block's dynamic shared memory. */
+size_t __cvta_generic_to_shared(const void *ptr);
+
+uint32_t fp_emu_shfl_xor(unsigned mask, uint32_t bits, int lane_mask, int width);
+template <class T> static inline T __shfl_xor_sync(unsigned mask, T var, int lane_mask, int width = 32)
+{
+    static_assert(sizeof(T) == 4, "the emulator shuffles 32-bit values only");
+    uint32_t bits;
+    memcpy(&bits, &var, 4);
+    bits = fp_emu_shfl_xor(mask, bits, lane_mask, width);
+    memcpy(&var, &bits, 4);
+    return var;
+}
+
+/* The instructions of sm80_common.cuh's wrappers (#ifdef FP_CUDA_EMU there). */
+void fp_emu_mma_m16n8k16(float c[4], const uint32_t a[4], uint32_t b0, uint32_t b1, int bf16);
+void fp_emu_ldmatrix_x4(uint32_t r[4], uint32_t addr, int trans);
+void fp_emu_cp_async16(uint32_t dst, const void *src, int src_bytes);
+void fp_emu_cp_async_commit(void);
+void fp_emu_cp_async_wait(int n);
+float fp_emu_ex2_approx_ftz(float x);
+
+/* ---- launches ---------------------------------------------------------------------------- */
+
+struct fp_emu_launch_cfg {
+    dim3 grid, block;
+    size_t smem;
+    cudaStream_t stream;
+};
+
+/* Runs body(closure) once per thread of every block; errors go to cudaGetLastError. */
+void fp_emu_launch(const void *kernel, const fp_emu_launch_cfg &cfg, void (*body)(void *),
+                   void *closure);
+
+template <class F> struct fp_emu_bound {
+    fp_emu_launch_cfg cfg;
+    F call;
+};
+
+/* fp_emu_cfg(grid, block, smem, stream)(args...): the launch configuration with the kernel's
+ * arguments bound (by value, as a launch copies them). */
+struct fp_emu_cfg {
+    fp_emu_launch_cfg cfg;
+    fp_emu_cfg(dim3 grid, dim3 block, size_t smem = 0, cudaStream_t stream = 0)
+    {
+        cfg.grid = grid;
+        cfg.block = block;
+        cfg.smem = smem;
+        cfg.stream = stream;
+    }
+    template <class... A> auto operator()(A... args) const
+    {
+        auto call = [=](auto kernel) { kernel(args...); };
+        return fp_emu_bound<decltype(call)>{cfg, call};
+    }
+};
+
+template <class... P, class F> void operator<<(void (*kernel)(P...), const fp_emu_bound<F> &b)
+{
+    struct closure {
+        void (*kernel)(P...);
+        const F *call;
+    } c = {kernel, &b.call};
+    fp_emu_launch(
+        reinterpret_cast<const void *>(kernel), b.cfg,
+        [](void *p) {
+            const closure *c = static_cast<const closure *>(p);
+            (*c->call)(c->kernel);
+        },
+        &c);
+}
+
+#endif /* FLASHPORT_BACKENDS_CUDA_EMU_H */

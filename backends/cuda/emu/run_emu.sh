@@ -1,0 +1,65 @@
+#!/usr/bin/env bash
+# Builds the CUDA backend's sources for a CPU (cuda_emu.h, cuda_emu.cpp; docs/cuda_emu.md) into
+# <build>/cudaemu/libflashport_cudaemu.so, runs the emulator's self-test (selftest.cu: ldmatrix
+# and mma fragments against a plain loop), then the shared test table on backend "cudaemu" once
+# per emulated device: FP_CUDA_EMU_SMEM_KIB=227 (sm_90-like: the BIG backward configs) and 163
+# (sm_80-like). <build> is any configured flashport build folder; its test_backends is built if
+# missing.
+#
+#   backends/cuda/emu/run_emu.sh <build> [test_backends options, e.g. --quick or --filter D128]
+#
+# Environment: CXX (default clang++), FP_CUDA_EMU_SMEM_LIST (default "227 163"; 99 is an
+# sm_86-like device), FP_CUDA_EMU_THREADS (host threads running blocks, default 2).
+# The .cu files are compiled as C++ after a textual rewrite of kernel<<<...>>>(args) into
+# kernel << fp_emu_cfg(...)(args) (one launch per line, which the sources keep).
+set -euo pipefail
+root=$(cd "$(dirname "$0")/../../.." && pwd)
+build=$(cd "${1:?usage: run_emu.sh <build folder> [test_backends options]}" && pwd)
+shift
+cxx=${CXX:-clang++}
+emu=$root/backends/cuda/emu
+out=$build/cudaemu
+mkdir -p "$out/obj" "$out/src"
+
+base=(-std=c++17 -O2 -g -fPIC -Wall -Wno-unknown-pragmas -Wno-pass-failed -DFP_CUDA_EMU
+    -I"$emu/include" -I"$root" -I"$root/include")
+# A .cu file as C++: the launch syntax rewritten, line numbers kept.
+compile_cu() {
+    local src=$1 obj=$2 tmp
+    tmp=$out/src/$(basename "$src").cpp
+    { printf '#line 1 "%s"\n' "$src"; sed -E 's/<<<(.*)>>>/ << fp_emu_cfg(\1)/' "$src"; } >"$tmp"
+    "$cxx" "${base[@]}" -include "$emu/cuda_emu.h" -x c++ -c "$tmp" -o "$obj"
+}
+pids=()
+for f in sm80_fwd sm80_bwd layout; do
+    compile_cu "$root/backends/cuda/$f.cu" "$out/obj/$f.o" &
+    pids+=($!)
+done
+compile_cu "$emu/selftest.cu" "$out/selftest.o" &
+pids+=($!)
+"$cxx" "${base[@]}" -x c++ -c "$emu/cuda_emu.cpp" -o "$out/obj/cuda_emu.o" &
+pids+=($!)
+# cuda_backend.c as C11 against the emulator's runtime header; its entry point is wrapped by
+# cuda_emu.cpp, which renames the backend "cudaemu".
+"$cxx" -x c -std=c11 -O1 -fPIC -Wall -I"$emu/include" -I"$root" -I"$root/include" \
+    -Dflashport_plugin_entry=fp_cuda_emu_inner_entry -c "$root/backends/cuda/cuda_backend.c" \
+    -o "$out/obj/cuda_backend.o"
+"$cxx" -x c -std=c11 -O1 -fPIC -I"$root" -I"$root/include" -c "$root/core/plan.c" \
+    -o "$out/obj/plan.o"
+for p in "${pids[@]}"; do wait "$p"; done
+"$cxx" -shared -o "$out/libflashport_cudaemu.so" "$out"/obj/*.o -lpthread -ldl
+"$cxx" -o "$out/selftest" "$out/selftest.o" "$out"/obj/*.o -lpthread -ldl
+cmake --build "$build" --target test_backends >/dev/null
+
+echo "== cudaemu self-test (ldmatrix, mma, shfl against plain loops)"
+"$out/selftest"
+status=0
+export FP_CUDA_EMU_THREADS=${FP_CUDA_EMU_THREADS:-2}
+for kib in ${FP_CUDA_EMU_SMEM_LIST:-227 163}; do
+    echo "== cudaemu, FP_CUDA_EMU_SMEM_KIB=$kib"
+    t0=$(date +%s)
+    FP_CUDA_EMU_SMEM_KIB=$kib FLASHPORT_PLUGIN_PATH=$out "$build/bin/test_backends" cudaemu "$@" ||
+        status=1
+    echo "== cudaemu, FP_CUDA_EMU_SMEM_KIB=$kib: $(($(date +%s) - t0)) s"
+done
+exit "$status"

@@ -102,8 +102,8 @@ fp_emu_fiber_start:
 
 enum { READY, WAIT_WARP, WAIT_BLOCK, DONE };
 enum { OP_NONE, OP_MMA_F16, OP_MMA_BF16, OP_LDSM, OP_LDSM_T, OP_SHFL };
-static const char *const op_name[] = {"none", "mma f16", "mma bf16", "ldmatrix", "ldmatrix.trans",
-                                      "shfl.xor"};
+static const char *const op_name[] = {"none",     "mma f16",        "mma bf16",
+                                      "ldmatrix", "ldmatrix.trans", "shfl.xor"};
 enum { STACK_BYTES = 256 * 1024 };
 
 struct copy {
@@ -148,9 +148,8 @@ static void fatal(const char *fmt, ...) __attribute__((noreturn, format(printf, 
 static void fatal(const char *fmt, ...)
 {
     Dl_info info;
-    const char *name = W && W->kernel && dladdr(W->kernel, &info) && info.dli_sname
-                           ? info.dli_sname
-                           : "?";
+    const char *name =
+        W && W->kernel && dladdr(W->kernel, &info) && info.dli_sname ? info.dli_sname : "?";
     fprintf(stderr, "cudaemu: kernel %s, block (%u,%u,%u)", name, fp_emu_block_idx.x,
             fp_emu_block_idx.y, fp_emu_block_idx.z);
     if (W && W->cur)
@@ -542,7 +541,7 @@ float2 atomicAdd(float2 *address, float2 value)
 /* ---- launches ----------------------------------------------------------------------------- */
 
 static pthread_mutex_t state_lock = PTHREAD_MUTEX_INITIALIZER;
-static cudaError_t last_error = cudaSuccess;
+static thread_local cudaError_t last_error = cudaSuccess; /* per host thread, as in CUDA */
 
 static cudaError_t fail(cudaError_t e)
 {
@@ -681,7 +680,10 @@ cudaError_t cudaGetDeviceProperties(struct cudaDeviceProp *prop, int device)
     const size_t optin = optin_bytes();
     const int big = optin >= 227 * 1024, mid = optin >= 163 * 1024;
     snprintf(prop->name, sizeof prop->name, "flashport CUDA emulator (%zu KiB shared, %s-like)",
-             optin / 1024, big ? "sm_90" : mid ? "sm_80" : "sm_86");
+             optin / 1024,
+             big   ? "sm_90"
+             : mid ? "sm_80"
+                   : "sm_86");
     prop->totalGlobalMem = (size_t)16 << 30;
     prop->sharedMemPerBlock = 48 * 1024;
     prop->sharedMemPerBlockOptin = optin;
@@ -887,8 +889,8 @@ cudaError_t cudaFuncSetAttribute(const void *func, enum cudaFuncAttribute attr, 
 }
 
 /* From threads and shared memory only (the emulator does not know the register count). */
-cudaError_t cudaOccupancyMaxActiveBlocksPerMultiprocessor(int *blocks, const void *,
-                                                          int block_size, size_t dynamic_smem)
+cudaError_t cudaOccupancyMaxActiveBlocksPerMultiprocessor(int *blocks, const void *, int block_size,
+                                                          size_t dynamic_smem)
 {
     struct cudaDeviceProp prop;
     cudaGetDeviceProperties(&prop, 0);

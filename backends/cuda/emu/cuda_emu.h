@@ -34,8 +34,8 @@
 #define __global__
 #define __forceinline__ inline
 #define __launch_bounds__(...)
-#define __shared__      thread_local
-#define __align__(n)    __attribute__((aligned(n)))
+#define __shared__   thread_local
+#define __align__(n) __attribute__((aligned(n)))
 
 struct dim3 {
     unsigned x, y, z;
@@ -76,8 +76,14 @@ static inline uint4 make_uint4(uint32_t x, uint32_t y, uint32_t z, uint32_t w)
 
 /* CUDA's integer min/max overloads (host and device). */
 #define FP_EMU_MINMAX(T)                                                                           \
-    static inline T min(T a, T b) { return a < b ? a : b; }                                        \
-    static inline T max(T a, T b) { return a > b ? a : b; }
+    static inline T min(T a, T b)                                                                  \
+    {                                                                                              \
+        return a < b ? a : b;                                                                      \
+    }                                                                                              \
+    static inline T max(T a, T b)                                                                  \
+    {                                                                                              \
+        return a > b ? a : b;                                                                      \
+    }
 FP_EMU_MINMAX(int)
 FP_EMU_MINMAX(unsigned)
 FP_EMU_MINMAX(long)
@@ -99,7 +105,8 @@ float2 atomicAdd(float2 *address, float2 value); /* sm_90: atomic per element */
 size_t __cvta_generic_to_shared(const void *ptr);
 
 uint32_t fp_emu_shfl_xor(unsigned mask, uint32_t bits, int lane_mask, int width);
-template <class T> static inline T __shfl_xor_sync(unsigned mask, T var, int lane_mask, int width = 32)
+template <class T>
+static inline T __shfl_xor_sync(unsigned mask, T var, int lane_mask, int width = 32)
 {
     static_assert(sizeof(T) == 4, "the emulator shuffles 32-bit values only");
     uint32_t bits;

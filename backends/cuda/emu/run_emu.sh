@@ -8,6 +8,7 @@
 #
 #   backends/cuda/emu/run_emu.sh <build> [test_backends options, e.g. --quick or --filter D128]
 #
+# The library is rebuilt only when a source under backends/cuda, core or include is newer.
 # Environment: CXX (default clang++), FP_CUDA_EMU_SMEM_LIST (default "227 163"; 99 is an
 # sm_86-like device), FP_CUDA_EMU_THREADS (host threads running blocks, default 2).
 # The .cu files are compiled as C++ after a textual rewrite of kernel<<<...>>>(args) into
@@ -30,25 +31,33 @@ compile_cu() {
     { printf '#line 1 "%s"\n' "$src"; sed -E 's/<<<(.*)>>>/ << fp_emu_cfg(\1)/' "$src"; } >"$tmp"
     "$cxx" "${base[@]}" -include "$emu/cuda_emu.h" -x c++ -c "$tmp" -o "$obj"
 }
-pids=()
-for f in sm80_fwd sm80_bwd layout; do
-    compile_cu "$root/backends/cuda/$f.cu" "$out/obj/$f.o" &
+build_lib() {
+    pids=()
+    for f in sm80_fwd sm80_bwd layout; do
+        compile_cu "$root/backends/cuda/$f.cu" "$out/obj/$f.o" &
+        pids+=($!)
+    done
+    compile_cu "$emu/selftest.cu" "$out/selftest.o" &
     pids+=($!)
-done
-compile_cu "$emu/selftest.cu" "$out/selftest.o" &
-pids+=($!)
-"$cxx" "${base[@]}" -x c++ -c "$emu/cuda_emu.cpp" -o "$out/obj/cuda_emu.o" &
-pids+=($!)
-# cuda_backend.c as C11 against the emulator's runtime header; its entry point is wrapped by
-# cuda_emu.cpp, which renames the backend "cudaemu".
-"$cxx" -x c -std=c11 -O1 -fPIC -Wall -I"$emu/include" -I"$root" -I"$root/include" \
-    -Dflashport_plugin_entry=fp_cuda_emu_inner_entry -c "$root/backends/cuda/cuda_backend.c" \
-    -o "$out/obj/cuda_backend.o"
-"$cxx" -x c -std=c11 -O1 -fPIC -I"$root" -I"$root/include" -c "$root/core/plan.c" \
-    -o "$out/obj/plan.o"
-for p in "${pids[@]}"; do wait "$p"; done
-"$cxx" -shared -o "$out/libflashport_cudaemu.so" "$out"/obj/*.o -lpthread -ldl
-"$cxx" -o "$out/selftest" "$out/selftest.o" "$out"/obj/*.o -lpthread -ldl
+    "$cxx" "${base[@]}" -x c++ -c "$emu/cuda_emu.cpp" -o "$out/obj/cuda_emu.o" &
+    pids+=($!)
+    # cuda_backend.c as C11 against the emulator's runtime header; its entry point is wrapped by
+    # cuda_emu.cpp, which renames the backend "cudaemu".
+    "$cxx" -x c -std=c11 -O1 -fPIC -Wall -I"$emu/include" -I"$root" -I"$root/include" \
+        -Dflashport_plugin_entry=fp_cuda_emu_inner_entry -c "$root/backends/cuda/cuda_backend.c" \
+        -o "$out/obj/cuda_backend.o"
+    "$cxx" -x c -std=c11 -O1 -fPIC -I"$root" -I"$root/include" -c "$root/core/plan.c" \
+        -o "$out/obj/plan.o"
+    for p in "${pids[@]}"; do wait "$p"; done
+    "$cxx" -shared -o "$out/libflashport_cudaemu.so" "$out"/obj/*.o -lpthread -ldl
+    "$cxx" -o "$out/selftest" "$out/selftest.o" "$out"/obj/*.o -lpthread -ldl
+}
+# Rebuilt when missing or older than any source it is made of.
+lib=$out/libflashport_cudaemu.so
+if [ ! -e "$lib" ] || [ -n "$(find "$root/backends/cuda" "$root/core" "$root/include" -newer "$lib" \
+    -type f | head -1)" ]; then
+    build_lib
+fi
 cmake --build "$build" --target test_backends >/dev/null
 
 echo "== cudaemu self-test (ldmatrix, mma, shfl against plain loops)"

@@ -123,8 +123,8 @@ template <typename T> static int run(int bf16)
     for (int r = 0; r < 16; ++r)
         for (int c = 0; c < 16; ++c) {
             ha[r * 16 + c] = to_bits(a[r * 16 + c], bf16);
-            hbk[r * 16 + c] = to_bits(b[r * 16 + c], bf16);  /* [k = r][n = c] */
-            hbn[c * 16 + r] = to_bits(b[r * 16 + c], bf16);  /* [n = c][k = r] */
+            hbk[r * 16 + c] = to_bits(b[r * 16 + c], bf16); /* [k = r][n = c] */
+            hbn[c * 16 + r] = to_bits(b[r * 16 + c], bf16); /* [n = c][k = r] */
             hb2n[c * 16 + r] = to_bits(b2[r * 16 + c], bf16);
         }
     double want_c[256], ab[256], want_e[256];
@@ -155,7 +155,7 @@ template <typename T> static int run(int bf16)
     cudaMemcpy(d_in + 256, hbn, 512, cudaMemcpyHostToDevice);
     cudaMemcpy(d_in + 512, hbk, 512, cudaMemcpyHostToDevice);
     cudaMemcpy(d_in + 768, hb2n, 512, cudaMemcpyHostToDevice);
-    st_args p = {d_in,      d_in + 256,      d_in + 512,          d_in + 768, d_out,
+    st_args p = {d_in,        d_in + 256,  d_in + 512,  d_in + 768,       d_out,
                  d_out + 256, d_out + 512, d_out + 768, d_out + 768 + 160};
     st_kernel<T><<<1, 32, 2048, 0>>>(p);
     int bad = cudaGetLastError() != cudaSuccess;

@@ -6,7 +6,8 @@
  * from the kernels' helpers, so a wrong lane mapping in the emulator fails:
  *   C = Cinit + A B, B read as [n][k] rows (ldmatrix) and as [k][n] rows (ldmatrix.trans);
  *   E = (A B) B2 with A B's C fragments repacked into the A fragment (what P V and dS K do);
- *   __shfl_xor_sync over every lane mask; ex2.approx.ftz at 0, 3, -130, -inf.
+ *   __shfl_xor_sync over every lane mask; ex2.approx.ftz at 0, 3, -130, -inf; atomicAdd on
+ *   float and float2 from every lane.
  * Inputs are small integers, so every sum is exact and the comparison is bitwise.
  * Exit 0 when everything matches, 1 otherwise.
  */
@@ -20,6 +21,7 @@ struct st_args {
     float *c_n, *c_k, *e;              /* 16x16 outputs */
     float *shfl;                       /* [5][32] */
     float *ex2;                        /* [4] */
+    float *atom;                       /* [4]: float2 sum, float sum, unused; zeroed */
 };
 
 /* Cinit, distinct per element. */
@@ -85,6 +87,8 @@ template <typename T> __global__ void st_kernel(const st_args p)
 
     for (int m = 0; m < 5; ++m)
         p.shfl[32 * m + lane] = __shfl_xor_sync(0xffffffffu, (float)lane, 1 << m);
+    atomicAdd(reinterpret_cast<float2 *>(p.atom), make_float2((float)lane, (float)(2 * lane)));
+    atomicAdd(p.atom + 2, 1.0f);
     if (lane == 0) {
         p.ex2[0] = fp_exp2(0.0f);
         p.ex2[1] = fp_exp2(3.0f);
@@ -147,7 +151,7 @@ template <typename T> static int run(int bf16)
     uint16_t *d_in;
     float *d_out;
     if (cudaMalloc((void **)&d_in, 4 * 256 * 2) != cudaSuccess ||
-        cudaMalloc((void **)&d_out, (3 * 256 + 5 * 32 + 4) * 4) != cudaSuccess) {
+        cudaMalloc((void **)&d_out, (3 * 256 + 5 * 32 + 8) * 4) != cudaSuccess) {
         printf("  cudaMalloc failed\n");
         return 1;
     }
@@ -155,11 +159,13 @@ template <typename T> static int run(int bf16)
     cudaMemcpy(d_in + 256, hbn, 512, cudaMemcpyHostToDevice);
     cudaMemcpy(d_in + 512, hbk, 512, cudaMemcpyHostToDevice);
     cudaMemcpy(d_in + 768, hb2n, 512, cudaMemcpyHostToDevice);
-    st_args p = {d_in,        d_in + 256,  d_in + 512,  d_in + 768,       d_out,
-                 d_out + 256, d_out + 512, d_out + 768, d_out + 768 + 160};
+    const float zeros[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    cudaMemcpy(d_out + 768 + 164, zeros, sizeof zeros, cudaMemcpyHostToDevice);
+    st_args p = {d_in,        d_in + 256,  d_in + 512,  d_in + 768,        d_out,
+                 d_out + 256, d_out + 512, d_out + 768, d_out + 768 + 160, d_out + 768 + 164};
     st_kernel<T><<<1, 32, 2048, 0>>>(p);
     int bad = cudaGetLastError() != cudaSuccess;
-    float out[3 * 256 + 5 * 32 + 4];
+    float out[3 * 256 + 5 * 32 + 8];
     cudaMemcpy(out, d_out, sizeof out, cudaMemcpyDeviceToHost);
     bad += compare("A B (ldmatrix)", out, want_c);
     bad += compare("A B (ldmatrix.trans)", out + 256, want_c);
@@ -169,6 +175,7 @@ template <typename T> static int run(int bf16)
             bad += out[768 + 32 * m + l] != (float)(l ^ (1 << m));
     const float *ex2 = out + 768 + 160;
     bad += ex2[0] != 1.0f || ex2[1] != 8.0f || ex2[2] != 0.0f || ex2[3] != 0.0f;
+    bad += ex2[4] != 496.0f || ex2[5] != 992.0f || ex2[6] != 32.0f; /* atomics: sums over lanes */
     cudaFree(d_in);
     cudaFree(d_out);
     printf("%s: %s\n", bf16 ? "bf16" : "f16", bad ? "FAIL" : "ok");

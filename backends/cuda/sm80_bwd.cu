@@ -53,6 +53,8 @@
 #include "backends/cuda/sm80_common.cuh"
 
 #include <math.h>
+#include <stdlib.h>
+#include <string.h>
 
 /* dK/dV kernel: NW warps (BN = 16 NW keys), BM query rows per step, dQ computed in column
  * slices of SLICE (so every warp has one), TWO_PASS: dV and dK in separate launches. QS > 1
@@ -210,16 +212,24 @@ template <typename T> __global__ void __launch_bounds__(128) fp_sm80_bwd_pre(con
     }
 }
 
-/* cp.async loads of step `it` of a dK/dV kernel (query head kvh * group + it / nmb, query
- * block mb_lo + it % nmb) into buffer `buf`: the Q and dO tiles, LSE2 and Dsum. */
+/* The steps of a dK/dV kernel: every query block mb_lo <= mb < mb_end that sees the key block,
+ * for each query head of the kv head's group in turn. Walked with counters: a division per step
+ * costs about twenty instructions per thread. */
+FP_DEV void fp_bwd_next_step(int &h, int &mb, int mb_lo, int mb_end)
+{
+    if (++mb == mb_end) {
+        mb = mb_lo;
+        ++h;
+    }
+}
+
+/* cp.async loads of one step (query head h, query rows m..) into buffer `buf`: the Q and dO
+ * tiles, LSE2 and Dsum. */
 template <typename T, int DK, int NT, int BM>
 FP_DEV void fp_bwd_load_step(const fp_sm80_args &a, T *sq, T *sdo, float *slse, float *sdsum, int b,
-                             int kvh, int64_t q_start, int nq, int mb_lo, int nmb, int nchunks,
-                             int it, int buf)
+                             int h, int64_t q_start, int nq, int m, int nchunks, int buf)
 {
     const int tid = threadIdx.x;
-    const int h = kvh * a.group + it / nmb;
-    const int m = (mb_lo + it % nmb) * BM;
     const int64_t row = q_start + m;
     fp_load_tile<BM, DK, NT>(sq + buf * BM * DK,
                              reinterpret_cast<const T *>(a.q.ptr) + fp_cuda_row(a.q, b, row, h),
@@ -310,8 +320,8 @@ __global__ void __launch_bounds__(fp_bwd_cfg<DK, BIG>::NW * 32)
         fp_load_tile<BN, DK, NT>(sv, vg, a.v.ss, nk - n0, nchunks, tid);
 
     if (iters > 0)
-        fp_bwd_load_step<T, DK, NT, BM>(a, sq, sdo, slse, sdsum, b, kvh, sq_.q_start, nq, mb_lo,
-                                        nmb, nchunks, 0, 0);
+        fp_bwd_load_step<T, DK, NT, BM>(a, sq, sdo, slse, sdsum, b, kvh * a.group, sq_.q_start,
+                                        nq, mb_lo * BM, nchunks, 0);
     fp_cp_async_commit();
 
     float dv[WANT_DV ? DT8 : 1][4], dk[WANT_DK ? DT8 : 1][4];
@@ -337,15 +347,18 @@ __global__ void __launch_bounds__(fp_bwd_cfg<DK, BIG>::NW * 32)
     const uint32_t ds_off =
         fp_ldsm_off<BM>(0, ((lane >> 4) << 3) + (lane & 7), (lane >> 3) & 1, dq_mt);
 
+    int h = kvh * a.group, mb = mb_lo - 1; /* the step's query head and block, advanced first */
     for (int it = 0; it < iters; ++it) {
         const int buf = it & 1;
-        const int h = kvh * a.group + it / nmb;
-        const int m0 = (mb_lo + it % nmb) * BM;
+        fp_bwd_next_step(h, mb, mb_lo, mb_lo + nmb);
+        const int m0 = mb * BM;
+        int h1 = h, mb1 = mb; /* step it + 1 */
+        fp_bwd_next_step(h1, mb1, mb_lo, mb_lo + nmb);
         fp_cp_async_wait<0>();
         __syncthreads();
         if (it + 1 < iters)
-            fp_bwd_load_step<T, DK, NT, BM>(a, sq, sdo, slse, sdsum, b, kvh, sq_.q_start, nq, mb_lo,
-                                            nmb, nchunks, it + 1, buf ^ 1);
+            fp_bwd_load_step<T, DK, NT, BM>(a, sq, sdo, slse, sdsum, b, h1, sq_.q_start, nq,
+                                            mb1 * BM, nchunks, buf ^ 1);
         fp_cp_async_commit();
 
         /* S^T = K Q^T, dP^T = V dO^T (this warp's 16 keys x BM queries) */
@@ -553,8 +566,8 @@ __global__ void __launch_bounds__(fp_bwd_cfg<DK, BIG>::NW * 32)
         fp_load_tile<BN, DK, NT>(sv, vg, a.v.ss, nk - n0, nchunks, tid);
 
     if (iters > 0)
-        fp_bwd_load_step<T, DK, NT, BM>(a, sq, sdo, slse, sdsum, b, kvh, sq_.q_start, nq, mb_lo,
-                                        nmb, nchunks, 0, 0);
+        fp_bwd_load_step<T, DK, NT, BM>(a, sq, sdo, slse, sdsum, b, kvh * a.group, sq_.q_start,
+                                        nq, mb_lo * BM, nchunks, 0);
     fp_cp_async_commit();
 
     float dv[WANT_DV ? DT8 : 1][4], dk[WANT_DK ? DT8 : 1][4];
@@ -580,15 +593,18 @@ __global__ void __launch_bounds__(fp_bwd_cfg<DK, BIG>::NW * 32)
     const uint32_t ds_off =
         fp_ldsm_off<BM>(0, ((lane >> 4) << 3) + (lane & 7), (lane >> 3) & 1, dq_mt);
 
+    int h = kvh * a.group, mb = mb_lo - 1; /* the step's query head and block, advanced first */
     for (int it = 0; it < iters; ++it) {
         const int buf = it & 1;
-        const int h = kvh * a.group + it / nmb;
-        const int m0 = (mb_lo + it % nmb) * BM;
+        fp_bwd_next_step(h, mb, mb_lo, mb_lo + nmb);
+        const int m0 = mb * BM;
+        int h1 = h, mb1 = mb; /* step it + 1 */
+        fp_bwd_next_step(h1, mb1, mb_lo, mb_lo + nmb);
         fp_cp_async_wait<0>();
         __syncthreads();
         if (it + 1 < iters)
-            fp_bwd_load_step<T, DK, NT, BM>(a, sq, sdo, slse, sdsum, b, kvh, sq_.q_start, nq, mb_lo,
-                                            nmb, nchunks, it + 1, buf ^ 1);
+            fp_bwd_load_step<T, DK, NT, BM>(a, sq, sdo, slse, sdsum, b, h1, sq_.q_start, nq,
+                                            mb1 * BM, nchunks, buf ^ 1);
         fp_cp_async_commit();
 
         const uint32_t qt = sq_a + buf * BM * DK * 2, dot = sdo_a + buf * BM * DK * 2;
@@ -743,6 +759,305 @@ __global__ void __launch_bounds__(fp_bwd_cfg<DK, BIG>::NW * 32)
     }
     fp_bwd_store_dkdv<T, DK, NW, WANT_DV, WANT_DK>(a, sk, dv, dk, b, sq_.k_start + n0, kvh, nk - n0,
                                                    nchunks);
+}
+
+/* The 2-D tiled dK/dV kernel (FlashAttention-2's backward layout), D = 64 and 128 where its
+ * shared memory fits: one thread block per (key block of BN keys, kv head, batch), query blocks
+ * of BM rows double-buffered as above. Unlike fp_sm80_bwd_dkdv, no warp owns whole rows of every
+ * product; each product is cut into a 2-D grid of warp tiles so that every warp reads less of
+ * the shared operands per mma:
+ *   S = Q K^T and dP = dO V^T (BM x BN):  SM_Q warps along the queries x NW / SM_Q along the keys;
+ *     P and dS (rounded to T) go to shared memory, [BM][BN];
+ *   dV += P^T dO and dK += dS^T Q (BN x DK): KV_K warps along the keys x NW / KV_K along the head
+ *     dim, P^T and dS^T read with ldmatrix.trans; dK and dV stay in registers across the loop;
+ *   dQ += dS K (BM x DK, atomic mode): DQ_Q warps along the queries x NW / DQ_Q along the head
+ *     dim, added to the f32 accumulator with vector reductions.
+ * Each k step's fragments are all requested before its mma, so the ldmatrix latency is paid once
+ * per step, not once per product. */
+template <int DK, int ALT> struct fp_bwd2_cfg;
+template <> struct fp_bwd2_cfg<64, 0> {
+    enum { NW = 8, BN = 128, BM = 64, SM_Q = 2, KV_K = 4, DQ_Q = 4, MINB = 1 };
+};
+template <> struct fp_bwd2_cfg<64, 1> {
+    enum { NW = 8, BN = 128, BM = 128, SM_Q = 4, KV_K = 4, DQ_Q = 4, MINB = 1 };
+};
+template <> struct fp_bwd2_cfg<64, 2> {
+    enum { NW = 4, BN = 64, BM = 64, SM_Q = 2, KV_K = 2, DQ_Q = 2, MINB = 2 };
+};
+template <> struct fp_bwd2_cfg<128, 0> {
+    enum { NW = 8, BN = 128, BM = 64, SM_Q = 2, KV_K = 4, DQ_Q = 2, MINB = 1 };
+};
+template <> struct fp_bwd2_cfg<128, 1> {
+    enum { NW = 4, BN = 64, BM = 64, SM_Q = 2, KV_K = 2, DQ_Q = 2, MINB = 2 };
+};
+
+template <int DK, int ALT> constexpr size_t fp_dkdv2_smem()
+{
+    constexpr int BN = fp_bwd2_cfg<DK, ALT>::BN, BM = fp_bwd2_cfg<DK, ALT>::BM;
+    return (size_t)(2 * BN * DK + 4 * BM * DK + 2 * BM * BN) * 2 + 4 * BM * sizeof(float);
+}
+
+// q, dout: (B, Nq, H, D); k, v, dk, dv: (B, Nk, Hkv, D); grid (key blocks, Hkv, B).
+template <typename T, int DK, int ALT>
+__global__ void __launch_bounds__(fp_bwd2_cfg<DK, ALT>::NW * 32, fp_bwd2_cfg<DK, ALT>::MINB)
+    fp_sm80_bwd_dkdv_2d(const fp_sm80_args a)
+{
+    using CFG = fp_bwd2_cfg<DK, ALT>;
+    constexpr int NW = CFG::NW, BN = CFG::BN, BM = CFG::BM, NT = NW * 32, KT = DK / 16;
+    /* warp tiles: MT x 16 rows, NP x 16 columns */
+    constexpr int S_MT = BM / CFG::SM_Q / 16, S_NP = BN / (NW / CFG::SM_Q) / 16;
+    constexpr int KV_MT = BN / CFG::KV_K / 16, KV_NP = DK / (NW / CFG::KV_K) / 16;
+    constexpr int DQ_MT = BM / CFG::DQ_Q / 16, DQ_NP = DK / (NW / CFG::DQ_Q) / 16;
+    static_assert(S_MT >= 1 && S_NP >= 1 && KV_MT >= 1 && KV_NP >= 1 && DQ_MT >= 1 && DQ_NP >= 1,
+                  "every warp tile has whole 16 x 16 pieces");
+
+    extern __shared__ __align__(128) unsigned char fp_smem[];
+    T *sk = reinterpret_cast<T *>(fp_smem); /* [BN][DK], later the dK/dV staging tile */
+    T *sv = sk + BN * DK;                   /* [BN][DK] */
+    T *sq = sv + BN * DK;                   /* [2][BM][DK] */
+    T *sdo = sq + 2 * BM * DK;              /* [2][BM][DK] */
+    T *sp = sdo + 2 * BM * DK;              /* [BM][BN] */
+    T *sds = sp + BM * BN;                  /* [BM][BN] */
+    float *slse = reinterpret_cast<float *>(sds + BM * BN); /* [2][BM] */
+    float *sdsum = slse + 2 * BM;                           /* [2][BM] */
+
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    const int g = lane >> 2, t = lane & 3;
+    const int kb = blockIdx.x, kvh = blockIdx.y, b = blockIdx.z;
+    const fp_cuda_seq sq_ = fp_cuda_seq_of(a, b);
+    const int nq = sq_.nq, nk = sq_.nk;
+    const int n0 = kb * BN;
+    if (n0 >= nk)
+        return;
+    const int nchunks = a.d / 8;
+
+    int64_t i0, i1;
+    fp_cuda_rows_for_keys(n0, min(n0 + BN, nk), nq, nk, a.left, a.right, &i0, &i1);
+    const int mb_lo = (int)(i0 / BM);
+    const int nmb = i1 > i0 ? (int)((i1 + BM - 1) / BM) - mb_lo : 0;
+    const int iters = a.group * nmb;
+
+    const T *kg = reinterpret_cast<const T *>(a.k.ptr) + fp_cuda_row(a.k, b, sq_.k_start + n0, kvh);
+    const T *vg = reinterpret_cast<const T *>(a.v.ptr) + fp_cuda_row(a.v, b, sq_.k_start + n0, kvh);
+    fp_load_tile<BN, DK, NT>(sk, kg, a.k.ss, nk - n0, nchunks, tid);
+    fp_load_tile<BN, DK, NT>(sv, vg, a.v.ss, nk - n0, nchunks, tid);
+    if (iters > 0)
+        fp_bwd_load_step<T, DK, NT, BM>(a, sq, sdo, slse, sdsum, b, kvh * a.group, sq_.q_start,
+                                        nq, mb_lo * BM, nchunks, 0);
+    fp_cp_async_commit();
+
+    float dv[KV_MT][2 * KV_NP][4], dk[KV_MT][2 * KV_NP][4];
+#pragma unroll
+    for (int mi = 0; mi < KV_MT; ++mi)
+#pragma unroll
+        for (int j = 0; j < 2 * KV_NP; ++j)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                dv[mi][j][e] = 0.0f;
+                dk[mi][j][e] = 0.0f;
+            }
+
+    /* This warp's tiles: first row and column of each product. */
+    const int s_q0 = (warp % CFG::SM_Q) * S_MT * 16, s_k0 = (warp / CFG::SM_Q) * S_NP * 16;
+    const int kv_k0 = (warp % CFG::KV_K) * KV_MT * 16, kv_d0 = (warp / CFG::KV_K) * KV_NP * 16;
+    const int dq_q0 = (warp % CFG::DQ_Q) * DQ_MT * 16, dq_d0 = (warp / CFG::DQ_Q) * DQ_NP * 16;
+
+    const fp_mask32 mk = fp_mask32_make(nq, nk, a.left, a.right);
+    const uint32_t sk_a = fp_smem_addr(sk), sv_a = fp_smem_addr(sv), sq_a = fp_smem_addr(sq);
+    const uint32_t sdo_a = fp_smem_addr(sdo), sp_a = fp_smem_addr(sp), sds_a = fp_smem_addr(sds);
+    /* Operands whose k runs along the tile's columns: lane patterns with the warp's first row. */
+    const fp_ldsm_lane la_s = fp_lane_a<DK>(s_q0, lane), lb_s = fp_lane_b<DK>(s_k0, lane);
+    const fp_ldsm_lane la_dq = fp_lane_a<BN>(dq_q0, lane);
+    /* Operands whose k runs down the rows (ldmatrix.trans): one lane offset per 16-column piece,
+     * k step kk adds 16 kk rows. At lanes (P^T, dS^T) = B lanes; Bt lanes for dO, Q and K. */
+    const int rb = ((lane >> 4) << 3) + (lane & 7), cb = (lane >> 3) & 1;
+    const int rbt = (((lane >> 3) & 1) << 3) + (lane & 7), cbt = lane >> 4;
+    uint32_t kv_a_off[KV_MT], kv_b_off[KV_NP], dq_b_off[DQ_NP];
+    /* Byte offsets of this thread's P and dS stores (row s_q0 + g, 8-column piece j; rows 8 and
+     * 16 further down share the swizzle, so they are immediates). */
+    uint32_t st_off[2 * S_NP];
+    unsigned char *sp_b = reinterpret_cast<unsigned char *>(sp);
+    unsigned char *sds_b = reinterpret_cast<unsigned char *>(sds);
+#pragma unroll
+    for (int j = 0; j < 2 * S_NP; ++j)
+        st_off[j] = (uint32_t)(fp_swz<BN>(s_q0 + g, s_k0 / 8 + j) + 2 * t) * 2;
+#pragma unroll
+    for (int mi = 0; mi < KV_MT; ++mi)
+        kv_a_off[mi] = fp_ldsm_off<BN>(0, rb, cb, kv_k0 / 16 + mi);
+#pragma unroll
+    for (int p = 0; p < KV_NP; ++p)
+        kv_b_off[p] = fp_ldsm_off<DK>(0, rbt, cbt, kv_d0 / 16 + p);
+#pragma unroll
+    for (int p = 0; p < DQ_NP; ++p)
+        dq_b_off[p] = fp_ldsm_off<DK>(0, rbt, cbt, dq_d0 / 16 + p);
+
+    int h = kvh * a.group, mb = mb_lo - 1; /* the step's query head and block, advanced first */
+    for (int it = 0; it < iters; ++it) {
+        const int buf = it & 1;
+        fp_bwd_next_step(h, mb, mb_lo, mb_lo + nmb);
+        const int m0 = mb * BM;
+        int h1 = h, mb1 = mb; /* step it + 1 */
+        fp_bwd_next_step(h1, mb1, mb_lo, mb_lo + nmb);
+        fp_cp_async_wait<0>();
+        __syncthreads(); /* also: every warp is done with the last step's P and dS */
+        if (it + 1 < iters)
+            fp_bwd_load_step<T, DK, NT, BM>(a, sq, sdo, slse, sdsum, b, h1, sq_.q_start, nq,
+                                            mb1 * BM, nchunks, buf ^ 1);
+        fp_cp_async_commit();
+        const uint32_t qt = sq_a + buf * BM * DK * 2, dot = sdo_a + buf * BM * DK * 2;
+
+        /* S = Q K^T, dP = dO V^T (this warp's S_MT x 16 queries x S_NP x 16 keys) */
+        float s[S_MT][2 * S_NP][4], dp[S_MT][2 * S_NP][4];
+#pragma unroll
+        for (int mi = 0; mi < S_MT; ++mi)
+#pragma unroll
+            for (int j = 0; j < 2 * S_NP; ++j)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    s[mi][j][e] = 0.0f;
+                    dp[mi][j][e] = 0.0f;
+                }
+#pragma unroll
+        for (int kk = 0; kk < KT; ++kk) {
+            uint32_t qa[S_MT][4], da[S_MT][4], kf[S_NP][4], vf[S_NP][4];
+#pragma unroll
+            for (int mi = 0; mi < S_MT; ++mi) {
+                fp_ldsm_x4(qa[mi], fp_ldsm_addr<DK>(qt, la_s, 16 * mi, kk));
+                fp_ldsm_x4(da[mi], fp_ldsm_addr<DK>(dot, la_s, 16 * mi, kk));
+            }
+#pragma unroll
+            for (int p = 0; p < S_NP; ++p) {
+                fp_ldsm_x4(kf[p], fp_ldsm_addr<DK>(sk_a, lb_s, 16 * p, kk));
+                fp_ldsm_x4(vf[p], fp_ldsm_addr<DK>(sv_a, lb_s, 16 * p, kk));
+            }
+#pragma unroll
+            for (int p = 0; p < S_NP; ++p)
+#pragma unroll
+                for (int mi = 0; mi < S_MT; ++mi) {
+                    fp_mma<T>(s[mi][2 * p], qa[mi], kf[p][0], kf[p][1]);
+                    fp_mma<T>(s[mi][2 * p + 1], qa[mi], kf[p][2], kf[p][3]);
+                    fp_mma<T>(dp[mi][2 * p], da[mi], vf[p][0], vf[p][1]);
+                    fp_mma<T>(dp[mi][2 * p + 1], da[mi], vf[p][2], vf[p][3]);
+                }
+        }
+
+        /* P and dS, to shared memory */
+        const bool full =
+            fp_mask_block_full(m0, min(m0 + BM, nq), n0, n0 + BN, nq, nk, a.left, a.right);
+        const float slope = a.alibi ? a.alibi[h] : 0.0f;
+#pragma unroll
+        for (int mi = 0; mi < S_MT; ++mi) {
+            const int r = s_q0 + 16 * mi + g;
+            const float l2[2] = {slse[buf * BM + r], slse[buf * BM + r + 8]};
+            const float ds[2] = {sdsum[buf * BM + r], sdsum[buf * BM + r + 8]};
+            const int row0 = m0 + s_q0 + 16 * mi, j0 = n0 + s_k0;
+            if (a.transform)
+                fp_bwd_tile<FP_SCORES_TRANSFORM, 2 * S_NP>(a, mk, s[mi], dp[mi], row0, j0, nq, nk,
+                                                           l2, ds, slope, lane);
+            else if (!full)
+                fp_bwd_tile<FP_SCORES_MASK, 2 * S_NP>(a, mk, s[mi], dp[mi], row0, j0, nq, nk, l2,
+                                                      ds, slope, lane);
+            else
+                fp_bwd_tile<FP_SCORES_FULL, 2 * S_NP>(a, mk, s[mi], dp[mi], row0, j0, nq, nk, l2,
+                                                      ds, slope, lane);
+#pragma unroll
+            for (int j = 0; j < 2 * S_NP; ++j)
+#pragma unroll
+                for (int r = 0; r < 2; ++r) {
+                    const uint32_t at = st_off[j] + (uint32_t)((16 * mi + 8 * r) * BN * 2);
+                    *reinterpret_cast<uint32_t *>(sp_b + at) =
+                        fp_pack2<T>(s[mi][j][2 * r], s[mi][j][2 * r + 1]);
+                    *reinterpret_cast<uint32_t *>(sds_b + at) =
+                        fp_pack2<T>(dp[mi][j][2 * r], dp[mi][j][2 * r + 1]);
+                }
+        }
+        __syncthreads();
+
+        /* dV += P^T dO, dK += dS^T Q (this warp's KV_MT x 16 keys x KV_NP x 16 columns) */
+#pragma unroll
+        for (int kk = 0; kk < BM / 16; ++kk) {
+            uint32_t pa[KV_MT][4], sa[KV_MT][4], of[KV_NP][4], qf[KV_NP][4];
+#pragma unroll
+            for (int mi = 0; mi < KV_MT; ++mi) {
+                fp_ldsm_x4_t(pa[mi], sp_a + kv_a_off[mi] + 16 * kk * BN * 2);
+                fp_ldsm_x4_t(sa[mi], sds_a + kv_a_off[mi] + 16 * kk * BN * 2);
+            }
+#pragma unroll
+            for (int p = 0; p < KV_NP; ++p) {
+                fp_ldsm_x4_t(of[p], dot + kv_b_off[p] + 16 * kk * DK * 2);
+                fp_ldsm_x4_t(qf[p], qt + kv_b_off[p] + 16 * kk * DK * 2);
+            }
+#pragma unroll
+            for (int p = 0; p < KV_NP; ++p)
+#pragma unroll
+                for (int mi = 0; mi < KV_MT; ++mi) {
+                    fp_mma<T>(dv[mi][2 * p], pa[mi], of[p][0], of[p][1]);
+                    fp_mma<T>(dv[mi][2 * p + 1], pa[mi], of[p][2], of[p][3]);
+                    fp_mma<T>(dk[mi][2 * p], sa[mi], qf[p][0], qf[p][1]);
+                    fp_mma<T>(dk[mi][2 * p + 1], sa[mi], qf[p][2], qf[p][3]);
+                }
+        }
+
+        /* dQ += dS K (atomic mode; this warp's DQ_MT x 16 queries x DQ_NP x 16 columns) */
+        if (!a.dq_atomic)
+            continue;
+        float acc[DQ_MT][2 * DQ_NP][4];
+#pragma unroll
+        for (int mi = 0; mi < DQ_MT; ++mi)
+#pragma unroll
+            for (int j = 0; j < 2 * DQ_NP; ++j)
+#pragma unroll
+                for (int e = 0; e < 4; ++e)
+                    acc[mi][j][e] = 0.0f;
+#pragma unroll
+        for (int kk = 0; kk < BN / 16; ++kk) {
+            uint32_t ea[DQ_MT][4], kf[DQ_NP][4];
+#pragma unroll
+            for (int mi = 0; mi < DQ_MT; ++mi)
+                fp_ldsm_x4(ea[mi], fp_ldsm_addr<BN>(sds_a, la_dq, 16 * mi, kk));
+#pragma unroll
+            for (int p = 0; p < DQ_NP; ++p)
+                fp_ldsm_x4_t(kf[p], sk_a + dq_b_off[p] + 16 * kk * DK * 2);
+#pragma unroll
+            for (int p = 0; p < DQ_NP; ++p)
+#pragma unroll
+                for (int mi = 0; mi < DQ_MT; ++mi) {
+                    fp_mma<T>(acc[mi][2 * p], ea[mi], kf[p][0], kf[p][1]);
+                    fp_mma<T>(acc[mi][2 * p + 1], ea[mi], kf[p][2], kf[p][3]);
+                }
+        }
+#pragma unroll
+        for (int mi = 0; mi < DQ_MT; ++mi) {
+            float *dst = a.dq_accum +
+                         (((int64_t)b * a.heads + h) * a.nq_pad + m0 + dq_q0 + 16 * mi + g) * DK +
+                         dq_d0 + 2 * t;
+#pragma unroll
+            for (int j = 0; j < 2 * DQ_NP; ++j) {
+                fp_red_add2(dst + 8 * j, acc[mi][j][0], acc[mi][j][1]);
+                fp_red_add2(dst + 8 * DK + 8 * j, acc[mi][j][2], acc[mi][j][3]);
+            }
+        }
+    }
+
+    /* dV, then dK * scale, staged through sk */
+    fp_cp_async_wait<0>();
+    __syncthreads();
+    T *dv_g = reinterpret_cast<T *>(const_cast<void *>(a.dv.ptr)) +
+              fp_cuda_row(a.dv, b, sq_.k_start + n0, kvh);
+    T *dk_g = reinterpret_cast<T *>(const_cast<void *>(a.dk.ptr)) +
+              fp_cuda_row(a.dk, b, sq_.k_start + n0, kvh);
+#pragma unroll
+    for (int mi = 0; mi < KV_MT; ++mi)
+        fp_stage_acc<DK, 2 * KV_NP, T>(sk, kv_k0 + 16 * mi, kv_d0 / 8, dv[mi], 1.0f, 1.0f, lane);
+    __syncthreads();
+    fp_store_tile<BN, DK, NT>(dv_g, a.dv.ss, sk, nk - n0, nchunks, tid);
+    __syncthreads();
+#pragma unroll
+    for (int mi = 0; mi < KV_MT; ++mi)
+        fp_stage_acc<DK, 2 * KV_NP, T>(sk, kv_k0 + 16 * mi, kv_d0 / 8, dk[mi], a.scale, a.scale,
+                                       lane);
+    __syncthreads();
+    fp_store_tile<BN, DK, NT>(dk_g, a.dk.ss, sk, nk - n0, nchunks, tid);
 }
 
 // Deterministic dQ. q, dout, dq: (B, Nq, H, D); k, v: (B, Nk, Hkv, D); grid (q blocks, H, B).
@@ -941,6 +1256,65 @@ static cudaError_t fp_dkdv_launch(const fp_cuda_ctx *ctx, const fp_problem *p,
     return cudaGetLastError();
 }
 
+/* Whether the 2-D tiled dK/dV kernel runs: D = 64 and 128 where its shared memory fits.
+ * FP_CUDA_BWD_DKDV=1d forces the older kernels (A/B timing). */
+static int fp_dkdv_choice(void)
+{
+    const char *env = getenv("FP_CUDA_BWD_DKDV");
+    if (env && strcmp(env, "1d") == 0)
+        return -1;
+    if (env && strcmp(env, "2d1") == 0)
+        return 1;
+    return env && strcmp(env, "2d2") == 0 ? 2 : 0;
+}
+
+template <int DK> static bool fp_dkdv2_fits(const fp_cuda_ctx *ctx)
+{
+    if constexpr (DK == 64 || DK == 128) {
+        const int c = fp_dkdv_choice();
+        if (c < 0)
+            return false;
+        return ctx->smem_optin >= fp_dkdv2_smem<DK, 0>();
+    }
+    return false;
+}
+
+template <typename T, int DK, int ALT>
+static cudaError_t fp_dkdv2_launch_cfg(const fp_cuda_ctx *ctx, const fp_problem *p,
+                                       const fp_sm80_args &a)
+{
+    constexpr size_t smem = fp_dkdv2_smem<DK, ALT>();
+    constexpr int BN = fp_bwd2_cfg<DK, ALT>::BN;
+    dim3 grid((unsigned)((a.nk + BN - 1) / BN), (unsigned)p->kv_heads, (unsigned)p->batch);
+    if (grid.x == 0)
+        return cudaSuccess;
+    cudaError_t e = fp_set_smem(fp_sm80_bwd_dkdv_2d<T, DK, ALT>, smem);
+    if (e != cudaSuccess)
+        return e;
+    fp_sm80_bwd_dkdv_2d<T, DK, ALT><<<grid, fp_bwd2_cfg<DK, ALT>::NW * 32, smem, ctx->stream>>>(a);
+    fp_cuda_log("backward: sm80 2-D dK/dV D%d kernel (BN %d, BM %d), grid %ux%ux%u", DK, BN,
+                fp_bwd2_cfg<DK, ALT>::BM, grid.x, grid.y, grid.z);
+    return cudaGetLastError();
+}
+
+template <typename T, int DK>
+static cudaError_t fp_dkdv2_launch(const fp_cuda_ctx *ctx, const fp_problem *p,
+                                   const fp_sm80_args &a)
+{
+    if constexpr (DK == 64) {
+        if (fp_dkdv_choice() == 1)
+            return fp_dkdv2_launch_cfg<T, 64, 1>(ctx, p, a);
+        if (fp_dkdv_choice() == 2)
+            return fp_dkdv2_launch_cfg<T, 64, 2>(ctx, p, a);
+        return fp_dkdv2_launch_cfg<T, 64, 0>(ctx, p, a);
+    } else if constexpr (DK == 128) {
+        if (fp_dkdv_choice() == 1)
+            return fp_dkdv2_launch_cfg<T, 128, 1>(ctx, p, a);
+        return fp_dkdv2_launch_cfg<T, 128, 0>(ctx, p, a);
+    }
+    return cudaErrorInvalidValue;
+}
+
 template <typename T, int DK, bool BIG>
 static flashport_status fp_bwd_launch(const fp_cuda_ctx *ctx, const fp_problem *p, fp_sm80_args a)
 {
@@ -972,6 +1346,8 @@ static flashport_status fp_bwd_launch(const fp_cuda_ctx *ctx, const fp_problem *
             e = fp_dkdv_launch<T, DK, BIG, FP_PASS_DV>(ctx, p, a);
             if (e == cudaSuccess)
                 e = fp_dkdv_launch<T, DK, BIG, FP_PASS_DK>(ctx, p, a);
+        } else if (fp_dkdv2_fits<DK>(ctx)) {
+            e = fp_dkdv2_launch<T, DK>(ctx, p, a);
         } else {
             e = fp_dkdv_launch<T, DK, BIG, FP_PASS_BOTH>(ctx, p, a);
         }

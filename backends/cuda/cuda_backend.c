@@ -31,6 +31,16 @@ flashport_status fp_cuda_error(flashport_status status, cudaError_t err, const c
                            cudaGetErrorName(err));
 }
 
+flashport_status fp_cuda_refuse(flashport_status status, const char *fmt, ...)
+{
+    char buf[512];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(buf, sizeof buf, fmt, ap);
+    va_end(ap);
+    return host->set_error(status, "cuda: %s", buf);
+}
+
 void fp_cuda_log(const char *fmt, ...)
 {
     if (!host->log_enabled())
@@ -109,6 +119,12 @@ static flashport_status cuda_open(int device, void **out)
     ctx->cc_major = prop.major;
     ctx->cc_minor = prop.minor;
     ctx->smem_optin = prop.sharedMemPerBlockOptin;
+    /* FLASHPORT_CUDA_SMEM_KIB lowers the shared memory the kernels may plan with, so that the
+     * configurations of smaller GPUs (sm_80: 163 KiB, sm_86/89: 99 KiB) can be tested on a
+     * larger one. */
+    const char *cap = getenv("FLASHPORT_CUDA_SMEM_KIB");
+    if (cap && atol(cap) > 0 && (size_t)atol(cap) * 1024 < ctx->smem_optin)
+        ctx->smem_optin = (size_t)atol(cap) * 1024;
     fp_cuda_log("device %d: %s, compute capability %d.%d, %d SMs, %zu KiB shared memory per "
                 "block",
                 device, prop.name, prop.major, prop.minor, prop.multiProcessorCount,

@@ -31,6 +31,14 @@ typedef struct fp_cuda_ctx {
  * returns status. */
 flashport_status fp_cuda_error(flashport_status status, cudaError_t err, const char *what);
 
+/* Sets the calling thread's error to `status` with "cuda: " and the formatted message (a problem
+ * this device cannot run) and returns status. */
+flashport_status fp_cuda_refuse(flashport_status status, const char *fmt, ...)
+#if defined(__GNUC__)
+    __attribute__((format(printf, 2, 3)))
+#endif
+    ;
+
 /* Logs through the core when FLASHPORT_LOG is on. */
 void fp_cuda_log(const char *fmt, ...)
 #if defined(__GNUC__)

@@ -26,9 +26,10 @@
  * Split-KV (decode-like shapes, chosen by core/plan.h): each split writes its normalized partial
  * O (f32) and LSE; fp_sm80_fwd_combine merges them in split order.
  *
- * Tiles (BM x BN, warps): D=64 128x128, 4 warps; D=128 128x64, 4 warps; D=256 128x64, 8 warps.
- * Other head dims (multiples of 8) run on the next larger kernel with the extra columns
- * zero-filled. Chosen on the H200 (2026-11-30, one run, bf16 and fp16, every N, causal and not;
+ * Tiles (BM x BN, warps): D=64 128x128, 4 warps; D=128 128x64, 4 warps; D=256 128x64, 8 warps
+ * (64x64, 4 warps, where a block may not have 192 KiB of shared memory). Other head dims (multiples
+ * of 8) run on the next larger kernel with the extra columns zero-filled. Chosen on the H200
+ * (2026-11-30, one run, bf16 and fp16, every N, causal and not;
  * docs/bench/h200-2026-11-30-tiles.md): at D = 64, 128x128 was 1.7 .. 5.6 % faster than
  * 128x64 with Q in registers and 8 warps x 16 rows x 128 keys 23 .. 29 % slower; at D = 128,
  * 128x32 (4 warps, no spills), 128x64 and 128x128 with 8 warps (Q in registers) were 7 .. 25 %
@@ -49,25 +50,32 @@
 
 #include <math.h>
 
-template <int DK> struct fp_fwd_cfg;
-template <> struct fp_fwd_cfg<64> {
+/* ALT 1 is the configuration for devices whose blocks may not have ALT 0's shared memory: D = 256
+ * takes 192 KiB, more than sm_80's 163; ALT 1 takes 160 KiB and sums each row over the same key
+ * blocks. Devices with less (sm_86/89: 99 KiB) get FLASHPORT_ERR_UNSUPPORTED_HEAD_DIM at D > 128
+ * (a 32-key block would fit, but its LSE missed the test table's tolerance by 10 % at D = 192). */
+template <int DK, int ALT> struct fp_fwd_cfg;
+template <> struct fp_fwd_cfg<64, 0> {
     enum { NW = 4, MT = 2, BN = 128 };
 };
-template <> struct fp_fwd_cfg<128> {
+template <> struct fp_fwd_cfg<128, 0> {
     enum { NW = 4, MT = 2, BN = 64 };
 };
-template <> struct fp_fwd_cfg<256> {
+template <> struct fp_fwd_cfg<256, 0> {
     enum { NW = 8, MT = 1, BN = 64 };
 };
+template <> struct fp_fwd_cfg<256, 1> {
+    enum { NW = 4, MT = 1, BN = 64 };
+};
 
-template <int DK> constexpr int fp_fwd_bm()
+template <int DK, int ALT> constexpr int fp_fwd_bm()
 {
-    return fp_fwd_cfg<DK>::NW * fp_fwd_cfg<DK>::MT * 16;
+    return fp_fwd_cfg<DK, ALT>::NW * fp_fwd_cfg<DK, ALT>::MT * 16;
 }
 
-template <int DK> constexpr size_t fp_fwd_smem()
+template <int DK, int ALT> constexpr size_t fp_fwd_smem()
 {
-    return (size_t)(fp_fwd_bm<DK>() + 4 * fp_fwd_cfg<DK>::BN) * DK * 2;
+    return (size_t)(fp_fwd_bm<DK, ALT>() + 4 * fp_fwd_cfg<DK, ALT>::BN) * DK * 2;
 }
 
 /* Masks (and for FP_SCORES_TRANSFORM softcaps and ALiBi-shifts, into log2 units) a warp's
@@ -99,10 +107,12 @@ FP_DEV void fp_fwd_scores(float (*s)[NB8][4], const fp_sm80_args &a, const fp_ma
 }
 
 // q, o: (B, Nq, H, D); k, v: (B, Nk, Hkv, D); lse: (B, H, Nq); grid (q blocks, H, B * splits)
-template <typename T, int DK>
-__global__ void __launch_bounds__(fp_fwd_cfg<DK>::NW * 32) fp_sm80_fwd_kernel(const fp_sm80_args a)
+template <typename T, int DK, int ALT>
+__global__ void __launch_bounds__(fp_fwd_cfg<DK, ALT>::NW * 32)
+    fp_sm80_fwd_kernel(const fp_sm80_args a)
 {
-    constexpr int NW = fp_fwd_cfg<DK>::NW, MT = fp_fwd_cfg<DK>::MT, BN = fp_fwd_cfg<DK>::BN;
+    constexpr int NW = fp_fwd_cfg<DK, ALT>::NW, MT = fp_fwd_cfg<DK, ALT>::MT;
+    constexpr int BN = fp_fwd_cfg<DK, ALT>::BN;
     constexpr int NT = NW * 32, BM = NW * MT * 16;
     constexpr int KT = DK / 16, NB8 = BN / 8, DT8 = DK / 8;
 
@@ -377,25 +387,27 @@ __global__ void __launch_bounds__(128) fp_sm80_fwd_combine(const fp_sm80_args a)
         a.lse[(int64_t)b * a.lse_sb + (int64_t)h * a.lse_sh + (sq_.q_start + i) * a.lse_ss] = lse;
 }
 
-template <typename T, int DK>
+template <typename T, int DK, int ALT>
 static flashport_status fp_fwd_launch(const fp_cuda_ctx *ctx, const fp_problem *p, fp_sm80_args a)
 {
-    constexpr int BM = fp_fwd_bm<DK>(), BN = fp_fwd_cfg<DK>::BN;
-    constexpr size_t smem = fp_fwd_smem<DK>();
+    using CFG = fp_fwd_cfg<DK, ALT>;
+    constexpr int BM = fp_fwd_bm<DK, ALT>(), BN = CFG::BN;
+    constexpr size_t smem = fp_fwd_smem<DK, ALT>();
     const cudaStream_t stream = ctx->stream;
 
     fp_plan_shape shape = {p->batch,    p->heads,       p->seqlen_q,    p->seqlen_k,
                            p->head_dim, p->window_left, p->window_right};
     fp_plan_target target;
-    void (*kernel)(const fp_sm80_args) = fp_sm80_fwd_kernel<T, DK>;
+    void (*kernel)(const fp_sm80_args) = fp_sm80_fwd_kernel<T, DK, ALT>;
     cudaError_t e =
         cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
     int resident = 1;
     if (e == cudaSuccess)
-        e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&resident, kernel,
-                                                          fp_fwd_cfg<DK>::NW * 32, smem);
-    if (e != cudaSuccess)
+        e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&resident, kernel, CFG::NW * 32, smem);
+    if (e != cudaSuccess) {
+        (void)cudaGetLastError(); /* not left for the next launch check to find */
         return fp_cuda_error(FLASHPORT_ERR_DEVICE, e, "forward kernel setup");
+    }
     target.workers = (int64_t)ctx->sm_count * (resident > 0 ? resident : 1);
     target.block_q = BM;
     target.block_k = BN;
@@ -422,12 +434,11 @@ static flashport_status fp_fwd_launch(const fp_cuda_ctx *ctx, const fp_problem *
 
     {
         dim3 grid((unsigned)plan.num_q_blocks, (unsigned)p->heads, (unsigned)(p->batch * a.splits));
-        kernel<<<grid, fp_fwd_cfg<DK>::NW * 32, smem, stream>>>(a);
+        kernel<<<grid, CFG::NW * 32, smem, stream>>>(a);
         e = cudaGetLastError();
         fp_cuda_log("forward: sm80 D%d kernel (BM %d, BN %d, %d warps) for D=%lld, grid %ux%ux%u, "
                     "%d split(s)",
-                    DK, BM, BN, fp_fwd_cfg<DK>::NW, (long long)p->head_dim, grid.x, grid.y, grid.z,
-                    a.splits);
+                    DK, BM, BN, CFG::NW, (long long)p->head_dim, grid.x, grid.y, grid.z, a.splits);
     }
     if (e == cudaSuccess && a.splits > 1) {
         dim3 grid((unsigned)((a.nq + 3) / 4), (unsigned)p->heads, (unsigned)p->batch);
@@ -448,10 +459,18 @@ static flashport_status fp_fwd_dispatch(const fp_cuda_ctx *ctx, const fp_problem
                                         const fp_sm80_args &a)
 {
     if (p->head_dim <= 64)
-        return fp_fwd_launch<T, 64>(ctx, p, a);
+        return fp_fwd_launch<T, 64, 0>(ctx, p, a);
     if (p->head_dim <= 128)
-        return fp_fwd_launch<T, 128>(ctx, p, a);
-    return fp_fwd_launch<T, 256>(ctx, p, a);
+        return fp_fwd_launch<T, 128, 0>(ctx, p, a);
+    if (ctx->smem_optin >= fp_fwd_smem<256, 0>())
+        return fp_fwd_launch<T, 256, 0>(ctx, p, a);
+    if (ctx->smem_optin >= fp_fwd_smem<256, 1>())
+        return fp_fwd_launch<T, 256, 1>(ctx, p, a);
+    return fp_cuda_refuse(FLASHPORT_ERR_UNSUPPORTED_HEAD_DIM,
+                          "the forward at head dim %lld needs %zu KiB of shared memory per block; "
+                          "this device allows %zu KiB",
+                          (long long)p->head_dim, fp_fwd_smem<256, 1>() / 1024,
+                          ctx->smem_optin / 1024);
 }
 
 extern "C" flashport_status fp_cuda_sm80_forward(const fp_cuda_ctx *ctx, const fp_problem *p)

@@ -34,19 +34,18 @@
  * else BM 64 (97 KiB); D = 128: BN 128, BM 64 (161 KiB), else 4 warps, BN 64, BM 32 (72 KiB);
  * D = 256: BN 64, BM 64 (209 KiB), else BM 32 (137 KiB); 8 warps, one block per SM. A device
  * with less shared memory gets FLASHPORT_ERR_UNSUPPORTED_HEAD_DIM (sm_86/89, 99 KiB: D > 128).
- * Deterministic dQ: 64 query rows
- * (4 warps), key block 64 (32 for D = 256). Other head dims run on the next larger kernel,
- * zero-filled.
+ * Deterministic dQ: 64 query rows (4 warps), key block 64 (32 for D = 256). Other head dims run
+ * on the next larger kernel, zero-filled.
  *
  * Differences from the reference: P and dS are rounded to f16/bf16 before the products that
  * use them (as in every tensor-core flash kernel); exp2 is the hardware approximation; dQ in the
  * atomic mode is summed in an order that varies from run to run (last-bit differences).
- * Measured (H200, ANCHORS grid, bf16 and fp16, docs/bench/h200-2026-11-30-bwd2d.md): 0.84 ..
- * 0.91x SDPA flash (FA2) at D = 64, 0.91 .. 0.97x at D = 128, 0.84 .. 0.94x at D = 256 (the
- * one-warp-per-16-keys kernel this replaced: 0.80 .. 0.87, 0.86 .. 0.91, 0.60 .. 0.68 in the same
- * run). At D = 128 (N = 8192) ncu counts the same ldmatrix and mma instructions as FA2's kernel,
- * 4 % more instructions in all and more barrier stalls (0.8 vs 0.24 cycles per instruction), at
- * the same 8 warps per SM (251 registers).
+ * Measured (H200, ANCHORS grid, bf16 and fp16, docs/bench/h200-2026-11-30-bwd2d.md, final run):
+ * 0.83 .. 0.92x SDPA flash (FA2) at D = 64, 0.91 .. 0.97x at D = 128, 0.83 .. 0.93x at D = 256
+ * (the one-warp-per-16-keys kernel this replaced, in an A/B run: 0.81 .. 0.87, 0.86 .. 0.91,
+ * 0.60 .. 0.68). At D = 128 (N = 8192) ncu counts the same ldmatrix and mma instructions as
+ * FA2's kernel, 4 % more instructions in all and more barrier stalls (0.8 vs 0.24 cycles per
+ * instruction), at the same 8 warps per SM (251 registers).
  */
 #include "backends/cuda/cuda_internal.h"
 #include "backends/cuda/sm80_common.cuh"
@@ -187,9 +186,10 @@ FP_DEV void fp_bwd_load_step(const fp_sm80_args &a, T *sq, T *sdo, float *slse, 
 
 /* dK/dV kernel configurations (see the top of the file): NW warps, BN keys, BM query rows per
  * step, and the warp grids of the three products. ALT 0 is preferred; ALT 1 needs less shared
- * memory. Chosen on the H200 (2026-11-30, bf16 and fp16, the ANCHORS grid): at D = 64, BM 128
- * was 2 .. 6 % faster than BM 64 and 4 warps x (BN 64, BM 64) 2 .. 8 % slower; at D = 128,
- * 4 warps x (BN 64, BM 64, two blocks per SM) was 3 .. 14 % slower. */
+ * memory. Chosen on the H200 (2026-11-30 05:46, bf16 and fp16, the ANCHORS grid,
+ * docs/bench/h200-2026-11-30-bwd2d.md): at D = 64, BM 128 was 2.6 .. 7.1 % faster than BM 64, and
+ * 4 warps x (BN 64, BM 64) -11 .. +3 % against BM 128; at D = 128, 4 warps x (BN 64, BM 64, two
+ * blocks per SM) was 1.5 .. 15 % slower. */
 template <int DK, int ALT> struct fp_bwd_cfg;
 template <> struct fp_bwd_cfg<64, 0> {
     enum { NW = 8, BN = 128, BM = 128, SM_Q = 4, KV_K = 4, DQ_Q = 4 };

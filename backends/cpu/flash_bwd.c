@@ -11,6 +11,15 @@
  * with softcap/ALiBi (fp_score_transform, fp_softcap_grad) and the window (core/mask.h) applied
  * to S^T as in the forward; Di = rowsum(dO * O). scale is applied to dQ and dK when stored.
  *
+ * bf16 inputs on a table with bf16 dot products (gemm_bf16: AVX512_BF16, vdpbf16ps) keep every
+ * product in bf16 with f32 accumulation, as a GPU flash kernel does: S^T and dP^T read K and V
+ * in place (or as even-length row copies) against Q^T and dO^T packed as bf16 pairs; P^T and
+ * dS^T are computed in f32 (dS from the f32 P) and then rounded to bf16 (round_bf16) for
+ * dV += P^T dO, dK += dS^T Q (against Q and dO as pairs down the rows) and dQ^T += K^T dS^T
+ * (K as pairs down the rows, dS^T's key pairs). Di uses the same bf16 dot product as dP. Other
+ * dtypes, and bf16 on tables without gemm_bf16 (FLASHPORT_CPU_ISA=avx512, avx2, scalar, neon),
+ * run f32 products on inputs converted to f32.
+ *
  * Deterministic by construction, in two schedules that give the same bits:
  *   fused      one task per (batch, kv head): for each query head of the group, each query
  *              block i, each key block j visible to it: the five products, dK/dV accumulated in
@@ -29,12 +38,15 @@
  * two f32 Nk x D buffers per thread (threads <= B * Hkv there).
  * Tile shape: BLOCK_Q = 64 queries x BLOCK_K = 64 keys.
  * Known differences from the reference: f32 accumulation, the polynomial exp2; scale applied to
- * the f32 scores, dQ and dK rather than folded into Q. f16/bf16 inputs are converted to f32.
+ * the f32 scores, dQ and dK rather than folded into Q. bf16 path: products of bf16 operands, P
+ * and dS rounded to bf16 before their products (as the tests' naive bf16 computation does).
  * Measured (docs/bench/cpu.md, same runs as flash_fwd.c's; FLOPs by the 2.5 x forward
  * convention, fused schedule): f32 121..190 GFLOP/s, 64..85% of the measured FMA peak (B=1 H=4
- * N=2048 D=128: 181 GFLOP/s, 78%). tests/test_memory (B = H = 1, N = 65536, D = 64, causal,
- * two-pass schedule on 2 threads): forward + backward ~30 s of CPU time (15.4 s wall when
- * quiet), under 1 MiB extra.
+ * N=2048 D=128: 181 GFLOP/s, 78%); bf16 on vdpbf16ps (same shapes, medians of 3 back-to-back
+ * pairs, docs/bench/cpu.md "bf16 backward on vdpbf16ps"): 249..351 GFLOP/s, 1.53..1.96x the f32
+ * backward (D = 64: 1.53..1.78x, D = 128: 1.65..1.96x).
+ * tests/test_memory (B = H = 1, N = 65536, D = 64, causal, two-pass schedule on 2 threads):
+ * forward + backward ~30 s of CPU time (15.4 s wall when quiet), under 1 MiB extra.
  */
 #include "backends/cpu/cpu_internal.h"
 #include "backends/cpu/flash_tile.h"

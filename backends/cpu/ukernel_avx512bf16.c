@@ -1,21 +1,27 @@
 /*
  * AVX-512 BF16 micro-kernels (contract in ukernel.h): the AVX-512 f32 table (ukernel_avx512.h,
- * used for f32 and f16 inputs) plus bf16 dot products for bf16 inputs. FLASHPORT_CPU_ISA=
- * avx512bf16; the default where the CPU has AVX512_BF16.
+ * used for f32 and f16 inputs) plus bf16 dot products for bf16 inputs, forward and backward.
+ * FLASHPORT_CPU_ISA=avx512bf16; the default where the CPU has AVX512_BF16.
  *
  * gemm_bf16: ukernel_gemm.h with vdpbf16ps as the multiply-add. A 32-bit broadcast carries a pair
- * of bf16 (two consecutive elements of a row of K in place, or two keys of P), the B tile holds
- * 16 pairs per register, and each instruction does 32 multiply-adds into 16 f32 accumulators: twice
- * the work of an f32 FMA per instruction, with half the bytes loaded. The bf16 products are exact;
- * each pair sum is rounded into the f32 accumulator.
+ * of bf16 (two consecutive elements of a row of K in place, two keys of P, two queries of P^T or
+ * dS^T, two keys of K^T), the B tile holds 16 pairs per register, and each instruction does 32
+ * multiply-adds into 16 f32 accumulators: twice the work of an f32 FMA per instruction, with half
+ * the bytes loaded. The bf16 products are exact; each pair sum is rounded into the f32
+ * accumulator. It runs all products of the bf16 forward (Q K^T, P V) and backward (the five of
+ * flash_bwd.c and Di).
  * exp2_cols_bf16: the f32 exp2 of two key rows, rounded to bf16 by vcvtne2ps2bf16 (nearest even)
  * and interleaved by vpermw into pairs: P enters P V in bf16, as in the GPU kernels (and as the
  * tests' naive bf16 computation does); the row sums use the unrounded values.
+ * round_bf16: the backward's f32 P^T and dS^T rounded the same way, two rows per
+ * vcvtne2ps2bf16, stored as two bf16 rows and/or interleaved into key pairs.
  * Target: x86-64 with AVX-512 F, BW, VL, BF16 (compiled with those flags alone).
- * Known differences from the reference: Q K^T and P V from bf16 operands with f32 accumulation;
- * P rounded to bf16 before P V.
+ * Known differences from the reference: every product from bf16 operands with f32
+ * accumulation; P (and in the backward dS) rounded to bf16 before the products that use them.
  * Measured (docs/bench/cpu.md): bf16 forward 243..348 GFLOP/s on 2 Zen 4 cores, 1.50..1.95x the
- * f32 forward of the same shapes (D = 64, 128; N = 1024..8192; medians of 3 runs).
+ * f32 forward of the same shapes (D = 64, 128; N = 1024..8192; medians of 3 runs); bf16
+ * backward 249..351 GFLOP/s, 1.53..1.96x the f32 backward (same shapes), with gemm_bf16 at ~81%
+ * of the samples and roughly 1.7x the f32 FMA rate inside it (one-thread perf profile).
  */
 #include "backends/cpu/ukernel_avx512.h"
 

@@ -2,8 +2,8 @@
 # Builds the CUDA backend's sources for a CPU (cuda_emu.h, cuda_emu.cpp; docs/cuda_emu.md) into
 # <build>/cudaemu/libflashport_cudaemu.so, runs the emulator's self-test (selftest.cu: ldmatrix
 # and mma fragments against a plain loop), then the shared test table on backend "cudaemu" once
-# per emulated device: FP_CUDA_EMU_SMEM_KIB=227 (sm_90-like: the BIG backward configs) and 163
-# (sm_80-like). <build> is any configured flashport build folder; its test_backends is built if
+# per emulated device: FP_CUDA_EMU_SMEM_KIB=227 (sm_90-like: the largest tile configurations)
+# and 163 (sm_80-like). <build> is any configured flashport build folder; its test_backends is built if
 # missing.
 #
 #   backends/cuda/emu/run_emu.sh <build> [test_backends options, e.g. --quick or --filter D128]

@@ -12,7 +12,7 @@
  *      is cut into a 2-D grid of warp tiles (FlashAttention-2's layout):
  *        S = Q K^T and dP = dO V^T (BM x BN): SM_Q warps along the queries x NW / SM_Q along the
  *          keys; P = exp2(S * scale * log2 e - LSE2) and dS = P (dP - Dsum), rounded to the input
- *          dtype, go to shared memory [BM][BN];
+ *          dtype, go to shared memory [BM][BN] (stmatrix on sm_90);
  *        dV += P^T dO and dK += dS^T Q (BN x D): KV_K warps along the keys x NW / KV_K along the
  *          head dim, P^T and dS^T read with ldmatrix.trans;
  *        dQ += dS K (BM x D, default mode): DQ_Q warps along the queries x NW / DQ_Q along the
@@ -40,7 +40,8 @@
  * Differences from the reference: P and dS are rounded to f16/bf16 before the products that
  * use them (as in every tensor-core flash kernel); exp2 is the hardware approximation; dQ in the
  * atomic mode is summed in an order that varies from run to run (last-bit differences).
- * Measured (H200, ANCHORS grid, bf16 and fp16, docs/bench/h200-2026-11-30-bwd2d.md, final run):
+ * Measured (H200, ANCHORS grid, bf16 and fp16, docs/bench/h200-2026-11-30-bwd2d.md, final run,
+ * before stmatrix, which then added 0 .. 3 % at D <= 128 in an A/B run):
  * 0.83 .. 0.92x SDPA flash (FA2) at D = 64, 0.91 .. 0.97x at D = 128, 0.83 .. 0.93x at D = 256
  * (the one-warp-per-16-keys kernel this replaced, in an A/B run: 0.81 .. 0.87, 0.86 .. 0.91,
  * 0.60 .. 0.68). At D = 128 (N = 8192) ncu counts the same ldmatrix and mma instructions as
@@ -297,14 +298,27 @@ __global__ void __launch_bounds__(fp_bwd_cfg<DK, ALT>::NW * 32, 1)
     const int rb = ((lane >> 4) << 3) + (lane & 7), cb = (lane >> 3) & 1;
     const int rbt = (((lane >> 3) & 1) << 3) + (lane & 7), cbt = lane >> 4;
     uint32_t kv_a_off[KV_MT], kv_b_off[KV_NP], dq_b_off[DQ_NP];
-    /* Byte offsets of this thread's P and dS stores (row s_q0 + g, 8-column piece j; rows 8 and
-     * 16 further down share the swizzle, so they are immediates). */
+    /* P and dS go to shared memory with stmatrix where the device has it (sm_90: a quarter of
+     * the store instructions; measured 0 .. 3 % faster), else with 32-bit stores. Byte offsets of
+     * this thread's 32-bit stores (row s_q0 + g, 8-column piece j; rows 8 and 16 further down
+     * share the swizzle, so they are immediates): */
     uint32_t st_off[2 * S_NP];
     unsigned char *sp_b = reinterpret_cast<unsigned char *>(sp);
     unsigned char *sds_b = reinterpret_cast<unsigned char *>(sds);
 #pragma unroll
     for (int j = 0; j < 2 * S_NP; ++j)
         st_off[j] = (uint32_t)(fp_swz<BN>(s_q0 + g, s_k0 / 8 + j) + 2 * t) * 2;
+    /* and the shared addresses of its stmatrix rows: lane l addresses row 8 ((l / 8) % 2) + l % 8
+     * of the 16-column piece jp's 8-column half l / 16. */
+    constexpr bool use_stsm = FP_HAVE_STSM;
+    uint32_t stsm_off[S_NP];
+#pragma unroll
+    for (int jp = 0; jp < S_NP; ++jp)
+        stsm_off[jp] =
+            fp_smem_addr(sp) + (uint32_t)fp_swz<BN>(s_q0 + (((lane >> 3) & 1) << 3) + (lane & 7),
+                                                    s_k0 / 8 + 2 * jp + (lane >> 4)) *
+                                   2;
+    const uint32_t sds_minus_sp = (uint32_t)(BM * BN * 2);
 #pragma unroll
     for (int mi = 0; mi < KV_MT; ++mi)
         kv_a_off[mi] = fp_ldsm_off<BN>(0, rb, cb, kv_k0 / 16 + mi);
@@ -384,16 +398,31 @@ __global__ void __launch_bounds__(fp_bwd_cfg<DK, ALT>::NW * 32, 1)
             else
                 fp_bwd_tile<FP_SCORES_FULL, 2 * S_NP>(a, mk, s[mi], dp[mi], row0, j0, nq, nk, l2,
                                                       ds, slope, lane);
+            if constexpr (use_stsm) {
 #pragma unroll
-            for (int j = 0; j < 2 * S_NP; ++j)
-#pragma unroll
-                for (int r = 0; r < 2; ++r) {
-                    const uint32_t at = st_off[j] + (uint32_t)((16 * mi + 8 * r) * BN * 2);
-                    *reinterpret_cast<uint32_t *>(sp_b + at) =
-                        fp_pack2<T>(s[mi][j][2 * r], s[mi][j][2 * r + 1]);
-                    *reinterpret_cast<uint32_t *>(sds_b + at) =
-                        fp_pack2<T>(dp[mi][j][2 * r], dp[mi][j][2 * r + 1]);
+                for (int jp = 0; jp < S_NP; ++jp) {
+                    const uint32_t at = stsm_off[jp] + (uint32_t)(16 * mi * BN * 2);
+                    fp_stsm_x4(at, fp_pack2<T>(s[mi][2 * jp][0], s[mi][2 * jp][1]),
+                               fp_pack2<T>(s[mi][2 * jp][2], s[mi][2 * jp][3]),
+                               fp_pack2<T>(s[mi][2 * jp + 1][0], s[mi][2 * jp + 1][1]),
+                               fp_pack2<T>(s[mi][2 * jp + 1][2], s[mi][2 * jp + 1][3]));
+                    fp_stsm_x4(at + sds_minus_sp, fp_pack2<T>(dp[mi][2 * jp][0], dp[mi][2 * jp][1]),
+                               fp_pack2<T>(dp[mi][2 * jp][2], dp[mi][2 * jp][3]),
+                               fp_pack2<T>(dp[mi][2 * jp + 1][0], dp[mi][2 * jp + 1][1]),
+                               fp_pack2<T>(dp[mi][2 * jp + 1][2], dp[mi][2 * jp + 1][3]));
                 }
+            } else {
+#pragma unroll
+                for (int j = 0; j < 2 * S_NP; ++j)
+#pragma unroll
+                    for (int r = 0; r < 2; ++r) {
+                        const uint32_t at = st_off[j] + (uint32_t)((16 * mi + 8 * r) * BN * 2);
+                        *reinterpret_cast<uint32_t *>(sp_b + at) =
+                            fp_pack2<T>(s[mi][j][2 * r], s[mi][j][2 * r + 1]);
+                        *reinterpret_cast<uint32_t *>(sds_b + at) =
+                            fp_pack2<T>(dp[mi][j][2 * r], dp[mi][j][2 * r + 1]);
+                    }
+            }
         }
         __syncthreads();
 
@@ -687,10 +716,11 @@ static cudaError_t fp_dkdv_launch(const fp_cuda_ctx *ctx, const fp_problem *p,
     dim3 grid((unsigned)((a.nk + BN - 1) / BN), (unsigned)p->kv_heads, (unsigned)p->batch);
     if (grid.x == 0)
         return cudaSuccess;
-    cudaError_t e = fp_set_smem(fp_sm80_bwd_dkdv<T, DK, ALT>, smem);
+    void (*kernel)(const fp_sm80_args) = fp_sm80_bwd_dkdv<T, DK, ALT>;
+    cudaError_t e = fp_set_smem(kernel, smem);
     if (e != cudaSuccess)
         return e;
-    fp_sm80_bwd_dkdv<T, DK, ALT><<<grid, fp_bwd_cfg<DK, ALT>::NW * 32, smem, ctx->stream>>>(a);
+    kernel<<<grid, fp_bwd_cfg<DK, ALT>::NW * 32, smem, ctx->stream>>>(a);
     fp_cuda_log("backward: sm80 dK/dV D%d kernel (BN %d, BM %d), grid %ux%ux%u", DK, BN,
                 fp_bwd_cfg<DK, ALT>::BM, grid.x, grid.y, grid.z);
     return cudaGetLastError();

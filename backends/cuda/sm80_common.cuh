@@ -6,6 +6,7 @@
  *   cp.async.cg 16 B      global -> shared copies, zero-filling rows/columns past the tensor
  *   ldmatrix(.trans) x4   shared -> the register fragments of mma.sync
  *   mma.sync m16n8k16     f16/bf16 inputs, f32 accumulate
+ *   stmatrix x4           registers -> shared, the inverse of ldmatrix (sm_90 and later only)
  *
  * Shared-memory tiles hold 2-byte elements, rows of COLS elements (COLS a multiple of 64), in
  * 16-byte chunks whose index is XORed with (row % 8): the eight rows that one ldmatrix phase
@@ -309,6 +310,24 @@ FP_DEV void fp_ldsm_x4_t(uint32_t r[4], uint32_t addr)
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
                  : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
                  : "r"(addr));
+#endif
+}
+
+/* Four 8x8 b16 matrices from registers to shared memory, the inverse of ldmatrix x4: lanes
+ * 8i..8i+7 give the row addresses of matrix i, register i holds row lane / 4, elements
+ * 2 (lane % 4) and 2 (lane % 4) + 1 of matrix i (an mma C fragment's layout). sm_90 and later;
+ * callers use it only where FP_HAVE_STSM. */
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+#define FP_HAVE_STSM 1
+#else
+#define FP_HAVE_STSM 0
+#endif
+FP_DEV void fp_stsm_x4(uint32_t addr, uint32_t r0, uint32_t r1, uint32_t r2, uint32_t r3)
+{
+#if FP_HAVE_STSM
+    asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(addr),
+                 "r"(r0), "r"(r1), "r"(r2), "r"(r3)
+                 : "memory");
 #endif
 }
 

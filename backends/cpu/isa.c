@@ -155,7 +155,7 @@ static void choose(isa_choice *c)
     c->status = FLASHPORT_ERR_INVALID_VALUE;
     snprintf(c->why, sizeof c->why,
              "cpu: FLASHPORT_CPU_ISA=%.40s is not an ISA name (auto, avx512bf16, avx512, avx2, "
-             "neon, scalar); this machine runs: %s",
+             "neon, scalar); this machine runs: %.100s",
              env, runnable);
 }
 

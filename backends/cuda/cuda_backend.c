@@ -123,8 +123,9 @@ static flashport_status cuda_open(int device, void **out)
      * configurations of smaller GPUs (sm_80: 163 KiB, sm_86/89: 99 KiB) can be tested on a
      * larger one. */
     const char *cap = getenv("FLASHPORT_CUDA_SMEM_KIB");
-    if (cap && atol(cap) > 0 && (size_t)atol(cap) * 1024 < ctx->smem_optin)
-        ctx->smem_optin = (size_t)atol(cap) * 1024;
+    const long cap_kib = cap ? atol(cap) : 0;
+    if (cap_kib > 0 && (size_t)cap_kib * 1024 < ctx->smem_optin)
+        ctx->smem_optin = (size_t)cap_kib * 1024;
     fp_cuda_log("device %d: %s, compute capability %d.%d, %d SMs, %zu KiB shared memory per "
                 "block",
                 device, prop.name, prop.major, prop.minor, prop.multiProcessorCount,

@@ -61,6 +61,13 @@ template <int DK> struct fp_dq_cfg {
 /* Rows are padded to this in the workspaces, a multiple of every kernel's query block. */
 #define FP_BWD_ROW_PAD 128
 
+/* Index of row i of (batch b, head h) in the [B, H, nq_pad] workspaces (a row of dq_accum is
+ * d_accum floats). */
+FP_DEV int64_t fp_bwd_ws_row(const fp_sm80_args &a, int b, int h, int64_t i)
+{
+    return ((int64_t)b * a.heads + h) * a.nq_pad + i;
+}
+
 template <int DK> constexpr size_t fp_dq_smem()
 {
     constexpr int BM = 16 * fp_dq_cfg<DK>::NW, BN = fp_dq_cfg<DK>::BN;
@@ -139,7 +146,7 @@ template <typename T> __global__ void __launch_bounds__(128) fp_sm80_bwd_pre(con
             a.lse[(int64_t)b * a.lse_sb + (int64_t)h * a.lse_sh + (sq_.q_start + i) * a.lse_ss];
         lse2 = l == -INFINITY ? INFINITY : l * FP_LOG2E;
     }
-    const int64_t idx = ((int64_t)b * a.heads + h) * a.nq_pad + i;
+    const int64_t idx = fp_bwd_ws_row(a, b, h, i);
     if (lane == 0) {
         a.ws_lse2[idx] = lse2;
         a.ws_dsum[idx] = dsum;
@@ -177,7 +184,7 @@ FP_DEV void fp_bwd_load_step(const fp_sm80_args &a, T *sq, T *sdo, float *slse, 
                              reinterpret_cast<const T *>(a.dout.ptr) +
                                  fp_cuda_row(a.dout, b, row, h),
                              a.dout.ss, nq - m, nchunks, tid);
-    const int64_t w = ((int64_t)b * a.heads + h) * a.nq_pad + m;
+    const int64_t w = fp_bwd_ws_row(a, b, h, m);
     if (tid < BM / 4)
         fp_cp_async16(fp_smem_addr(slse + buf * BM + 4 * tid), a.ws_lse2 + w + 4 * tid, 16);
     else if (tid < BM / 2)
@@ -481,9 +488,8 @@ __global__ void __launch_bounds__(fp_bwd_cfg<DK, ALT>::NW * 32, 1)
         }
 #pragma unroll
         for (int mi = 0; mi < DQ_MT; ++mi) {
-            float *dst = a.dq_accum +
-                         (((int64_t)b * a.heads + h) * a.nq_pad + m0 + dq_q0 + 16 * mi + g) * DK +
-                         dq_d0 + 2 * t;
+            float *dst =
+                a.dq_accum + fp_bwd_ws_row(a, b, h, m0 + dq_q0 + 16 * mi + g) * DK + dq_d0 + 2 * t;
 #pragma unroll
             for (int j = 0; j < 2 * DQ_NP; ++j) {
                 fp_red_add2(dst + 8 * j, acc[mi][j][0], acc[mi][j][1]);
@@ -539,13 +545,8 @@ __global__ void __launch_bounds__(fp_dq_cfg<DK>::NW * 32) fp_sm80_bwd_dq(const f
     const int kvh = h / a.group;
     const int nchunks = a.d / 8;
 
-    int64_t lo, hi;
-    fp_mask_block_range(m0, min(m0 + BM, nq), nq, nk, a.left, a.right, &lo, &hi);
-    int nb_begin = 0, nb_end = 0;
-    if (hi > lo) {
-        nb_begin = (int)(lo / BN);
-        nb_end = (int)((hi + BN - 1) / BN);
-    }
+    int nb_begin, nb_end;
+    fp_cuda_key_blocks(m0, min(m0 + BM, nq), nq, nk, a.left, a.right, BN, &nb_begin, &nb_end);
 
     const int64_t qrow = sq_.q_start + m0;
     const T *kg = reinterpret_cast<const T *>(a.k.ptr) + fp_cuda_row(a.k, b, sq_.k_start, kvh);
@@ -568,7 +569,7 @@ __global__ void __launch_bounds__(fp_dq_cfg<DK>::NW * 32) fp_sm80_bwd_dq(const f
     float lse2[2], dsum[2];
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
-        const int64_t idx = ((int64_t)b * a.heads + h) * a.nq_pad + m0 + wrow + g + 8 * r;
+        const int64_t idx = fp_bwd_ws_row(a, b, h, m0 + wrow + g + 8 * r);
         lse2[r] = a.ws_lse2[idx];
         dsum[r] = a.ws_dsum[idx];
     }
@@ -668,7 +669,7 @@ __global__ void __launch_bounds__(128) fp_sm80_bwd_dq_convert(const fp_sm80_args
     const fp_cuda_seq sq_ = fp_cuda_seq_of(a, b);
     if (i >= sq_.nq)
         return;
-    const float *src = a.dq_accum + (((int64_t)b * a.heads + h) * a.nq_pad + i) * DK;
+    const float *src = a.dq_accum + fp_bwd_ws_row(a, b, h, i) * DK;
     T *dst = reinterpret_cast<T *>(const_cast<void *>(a.dq.ptr)) +
              fp_cuda_row(a.dq, b, sq_.q_start + i, h);
 #pragma unroll

@@ -187,6 +187,21 @@ FP_DEV void fp_cuda_rows_for_keys(int64_t j0, int64_t j1, int64_t nq, int64_t nk
     *i1 = hi > nq ? nq : hi;
 }
 
+/* Key blocks [*nb0, *nb1) of bn keys that query rows [i0, i1) of one sequence see:
+ * fp_mask_block_range (core/mask.h) in whole blocks; empty when the rows see no key. */
+FP_DEV void fp_cuda_key_blocks(int64_t i0, int64_t i1, int64_t nq, int64_t nk, int64_t left,
+                               int64_t right, int bn, int *nb0, int *nb1)
+{
+    int64_t lo, hi;
+    fp_mask_block_range(i0, i1, nq, nk, left, right, &lo, &hi);
+    *nb0 = 0;
+    *nb1 = 0;
+    if (hi > lo) {
+        *nb0 = (int)(lo / bn);
+        *nb1 = (int)((hi + bn - 1) / bn);
+    }
+}
+
 /* ---- element types ------------------------------------------------------------------------- */
 
 /* Per-dtype pieces: packing two f32 into a 32-bit pair, scalar conversions, and the mma. */

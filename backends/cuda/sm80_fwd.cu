@@ -135,13 +135,8 @@ __global__ void __launch_bounds__(fp_fwd_cfg<DK, ALT>::NW * 32)
     const int nchunks = a.d / 8;
 
     /* Key blocks this block visits: the window's range for its rows, cut to its split. */
-    int64_t lo, hi;
-    fp_mask_block_range(m0, min(m0 + BM, nq), nq, nk, a.left, a.right, &lo, &hi);
-    int nb_begin = 0, nb_end = 0;
-    if (hi > lo) {
-        nb_begin = (int)(lo / BN);
-        nb_end = (int)((hi + BN - 1) / BN);
-    }
+    int nb_begin, nb_end;
+    fp_cuda_key_blocks(m0, min(m0 + BM, nq), nq, nk, a.left, a.right, BN, &nb_begin, &nb_end);
     if (a.splits > 1) {
         const int per = (int)(a.keys_per_split / BN);
         nb_begin = max(nb_begin, split * per);

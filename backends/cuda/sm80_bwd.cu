@@ -302,9 +302,17 @@ __global__ void __launch_bounds__(fp_bwd_cfg<DK, ALT>::NW * 32, 1)
     const fp_ldsm_lane la_dq = fp_lane_a<BN>(dq_q0, lane);
     /* Operands whose k runs down the rows (ldmatrix.trans): one lane offset per 16-column piece,
      * k step kk adds 16 kk rows. At lanes (P^T, dS^T) = B lanes; Bt lanes for dO, Q and K. */
-    const int rb = ((lane >> 4) << 3) + (lane & 7), cb = (lane >> 3) & 1;
-    const int rbt = (((lane >> 3) & 1) << 3) + (lane & 7), cbt = lane >> 4;
     uint32_t kv_a_off[KV_MT], kv_b_off[KV_NP], dq_b_off[DQ_NP];
+#pragma unroll
+    for (int mi = 0; mi < KV_MT; ++mi)
+        kv_a_off[mi] = fp_ldsm_off_b<BN>(0, lane, kv_k0 / 16 + mi);
+#pragma unroll
+    for (int p = 0; p < KV_NP; ++p)
+        kv_b_off[p] = fp_ldsm_off_bt<DK>(0, lane, kv_d0 / 16 + p);
+#pragma unroll
+    for (int p = 0; p < DQ_NP; ++p)
+        dq_b_off[p] = fp_ldsm_off_bt<DK>(0, lane, dq_d0 / 16 + p);
+
     /* P and dS go to shared memory with stmatrix where the device has it (sm_90: a quarter of
      * the store instructions; measured 0 .. 3 % faster), else with 32-bit stores. Byte offsets of
      * this thread's 32-bit stores (row s_q0 + g, 8-column piece j; rows 8 and 16 further down
@@ -315,26 +323,14 @@ __global__ void __launch_bounds__(fp_bwd_cfg<DK, ALT>::NW * 32, 1)
 #pragma unroll
     for (int j = 0; j < 2 * S_NP; ++j)
         st_off[j] = (uint32_t)(fp_swz<BN>(s_q0 + g, s_k0 / 8 + j) + 2 * t) * 2;
-    /* and the shared addresses of its stmatrix rows: lane l addresses row 8 ((l / 8) % 2) + l % 8
-     * of the 16-column piece jp's 8-column half l / 16. */
+    /* and the shared addresses of its stmatrix rows: stmatrix takes its row addresses in the Bt
+     * lane pattern (matrix i = rows 8 (i % 2).., 8-column half i / 2 of a 16-column piece). */
     constexpr bool use_stsm = FP_HAVE_STSM;
     uint32_t stsm_off[S_NP];
 #pragma unroll
     for (int jp = 0; jp < S_NP; ++jp)
-        stsm_off[jp] =
-            fp_smem_addr(sp) + (uint32_t)fp_swz<BN>(s_q0 + (((lane >> 3) & 1) << 3) + (lane & 7),
-                                                    s_k0 / 8 + 2 * jp + (lane >> 4)) *
-                                   2;
+        stsm_off[jp] = fp_smem_addr(sp) + fp_ldsm_off_bt<BN>(s_q0, lane, s_k0 / 16 + jp);
     const uint32_t sds_minus_sp = (uint32_t)(BM * BN * 2);
-#pragma unroll
-    for (int mi = 0; mi < KV_MT; ++mi)
-        kv_a_off[mi] = fp_ldsm_off<BN>(0, rb, cb, kv_k0 / 16 + mi);
-#pragma unroll
-    for (int p = 0; p < KV_NP; ++p)
-        kv_b_off[p] = fp_ldsm_off<DK>(0, rbt, cbt, kv_d0 / 16 + p);
-#pragma unroll
-    for (int p = 0; p < DQ_NP; ++p)
-        dq_b_off[p] = fp_ldsm_off<DK>(0, rbt, cbt, dq_d0 / 16 + p);
 
     int h = kvh * a.group, mb = mb_lo - 1; /* the step's query head and block, advanced first */
     for (int it = 0; it < iters; ++it) {

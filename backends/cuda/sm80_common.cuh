@@ -406,19 +406,43 @@ template <int COLS> FP_DEV fp_ldsm_lane fp_lane_a(int row_base, int lane)
 {
     return fp_ldsm_lane_make<COLS>(row_base, lane & 15, lane >> 4);
 }
+FP_DEV int fp_lane_b_row(int lane)
+{
+    return ((lane >> 4) << 3) + (lane & 7);
+}
+FP_DEV int fp_lane_b_chunk(int lane)
+{
+    return (lane >> 3) & 1;
+}
+FP_DEV int fp_lane_bt_row(int lane)
+{
+    return (((lane >> 3) & 1) << 3) + (lane & 7);
+}
+FP_DEV int fp_lane_bt_chunk(int lane)
+{
+    return lane >> 4;
+}
 template <int COLS> FP_DEV fp_ldsm_lane fp_lane_b(int row_base, int lane)
 {
-    return fp_ldsm_lane_make<COLS>(row_base, ((lane >> 4) << 3) + (lane & 7), (lane >> 3) & 1);
+    return fp_ldsm_lane_make<COLS>(row_base, fp_lane_b_row(lane), fp_lane_b_chunk(lane));
 }
 template <int COLS> FP_DEV fp_ldsm_lane fp_lane_bt(int row_base, int lane)
 {
-    return fp_ldsm_lane_make<COLS>(row_base, (((lane >> 3) & 1) << 3) + (lane & 7), lane >> 4);
+    return fp_ldsm_lane_make<COLS>(row_base, fp_lane_bt_row(lane), fp_lane_bt_chunk(lane));
 }
 
 /* One lane offset for a chunk pair fixed at run time (same lane patterns). */
 template <int COLS> FP_DEV uint32_t fp_ldsm_off(int row_base, int r, int c, int pair)
 {
     return (uint32_t)(((row_base + r) * COLS + (((2 * pair + c) ^ (r & 7)) << 3)) * 2);
+}
+template <int COLS> FP_DEV uint32_t fp_ldsm_off_b(int row_base, int lane, int pair)
+{
+    return fp_ldsm_off<COLS>(row_base, fp_lane_b_row(lane), fp_lane_b_chunk(lane), pair);
+}
+template <int COLS> FP_DEV uint32_t fp_ldsm_off_bt(int row_base, int lane, int pair)
+{
+    return fp_ldsm_off<COLS>(row_base, fp_lane_bt_row(lane), fp_lane_bt_chunk(lane), pair);
 }
 
 /* Address of the 16 x 16 block at rows row0.. (a multiple of 8, relative to the lane's

@@ -12,7 +12,8 @@
  *      is cut into a 2-D grid of warp tiles (FlashAttention-2's layout):
  *        S = Q K^T and dP = dO V^T (BM x BN): SM_Q warps along the queries x NW / SM_Q along the
  *          keys; P = exp2(S * scale * log2 e - LSE2) and dS = P (dP - Dsum), rounded to the input
- *          dtype, go to shared memory [BM][BN] (stmatrix on sm_90);
+ *          dtype, go to shared memory [BM][BN] (stmatrix on sm_90); at D = 64 P is computed
+ *          between the S and dP products, so its exp2s overlap the dP mma instructions;
  *        dV += P^T dO and dK += dS^T Q (BN x D): KV_K warps along the keys x NW / KV_K along the
  *          head dim, P^T and dS^T read with ldmatrix.trans;
  *        dQ += dS K (BM x D, default mode): DQ_Q warps along the queries x NW / DQ_Q along the
@@ -107,9 +108,9 @@ FP_DEV void fp_bwd_elem(const fp_sm80_args &a, const fp_mask32 &mk, float &x, fl
         dp = p * (dp - dsum) * grad;
 }
 
-/* The deterministic dQ kernel's tile: 16 queries (rows, from row0) x NJ x 8 keys (columns,
- * from j0); lse2 and dsum per row. */
-template <int MODE, int NJ>
+/* P (and with WANT_DS dS) of a 16 x NJ x 8 tile of scores in mma accumulator layout: 16 queries
+ * (rows, from row0) x NJ x 8 keys (columns, from j0); lse2 and dsum per row. */
+template <int MODE, int NJ, bool WANT_DS = true>
 FP_DEV void fp_bwd_tile(const fp_sm80_args &a, const fp_mask32 &mk, float (*s)[4], float (*dp)[4],
                         int row0, int j0, int nq, int nk, const float lse2[2], const float dsum[2],
                         float slope, int lane)
@@ -121,8 +122,9 @@ FP_DEV void fp_bwd_tile(const fp_sm80_args &a, const fp_mask32 &mk, float (*s)[4
         for (int r = 0; r < 2; ++r)
 #pragma unroll
             for (int e = 0; e < 2; ++e)
-                fp_bwd_elem<MODE, true>(a, mk, s[j][2 * r + e], dp[j][2 * r + e], row0 + g + 8 * r,
-                                        j0 + 8 * j + 2 * t + e, nq, nk, lse2[r], dsum[r], slope);
+                fp_bwd_elem<MODE, WANT_DS>(a, mk, s[j][2 * r + e], dp[j][2 * r + e],
+                                           row0 + g + 8 * r, j0 + 8 * j + 2 * t + e, nq, nk,
+                                           lse2[r], dsum[r], slope);
 }
 
 // o, dout: (B, Nq, H, D); lse: (B, H, Nq) -> ws_lse2, ws_dsum: (B, H, nq_pad); zeroes dq_accum.
@@ -197,25 +199,30 @@ FP_DEV void fp_bwd_load_step(const fp_sm80_args &a, T *sq, T *sdo, float *slse, 
  * memory. Chosen on the H200 (2026-11-30 05:46, bf16 and fp16, the ANCHORS grid,
  * docs/bench/h200-2026-11-30-bwd2d.md): at D = 64, BM 128 was 2.6 .. 7.1 % faster than BM 64, and
  * 4 warps x (BN 64, BM 64) -11 .. +3 % against BM 128; at D = 128, 4 warps x (BN 64, BM 64, two
- * blocks per SM) was 1.5 .. 15 % slower. */
+ * blocks per SM) was 1.5 .. 15 % slower.
+ * P_FIRST: S = Q K^T, then P, then dP = dO V^T, so that P's exp2s (MUFU, 16 per clock per SM)
+ * can issue between the dP products' mma instructions; else S and dP in one loop, then P and dS.
+ * Measured (H200, 2026-11-30 07:08, docs/bench/h200-2026-11-30-pfirst.md): 2 .. 4 % faster at
+ * D = 64, where a step has twice the exp2s per mma of D = 128; -1 .. +1 % at D = 128. Softcaps
+ * always take the fused order (their dS needs the raw score). */
 template <int DK, int ALT> struct fp_bwd_cfg;
 template <> struct fp_bwd_cfg<64, 0> {
-    enum { NW = 8, BN = 128, BM = 128, SM_Q = 4, KV_K = 4, DQ_Q = 4 };
+    enum { NW = 8, BN = 128, BM = 128, SM_Q = 4, KV_K = 4, DQ_Q = 4, P_FIRST = 1 };
 };
 template <> struct fp_bwd_cfg<64, 1> {
-    enum { NW = 8, BN = 128, BM = 64, SM_Q = 2, KV_K = 4, DQ_Q = 4 };
+    enum { NW = 8, BN = 128, BM = 64, SM_Q = 2, KV_K = 4, DQ_Q = 4, P_FIRST = 1 };
 };
 template <> struct fp_bwd_cfg<128, 0> {
-    enum { NW = 8, BN = 128, BM = 64, SM_Q = 2, KV_K = 4, DQ_Q = 2 };
+    enum { NW = 8, BN = 128, BM = 64, SM_Q = 2, KV_K = 4, DQ_Q = 2, P_FIRST = 0 };
 };
 template <> struct fp_bwd_cfg<128, 1> {
-    enum { NW = 4, BN = 64, BM = 32, SM_Q = 2, KV_K = 2, DQ_Q = 2 };
+    enum { NW = 4, BN = 64, BM = 32, SM_Q = 2, KV_K = 2, DQ_Q = 2, P_FIRST = 0 };
 };
 template <> struct fp_bwd_cfg<256, 0> {
-    enum { NW = 8, BN = 64, BM = 64, SM_Q = 4, KV_K = 2, DQ_Q = 2 };
+    enum { NW = 8, BN = 64, BM = 64, SM_Q = 4, KV_K = 2, DQ_Q = 2, P_FIRST = 0 };
 };
 template <> struct fp_bwd_cfg<256, 1> {
-    enum { NW = 8, BN = 64, BM = 32, SM_Q = 2, KV_K = 2, DQ_Q = 2 };
+    enum { NW = 8, BN = 64, BM = 32, SM_Q = 2, KV_K = 2, DQ_Q = 2, P_FIRST = 0 };
 };
 /* How many configurations each head dim has (ALT 0 .. n - 1, in order of preference). */
 template <int DK> constexpr int fp_bwd_alts()
@@ -228,6 +235,14 @@ template <int DK, int ALT> constexpr size_t fp_dkdv_smem()
     constexpr int BN = fp_bwd_cfg<DK, ALT>::BN, BM = fp_bwd_cfg<DK, ALT>::BM;
     return (size_t)(2 * BN * DK + 4 * BM * DK + 2 * BM * BN) * 2 + 4 * BM * sizeof(float);
 }
+
+/* Compile-time arguments of the dK/dV kernel's generic lambdas. */
+template <bool B> struct fp_flag {
+    static constexpr bool value = B;
+};
+template <int I> struct fp_int {
+    static constexpr int value = I;
+};
 
 // q, dout: (B, Nq, H, D); k, v, dk, dv: (B, Nk, Hkv, D); grid (key blocks, Hkv, B).
 template <typename T, int DK, int ALT>
@@ -319,7 +334,6 @@ __global__ void __launch_bounds__(fp_bwd_cfg<DK, ALT>::NW * 32, 1)
      * share the swizzle, so they are immediates): */
     uint32_t st_off[2 * S_NP];
     unsigned char *sp_b = reinterpret_cast<unsigned char *>(sp);
-    unsigned char *sds_b = reinterpret_cast<unsigned char *>(sds);
 #pragma unroll
     for (int j = 0; j < 2 * S_NP; ++j)
         st_off[j] = (uint32_t)(fp_swz<BN>(s_q0 + g, s_k0 / 8 + j) + 2 * t) * 2;
@@ -358,74 +372,112 @@ __global__ void __launch_bounds__(fp_bwd_cfg<DK, ALT>::NW * 32, 1)
                     s[mi][j][e] = 0.0f;
                     dp[mi][j][e] = 0.0f;
                 }
+        auto sdp_products = [&](auto want_s, auto want_dp) {
+            constexpr bool WS = decltype(want_s)::value, WD = decltype(want_dp)::value;
 #pragma unroll
-        for (int kk = 0; kk < KT; ++kk) {
-            uint32_t qa[S_MT][4], da[S_MT][4], kf[S_NP][4], vf[S_NP][4];
-#pragma unroll
-            for (int mi = 0; mi < S_MT; ++mi) {
-                fp_ldsm_x4(qa[mi], fp_ldsm_addr<DK>(qt, la_s, 16 * mi, kk));
-                fp_ldsm_x4(da[mi], fp_ldsm_addr<DK>(dot, la_s, 16 * mi, kk));
-            }
-#pragma unroll
-            for (int p = 0; p < S_NP; ++p) {
-                fp_ldsm_x4(kf[p], fp_ldsm_addr<DK>(sk_a, lb_s, 16 * p, kk));
-                fp_ldsm_x4(vf[p], fp_ldsm_addr<DK>(sv_a, lb_s, 16 * p, kk));
-            }
-#pragma unroll
-            for (int p = 0; p < S_NP; ++p)
+            for (int kk = 0; kk < KT; ++kk) {
+                uint32_t qa[S_MT][4], da[S_MT][4], kf[S_NP][4], vf[S_NP][4];
 #pragma unroll
                 for (int mi = 0; mi < S_MT; ++mi) {
-                    fp_mma<T>(s[mi][2 * p], qa[mi], kf[p][0], kf[p][1]);
-                    fp_mma<T>(s[mi][2 * p + 1], qa[mi], kf[p][2], kf[p][3]);
-                    fp_mma<T>(dp[mi][2 * p], da[mi], vf[p][0], vf[p][1]);
-                    fp_mma<T>(dp[mi][2 * p + 1], da[mi], vf[p][2], vf[p][3]);
+                    if constexpr (WS)
+                        fp_ldsm_x4(qa[mi], fp_ldsm_addr<DK>(qt, la_s, 16 * mi, kk));
+                    if constexpr (WD)
+                        fp_ldsm_x4(da[mi], fp_ldsm_addr<DK>(dot, la_s, 16 * mi, kk));
                 }
-        }
+#pragma unroll
+                for (int p = 0; p < S_NP; ++p) {
+                    if constexpr (WS)
+                        fp_ldsm_x4(kf[p], fp_ldsm_addr<DK>(sk_a, lb_s, 16 * p, kk));
+                    if constexpr (WD)
+                        fp_ldsm_x4(vf[p], fp_ldsm_addr<DK>(sv_a, lb_s, 16 * p, kk));
+                }
+#pragma unroll
+                for (int p = 0; p < S_NP; ++p)
+#pragma unroll
+                    for (int mi = 0; mi < S_MT; ++mi) {
+                        if constexpr (WS) {
+                            fp_mma<T>(s[mi][2 * p], qa[mi], kf[p][0], kf[p][1]);
+                            fp_mma<T>(s[mi][2 * p + 1], qa[mi], kf[p][2], kf[p][3]);
+                        }
+                        if constexpr (WD) {
+                            fp_mma<T>(dp[mi][2 * p], da[mi], vf[p][0], vf[p][1]);
+                            fp_mma<T>(dp[mi][2 * p + 1], da[mi], vf[p][2], vf[p][3]);
+                        }
+                    }
+            }
+        };
 
-        /* P and dS, to shared memory */
+        /* P and dS (f32 in s and dp), then to shared memory */
         const bool full =
             fp_mask_block_full(m0, min(m0 + BM, nq), n0, n0 + BN, nq, nk, a.left, a.right);
         const float slope = a.alibi ? a.alibi[h] : 0.0f;
+        const float *lse_b = slse + buf * BM + s_q0 + g, *dsum_b = sdsum + buf * BM + s_q0 + g;
+        /* mode-specific P (and dS for softcaps, whose gradient needs the raw score) */
+        auto elementwise = [&](auto mode, auto want_ds) {
+            constexpr int MODE = decltype(mode)::value;
 #pragma unroll
-        for (int mi = 0; mi < S_MT; ++mi) {
-            const int r = s_q0 + 16 * mi + g;
-            const float l2[2] = {slse[buf * BM + r], slse[buf * BM + r + 8]};
-            const float ds[2] = {sdsum[buf * BM + r], sdsum[buf * BM + r + 8]};
-            const int row0 = m0 + s_q0 + 16 * mi, j0 = n0 + s_k0;
-            if (a.transform)
-                fp_bwd_tile<FP_SCORES_TRANSFORM, 2 * S_NP>(a, mk, s[mi], dp[mi], row0, j0, nq, nk,
-                                                           l2, ds, slope, lane);
-            else if (!full)
-                fp_bwd_tile<FP_SCORES_MASK, 2 * S_NP>(a, mk, s[mi], dp[mi], row0, j0, nq, nk, l2,
-                                                      ds, slope, lane);
-            else
-                fp_bwd_tile<FP_SCORES_FULL, 2 * S_NP>(a, mk, s[mi], dp[mi], row0, j0, nq, nk, l2,
-                                                      ds, slope, lane);
-            if constexpr (use_stsm) {
+            for (int mi = 0; mi < S_MT; ++mi) {
+                const float l2[2] = {lse_b[16 * mi], lse_b[16 * mi + 8]};
+                const float ds[2] = {dsum_b[16 * mi], dsum_b[16 * mi + 8]};
+                fp_bwd_tile<MODE, 2 * S_NP, decltype(want_ds)::value>(
+                    a, mk, s[mi], dp[mi], m0 + s_q0 + 16 * mi, n0 + s_k0, nq, nk, l2, ds, slope,
+                    lane);
+            }
+        };
+        /* P or dS of the warp's tile (f32 in acc) to shared memory at byte offset `off` */
+        auto store_tile = [&](float(*acc)[2 * S_NP][4], uint32_t off) {
 #pragma unroll
-                for (int jp = 0; jp < S_NP; ++jp) {
-                    const uint32_t at = stsm_off[jp] + (uint32_t)(16 * mi * BN * 2);
-                    fp_stsm_x4(at, fp_pack2<T>(s[mi][2 * jp][0], s[mi][2 * jp][1]),
-                               fp_pack2<T>(s[mi][2 * jp][2], s[mi][2 * jp][3]),
-                               fp_pack2<T>(s[mi][2 * jp + 1][0], s[mi][2 * jp + 1][1]),
-                               fp_pack2<T>(s[mi][2 * jp + 1][2], s[mi][2 * jp + 1][3]));
-                    fp_stsm_x4(at + sds_minus_sp, fp_pack2<T>(dp[mi][2 * jp][0], dp[mi][2 * jp][1]),
-                               fp_pack2<T>(dp[mi][2 * jp][2], dp[mi][2 * jp][3]),
-                               fp_pack2<T>(dp[mi][2 * jp + 1][0], dp[mi][2 * jp + 1][1]),
-                               fp_pack2<T>(dp[mi][2 * jp + 1][2], dp[mi][2 * jp + 1][3]));
+            for (int mi = 0; mi < S_MT; ++mi) {
+                if constexpr (use_stsm) {
+#pragma unroll
+                    for (int jp = 0; jp < S_NP; ++jp)
+                        fp_stsm_x4(stsm_off[jp] + off + (uint32_t)(16 * mi * BN * 2),
+                                   fp_pack2<T>(acc[mi][2 * jp][0], acc[mi][2 * jp][1]),
+                                   fp_pack2<T>(acc[mi][2 * jp][2], acc[mi][2 * jp][3]),
+                                   fp_pack2<T>(acc[mi][2 * jp + 1][0], acc[mi][2 * jp + 1][1]),
+                                   fp_pack2<T>(acc[mi][2 * jp + 1][2], acc[mi][2 * jp + 1][3]));
+                } else {
+#pragma unroll
+                    for (int j = 0; j < 2 * S_NP; ++j)
+#pragma unroll
+                        for (int r = 0; r < 2; ++r)
+                            *reinterpret_cast<uint32_t *>(sp_b + off + st_off[j] +
+                                                          (uint32_t)((16 * mi + 8 * r) * BN * 2)) =
+                                fp_pack2<T>(acc[mi][j][2 * r], acc[mi][j][2 * r + 1]);
                 }
+            }
+        };
+        if (!CFG::P_FIRST || a.transform) {
+            sdp_products(fp_flag<true>(), fp_flag<true>());
+            if (a.transform)
+                elementwise(fp_int<FP_SCORES_TRANSFORM>(), fp_flag<true>());
+            else if (!full)
+                elementwise(fp_int<FP_SCORES_MASK>(), fp_flag<true>());
+            else
+                elementwise(fp_int<FP_SCORES_FULL>(), fp_flag<true>());
+            store_tile(s, 0);
+            store_tile(dp, sds_minus_sp);
+        } else {
+            /* P first, so that its exp2s overlap the dP products; then dS = P (dP - Dsum) */
+            sdp_products(fp_flag<true>(), fp_flag<false>());
+            if (!full) {
+                elementwise(fp_int<FP_SCORES_MASK>(), fp_flag<false>());
+                sdp_products(fp_flag<false>(), fp_flag<true>());
             } else {
+                elementwise(fp_int<FP_SCORES_FULL>(), fp_flag<false>());
+                sdp_products(fp_flag<false>(), fp_flag<true>());
+            }
+#pragma unroll
+            for (int mi = 0; mi < S_MT; ++mi) {
+                const float ds[2] = {dsum_b[16 * mi], dsum_b[16 * mi + 8]};
 #pragma unroll
                 for (int j = 0; j < 2 * S_NP; ++j)
 #pragma unroll
-                    for (int r = 0; r < 2; ++r) {
-                        const uint32_t at = st_off[j] + (uint32_t)((16 * mi + 8 * r) * BN * 2);
-                        *reinterpret_cast<uint32_t *>(sp_b + at) =
-                            fp_pack2<T>(s[mi][j][2 * r], s[mi][j][2 * r + 1]);
-                        *reinterpret_cast<uint32_t *>(sds_b + at) =
-                            fp_pack2<T>(dp[mi][j][2 * r], dp[mi][j][2 * r + 1]);
-                    }
+                    for (int e = 0; e < 4; ++e)
+                        dp[mi][j][e] = s[mi][j][e] * (dp[mi][j][e] - ds[e >> 1]);
             }
+            store_tile(s, 0);
+            store_tile(dp, sds_minus_sp);
         }
         __syncthreads();
 

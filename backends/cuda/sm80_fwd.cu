@@ -10,7 +10,8 @@
  * S(j) = Q K(j)^T is done and V(j+1) as soon as iteration j starts, so each load has about one
  * and a half iterations to land.
  * S accumulates in f32 registers; online softmax runs on it in log2 units with the softmax
- * scale folded into one FMA before exp2 (ex2.approx); P is rounded to the input dtype and fed to
+ * scale folded into one FMA before exp2 (ex2.approx), rescaling O only when a row's maximum
+ * grew by more than 2^8 at D >= 128 (LAZY, below); P is rounded to the input dtype and fed to
  * P V from registers. Key blocks outside the window/causal range are never visited; blocks fully
  * inside it skip per-element masking.
  *
@@ -18,7 +19,8 @@
  * (fp_mask_block_range), the blocks that need no per-element mask (fp_mask_block_full), the
  * per-element rule (fp_mask_visible's inequalities in 32-bit form, fp_mask32) and the softcap /
  * ALiBi transform (fp_score_transform). The running max and rescale factor come from
- * fp_softmax_update_exp2 (core/online_softmax.h). The per-element weight mirrors
+ * fp_softmax_update_exp2 (core/online_softmax.h), called only for blocks that rescale. The
+ * per-element weight mirrors
  * fp_softmax_weight_exp2 (masked scores are -inf and give 0; a row whose max is still -inf uses 0
  * as its max, so no -inf - -inf), the finalize calls fp_softmax_out_scale / fp_softmax_lse_exp2,
  * and the split-KV combine calls fp_softmax_merge.
@@ -56,17 +58,26 @@
  * (a 32-key block would fit, but its LSE missed the test table's tolerance by 10 % at D = 192). */
 template <int DK, int ALT> struct fp_fwd_cfg;
 template <> struct fp_fwd_cfg<64, 0> {
-    enum { NW = 4, MT = 2, BN = 128 };
+    enum { NW = 4, MT = 2, BN = 128, LAZY = 0 };
 };
 template <> struct fp_fwd_cfg<128, 0> {
-    enum { NW = 4, MT = 2, BN = 64 };
+    enum { NW = 4, MT = 2, BN = 64, LAZY = 1 };
 };
 template <> struct fp_fwd_cfg<256, 0> {
-    enum { NW = 8, MT = 1, BN = 64 };
+    enum { NW = 8, MT = 1, BN = 64, LAZY = 1 };
 };
 template <> struct fp_fwd_cfg<256, 1> {
-    enum { NW = 4, MT = 1, BN = 64 };
+    enum { NW = 4, MT = 1, BN = 64, LAZY = 1 };
 };
+
+/* LAZY: the O accumulator and l are rescaled only when some row of the warp sees a block maximum
+ * more than FP_FWD_RESCALE_SLACK (log2 units) above the maximum its exponentials use; otherwise
+ * that maximum stays, P <= 2^8 and the rescale (D / 8 x 4 multiplies per row pair, an exp2 per
+ * row) is skipped. O / l and LSE = m + log l come out the same: both use the same m. After the
+ * first key blocks a row's maximum rarely grows by that much, so most blocks skip it. Measured
+ * (H200, 2026-11-30 07:17, A/B in one run, docs/bench/h200-2026-11-30-pfirst.md): +3 .. +5 % at
+ * D = 128, +0 .. 1 % at D = 256, -2 .. +3 % at D = 64 (whose rescale is half as long: not used). */
+#define FP_FWD_RESCALE_SLACK 8.0f
 
 template <int DK, int ALT> constexpr int fp_fwd_bm()
 {
@@ -113,6 +124,7 @@ __global__ void __launch_bounds__(fp_fwd_cfg<DK, ALT>::NW * 32)
 {
     constexpr int NW = fp_fwd_cfg<DK, ALT>::NW, MT = fp_fwd_cfg<DK, ALT>::MT;
     constexpr int BN = fp_fwd_cfg<DK, ALT>::BN;
+    constexpr bool LAZY = fp_fwd_cfg<DK, ALT>::LAZY;
     constexpr int NT = NW * 32, BM = NW * MT * 16;
     constexpr int KT = DK / 16, NB8 = BN / 8, DT8 = DK / 8;
 
@@ -231,6 +243,8 @@ __global__ void __launch_bounds__(fp_fwd_cfg<DK, ALT>::NW * 32)
                                                         lane);
         else if (!full)
             fp_fwd_scores<FP_SCORES_MASK, MT, NB8>(s, a, mk, m0 + wrow, j0, nq, nk, slope, lane);
+        float mxs[MT][2];
+        bool grow = false;
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt) {
 #pragma unroll
@@ -239,13 +253,28 @@ __global__ void __launch_bounds__(fp_fwd_cfg<DK, ALT>::NW * 32)
 #pragma unroll
                 for (int j = 0; j < NB8; ++j)
                     mx = fmaxf(mx, fmaxf(s[mt][j][2 * r], s[mt][j][2 * r + 1]));
-                mx = fp_quad_max(mx);
-                const float alpha = fp_softmax_update_exp2(&st[mt][r], mx * sc);
+                mxs[mt][r] = fp_quad_max(mx) * sc;
+                grow |= mxs[mt][r] > st[mt][r].m + FP_FWD_RESCALE_SLACK;
+            }
+        }
+        if (!LAZY || __any_sync(0xffffffffu, grow)) {
 #pragma unroll
-                for (int j = 0; j < DT8; ++j) {
-                    o[mt][j][2 * r] *= alpha;
-                    o[mt][j][2 * r + 1] *= alpha;
+            for (int mt = 0; mt < MT; ++mt) {
+#pragma unroll
+                for (int r = 0; r < 2; ++r) {
+                    const float alpha = fp_softmax_update_exp2(&st[mt][r], mxs[mt][r]);
+#pragma unroll
+                    for (int j = 0; j < DT8; ++j) {
+                        o[mt][j][2 * r] *= alpha;
+                        o[mt][j][2 * r + 1] *= alpha;
+                    }
                 }
+            }
+        }
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt) {
+#pragma unroll
+            for (int r = 0; r < 2; ++r) {
                 const float mu = st[mt][r].m == -INFINITY ? 0.0f : st[mt][r].m;
                 float l = 0.0f;
 #pragma unroll

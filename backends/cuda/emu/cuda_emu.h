@@ -116,6 +116,15 @@ static inline T __shfl_xor_sync(unsigned mask, T var, int lane_mask, int width =
     return var;
 }
 
+/* Warp vote, by a butterfly of shuffles (full mask only, as the shuffles). */
+static inline int __any_sync(unsigned mask, int pred)
+{
+    uint32_t v = pred != 0;
+    for (int off = 1; off < 32; off <<= 1)
+        v |= fp_emu_shfl_xor(mask, v, off, 32);
+    return (int)v;
+}
+
 /* The instructions of sm80_common.cuh's wrappers (#ifdef FP_CUDA_EMU there). */
 void fp_emu_mma_m16n8k16(float c[4], const uint32_t a[4], uint32_t b0, uint32_t b1, int bf16);
 void fp_emu_ldmatrix_x4(uint32_t r[4], uint32_t addr, int trans);

@@ -41,13 +41,13 @@
  * Differences from the reference: P and dS are rounded to f16/bf16 before the products that
  * use them (as in every tensor-core flash kernel); exp2 is the hardware approximation; dQ in the
  * atomic mode is summed in an order that varies from run to run (last-bit differences).
- * Measured (H200, ANCHORS grid, bf16 and fp16, docs/bench/h200-2026-11-30-bwd2d.md, final run,
- * before stmatrix, which then added 0 .. 3 % at D <= 128 in an A/B run):
- * 0.83 .. 0.92x SDPA flash (FA2) at D = 64, 0.91 .. 0.97x at D = 128, 0.83 .. 0.93x at D = 256
- * (the one-warp-per-16-keys kernel this replaced, in an A/B run: 0.81 .. 0.87, 0.86 .. 0.91,
- * 0.60 .. 0.68). At D = 128 (N = 8192) ncu counts the same ldmatrix and mma instructions as
- * FA2's kernel, 4 % more instructions in all and more barrier stalls (0.8 vs 0.24 cycles per
- * instruction), at the same 8 warps per SM (251 registers).
+ * Measured (H200, ANCHORS grid, bf16 and fp16, 2026-11-30 07:25,
+ * docs/bench/h200-2026-11-30-pfirst.md): 0.86 .. 0.94x SDPA flash (FA2) at D = 64 (median 0.90),
+ * 0.93 .. 0.99x at D = 128 (0.95), 0.83 .. 0.93x at D = 256 (the one-warp-per-16-keys kernel
+ * this replaced, in an A/B run: 0.81 .. 0.87, 0.86 .. 0.91, 0.60 .. 0.68). ncu (same tiles and
+ * 8 warps per SM as FA2's kernel, 255 registers): at D = 128 the same ldmatrix and mma counts,
+ * 4 % more instructions and more barrier stalls (0.8 vs 0.24 cycles per instruction); at D = 64
+ * 19 % fewer instructions than FA2 but 8.2 cycles per instruction against 6.1: latency bound.
  */
 #include "backends/cuda/cuda_internal.h"
 #include "backends/cuda/sm80_common.cuh"
@@ -202,7 +202,7 @@ FP_DEV void fp_bwd_load_step(const fp_sm80_args &a, T *sq, T *sdo, float *slse, 
  * blocks per SM) was 1.5 .. 15 % slower.
  * P_FIRST: S = Q K^T, then P, then dP = dO V^T, so that P's exp2s (MUFU, 16 per clock per SM)
  * can issue between the dP products' mma instructions; else S and dP in one loop, then P and dS.
- * Measured (H200, 2026-11-30 07:08, docs/bench/h200-2026-11-30-pfirst.md): 2 .. 4 % faster at
+ * Measured (H200, 2026-11-30 07:08, docs/bench/h200-2026-11-30-pfirst.md): 3 .. 4 % faster at
  * D = 64, where a step has twice the exp2s per mma of D = 128; -1 .. +1 % at D = 128. Softcaps
  * always take the fused order (their dS needs the raw score). */
 template <int DK, int ALT> struct fp_bwd_cfg;

@@ -39,10 +39,12 @@
  *
  * Differences from the reference: P is rounded to f16/bf16 before P V (as every tensor-core
  * flash kernel does; the row sum uses the unrounded P); exp2 is the hardware approximation.
- * Measured (H200, bf16/fp16, ANCHORS grid, tests/gpu/run_h200.sh -> bench/compare_torch.py):
- * 0.96 .. 1.07x SDPA flash (FA2) at D = 64 and 0.95 .. 1.07x at D = 128 (2026-11-30 04:35),
- * 0.81 .. 1.02x at D = 256 (03:54); up to 349 TFLOP/s (D = 128, N = 16384). Limits: 255
- * registers, D = 64 and D = 128 spill ~60 bytes; 8 warps per SM.
+ * Measured (H200, bf16/fp16, ANCHORS grid, tests/gpu/run_h200.sh -> bench/compare_torch.py,
+ * 2026-11-30 07:25, docs/bench/h200-2026-11-30-pfirst.md): 0.95 .. 1.08x SDPA flash (FA2) at
+ * D = 64 (median 0.98), 0.93 .. 1.10x at D = 128 (0.99), 0.82 .. 0.99x at D = 256; up to 355
+ * TFLOP/s (D = 128, N = 16384). Limits: 255 registers, D = 64 and D = 128 spill ~60 bytes; 8
+ * warps per SM; instruction issue (A/B: ~40 % more instructions per key block cost 9 % at
+ * D = 64).
  * Details and the ncu profile: docs/bench/README.md.
  */
 #include "backends/cuda/cuda_internal.h"
@@ -75,8 +77,9 @@ template <> struct fp_fwd_cfg<256, 1> {
  * that maximum stays, P <= 2^8 and the rescale (D / 8 x 4 multiplies per row pair, an exp2 per
  * row) is skipped. O / l and LSE = m + log l come out the same: both use the same m. After the
  * first key blocks a row's maximum rarely grows by that much, so most blocks skip it. Measured
- * (H200, 2026-11-30 07:17, A/B in one run, docs/bench/h200-2026-11-30-pfirst.md): +3 .. +5 % at
- * D = 128, +0 .. 1 % at D = 256, -2 .. +3 % at D = 64 (whose rescale is half as long: not used). */
+ * (H200, 2026-11-30 07:17, A/B in one run, docs/bench/h200-2026-11-30-pfirst.md): +2 .. +6 % at
+ * D = 128, -1 .. +1 % at D = 256, -2 .. +2 % at D = 64 (whose rescale is half as long: not used).
+ */
 #define FP_FWD_RESCALE_SLACK 8.0f
 
 template <int DK, int ALT> constexpr int fp_fwd_bm()

@@ -46,7 +46,7 @@ static const tc_case table[] = {
     {DENSE(F16, 1, 2, 2, 63, 65, 96), .causal = 1},
     {DENSE(F16, 2, 2, 1, 65, 63, 128), .deterministic = 1},
     {DENSE(F16, 1, 2, 2, 63, 63, 160), .causal = 1},
-    {DENSE(F16, 1, 2, 2, 65, 65, 192)},
+    {DENSE(F16, 1, 2, 2, 65, 65, 192), .deterministic = 1},
     {DENSE(F16, 1, 2, 2, 129, 129, 256), .causal = 1},
     /* head dims, bf16 */
     {DENSE(BF16, 1, 2, 2, 65, 63, 16)},
@@ -56,7 +56,7 @@ static const tc_case table[] = {
     {DENSE(BF16, 1, 2, 2, 65, 129, 96)},
     {DENSE(BF16, 1, 4, 1, 129, 65, 128), .causal = 1, .deterministic = 1},
     {DENSE(BF16, 1, 2, 2, 63, 65, 192)},
-    {DENSE(BF16, 1, 2, 2, 65, 63, 256), .causal = 1},
+    {DENSE(BF16, 1, 2, 2, 65, 63, 256), .causal = 1, .deterministic = 1},
     /* sequence lengths: single tokens, Nq != Nk both ways, long; Nq > Nk causal masks rows */
     {DENSE(F32, 3, 2, 2, 1, 1, 64)},
     {DENSE(F16, 2, 4, 4, 1, 129, 64), .causal = 1},

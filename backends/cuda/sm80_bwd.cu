@@ -33,10 +33,12 @@
  * Tiles (fp_bwd_cfg; the first configuration of a head dim whose shared memory the device allows
  * runs, FLASHPORT_CUDA_SMEM_KIB lowers that limit for tests): D = 64: BN 128, BM 128 (162 KiB),
  * else BM 64 (97 KiB); D = 128: BN 128, BM 64 (161 KiB), else 4 warps, BN 64, BM 32 (72 KiB);
- * D = 256: BN 64, BM 64 (209 KiB), else BM 32 (137 KiB); 8 warps, one block per SM. A device
- * with less shared memory gets FLASHPORT_ERR_UNSUPPORTED_HEAD_DIM (sm_86/89, 99 KiB: D > 128).
- * Deterministic dQ: 64 query rows (4 warps), key block 64 (32 for D = 256). Other head dims run
- * on the next larger kernel, zero-filled.
+ * D = 256: BN 64, BM 64 (209 KiB), else BM 32 (137 KiB), else (sm_86/89, 99 KiB per block)
+ * 4 warps, BN 32, BM 32 with one Q/dO buffer (QBUF 1: the next step's loads are issued after
+ * the dK/dV products, behind one more barrier; 68 KiB); 8 warps, one block per SM. A device with
+ * less shared memory gets FLASHPORT_ERR_UNSUPPORTED_HEAD_DIM. Deterministic dQ: 64 query rows
+ * (4 warps; 32 rows, 2 warps, for D = 256 at 99 KiB), key block 64 (32 for D = 256). Other head
+ * dims run on the next larger kernel, zero-filled.
  *
  * Differences from the reference: P and dS are rounded to f16/bf16 before the products that
  * use them (as in every tensor-core flash kernel); exp2 is the hardware approximation; dQ in the
@@ -54,9 +56,10 @@
 
 #include <math.h>
 
-/* Deterministic dQ kernel: NW warps of 16 query rows, BN keys per step. */
-template <int DK> struct fp_dq_cfg {
-    enum { NW = 4, BN = DK == 256 ? 32 : 64 };
+/* Deterministic dQ kernel: NW warps of 16 query rows, BN keys per step; ALT 1 (D = 256 on
+ * devices with 99 KiB per block) has half the rows. */
+template <int DK, int ALT> struct fp_dq_cfg {
+    enum { NW = ALT ? 2 : 4, BN = DK == 256 ? 32 : 64 };
 };
 
 /* Rows are padded to this in the workspaces, a multiple of every kernel's query block. */
@@ -69,9 +72,9 @@ FP_DEV int64_t fp_bwd_ws_row(const fp_sm80_args &a, int b, int h, int64_t i)
     return ((int64_t)b * a.heads + h) * a.nq_pad + i;
 }
 
-template <int DK> constexpr size_t fp_dq_smem()
+template <int DK, int ALT> constexpr size_t fp_dq_smem()
 {
-    constexpr int BM = 16 * fp_dq_cfg<DK>::NW, BN = fp_dq_cfg<DK>::BN;
+    constexpr int BM = 16 * fp_dq_cfg<DK, ALT>::NW, BN = fp_dq_cfg<DK, ALT>::BN;
     return (size_t)(2 * BM * DK + 4 * BN * DK) * 2;
 }
 
@@ -207,33 +210,42 @@ FP_DEV void fp_bwd_load_step(const fp_sm80_args &a, T *sq, T *sdo, float *slse, 
  * always take the fused order (their dS needs the raw score). */
 template <int DK, int ALT> struct fp_bwd_cfg;
 template <> struct fp_bwd_cfg<64, 0> {
-    enum { NW = 8, BN = 128, BM = 128, SM_Q = 4, KV_K = 4, DQ_Q = 4, P_FIRST = 1 };
+    enum { NW = 8, BN = 128, BM = 128, SM_Q = 4, KV_K = 4, DQ_Q = 4, P_FIRST = 1, QBUF = 2 };
 };
 template <> struct fp_bwd_cfg<64, 1> {
-    enum { NW = 8, BN = 128, BM = 64, SM_Q = 2, KV_K = 4, DQ_Q = 4, P_FIRST = 1 };
+    enum { NW = 8, BN = 128, BM = 64, SM_Q = 2, KV_K = 4, DQ_Q = 4, P_FIRST = 1, QBUF = 2 };
 };
 template <> struct fp_bwd_cfg<128, 0> {
-    enum { NW = 8, BN = 128, BM = 64, SM_Q = 2, KV_K = 4, DQ_Q = 2, P_FIRST = 0 };
+    enum { NW = 8, BN = 128, BM = 64, SM_Q = 2, KV_K = 4, DQ_Q = 2, P_FIRST = 0, QBUF = 2 };
 };
 template <> struct fp_bwd_cfg<128, 1> {
-    enum { NW = 4, BN = 64, BM = 32, SM_Q = 2, KV_K = 2, DQ_Q = 2, P_FIRST = 0 };
+    enum { NW = 4, BN = 64, BM = 32, SM_Q = 2, KV_K = 2, DQ_Q = 2, P_FIRST = 0, QBUF = 2 };
 };
 template <> struct fp_bwd_cfg<256, 0> {
-    enum { NW = 8, BN = 64, BM = 64, SM_Q = 4, KV_K = 2, DQ_Q = 2, P_FIRST = 0 };
+    enum { NW = 8, BN = 64, BM = 64, SM_Q = 4, KV_K = 2, DQ_Q = 2, P_FIRST = 0, QBUF = 2 };
 };
 template <> struct fp_bwd_cfg<256, 1> {
-    enum { NW = 8, BN = 64, BM = 32, SM_Q = 2, KV_K = 2, DQ_Q = 2, P_FIRST = 0 };
+    enum { NW = 8, BN = 64, BM = 32, SM_Q = 2, KV_K = 2, DQ_Q = 2, P_FIRST = 0, QBUF = 2 };
+};
+template <> struct fp_bwd_cfg<256, 2> {
+    enum { NW = 4, BN = 32, BM = 32, SM_Q = 2, KV_K = 2, DQ_Q = 2, P_FIRST = 0, QBUF = 1 };
 };
 /* How many configurations each head dim has (ALT 0 .. n - 1, in order of preference). */
 template <int DK> constexpr int fp_bwd_alts()
 {
-    return 2;
+    return DK == 256 ? 3 : 2;
 }
+
+/* Row pitch of the P and dS tiles: BN, at least 64 (the swizzle's 8 chunks per row). */
+template <int DK, int ALT> struct fp_bwd_pc {
+    enum { value = fp_bwd_cfg<DK, ALT>::BN < 64 ? 64 : fp_bwd_cfg<DK, ALT>::BN };
+};
 
 template <int DK, int ALT> constexpr size_t fp_dkdv_smem()
 {
-    constexpr int BN = fp_bwd_cfg<DK, ALT>::BN, BM = fp_bwd_cfg<DK, ALT>::BM;
-    return (size_t)(2 * BN * DK + 4 * BM * DK + 2 * BM * BN) * 2 + 4 * BM * sizeof(float);
+    using CFG = fp_bwd_cfg<DK, ALT>;
+    constexpr int BN = CFG::BN, BM = CFG::BM, QB = CFG::QBUF, PC = fp_bwd_pc<DK, ALT>::value;
+    return (size_t)(2 * BN * DK + 2 * QB * BM * DK + 2 * BM * PC) * 2 + 2 * QB * BM * sizeof(float);
 }
 
 /* Compile-time arguments of the dK/dV kernel's generic lambdas. */
@@ -251,6 +263,7 @@ __global__ void __launch_bounds__(fp_bwd_cfg<DK, ALT>::NW * 32, 1)
 {
     using CFG = fp_bwd_cfg<DK, ALT>;
     constexpr int NW = CFG::NW, BN = CFG::BN, BM = CFG::BM, NT = NW * 32, KT = DK / 16;
+    constexpr int QB = CFG::QBUF, PC = fp_bwd_pc<DK, ALT>::value;
     /* warp tiles: MT x 16 rows, NP x 16 columns */
     constexpr int S_MT = BM / CFG::SM_Q / 16, S_NP = BN / (NW / CFG::SM_Q) / 16;
     constexpr int KV_MT = BN / CFG::KV_K / 16, KV_NP = DK / (NW / CFG::KV_K) / 16;
@@ -261,12 +274,12 @@ __global__ void __launch_bounds__(fp_bwd_cfg<DK, ALT>::NW * 32, 1)
     extern __shared__ __align__(128) unsigned char fp_smem[];
     T *sk = reinterpret_cast<T *>(fp_smem); /* [BN][DK], later the dK/dV staging tile */
     T *sv = sk + BN * DK;                   /* [BN][DK] */
-    T *sq = sv + BN * DK;                   /* [2][BM][DK] */
-    T *sdo = sq + 2 * BM * DK;              /* [2][BM][DK] */
-    T *sp = sdo + 2 * BM * DK;              /* [BM][BN] */
-    T *sds = sp + BM * BN;                  /* [BM][BN] */
-    float *slse = reinterpret_cast<float *>(sds + BM * BN); /* [2][BM] */
-    float *sdsum = slse + 2 * BM;                           /* [2][BM] */
+    T *sq = sv + BN * DK;                   /* [QB][BM][DK] */
+    T *sdo = sq + QB * BM * DK;             /* [QB][BM][DK] */
+    T *sp = sdo + QB * BM * DK;             /* [BM][PC] */
+    T *sds = sp + BM * PC;                  /* [BM][PC] */
+    float *slse = reinterpret_cast<float *>(sds + BM * PC); /* [QB][BM] */
+    float *sdsum = slse + QB * BM;                          /* [QB][BM] */
 
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
     const int g = lane >> 2, t = lane & 3;
@@ -314,13 +327,13 @@ __global__ void __launch_bounds__(fp_bwd_cfg<DK, ALT>::NW * 32, 1)
     const uint32_t sdo_a = fp_smem_addr(sdo), sp_a = fp_smem_addr(sp), sds_a = fp_smem_addr(sds);
     /* Operands whose k runs along the tile's columns: lane patterns with the warp's first row. */
     const fp_ldsm_lane la_s = fp_lane_a<DK>(s_q0, lane), lb_s = fp_lane_b<DK>(s_k0, lane);
-    const fp_ldsm_lane la_dq = fp_lane_a<BN>(dq_q0, lane);
+    const fp_ldsm_lane la_dq = fp_lane_a<PC>(dq_q0, lane);
     /* Operands whose k runs down the rows (ldmatrix.trans): one lane offset per 16-column piece,
      * k step kk adds 16 kk rows. At lanes (P^T, dS^T) = B lanes; Bt lanes for dO, Q and K. */
     uint32_t kv_a_off[KV_MT], kv_b_off[KV_NP], dq_b_off[DQ_NP];
 #pragma unroll
     for (int mi = 0; mi < KV_MT; ++mi)
-        kv_a_off[mi] = fp_ldsm_off_b<BN>(0, lane, kv_k0 / 16 + mi);
+        kv_a_off[mi] = fp_ldsm_off_b<PC>(0, lane, kv_k0 / 16 + mi);
 #pragma unroll
     for (int p = 0; p < KV_NP; ++p)
         kv_b_off[p] = fp_ldsm_off_bt<DK>(0, lane, kv_d0 / 16 + p);
@@ -336,29 +349,31 @@ __global__ void __launch_bounds__(fp_bwd_cfg<DK, ALT>::NW * 32, 1)
     unsigned char *sp_b = reinterpret_cast<unsigned char *>(sp);
 #pragma unroll
     for (int j = 0; j < 2 * S_NP; ++j)
-        st_off[j] = (uint32_t)(fp_swz<BN>(s_q0 + g, s_k0 / 8 + j) + 2 * t) * 2;
+        st_off[j] = (uint32_t)(fp_swz<PC>(s_q0 + g, s_k0 / 8 + j) + 2 * t) * 2;
     /* and the shared addresses of its stmatrix rows: stmatrix takes its row addresses in the Bt
      * lane pattern (matrix i = rows 8 (i % 2).., 8-column half i / 2 of a 16-column piece). */
     constexpr bool use_stsm = FP_HAVE_STSM;
     uint32_t stsm_off[S_NP];
 #pragma unroll
     for (int jp = 0; jp < S_NP; ++jp)
-        stsm_off[jp] = fp_smem_addr(sp) + fp_ldsm_off_bt<BN>(s_q0, lane, s_k0 / 16 + jp);
-    const uint32_t sds_minus_sp = (uint32_t)(BM * BN * 2);
+        stsm_off[jp] = fp_smem_addr(sp) + fp_ldsm_off_bt<PC>(s_q0, lane, s_k0 / 16 + jp);
+    const uint32_t sds_minus_sp = (uint32_t)(BM * PC * 2);
 
     int h = kvh * a.group, mb = mb_lo - 1; /* the step's query head and block, advanced first */
     for (int it = 0; it < iters; ++it) {
-        const int buf = it & 1;
+        const int buf = QB == 2 ? it & 1 : 0;
         fp_bwd_next_step(h, mb, mb_lo, mb_lo + nmb);
         const int m0 = mb * BM;
         int h1 = h, mb1 = mb; /* step it + 1 */
         fp_bwd_next_step(h1, mb1, mb_lo, mb_lo + nmb);
         fp_cp_async_wait<0>();
         __syncthreads(); /* also: every warp is done with the last step's P and dS */
-        if (it + 1 < iters)
-            fp_bwd_load_step<T, DK, NT, BM>(a, sq, sdo, slse, sdsum, b, h1, sq_.q_start, nq,
-                                            mb1 * BM, nchunks, buf ^ 1);
-        fp_cp_async_commit();
+        if constexpr (QB == 2) {
+            if (it + 1 < iters)
+                fp_bwd_load_step<T, DK, NT, BM>(a, sq, sdo, slse, sdsum, b, h1, sq_.q_start, nq,
+                                                mb1 * BM, nchunks, buf ^ 1);
+            fp_cp_async_commit();
+        }
         const uint32_t qt = sq_a + buf * BM * DK * 2, dot = sdo_a + buf * BM * DK * 2;
 
         /* S = Q K^T, dP = dO V^T (this warp's S_MT x 16 queries x S_NP x 16 keys) */
@@ -431,7 +446,7 @@ __global__ void __launch_bounds__(fp_bwd_cfg<DK, ALT>::NW * 32, 1)
                 if constexpr (use_stsm) {
 #pragma unroll
                     for (int jp = 0; jp < S_NP; ++jp)
-                        fp_stsm_x4(stsm_off[jp] + off + (uint32_t)(16 * mi * BN * 2),
+                        fp_stsm_x4(stsm_off[jp] + off + (uint32_t)(16 * mi * PC * 2),
                                    fp_pack2<T>(acc[mi][2 * jp][0], acc[mi][2 * jp][1]),
                                    fp_pack2<T>(acc[mi][2 * jp][2], acc[mi][2 * jp][3]),
                                    fp_pack2<T>(acc[mi][2 * jp + 1][0], acc[mi][2 * jp + 1][1]),
@@ -442,7 +457,7 @@ __global__ void __launch_bounds__(fp_bwd_cfg<DK, ALT>::NW * 32, 1)
 #pragma unroll
                         for (int r = 0; r < 2; ++r)
                             *reinterpret_cast<uint32_t *>(sp_b + off + st_off[j] +
-                                                          (uint32_t)((16 * mi + 8 * r) * BN * 2)) =
+                                                          (uint32_t)((16 * mi + 8 * r) * PC * 2)) =
                                 fp_pack2<T>(acc[mi][j][2 * r], acc[mi][j][2 * r + 1]);
                 }
             }
@@ -487,8 +502,8 @@ __global__ void __launch_bounds__(fp_bwd_cfg<DK, ALT>::NW * 32, 1)
             uint32_t pa[KV_MT][4], sa[KV_MT][4], of[KV_NP][4], qf[KV_NP][4];
 #pragma unroll
             for (int mi = 0; mi < KV_MT; ++mi) {
-                fp_ldsm_x4_t(pa[mi], sp_a + kv_a_off[mi] + 16 * kk * BN * 2);
-                fp_ldsm_x4_t(sa[mi], sds_a + kv_a_off[mi] + 16 * kk * BN * 2);
+                fp_ldsm_x4_t(pa[mi], sp_a + kv_a_off[mi] + 16 * kk * PC * 2);
+                fp_ldsm_x4_t(sa[mi], sds_a + kv_a_off[mi] + 16 * kk * PC * 2);
             }
 #pragma unroll
             for (int p = 0; p < KV_NP; ++p) {
@@ -504,6 +519,16 @@ __global__ void __launch_bounds__(fp_bwd_cfg<DK, ALT>::NW * 32, 1)
                     fp_mma<T>(dk[mi][2 * p], sa[mi], qf[p][0], qf[p][1]);
                     fp_mma<T>(dk[mi][2 * p + 1], sa[mi], qf[p][2], qf[p][3]);
                 }
+        }
+
+        /* One Q/dO buffer: the next step's loads wait until every warp is done with this one's
+         * (the dQ product below reads only dS and K). */
+        if constexpr (QB == 1) {
+            __syncthreads();
+            if (it + 1 < iters)
+                fp_bwd_load_step<T, DK, NT, BM>(a, sq, sdo, slse, sdsum, b, h1, sq_.q_start, nq,
+                                                mb1 * BM, nchunks, 0);
+            fp_cp_async_commit();
         }
 
         /* dQ += dS K (atomic mode; this warp's DQ_MT x 16 queries x DQ_NP x 16 columns) */
@@ -522,7 +547,7 @@ __global__ void __launch_bounds__(fp_bwd_cfg<DK, ALT>::NW * 32, 1)
             uint32_t ea[DQ_MT][4], kf[DQ_NP][4];
 #pragma unroll
             for (int mi = 0; mi < DQ_MT; ++mi)
-                fp_ldsm_x4(ea[mi], fp_ldsm_addr<BN>(sds_a, la_dq, 16 * mi, kk));
+                fp_ldsm_x4(ea[mi], fp_ldsm_addr<PC>(sds_a, la_dq, 16 * mi, kk));
 #pragma unroll
             for (int p = 0; p < DQ_NP; ++p)
                 fp_ldsm_x4_t(kf[p], sk_a + dq_b_off[p] + 16 * kk * DK * 2);
@@ -568,10 +593,10 @@ __global__ void __launch_bounds__(fp_bwd_cfg<DK, ALT>::NW * 32, 1)
 }
 
 // Deterministic dQ. q, dout, dq: (B, Nq, H, D); k, v: (B, Nk, Hkv, D); grid (q blocks, H, B).
-template <typename T, int DK>
-__global__ void __launch_bounds__(fp_dq_cfg<DK>::NW * 32) fp_sm80_bwd_dq(const fp_sm80_args a)
+template <typename T, int DK, int ALT>
+__global__ void __launch_bounds__(fp_dq_cfg<DK, ALT>::NW * 32) fp_sm80_bwd_dq(const fp_sm80_args a)
 {
-    constexpr int NW = fp_dq_cfg<DK>::NW, BN = fp_dq_cfg<DK>::BN;
+    constexpr int NW = fp_dq_cfg<DK, ALT>::NW, BN = fp_dq_cfg<DK, ALT>::BN;
     constexpr int NT = NW * 32, BM = 16 * NW;
     constexpr int KT = DK / 16, NB8 = BN / 8, DT8 = DK / 8;
 
@@ -741,19 +766,48 @@ template <typename F> static cudaError_t fp_set_smem(F kernel, size_t smem)
     return e;
 }
 
+/* The deterministic dQ configuration that runs (the first that fits), -1 if none does. */
+template <int DK> static int fp_dq_pick(const fp_cuda_ctx *ctx)
+{
+    if (ctx->smem_optin >= fp_dq_smem<DK, 0>())
+        return 0;
+    if (DK == 256 && ctx->smem_optin >= fp_dq_smem<DK, 1>())
+        return 1;
+    return -1;
+}
+
 /* The dK/dV configuration that runs: the first of the head dim's whose shared memory the device
- * allows (with the deterministic dQ kernel's), -1 if none does. */
+ * allows (and a deterministic dQ configuration too), -1 if none does. */
 template <int DK> static int fp_dkdv_pick(const fp_cuda_ctx *ctx)
 {
-    if (ctx->smem_optin < fp_dq_smem<DK>())
+    if (fp_dq_pick<DK>(ctx) < 0)
         return -1;
     if (ctx->smem_optin >= fp_dkdv_smem<DK, 0>())
         return 0;
-    if constexpr (fp_bwd_alts<DK>() > 1) {
-        if (ctx->smem_optin >= fp_dkdv_smem<DK, 1>())
-            return 1;
+    if (ctx->smem_optin >= fp_dkdv_smem<DK, 1>())
+        return 1;
+    if constexpr (fp_bwd_alts<DK>() > 2) {
+        if (ctx->smem_optin >= fp_dkdv_smem<DK, 2>())
+            return 2;
     }
     return -1;
+}
+
+/* The deterministic dQ kernel: one block per query block walking the key blocks in order. */
+template <typename T, int DK, int ALT>
+static cudaError_t fp_dq_launch(const fp_cuda_ctx *ctx, const fp_problem *p, const fp_sm80_args &a)
+{
+    using CFG = fp_dq_cfg<DK, ALT>;
+    constexpr size_t smem = fp_dq_smem<DK, ALT>();
+    constexpr int BM = 16 * CFG::NW;
+    cudaError_t e = fp_set_smem(fp_sm80_bwd_dq<T, DK, ALT>, smem);
+    if (e != cudaSuccess)
+        return e;
+    dim3 grid((unsigned)((a.nq + BM - 1) / BM), (unsigned)p->heads, (unsigned)p->batch);
+    fp_sm80_bwd_dq<T, DK, ALT><<<grid, CFG::NW * 32, smem, ctx->stream>>>(a);
+    fp_cuda_log("backward: deterministic dQ D%d kernel (BM %d, BN %d), grid %ux%ux%u", DK, BM,
+                CFG::BN, grid.x, grid.y, grid.z);
+    return cudaGetLastError();
 }
 
 template <typename T, int DK, int ALT>
@@ -812,24 +866,20 @@ static flashport_status fp_bwd_launch(const fp_cuda_ctx *ctx, const fp_problem *
     if (e == cudaSuccess) {
         if (alt == 0)
             e = fp_dkdv_launch<T, DK, 0>(ctx, p, a);
-        else if constexpr (fp_bwd_alts<DK>() > 1)
+        else if (alt == 1)
             e = fp_dkdv_launch<T, DK, 1>(ctx, p, a);
+        else if constexpr (fp_bwd_alts<DK>() > 2)
+            e = fp_dkdv_launch<T, DK, 2>(ctx, p, a);
     }
     if (e == cudaSuccess && a.dq_atomic && a.nq > 0) {
         dim3 grid((unsigned)((a.nq + 3) / 4), (unsigned)p->heads, (unsigned)p->batch);
         fp_sm80_bwd_dq_convert<T, DK><<<grid, 128, 0, stream>>>(a);
         e = cudaGetLastError();
     } else if (e == cudaSuccess && !a.dq_atomic && a.nq > 0) {
-        constexpr size_t smem = fp_dq_smem<DK>();
-        constexpr int BM = 16 * fp_dq_cfg<DK>::NW;
-        e = fp_set_smem(fp_sm80_bwd_dq<T, DK>, smem);
-        if (e == cudaSuccess) {
-            dim3 grid((unsigned)((a.nq + BM - 1) / BM), (unsigned)p->heads, (unsigned)p->batch);
-            fp_sm80_bwd_dq<T, DK><<<grid, fp_dq_cfg<DK>::NW * 32, smem, stream>>>(a);
-            e = cudaGetLastError();
-            fp_cuda_log("backward: deterministic dQ D%d kernel (BM %d, BN %d), grid %ux%ux%u", DK,
-                        BM, fp_dq_cfg<DK>::BN, grid.x, grid.y, grid.z);
-        }
+        if (fp_dq_pick<DK>(ctx) == 0)
+            e = fp_dq_launch<T, DK, 0>(ctx, p, a);
+        else if constexpr (DK == 256)
+            e = fp_dq_launch<T, DK, 1>(ctx, p, a);
     }
     cudaError_t ef = cudaFreeAsync(ws, stream);
     if (e == cudaSuccess)

@@ -18,7 +18,8 @@
  *          head dim, P^T and dS^T read with ldmatrix.trans;
  *        dQ += dS K (BM x D, default mode): DQ_Q warps along the queries x NW / DQ_Q along the
  *          head dim, added to an f32 accumulator with atomics (8-byte vector reductions on
- *          sm_90); fp_sm80_bwd_dq_convert scales it into dq.
+ *          sm_90), kept in mma fragment order so that they coalesce (fp_dq_frag_off);
+ *          fp_sm80_bwd_dq_convert scales it into dq.
  *      Each k step's ldmatrix fragments are all requested before its mma, so the load latency is
  *      paid once per step.
  *   3. Deterministic mode: the dK/dV kernel skips dQ and fp_sm80_bwd_dq computes it without
@@ -70,6 +71,21 @@ template <int DK, int ALT> struct fp_dq_cfg {
 FP_DEV int64_t fp_bwd_ws_row(const fp_sm80_args &a, int b, int h, int64_t i)
 {
     return ((int64_t)b * a.heads + h) * a.nq_pad + i;
+}
+
+/* The dQ accumulator is stored in mma fragment order, so that each warp's atomics are
+ * coalesced: every band of 16 rows (16 x DK floats, where rows 16 R .. 16 R + 15 would be) holds
+ * its 16 x 8 pieces one after another, column piece C at 128 C, and within a piece the lane that
+ * owns an element in the m16n8 accumulator layout comes first: row 8 r + g, columns 2 t and
+ * 2 t + 1 (lane 4 g + t) at 64 r + 2 (4 g + t). A warp's 8-byte reduction then covers 256
+ * contiguous bytes, two cache lines, instead of eight rows of 32 bytes. Measured (H200,
+ * 2026-11-30 07:57, A/B in one run, docs/bench/h200-2026-11-30-pfirst.md): the backward 6 .. 10 %
+ * faster at D = 64 and 128 (doubling the atomics instead, scalar ones, cost 17 .. 20 %: the dQ
+ * reductions are a bottleneck). Offset of row i's column c (c even: c and c + 1 are adjacent)
+ * from the start of row i's band: */
+FP_DEV int fp_dq_frag_off(int i, int c)
+{
+    return (c / 8) * 128 + ((i % 16) / 8) * 64 + (i % 8) * 8 + (c % 8);
 }
 
 template <int DK, int ALT> constexpr size_t fp_dq_smem()
@@ -561,12 +577,14 @@ __global__ void __launch_bounds__(fp_bwd_cfg<DK, ALT>::NW * 32, 1)
         }
 #pragma unroll
         for (int mi = 0; mi < DQ_MT; ++mi) {
-            float *dst =
-                a.dq_accum + fp_bwd_ws_row(a, b, h, m0 + dq_q0 + 16 * mi + g) * DK + dq_d0 + 2 * t;
+            /* fragment order (fp_dq_frag_off): piece j of the warp's columns at 128 j, rows
+             * g + 8 at + 64 */
+            float *dst = a.dq_accum + fp_bwd_ws_row(a, b, h, m0 + dq_q0 + 16 * mi) * DK +
+                         fp_dq_frag_off(g, dq_d0 + 2 * t);
 #pragma unroll
             for (int j = 0; j < 2 * DQ_NP; ++j) {
-                fp_red_add2(dst + 8 * j, acc[mi][j][0], acc[mi][j][1]);
-                fp_red_add2(dst + 8 * DK + 8 * j, acc[mi][j][2], acc[mi][j][3]);
+                fp_red_add2(dst + 128 * j, acc[mi][j][0], acc[mi][j][1]);
+                fp_red_add2(dst + 128 * j + 64, acc[mi][j][2], acc[mi][j][3]);
             }
         }
     }
@@ -733,7 +751,8 @@ __global__ void __launch_bounds__(fp_dq_cfg<DK, ALT>::NW * 32) fp_sm80_bwd_dq(co
     fp_store_tile<BM, DK, NT>(dst, a.dq.ss, sq, nq - m0, nchunks, tid);
 }
 
-// dq_accum (B, H, nq_pad, DK) f32 -> dq (B, Nq, H, D) * scale. grid (ceil(nq / 4), H, B).
+// dq_accum (B, H, nq_pad, DK) f32 in fragment order (fp_dq_frag_off) -> dq (B, Nq, H, D) *
+// scale. grid (ceil(nq / 4), H, B).
 template <typename T, int DK>
 __global__ void __launch_bounds__(128) fp_sm80_bwd_dq_convert(const fp_sm80_args a)
 {
@@ -742,13 +761,13 @@ __global__ void __launch_bounds__(128) fp_sm80_bwd_dq_convert(const fp_sm80_args
     const fp_cuda_seq sq_ = fp_cuda_seq_of(a, b);
     if (i >= sq_.nq)
         return;
-    const float *src = a.dq_accum + fp_bwd_ws_row(a, b, h, i) * DK;
+    const float *band = a.dq_accum + fp_bwd_ws_row(a, b, h, i - i % 16) * DK;
     T *dst = reinterpret_cast<T *>(const_cast<void *>(a.dq.ptr)) +
              fp_cuda_row(a.dq, b, sq_.q_start + i, h);
 #pragma unroll
     for (int c = 2 * lane; c < DK; c += 64) {
         if (c < a.d) {
-            const float2 x = *reinterpret_cast<const float2 *>(src + c);
+            const float2 x = *reinterpret_cast<const float2 *>(band + fp_dq_frag_off(i, c));
             dst[c] = fp_from_f32<T>(x.x * a.scale);
             dst[c + 1] = fp_from_f32<T>(x.y * a.scale);
         }

@@ -44,9 +44,10 @@
  * Differences from the reference: P and dS are rounded to f16/bf16 before the products that
  * use them (as in every tensor-core flash kernel); exp2 is the hardware approximation; dQ in the
  * atomic mode is summed in an order that varies from run to run (last-bit differences).
- * Measured (H200, ANCHORS grid, bf16 and fp16, 2026-11-30 07:25,
- * docs/bench/h200-2026-11-30-pfirst.md): 0.86 .. 0.94x SDPA flash (FA2) at D = 64 (median 0.90),
- * 0.93 .. 0.99x at D = 128 (0.95), 0.83 .. 0.93x at D = 256 (the one-warp-per-16-keys kernel
+ * Measured (H200, ANCHORS grid, bf16 and fp16, docs/bench/h200-2026-11-30-pfirst.md): with the
+ * fragment-ordered dQ accumulator (A/B run, 07:57, D <= 128 only) 0.90 .. 1.04x SDPA flash (FA2)
+ * at D = 64 (median 0.98), 1.00 .. 1.04x at D = 128 (1.02); before it (full run, 07:25)
+ * 0.86 .. 0.94x, 0.93 .. 0.99x, and 0.83 .. 0.93x at D = 256 (the one-warp-per-16-keys kernel
  * this replaced, in an A/B run: 0.81 .. 0.87, 0.86 .. 0.91, 0.60 .. 0.68). ncu (same tiles and
  * 8 warps per SM as FA2's kernel, 255 registers): at D = 128 the same ldmatrix and mma counts,
  * 4 % more instructions and more barrier stalls (0.8 vs 0.24 cycles per instruction); at D = 64
@@ -79,10 +80,10 @@ FP_DEV int64_t fp_bwd_ws_row(const fp_sm80_args &a, int b, int h, int64_t i)
  * owns an element in the m16n8 accumulator layout comes first: row 8 r + g, columns 2 t and
  * 2 t + 1 (lane 4 g + t) at 64 r + 2 (4 g + t). A warp's 8-byte reduction then covers 256
  * contiguous bytes, two cache lines, instead of eight rows of 32 bytes. Measured (H200,
- * 2026-11-30 07:57, A/B in one run, docs/bench/h200-2026-11-30-pfirst.md): the backward 6 .. 10 %
- * faster at D = 64 and 128 (doubling the atomics instead, scalar ones, cost 17 .. 20 %: the dQ
- * reductions are a bottleneck). Offset of row i's column c (c even: c and c + 1 are adjacent)
- * from the start of row i's band: */
+ * 2026-11-30 07:57, A/B in one run, docs/bench/h200-2026-11-30-pfirst.md): the backward 5 .. 11 %
+ * faster at D = 64 and 3 .. 7 % at D = 128 (doubling the atomics instead, scalar ones, cost
+ * 13 .. 20 %: the dQ reductions are a bottleneck). Returns the offset of row i's column c from
+ * the start of row i's band (c even: c and c + 1 are adjacent). */
 FP_DEV int fp_dq_frag_off(int i, int c)
 {
     return (c / 8) * 128 + ((i % 16) / 8) * 64 + (i % 8) * 8 + (c % 8);

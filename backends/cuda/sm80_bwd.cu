@@ -224,7 +224,10 @@ FP_DEV void fp_bwd_load_step(const fp_sm80_args &a, T *sq, T *sdo, float *slse, 
  * can issue between the dP products' mma instructions; else S and dP in one loop, then P and dS.
  * Measured (H200, 2026-11-30 07:08, docs/bench/h200-2026-11-30-pfirst.md): 3 .. 4 % faster at
  * D = 64, where a step has twice the exp2s per mma of D = 128; -1 .. +1 % at D = 128. Softcaps
- * always take the fused order (their dS needs the raw score). */
+ * always take the fused order (their dS needs the raw score).
+ * QBUF: Q/dO (and LSE/Dsum) buffers. 2: the next step's loads go out at the top of a step and
+ * have all of it to land; 1 (only where 2 does not fit): they go out after the dK/dV products,
+ * behind one more barrier, and have the dQ product to land. */
 template <int DK, int ALT> struct fp_bwd_cfg;
 template <> struct fp_bwd_cfg<64, 0> {
     enum { NW = 8, BN = 128, BM = 128, SM_Q = 4, KV_K = 4, DQ_Q = 4, P_FIRST = 1, QBUF = 2 };

@@ -43,7 +43,7 @@
  * 2026-11-30 07:25, docs/bench/h200-2026-11-30-pfirst.md): 0.95 .. 1.08x SDPA flash (FA2) at
  * D = 64 (median 0.98), 0.93 .. 1.10x at D = 128 (0.99), 0.82 .. 0.99x at D = 256; up to 355
  * TFLOP/s (D = 128, N = 16384). Limits: 255 registers, D = 64 and D = 128 spill ~60 bytes; 8
- * warps per SM; instruction issue (A/B: ~40 % more instructions per key block cost 9 % at
+ * warps per SM; instruction issue (A/B: 28 % more instructions per key block cost 9 % at
  * D = 64).
  * Details and the ncu profile: docs/bench/README.md.
  */

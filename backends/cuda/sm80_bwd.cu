@@ -58,6 +58,8 @@
 
 #include <math.h>
 
+#include <type_traits>
+
 /* Deterministic dQ kernel: NW warps of 16 query rows, BN keys per step; ALT 1 (D = 256 on
  * devices with 99 KiB per block) has half the rows. */
 template <int DK, int ALT> struct fp_dq_cfg {
@@ -269,12 +271,8 @@ template <int DK, int ALT> constexpr size_t fp_dkdv_smem()
 }
 
 /* Compile-time arguments of the dK/dV kernel's generic lambdas. */
-template <bool B> struct fp_flag {
-    static constexpr bool value = B;
-};
-template <int I> struct fp_int {
-    static constexpr int value = I;
-};
+template <bool B> using fp_flag = std::bool_constant<B>;
+template <int I> using fp_int = std::integral_constant<int, I>;
 
 // q, dout: (B, Nq, H, D); k, v, dk, dv: (B, Nk, Hkv, D); grid (key blocks, Hkv, B).
 template <typename T, int DK, int ALT>
@@ -493,7 +491,9 @@ __global__ void __launch_bounds__(fp_bwd_cfg<DK, ALT>::NW * 32, 1)
             store_tile(s, 0);
             store_tile(dp, sds_minus_sp);
         } else {
-            /* P first, so that its exp2s overlap the dP products; then dS = P (dP - Dsum) */
+            /* P first, so that its exp2s overlap the dP products; then dS = P (dP - Dsum). The
+             * dP products are called in each branch so that they share a basic block with the
+             * exp2s, which the scheduler then interleaves (after the branch they would not). */
             sdp_products(fp_flag<true>(), fp_flag<false>());
             if (!full) {
                 elementwise(fp_int<FP_SCORES_MASK>(), fp_flag<false>());

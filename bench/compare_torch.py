@@ -332,28 +332,20 @@ def main():
                      f"{pair('ours')} | {pair('fa2')} | {pair('cudnn')} | {pair('eff')} | "
                      f"{rpair('fa2')} | {rpair('cudnn')} | {'yes' if ok else 'NO'} "
                      f"({worst:.1e}) |")
-    if bwd_env:
-        alts = [f"ours:{bwd_env[0]}={v}" for v in bwd_env[1][1:]]
-        lines += ["", f"A/B of our backward ({bwd_env[0]}; 'ours' is {bwd_env[0]}="
-                  f"{bwd_env[1][0]}): TFLOP/s and ratio to FA2", "",
+    for env, direction, name in ((bwd_env, "bwd", "backward"), (fwd_env, "fwd", "forward")):
+        if not env:
+            continue
+        alts = [f"ours:{env[0]}={v}" for v in env[1][1:]]
+        lines += ["", f"A/B of our {name} ({env[0]}; 'ours' is {env[0]}="
+                  f"{env[1][0]}): TFLOP/s and ratio to FA2", "",
                   "| dtype | D | N | causal | FA2 | ours | " + " | ".join(alts) + " |",
                   "|---|---|---|---|---|---|" + "---|" * len(alts)]
         for dname, D, N, B, H, causal, t, agree, ok in table:
-            cells = [f"{t[(i, 'bwd')]:.0f} ({ratio(t[(i, 'bwd')], t[('fa2', 'bwd')]):.2f})"
+            fa2 = t[("fa2", direction)]
+            cells = [f"{t[(i, direction)]:.0f} ({ratio(t[(i, direction)], fa2):.2f})"
                      for i in ["ours"] + alts]
             lines.append(f"| {dname} | {D} | {N} | {'yes' if causal else 'no'} | "
-                         f"{t[('fa2', 'bwd')]:.0f} | " + " | ".join(cells) + " |")
-    if fwd_env:
-        alts = [f"ours:{fwd_env[0]}={v}" for v in fwd_env[1][1:]]
-        lines += ["", f"A/B of our forward ({fwd_env[0]}; 'ours' is {fwd_env[0]}="
-                  f"{fwd_env[1][0]}): TFLOP/s and ratio to FA2", "",
-                  "| dtype | D | N | causal | FA2 | ours | " + " | ".join(alts) + " |",
-                  "|---|---|---|---|---|---|" + "---|" * len(alts)]
-        for dname, D, N, B, H, causal, t, agree, ok in table:
-            cells = [f"{t[(i, 'fwd')]:.0f} ({ratio(t[(i, 'fwd')], t[('fa2', 'fwd')]):.2f})"
-                     for i in ["ours"] + alts]
-            lines.append(f"| {dname} | {D} | {N} | {'yes' if causal else 'no'} | "
-                         f"{t[('fa2', 'fwd')]:.0f} | " + " | ".join(cells) + " |")
+                         f"{fa2:.0f} | " + " | ".join(cells) + " |")
     if args.det:
         lines += ["", "Deterministic backward (no atomics), TFLOP/s: " + ", ".join(
             f"{r['dtype']} D{r['D']} N{r['N']}{' causal' if r['causal'] else ''} "

@@ -70,7 +70,7 @@ template <int DK, int ALT> struct fp_dq_cfg {
 #define FP_BWD_ROW_PAD 128
 
 /* Index of row i of (batch b, head h) in the [B, H, nq_pad] workspaces (a row of dq_accum is
- * d_accum floats). */
+ * DK floats). */
 FP_DEV int64_t fp_bwd_ws_row(const fp_sm80_args &a, int b, int h, int64_t i)
 {
     return ((int64_t)b * a.heads + h) * a.nq_pad + i;
@@ -149,36 +149,70 @@ FP_DEV void fp_bwd_tile(const fp_sm80_args &a, const fp_mask32 &mk, float (*s)[4
                                            lse2[r], dsum[r], slope);
 }
 
+/* Rows of the preprocessing and dQ conversion kernels' blocks: one band of the dQ accumulator
+ * (fp_dq_frag_off), so that a block zeroes or reads 16 x DK contiguous floats. */
+#define FP_BWD_BAND 16
+
 // o, dout: (B, Nq, H, D); lse: (B, H, Nq) -> ws_lse2, ws_dsum: (B, H, nq_pad); zeroes dq_accum.
-// grid (nq_pad / 4, H, B), 128 threads, one warp per row.
-template <typename T> __global__ void __launch_bounds__(128) fp_sm80_bwd_pre(const fp_sm80_args a)
+// grid (nq_pad / 16, H, B), 128 threads: 16 rows per block, 8 columns (16 bytes) per thread.
+// Every row's loads are issued before the first product, so that a thread has NP x 32 bytes in
+// flight: this is a memory-bound pass. Measured (H200, ncu, bf16, D = 64, N = 512, B = H = 32,
+// 2026-11-30 08:35, docs/bench/h200-2026-11-30-aux.md): 67 us, from 149 us with one warp per row
+// and 2-byte loads (FlashAttention-2's dot_do_o kernel, same bytes: 71 us); with the dQ
+// conversion below (46 us, from 82; FA2's 62) the backward at N = 512 went from 0.92 to 1.05x
+// FA2.
+template <typename T, int DK>
+__global__ void __launch_bounds__(128) fp_sm80_bwd_pre(const fp_sm80_args a)
 {
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const int i = blockIdx.x * 4 + warp, h = blockIdx.y, b = blockIdx.z;
+    constexpr int TPR = DK / 8;           /* threads per row */
+    constexpr int RPP = 128 / TPR;        /* rows per pass */
+    constexpr int NP = FP_BWD_BAND / RPP; /* passes */
+    const int tid = threadIdx.x, c = (tid % TPR) * 8;
+    const int i0 = blockIdx.x * FP_BWD_BAND + tid / TPR, h = blockIdx.y, b = blockIdx.z;
     const fp_cuda_seq sq_ = fp_cuda_seq_of(a, b);
-    float dsum = 0.0f, lse2 = INFINITY;
-    if (i < sq_.nq) {
-        const T *o = reinterpret_cast<const T *>(a.o.ptr) + fp_cuda_row(a.o, b, sq_.q_start + i, h);
-        const T *d =
-            reinterpret_cast<const T *>(a.dout.ptr) + fp_cuda_row(a.dout, b, sq_.q_start + i, h);
-        for (int c = lane; c < a.d; c += 32)
-            dsum += fp_to_f32(o[c]) * fp_to_f32(d[c]);
+    uint4 ov[NP], dv[NP];
 #pragma unroll
-        for (int off = 16; off > 0; off >>= 1)
-            dsum += __shfl_xor_sync(0xffffffffu, dsum, off);
-        const float l =
-            a.lse[(int64_t)b * a.lse_sb + (int64_t)h * a.lse_sh + (sq_.q_start + i) * a.lse_ss];
-        lse2 = l == -INFINITY ? INFINITY : l * FP_LOG2E;
+    for (int p = 0; p < NP; ++p) {
+        const int i = i0 + p * RPP;
+        ov[p] = dv[p] = make_uint4(0u, 0u, 0u, 0u);
+        if (i < sq_.nq && c < a.d) {
+            ov[p] = *reinterpret_cast<const uint4 *>(reinterpret_cast<const T *>(a.o.ptr) +
+                                                     fp_cuda_row(a.o, b, sq_.q_start + i, h) + c);
+            dv[p] =
+                *reinterpret_cast<const uint4 *>(reinterpret_cast<const T *>(a.dout.ptr) +
+                                                 fp_cuda_row(a.dout, b, sq_.q_start + i, h) + c);
+        }
     }
-    const int64_t idx = fp_bwd_ws_row(a, b, h, i);
-    if (lane == 0) {
-        a.ws_lse2[idx] = lse2;
-        a.ws_dsum[idx] = dsum;
+#pragma unroll
+    for (int p = 0; p < NP; ++p) {
+        const int i = i0 + p * RPP;
+        const T *oe = reinterpret_cast<const T *>(&ov[p]),
+                *de = reinterpret_cast<const T *>(&dv[p]);
+        float dsum = 0.0f;
+#pragma unroll
+        for (int e = 0; e < 8; ++e)
+            dsum = fmaf(fp_to_f32(oe[e]), fp_to_f32(de[e]), dsum);
+#pragma unroll
+        for (int off = TPR / 2; off > 0; off >>= 1)
+            dsum += __shfl_xor_sync(0xffffffffu, dsum, off);
+        if (tid % TPR == 0) {
+            float lse2 = INFINITY; /* rows past the end, and rows that saw nothing: P = 0 */
+            if (i < sq_.nq) {
+                const float l = a.lse[(int64_t)b * a.lse_sb + (int64_t)h * a.lse_sh +
+                                      (sq_.q_start + i) * a.lse_ss];
+                lse2 = l == -INFINITY ? INFINITY : l * FP_LOG2E;
+            }
+            const int64_t idx = fp_bwd_ws_row(a, b, h, i);
+            a.ws_lse2[idx] = lse2;
+            a.ws_dsum[idx] = dsum;
+        }
     }
     if (a.dq_accum) {
-        float4 *row = reinterpret_cast<float4 *>(a.dq_accum + idx * a.d_accum);
-        for (int c = lane; c < a.d_accum / 4; c += 32)
-            row[c] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        float4 *band = reinterpret_cast<float4 *>(
+            a.dq_accum + fp_bwd_ws_row(a, b, h, blockIdx.x * FP_BWD_BAND) * DK);
+#pragma unroll
+        for (int k = tid; k < FP_BWD_BAND * DK / 4; k += 128)
+            band[k] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     }
 }
 
@@ -756,24 +790,38 @@ __global__ void __launch_bounds__(fp_dq_cfg<DK, ALT>::NW * 32) fp_sm80_bwd_dq(co
 }
 
 // dq_accum (B, H, nq_pad, DK) f32 in fragment order (fp_dq_frag_off) -> dq (B, Nq, H, D) *
-// scale. grid (ceil(nq / 4), H, B).
+// scale. grid (ceil(nq / 16), H, B), 128 threads: one band of 16 rows per block. Column piece
+// C of a band (128 C ..) is 16 rows x 8 columns, row-major, so a thread reads one row's piece
+// as 32 contiguous bytes and writes it as 16; all its loads go out before the first store.
 template <typename T, int DK>
 __global__ void __launch_bounds__(128) fp_sm80_bwd_dq_convert(const fp_sm80_args a)
 {
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const int i = blockIdx.x * 4 + warp, h = blockIdx.y, b = blockIdx.z;
+    constexpr int NI = FP_BWD_BAND * DK / 8 / 128; /* (row, piece) items per thread */
+    const int i0 = blockIdx.x * FP_BWD_BAND, h = blockIdx.y, b = blockIdx.z;
     const fp_cuda_seq sq_ = fp_cuda_seq_of(a, b);
-    if (i >= sq_.nq)
+    if (i0 >= sq_.nq)
         return;
-    const float *band = a.dq_accum + fp_bwd_ws_row(a, b, h, i - i % 16) * DK;
+    const float4 *band =
+        reinterpret_cast<const float4 *>(a.dq_accum + fp_bwd_ws_row(a, b, h, i0) * DK);
     T *dst = reinterpret_cast<T *>(const_cast<void *>(a.dq.ptr)) +
-             fp_cuda_row(a.dq, b, sq_.q_start + i, h);
+             fp_cuda_row(a.dq, b, sq_.q_start + i0, h);
+    float4 x[NI][2];
 #pragma unroll
-    for (int c = 2 * lane; c < DK; c += 64) {
-        if (c < a.d) {
-            const float2 x = *reinterpret_cast<const float2 *>(band + fp_dq_frag_off(i, c));
-            dst[c] = fp_from_f32<T>(x.x * a.scale);
-            dst[c + 1] = fp_from_f32<T>(x.y * a.scale);
+    for (int n = 0; n < NI; ++n) {
+        const int k = threadIdx.x + 128 * n; /* piece k / 16, row k % 16 */
+        x[n][0] = band[2 * k];
+        x[n][1] = band[2 * k + 1];
+    }
+#pragma unroll
+    for (int n = 0; n < NI; ++n) {
+        const int k = threadIdx.x + 128 * n, r = k % FP_BWD_BAND, c = 8 * (k / FP_BWD_BAND);
+        if (i0 + r < sq_.nq && c < a.d) {
+            const float f = a.scale;
+            *reinterpret_cast<uint4 *>(dst + r * a.dq.ss + c) =
+                make_uint4(fp_pack2<T>(x[n][0].x * f, x[n][0].y * f),
+                           fp_pack2<T>(x[n][0].z * f, x[n][0].w * f),
+                           fp_pack2<T>(x[n][1].x * f, x[n][1].y * f),
+                           fp_pack2<T>(x[n][1].z * f, x[n][1].w * f));
         }
     }
 }
@@ -881,10 +929,9 @@ static flashport_status fp_bwd_launch(const fp_cuda_ctx *ctx, const fp_problem *
     a.ws_lse2 = (float *)ws;
     a.ws_dsum = a.ws_lse2 + rows;
     a.dq_accum = a.dq_atomic ? a.ws_dsum + rows : NULL;
-    a.d_accum = DK;
 
-    const dim3 pre_grid((unsigned)(a.nq_pad / 4), (unsigned)p->heads, (unsigned)p->batch);
-    fp_sm80_bwd_pre<T><<<pre_grid, 128, 0, stream>>>(a);
+    const dim3 pre_grid((unsigned)(a.nq_pad / FP_BWD_BAND), (unsigned)p->heads, (unsigned)p->batch);
+    fp_sm80_bwd_pre<T, DK><<<pre_grid, 128, 0, stream>>>(a);
     e = cudaGetLastError();
     if (e == cudaSuccess) {
         if (alt == 0)
@@ -895,7 +942,8 @@ static flashport_status fp_bwd_launch(const fp_cuda_ctx *ctx, const fp_problem *
             e = fp_dkdv_launch<T, DK, 2>(ctx, p, a);
     }
     if (e == cudaSuccess && a.dq_atomic && a.nq > 0) {
-        dim3 grid((unsigned)((a.nq + 3) / 4), (unsigned)p->heads, (unsigned)p->batch);
+        dim3 grid((unsigned)((a.nq + FP_BWD_BAND - 1) / FP_BWD_BAND), (unsigned)p->heads,
+                  (unsigned)p->batch);
         fp_sm80_bwd_dq_convert<T, DK><<<grid, 128, 0, stream>>>(a);
         e = cudaGetLastError();
     } else if (e == cudaSuccess && !a.dq_atomic && a.nq > 0) {

@@ -66,8 +66,7 @@ typedef struct fp_sm80_args {
     fp_cuda_view dout, dq, dk, dv;
     float *ws_lse2;  /* [B, H, nq_pad]: LSE * log2(e), +inf where a row sees nothing */
     float *ws_dsum;  /* [B, H, nq_pad]: rowsum(dO * O) */
-    float *dq_accum; /* [B, H, nq_pad, d_accum] f32, atomic mode only */
-    int d_accum;     /* its row length: the kernel's head dim DK */
+    float *dq_accum; /* [B, H, nq_pad, DK] f32 (DK: the kernel's head dim), atomic mode only */
     int nq_pad;
     int dq_atomic; /* the dK/dV kernel also accumulates dQ (atomic mode) */
 } fp_sm80_args;

@@ -33,7 +33,10 @@ def main():
     B, H = max(1, 16384 // N), max(1, 2048 // D)
     if args.sdpa:
         from torch.nn.attention import SDPBackend, sdpa_kernel
-        q, k, v, do = (torch.randn(B, H, N, D, device="cuda", dtype=dtype) for _ in range(4))
+        # the layout bench/compare_torch.py gives both sides: (B, N, H, D) memory, seen as
+        # (B, H, N, D)
+        q, k, v, do = (torch.randn(B, N, H, D, device="cuda", dtype=dtype).transpose(1, 2)
+                       for _ in range(4))
         for t in (q, k, v):
             t.requires_grad_(True)
         with sdpa_kernel(SDPBackend.FLASH_ATTENTION):

@@ -8,7 +8,8 @@
     python3 tests/gpu/stall_sites.py src.csv [--top 40]
 
 Prints the columns found, then the top instructions by sampled stalls with their neighbours'
-opcodes, and the samples summed per opcode.
+opcodes, the samples summed per opcode, and the executed instructions per opcode (the
+instruction mix).
 """
 import argparse
 import collections
@@ -58,6 +59,18 @@ def main():
             name = op[1] if op[0].startswith("@") and len(op) > 1 else op[0]
             per_op[name.split(".")[0]] += num(r[samp])
     print("per opcode:", ", ".join(f"{k} {100 * v / total:.1f}%" for k, v in per_op.most_common(15)))
+    # executed warp instructions per opcode (the instruction mix, to set against another kernel's)
+    ex = next((c for c in cols if c.startswith("Instructions Executed")), None)
+    if ex is not None:
+        mix = collections.Counter()
+        for r in rows:
+            op = r[src].split()
+            if op:
+                name = op[1] if op[0].startswith("@") and len(op) > 1 else op[0]
+                mix[name.split(".")[0]] += num(r[ex])
+        n = sum(mix.values()) or 1.0
+        print(f"executed warp instructions {n:.4g}:",
+              ", ".join(f"{k} {v:.4g} ({100 * v / n:.1f}%)" for k, v in mix.most_common(24)))
 
 
 if __name__ == "__main__":

@@ -169,6 +169,25 @@ FP_DEV bool fp_mask32_visible(const fp_mask32 &m, int i, int j)
     return j >= i + m.lo_off && j < i + m.hi_off && j < m.nk;
 }
 
+/* fp_mask32_visible for one row i and the keys jb + c: key jb + c is visible iff lo <= c < hi.
+ * Per element that is two compares against an immediate c, instead of three against keys. */
+typedef struct fp_mask_row {
+    int lo, hi;
+} fp_mask_row;
+
+FP_DEV fp_mask_row fp_mask32_row(const fp_mask32 &m, int i, int jb)
+{
+    fp_mask_row r;
+    r.lo = i + m.lo_off - jb;
+    r.hi = min(i + m.hi_off, m.nk) - jb;
+    return r;
+}
+
+FP_DEV bool fp_mask_row_visible(const fp_mask_row &r, int c)
+{
+    return c >= r.lo && c < r.hi;
+}
+
 /* How a block of scores is treated: all visible, per-element mask, or mask plus softcap/ALiBi.
  * A template argument, so each variant is straight-line code (a run-time test per element
  * would split the unrolled tile into hundreds of branches). */
@@ -287,6 +306,15 @@ FP_DEV void fp_cp_async16(uint32_t dst, const void *src, int bytes)
 #else
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
                  "r"(bytes));
+#endif
+}
+/* 16 bytes global -> shared, all of them. */
+FP_DEV void fp_cp_async16_full(uint32_t dst, const void *src)
+{
+#ifdef FP_CUDA_EMU
+    fp_emu_cp_async16(dst, src, 16);
+#else
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(src));
 #endif
 }
 FP_DEV void fp_cp_async_commit()
@@ -454,8 +482,10 @@ FP_DEV uint32_t fp_ldsm_addr(uint32_t tile, const fp_ldsm_lane &l, int row0, int
 
 /* Global rows -> shared tile [ROWS][COLS] with cp.async: row r from src + r * stride (16-byte
  * aligned rows: the host stages other layouts, see layout.cu). Rows >= nrows and chunks >=
- * nchunks are zero-filled, so padded head dims and ragged ends add nothing to any product. */
-template <int ROWS, int COLS, int NT, typename T>
+ * nchunks are zero-filled, so padded head dims and ragged ends add nothing to any product.
+ * FAST: a tile wholly inside (nrows >= ROWS, every chunk) is copied without the per-row test
+ * and pointer select; more code, which costs registers in some kernels (see fp_fwd_cfg). */
+template <int ROWS, int COLS, int NT, bool FAST = false, typename T>
 FP_DEV void fp_load_tile(T *tile, const T *src, int64_t stride, int nrows, int nchunks, int tid)
 {
     constexpr int CH = COLS / 8;
@@ -464,6 +494,14 @@ FP_DEV void fp_load_tile(T *tile, const T *src, int64_t stride, int nrows, int n
     const uint32_t dst0 = fp_smem_addr(tile);
     const T *from = src + r0 * stride + c * 8;
     const int64_t step = (int64_t)(NT / CH) * stride;
+    if (FAST && nrows >= ROWS && nchunks == CH) {
+#pragma unroll
+        for (int it = 0; it < ROWS * CH / NT; ++it) {
+            fp_cp_async16_full(dst0 + 2u * fp_swz<COLS>(r0 + it * (NT / CH), c), from);
+            from += step;
+        }
+        return;
+    }
 #pragma unroll
     for (int it = 0; it < ROWS * CH / NT; ++it) {
         const int r = r0 + it * (NT / CH);

@@ -11,7 +11,7 @@
  * and a half iterations to land.
  * S accumulates in f32 registers; online softmax runs on it in log2 units with the softmax
  * scale folded into one FMA before exp2 (ex2.approx), rescaling O only when a row's maximum
- * grew by more than 2^8 at D >= 128 (LAZY, below); P is rounded to the input dtype and fed to
+ * grew by more than 2^8 (LAZY, below); P is rounded to the input dtype and fed to
  * P V from registers. Key blocks outside the window/causal range are never visited; blocks fully
  * inside it skip per-element masking.
  *
@@ -57,22 +57,28 @@
 /* ALT 1 and 2 are the configurations for devices whose blocks may not have ALT 0's shared
  * memory: D = 256 takes 192 KiB, more than sm_80's 163; ALT 1 takes 160 KiB, ALT 2 (key blocks
  * of 32) 96 KiB, which fits sm_86/89's 99. Smaller devices get
- * FLASHPORT_ERR_UNSUPPORTED_HEAD_DIM at D > 128. */
+ * FLASHPORT_ERR_UNSUPPORTED_HEAD_DIM at D > 128.
+ * LAZY: see FP_FWD_RESCALE_SLACK below. FAST_LOAD: tiles that lie wholly inside the sequence
+ * are copied without the per-row bounds test (fp_load_tile's FAST; about 6 instructions per
+ * 16-byte copy). Measured (H200, 2026-11-30 09:05 and 09:30, A/B in one run,
+ * docs/bench/h200-2026-11-30-aux.md): +2 .. +5 % at D = 128; at D = 64 -3 .. +2 % in the loop
+ * and -3 .. -5 % in the prologue alone (ptxas spills more), -1 .. +1 % at D = 256: used at
+ * D = 128 only. */
 template <int DK, int ALT> struct fp_fwd_cfg;
 template <> struct fp_fwd_cfg<64, 0> {
-    enum { NW = 4, MT = 2, BN = 128, LAZY = 0 };
+    enum { NW = 4, MT = 2, BN = 128, LAZY = 1, FAST_LOAD = 0 };
 };
 template <> struct fp_fwd_cfg<128, 0> {
-    enum { NW = 4, MT = 2, BN = 64, LAZY = 1 };
+    enum { NW = 4, MT = 2, BN = 64, LAZY = 1, FAST_LOAD = 1 };
 };
 template <> struct fp_fwd_cfg<256, 0> {
-    enum { NW = 8, MT = 1, BN = 64, LAZY = 1 };
+    enum { NW = 8, MT = 1, BN = 64, LAZY = 1, FAST_LOAD = 0 };
 };
 template <> struct fp_fwd_cfg<256, 1> {
-    enum { NW = 4, MT = 1, BN = 64, LAZY = 1 };
+    enum { NW = 4, MT = 1, BN = 64, LAZY = 1, FAST_LOAD = 0 };
 };
 template <> struct fp_fwd_cfg<256, 2> {
-    enum { NW = 4, MT = 1, BN = 32, LAZY = 1 };
+    enum { NW = 4, MT = 1, BN = 32, LAZY = 1, FAST_LOAD = 0 };
 };
 
 /* LAZY: the O accumulator and l are rescaled only when some row of the warp sees a block maximum
@@ -80,8 +86,11 @@ template <> struct fp_fwd_cfg<256, 2> {
  * that maximum stays, P <= 2^8 and the rescale (D / 8 x 4 multiplies per row pair, an exp2 per
  * row) is skipped. O / l and LSE = m + log l come out the same: both use the same m. After the
  * first key blocks a row's maximum rarely grows by that much, so most blocks skip it. Measured
- * (H200, 2026-11-30 07:17, A/B in one run, docs/bench/h200-2026-11-30-pfirst.md): +2 .. +6 % at
- * D = 128, -1 .. +1 % at D = 256, -2 .. +2 % at D = 64 (whose rescale is half as long: not used).
+ * (H200, A/B in one run): +2 .. +6 % at D = 128, -1 .. +1 % at D = 256 (2026-11-30 07:17,
+ * docs/bench/h200-2026-11-30-pfirst.md); at D = 64, whose rescale is half as long, -2 .. +2 % on
+ * its own (07:17) and 0 .. +2 % with the per-row mask of fp_fwd_scores (09:20,
+ * docs/bench/h200-2026-11-30-aux.md). The table's large-logit cases at D = 64, 128 and 256 make
+ * rows rescale mid-row; a forward that never rescales fails the f16 ones (P overflows).
  */
 #define FP_FWD_RESCALE_SLACK 8.0f
 
@@ -96,30 +105,43 @@ template <int DK, int ALT> constexpr size_t fp_fwd_smem()
 }
 
 /* Masks (and for FP_SCORES_TRANSFORM softcaps and ALiBi-shifts, into log2 units) a warp's
- * score tile: MT x 16 rows from row0, NB8 x 8 keys from j0. Masked scores become -inf. */
+ * score tile: MT x 16 rows from row0, NB8 x 8 keys from j0. Masked scores become -inf. The
+ * mask-only mode takes the mask per row (fp_mask32_row), so that a score costs two compares
+ * against an immediate column and a select, not three compares against its key; the transform
+ * mode keeps the per-key test (taking it per row there made ptxas spill 500 bytes at D = 64). */
 template <int MODE, int MT, int NB8>
 FP_DEV void fp_fwd_scores(float (*s)[NB8][4], const fp_sm80_args &a, const fp_mask32 &mk, int row0,
                           int j0, int nq, int nk, float slope, int lane)
 {
     const int g = lane >> 2, t = lane & 3;
+    const int jb = j0 + 2 * t; /* this thread's first key; its others are jb + 8 j + e */
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
         for (int r = 0; r < 2; ++r) {
             const int i = row0 + mt * 16 + g + 8 * r;
+            if constexpr (MODE == FP_SCORES_MASK) {
+                const fp_mask_row mr = fp_mask32_row(mk, i, jb);
 #pragma unroll
-            for (int j = 0; j < NB8; ++j)
+                for (int j = 0; j < NB8; ++j)
 #pragma unroll
-                for (int e = 0; e < 2; ++e) {
-                    const int kj = j0 + 8 * j + 2 * t + e;
-                    float &x = s[mt][j][2 * r + e];
-                    float v = x;
-                    if constexpr (MODE == FP_SCORES_TRANSFORM)
-                        v = fp_score_transform(x * a.scale, a.softcap, slope,
-                                               fp_alibi_distance(i, kj, nq, nk)) *
-                            FP_LOG2E;
-                    x = fp_mask32_visible(mk, i, kj) ? v : -INFINITY;
-                }
+                    for (int e = 0; e < 2; ++e) {
+                        float &x = s[mt][j][2 * r + e];
+                        x = fp_mask_row_visible(mr, 8 * j + e) ? x : -INFINITY;
+                    }
+            } else {
+#pragma unroll
+                for (int j = 0; j < NB8; ++j)
+#pragma unroll
+                    for (int e = 0; e < 2; ++e) {
+                        const int kj = jb + 8 * j + e;
+                        float &x = s[mt][j][2 * r + e];
+                        const float v = fp_score_transform(x * a.scale, a.softcap, slope,
+                                                           fp_alibi_distance(i, kj, nq, nk)) *
+                                        FP_LOG2E;
+                        x = fp_mask32_visible(mk, i, kj) ? v : -INFINITY;
+                    }
+            }
         }
 }
 
@@ -131,6 +153,7 @@ __global__ void __launch_bounds__(fp_fwd_cfg<DK, ALT>::NW * 32)
     constexpr int NW = fp_fwd_cfg<DK, ALT>::NW, MT = fp_fwd_cfg<DK, ALT>::MT;
     constexpr int BN = fp_fwd_cfg<DK, ALT>::BN;
     constexpr bool LAZY = fp_fwd_cfg<DK, ALT>::LAZY;
+    constexpr bool FAST = fp_fwd_cfg<DK, ALT>::FAST_LOAD;
     constexpr int NT = NW * 32, BM = NW * MT * 16;
     constexpr int KT = DK / 16, NB8 = BN / 8, DT8 = DK / 8;
 
@@ -165,18 +188,18 @@ __global__ void __launch_bounds__(fp_fwd_cfg<DK, ALT>::NW * 32)
     const T *kg = reinterpret_cast<const T *>(a.k.ptr) + fp_cuda_row(a.k, b, sq_.k_start, kvh);
     const T *vg = reinterpret_cast<const T *>(a.v.ptr) + fp_cuda_row(a.v, b, sq_.k_start, kvh);
 
-    fp_load_tile<BM, DK, NT>(sq, qg, a.q.ss, nq - m0, nchunks, tid);
+    fp_load_tile<BM, DK, NT, FAST>(sq, qg, a.q.ss, nq - m0, nchunks, tid);
     if (nb_begin < nb_end)
-        fp_load_tile<BN, DK, NT>(sk, kg + (int64_t)nb_begin * BN * a.k.ss, a.k.ss,
-                                 nk - nb_begin * BN, nchunks, tid);
+        fp_load_tile<BN, DK, NT, FAST>(sk, kg + (int64_t)nb_begin * BN * a.k.ss, a.k.ss,
+                                       nk - nb_begin * BN, nchunks, tid);
     fp_cp_async_commit();
     if (nb_begin < nb_end)
-        fp_load_tile<BN, DK, NT>(sv, vg + (int64_t)nb_begin * BN * a.v.ss, a.v.ss,
-                                 nk - nb_begin * BN, nchunks, tid);
+        fp_load_tile<BN, DK, NT, FAST>(sv, vg + (int64_t)nb_begin * BN * a.v.ss, a.v.ss,
+                                       nk - nb_begin * BN, nchunks, tid);
     fp_cp_async_commit();
     if (nb_begin + 1 < nb_end)
-        fp_load_tile<BN, DK, NT>(sk + BN * DK, kg + (int64_t)(nb_begin + 1) * BN * a.k.ss, a.k.ss,
-                                 nk - (nb_begin + 1) * BN, nchunks, tid);
+        fp_load_tile<BN, DK, NT, FAST>(sk + BN * DK, kg + (int64_t)(nb_begin + 1) * BN * a.k.ss,
+                                       a.k.ss, nk - (nb_begin + 1) * BN, nchunks, tid);
     fp_cp_async_commit();
 
     const uint32_t sq_a = fp_smem_addr(sq), sk_a = fp_smem_addr(sk), sv_a = fp_smem_addr(sv);
@@ -209,8 +232,9 @@ __global__ void __launch_bounds__(fp_fwd_cfg<DK, ALT>::NW * 32)
         fp_cp_async_wait<2>(); /* K(nb) has landed */
         __syncthreads();
         if (nb + 1 < nb_end)
-            fp_load_tile<BN, DK, NT>(sv + (buf ^ 1) * BN * DK, vg + (int64_t)(nb + 1) * BN * a.v.ss,
-                                     a.v.ss, nk - (nb + 1) * BN, nchunks, tid);
+            fp_load_tile<BN, DK, NT, FAST>(sv + (buf ^ 1) * BN * DK,
+                                           vg + (int64_t)(nb + 1) * BN * a.v.ss, a.v.ss,
+                                           nk - (nb + 1) * BN, nchunks, tid);
         fp_cp_async_commit();
 
         /* S = Q K^T */
@@ -298,8 +322,8 @@ __global__ void __launch_bounds__(fp_fwd_cfg<DK, ALT>::NW * 32)
         fp_cp_async_wait<2>(); /* V(nb) has landed */
         __syncthreads();
         if (nb + 2 < nb_end)
-            fp_load_tile<BN, DK, NT>(sk + buf * BN * DK, kg + (int64_t)(nb + 2) * BN * a.k.ss,
-                                     a.k.ss, nk - (nb + 2) * BN, nchunks, tid);
+            fp_load_tile<BN, DK, NT, FAST>(sk + buf * BN * DK, kg + (int64_t)(nb + 2) * BN * a.k.ss,
+                                           a.k.ss, nk - (nb + 2) * BN, nchunks, tid);
         fp_cp_async_commit();
 
         /* O += P V */

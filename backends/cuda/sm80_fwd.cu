@@ -60,25 +60,33 @@
  * FLASHPORT_ERR_UNSUPPORTED_HEAD_DIM at D > 128.
  * LAZY: see FP_FWD_RESCALE_SLACK below. FAST_LOAD: tiles that lie wholly inside the sequence
  * are copied without the per-row bounds test (fp_load_tile's FAST; about 6 instructions per
- * 16-byte copy). Measured (H200, 2026-11-30 09:05 and 09:30, A/B in one run,
+ * 16-byte copy). Measured (H200, 2026-11-30 08:42 and 08:52, A/B in one run,
  * docs/bench/h200-2026-11-30-aux.md): +2 .. +5 % at D = 128; at D = 64 -3 .. +2 % in the loop
  * and -3 .. -5 % in the prologue alone (ptxas spills more), -1 .. +1 % at D = 256: used at
- * D = 128 only. */
+ * D = 128 only.
+ * EARLY_V: wait for the V tile (and pass the barrier that frees the K buffer for the prefetch)
+ * before the exponentials instead of after them, so that the exp2s and the P V mma instructions
+ * share one basic block and ptxas interleaves them (at D = 64, 88 of the 128 MUFU.EX2 of a key
+ * block then sit next to an HMMA, against none). Measured (H200, 2026-11-30 09:03, A/B in one
+ * run, docs/bench/h200-2026-11-30-aux.md): +8 .. +10 % at D = 256, -1 .. +4 % (median +2 %) at
+ * D = 128, -3 .. -5 % at D = 64 (whose exp2 block is twice as long per mma; there the other
+ * warp of the scheduler hides it better). The 99 KiB / 163 KiB configurations were not timed
+ * with it and keep the late wait. */
 template <int DK, int ALT> struct fp_fwd_cfg;
 template <> struct fp_fwd_cfg<64, 0> {
-    enum { NW = 4, MT = 2, BN = 128, LAZY = 1, FAST_LOAD = 0 };
+    enum { NW = 4, MT = 2, BN = 128, LAZY = 1, FAST_LOAD = 0, EARLY_V = 0 };
 };
 template <> struct fp_fwd_cfg<128, 0> {
-    enum { NW = 4, MT = 2, BN = 64, LAZY = 1, FAST_LOAD = 1 };
+    enum { NW = 4, MT = 2, BN = 64, LAZY = 1, FAST_LOAD = 1, EARLY_V = 1 };
 };
 template <> struct fp_fwd_cfg<256, 0> {
-    enum { NW = 8, MT = 1, BN = 64, LAZY = 1, FAST_LOAD = 0 };
+    enum { NW = 8, MT = 1, BN = 64, LAZY = 1, FAST_LOAD = 0, EARLY_V = 1 };
 };
 template <> struct fp_fwd_cfg<256, 1> {
-    enum { NW = 4, MT = 1, BN = 64, LAZY = 1, FAST_LOAD = 0 };
+    enum { NW = 4, MT = 1, BN = 64, LAZY = 1, FAST_LOAD = 0, EARLY_V = 0 };
 };
 template <> struct fp_fwd_cfg<256, 2> {
-    enum { NW = 4, MT = 1, BN = 32, LAZY = 1, FAST_LOAD = 0 };
+    enum { NW = 4, MT = 1, BN = 32, LAZY = 1, FAST_LOAD = 0, EARLY_V = 0 };
 };
 
 /* LAZY: the O accumulator and l are rescaled only when some row of the warp sees a block maximum
@@ -88,7 +96,7 @@ template <> struct fp_fwd_cfg<256, 2> {
  * first key blocks a row's maximum rarely grows by that much, so most blocks skip it. Measured
  * (H200, A/B in one run): +2 .. +6 % at D = 128, -1 .. +1 % at D = 256 (2026-11-30 07:17,
  * docs/bench/h200-2026-11-30-pfirst.md); at D = 64, whose rescale is half as long, -2 .. +2 % on
- * its own (07:17) and 0 .. +2 % with the per-row mask of fp_fwd_scores (09:20,
+ * its own (07:17) and 0 .. +2 % with the per-row mask of fp_fwd_scores (08:46,
  * docs/bench/h200-2026-11-30-aux.md). The table's large-logit cases at D = 64, 128 and 256 make
  * rows rescale mid-row; a forward that never rescales fails the f16 ones (P overflows).
  */
@@ -154,6 +162,7 @@ __global__ void __launch_bounds__(fp_fwd_cfg<DK, ALT>::NW * 32)
     constexpr int BN = fp_fwd_cfg<DK, ALT>::BN;
     constexpr bool LAZY = fp_fwd_cfg<DK, ALT>::LAZY;
     constexpr bool FAST = fp_fwd_cfg<DK, ALT>::FAST_LOAD;
+    constexpr bool EARLY_V = fp_fwd_cfg<DK, ALT>::EARLY_V;
     constexpr int NT = NW * 32, BM = NW * MT * 16;
     constexpr int KT = DK / 16, NB8 = BN / 8, DT8 = DK / 8;
 
@@ -265,6 +274,17 @@ __global__ void __launch_bounds__(fp_fwd_cfg<DK, ALT>::NW * 32)
             }
         }
 
+        /* V(nb) has landed, and every warp is done with K(nb), whose buffer takes K(nb + 2);
+         * before the exponentials or after them (EARLY_V, above). */
+        auto wait_v = [&]() {
+            fp_cp_async_wait<2>();
+            __syncthreads();
+            if (nb + 2 < nb_end)
+                fp_load_tile<BN, DK, NT, FAST>(sk + buf * BN * DK,
+                                               kg + (int64_t)(nb + 2) * BN * a.k.ss, a.k.ss,
+                                               nk - (nb + 2) * BN, nchunks, tid);
+            fp_cp_async_commit();
+        };
         /* Mask and transform (blocks that need it), online softmax; P overwrites S. */
         const bool full =
             fp_mask_block_full(m0, min(m0 + BM, nq), j0, j0 + BN, nq, nk, a.left, a.right);
@@ -301,6 +321,8 @@ __global__ void __launch_bounds__(fp_fwd_cfg<DK, ALT>::NW * 32)
                 }
             }
         }
+        if constexpr (EARLY_V)
+            wait_v();
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt) {
 #pragma unroll
@@ -319,12 +341,8 @@ __global__ void __launch_bounds__(fp_fwd_cfg<DK, ALT>::NW * 32)
             }
         }
 
-        fp_cp_async_wait<2>(); /* V(nb) has landed */
-        __syncthreads();
-        if (nb + 2 < nb_end)
-            fp_load_tile<BN, DK, NT, FAST>(sk + buf * BN * DK, kg + (int64_t)(nb + 2) * BN * a.k.ss,
-                                           a.k.ss, nk - (nb + 2) * BN, nchunks, tid);
-        fp_cp_async_commit();
+        if constexpr (!EARLY_V)
+            wait_v();
 
         /* O += P V */
         const uint32_t vt = sv_a + buf * BN * DK * 2;

@@ -186,12 +186,16 @@ __global__ void __launch_bounds__(128) fp_sm80_bwd_pre(const fp_sm80_args a)
 #pragma unroll
     for (int p = 0; p < NP; ++p) {
         const int i = i0 + p * RPP;
-        const T *oe = reinterpret_cast<const T *>(&ov[p]),
-                *de = reinterpret_cast<const T *>(&dv[p]);
+        /* word by word (taking the vectors' addresses put them in local memory on sm_80) */
+        const uint32_t ow[4] = {ov[p].x, ov[p].y, ov[p].z, ov[p].w};
+        const uint32_t dw[4] = {dv[p].x, dv[p].y, dv[p].z, dv[p].w};
         float dsum = 0.0f;
 #pragma unroll
-        for (int e = 0; e < 8; ++e)
-            dsum = fmaf(fp_to_f32(oe[e]), fp_to_f32(de[e]), dsum);
+        for (int e = 0; e < 4; ++e) {
+            const float2 x = fp_unpack2<T>(ow[e]), y = fp_unpack2<T>(dw[e]);
+            dsum = fmaf(x.x, y.x, dsum);
+            dsum = fmaf(x.y, y.y, dsum);
+        }
 #pragma unroll
         for (int off = TPR / 2; off > 0; off >>= 1)
             dsum += __shfl_xor_sync(0xffffffffu, dsum, off);

@@ -231,6 +231,11 @@ template <> struct fp_dt<__half> {
         return *reinterpret_cast<uint32_t *>(&h);
     }
     static __device__ __forceinline__ __half from_f32(float x) { return __float2half_rn(x); }
+    static __device__ __forceinline__ float2 unpack2(uint32_t w)
+    {
+        return make_float2(__half2float(__ushort_as_half((unsigned short)(w & 0xffffu))),
+                           __half2float(__ushort_as_half((unsigned short)(w >> 16))));
+    }
     static __device__ __forceinline__ void mma(float c[4], const uint32_t a[4], uint32_t b0,
                                                uint32_t b1)
     {
@@ -254,6 +259,11 @@ template <> struct fp_dt<__nv_bfloat16> {
     {
         return __float2bfloat16_rn(x);
     }
+    static __device__ __forceinline__ float2 unpack2(uint32_t w)
+    {
+        return make_float2(__bfloat162float(__ushort_as_bfloat16((unsigned short)(w & 0xffffu))),
+                           __bfloat162float(__ushort_as_bfloat16((unsigned short)(w >> 16))));
+    }
     static __device__ __forceinline__ void mma(float c[4], const uint32_t a[4], uint32_t b0,
                                                uint32_t b1)
     {
@@ -271,6 +281,11 @@ template <> struct fp_dt<__nv_bfloat16> {
 template <typename T> FP_DEV uint32_t fp_pack2(float lo, float hi)
 {
     return fp_dt<T>::pack2(lo, hi);
+}
+/* The two values of a 32-bit pair (low half first), as f32. */
+template <typename T> FP_DEV float2 fp_unpack2(uint32_t w)
+{
+    return fp_dt<T>::unpack2(w);
 }
 template <typename T> FP_DEV T fp_from_f32(float x)
 {

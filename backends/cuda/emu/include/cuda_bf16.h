@@ -31,5 +31,10 @@ static inline __nv_bfloat162 __floats2bfloat162_rn(float lo, float hi)
     __nv_bfloat162 r = {__float2bfloat16_rn(lo), __float2bfloat16_rn(hi)};
     return r;
 }
+static inline __nv_bfloat16 __ushort_as_bfloat16(uint16_t b)
+{
+    __nv_bfloat16 h = {b};
+    return h;
+}
 
 #endif /* FLASHPORT_CUDA_EMU_BF16_H */

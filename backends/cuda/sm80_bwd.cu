@@ -44,14 +44,14 @@
  * Differences from the reference: P and dS are rounded to f16/bf16 before the products that
  * use them (as in every tensor-core flash kernel); exp2 is the hardware approximation; dQ in the
  * atomic mode is summed in an order that varies from run to run (last-bit differences).
- * Measured (H200, ANCHORS grid, bf16 and fp16, docs/bench/h200-2026-11-30-pfirst.md): with the
- * fragment-ordered dQ accumulator (A/B run, 07:57, D <= 128 only) 0.90 .. 1.04x SDPA flash (FA2)
- * at D = 64 (median 0.98), 1.00 .. 1.04x at D = 128 (1.02); before it (full run, 07:25)
- * 0.86 .. 0.94x, 0.93 .. 0.99x, and 0.83 .. 0.93x at D = 256 (the one-warp-per-16-keys kernel
- * this replaced, in an A/B run: 0.81 .. 0.87, 0.86 .. 0.91, 0.60 .. 0.68). ncu (same tiles and
- * 8 warps per SM as FA2's kernel, 255 registers): at D = 128 the same ldmatrix and mma counts,
- * 4 % more instructions and more barrier stalls (0.8 vs 0.24 cycles per instruction); at D = 64
- * 19 % fewer instructions than FA2 but 8.2 cycles per instruction against 6.1: latency bound.
+ * Measured (H200, ANCHORS grid, bf16 and fp16, 2026-11-30 09:08 and 09:09,
+ * docs/bench/h200-2026-11-30-aux.md): 0.99 .. 1.08x SDPA flash (FA2) at D = 64 (median 1.04),
+ * 1.03 .. 1.10x at D = 128 (1.05), 0.96 .. 1.05x at D = 256 (0.99); the earlier steps
+ * (fragment-ordered dQ, P before dP, the 2-D warp tiling) are in h200-2026-11-30-pfirst.md and
+ * -bwd2d.md. ncu (same tiles and 8 warps per SM as FA2's kernel, 255 registers; D = 64,
+ * N = 8192): 14 % fewer instructions than FA2's kernel but 7.1 cycles per instruction against
+ * 6.1 (barrier 0.56 vs 0.26, shared-memory queue 0.78 vs 0.30): latency bound, 1 % slower; at
+ * N = 512 our dK/dV kernel is the faster one and the side kernels decide (see fp_sm80_bwd_pre).
  */
 #include "backends/cuda/cuda_internal.h"
 #include "backends/cuda/sm80_common.cuh"

@@ -40,12 +40,13 @@
  * Differences from the reference: P is rounded to f16/bf16 before P V (as every tensor-core
  * flash kernel does; the row sum uses the unrounded P); exp2 is the hardware approximation.
  * Measured (H200, bf16/fp16, ANCHORS grid, tests/gpu/run_h200.sh -> bench/compare_torch.py,
- * 2026-11-30 07:25, docs/bench/h200-2026-11-30-pfirst.md): 0.95 .. 1.08x SDPA flash (FA2) at
- * D = 64 (median 0.98), 0.93 .. 1.10x at D = 128 (0.99), 0.82 .. 0.99x at D = 256; up to 355
- * TFLOP/s (D = 128, N = 16384). Limits: 255 registers, D = 64 and D = 128 spill ~60 bytes; 8
- * warps per SM; instruction issue (A/B: 28 % more instructions per key block cost 9 % at
- * D = 64).
- * Details and the ncu profile: docs/bench/README.md.
+ * 2026-11-30 09:08 and 09:09, docs/bench/h200-2026-11-30-aux.md): 0.98 .. 1.12x SDPA flash
+ * (FA2) at D = 64 (median 1.00 .. 1.02), 0.96 .. 1.16x at D = 128 (1.04 .. 1.08), 0.89 .. 1.06x
+ * at D = 256; up to 382 TFLOP/s (D = 128, N = 16384). Limits: 255 registers, D = 64 and D = 128
+ * spill 70 .. 80 bytes; 8 warps per SM; latency (ncu: the same mma and ldmatrix counts as FA2's
+ * kernel and 16 % fewer instructions, but 4.5 cycles per instruction against 3.7); at N = 512,
+ * 3.9 us per block outside the key loop against FA2's 2.7.
+ * Details and the ncu profiles: docs/bench/README.md.
  */
 #include "backends/cuda/cuda_internal.h"
 #include "backends/cuda/sm80_common.cuh"
@@ -66,12 +67,12 @@
  * D = 128 only.
  * EARLY_V: wait for the V tile (and pass the barrier that frees the K buffer for the prefetch)
  * before the exponentials instead of after them, so that the exp2s and the P V mma instructions
- * share one basic block and ptxas interleaves them (at D = 64, 88 of the 128 MUFU.EX2 of a key
- * block then sit next to an HMMA, against none). Measured (H200, 2026-11-30 09:03, A/B in one
- * run, docs/bench/h200-2026-11-30-aux.md): +8 .. +10 % at D = 256, -1 .. +4 % (median +2 %) at
- * D = 128, -3 .. -5 % at D = 64 (whose exp2 block is twice as long per mma; there the other
- * warp of the scheduler hides it better). The 99 KiB / 163 KiB configurations were not timed
- * with it and keep the late wait. */
+ * share one basic block and ptxas interleaves them (in the D = 64 kernel, 88 of its 260
+ * MUFU.EX2 then sit within four instructions of an HMMA, against none). Measured (H200, 2026-11-30
+ * 09:03, A/B in one run, docs/bench/h200-2026-11-30-aux.md): +8 .. +10 % at D = 256, -1 .. +4 %
+ * (median +2 %) at D = 128, -3 .. -5 % at D = 64 (whose exp2 block is twice as long per mma; there
+ * the other warp of the scheduler hides it better). The 99 KiB / 163 KiB configurations were not
+ * timed with it and keep the late wait. */
 template <int DK, int ALT> struct fp_fwd_cfg;
 template <> struct fp_fwd_cfg<64, 0> {
     enum { NW = 4, MT = 2, BN = 128, LAZY = 1, FAST_LOAD = 0, EARLY_V = 0 };

@@ -52,26 +52,25 @@ def main():
         prev = rows[i - 1][src].split()[0] if i > 0 else ""
         print(f"{100 * num(r[samp]) / total:5.1f}%  {r.get('Address', '')}  {r[src][:70]:70s}"
               f"  (after {prev})")
-    per_op = collections.Counter()
-    for r in rows:
-        op = r[src].split()
-        if op:
-            name = op[1] if op[0].startswith("@") and len(op) > 1 else op[0]
-            per_op[name.split(".")[0]] += num(r[samp])
-    print("per opcode:", ", ".join(f"{k} {100 * v / total:.1f}%" for k, v in per_op.most_common(15)))
-    # executed warp instructions per opcode (the instruction mix, to set against another kernel's)
-    ex = next((c for c in cols if c.startswith("Instructions Executed")), None)
-    if ex is not None:
-        mix = collections.Counter()
+    def per_opcode(column):
+        """column summed per opcode (without its modifiers and predicate)"""
+        sums = collections.Counter()
         for r in rows:
             op = r[src].split()
             if op:
                 name = op[1] if op[0].startswith("@") and len(op) > 1 else op[0]
-                mix[name.split(".")[0]] += num(r[ex])
+                sums[name.split(".")[0]] += num(r[column])
+        return sums
+
+    per_op = per_opcode(samp)
+    print("per opcode:", ", ".join(f"{k} {100 * v / total:.1f}%" for k, v in per_op.most_common(15)))
+    # executed warp instructions per opcode (the instruction mix, to set against another kernel's)
+    ex = next((c for c in cols if c.startswith("Instructions Executed")), None)
+    if ex is not None:
+        mix = per_opcode(ex)
         n = sum(mix.values()) or 1.0
         print(f"executed warp instructions {n:.4g}:",
               ", ".join(f"{k} {v:.4g} ({100 * v / n:.1f}%)" for k, v in mix.most_common(24)))
-
 
 if __name__ == "__main__":
     main()

@@ -323,15 +323,6 @@ FP_DEV void fp_cp_async16(uint32_t dst, const void *src, int bytes)
                  "r"(bytes));
 #endif
 }
-/* 16 bytes global -> shared, all of them. */
-FP_DEV void fp_cp_async16_full(uint32_t dst, const void *src)
-{
-#ifdef FP_CUDA_EMU
-    fp_emu_cp_async16(dst, src, 16);
-#else
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(src));
-#endif
-}
 FP_DEV void fp_cp_async_commit()
 {
 #ifdef FP_CUDA_EMU
@@ -512,7 +503,7 @@ FP_DEV void fp_load_tile(T *tile, const T *src, int64_t stride, int nrows, int n
     if (FAST && nrows >= ROWS && nchunks == CH) {
 #pragma unroll
         for (int it = 0; it < ROWS * CH / NT; ++it) {
-            fp_cp_async16_full(dst0 + 2u * fp_swz<COLS>(r0 + it * (NT / CH), c), from);
+            fp_cp_async16(dst0 + 2u * fp_swz<COLS>(r0 + it * (NT / CH), c), from, 16);
             from += step;
         }
         return;

@@ -202,8 +202,7 @@ __global__ void __launch_bounds__(128) fp_sm80_bwd_pre(const fp_sm80_args a)
         if (tid % TPR == 0) {
             float lse2 = INFINITY; /* rows past the end, and rows that saw nothing: P = 0 */
             if (i < sq_.nq) {
-                const float l = a.lse[(int64_t)b * a.lse_sb + (int64_t)h * a.lse_sh +
-                                      (sq_.q_start + i) * a.lse_ss];
+                const float l = a.lse[fp_cuda_lse_off(a, b, sq_.q_start + i, h)];
                 lse2 = l == -INFINITY ? INFINITY : l * FP_LOG2E;
             }
             const int64_t idx = fp_bwd_ws_row(a, b, h, i);

@@ -145,6 +145,13 @@ FP_DEV int64_t fp_cuda_row(const fp_cuda_view &v, int b, int64_t token, int h)
     return (int64_t)b * v.sb + token * v.ss + (int64_t)h * v.sh;
 }
 
+/* Element offset of the LSE of row (b, token, h) in the (B, H, Nq) LSE tensor; token as in
+ * fp_cuda_row. */
+FP_DEV int64_t fp_cuda_lse_off(const fp_sm80_args &a, int b, int64_t token, int h)
+{
+    return (int64_t)b * a.lse_sb + (int64_t)h * a.lse_sh + token * a.lse_ss;
+}
+
 /* fp_mask_visible (core/mask.h) in 32-bit integers for one sequence, for per-element masking:
  * key j is visible from row i iff i + lo_off <= j < i + hi_off and j < nk (the same
  * inequalities; an unbounded side gets an offset no position reaches). Positions < 2^30. */

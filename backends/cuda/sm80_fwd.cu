@@ -394,8 +394,7 @@ __global__ void __launch_bounds__(fp_fwd_cfg<DK, ALT>::NW * 32)
                 for (int r = 0; r < 2; ++r) {
                     const int i = m0 + wrow + mt * 16 + g + 8 * r;
                     if (i < nq)
-                        a.lse[(int64_t)b * a.lse_sb + (int64_t)h * a.lse_sh +
-                              (sq_.q_start + i) * a.lse_ss] = lse[mt][r];
+                        a.lse[fp_cuda_lse_off(a, b, sq_.q_start + i, h)] = lse[mt][r];
                 }
         }
     } else {
@@ -457,7 +456,7 @@ __global__ void __launch_bounds__(128) fp_sm80_fwd_combine(const fp_sm80_args a)
         }
     }
     if (a.lse && lane == 0)
-        a.lse[(int64_t)b * a.lse_sb + (int64_t)h * a.lse_sh + (sq_.q_start + i) * a.lse_ss] = lse;
+        a.lse[fp_cuda_lse_off(a, b, sq_.q_start + i, h)] = lse;
 }
 
 template <typename T, int DK, int ALT>

@@ -236,59 +236,41 @@ __global__ void __launch_bounds__(fp_fwd_cfg<DK, ALT>::NW * 32)
     const float slope = a.alibi ? a.alibi[h] : 0.0f;
     const fp_mask32 mk = fp_mask32_make(nq, nk, a.left, a.right);
 
-    for (int nb = nb_begin; nb < nb_end; ++nb) {
-        const int buf = (nb - nb_begin) & 1;
+    /* The steps of one key block nb, shared by the two schedules below. K(nb) and V(nb) sit in
+     * buffer (nb - nb_begin) % 2. */
+    auto qk = [&](float(&s)[MT][NB8][4],
+                  int nb) { /* S = Q K^T */
+#pragma unroll
+                            for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+                                for (int j = 0; j < NB8; ++j)
+#pragma unroll
+                                    for (int e = 0; e < 4; ++e)
+                                        s[mt][j][e] = 0.0f;
+                            const uint32_t kt = sk_a + ((nb - nb_begin) & 1) * BN * DK * 2;
+#pragma unroll
+                            for (int kk = 0; kk < KT; ++kk) {
+                                uint32_t qa[MT][4];
+#pragma unroll
+                                for (int mt = 0; mt < MT; ++mt)
+                                    fp_ldsm_x4(qa[mt], fp_ldsm_addr<DK>(sq_a, lq, mt * 16, kk));
+#pragma unroll
+                                for (int p = 0; p < BN / 16; ++p) {
+                                    uint32_t kb[4];
+                                    fp_ldsm_x4(kb, fp_ldsm_addr<DK>(kt, lk, 16 * p, kk));
+#pragma unroll
+                                    for (int mt = 0; mt < MT; ++mt) {
+                                        fp_mma<T>(s[mt][2 * p], qa[mt], kb[0], kb[1]);
+                                        fp_mma<T>(s[mt][2 * p + 1], qa[mt], kb[2], kb[3]);
+                                    }
+                                }
+                            }
+    };
+    /* Mask and transform (blocks that need it for rows r0 .. r1), row maxima, and the rescale
+     * of O and l where a row's maximum grew (LAZY). */
+    auto softmax_max = [&](float(&s)[MT][NB8][4], int nb, int r0, int r1) {
         const int j0 = nb * BN;
-        fp_cp_async_wait<2>(); /* K(nb) has landed */
-        __syncthreads();
-        if (nb + 1 < nb_end)
-            fp_load_tile<BN, DK, NT, FAST>(sv + (buf ^ 1) * BN * DK,
-                                           vg + (int64_t)(nb + 1) * BN * a.v.ss, a.v.ss,
-                                           nk - (nb + 1) * BN, nchunks, tid);
-        fp_cp_async_commit();
-
-        /* S = Q K^T */
-        float s[MT][NB8][4];
-#pragma unroll
-        for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-            for (int j = 0; j < NB8; ++j)
-#pragma unroll
-                for (int e = 0; e < 4; ++e)
-                    s[mt][j][e] = 0.0f;
-        const uint32_t kt = sk_a + buf * BN * DK * 2;
-#pragma unroll
-        for (int kk = 0; kk < KT; ++kk) {
-            uint32_t qa[MT][4];
-#pragma unroll
-            for (int mt = 0; mt < MT; ++mt)
-                fp_ldsm_x4(qa[mt], fp_ldsm_addr<DK>(sq_a, lq, mt * 16, kk));
-#pragma unroll
-            for (int p = 0; p < BN / 16; ++p) {
-                uint32_t kb[4];
-                fp_ldsm_x4(kb, fp_ldsm_addr<DK>(kt, lk, 16 * p, kk));
-#pragma unroll
-                for (int mt = 0; mt < MT; ++mt) {
-                    fp_mma<T>(s[mt][2 * p], qa[mt], kb[0], kb[1]);
-                    fp_mma<T>(s[mt][2 * p + 1], qa[mt], kb[2], kb[3]);
-                }
-            }
-        }
-
-        /* V(nb) has landed, and every warp is done with K(nb), whose buffer takes K(nb + 2);
-         * before the exponentials or after them (EARLY_V, above). */
-        auto wait_v = [&]() {
-            fp_cp_async_wait<2>();
-            __syncthreads();
-            if (nb + 2 < nb_end)
-                fp_load_tile<BN, DK, NT, FAST>(sk + buf * BN * DK,
-                                               kg + (int64_t)(nb + 2) * BN * a.k.ss, a.k.ss,
-                                               nk - (nb + 2) * BN, nchunks, tid);
-            fp_cp_async_commit();
-        };
-        /* Mask and transform (blocks that need it), online softmax; P overwrites S. */
-        const bool full =
-            fp_mask_block_full(m0, min(m0 + BM, nq), j0, j0 + BN, nq, nk, a.left, a.right);
+        const bool full = fp_mask_block_full(r0, r1, j0, j0 + BN, nq, nk, a.left, a.right);
         if (a.transform)
             fp_fwd_scores<FP_SCORES_TRANSFORM, MT, NB8>(s, a, mk, m0 + wrow, j0, nq, nk, slope,
                                                         lane);
@@ -322,48 +304,80 @@ __global__ void __launch_bounds__(fp_fwd_cfg<DK, ALT>::NW * 32)
                 }
             }
         }
+    };
+    auto softmax_exp =
+        [&](float(&s)[MT][NB8][4]) { /* P overwrites S; l += row sums */
+#pragma unroll
+                                     for (int mt = 0; mt < MT; ++mt) {
+#pragma unroll
+                                         for (int r = 0; r < 2; ++r) {
+                                             const float mu =
+                                                 st[mt][r].m == -INFINITY ? 0.0f : st[mt][r].m;
+                                             float l = 0.0f;
+#pragma unroll
+                                             for (int j = 0; j < NB8; ++j)
+#pragma unroll
+                                                 for (int e = 0; e < 2; ++e) {
+                                                     float &x = s[mt][j][2 * r + e];
+                                                     x = fp_exp2(fmaf(x, sc, -mu));
+                                                     l += x;
+                                                 }
+                                             st[mt][r].l += l; /* this thread's columns; the quad's
+                                                                  sum is taken at the end */
+                                         }
+                                     }
+        };
+    auto pv = [&](float(&s)[MT][NB8][4],
+                  int nb) { /* O += P V */
+                            const uint32_t vt = sv_a + ((nb - nb_begin) & 1) * BN * DK * 2;
+#pragma unroll
+                            for (int kk = 0; kk < BN / 16; ++kk) {
+                                uint32_t pa[MT][4];
+#pragma unroll
+                                for (int mt = 0; mt < MT; ++mt)
+                                    fp_acc_to_a<T>(pa[mt], s[mt][2 * kk], s[mt][2 * kk + 1]);
+#pragma unroll
+                                for (int p = 0; p < DK / 16; ++p) {
+                                    uint32_t vb[4];
+                                    fp_ldsm_x4_t(vb, fp_ldsm_addr<DK>(vt, lv, 16 * kk, p));
+#pragma unroll
+                                    for (int mt = 0; mt < MT; ++mt) {
+                                        fp_mma<T>(o[mt][2 * p], pa[mt], vb[0], vb[1]);
+                                        fp_mma<T>(o[mt][2 * p + 1], pa[mt], vb[2], vb[3]);
+                                    }
+                                }
+                            }
+    };
+
+    for (int nb = nb_begin; nb < nb_end; ++nb) {
+        const int buf = (nb - nb_begin) & 1;
+        fp_cp_async_wait<2>(); /* K(nb) has landed */
+        __syncthreads();
+        if (nb + 1 < nb_end)
+            fp_load_tile<BN, DK, NT, FAST>(sv + (buf ^ 1) * BN * DK,
+                                           vg + (int64_t)(nb + 1) * BN * a.v.ss, a.v.ss,
+                                           nk - (nb + 1) * BN, nchunks, tid);
+        fp_cp_async_commit();
+        float s[MT][NB8][4];
+        qk(s, nb);
+        /* V(nb) has landed, and every warp is done with K(nb), whose buffer takes K(nb + 2);
+         * before the exponentials or after them (EARLY_V, above). */
+        auto wait_v = [&]() {
+            fp_cp_async_wait<2>();
+            __syncthreads();
+            if (nb + 2 < nb_end)
+                fp_load_tile<BN, DK, NT, FAST>(sk + buf * BN * DK,
+                                               kg + (int64_t)(nb + 2) * BN * a.k.ss, a.k.ss,
+                                               nk - (nb + 2) * BN, nchunks, tid);
+            fp_cp_async_commit();
+        };
+        softmax_max(s, nb, m0, min(m0 + BM, nq));
         if constexpr (EARLY_V)
             wait_v();
-#pragma unroll
-        for (int mt = 0; mt < MT; ++mt) {
-#pragma unroll
-            for (int r = 0; r < 2; ++r) {
-                const float mu = st[mt][r].m == -INFINITY ? 0.0f : st[mt][r].m;
-                float l = 0.0f;
-#pragma unroll
-                for (int j = 0; j < NB8; ++j)
-#pragma unroll
-                    for (int e = 0; e < 2; ++e) {
-                        float &x = s[mt][j][2 * r + e];
-                        x = fp_exp2(fmaf(x, sc, -mu));
-                        l += x;
-                    }
-                st[mt][r].l += l; /* this thread's columns; the quad's sum is taken at the end */
-            }
-        }
-
+        softmax_exp(s);
         if constexpr (!EARLY_V)
             wait_v();
-
-        /* O += P V */
-        const uint32_t vt = sv_a + buf * BN * DK * 2;
-#pragma unroll
-        for (int kk = 0; kk < BN / 16; ++kk) {
-            uint32_t pa[MT][4];
-#pragma unroll
-            for (int mt = 0; mt < MT; ++mt)
-                fp_acc_to_a<T>(pa[mt], s[mt][2 * kk], s[mt][2 * kk + 1]);
-#pragma unroll
-            for (int p = 0; p < DK / 16; ++p) {
-                uint32_t vb[4];
-                fp_ldsm_x4_t(vb, fp_ldsm_addr<DK>(vt, lv, 16 * kk, p));
-#pragma unroll
-                for (int mt = 0; mt < MT; ++mt) {
-                    fp_mma<T>(o[mt][2 * p], pa[mt], vb[0], vb[1]);
-                    fp_mma<T>(o[mt][2 * p + 1], pa[mt], vb[2], vb[3]);
-                }
-            }
-        }
+        pv(s, nb);
     }
     fp_cp_async_wait<0>();
 

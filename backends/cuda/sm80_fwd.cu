@@ -54,11 +54,13 @@
 #include "core/plan.h"
 
 #include <math.h>
+#include <stdlib.h>
 
-/* ALT 1 and 2 are the configurations for devices whose blocks may not have ALT 0's shared
- * memory: D = 256 takes 192 KiB, more than sm_80's 163; ALT 1 takes 160 KiB, ALT 2 (key blocks
- * of 32) 96 KiB, which fits sm_86/89's 99. Smaller devices get
- * FLASHPORT_ERR_UNSUPPORTED_HEAD_DIM at D > 128.
+/* At D = 256, ALT 1 and 2 are the configurations for devices whose blocks may not have ALT 0's
+ * shared memory: D = 256 takes 192 KiB, more than sm_80's 163; ALT 1 takes 160 KiB, ALT 2 (key
+ * blocks of 32) 96 KiB, which fits sm_86/89's 99. Smaller devices get
+ * FLASHPORT_ERR_UNSUPPORTED_HEAD_DIM at D > 128. At D = 64, ALT 1 is the ping-pong schedule (PP,
+ * below; 96 KiB), for long key loops (fp_fwd_pingpong).
  * LAZY: see FP_FWD_RESCALE_SLACK below. FAST_LOAD: tiles that lie wholly inside the sequence
  * are copied without the per-row bounds test (fp_load_tile's FAST; about 6 instructions per
  * 16-byte copy). Measured (H200, 2026-11-30 08:42 and 08:52, A/B in one run,
@@ -75,20 +77,45 @@
  * timed with it and keep the late wait. */
 template <int DK, int ALT> struct fp_fwd_cfg;
 template <> struct fp_fwd_cfg<64, 0> {
-    enum { NW = 4, MT = 2, BN = 128, LAZY = 1, FAST_LOAD = 0, EARLY_V = 0 };
+    enum { NW = 4, MT = 2, BN = 128, LAZY = 1, FAST_LOAD = 0, EARLY_V = 0, PP = 0 };
+};
+template <> struct fp_fwd_cfg<64, 1> {
+    enum { NW = 8, MT = 2, BN = 128, LAZY = 1, FAST_LOAD = 0, EARLY_V = 0, PP = 1 };
 };
 template <> struct fp_fwd_cfg<128, 0> {
-    enum { NW = 4, MT = 2, BN = 64, LAZY = 1, FAST_LOAD = 1, EARLY_V = 1 };
+    enum { NW = 4, MT = 2, BN = 64, LAZY = 1, FAST_LOAD = 1, EARLY_V = 1, PP = 0 };
 };
 template <> struct fp_fwd_cfg<256, 0> {
-    enum { NW = 8, MT = 1, BN = 64, LAZY = 1, FAST_LOAD = 0, EARLY_V = 1 };
+    enum { NW = 8, MT = 1, BN = 64, LAZY = 1, FAST_LOAD = 0, EARLY_V = 1, PP = 0 };
 };
 template <> struct fp_fwd_cfg<256, 1> {
-    enum { NW = 4, MT = 1, BN = 64, LAZY = 1, FAST_LOAD = 0, EARLY_V = 0 };
+    enum { NW = 4, MT = 1, BN = 64, LAZY = 1, FAST_LOAD = 0, EARLY_V = 0, PP = 0 };
 };
 template <> struct fp_fwd_cfg<256, 2> {
-    enum { NW = 4, MT = 1, BN = 32, LAZY = 1, FAST_LOAD = 0, EARLY_V = 0 };
+    enum { NW = 4, MT = 1, BN = 32, LAZY = 1, FAST_LOAD = 0, EARLY_V = 0, PP = 0 };
 };
+
+/* PP (ping-pong): 8 warps in two groups of 4, each group 128 query rows (a block of 256) over
+ * the same K and V tiles; group 1 runs half a key block behind group 0, so that on each of the
+ * SM's four schedulers (warps w and w + 4 share one) one warp issues its mma instructions (P V
+ * of the previous key block, then Q K^T of this one) while the other computes its softmax. A
+ * block-wide barrier ends each half (fp_pp_bar; the groups reach it at different places); group
+ * 0 alone issues the loads, at its mma halves, and waits for them before the next barrier. One
+ * block of 8 warps per SM (255 registers), so a block's first and last half and its prologue
+ * are not hidden by another block: it pays only where the key loop is long (fp_fwd_pingpong).
+ * Measured (H200, 2026-11-30 10:00, A/B in one run, docs/bench/h200-2026-11-30-s5.md), against
+ * the 4-warp kernel: +2 .. 3 % at N = 2048, +6 .. 7 % at N = 8192 and 16384 without a mask,
+ * +1 .. 6 % causal at N >= 8192; -8 % causal at N = 2048 and -8 .. -24 % at N = 512. At D = 128
+ * (key blocks of 64, so that O, S and the rest fit) ptxas spills 200 bytes and it lost 1 .. 16 %
+ * everywhere, so only D = 64 has it. */
+FP_DEV void fp_pp_bar()
+{
+#ifdef FP_CUDA_EMU
+    __syncthreads();
+#else
+    asm volatile("bar.sync 1, 256;\n" ::: "memory");
+#endif
+}
 
 /* LAZY: the O accumulator and l are rescaled only when some row of the warp sees a block maximum
  * more than FP_FWD_RESCALE_SLACK (log2 units) above the maximum its exponentials use; otherwise
@@ -164,6 +191,8 @@ __global__ void __launch_bounds__(fp_fwd_cfg<DK, ALT>::NW * 32)
     constexpr bool LAZY = fp_fwd_cfg<DK, ALT>::LAZY;
     constexpr bool FAST = fp_fwd_cfg<DK, ALT>::FAST_LOAD;
     constexpr bool EARLY_V = fp_fwd_cfg<DK, ALT>::EARLY_V;
+    constexpr bool PP = fp_fwd_cfg<DK, ALT>::PP;
+    static_assert(!PP || NW == 8, "ping-pong: two groups of four warps");
     constexpr int NT = NW * 32, BM = NW * MT * 16;
     constexpr int KT = DK / 16, NB8 = BN / 8, DT8 = DK / 8;
 
@@ -203,11 +232,11 @@ __global__ void __launch_bounds__(fp_fwd_cfg<DK, ALT>::NW * 32)
         fp_load_tile<BN, DK, NT, FAST>(sk, kg + (int64_t)nb_begin * BN * a.k.ss, a.k.ss,
                                        nk - nb_begin * BN, nchunks, tid);
     fp_cp_async_commit();
-    if (nb_begin < nb_end)
+    if (!PP && nb_begin < nb_end)
         fp_load_tile<BN, DK, NT, FAST>(sv, vg + (int64_t)nb_begin * BN * a.v.ss, a.v.ss,
                                        nk - nb_begin * BN, nchunks, tid);
     fp_cp_async_commit();
-    if (nb_begin + 1 < nb_end)
+    if (!PP && nb_begin + 1 < nb_end)
         fp_load_tile<BN, DK, NT, FAST>(sk + BN * DK, kg + (int64_t)(nb_begin + 1) * BN * a.k.ss,
                                        a.k.ss, nk - (nb_begin + 1) * BN, nchunks, tid);
     fp_cp_async_commit();
@@ -238,33 +267,33 @@ __global__ void __launch_bounds__(fp_fwd_cfg<DK, ALT>::NW * 32)
 
     /* The steps of one key block nb, shared by the two schedules below. K(nb) and V(nb) sit in
      * buffer (nb - nb_begin) % 2. */
-    auto qk = [&](float(&s)[MT][NB8][4],
-                  int nb) { /* S = Q K^T */
+    /* S = Q K^T */
+    auto qk = [&](float(&s)[MT][NB8][4], int nb) {
 #pragma unroll
-                            for (int mt = 0; mt < MT; ++mt)
+        for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
-                                for (int j = 0; j < NB8; ++j)
+            for (int j = 0; j < NB8; ++j)
 #pragma unroll
-                                    for (int e = 0; e < 4; ++e)
-                                        s[mt][j][e] = 0.0f;
-                            const uint32_t kt = sk_a + ((nb - nb_begin) & 1) * BN * DK * 2;
+                for (int e = 0; e < 4; ++e)
+                    s[mt][j][e] = 0.0f;
+        const uint32_t kt = sk_a + ((nb - nb_begin) & 1) * BN * DK * 2;
 #pragma unroll
-                            for (int kk = 0; kk < KT; ++kk) {
-                                uint32_t qa[MT][4];
+        for (int kk = 0; kk < KT; ++kk) {
+            uint32_t qa[MT][4];
 #pragma unroll
-                                for (int mt = 0; mt < MT; ++mt)
-                                    fp_ldsm_x4(qa[mt], fp_ldsm_addr<DK>(sq_a, lq, mt * 16, kk));
+            for (int mt = 0; mt < MT; ++mt)
+                fp_ldsm_x4(qa[mt], fp_ldsm_addr<DK>(sq_a, lq, mt * 16, kk));
 #pragma unroll
-                                for (int p = 0; p < BN / 16; ++p) {
-                                    uint32_t kb[4];
-                                    fp_ldsm_x4(kb, fp_ldsm_addr<DK>(kt, lk, 16 * p, kk));
+            for (int p = 0; p < BN / 16; ++p) {
+                uint32_t kb[4];
+                fp_ldsm_x4(kb, fp_ldsm_addr<DK>(kt, lk, 16 * p, kk));
 #pragma unroll
-                                    for (int mt = 0; mt < MT; ++mt) {
-                                        fp_mma<T>(s[mt][2 * p], qa[mt], kb[0], kb[1]);
-                                        fp_mma<T>(s[mt][2 * p + 1], qa[mt], kb[2], kb[3]);
-                                    }
-                                }
-                            }
+                for (int mt = 0; mt < MT; ++mt) {
+                    fp_mma<T>(s[mt][2 * p], qa[mt], kb[0], kb[1]);
+                    fp_mma<T>(s[mt][2 * p + 1], qa[mt], kb[2], kb[3]);
+                }
+            }
+        }
     };
     /* Mask and transform (blocks that need it for rows r0 .. r1), row maxima, and the rescale
      * of O and l where a row's maximum grew (LAZY). */
@@ -305,79 +334,141 @@ __global__ void __launch_bounds__(fp_fwd_cfg<DK, ALT>::NW * 32)
             }
         }
     };
-    auto softmax_exp =
-        [&](float(&s)[MT][NB8][4]) { /* P overwrites S; l += row sums */
+    /* P overwrites S; l += row sums */
+    auto softmax_exp = [&](float(&s)[MT][NB8][4]) {
 #pragma unroll
-                                     for (int mt = 0; mt < MT; ++mt) {
+        for (int mt = 0; mt < MT; ++mt) {
 #pragma unroll
-                                         for (int r = 0; r < 2; ++r) {
-                                             const float mu =
-                                                 st[mt][r].m == -INFINITY ? 0.0f : st[mt][r].m;
-                                             float l = 0.0f;
+            for (int r = 0; r < 2; ++r) {
+                const float mu = st[mt][r].m == -INFINITY ? 0.0f : st[mt][r].m;
+                float l = 0.0f;
 #pragma unroll
-                                             for (int j = 0; j < NB8; ++j)
+                for (int j = 0; j < NB8; ++j)
 #pragma unroll
-                                                 for (int e = 0; e < 2; ++e) {
-                                                     float &x = s[mt][j][2 * r + e];
-                                                     x = fp_exp2(fmaf(x, sc, -mu));
-                                                     l += x;
-                                                 }
-                                             st[mt][r].l += l; /* this thread's columns; the quad's
-                                                                  sum is taken at the end */
-                                         }
-                                     }
-        };
-    auto pv = [&](float(&s)[MT][NB8][4],
-                  int nb) { /* O += P V */
-                            const uint32_t vt = sv_a + ((nb - nb_begin) & 1) * BN * DK * 2;
+                    for (int e = 0; e < 2; ++e) {
+                        float &x = s[mt][j][2 * r + e];
+                        x = fp_exp2(fmaf(x, sc, -mu));
+                        l += x;
+                    }
+                st[mt][r].l += l; /* this thread's columns; the quad's sum is taken at the end */
+            }
+        }
+    };
+    /* P (rounded to T) as the A fragments of P V's k steps */
+    auto pack_p = [&](uint32_t(&pa)[BN / 16][MT][4], float(&s)[MT][NB8][4]) {
 #pragma unroll
-                            for (int kk = 0; kk < BN / 16; ++kk) {
-                                uint32_t pa[MT][4];
+        for (int kk = 0; kk < BN / 16; ++kk)
 #pragma unroll
-                                for (int mt = 0; mt < MT; ++mt)
-                                    fp_acc_to_a<T>(pa[mt], s[mt][2 * kk], s[mt][2 * kk + 1]);
+            for (int mt = 0; mt < MT; ++mt)
+                fp_acc_to_a<T>(pa[kk][mt], s[mt][2 * kk], s[mt][2 * kk + 1]);
+    };
+    /* O += P V */
+    auto pv = [&](uint32_t(&pa)[BN / 16][MT][4], int nb) {
+        const uint32_t vt = sv_a + ((nb - nb_begin) & 1) * BN * DK * 2;
 #pragma unroll
-                                for (int p = 0; p < DK / 16; ++p) {
-                                    uint32_t vb[4];
-                                    fp_ldsm_x4_t(vb, fp_ldsm_addr<DK>(vt, lv, 16 * kk, p));
+        for (int kk = 0; kk < BN / 16; ++kk) {
 #pragma unroll
-                                    for (int mt = 0; mt < MT; ++mt) {
-                                        fp_mma<T>(o[mt][2 * p], pa[mt], vb[0], vb[1]);
-                                        fp_mma<T>(o[mt][2 * p + 1], pa[mt], vb[2], vb[3]);
-                                    }
-                                }
-                            }
+            for (int p = 0; p < DK / 16; ++p) {
+                uint32_t vb[4];
+                fp_ldsm_x4_t(vb, fp_ldsm_addr<DK>(vt, lv, 16 * kk, p));
+#pragma unroll
+                for (int mt = 0; mt < MT; ++mt) {
+                    fp_mma<T>(o[mt][2 * p], pa[kk][mt], vb[0], vb[1]);
+                    fp_mma<T>(o[mt][2 * p + 1], pa[kk][mt], vb[2], vb[3]);
+                }
+            }
+        }
     };
 
-    for (int nb = nb_begin; nb < nb_end; ++nb) {
-        const int buf = (nb - nb_begin) & 1;
-        fp_cp_async_wait<2>(); /* K(nb) has landed */
+    if constexpr (PP) {
+        /* Half-block slots 2 m and 2 m + 1 for key block nb_begin + m, n blocks: group 0 runs
+         * its P V (m - 1) and Q K^T (m) in slot 2 m and its softmax (m) in slot 2 m + 1; group 1
+         * the same one slot later (its extra first barrier; group 0 has an extra last one).
+         * At slot 2 m, group 0 loads K(m + 1) and V(m): their buffers held K(m - 1) and
+         * V(m - 2), which both groups finished by slot 2 m - 1; they are needed from slot
+         * 2 m + 2 on, after group 0's wait and the barrier that end slot 2 m + 1. */
+        const int grp = warp / 4, n = nb_end - nb_begin;
+        const int g0 = m0 + grp * (BM / 2), g1 = min(g0 + BM / 2, nq); /* the group's rows */
+        auto load_step =
+            [&](int nb) { /* group 0 (NT / 2 threads): K(nb + 1), V(nb) */
+                          if (nb + 1 < nb_end)
+                              fp_load_tile<BN, DK, NT / 2, FAST>(
+                                  sk + ((nb + 1 - nb_begin) & 1) * BN * DK,
+                                  kg + (int64_t)(nb + 1) * BN * a.k.ss, a.k.ss, nk - (nb + 1) * BN,
+                                  nchunks, tid);
+                          fp_load_tile<BN, DK, NT / 2, FAST>(sv + ((nb - nb_begin) & 1) * BN * DK,
+                                                             vg + (int64_t)nb * BN * a.v.ss, a.v.ss,
+                                                             nk - nb * BN, nchunks, tid);
+                          fp_cp_async_commit();
+            };
+        fp_cp_async_wait<0>(); /* Q and K(nb_begin) */
         __syncthreads();
-        if (nb + 1 < nb_end)
-            fp_load_tile<BN, DK, NT, FAST>(sv + (buf ^ 1) * BN * DK,
-                                           vg + (int64_t)(nb + 1) * BN * a.v.ss, a.v.ss,
-                                           nk - (nb + 1) * BN, nchunks, tid);
-        fp_cp_async_commit();
-        float s[MT][NB8][4];
-        qk(s, nb);
-        /* V(nb) has landed, and every warp is done with K(nb), whose buffer takes K(nb + 2);
-         * before the exponentials or after them (EARLY_V, above). */
-        auto wait_v = [&]() {
-            fp_cp_async_wait<2>();
+        if (n > 0) {
+            float s[MT][NB8][4];
+            uint32_t pa[BN / 16][MT][4]; /* P of the last softmax, until its P V */
+            if (grp == 1)
+                fp_pp_bar();
+            if (grp == 0)
+                load_step(nb_begin);
+            qk(s, nb_begin);
+            fp_pp_bar();
+            softmax_max(s, nb_begin, g0, g1);
+            softmax_exp(s);
+            pack_p(pa, s);
+            if (grp == 0)
+                fp_cp_async_wait<0>();
+            fp_pp_bar();
+            for (int nb = nb_begin + 1; nb < nb_end; ++nb) {
+                if (grp == 0)
+                    load_step(nb);
+                pv(pa, nb - 1);
+                qk(s, nb);
+                fp_pp_bar();
+                softmax_max(s, nb, g0, g1);
+                softmax_exp(s);
+                pack_p(pa, s);
+                if (grp == 0)
+                    fp_cp_async_wait<0>();
+                fp_pp_bar();
+            }
+            pv(pa, nb_end - 1);
+            fp_pp_bar();
+            if (grp == 0)
+                fp_pp_bar();
+        }
+    } else {
+        for (int nb = nb_begin; nb < nb_end; ++nb) {
+            const int buf = (nb - nb_begin) & 1;
+            fp_cp_async_wait<2>(); /* K(nb) has landed */
             __syncthreads();
-            if (nb + 2 < nb_end)
-                fp_load_tile<BN, DK, NT, FAST>(sk + buf * BN * DK,
-                                               kg + (int64_t)(nb + 2) * BN * a.k.ss, a.k.ss,
-                                               nk - (nb + 2) * BN, nchunks, tid);
+            if (nb + 1 < nb_end)
+                fp_load_tile<BN, DK, NT, FAST>(sv + (buf ^ 1) * BN * DK,
+                                               vg + (int64_t)(nb + 1) * BN * a.v.ss, a.v.ss,
+                                               nk - (nb + 1) * BN, nchunks, tid);
             fp_cp_async_commit();
-        };
-        softmax_max(s, nb, m0, min(m0 + BM, nq));
-        if constexpr (EARLY_V)
-            wait_v();
-        softmax_exp(s);
-        if constexpr (!EARLY_V)
-            wait_v();
-        pv(s, nb);
+            float s[MT][NB8][4];
+            qk(s, nb);
+            /* V(nb) has landed, and every warp is done with K(nb), whose buffer takes K(nb + 2);
+             * before the exponentials or after them (EARLY_V, above). */
+            auto wait_v = [&]() {
+                fp_cp_async_wait<2>();
+                __syncthreads();
+                if (nb + 2 < nb_end)
+                    fp_load_tile<BN, DK, NT, FAST>(sk + buf * BN * DK,
+                                                   kg + (int64_t)(nb + 2) * BN * a.k.ss, a.k.ss,
+                                                   nk - (nb + 2) * BN, nchunks, tid);
+                fp_cp_async_commit();
+            };
+            softmax_max(s, nb, m0, min(m0 + BM, nq));
+            if constexpr (EARLY_V)
+                wait_v();
+            softmax_exp(s);
+            if constexpr (!EARLY_V)
+                wait_v();
+            uint32_t pa[BN / 16][MT][4];
+            pack_p(pa, s);
+            pv(pa, nb);
+        }
     }
     fp_cp_async_wait<0>();
 
@@ -522,9 +613,10 @@ static flashport_status fp_fwd_launch(const fp_cuda_ctx *ctx, const fp_problem *
         dim3 grid((unsigned)plan.num_q_blocks, (unsigned)p->heads, (unsigned)(p->batch * a.splits));
         kernel<<<grid, CFG::NW * 32, smem, stream>>>(a);
         e = cudaGetLastError();
-        fp_cuda_log("forward: sm80 D%d kernel (BM %d, BN %d, %d warps) for D=%lld, grid %ux%ux%u, "
-                    "%d split(s)",
-                    DK, BM, BN, CFG::NW, (long long)p->head_dim, grid.x, grid.y, grid.z, a.splits);
+        fp_cuda_log("forward: sm80 D%d kernel (BM %d, BN %d, %d warps%s) for D=%lld, grid "
+                    "%ux%ux%u, %d split(s)",
+                    DK, BM, BN, CFG::NW, CFG::PP ? ", ping-pong" : "", (long long)p->head_dim,
+                    grid.x, grid.y, grid.z, a.splits);
     }
     if (e == cudaSuccess && a.splits > 1) {
         dim3 grid((unsigned)((a.nq + 3) / 4), (unsigned)p->heads, (unsigned)p->batch);
@@ -540,12 +632,41 @@ static flashport_status fp_fwd_launch(const fp_cuda_ctx *ctx, const fp_problem *
                             : fp_cuda_error(FLASHPORT_ERR_DEVICE, e, "forward kernel launch");
 }
 
+/* Whether the D = 64 forward takes the ping-pong kernel (fp_fwd_cfg<64, 1>): where its query
+ * blocks of 256 visit 16 key blocks (2048 keys) or more on average, without splitting the keys,
+ * and fill the SMs once at least. Shorter loops pay more for its unhidden first and last half
+ * and prologue than its overlap gains (measured: see PP above). FLASHPORT_CUDA_FWD_PINGPONG
+ * (1 always, 0 never; read at each call, for tests and A/B timings) forces the choice. */
+static bool fp_fwd_pingpong(const fp_cuda_ctx *ctx, const fp_problem *p)
+{
+    if (ctx->smem_optin < fp_fwd_smem<64, 1>())
+        return false;
+    const char *force = getenv("FLASHPORT_CUDA_FWD_PINGPONG");
+    if (force && *force)
+        return atoi(force) != 0;
+    const fp_plan_shape shape = {p->batch,    p->heads,       p->seqlen_q,    p->seqlen_k,
+                                 p->head_dim, p->window_left, p->window_right};
+    fp_plan_target target;
+    target.workers = ctx->sm_count; /* one block per SM */
+    target.block_q = fp_fwd_bm<64, 1>();
+    target.block_k = fp_fwd_cfg<64, 1>::BN;
+    target.max_splits = 64;
+    const fp_plan plan = fp_plan_forward(&shape, &target);
+    if (plan.num_splits > 1 || plan.num_q_blocks * p->batch * p->heads < ctx->sm_count)
+        return false;
+    int64_t blocks = 0;
+    for (int64_t qb = 0; qb < plan.num_q_blocks; ++qb)
+        blocks += fp_plan_block_cost(&plan, &shape, qb);
+    return blocks >= 16 * plan.num_q_blocks;
+}
+
 template <typename T>
 static flashport_status fp_fwd_dispatch(const fp_cuda_ctx *ctx, const fp_problem *p,
                                         const fp_sm80_args &a)
 {
     if (p->head_dim <= 64)
-        return fp_fwd_launch<T, 64, 0>(ctx, p, a);
+        return fp_fwd_pingpong(ctx, p) ? fp_fwd_launch<T, 64, 1>(ctx, p, a)
+                                       : fp_fwd_launch<T, 64, 0>(ctx, p, a);
     if (p->head_dim <= 128)
         return fp_fwd_launch<T, 128, 0>(ctx, p, a);
     if (ctx->smem_optin >= fp_fwd_smem<256, 0>())

@@ -101,6 +101,14 @@ if has sanitize; then
                 "$BUILD/bin/test_backends" cuda --filter f16 | grep -vE '^(fwd|bwd) .*PASS$'
             echo "rc=$?"
         done
+        # the forward's ping-pong kernel (chosen by shape only for long key loops)
+        for tool in memcheck racecheck; do
+            echo "### $tool: test_backends cuda --filter f16, FLASHPORT_CUDA_FWD_PINGPONG=1"
+            FLASHPORT_CUDA_FWD_PINGPONG=1 timeout "$T" compute-sanitizer --tool $tool \
+                --error-exitcode 99 "$BUILD/bin/test_backends" cuda --filter f16 |
+                grep -vE '^(fwd|bwd) .*PASS$'
+            echo "rc=$?"
+        done
         echo "### memcheck: test_cuda_large --quick"
         timeout "$T" compute-sanitizer --tool memcheck --error-exitcode 99 \
             "$BUILD/bin/test_cuda_large" --quick

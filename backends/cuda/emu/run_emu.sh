@@ -3,7 +3,8 @@
 # <build>/cudaemu/libflashport_cudaemu.so, runs the emulator's self-test (selftest.cu: ldmatrix
 # and mma fragments against a plain loop), then the shared test table on backend "cudaemu" once
 # per emulated device: FP_CUDA_EMU_SMEM_KIB=227 (sm_90-like: the largest tile configurations)
-# and 163 (sm_80-like). <build> is any configured flashport build folder; its test_backends is built if
+# and 163 (sm_80-like), and once more at the first with the forward's ping-pong kernel forced
+# (FLASHPORT_CUDA_FWD_PINGPONG=1). <build> is any configured flashport build folder; its test_backends is built if
 # missing.
 #
 #   backends/cuda/emu/run_emu.sh <build> [test_backends options, e.g. --quick or --filter D128]
@@ -71,4 +72,11 @@ for kib in ${FP_CUDA_EMU_SMEM_LIST:-227 163}; do
         status=1
     echo "== cudaemu, FP_CUDA_EMU_SMEM_KIB=$kib: $(($(date +%s) - t0)) s"
 done
+# The D <= 64 forward's ping-pong kernel runs by shape only for long key loops, which the table
+# has none of: once more with it forced, at the first size.
+kib=${FP_CUDA_EMU_SMEM_LIST:-227 163}
+kib=${kib%% *}
+echo "== cudaemu, FP_CUDA_EMU_SMEM_KIB=$kib, FLASHPORT_CUDA_FWD_PINGPONG=1"
+FP_CUDA_EMU_SMEM_KIB=$kib FLASHPORT_CUDA_FWD_PINGPONG=1 FLASHPORT_PLUGIN_PATH=$out \
+    "$build/bin/test_backends" cudaemu "$@" || status=1
 exit "$status"

@@ -24,6 +24,10 @@ variable VAR (read by the library at each call), checks each against SDPA flash,
 of the variants; the first value is the one in the main table. --fwd-env VAR=A,B,... does the
 same for our forward (each variant's O is checked against SDPA flash). --impls narrows the SDPA
 backends that are timed (SDPA flash is always run once, for the agreement check).
+
+Order per shape: SDPA flash and ours alternate --rounds times (default 2) and each keeps its
+fastest round (the median of do_bench within a round); then our deterministic backward, cuDNN
+and memory-efficient SDPA, timed once.
 """
 import argparse
 import collections
@@ -177,61 +181,88 @@ def run_shape(fp, dtype, D, N, causal, args, bwd_env, fwd_env=None):
 
     agree, agree_alt = {}, {}
     qt, kt, vt = (x.detach().transpose(1, 2).requires_grad_(True) for x in (q, k, v))
-    for impl, backend in SDPA.items():
-        if impl != "fa2" and impl not in args.impls:
-            continue
-        try:
-            with sdpa_kernel([backend]):
-                out = F.scaled_dot_product_attention(qt, kt, vt, is_causal=bool(causal))
-                out.backward(do.transpose(1, 2), retain_graph=True)
-                torch.cuda.synchronize()
-                if impl == "fa2":
-                    ref_o = out.detach().transpose(1, 2)
-                    ref = [x.grad.transpose(1, 2) for x in (qt, kt, vt)]
-                    for n, (value, g) in enumerate(grads.items()):
-                        a = {"O": rel_l2(o, ref_o)} if n == 0 else {}
-                        a.update({name: rel_l2(x, r) for name, x, r in zip(("dQ", "dK", "dV"), g,
-                                                                           ref)})
-                        if n == 0:
-                            agree = a
-                        else:
-                            agree_alt[f"{bwd_env[0]}={value}"] = a
-                    for n, (value, x) in enumerate(outs.items()):
-                        if n > 0:
-                            agree_alt[f"{fwd_env[0]}={value}"] = {"O": rel_l2(x, ref_o)}
-                    del ref
-                if impl not in args.impls:
-                    del out
-                    qt.grad = kt.grad = vt.grad = None
-                    continue
-                ms_f = bench_ms(lambda: F.scaled_dot_product_attention(
-                    qt, kt, vt, is_causal=bool(causal)), rep=args.rep)
-                ms_b = bench_ms(lambda: out.backward(do.transpose(1, 2), retain_graph=True),
-                                grad_to_none=[qt, kt, vt], rep=args.rep)
-            record(impl, "fwd", ms_f)
-            record(impl, "bwd", ms_b)
-            del out
-        except RuntimeError as e:  # a backend that refuses the shape
-            record(impl, "fwd", float("nan"), str(e).splitlines()[0][:80])
-            record(impl, "bwd", float("nan"), str(e).splitlines()[0][:80])
-        qt.grad = kt.grad = vt.grad = None
 
-    for n, value in enumerate(fwd_env[1] if fwd_env else [""]):
+    def sdpa(impl, backend):
+        """SDPA with one backend forced: checks our results against it (flash), and returns its
+        forward and backward times in ms if it is timed (else None)."""
+        nonlocal agree
+        with sdpa_kernel([backend]):
+            out = F.scaled_dot_product_attention(qt, kt, vt, is_causal=bool(causal))
+            out.backward(do.transpose(1, 2), retain_graph=True)
+            torch.cuda.synchronize()
+            if impl == "fa2" and not agree:
+                ref_o = out.detach().transpose(1, 2)
+                ref = [x.grad.transpose(1, 2) for x in (qt, kt, vt)]
+                for n, (value, g) in enumerate(grads.items()):
+                    a = {"O": rel_l2(o, ref_o)} if n == 0 else {}
+                    a.update({name: rel_l2(x, r) for name, x, r in zip(("dQ", "dK", "dV"), g,
+                                                                       ref)})
+                    if n == 0:
+                        agree = a
+                    else:
+                        agree_alt[f"{bwd_env[0]}={value}"] = a
+                for n, (value, x) in enumerate(outs.items()):
+                    if n > 0:
+                        agree_alt[f"{fwd_env[0]}={value}"] = {"O": rel_l2(x, ref_o)}
+                del ref
+            times = None
+            if impl in args.impls:
+                times = (bench_ms(lambda: F.scaled_dot_product_attention(
+                    qt, kt, vt, is_causal=bool(causal)), rep=args.rep),
+                    bench_ms(lambda: out.backward(do.transpose(1, 2), retain_graph=True),
+                             grad_to_none=[qt, kt, vt], rep=args.rep))
+            del out
+        qt.grad = kt.grad = vt.grad = None
+        return times
+
+    def ours():
+        """Our forward and backward times in ms, per A/B value."""
+        t = {}
+        for value in (fwd_env[1] if fwd_env else [""]):
+            if fwd_env:
+                os.environ[fwd_env[0]] = value
+            t[("fwd", value)] = bench_ms(lambda: fp.forward(prm, q, k, v, o, lse), rep=args.rep)
         if fwd_env:
-            os.environ[fwd_env[0]] = value
-        record("ours" if n == 0 else f"ours:{fwd_env[0]}={value}", "fwd",
-               bench_ms(lambda: fp.forward(prm, q, k, v, o, lse), rep=args.rep))
-    if fwd_env:
-        os.environ[fwd_env[0]] = fwd_env[1][0]
-    for n, value in enumerate(bwd_env[1] if bwd_env else [""]):
-        set_env(value)
-        record("ours" if n == 0 else f"ours:{bwd_env[0]}={value}", "bwd",
-               bench_ms(lambda: fp.backward(prm, q, k, v, o, lse, do, dq, dk, dv), rep=args.rep))
-    set_env(bwd_env[1][0] if bwd_env else "")
+            os.environ[fwd_env[0]] = fwd_env[1][0]
+        for value in (bwd_env[1] if bwd_env else [""]):
+            set_env(value)
+            t[("bwd", value)] = bench_ms(
+                lambda: fp.backward(prm, q, k, v, o, lse, do, dq, dk, dv), rep=args.rep)
+        set_env(bwd_env[1][0] if bwd_env else "")
+        return t
+
+    # SDPA flash and ours alternate, args.rounds times, and each keeps its fastest round; the
+    # other SDPA backends come after them. A kernel timed right after cuDNN's ran 2 .. 7 %
+    # slower than the same kernel timed again later (H200, 2026-11-30 10:12, identical-code A/B
+    # columns), so a single pass in a fixed order favours whichever side goes second.
+    fa2_t, ours_t = [], []
+    for _ in range(args.rounds):
+        fa2_t.append(sdpa("fa2", SDPA["fa2"]))
+        ours_t.append(ours())
+    if fa2_t[0] is not None:
+        record("fa2", "fwd", min(t[0] for t in fa2_t))
+        record("fa2", "bwd", min(t[1] for t in fa2_t))
+    for key in ours_t[0]:
+        direction, value = key
+        env = fwd_env if direction == "fwd" else bwd_env
+        first = value == (env[1][0] if env else "")
+        record("ours" if first else f"ours:{env[0]}={value}", direction,
+               min(t[key] for t in ours_t))
     if args.det:
         prm_det = fp.params(causal, deterministic=True)
         record("ours-det", "bwd", bench_ms(
             lambda: fp.backward(prm_det, q, k, v, o, lse, do, dq, dk, dv), rep=args.rep))
+    for impl, backend in SDPA.items():
+        if impl == "fa2" or impl not in args.impls:
+            continue
+        try:
+            ms_f, ms_b = sdpa(impl, backend)
+            record(impl, "fwd", ms_f)
+            record(impl, "bwd", ms_b)
+        except RuntimeError as e:  # a backend that refuses the shape
+            record(impl, "fwd", float("nan"), str(e).splitlines()[0][:80])
+            record(impl, "bwd", float("nan"), str(e).splitlines()[0][:80])
+            qt.grad = kt.grad = vt.grad = None
     tol = 2e-2 if dtype == torch.bfloat16 else 5e-3
     ok = bool(agree) and all(x <= tol for x in agree.values())
     for variant, a in agree_alt.items():
@@ -257,6 +288,8 @@ def main():
     ap.add_argument("--seqlens", default="512,2048,8192,16384")
     ap.add_argument("--rep", type=int, default=60, help="do_bench repetition time, ms")
     ap.add_argument("--det", action="store_true", help="also time our deterministic backward")
+    ap.add_argument("--rounds", type=int, default=2,
+                    help="SDPA flash and ours alternate this many times; each keeps its best")
     ap.add_argument("--impls", default="fa2,cudnn,eff",
                     help="SDPA backends to time (fa2, cudnn, eff)")
     ap.add_argument("--bwd-env", default="",
@@ -282,7 +315,8 @@ def main():
     header = (f"GPU {dev}; torch {torch.__version__} (cuDNN {torch.backends.cudnn.version()}); "
               f"flashport {fp.lib.flashport_version().decode()}; "
               f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC; "
-              f"bf16 GEMM 8192^3 {gemm:.0f} TFLOP/s; do_bench median, rep {args.rep} ms")
+              f"bf16 GEMM 8192^3 {gemm:.0f} TFLOP/s; do_bench median, rep {args.rep} ms; "
+              f"SDPA flash and ours: best of {args.rounds} alternating rounds")
     print(header, flush=True)
 
     dtypes = {"bf16": torch.bfloat16, "fp16": torch.float16}

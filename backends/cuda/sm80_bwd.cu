@@ -44,9 +44,9 @@
  * Differences from the reference: P and dS are rounded to f16/bf16 before the products that
  * use them (as in every tensor-core flash kernel); exp2 is the hardware approximation; dQ in the
  * atomic mode is summed in an order that varies from run to run (last-bit differences).
- * Measured (H200, ANCHORS grid, bf16 and fp16, 2026-11-30 09:08 and 09:09,
- * docs/bench/h200-2026-11-30-aux.md): 0.99 .. 1.08x SDPA flash (FA2) at D = 64 (median 1.04),
- * 1.03 .. 1.10x at D = 128 (1.05), 0.96 .. 1.05x at D = 256 (0.99); the earlier steps
+ * Measured (H200, ANCHORS grid, bf16 and fp16, 2026-11-30 10:18 and 10:20,
+ * docs/bench/h200-2026-11-30-s5.md): 0.99 .. 1.08x SDPA flash (FA2) at D = 64 (median 1.04),
+ * 1.03 .. 1.10x at D = 128 (1.05), 0.97 .. 1.06x at D = 256 (1.00); the earlier steps
  * (fragment-ordered dQ, P before dP, the 2-D warp tiling) are in h200-2026-11-30-pfirst.md and
  * -bwd2d.md. ncu (same tiles and 8 warps per SM as FA2's kernel, 255 registers; D = 64,
  * N = 8192): 14 % fewer instructions than FA2's kernel but 7.1 cycles per instruction against

@@ -28,8 +28,9 @@
  * Split-KV (decode-like shapes, chosen by core/plan.h): each split writes its normalized partial
  * O (f32) and LSE; fp_sm80_fwd_combine merges them in split order.
  *
- * Tiles (BM x BN, warps): D=64 128x128, 4 warps; D=128 128x64, 4 warps; D=256 128x64, 8 warps
- * (64x64, 4 warps, where a block may not have 192 KiB of shared memory). Other head dims (multiples
+ * Tiles (BM x BN, warps): D=64 128x128, 4 warps (for long key loops 256x128, 8 warps in the
+ * ping-pong schedule: PP below); D=128 128x64, 4 warps; D=256 128x64, 8 warps (64x64, 4 warps,
+ * where a block may not have 192 KiB of shared memory). Other head dims (multiples
  * of 8) run on the next larger kernel with the extra columns zero-filled. Chosen on the H200
  * (2026-11-30, one run, bf16 and fp16, every N, causal and not;
  * docs/bench/h200-2026-11-30-tiles.md): at D = 64, 128x128 was 1.7 .. 5.6 % faster than
@@ -40,12 +41,12 @@
  * Differences from the reference: P is rounded to f16/bf16 before P V (as every tensor-core
  * flash kernel does; the row sum uses the unrounded P); exp2 is the hardware approximation.
  * Measured (H200, bf16/fp16, ANCHORS grid, tests/gpu/run_h200.sh -> bench/compare_torch.py,
- * 2026-11-30 09:08 and 09:09, docs/bench/h200-2026-11-30-aux.md): 0.98 .. 1.12x SDPA flash
- * (FA2) at D = 64 (median 1.00 .. 1.02), 0.96 .. 1.16x at D = 128 (1.04 .. 1.08), 0.89 .. 1.06x
- * at D = 256; up to 382 TFLOP/s (D = 128, N = 16384). Limits: 255 registers, D = 64 and D = 128
- * spill 70 .. 80 bytes; 8 warps per SM; latency (ncu: the same mma and ldmatrix counts as FA2's
- * kernel and 16 % fewer instructions, but 4.5 cycles per instruction against 3.7); at N = 512,
- * 3.9 us per block outside the key loop against FA2's 2.7.
+ * 2026-11-30 10:18 and 10:20, docs/bench/h200-2026-11-30-s5.md): 0.99 .. 1.13x SDPA flash
+ * (FA2) at D = 64 (median 1.06), 1.02 .. 1.14x at D = 128 (1.06), 0.89 .. 1.13x at D = 256; up
+ * to 378 TFLOP/s (D = 128, N = 8192). Limits: 255 registers, D = 64 and D = 128 spill 70 .. 90
+ * bytes (the ping-pong kernel 124); 8 warps per SM; latency (ncu, 4-warp D = 64 kernel: the same
+ * mma and ldmatrix counts as FA2's kernel and 16 % fewer instructions, but 4.5 cycles per
+ * instruction against 3.7); at N = 512, 3.9 us per block outside the key loop against FA2's 2.7.
  * Details and the ncu profiles: docs/bench/README.md.
  */
 #include "backends/cuda/cuda_internal.h"
@@ -103,11 +104,11 @@ template <> struct fp_fwd_cfg<256, 2> {
  * 0 alone issues the loads, at its mma halves, and waits for them before the next barrier. One
  * block of 8 warps per SM (255 registers), so a block's first and last half and its prologue
  * are not hidden by another block: it pays only where the key loop is long (fp_fwd_pingpong).
- * Measured (H200, 2026-11-30 10:00, A/B in one run, docs/bench/h200-2026-11-30-s5.md), against
- * the 4-warp kernel: +2 .. 3 % at N = 2048, +6 .. 7 % at N = 8192 and 16384 without a mask,
- * +1 .. 6 % causal at N >= 8192; -8 % causal at N = 2048 and -8 .. -24 % at N = 512. At D = 128
- * (key blocks of 64, so that O, S and the rest fit) ptxas spills 200 bytes and it lost 1 .. 16 %
- * everywhere, so only D = 64 has it. */
+ * Measured (H200, 2026-11-30 10:18, A/B in one run, docs/bench/h200-2026-11-30-s5.md), against
+ * the 4-warp kernel: without a mask +2 % at N = 2048, +5 .. 8 % at N = 8192 and 16384; causal
+ * +1 % at N = 8192, +4 % at N = 16384, -8 % at N = 2048; -8 .. -23 % at N = 512. At D = 128
+ * (key blocks of 64, so that O, S and the rest fit) ptxas spills 200 bytes and it lost 9 .. 25 %
+ * everywhere (10:00); at D = 256 (no spills) 1 .. 3 % (10:16). Only D = 64 has it. */
 FP_DEV void fp_pp_bar()
 {
 #ifdef FP_CUDA_EMU

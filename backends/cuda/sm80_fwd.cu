@@ -390,18 +390,17 @@ __global__ void __launch_bounds__(fp_fwd_cfg<DK, ALT>::NW * 32)
          * 2 m + 2 on, after group 0's wait and the barrier that end slot 2 m + 1. */
         const int grp = warp / 4, n = nb_end - nb_begin;
         const int g0 = m0 + grp * (BM / 2), g1 = min(g0 + BM / 2, nq); /* the group's rows */
-        auto load_step =
-            [&](int nb) { /* group 0 (NT / 2 threads): K(nb + 1), V(nb) */
-                          if (nb + 1 < nb_end)
-                              fp_load_tile<BN, DK, NT / 2, FAST>(
-                                  sk + ((nb + 1 - nb_begin) & 1) * BN * DK,
-                                  kg + (int64_t)(nb + 1) * BN * a.k.ss, a.k.ss, nk - (nb + 1) * BN,
-                                  nchunks, tid);
-                          fp_load_tile<BN, DK, NT / 2, FAST>(sv + ((nb - nb_begin) & 1) * BN * DK,
-                                                             vg + (int64_t)nb * BN * a.v.ss, a.v.ss,
-                                                             nk - nb * BN, nchunks, tid);
-                          fp_cp_async_commit();
-            };
+        /* group 0 (NT / 2 threads): K(nb + 1), V(nb) */
+        auto load_step = [&](int nb) {
+            if (nb + 1 < nb_end)
+                fp_load_tile<BN, DK, NT / 2, FAST>(sk + ((nb + 1 - nb_begin) & 1) * BN * DK,
+                                                   kg + (int64_t)(nb + 1) * BN * a.k.ss, a.k.ss,
+                                                   nk - (nb + 1) * BN, nchunks, tid);
+            fp_load_tile<BN, DK, NT / 2, FAST>(sv + ((nb - nb_begin) & 1) * BN * DK,
+                                               vg + (int64_t)nb * BN * a.v.ss, a.v.ss, nk - nb * BN,
+                                               nchunks, tid);
+            fp_cp_async_commit();
+        };
         fp_cp_async_wait<0>(); /* Q and K(nb_begin) */
         __syncthreads();
         if (n > 0) {

@@ -406,30 +406,29 @@ __global__ void __launch_bounds__(fp_fwd_cfg<DK, ALT>::NW * 32)
         if (n > 0) {
             float s[MT][NB8][4];
             uint32_t pa[BN / 16][MT][4]; /* P of the last softmax, until its P V */
-            if (grp == 1)
-                fp_pp_bar();
-            if (grp == 0)
-                load_step(nb_begin);
-            qk(s, nb_begin);
-            fp_pp_bar();
-            softmax_max(s, nb_begin, g0, g1);
-            softmax_exp(s);
-            pack_p(pa, s);
-            if (grp == 0)
-                fp_cp_async_wait<0>();
-            fp_pp_bar();
-            for (int nb = nb_begin + 1; nb < nb_end; ++nb) {
-                if (grp == 0)
-                    load_step(nb);
-                pv(pa, nb - 1);
-                qk(s, nb);
-                fp_pp_bar();
+            /* a group's softmax half: S(nb) -> P(nb) */
+            auto softmax_half = [&](int nb) {
                 softmax_max(s, nb, g0, g1);
                 softmax_exp(s);
                 pack_p(pa, s);
                 if (grp == 0)
                     fp_cp_async_wait<0>();
                 fp_pp_bar();
+            };
+            if (grp == 1)
+                fp_pp_bar();
+            if (grp == 0)
+                load_step(nb_begin);
+            qk(s, nb_begin);
+            fp_pp_bar();
+            softmax_half(nb_begin);
+            for (int nb = nb_begin + 1; nb < nb_end; ++nb) { /* mma half, then softmax half */
+                if (grp == 0)
+                    load_step(nb);
+                pv(pa, nb - 1);
+                qk(s, nb);
+                fp_pp_bar();
+                softmax_half(nb);
             }
             pv(pa, nb_end - 1);
             fp_pp_bar();

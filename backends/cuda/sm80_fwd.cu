@@ -632,10 +632,14 @@ static flashport_status fp_fwd_launch(const fp_cuda_ctx *ctx, const fp_problem *
 }
 
 /* Whether the D = 64 forward takes the ping-pong kernel (fp_fwd_cfg<64, 1>): where its query
- * blocks of 256 visit 16 key blocks (2048 keys) or more on average, without splitting the keys,
- * and fill the SMs once at least. Shorter loops pay more for its unhidden first and last half
- * and prologue than its overlap gains (measured: see PP above). FLASHPORT_CUDA_FWD_PINGPONG
- * (1 always, 0 never; read at each call, for tests and A/B timings) forces the choice. */
+ * blocks of 256 visit, on average, 16 key blocks (2048 keys) or more without a mask and 32 or
+ * more with one (causal or a window: its diagonal blocks are twice as large as the 4-warp
+ * kernel's), without splitting the keys, and fill the SMs once at least. Shorter loops pay more
+ * for its unhidden first and last half and prologue than its overlap gains. Measured against the
+ * 4-warp kernel (H200, 2026-11-30 10:18 and 10:40, docs/bench/h200-2026-11-30-s5.md), by the
+ * average number of key blocks: without a mask -2 .. -3 % at 8, +2 % at 16, +5 .. 8 % at 64 and
+ * 128; causal -3 % at 17, +1 % at 33, +4 % at 65. FLASHPORT_CUDA_FWD_PINGPONG (1 always, 0
+ * never; read at each call, for tests and A/B timings) forces the choice. */
 static bool fp_fwd_pingpong(const fp_cuda_ctx *ctx, const fp_problem *p)
 {
     if (ctx->smem_optin < fp_fwd_smem<64, 1>())
@@ -656,7 +660,8 @@ static bool fp_fwd_pingpong(const fp_cuda_ctx *ctx, const fp_problem *p)
     int64_t blocks = 0;
     for (int64_t qb = 0; qb < plan.num_q_blocks; ++qb)
         blocks += fp_plan_block_cost(&plan, &shape, qb);
-    return blocks >= 16 * plan.num_q_blocks;
+    const bool masked = p->window_left >= 0 || p->window_right >= 0;
+    return blocks >= (masked ? 32 : 16) * plan.num_q_blocks;
 }
 
 template <typename T>

@@ -4,8 +4,8 @@
 # and mma fragments against a plain loop), then the shared test table on backend "cudaemu" once
 # per emulated device: FP_CUDA_EMU_SMEM_KIB=227 (sm_90-like: the largest tile configurations)
 # and 163 (sm_80-like), and once more at the first with the forward's ping-pong kernel forced
-# (FLASHPORT_CUDA_FWD_PINGPONG=1). <build> is any configured flashport build folder; its test_backends is built if
-# missing.
+# (FLASHPORT_CUDA_FWD_PINGPONG=1). <build> is any configured flashport build folder; its
+# test_backends is built if missing.
 #
 #   backends/cuda/emu/run_emu.sh <build> [test_backends options, e.g. --quick or --filter D128]
 #

@@ -8,7 +8,9 @@
  *            LSE, against a double-precision reference computed on the host for a sample of
  *            query rows (first, last and spread between: a chunk of the exact result, since a
  *            full reference at N = 131072 is 10^12 operations). Every output element must be
- *            written (the buffer is poisoned with NaN first).
+ *            written (the buffer is poisoned with NaN first). Also D = 64, H = 4, N = 16384
+ *            (causal and not), as the shape picks it (the ping-pong kernel) and, without
+ *            --quick, with FLASHPORT_CUDA_FWD_PINGPONG=0 (the 4-warp kernel).
  *   memory   N = 262144, D = 128 forward (causal) must use < 1 GiB of device memory beyond its
  *            inputs and outputs: measured as the high-water mark of the default memory pool
  *            (the backend's stream-ordered workspaces) plus the drop in free memory across the
@@ -21,6 +23,8 @@
  * --quick drops N = 131072 and N = 262144 (compute-sanitizer runs).
  * Exit 77 (skip) when the CUDA backend has no device here.
  */
+#define _POSIX_C_SOURCE 200809L /* setenv, unsetenv */
+
 #include "core/dtype.h"
 #include "tests/test_util.h"
 
@@ -30,10 +34,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define D 128
+#define DMAX 128 /* largest head dim checked here */
 
 typedef struct dev_problem {
-    int64_t n, heads;
+    int64_t n, heads, d;
     uint16_t *hq, *hk, *hv; /* host bf16 */
     void *q, *k, *v, *o, *lse, *dout, *dq, *dk, *dv;
 } dev_problem;
@@ -64,13 +68,14 @@ static void *upload(const void *host, size_t bytes)
     return d;
 }
 
-static int setup(dev_problem *p, int64_t n, int64_t heads, int backward, uint64_t seed)
+static int setup(dev_problem *p, int64_t n, int64_t heads, int64_t d, int backward, uint64_t seed)
 {
     memset(p, 0, sizeof *p);
     p->n = n;
     p->heads = heads;
+    p->d = d;
     tu_rng r = tu_rng_seed(seed);
-    const int64_t count = n * heads * D;
+    const int64_t count = n * heads * d;
     p->hq = random_bf16(count, 2.0f, &r);
     p->hk = random_bf16(count, 2.0f, &r);
     p->hv = random_bf16(count, 1.0f, &r);
@@ -108,9 +113,9 @@ static void teardown(dev_problem *p)
     memset(p, 0, sizeof *p);
 }
 
-static flashport_tensor t4(void *data, int64_t n, int64_t heads)
+static flashport_tensor t4(void *data, const dev_problem *p)
 {
-    const int64_t shape[4] = {1, n, heads, D};
+    const int64_t shape[4] = {1, p->n, p->heads, p->d};
     return flashport_tensor_contiguous(data, FLASHPORT_BF16, 4, shape);
 }
 
@@ -120,8 +125,7 @@ static flashport_status forward(dev_problem *p, int causal)
     flashport_attention_params_init(&params);
     params.causal = causal;
     const int64_t lshape[3] = {1, p->heads, p->n};
-    flashport_tensor q = t4(p->q, p->n, p->heads), k = t4(p->k, p->n, p->heads),
-                     v = t4(p->v, p->n, p->heads), o = t4(p->o, p->n, p->heads);
+    flashport_tensor q = t4(p->q, p), k = t4(p->k, p), v = t4(p->v, p), o = t4(p->o, p);
     flashport_tensor lse = flashport_tensor_contiguous(p->lse, FLASHPORT_F32, 3, lshape);
     flashport_status s = flashport_attention_forward(be, &params, &q, &k, &v, &o, &lse);
     return s == FLASHPORT_OK ? flashport_synchronize(be) : s;
@@ -134,22 +138,21 @@ static flashport_status backward(dev_problem *p, int causal, int deterministic)
     params.causal = causal;
     params.deterministic = deterministic;
     const int64_t lshape[3] = {1, p->heads, p->n};
-    flashport_tensor q = t4(p->q, p->n, p->heads), k = t4(p->k, p->n, p->heads),
-                     v = t4(p->v, p->n, p->heads), o = t4(p->o, p->n, p->heads),
-                     dout = t4(p->dout, p->n, p->heads), dq = t4(p->dq, p->n, p->heads),
-                     dk = t4(p->dk, p->n, p->heads), dv = t4(p->dv, p->n, p->heads);
+    flashport_tensor q = t4(p->q, p), k = t4(p->k, p), v = t4(p->v, p), o = t4(p->o, p),
+                     dout = t4(p->dout, p), dq = t4(p->dq, p), dk = t4(p->dk, p), dv = t4(p->dv, p);
     flashport_tensor lse = flashport_tensor_contiguous(p->lse, FLASHPORT_F32, 3, lshape);
     flashport_status s =
         flashport_attention_backward(be, &params, &q, &k, &v, &o, &lse, &dout, &dq, &dk, &dv);
     return s == FLASHPORT_OK ? flashport_synchronize(be) : s;
 }
 
-/* Exact row i (head 0) in double: o[D], returns the natural-log LSE. */
+/* Exact row i (head 0) in double: o[p->d], returns the natural-log LSE. */
 static double reference_row(const dev_problem *p, int64_t i, int causal, double *o)
 {
+    const int D = (int)p->d;
     const double scale = 1.0 / sqrt((double)D);
     const int64_t stride = p->heads * D, hi = causal ? i + 1 : p->n;
-    double q[D], m = -INFINITY, sum = 0.0;
+    double q[DMAX], m = -INFINITY, sum = 0.0;
     for (int d = 0; d < D; d++) {
         q[d] = fp_bf16_to_f32(p->hq[i * stride + d]);
         o[d] = 0.0;
@@ -174,46 +177,51 @@ static double reference_row(const dev_problem *p, int64_t i, int causal, double 
     return m + log(sum);
 }
 
-/* Forward at N, checked on `rows` sampled rows of head 0; every element of O must be written. */
-static void check_long(int64_t n, int causal, int rows)
+/* Forward at N, D and `heads` heads, checked on `rows` sampled rows of head 0; every element of O
+ * must be written. `label` names the kernel the shape (and the environment) picks. */
+static void check_long(int64_t n, int64_t D, int64_t heads, int causal, int rows, const char *label)
 {
     dev_problem p;
-    if (setup(&p, n, 1, 0, 1000 + (uint64_t)n + (uint64_t)causal) != 0) {
+    if (setup(&p, n, heads, D, 0, 1000 + (uint64_t)n + (uint64_t)causal + (uint64_t)D) != 0) {
         teardown(&p);
         return;
     }
-    const size_t bytes = (size_t)(n * D) * 2;
+    const int64_t row = heads * D; /* elements per token */
+    const size_t bytes = (size_t)(n * row) * 2;
     uint16_t *ho = malloc(bytes);
-    float *hl = malloc((size_t)n * sizeof(float));
+    float *hl = malloc((size_t)(n * heads) * sizeof(float));
     if (!CHECK(ho && hl))
         return;
-    tu_poison(ho, n * D, FLASHPORT_BF16);
+    tu_poison(ho, n * row, FLASHPORT_BF16);
     ok(flashport_memcpy_to_device(be, p.o, ho, bytes), "poison O");
     if (ok(forward(&p, causal), "forward") &&
         ok(flashport_memcpy_to_host(be, ho, p.o, bytes), "download O") &&
-        ok(flashport_memcpy_to_host(be, hl, p.lse, (size_t)n * sizeof(float)), "download LSE")) {
+        ok(flashport_memcpy_to_host(be, hl, p.lse, (size_t)(n * heads) * sizeof(float)),
+           "download LSE")) {
         int64_t bad = 0;
-        for (int64_t e = 0; e < n * D; e++)
+        for (int64_t e = 0; e < n * row; e++)
             bad += !isfinite(fp_bf16_to_f32(ho[e]));
         CHECK_MSG(bad == 0, "N=%lld: %lld elements of O not written or not finite", (long long)n,
                   (long long)bad);
         double err2 = 0.0, ref2 = 0.0, max_abs = 0.0, lse_err = 0.0;
         for (int r = 0; r < rows; r++) {
             int64_t i = r < 4 ? r : r >= rows - 4 ? n - (rows - r) : (n / rows) * r + r % 7;
-            double o[D];
+            double o[DMAX];
             double lse = reference_row(&p, i, causal, o);
             for (int d = 0; d < D; d++) {
-                double x = fp_bf16_to_f32(ho[i * D + d]), e = fabs(x - o[d]);
+                double x = fp_bf16_to_f32(ho[i * row + d]), e = fabs(x - o[d]);
                 err2 += e * e;
                 ref2 += o[d] * o[d];
                 max_abs = e > max_abs ? e : max_abs;
             }
-            double le = fabs(hl[i] - lse);
+            double le = fabs(hl[i] - lse); /* LSE [1, H, N]: head 0's row i */
             lse_err = le > lse_err ? le : lse_err;
         }
         double rel = sqrt(err2 / ref2);
-        printf("long N=%lld %s: %d rows, O rel_l2 %.2e max_abs %.2e, LSE max_abs %.2e\n",
-               (long long)n, causal ? "causal" : "full", rows, rel, max_abs, lse_err);
+        printf("long N=%lld D=%lld H=%lld %s%s: %d rows, O rel_l2 %.2e max_abs %.2e, LSE max_abs "
+               "%.2e\n",
+               (long long)n, (long long)D, (long long)heads, causal ? "causal" : "full", label,
+               rows, rel, max_abs, lse_err);
         /* bf16 output rounding alone gives rel ~2e-3; P rounded to bf16 adds about as much. */
         CHECK_MSG(rel < 1e-2 && lse_err < 1e-3 * (1.0 + log((double)n)),
                   "N=%lld: rel_l2 %.3e, LSE error %.3e out of tolerance", (long long)n, rel,
@@ -250,20 +258,20 @@ static size_t measure_extra(dev_problem *p, int backward_pass)
 
 static void check_memory(void)
 {
-    const int64_t n = 262144;
+    const int64_t n = 262144, D = DMAX;
     dev_problem p;
-    if (setup(&p, n, 1, 1, 77) == 0) {
+    if (setup(&p, n, 1, D, 1, 77) == 0) {
         size_t fwd = measure_extra(&p, 0);
         size_t bwd = measure_extra(&p, 1);
         printf("memory N=%lld D=%d causal bf16: forward %.1f MiB extra, backward %.1f MiB extra "
                "(inputs+outputs %.1f MiB)\n",
-               (long long)n, D, mib(fwd), mib(bwd), mib((size_t)(9 * n * D * 2 + n * 4)));
+               (long long)n, (int)D, mib(fwd), mib(bwd), mib((size_t)(9 * n * D * 2 + n * 4)));
         CHECK_MSG(fwd < ((size_t)1 << 30), "forward used %.1f MiB beyond its I/O", mib(fwd));
         CHECK_MSG(bwd < ((size_t)1 << 30), "backward used %.1f MiB beyond its I/O", mib(bwd));
         /* and the result is right (last rows see the most keys) */
         uint16_t *ho = malloc((size_t)(n * D) * 2);
         if (CHECK(ho) && ok(flashport_memcpy_to_host(be, ho, p.o, (size_t)(n * D) * 2), "O")) {
-            double o[D], err = 0.0;
+            double o[DMAX], err = 0.0;
             reference_row(&p, n - 1, 1, o);
             for (int d = 0; d < D; d++) {
                 double e = fabs(fp_bf16_to_f32(ho[(n - 1) * D + d]) - o[d]);
@@ -278,13 +286,13 @@ static void check_memory(void)
 
 static void check_stream(void)
 {
-    const int64_t n = 4096, heads = 4;
+    const int64_t n = 4096, heads = 4, D = DMAX;
     dev_problem p;
     memset(&p, 0, sizeof p);
     const size_t bytes = (size_t)(n * heads * D) * 2;
     uint16_t *a = malloc(bytes), *b = malloc(bytes);
     cudaStream_t stream = NULL;
-    if (!CHECK(a && b) || setup(&p, n, heads, 0, 5) != 0 ||
+    if (!CHECK(a && b) || setup(&p, n, heads, D, 0, 5) != 0 ||
         !CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking) == cudaSuccess))
         goto done;
     if (!ok(forward(&p, 1), "forward (default stream)") ||
@@ -299,8 +307,7 @@ static void check_stream(void)
         flashport_attention_params_init(&params);
         params.causal = 1;
         const int64_t lshape[3] = {1, heads, n};
-        flashport_tensor q = t4(p.q, n, heads), k = t4(p.k, n, heads), v = t4(p.v, n, heads),
-                         o = t4(p.o, n, heads);
+        flashport_tensor q = t4(p.q, &p), k = t4(p.k, &p), v = t4(p.v, &p), o = t4(p.o, &p);
         flashport_tensor lse = flashport_tensor_contiguous(p.lse, FLASHPORT_F32, 3, lshape);
         ok(flashport_attention_forward(be, &params, &q, &k, &v, &o, &lse), "forward (stream)");
     }
@@ -319,7 +326,7 @@ done:
 
 static void check_determinism(void)
 {
-    const int64_t n = 4096, heads = 8;
+    const int64_t n = 4096, heads = 8, D = DMAX;
     const size_t bytes = (size_t)(n * heads * D) * 2;
     dev_problem p;
     uint16_t *first[3], *again[3];
@@ -327,7 +334,7 @@ static void check_determinism(void)
         first[i] = malloc(bytes);
         again[i] = malloc(bytes);
     }
-    if (setup(&p, n, heads, 1, 9) == 0 && ok(forward(&p, 1), "forward")) {
+    if (setup(&p, n, heads, D, 1, 9) == 0 && ok(forward(&p, 1), "forward")) {
         void *grads[3] = {p.dq, p.dk, p.dv};
         const char *names[3] = {"dQ", "dK", "dV"};
         for (int run = 0; run < 3; run++) {
@@ -381,10 +388,20 @@ int main(int argc, char **argv)
 
     check_stream();
     check_determinism();
-    check_long(16384, 0, quick ? 8 : 64);
-    check_long(16384, 1, quick ? 8 : 64);
+    check_long(16384, 128, 1, 0, quick ? 8 : 64, "");
+    check_long(16384, 128, 1, 1, quick ? 8 : 64, "");
+    /* D = 64 with 4 heads: 256 blocks of 256 rows, so the shape takes the ping-pong kernel;
+     * without --quick also the 4-warp kernel (the table covers it at short lengths) */
+    for (int causal = 0; causal <= 1; causal++) {
+        check_long(16384, 64, 4, causal, quick ? 8 : 32, " (by shape: ping-pong)");
+        if (quick)
+            continue;
+        setenv("FLASHPORT_CUDA_FWD_PINGPONG", "0", 1);
+        check_long(16384, 64, 4, causal, 32, " (FLASHPORT_CUDA_FWD_PINGPONG=0)");
+        unsetenv("FLASHPORT_CUDA_FWD_PINGPONG");
+    }
     if (!quick) {
-        check_long(131072, 1, 24);
+        check_long(131072, 128, 1, 1, 24, "");
         check_memory();
     }
     flashport_backend_close(be);

@@ -636,7 +636,7 @@ static flashport_status fp_fwd_launch(const fp_cuda_ctx *ctx, const fp_problem *
  * more with one (causal or a window: its diagonal blocks are twice as large as the 4-warp
  * kernel's), without splitting the keys, and fill the SMs once at least. Shorter loops pay more
  * for its unhidden first and last half and prologue than its overlap gains. Measured against the
- * 4-warp kernel (H200, 2026-11-30 10:18 and 10:40, docs/bench/h200-2026-11-30-s5.md), by the
+ * 4-warp kernel (H200, 2026-11-30 10:18 and 10:34, docs/bench/h200-2026-11-30-s5.md), by the
  * average number of key blocks: without a mask -2 .. -3 % at 8, +2 % at 16, +5 .. 8 % at 64 and
  * 128; causal -3 % at 17, +1 % at 33, +4 % at 65. FLASHPORT_CUDA_FWD_PINGPONG (1 always, 0
  * never; read at each call, for tests and A/B timings) forces the choice. */

@@ -93,21 +93,17 @@ fi
 if has sanitize; then
     start=$(date +%s)
     {
-        # every f16/bf16 case of the table ("f16" matches "bf16" too), then the quick long checks
+        # every f16/bf16 case of the table ("f16" matches "bf16" too), as is and with the
+        # forward's ping-pong kernel forced (chosen by shape only for long key loops), then the
+        # quick long checks
         T=${SAN_TIMEOUT:-240}
-        for tool in memcheck racecheck; do
-            echo "### $tool: test_backends cuda --filter f16"
-            timeout "$T" compute-sanitizer --tool $tool --error-exitcode 99 \
-                "$BUILD/bin/test_backends" cuda --filter f16 | grep -vE '^(fwd|bwd) .*PASS$'
-            echo "rc=$?"
-        done
-        # the forward's ping-pong kernel (chosen by shape only for long key loops)
-        for tool in memcheck racecheck; do
-            echo "### $tool: test_backends cuda --filter f16, FLASHPORT_CUDA_FWD_PINGPONG=1"
-            FLASHPORT_CUDA_FWD_PINGPONG=1 timeout "$T" compute-sanitizer --tool $tool \
-                --error-exitcode 99 "$BUILD/bin/test_backends" cuda --filter f16 |
-                grep -vE '^(fwd|bwd) .*PASS$'
-            echo "rc=$?"
+        for setting in FLASHPORT_NOTHING= FLASHPORT_CUDA_FWD_PINGPONG=1; do
+            for tool in memcheck racecheck; do
+                echo "### $tool: test_backends cuda --filter f16 ($setting)"
+                env "$setting" timeout "$T" compute-sanitizer --tool $tool --error-exitcode 99 \
+                    "$BUILD/bin/test_backends" cuda --filter f16 | grep -vE '^(fwd|bwd) .*PASS$'
+                echo "rc=$?"
+            done
         done
         echo "### memcheck: test_cuda_large --quick"
         timeout "$T" compute-sanitizer --tool memcheck --error-exitcode 99 \

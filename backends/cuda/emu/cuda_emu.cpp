@@ -31,7 +31,8 @@
  *
  * Launch checks as the hardware's: block size 1..1024, grid y and z <= 65535, no empty grid,
  * dynamic shared memory above 48 KiB only after cudaFuncSetAttribute raised the kernel's limit,
- * which fails above the device's opt-in (FP_CUDA_EMU_SMEM_KIB).
+ * which fails above the device's opt-in (FP_CUDA_EMU_SMEM_KIB); the occupancy query answers 0
+ * blocks above that limit.
  */
 #include "backends/cuda/emu/cuda_emu.h"
 
@@ -889,9 +890,14 @@ cudaError_t cudaFuncSetAttribute(const void *func, enum cudaFuncAttribute attr, 
 }
 
 /* From threads and shared memory only (the emulator does not know the register count). */
-cudaError_t cudaOccupancyMaxActiveBlocksPerMultiprocessor(int *blocks, const void *, int block_size,
-                                                          size_t dynamic_smem)
+cudaError_t cudaOccupancyMaxActiveBlocksPerMultiprocessor(int *blocks, const void *kernel,
+                                                          int block_size, size_t dynamic_smem)
 {
+    /* as the CUDA runtime: no block fits above the kernel's dynamic shared memory limit */
+    if (dynamic_smem > (size_t)kernel_smem_limit(kernel)) {
+        *blocks = 0;
+        return cudaSuccess;
+    }
     struct cudaDeviceProp prop;
     cudaGetDeviceProperties(&prop, 0);
     const int warps = (block_size + 31) / 32;

@@ -398,6 +398,47 @@ FP_DEV float fp_exp2(float x)
 #endif
 }
 
+/* 1 / x and log2 x with the hardware approximations (rcp.approx: 1 ulp; lg2.approx: about 2^-22
+ * absolute), for the forward's finalize. There, IEEE division and logf were each a branchy
+ * sequence per row, run one row after the other: the code after the key loop took 13 % of the
+ * D = 64, N = 512 forward's stall samples (ncu, H200, 2026-11-30 11:46), FA2's 9 %. Measured
+ * (11:51 and 11:54, A/B in one run, docs/bench/h200-2026-11-30-s6.md): +4.6 .. 5.0 % at
+ * D = 64, N = 512, +1.6 % at N = 2048 causal, +1.6 .. 2.5 % at D = 128, N = 512, +0.4 .. 1.6 %
+ * at D = 256; long key loops within the noise. */
+FP_DEV float fp_rcp(float x)
+{
+#ifdef FP_CUDA_EMU
+    return fp_emu_rcp_approx_ftz(x);
+#else
+    float y;
+    asm("rcp.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+    return y;
+#endif
+}
+
+FP_DEV float fp_log2(float x)
+{
+#ifdef FP_CUDA_EMU
+    return fp_emu_lg2_approx_ftz(x);
+#else
+    float y;
+    asm("lg2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+    return y;
+#endif
+}
+
+/* fp_softmax_out_scale and fp_softmax_lse_exp2 (core/online_softmax.h) through fp_rcp and
+ * fp_log2: the same rules (a row that saw nothing: 0 and -inf), branch-free. */
+FP_DEV float fp_cuda_out_scale(const fp_softmax_state *s)
+{
+    return s->l > 0.0f ? fp_rcp(s->l) : 0.0f;
+}
+
+FP_DEV float fp_cuda_lse_exp2(const fp_softmax_state *s)
+{
+    return s->l > 0.0f ? s->m * FP_LN2 + fp_log2(s->l) * FP_LN2 : -INFINITY;
+}
+
 FP_DEV float fp_quad_max(float x)
 {
     x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));

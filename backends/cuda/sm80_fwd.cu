@@ -22,7 +22,8 @@
  * fp_softmax_update_exp2 (core/online_softmax.h), called only for blocks that rescale. The
  * per-element weight mirrors
  * fp_softmax_weight_exp2 (masked scores are -inf and give 0; a row whose max is still -inf uses 0
- * as its max, so no -inf - -inf), the finalize calls fp_softmax_out_scale / fp_softmax_lse_exp2,
+ * as its max, so no -inf - -inf), the finalize calls fp_cuda_out_scale / fp_cuda_lse_exp2
+ * (fp_softmax_out_scale / fp_softmax_lse_exp2 with the hardware's rcp and lg2 approximations),
  * and the split-KV combine calls fp_softmax_merge.
  *
  * Split-KV (decode-like shapes, chosen by core/plan.h): each split writes its normalized partial
@@ -478,8 +479,8 @@ __global__ void __launch_bounds__(fp_fwd_cfg<DK, ALT>::NW * 32)
 #pragma unroll
         for (int r = 0; r < 2; ++r) {
             st[mt][r].l = fp_quad_sum(st[mt][r].l);
-            fac[mt][r] = fp_softmax_out_scale(&st[mt][r]);
-            lse[mt][r] = fp_softmax_lse_exp2(&st[mt][r]);
+            fac[mt][r] = fp_cuda_out_scale(&st[mt][r]);
+            lse[mt][r] = fp_cuda_lse_exp2(&st[mt][r]);
         }
 
     if (a.splits == 1) {

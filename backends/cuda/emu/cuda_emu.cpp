@@ -25,6 +25,8 @@
  *     bytes copied, the rest of the 16 zero-filled. Uncommitted copies wait for their group.
  *   ex2.approx.ftz.f32: exp2f, subnormal results flushed to +0 (not the hardware's 2-ulp
  *     approximation).
+ *   rcp.approx.ftz.f32, lg2.approx.ftz.f32: 1 / x and log2f, subnormals flushed to zero
+ *     (correctly rounded, not the hardware's approximations).
  *   __shfl_xor_sync: full mask only.
  * Checks (abort with a message): shared addresses outside the launch's dynamic shared memory or
  * misaligned, cp.async sources and atomics outside every live cudaMalloc allocation.
@@ -434,6 +436,19 @@ float fp_emu_ex2_approx_ftz(float x)
 {
     const float y = exp2f(x);
     return y < FLT_MIN ? 0.0f : y;
+}
+
+float fp_emu_rcp_approx_ftz(float x)
+{
+    if (fabsf(x) < FLT_MIN)
+        x = copysignf(0.0f, x);
+    const float y = 1.0f / x;
+    return fabsf(y) < FLT_MIN ? copysignf(0.0f, y) : y;
+}
+
+float fp_emu_lg2_approx_ftz(float x)
+{
+    return log2f(fabsf(x) < FLT_MIN ? 0.0f : x);
 }
 
 size_t __cvta_generic_to_shared(const void *ptr)

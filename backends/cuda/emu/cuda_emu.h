@@ -132,6 +132,8 @@ void fp_emu_cp_async16(uint32_t dst, const void *src, int src_bytes);
 void fp_emu_cp_async_commit(void);
 void fp_emu_cp_async_wait(int n);
 float fp_emu_ex2_approx_ftz(float x);
+float fp_emu_rcp_approx_ftz(float x);
+float fp_emu_lg2_approx_ftz(float x);
 
 /* ---- launches ---------------------------------------------------------------------------- */
 

@@ -42,13 +42,12 @@
  * Differences from the reference: P is rounded to f16/bf16 before P V (as every tensor-core
  * flash kernel does; the row sum uses the unrounded P); exp2 is the hardware approximation.
  * Measured (H200, bf16/fp16, ANCHORS grid, tests/gpu/run_h200.sh -> bench/compare_torch.py,
- * 2026-11-30 10:18 and 10:20, docs/bench/h200-2026-11-30-s5.md): 0.99 .. 1.13x SDPA flash
- * (FA2) at D = 64 (median 1.06), 1.02 .. 1.14x at D = 128 (1.06), 0.89 .. 1.13x at D = 256; up
- * to 378 TFLOP/s (D = 128, N = 8192). Limits: 255 registers, D = 64 and D = 128 spill 70 .. 90
- * bytes (the ping-pong kernel 124); 8 warps per SM; latency (ncu, 4-warp D = 64 kernel: the same
- * mma and ldmatrix counts as FA2's kernel and 16 % fewer instructions, but 4.5 cycles per
- * instruction against 3.7); at N = 512, 3.9 us per block outside the key loop against FA2's 2.7.
- * Details and the ncu profiles: docs/bench/README.md.
+ * 2026-11-30 12:01 and 12:03, docs/bench/h200-2026-11-30-s6.md): 1.01 .. 1.17x SDPA flash
+ * (FA2) at D = 64 (median 1.06), 1.03 .. 1.17x at D = 128 (1.06 .. 1.08), 0.90 .. 1.12x at
+ * D = 256; up to 379 TFLOP/s (D = 128, N = 16384). Limits: 255 registers, D = 64 and D = 128
+ * spill 70 .. 90 bytes (the ping-pong kernel 124); 8 warps per SM; latency (ncu, 4-warp D = 64
+ * kernel: the same mma and ldmatrix counts as FA2's kernel and 16 % fewer instructions, but 4.5
+ * cycles per instruction against 3.7). Details and the ncu profiles: docs/bench/README.md.
  */
 #include "backends/cuda/cuda_internal.h"
 #include "backends/cuda/sm80_common.cuh"

@@ -19,7 +19,8 @@
  *        dQ += dS K (BM x D, default mode): DQ_Q warps along the queries x NW / DQ_Q along the
  *          head dim, added to an f32 accumulator with atomics (8-byte vector reductions on
  *          sm_90), kept in mma fragment order so that they coalesce (fp_dq_frag_off);
- *          fp_sm80_bwd_dq_convert scales it into dq.
+ *          fp_sm80_bwd_dq_convert scales it into dq. At D = 64 a step's dQ product runs at the
+ *          start of the next step (DQ_LAG, at fp_bwd_dq_lag).
  *      Each k step's ldmatrix fragments are all requested before its mma, so the load latency is
  *      paid once per step.
  *   3. Deterministic mode: the dK/dV kernel skips dQ and fp_sm80_bwd_dq computes it without
@@ -32,21 +33,22 @@
  * per-element mask, and the others apply fp_mask_visible's inequalities (fp_mask32).
  *
  * Tiles (fp_bwd_cfg; the first configuration of a head dim whose shared memory the device allows
- * runs, FLASHPORT_CUDA_SMEM_KIB lowers that limit for tests): D = 64: BN 128, BM 128 (162 KiB),
- * else BM 64 (97 KiB); D = 128: BN 128, BM 64 (161 KiB), else 4 warps, BN 64, BM 32 (72 KiB);
- * D = 256: BN 64, BM 64 (209 KiB), else BM 32 (137 KiB), else (sm_86/89, 99 KiB per block)
- * 4 warps, BN 32, BM 32 with one Q/dO buffer (QBUF 1: the next step's loads are issued after
- * the dK/dV products, behind one more barrier; 68 KiB); 8 warps, one block per SM. A device with
- * less shared memory gets FLASHPORT_ERR_UNSUPPORTED_HEAD_DIM. Deterministic dQ: 64 query rows
- * (4 warps; 32 rows, 2 warps, for D = 256 at 99 KiB), key block 64 (32 for D = 256). Other head
- * dims run on the next larger kernel, zero-filled.
+ * runs, FLASHPORT_CUDA_SMEM_KIB lowers that limit for tests): D = 64: BN 128, BM 128 with two
+ * dS buffers (194 KiB), else with one (162 KiB), else BM 64 (97 KiB); D = 128: BN 128, BM 64 (161
+ * KiB), else 4 warps, BN 64, BM 32 (72 KiB); D = 256: BN 64, BM 64 (209 KiB), else BM 32 (137 KiB),
+ * else (sm_86/89, 99 KiB per block) 4 warps, BN 32, BM 32 with one Q/dO buffer (QBUF 1: the next
+ * step's loads are issued after the dK/dV products, behind one more barrier; 68 KiB); 8 warps, one
+ * block per SM. A device with less shared memory gets FLASHPORT_ERR_UNSUPPORTED_HEAD_DIM.
+ * Deterministic dQ: 64 query rows (4 warps; 32 rows, 2 warps, for D = 256 at 99 KiB), key block 64
+ * (32 for D = 256). Other head dims run on the next larger kernel, zero-filled.
  *
  * Differences from the reference: P and dS are rounded to f16/bf16 before the products that
  * use them (as in every tensor-core flash kernel); exp2 is the hardware approximation; dQ in the
  * atomic mode is summed in an order that varies from run to run (last-bit differences).
- * Measured (H200, ANCHORS grid, bf16 and fp16, 2026-11-30 10:18 and 10:20,
- * docs/bench/h200-2026-11-30-s5.md): 0.99 .. 1.08x SDPA flash (FA2) at D = 64 (median 1.04),
- * 1.03 .. 1.10x at D = 128 (1.05), 0.97 .. 1.06x at D = 256 (1.00); the earlier steps
+ * Measured (H200, ANCHORS grid, bf16 and fp16, 2026-11-30 12:01 and 12:03,
+ * docs/bench/h200-2026-11-30-s6.md, before DQ_LAG): 0.996 .. 1.085x SDPA flash (FA2) at D = 64
+ * (median 1.044), 1.034 .. 1.102x at D = 128 (1.052), 0.964 .. 1.060x at D = 256 (0.998); with
+ * DQ_LAG (12:15, D = 64 only) 1.027 .. 1.080x at D = 64; the earlier steps
  * (fragment-ordered dQ, P before dP, the 2-D warp tiling) are in h200-2026-11-30-pfirst.md and
  * -bwd2d.md. ncu (same tiles and 8 warps per SM as FA2's kernel, 255 registers; D = 64,
  * N = 8192): 14 % fewer instructions than FA2's kernel but 7.1 cycles per instruction against
@@ -254,8 +256,8 @@ FP_DEV void fp_bwd_load_step(const fp_sm80_args &a, T *sq, T *sdo, float *slse, 
 }
 
 /* dK/dV kernel configurations (see the top of the file): NW warps, BN keys, BM query rows per
- * step, and the warp grids of the three products. ALT 0 is preferred; ALT 1 needs less shared
- * memory. Chosen on the H200 (2026-11-30 05:46, bf16 and fp16, the ANCHORS grid,
+ * step, and the warp grids of the three products. ALT 0 is preferred; each later one needs
+ * less shared memory. Chosen on the H200 (2026-11-30 05:46, bf16 and fp16, the ANCHORS grid,
  * docs/bench/h200-2026-11-30-bwd2d.md): at D = 64, BM 128 was 2.6 .. 7.1 % faster than BM 64, and
  * 4 warps x (BN 64, BM 64) -11 .. +3 % against BM 128; at D = 128, 4 warps x (BN 64, BM 64, two
  * blocks per SM) was 1.5 .. 15 % slower.
@@ -272,6 +274,9 @@ template <> struct fp_bwd_cfg<64, 0> {
     enum { NW = 8, BN = 128, BM = 128, SM_Q = 4, KV_K = 4, DQ_Q = 4, P_FIRST = 1, QBUF = 2 };
 };
 template <> struct fp_bwd_cfg<64, 1> {
+    enum { NW = 8, BN = 128, BM = 128, SM_Q = 4, KV_K = 4, DQ_Q = 4, P_FIRST = 1, QBUF = 2 };
+};
+template <> struct fp_bwd_cfg<64, 2> {
     enum { NW = 8, BN = 128, BM = 64, SM_Q = 2, KV_K = 4, DQ_Q = 4, P_FIRST = 1, QBUF = 2 };
 };
 template <> struct fp_bwd_cfg<128, 0> {
@@ -289,10 +294,23 @@ template <> struct fp_bwd_cfg<256, 1> {
 template <> struct fp_bwd_cfg<256, 2> {
     enum { NW = 4, BN = 32, BM = 32, SM_Q = 2, KV_K = 2, DQ_Q = 2, P_FIRST = 0, QBUF = 1 };
 };
+/* DQ_LAG (D = 64, ALT 0): dS in two buffers, by step parity, and each step's dQ product (dQ += dS
+ * K and its atomics) run after the next step's first barrier, before its S and dP products,
+ * instead of after its own dK / dV products, the last one after the loop. The two halves between
+ * barriers are then closer in length, and the atomics issue while the next products run.
+ * 32 KiB more shared memory (194 KiB at D = 64), so ALT 1 is the same kernel without it, for
+ * sm_80's 163 KiB. Measured (H200, 2026-11-30 12:15, A/B in one run,
+ * docs/bench/h200-2026-11-30-s6.md): +1.2 .. 3.1 % (median 2.1 %) on the D = 64 grid, causal
+ * N = 512 -0.2 .. -0.3 % (controls 0.997 .. 1.010); ptxas spills 20 / 32 bytes (stores / loads)
+ * instead of 60 / 104. */
+template <int DK, int ALT> struct fp_bwd_dq_lag {
+    enum { value = DK == 64 && ALT == 0 };
+};
+
 /* How many configurations each head dim has (ALT 0 .. n - 1, in order of preference). */
 template <int DK> constexpr int fp_bwd_alts()
 {
-    return DK == 256 ? 3 : 2;
+    return DK == 128 ? 2 : 3;
 }
 
 /* Row pitch of the P and dS tiles: BN, at least 64 (the swizzle's 8 chunks per row). */
@@ -304,7 +322,10 @@ template <int DK, int ALT> constexpr size_t fp_dkdv_smem()
 {
     using CFG = fp_bwd_cfg<DK, ALT>;
     constexpr int BN = CFG::BN, BM = CFG::BM, QB = CFG::QBUF, PC = fp_bwd_pc<DK, ALT>::value;
-    return (size_t)(2 * BN * DK + 2 * QB * BM * DK + 2 * BM * PC) * 2 + 2 * QB * BM * sizeof(float);
+    return (size_t)(2 * BN * DK + 2 * QB * BM * DK +
+                    (2 + fp_bwd_dq_lag<DK, ALT>::value) * BM * PC) *
+               2 +
+           2 * QB * BM * sizeof(float);
 }
 
 /* Compile-time arguments of the dK/dV kernel's generic lambdas. */
@@ -319,6 +340,7 @@ __global__ void __launch_bounds__(fp_bwd_cfg<DK, ALT>::NW * 32, 1)
     using CFG = fp_bwd_cfg<DK, ALT>;
     constexpr int NW = CFG::NW, BN = CFG::BN, BM = CFG::BM, NT = NW * 32, KT = DK / 16;
     constexpr int QB = CFG::QBUF, PC = fp_bwd_pc<DK, ALT>::value;
+    constexpr bool DQ_LAG = fp_bwd_dq_lag<DK, ALT>::value;
     /* warp tiles: MT x 16 rows, NP x 16 columns */
     constexpr int S_MT = BM / CFG::SM_Q / 16, S_NP = BN / (NW / CFG::SM_Q) / 16;
     constexpr int KV_MT = BN / CFG::KV_K / 16, KV_NP = DK / (NW / CFG::KV_K) / 16;
@@ -332,9 +354,9 @@ __global__ void __launch_bounds__(fp_bwd_cfg<DK, ALT>::NW * 32, 1)
     T *sq = sv + BN * DK;                   /* [QB][BM][DK] */
     T *sdo = sq + QB * BM * DK;             /* [QB][BM][DK] */
     T *sp = sdo + QB * BM * DK;             /* [BM][PC] */
-    T *sds = sp + BM * PC;                  /* [BM][PC] */
-    float *slse = reinterpret_cast<float *>(sds + BM * PC); /* [QB][BM] */
-    float *sdsum = slse + QB * BM;                          /* [QB][BM] */
+    T *sds = sp + BM * PC;                  /* [1 + DQ_LAG][BM][PC] */
+    float *slse = reinterpret_cast<float *>(sds + (1 + DQ_LAG) * BM * PC); /* [QB][BM] */
+    float *sdsum = slse + QB * BM;                                         /* [QB][BM] */
 
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
     const int g = lane >> 2, t = lane & 3;
@@ -414,9 +436,57 @@ __global__ void __launch_bounds__(fp_bwd_cfg<DK, ALT>::NW * 32, 1)
         stsm_off[jp] = fp_smem_addr(sp) + fp_ldsm_off_bt<PC>(s_q0, lane, s_k0 / 16 + jp);
     const uint32_t sds_minus_sp = (uint32_t)(BM * PC * 2);
 
+    /* dQ += dS K in atomic mode, for the step of rows m0_ of head h_ whose dS sits at byte
+     * offset ds_off of sds (this warp's DQ_MT x 16 queries x DQ_NP x 16 columns) */
+    auto dq_product = [&](int m0_, int h_, uint32_t ds_off) {
+        if (!a.dq_atomic)
+            return;
+        float acc[DQ_MT][2 * DQ_NP][4];
+#pragma unroll
+        for (int mi = 0; mi < DQ_MT; ++mi)
+#pragma unroll
+            for (int j = 0; j < 2 * DQ_NP; ++j)
+#pragma unroll
+                for (int e = 0; e < 4; ++e)
+                    acc[mi][j][e] = 0.0f;
+#pragma unroll
+        for (int kk = 0; kk < BN / 16; ++kk) {
+            uint32_t ea[DQ_MT][4], kf[DQ_NP][4];
+#pragma unroll
+            for (int mi = 0; mi < DQ_MT; ++mi)
+                fp_ldsm_x4(ea[mi], fp_ldsm_addr<PC>(sds_a + ds_off, la_dq, 16 * mi, kk));
+#pragma unroll
+            for (int p = 0; p < DQ_NP; ++p)
+                fp_ldsm_x4_t(kf[p], sk_a + dq_b_off[p] + 16 * kk * DK * 2);
+#pragma unroll
+            for (int p = 0; p < DQ_NP; ++p)
+#pragma unroll
+                for (int mi = 0; mi < DQ_MT; ++mi) {
+                    fp_mma<T>(acc[mi][2 * p], ea[mi], kf[p][0], kf[p][1]);
+                    fp_mma<T>(acc[mi][2 * p + 1], ea[mi], kf[p][2], kf[p][3]);
+                }
+        }
+#pragma unroll
+        for (int mi = 0; mi < DQ_MT; ++mi) {
+            /* fragment order (fp_dq_frag_off): piece j of the warp's columns at 128 j, rows
+             * g + 8 at + 64 */
+            float *dst = a.dq_accum + fp_bwd_ws_row(a, b, h_, m0_ + dq_q0 + 16 * mi) * DK +
+                         fp_dq_frag_off(g, dq_d0 + 2 * t);
+#pragma unroll
+            for (int j = 0; j < 2 * DQ_NP; ++j) {
+                fp_red_add2(dst + 128 * j, acc[mi][j][0], acc[mi][j][1]);
+                fp_red_add2(dst + 128 * j + 64, acc[mi][j][2], acc[mi][j][3]);
+            }
+        }
+    };
+
     int h = kvh * a.group, mb = mb_lo - 1; /* the step's query head and block, advanced first */
     for (int it = 0; it < iters; ++it) {
         const int buf = QB == 2 ? it & 1 : 0;
+        const int ph = h, pm0 = mb * BM; /* the last step's */
+        /* DQ_LAG: dS in buffer it % 2, so that the last step's dQ product can run after this
+         * step's first barrier */
+        const uint32_t ds_off = DQ_LAG ? (it & 1) * BM * PC * 2 : 0;
         fp_bwd_next_step(h, mb, mb_lo, mb_lo + nmb);
         const int m0 = mb * BM;
         int h1 = h, mb1 = mb; /* step it + 1 */
@@ -429,6 +499,8 @@ __global__ void __launch_bounds__(fp_bwd_cfg<DK, ALT>::NW * 32, 1)
                                                 mb1 * BM, nchunks, buf ^ 1);
             fp_cp_async_commit();
         }
+        if (DQ_LAG && it > 0)
+            dq_product(pm0, ph, ds_off ^ (BM * PC * 2));
         const uint32_t qt = sq_a + buf * BM * DK * 2, dot = sdo_a + buf * BM * DK * 2;
 
         /* S = Q K^T, dP = dO V^T (this warp's S_MT x 16 queries x S_NP x 16 keys) */
@@ -526,7 +598,7 @@ __global__ void __launch_bounds__(fp_bwd_cfg<DK, ALT>::NW * 32, 1)
             else
                 elementwise(fp_int<FP_SCORES_FULL>(), fp_flag<true>());
             store_tile(s, 0);
-            store_tile(dp, sds_minus_sp);
+            store_tile(dp, sds_minus_sp + ds_off);
         } else {
             /* P first, so that its exp2s overlap the dP products; then dS = P (dP - Dsum). The
              * dP products are called in each branch so that they share a basic block with the
@@ -549,7 +621,7 @@ __global__ void __launch_bounds__(fp_bwd_cfg<DK, ALT>::NW * 32, 1)
                         dp[mi][j][e] = s[mi][j][e] * (dp[mi][j][e] - ds[e >> 1]);
             }
             store_tile(s, 0);
-            store_tile(dp, sds_minus_sp);
+            store_tile(dp, sds_minus_sp + ds_off);
         }
         __syncthreads();
 
@@ -560,7 +632,7 @@ __global__ void __launch_bounds__(fp_bwd_cfg<DK, ALT>::NW * 32, 1)
 #pragma unroll
             for (int mi = 0; mi < KV_MT; ++mi) {
                 fp_ldsm_x4_t(pa[mi], sp_a + kv_a_off[mi] + 16 * kk * PC * 2);
-                fp_ldsm_x4_t(sa[mi], sds_a + kv_a_off[mi] + 16 * kk * PC * 2);
+                fp_ldsm_x4_t(sa[mi], sds_a + ds_off + kv_a_off[mi] + 16 * kk * PC * 2);
             }
 #pragma unroll
             for (int p = 0; p < KV_NP; ++p) {
@@ -588,47 +660,12 @@ __global__ void __launch_bounds__(fp_bwd_cfg<DK, ALT>::NW * 32, 1)
             fp_cp_async_commit();
         }
 
-        /* dQ += dS K (atomic mode; this warp's DQ_MT x 16 queries x DQ_NP x 16 columns) */
-        if (!a.dq_atomic)
-            continue;
-        float acc[DQ_MT][2 * DQ_NP][4];
-#pragma unroll
-        for (int mi = 0; mi < DQ_MT; ++mi)
-#pragma unroll
-            for (int j = 0; j < 2 * DQ_NP; ++j)
-#pragma unroll
-                for (int e = 0; e < 4; ++e)
-                    acc[mi][j][e] = 0.0f;
-#pragma unroll
-        for (int kk = 0; kk < BN / 16; ++kk) {
-            uint32_t ea[DQ_MT][4], kf[DQ_NP][4];
-#pragma unroll
-            for (int mi = 0; mi < DQ_MT; ++mi)
-                fp_ldsm_x4(ea[mi], fp_ldsm_addr<PC>(sds_a, la_dq, 16 * mi, kk));
-#pragma unroll
-            for (int p = 0; p < DQ_NP; ++p)
-                fp_ldsm_x4_t(kf[p], sk_a + dq_b_off[p] + 16 * kk * DK * 2);
-#pragma unroll
-            for (int p = 0; p < DQ_NP; ++p)
-#pragma unroll
-                for (int mi = 0; mi < DQ_MT; ++mi) {
-                    fp_mma<T>(acc[mi][2 * p], ea[mi], kf[p][0], kf[p][1]);
-                    fp_mma<T>(acc[mi][2 * p + 1], ea[mi], kf[p][2], kf[p][3]);
-                }
-        }
-#pragma unroll
-        for (int mi = 0; mi < DQ_MT; ++mi) {
-            /* fragment order (fp_dq_frag_off): piece j of the warp's columns at 128 j, rows
-             * g + 8 at + 64 */
-            float *dst = a.dq_accum + fp_bwd_ws_row(a, b, h, m0 + dq_q0 + 16 * mi) * DK +
-                         fp_dq_frag_off(g, dq_d0 + 2 * t);
-#pragma unroll
-            for (int j = 0; j < 2 * DQ_NP; ++j) {
-                fp_red_add2(dst + 128 * j, acc[mi][j][0], acc[mi][j][1]);
-                fp_red_add2(dst + 128 * j + 64, acc[mi][j][2], acc[mi][j][3]);
-            }
-        }
+        /* dQ += dS K (atomic mode), or the last step's after the next barrier (DQ_LAG) */
+        if constexpr (!DQ_LAG)
+            dq_product(m0, h, ds_off);
     }
+    if (DQ_LAG && iters > 0)
+        dq_product(mb * BM, h, ((iters - 1) & 1) * BM * PC * 2);
 
     /* dV, then dK * scale, staged through sk */
     fp_cp_async_wait<0>();
@@ -898,8 +935,9 @@ static cudaError_t fp_dkdv_launch(const fp_cuda_ctx *ctx, const fp_problem *p,
     if (e != cudaSuccess)
         return e;
     kernel<<<grid, fp_bwd_cfg<DK, ALT>::NW * 32, smem, ctx->stream>>>(a);
-    fp_cuda_log("backward: sm80 dK/dV D%d kernel (BN %d, BM %d), grid %ux%ux%u", DK, BN,
-                fp_bwd_cfg<DK, ALT>::BM, grid.x, grid.y, grid.z);
+    fp_cuda_log("backward: sm80 dK/dV D%d kernel (BN %d, BM %d%s), grid %ux%ux%u", DK, BN,
+                fp_bwd_cfg<DK, ALT>::BM, fp_bwd_dq_lag<DK, ALT>::value ? ", dQ one step late" : "",
+                grid.x, grid.y, grid.z);
     return cudaGetLastError();
 }
 

@@ -322,9 +322,8 @@ template <int DK, int ALT> constexpr size_t fp_dkdv_smem()
 {
     using CFG = fp_bwd_cfg<DK, ALT>;
     constexpr int BN = CFG::BN, BM = CFG::BM, QB = CFG::QBUF, PC = fp_bwd_pc<DK, ALT>::value;
-    return (size_t)(2 * BN * DK + 2 * QB * BM * DK +
-                    (2 + fp_bwd_dq_lag<DK, ALT>::value) * BM * PC) *
-               2 +
+    constexpr int DSB = 1 + fp_bwd_dq_lag<DK, ALT>::value; /* dS buffers */
+    return (size_t)(2 * BN * DK + 2 * QB * BM * DK + (1 + DSB) * BM * PC) * 2 +
            2 * QB * BM * sizeof(float);
 }
 

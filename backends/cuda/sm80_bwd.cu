@@ -50,9 +50,10 @@
  * (median 1.044), 1.034 .. 1.102x at D = 128 (1.052), 0.964 .. 1.060x at D = 256 (0.998); with
  * DQ_LAG (12:15, D = 64 only) 1.027 .. 1.080x at D = 64; the earlier steps
  * (fragment-ordered dQ, P before dP, the 2-D warp tiling) are in h200-2026-11-30-pfirst.md and
- * -bwd2d.md. ncu (same tiles and 8 warps per SM as FA2's kernel, 255 registers; D = 64,
- * N = 8192): 14 % fewer instructions than FA2's kernel but 7.1 cycles per instruction against
- * 6.1 (barrier 0.56 vs 0.26, shared-memory queue 0.78 vs 0.30): latency bound, 1 % slower; at
+ * -bwd2d.md. ncu before DQ_LAG (same tiles and 8 warps per SM as FA2's kernel, 255 registers;
+ * D = 64, N = 8192): 14 % fewer instructions than FA2's kernel but 7.1 cycles per instruction
+ * against 6.1 (barrier 0.56 vs 0.26, shared-memory queue 0.78 vs 0.30): latency bound, within
+ * 1 % of FA2's kernel (2026-11-30 11:59: 9.47 against 9.51 ms); DQ_LAG went after those stalls; at
  * N = 512 our dK/dV kernel is the faster one and the side kernels decide (see fp_sm80_bwd_pre).
  */
 #include "backends/cuda/cuda_internal.h"

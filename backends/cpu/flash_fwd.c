@@ -4,10 +4,10 @@
  * portable framework; every O(m * n * d) product and every per-score step runs in the micro-kernel
  * table chosen at run time (ukernel.h, isa.c).
  *
- * Algorithm: one task per (query block, batch, head) numbered by core/plan.h (fp_plan_forward
- * without KV splits, fp_plan_task_at: heaviest query blocks first under a causal mask), run by an
- * OpenMP dynamic loop so causal work balances. Scores are kept transposed: S^T (keys down the
- * rows, the block's BLOCK_Q queries across the columns), so that
+ * Algorithm: one task per (query block, batch, head) of core/plan.h's fp_plan_forward (no KV
+ * splits), numbered by fwd_task_at: (batch, head) by (batch, head), heaviest query blocks first
+ * under a causal mask; an OpenMP dynamic loop runs them, so causal work balances. Scores are kept
+ * transposed: S^T (keys down the rows, the block's BLOCK_Q queries across the columns), so that
  *   - S^T = K Q^T reads K in place as the product's A operand (broadcast from the caller's
  *     tensor, any strides), against Q^T packed once per task;
  *   - each query's online-softmax statistics (core/online_softmax.h, exp2 form: scores in log2
@@ -267,6 +267,23 @@ static void fwd_block(const fwd_ctx *c, float *scratch, int64_t b, int64_t h, in
     }
 }
 
+/* Task t of the plan: the query blocks of one (batch, head) are adjacent, so that the threads
+ * work on the same K and V at the same time and share them in L3. (fp_plan_task_at's order, made
+ * for GPUs, runs one query block of every (batch, head) before the next: at N = 8192 each thread
+ * then streams a different head's K and V, 4 MiB at D = 64, from memory, and the forward was 5-8 %
+ * slower; bench/cpu_targets.sh shapes, 2 threads.) Heaviest query blocks first within each
+ * (batch, head), as in fp_plan_task_at, so the light ones come last for the dynamic schedule. */
+static fp_plan_task fwd_task_at(const fp_plan *plan, const fp_problem *p, int64_t t)
+{
+    const int64_t bh = t / plan->num_q_blocks, rank = t % plan->num_q_blocks;
+    fp_plan_task task;
+    task.batch = bh / p->heads;
+    task.head = bh % p->heads;
+    task.q_block = plan->heavy_first ? plan->num_q_blocks - 1 - rank : rank;
+    task.split = 0;
+    return task;
+}
+
 flashport_status fp_cpu_flash_forward(const fp_problem *p)
 {
     fwd_ctx c;
@@ -318,7 +335,7 @@ flashport_status fp_cpu_flash_forward(const fp_problem *p)
         float *mine = scratch;
 #endif
         for (int64_t t = 0; t < plan.num_tasks; t++) {
-            const fp_plan_task task = fp_plan_task_at(&plan, &shape, t);
+            const fp_plan_task task = fwd_task_at(&plan, p, t);
             fwd_block(&c, mine, task.batch, task.head, task.q_block * BLOCK_Q);
         }
     }

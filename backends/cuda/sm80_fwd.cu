@@ -638,8 +638,11 @@ static flashport_status fp_fwd_launch(const fp_cuda_ctx *ctx, const fp_problem *
  * for its unhidden first and last half and prologue than its overlap gains. Measured against the
  * 4-warp kernel (H200, 2026-11-30 10:18 and 10:34, docs/bench/h200-2026-11-30-s5.md), by the
  * average number of key blocks: without a mask -2 .. -3 % at 8, +2 % at 16, +5 .. 8 % at 64 and
- * 128; causal -3 % at 17, +1 % at 33, +4 % at 65. FLASHPORT_CUDA_FWD_PINGPONG (1 always, 0
- * never; read at each call, for tests and A/B timings) forces the choice. */
+ * 128; causal -3 % at 17, +1 % at 33, +4 % at 65. Re-measured after the cheaper finalize
+ * (12:57, docs/bench/h200-2026-11-30-s7.md): -2.5 % at 8, +1.8 % at 16, +3.5 .. 7 % from 32 on;
+ * causal -2.3 % at 17, +1 % at 33, +3 .. 4.4 % at 65: the rule picks the faster kernel in all 20
+ * shapes. FLASHPORT_CUDA_FWD_PINGPONG (1 always, 0 never; read at each call, for tests and A/B
+ * timings) forces the choice. */
 static bool fp_fwd_pingpong(const fp_cuda_ctx *ctx, const fp_problem *p)
 {
     if (ctx->smem_optin < fp_fwd_smem<64, 1>())

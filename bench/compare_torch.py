@@ -22,7 +22,8 @@ compare_torch.png (TFLOP/s against N), and prints the markdown last.
 A/B runs of our backward: --bwd-env VAR=A,B,... times it once per value of the environment
 variable VAR (read by the library at each call), checks each against SDPA flash, and adds a table
 of the variants; the first value is the one in the main table. --fwd-env VAR=A,B,... does the
-same for our forward (each variant's O is checked against SDPA flash). --impls narrows the SDPA
+same for our forward (each variant's O is checked against SDPA flash). A value may repeat, as an
+identical-code control column: its later columns are labelled VAR=value#n. --impls narrows the SDPA
 backends that are timed (SDPA flash is always run once, for the agreement check).
 
 Order per shape: SDPA flash and ours alternate --rounds times (default 2) and each keeps its
@@ -129,6 +130,14 @@ def bench_ms(fn, grad_to_none=None, rep=60):
                                    return_mode="median")
 
 
+def variant_label(env, n):
+    """The impl label of A/B column n > 0 of env = (VAR, values): 'ours:VAR=value', plus '#n'
+    where the value already appeared in an earlier column (an identical-code control), so that
+    every column keeps its own row in the CSV and the tables."""
+    label = f"ours:{env[0]}={env[1][n]}"
+    return label if env[1][n] not in env[1][:n] else f"{label}#{n}"
+
+
 def run_shape(fp, dtype, D, N, causal, args, bwd_env, fwd_env=None):
     B, H = 16384 // N, 2048 // D
     dev = "cuda"
@@ -157,19 +166,19 @@ def run_shape(fp, dtype, D, N, causal, args, bwd_env, fwd_env=None):
         if bwd_env:
             os.environ[bwd_env[0]] = value
 
-    # ours, forward and backward (checked against SDPA flash below), once per A/B value
-    outs = {}
+    # ours, forward and backward (checked against SDPA flash below), once per A/B column
+    outs = []
     for value in (fwd_env[1] if fwd_env else [""]):
         if fwd_env:
             os.environ[fwd_env[0]] = value
         o.fill_(float("nan"))
         fp.forward(prm, q, k, v, o, lse)
         torch.cuda.synchronize()
-        outs[value] = o.clone()
+        outs.append(o.clone())
     if fwd_env:
         os.environ[fwd_env[0]] = fwd_env[1][0]
         fp.forward(prm, q, k, v, o, lse)
-    grads = {}
+    grads = []
     for value in (bwd_env[1] if bwd_env else [""]):
         set_env(value)
         dq.fill_(float("nan"))
@@ -177,7 +186,7 @@ def run_shape(fp, dtype, D, N, causal, args, bwd_env, fwd_env=None):
         dv.fill_(float("nan"))
         fp.backward(prm, q, k, v, o, lse, do, dq, dk, dv)
         torch.cuda.synchronize()
-        grads[value] = (dq.clone(), dk.clone(), dv.clone())
+        grads.append((dq.clone(), dk.clone(), dv.clone()))
 
     agree, agree_alt = {}, {}
     qt, kt, vt = (x.detach().transpose(1, 2).requires_grad_(True) for x in (q, k, v))
@@ -193,17 +202,17 @@ def run_shape(fp, dtype, D, N, causal, args, bwd_env, fwd_env=None):
             if impl == "fa2" and not agree:
                 ref_o = out.detach().transpose(1, 2)
                 ref = [x.grad.transpose(1, 2) for x in (qt, kt, vt)]
-                for n, (value, g) in enumerate(grads.items()):
+                for n, g in enumerate(grads):
                     a = {"O": rel_l2(o, ref_o)} if n == 0 else {}
                     a.update({name: rel_l2(x, r) for name, x, r in zip(("dQ", "dK", "dV"), g,
                                                                        ref)})
                     if n == 0:
                         agree = a
                     else:
-                        agree_alt[f"{bwd_env[0]}={value}"] = a
-                for n, (value, x) in enumerate(outs.items()):
+                        agree_alt[variant_label(bwd_env, n)] = a
+                for n, x in enumerate(outs):
                     if n > 0:
-                        agree_alt[f"{fwd_env[0]}={value}"] = {"O": rel_l2(x, ref_o)}
+                        agree_alt[variant_label(fwd_env, n)] = {"O": rel_l2(x, ref_o)}
                 del ref
             times = None
             if impl in args.impls:
@@ -248,7 +257,7 @@ def run_shape(fp, dtype, D, N, causal, args, bwd_env, fwd_env=None):
     for key in ours_t[0]:
         direction, n, value = key
         env = fwd_env if direction == "fwd" else bwd_env
-        record("ours" if n == 0 else f"ours:{env[0]}={value}", direction,
+        record("ours" if n == 0 else variant_label(env, n), direction,
                min(t[key] for t in ours_t))
     if args.det:
         prm_det = fp.params(causal, deterministic=True)
@@ -371,7 +380,7 @@ def main():
     for env, direction, name in ((bwd_env, "bwd", "backward"), (fwd_env, "fwd", "forward")):
         if not env:
             continue
-        alts = [f"ours:{env[0]}={v}" for v in env[1][1:]]
+        alts = [variant_label(env, n) for n in range(1, len(env[1]))]
         lines += ["", f"A/B of our {name} ({env[0]}; 'ours' is {env[0]}="
                   f"{env[1][0]}): TFLOP/s and ratio to FA2", "",
                   "| dtype | D | N | causal | FA2 | ours | " + " | ".join(alts) + " |",

@@ -8,7 +8,7 @@
  * keys). K and V tiles of BN keys stream through two shared-memory
  * buffers each, interleaved K0 V0 K1 V1 ... as cp.async groups: K(j+2) is issued as soon as
  * S(j) = Q K(j)^T is done and V(j+1) as soon as iteration j starts, so each load has about one
- * and a half iterations to land.
+ * and a half iterations to land (D = 256: one buffer each and two blocks per SM, ST below).
  * S accumulates in f32 registers; online softmax runs on it in log2 units with the softmax
  * scale folded into one FMA before exp2 (ex2.approx), rescaling O only when a row's maximum
  * grew by more than 2^8 (LAZY, below); P is rounded to the input dtype and fed to
@@ -30,12 +30,12 @@
  * O (f32) and LSE; fp_sm80_fwd_combine merges them in split order.
  *
  * Tiles (BM x BN, warps): D=64 128x128, 4 warps (for long key loops 256x128, 8 warps in the
- * ping-pong schedule: PP below); D=128 128x64, 4 warps; D=256 128x64, 8 warps (64x64, 4 warps,
- * where a block may not have 192 KiB of shared memory). Other head dims (multiples
- * of 8) run on the next larger kernel with the extra columns zero-filled. Chosen on the H200
- * (2026-11-30, one run, bf16 and fp16, every N, causal and not;
- * docs/bench/h200-2026-11-30-tiles.md): at D = 64, 128x128 was 1.7 .. 5.6 % faster than
- * 128x64 with Q in registers and 8 warps x 16 rows x 128 keys 23 .. 29 % slower; at D = 128,
+ * ping-pong schedule: PP below); D=128 128x64, 4 warps; D=256 64x64, 4 warps, one K and one V
+ * buffer, two blocks per SM (ST below; other configurations where two do not fit). Other head
+ * dims (multiples of 8) run on the next larger kernel with the extra columns zero-filled. The
+ * D = 64 and 128 tiles were chosen on the H200 (2026-11-30, one run, bf16 and fp16, every N,
+ * causal and not; docs/bench/h200-2026-11-30-tiles.md): at D = 64, 128x128 was 1.7 .. 5.6 % faster
+ * than 128x64 with Q in registers and 8 warps x 16 rows x 128 keys 23 .. 29 % slower; at D = 128,
  * 128x32 (4 warps, no spills), 128x64 and 128x128 with 8 warps (Q in registers) were 7 .. 25 %
  * slower than 128x64 with 4 warps, despite its spills.
  *
@@ -57,10 +57,19 @@
 #include <math.h>
 #include <stdlib.h>
 
-/* At D = 256, ALT 1 and 2 are the configurations for devices whose blocks may not have ALT 0's
- * shared memory: D = 256 takes 192 KiB, more than sm_80's 163; ALT 1 takes 160 KiB, ALT 2 (key
- * blocks of 32) 96 KiB, which fits sm_86/89's 99. Smaller devices get
- * FLASHPORT_ERR_UNSUPPORTED_HEAD_DIM at D > 128. At D = 64, ALT 1 is the ping-pong schedule (PP,
+/* At D = 256, ALT 0 (64 x 64, 4 warps, one K and one V buffer: ST = 1, below; 96 KiB) is for
+ * devices that fit two of its blocks on an SM (sm_90: 227 KiB per block, 228 per SM); ALT 1
+ * (64 x 64, two buffers each, 160 KiB) for sm_80's 163 KiB, ALT 2 (key blocks of 32, two
+ * buffers, 96 KiB) for sm_86/89's 99, where one block per SM would leave ALT 0's loads
+ * unhidden (not measured: no such GPU here). Smaller devices get
+ * FLASHPORT_ERR_UNSUPPORTED_HEAD_DIM at D > 128.
+ * ST (K / V stages): 2 keeps two buffers of each, loaded one and a half iterations ahead (the
+ * main loop below); 1 keeps one of each, as FA2's sm80 kernel does: V(j) loads during
+ * S(j) = Q K(j)^T, K(j + 1) during the exponentials and P V(j), and the other block on the SM
+ * hides the waits. Measured at D = 256 (H200, 2026-11-30 13:13, A/B in one run, alternating
+ * columns, docs/bench/h200-2026-11-30-s7.md): 1.01 .. 1.19x FA2 against 0.89 .. 1.11x for the
+ * 8-warp 128 x 64 kernel with two stages (192 KiB, one block per SM) it replaced, 0.88 .. 1.01x
+ * for ALT 2 and 0.76 .. 0.90x for ALT 1 (13:10). At D = 64, ALT 1 is the ping-pong schedule (PP,
  * below; 96 KiB), for long key loops (fp_fwd_pingpong).
  * LAZY: see FP_FWD_RESCALE_SLACK below. FAST_LOAD: tiles that lie wholly inside the sequence
  * are copied without the per-row bounds test (fp_load_tile's FAST; about 6 instructions per
@@ -78,22 +87,22 @@
  * timed with it and keep the late wait. */
 template <int DK, int ALT> struct fp_fwd_cfg;
 template <> struct fp_fwd_cfg<64, 0> {
-    enum { NW = 4, MT = 2, BN = 128, LAZY = 1, FAST_LOAD = 0, EARLY_V = 0, PP = 0 };
+    enum { NW = 4, MT = 2, BN = 128, LAZY = 1, FAST_LOAD = 0, EARLY_V = 0, PP = 0, ST = 2 };
 };
 template <> struct fp_fwd_cfg<64, 1> {
-    enum { NW = 8, MT = 2, BN = 128, LAZY = 1, FAST_LOAD = 0, EARLY_V = 0, PP = 1 };
+    enum { NW = 8, MT = 2, BN = 128, LAZY = 1, FAST_LOAD = 0, EARLY_V = 0, PP = 1, ST = 2 };
 };
 template <> struct fp_fwd_cfg<128, 0> {
-    enum { NW = 4, MT = 2, BN = 64, LAZY = 1, FAST_LOAD = 1, EARLY_V = 1, PP = 0 };
+    enum { NW = 4, MT = 2, BN = 64, LAZY = 1, FAST_LOAD = 1, EARLY_V = 1, PP = 0, ST = 2 };
 };
 template <> struct fp_fwd_cfg<256, 0> {
-    enum { NW = 8, MT = 1, BN = 64, LAZY = 1, FAST_LOAD = 0, EARLY_V = 1, PP = 0 };
+    enum { NW = 4, MT = 1, BN = 64, LAZY = 1, FAST_LOAD = 0, EARLY_V = 1, PP = 0, ST = 1 };
 };
 template <> struct fp_fwd_cfg<256, 1> {
-    enum { NW = 4, MT = 1, BN = 64, LAZY = 1, FAST_LOAD = 0, EARLY_V = 0, PP = 0 };
+    enum { NW = 4, MT = 1, BN = 64, LAZY = 1, FAST_LOAD = 0, EARLY_V = 0, PP = 0, ST = 2 };
 };
 template <> struct fp_fwd_cfg<256, 2> {
-    enum { NW = 4, MT = 1, BN = 32, LAZY = 1, FAST_LOAD = 0, EARLY_V = 0, PP = 0 };
+    enum { NW = 4, MT = 1, BN = 32, LAZY = 1, FAST_LOAD = 0, EARLY_V = 0, PP = 0, ST = 2 };
 };
 
 /* PP (ping-pong): 8 warps in two groups of 4, each group 128 query rows (a block of 256) over
@@ -138,7 +147,8 @@ template <int DK, int ALT> constexpr int fp_fwd_bm()
 
 template <int DK, int ALT> constexpr size_t fp_fwd_smem()
 {
-    return (size_t)(fp_fwd_bm<DK, ALT>() + 4 * fp_fwd_cfg<DK, ALT>::BN) * DK * 2;
+    return (size_t)(fp_fwd_bm<DK, ALT>() + 2 * fp_fwd_cfg<DK, ALT>::ST * fp_fwd_cfg<DK, ALT>::BN) *
+           DK * 2;
 }
 
 /* Masks (and for FP_SCORES_TRANSFORM softcaps and ALiBi-shifts, into log2 units) a warp's
@@ -193,14 +203,16 @@ __global__ void __launch_bounds__(fp_fwd_cfg<DK, ALT>::NW * 32)
     constexpr bool FAST = fp_fwd_cfg<DK, ALT>::FAST_LOAD;
     constexpr bool EARLY_V = fp_fwd_cfg<DK, ALT>::EARLY_V;
     constexpr bool PP = fp_fwd_cfg<DK, ALT>::PP;
+    constexpr int ST = fp_fwd_cfg<DK, ALT>::ST;
     static_assert(!PP || NW == 8, "ping-pong: two groups of four warps");
+    static_assert(ST == 2 || (ST == 1 && !PP && EARLY_V), "one stage: the EARLY_V loop only");
     constexpr int NT = NW * 32, BM = NW * MT * 16;
     constexpr int KT = DK / 16, NB8 = BN / 8, DT8 = DK / 8;
 
     extern __shared__ __align__(128) unsigned char fp_smem[];
     T *sq = reinterpret_cast<T *>(fp_smem); /* [BM][DK], later the O staging tile */
-    T *sk = sq + BM * DK;                   /* [2][BN][DK] */
-    T *sv = sk + 2 * BN * DK;               /* [2][BN][DK] */
+    T *sk = sq + BM * DK;                   /* [ST][BN][DK] */
+    T *sv = sk + ST * BN * DK;              /* [ST][BN][DK] */
 
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
     const int g = lane >> 2, t = lane & 3;
@@ -233,11 +245,11 @@ __global__ void __launch_bounds__(fp_fwd_cfg<DK, ALT>::NW * 32)
         fp_load_tile<BN, DK, NT, FAST>(sk, kg + (int64_t)nb_begin * BN * a.k.ss, a.k.ss,
                                        nk - nb_begin * BN, nchunks, tid);
     fp_cp_async_commit();
-    if (!PP && nb_begin < nb_end)
+    if (!PP && ST == 2 && nb_begin < nb_end)
         fp_load_tile<BN, DK, NT, FAST>(sv, vg + (int64_t)nb_begin * BN * a.v.ss, a.v.ss,
                                        nk - nb_begin * BN, nchunks, tid);
     fp_cp_async_commit();
-    if (!PP && nb_begin + 1 < nb_end)
+    if (!PP && ST == 2 && nb_begin + 1 < nb_end)
         fp_load_tile<BN, DK, NT, FAST>(sk + BN * DK, kg + (int64_t)(nb_begin + 1) * BN * a.k.ss,
                                        a.k.ss, nk - (nb_begin + 1) * BN, nchunks, tid);
     fp_cp_async_commit();
@@ -266,8 +278,8 @@ __global__ void __launch_bounds__(fp_fwd_cfg<DK, ALT>::NW * 32)
     const float slope = a.alibi ? a.alibi[h] : 0.0f;
     const fp_mask32 mk = fp_mask32_make(nq, nk, a.left, a.right);
 
-    /* The steps of one key block nb, shared by the two schedules below. K(nb) and V(nb) sit in
-     * buffer (nb - nb_begin) % 2. */
+    /* The steps of one key block nb, shared by the schedules below. K(nb) and V(nb) sit in
+     * buffer (nb - nb_begin) % ST. */
     /* S = Q K^T */
     auto qk = [&](float(&s)[MT][NB8][4], int nb) {
 #pragma unroll
@@ -277,7 +289,7 @@ __global__ void __launch_bounds__(fp_fwd_cfg<DK, ALT>::NW * 32)
 #pragma unroll
                 for (int e = 0; e < 4; ++e)
                     s[mt][j][e] = 0.0f;
-        const uint32_t kt = sk_a + ((nb - nb_begin) & 1) * BN * DK * 2;
+        const uint32_t kt = sk_a + ((nb - nb_begin) & (ST - 1)) * BN * DK * 2;
 #pragma unroll
         for (int kk = 0; kk < KT; ++kk) {
             uint32_t qa[MT][4];
@@ -365,7 +377,7 @@ __global__ void __launch_bounds__(fp_fwd_cfg<DK, ALT>::NW * 32)
     };
     /* O += P V */
     auto pv = [&](uint32_t(&pa)[BN / 16][MT][4], int nb) {
-        const uint32_t vt = sv_a + ((nb - nb_begin) & 1) * BN * DK * 2;
+        const uint32_t vt = sv_a + ((nb - nb_begin) & (ST - 1)) * BN * DK * 2;
 #pragma unroll
         for (int kk = 0; kk < BN / 16; ++kk) {
 #pragma unroll
@@ -434,6 +446,29 @@ __global__ void __launch_bounds__(fp_fwd_cfg<DK, ALT>::NW * 32)
             fp_pp_bar();
             if (grp == 0)
                 fp_pp_bar();
+        }
+    } else if constexpr (ST == 1) {
+        /* One K and one V buffer: V(nb) loads during S(nb) and its row maxima, K(nb + 1) during
+         * the exponentials and P V(nb); each wait drains every copy in flight. */
+        for (int nb = nb_begin; nb < nb_end; ++nb) {
+            fp_cp_async_wait<0>(); /* K(nb) has landed */
+            __syncthreads();       /* and every warp is done with V(nb - 1) */
+            fp_load_tile<BN, DK, NT, FAST>(sv, vg + (int64_t)nb * BN * a.v.ss, a.v.ss, nk - nb * BN,
+                                           nchunks, tid);
+            fp_cp_async_commit();
+            float s[MT][NB8][4];
+            qk(s, nb);
+            softmax_max(s, nb, m0, min(m0 + BM, nq));
+            fp_cp_async_wait<0>(); /* V(nb) has landed */
+            __syncthreads();       /* and every warp is done with K(nb) */
+            if (nb + 1 < nb_end)
+                fp_load_tile<BN, DK, NT, FAST>(sk, kg + (int64_t)(nb + 1) * BN * a.k.ss, a.k.ss,
+                                               nk - (nb + 1) * BN, nchunks, tid);
+            fp_cp_async_commit();
+            softmax_exp(s);
+            uint32_t pa[BN / 16][MT][4];
+            pack_p(pa, s);
+            pv(pa, nb);
         }
     } else {
         for (int nb = nb_begin; nb < nb_end; ++nb) {
@@ -676,7 +711,7 @@ static flashport_status fp_fwd_dispatch(const fp_cuda_ctx *ctx, const fp_problem
                                        : fp_fwd_launch<T, 64, 0>(ctx, p, a);
     if (p->head_dim <= 128)
         return fp_fwd_launch<T, 128, 0>(ctx, p, a);
-    if (ctx->smem_optin >= fp_fwd_smem<256, 0>())
+    if (ctx->smem_optin >= 2 * fp_fwd_smem<256, 0>()) /* two blocks per SM */
         return fp_fwd_launch<T, 256, 0>(ctx, p, a);
     if (ctx->smem_optin >= fp_fwd_smem<256, 1>())
         return fp_fwd_launch<T, 256, 1>(ctx, p, a);

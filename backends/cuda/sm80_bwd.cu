@@ -35,12 +35,13 @@
  * Tiles (fp_bwd_cfg; the first configuration of a head dim whose shared memory the device allows
  * runs, FLASHPORT_CUDA_SMEM_KIB lowers that limit for tests): D = 64: BN 128, BM 128 with two
  * dS buffers (194 KiB), else with one (162 KiB), else BM 64 (97 KiB); D = 128: BN 128, BM 64 (161
- * KiB), else 4 warps, BN 64, BM 32 (72 KiB); D = 256: BN 64, BM 64 (209 KiB), else BM 32 (137 KiB),
- * else (sm_86/89, 99 KiB per block) 4 warps, BN 32, BM 32 with one Q/dO buffer (QBUF 1: the next
- * step's loads are issued after the dK/dV products, behind one more barrier; 68 KiB); 8 warps, one
- * block per SM. A device with less shared memory gets FLASHPORT_ERR_UNSUPPORTED_HEAD_DIM.
- * Deterministic dQ: 64 query rows (4 warps; 32 rows, 2 warps, for D = 256 at 99 KiB), key block 64
- * (32 for D = 256). Other head dims run on the next larger kernel, zero-filled.
+ * KiB), else 4 warps, BN 64, BM 32 (72 KiB); D = 256: BN 64, BM 64 with two dS buffers (217 KiB),
+ * else BM 32 (137 KiB), else (sm_86/89, 99 KiB per block) 4 warps, BN 32, BM 32 with one Q/dO
+ * buffer (QBUF 1: the next step's loads are issued after the dK/dV products, behind one more
+ * barrier; 68 KiB); 8 warps, one block per SM. A device with less shared memory gets
+ * FLASHPORT_ERR_UNSUPPORTED_HEAD_DIM. Deterministic dQ: 64 query rows (4 warps; 32 rows, 2 warps,
+ * for D = 256 at 99 KiB), key block 64 (32 for D = 256). Other head dims run on the next larger
+ * kernel, zero-filled.
  *
  * Differences from the reference: P and dS are rounded to f16/bf16 before the products that
  * use them (as in every tensor-core flash kernel); exp2 is the hardware approximation; dQ in the
@@ -295,17 +296,22 @@ template <> struct fp_bwd_cfg<256, 1> {
 template <> struct fp_bwd_cfg<256, 2> {
     enum { NW = 4, BN = 32, BM = 32, SM_Q = 2, KV_K = 2, DQ_Q = 2, P_FIRST = 0, QBUF = 1 };
 };
-/* DQ_LAG (D = 64, ALT 0): dS in two buffers, by step parity, and each step's dQ product (dQ += dS
- * K and its atomics) run after the next step's first barrier, before its S and dP products,
- * instead of after its own dK / dV products, the last one after the loop. The two halves between
- * barriers are then closer in length, and the atomics issue while the next products run.
- * 32 KiB more shared memory (194 KiB at D = 64), so ALT 1 is the same kernel without it, for
- * sm_80's 163 KiB. Measured (H200, 2026-11-30 12:15, A/B in one run,
- * docs/bench/h200-2026-11-30-s6.md): +1.2 .. 3.1 % (median 2.1 %) on the D = 64 grid, causal
- * N = 512 -0.2 .. -0.3 % (controls 0.997 .. 1.010); ptxas spills 20 / 32 bytes (stores / loads)
- * instead of 60 / 104. */
+/* DQ_LAG (D = 64 and 256, ALT 0): dS in two buffers, by step parity, and each step's dQ product
+ * (dQ += dS K and its atomics) run after the next step's first barrier, before its S and dP
+ * products, instead of after its own dK / dV products, the last one after the loop. The two
+ * halves between barriers are then closer in length, and the atomics issue while the next
+ * products run. One more dS buffer of shared memory: 194 KiB at D = 64, whose ALT 1 is the same
+ * kernel without it for sm_80's 163 KiB; 217 KiB at D = 256, whose ALT 1 (BM 32) was already
+ * sm_80's (the kernel without it, 209 KiB, would fit no device that the lagged one does not).
+ * Measured (H200, A/B in one run): D = 64 (2026-11-30 12:15, docs/bench/h200-2026-11-30-s6.md)
+ * +1.2 .. 3.1 % (median 2.1 %) on the grid, causal N = 512 -0.2 .. -0.3 % (controls 0.997 ..
+ * 1.010), ptxas spills 20 / 32 bytes (stores / loads) instead of 60 / 104; D = 256 (13:28,
+ * docs/bench/h200-2026-11-30-s7.md) +1.9 .. 3.9 % (median 3.2 %), every shape (controls 0.997 ..
+ * 1.010), no spills either way. At D = 256 ncu had shown the dK / dV kernel 3.6 % behind FA2's
+ * (N = 8192: 10.92 against 10.54 ms) with 14.5 % of its stall samples on the dQ reductions, which
+ * went out in one burst at the end of each step, and 5.8 % at the step's first barrier. */
 template <int DK, int ALT> struct fp_bwd_dq_lag {
-    enum { value = DK == 64 && ALT == 0 };
+    enum { value = (DK == 64 || DK == 256) && ALT == 0 };
 };
 
 /* How many configurations each head dim has (ALT 0 .. n - 1, in order of preference). */

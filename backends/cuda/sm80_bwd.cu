@@ -46,10 +46,10 @@
  * Differences from the reference: P and dS are rounded to f16/bf16 before the products that
  * use them (as in every tensor-core flash kernel); exp2 is the hardware approximation; dQ in the
  * atomic mode is summed in an order that varies from run to run (last-bit differences).
- * Measured (H200, ANCHORS grid, bf16 and fp16, 2026-11-30 12:01 and 12:03,
- * docs/bench/h200-2026-11-30-s6.md, before DQ_LAG): 0.996 .. 1.085x SDPA flash (FA2) at D = 64
- * (median 1.044), 1.034 .. 1.102x at D = 128 (1.052), 0.964 .. 1.060x at D = 256 (0.998); with
- * DQ_LAG (12:15, D = 64 only) 1.027 .. 1.080x at D = 64; the earlier steps
+ * Measured (H200, ANCHORS grid, bf16 and fp16, 2026-11-30 13:33,
+ * docs/bench/h200-2026-11-30-s7.md): 1.019 .. 1.086x SDPA flash (FA2) at D = 64 (median 1.066),
+ * 1.034 .. 1.091x at D = 128 (1.047), 0.992 .. 1.076x at D = 256 (1.028; the three below 1.0 are
+ * N >= 8192 without a mask, 0.992 .. 0.999); the earlier steps
  * (fragment-ordered dQ, P before dP, the 2-D warp tiling) are in h200-2026-11-30-pfirst.md and
  * -bwd2d.md. ncu before DQ_LAG (same tiles and 8 warps per SM as FA2's kernel, 255 registers;
  * D = 64, N = 8192): 14 % fewer instructions than FA2's kernel but 7.1 cycles per instruction

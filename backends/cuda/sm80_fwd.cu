@@ -42,9 +42,9 @@
  * Differences from the reference: P is rounded to f16/bf16 before P V (as every tensor-core
  * flash kernel does; the row sum uses the unrounded P); exp2 is the hardware approximation.
  * Measured (H200, bf16/fp16, ANCHORS grid, tests/gpu/run_h200.sh -> bench/compare_torch.py,
- * 2026-11-30 13:18, docs/bench/h200-2026-11-30-s7.md): 1.013 .. 1.165x SDPA flash (FA2) at
- * D = 64 (median 1.067), 1.016 .. 1.165x at D = 128 (1.071), 1.016 .. 1.261x at D = 256
- * (1.059); up to 371 TFLOP/s (fp16, D = 128, N = 8192). Limits: 255 registers, D = 64 and D = 128
+ * 2026-11-30 13:33, docs/bench/h200-2026-11-30-s7.md): 1.009 .. 1.176x SDPA flash (FA2) at
+ * D = 64 (median 1.072), 1.030 .. 1.169x at D = 128 (1.062), 1.005 .. 1.149x at D = 256
+ * (1.059); up to 373 TFLOP/s (bf16, D = 128, N = 16384). Limits: 255 registers, D = 64 and D = 128
  * spill 70 .. 90 bytes (the ping-pong kernel 124); 8 warps per SM; latency (ncu, 4-warp D = 64
  * kernel: the same mma and ldmatrix counts as FA2's kernel and 16 % fewer instructions, but 4.5
  * cycles per instruction against 3.7). Details and the ncu profiles: docs/bench/README.md.

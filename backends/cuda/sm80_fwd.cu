@@ -67,8 +67,8 @@
  * main loop below); 1 keeps one of each, as FA2's sm80 kernel does: V(j) loads during
  * S(j) = Q K(j)^T, K(j + 1) during the exponentials and P V(j), and the other block on the SM
  * hides the waits. Measured at D = 256 (H200, 2026-11-30 13:13, A/B in one run, alternating
- * columns, docs/bench/h200-2026-11-30-s7.md): 1.01 .. 1.19x FA2 against 0.89 .. 1.11x for the
- * 8-warp 128 x 64 kernel with two stages (192 KiB, one block per SM) it replaced, 0.88 .. 1.01x
+ * columns, docs/bench/h200-2026-11-30-s7.md): 1.015 .. 1.169x FA2 against 0.891 .. 1.108x for the
+ * 8-warp 128 x 64 kernel with two stages (192 KiB, one block per SM) it replaced, 0.87 .. 1.01x
  * for ALT 2 and 0.76 .. 0.90x for ALT 1 (13:10). At D = 64, ALT 1 is the ping-pong schedule (PP,
  * below; 96 KiB), for long key loops (fp_fwd_pingpong).
  * LAZY: see FP_FWD_RESCALE_SLACK below. FAST_LOAD: tiles that lie wholly inside the sequence

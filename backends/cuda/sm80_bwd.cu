@@ -307,7 +307,7 @@ template <> struct fp_bwd_cfg<256, 2> {
  * +1.2 .. 3.1 % (median 2.1 %) on the grid, causal N = 512 -0.2 .. -0.3 % (controls 0.997 ..
  * 1.010), ptxas spills 20 / 32 bytes (stores / loads) instead of 60 / 104; D = 256 (13:28,
  * docs/bench/h200-2026-11-30-s7.md) +1.9 .. 3.9 % (median 3.2 %), every shape (controls 0.997 ..
- * 1.010), no spills either way. At D = 256 ncu had shown the dK / dV kernel 3.6 % behind FA2's
+ * 1.010), no spills. At D = 256 ncu had shown the dK / dV kernel 3.6 % behind FA2's
  * (N = 8192: 10.92 against 10.54 ms) with 14.5 % of its stall samples on the dQ reductions, which
  * went out in one burst at the end of each step, and 5.8 % at the step's first barrier. */
 template <int DK, int ALT> struct fp_bwd_dq_lag {

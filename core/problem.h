@@ -1,6 +1,7 @@
 /*
  * Small helpers over fp_problem (core/backend.h) for host-side backends: where a sequence's
- * tokens start and how long it is, and element offsets of one row of each tensor.
+ * tokens start and how long it is, element offsets of one row of each tensor, and the shape that
+ * core/plan.h plans.
  * Dense and varlen problems share one addressing rule:
  *   element (b, s, h, d) of q is at  b * stride[FP_B] + (q_start(b) + s) * stride[FP_S]
  *                                    + h * stride[FP_H] + d * stride[FP_D]
@@ -10,6 +11,7 @@
 #define FLASHPORT_CORE_PROBLEM_H
 
 #include "core/backend.h"
+#include "core/plan.h"
 
 typedef struct fp_seq {
     int64_t q_start, nq; /* first packed token and length of sequence b's queries */
@@ -51,6 +53,14 @@ static inline int64_t fp_lse_offset(const fp_tensor_view *t, int64_t b, int64_t 
 static inline int64_t fp_kv_head(const fp_problem *p, int64_t h)
 {
     return h / (p->heads / p->kv_heads);
+}
+
+/* The problem as core/plan.h sees it (for varlen problems seqlen_q / seqlen_k are the maxima). */
+static inline fp_plan_shape fp_problem_plan_shape(const fp_problem *p)
+{
+    const fp_plan_shape s = {p->batch,    p->heads,       p->seqlen_q,    p->seqlen_k,
+                             p->head_dim, p->window_left, p->window_right};
+    return s;
 }
 
 #endif /* FLASHPORT_CORE_PROBLEM_H */

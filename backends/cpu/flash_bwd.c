@@ -521,8 +521,7 @@ flashport_status fp_cpu_flash_backward(const fp_problem *p)
     c.direct = c.bf16 ? p->k.stride[FP_D] == 1 && p->v.stride[FP_D] == 1 && p->head_dim % 2 == 0
                       : p->dtype == FLASHPORT_F32;
 
-    const fp_plan_shape shape = {p->batch,    p->heads,       p->seqlen_q,    p->seqlen_k,
-                                 p->head_dim, p->window_left, p->window_right};
+    const fp_plan_shape shape = fp_problem_plan_shape(p);
     const int workers = fp_cpu_threads();
     const fp_plan_target target = {workers, BLOCK_Q, BLOCK_K, 1};
     /* Query-side tasks (Di, dQ) in the forward's numbering: heaviest blocks first. */

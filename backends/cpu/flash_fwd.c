@@ -310,8 +310,7 @@ flashport_status fp_cpu_flash_forward(const fp_problem *p)
                        c.k_direct ? ", K read in place" : "", c.v_direct ? ", V read in place" : "",
                        BLOCK_Q, BLOCK_K, fp_cpu_threads());
 
-    const fp_plan_shape shape = {p->batch, p->heads,       p->seqlen_q,    p->seqlen_k,
-                                 d,        p->window_left, p->window_right};
+    const fp_plan_shape shape = fp_problem_plan_shape(p);
     const fp_plan_target target = {fp_cpu_threads(), BLOCK_Q, BLOCK_K, 1};
     const fp_plan plan = fp_plan_forward(&shape, &target);
     if (plan.num_tasks == 0)

@@ -53,6 +53,7 @@
 #include "backends/cuda/sm80_common.cuh"
 
 #include "core/plan.h"
+#include "core/problem.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -606,8 +607,7 @@ static flashport_status fp_fwd_launch(const fp_cuda_ctx *ctx, const fp_problem *
     constexpr size_t smem = fp_fwd_smem<DK, ALT>();
     const cudaStream_t stream = ctx->stream;
 
-    fp_plan_shape shape = {p->batch,    p->heads,       p->seqlen_q,    p->seqlen_k,
-                           p->head_dim, p->window_left, p->window_right};
+    const fp_plan_shape shape = fp_problem_plan_shape(p);
     fp_plan_target target;
     void (*kernel)(const fp_sm80_args) = fp_sm80_fwd_kernel<T, DK, ALT>;
     cudaError_t e =
@@ -685,8 +685,7 @@ static bool fp_fwd_pingpong(const fp_cuda_ctx *ctx, const fp_problem *p)
     const char *force = getenv("FLASHPORT_CUDA_FWD_PINGPONG");
     if (force && *force)
         return atoi(force) != 0;
-    const fp_plan_shape shape = {p->batch,    p->heads,       p->seqlen_q,    p->seqlen_k,
-                                 p->head_dim, p->window_left, p->window_right};
+    const fp_plan_shape shape = fp_problem_plan_shape(p);
     fp_plan_target target;
     target.workers = ctx->sm_count; /* one block per SM */
     target.block_q = fp_fwd_bm<64, 1>();

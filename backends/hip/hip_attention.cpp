@@ -13,6 +13,7 @@
 #include "backends/hip/hip_host.h"
 
 #include "core/plan.h"
+#include "core/problem.h"
 
 #include <string.h>
 
@@ -77,8 +78,7 @@ static fp_plan plan_for(const fp_hip_ctx *ctx, const fp_problem *p, fp_hip_kerne
         (void)hipGetLastError(); /* the launch reports a real problem; the plan needs an estimate */
         per_cu = 1;
     }
-    fp_plan_shape shape = {p->batch,    p->heads,       p->seqlen_q,    p->seqlen_k,
-                           p->head_dim, p->window_left, p->window_right};
+    const fp_plan_shape shape = fp_problem_plan_shape(p);
     fp_plan_target target = {(int64_t)ctx->cus * per_cu, bq, bk, backward ? 1 : FP_HIP_MAX_SPLITS};
     return fp_plan_forward(&shape, &target);
 }

@@ -440,7 +440,8 @@ __global__ void __launch_bounds__(fp_bwd_cfg<DK, ALT>::NW * 32, 1)
 #pragma unroll
     for (int jp = 0; jp < S_NP; ++jp)
         stsm_off[jp] = fp_smem_addr(sp) + fp_ldsm_off_bt<PC>(s_q0, lane, s_k0 / 16 + jp);
-    const uint32_t sds_minus_sp = (uint32_t)(BM * PC * 2);
+    /* bytes of one [BM][PC] tile: sds - sp, and the distance between the two dS buffers */
+    constexpr uint32_t TILE_BYTES = BM * PC * 2;
 
     /* dQ += dS K in atomic mode, for the step of rows m0_ of head h_ whose dS sits at byte
      * offset ds_off of sds (this warp's DQ_MT x 16 queries x DQ_NP x 16 columns) */
@@ -492,7 +493,7 @@ __global__ void __launch_bounds__(fp_bwd_cfg<DK, ALT>::NW * 32, 1)
         const int ph = h, pm0 = mb * BM; /* the last step's */
         /* DQ_LAG: dS in buffer it % 2, so that the last step's dQ product can run after this
          * step's first barrier */
-        const uint32_t ds_off = DQ_LAG ? (it & 1) * BM * PC * 2 : 0;
+        const uint32_t ds_off = DQ_LAG ? (it & 1) * TILE_BYTES : 0;
         fp_bwd_next_step(h, mb, mb_lo, mb_lo + nmb);
         const int m0 = mb * BM;
         int h1 = h, mb1 = mb; /* step it + 1 */
@@ -506,7 +507,7 @@ __global__ void __launch_bounds__(fp_bwd_cfg<DK, ALT>::NW * 32, 1)
             fp_cp_async_commit();
         }
         if (DQ_LAG && it > 0)
-            dq_product(pm0, ph, ds_off ^ (BM * PC * 2));
+            dq_product(pm0, ph, ds_off ^ TILE_BYTES);
         const uint32_t qt = sq_a + buf * BM * DK * 2, dot = sdo_a + buf * BM * DK * 2;
 
         /* S = Q K^T, dP = dO V^T (this warp's S_MT x 16 queries x S_NP x 16 keys) */
@@ -604,7 +605,7 @@ __global__ void __launch_bounds__(fp_bwd_cfg<DK, ALT>::NW * 32, 1)
             else
                 elementwise(fp_int<FP_SCORES_FULL>(), fp_flag<true>());
             store_tile(s, 0);
-            store_tile(dp, sds_minus_sp + ds_off);
+            store_tile(dp, TILE_BYTES + ds_off);
         } else {
             /* P first, so that its exp2s overlap the dP products; then dS = P (dP - Dsum). The
              * dP products are called in each branch so that they share a basic block with the
@@ -627,7 +628,7 @@ __global__ void __launch_bounds__(fp_bwd_cfg<DK, ALT>::NW * 32, 1)
                         dp[mi][j][e] = s[mi][j][e] * (dp[mi][j][e] - ds[e >> 1]);
             }
             store_tile(s, 0);
-            store_tile(dp, sds_minus_sp + ds_off);
+            store_tile(dp, TILE_BYTES + ds_off);
         }
         __syncthreads();
 
@@ -671,7 +672,7 @@ __global__ void __launch_bounds__(fp_bwd_cfg<DK, ALT>::NW * 32, 1)
             dq_product(m0, h, ds_off);
     }
     if (DQ_LAG && iters > 0)
-        dq_product(mb * BM, h, ((iters - 1) & 1) * BM * PC * 2);
+        dq_product(mb * BM, h, ((iters - 1) & 1) * TILE_BYTES);
 
     /* dV, then dK * scale, staged through sk */
     fp_cp_async_wait<0>();

@@ -225,19 +225,19 @@ def run_shape(fp, dtype, D, N, causal, args, bwd_env, fwd_env=None):
         return times
 
     def ours():
-        """Our forward and backward times in ms, per A/B value, keyed (direction, index, value):
-        a value may repeat (an identical-code control column)."""
+        """Our forward and backward times in ms, keyed (direction, A/B column): a value may
+        repeat (an identical-code control column)."""
         t = {}
         for n, value in enumerate(fwd_env[1] if fwd_env else [""]):
             if fwd_env:
                 os.environ[fwd_env[0]] = value
-            t[("fwd", n, value)] = bench_ms(lambda: fp.forward(prm, q, k, v, o, lse),
+            t[("fwd", n)] = bench_ms(lambda: fp.forward(prm, q, k, v, o, lse),
                                             rep=args.rep)
         if fwd_env:
             os.environ[fwd_env[0]] = fwd_env[1][0]
         for n, value in enumerate(bwd_env[1] if bwd_env else [""]):
             set_env(value)
-            t[("bwd", n, value)] = bench_ms(
+            t[("bwd", n)] = bench_ms(
                 lambda: fp.backward(prm, q, k, v, o, lse, do, dq, dk, dv), rep=args.rep)
         set_env(bwd_env[1][0] if bwd_env else "")
         return t
@@ -255,7 +255,7 @@ def run_shape(fp, dtype, D, N, causal, args, bwd_env, fwd_env=None):
         record("fa2", "fwd", min(t[0] for t in fa2_t))
         record("fa2", "bwd", min(t[1] for t in fa2_t))
     for key in ours_t[0]:
-        direction, n, value = key
+        direction, n = key
         env = fwd_env if direction == "fwd" else bwd_env
         record("ours" if n == 0 else variant_label(env, n), direction,
                min(t[key] for t in ours_t))

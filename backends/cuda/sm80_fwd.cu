@@ -194,6 +194,16 @@ FP_DEV void fp_fwd_scores(float (*s)[NB8][4], const fp_sm80_args &a, const fp_ma
 }
 
 // q, o: (B, Nq, H, D); k, v: (B, Nk, Hkv, D); lse: (B, H, Nq); grid (q blocks, H, B * splits)
+/* K or V of key block nb (rows nb * BN .. of g, row stride ss; nk keys in all) into its buffer,
+ * (nb - nb_begin) % ST, of the ST buffers at buf0, with NTH threads. */
+template <int BN, int DK, int ST, int NTH, bool FAST, typename T>
+FP_DEV void fp_fwd_load_kv(T *buf0, const T *g, int64_t ss, int nb, int nb_begin, int nk,
+                           int nchunks, int tid)
+{
+    fp_load_tile<BN, DK, NTH, FAST>(buf0 + ((nb - nb_begin) & (ST - 1)) * BN * DK,
+                                    g + (int64_t)nb * BN * ss, ss, nk - nb * BN, nchunks, tid);
+}
+
 template <typename T, int DK, int ALT>
 __global__ void __launch_bounds__(fp_fwd_cfg<DK, ALT>::NW * 32)
     fp_sm80_fwd_kernel(const fp_sm80_args a)
@@ -241,18 +251,23 @@ __global__ void __launch_bounds__(fp_fwd_cfg<DK, ALT>::NW * 32)
     const T *kg = reinterpret_cast<const T *>(a.k.ptr) + fp_cuda_row(a.k, b, sq_.k_start, kvh);
     const T *vg = reinterpret_cast<const T *>(a.v.ptr) + fp_cuda_row(a.v, b, sq_.k_start, kvh);
 
+    /* K(nb) and V(nb) into their buffers, by the whole block */
+    auto load_k = [&](int nb) {
+        fp_fwd_load_kv<BN, DK, ST, NT, FAST>(sk, kg, a.k.ss, nb, nb_begin, nk, nchunks, tid);
+    };
+    auto load_v = [&](int nb) {
+        fp_fwd_load_kv<BN, DK, ST, NT, FAST>(sv, vg, a.v.ss, nb, nb_begin, nk, nchunks, tid);
+    };
+
     fp_load_tile<BM, DK, NT, FAST>(sq, qg, a.q.ss, nq - m0, nchunks, tid);
     if (nb_begin < nb_end)
-        fp_load_tile<BN, DK, NT, FAST>(sk, kg + (int64_t)nb_begin * BN * a.k.ss, a.k.ss,
-                                       nk - nb_begin * BN, nchunks, tid);
+        load_k(nb_begin);
     fp_cp_async_commit();
     if (!PP && ST == 2 && nb_begin < nb_end)
-        fp_load_tile<BN, DK, NT, FAST>(sv, vg + (int64_t)nb_begin * BN * a.v.ss, a.v.ss,
-                                       nk - nb_begin * BN, nchunks, tid);
+        load_v(nb_begin);
     fp_cp_async_commit();
     if (!PP && ST == 2 && nb_begin + 1 < nb_end)
-        fp_load_tile<BN, DK, NT, FAST>(sk + BN * DK, kg + (int64_t)(nb_begin + 1) * BN * a.k.ss,
-                                       a.k.ss, nk - (nb_begin + 1) * BN, nchunks, tid);
+        load_k(nb_begin + 1);
     fp_cp_async_commit();
 
     const uint32_t sq_a = fp_smem_addr(sq), sk_a = fp_smem_addr(sk), sv_a = fp_smem_addr(sv);
@@ -406,12 +421,10 @@ __global__ void __launch_bounds__(fp_fwd_cfg<DK, ALT>::NW * 32)
         /* group 0 (NT / 2 threads): K(nb + 1), V(nb) */
         auto load_step = [&](int nb) {
             if (nb + 1 < nb_end)
-                fp_load_tile<BN, DK, NT / 2, FAST>(sk + ((nb + 1 - nb_begin) & 1) * BN * DK,
-                                                   kg + (int64_t)(nb + 1) * BN * a.k.ss, a.k.ss,
-                                                   nk - (nb + 1) * BN, nchunks, tid);
-            fp_load_tile<BN, DK, NT / 2, FAST>(sv + ((nb - nb_begin) & 1) * BN * DK,
-                                               vg + (int64_t)nb * BN * a.v.ss, a.v.ss, nk - nb * BN,
-                                               nchunks, tid);
+                fp_fwd_load_kv<BN, DK, ST, NT / 2, FAST>(sk, kg, a.k.ss, nb + 1, nb_begin, nk,
+                                                         nchunks, tid);
+            fp_fwd_load_kv<BN, DK, ST, NT / 2, FAST>(sv, vg, a.v.ss, nb, nb_begin, nk, nchunks,
+                                                     tid);
             fp_cp_async_commit();
         };
         fp_cp_async_wait<0>(); /* Q and K(nb_begin) */
@@ -454,8 +467,7 @@ __global__ void __launch_bounds__(fp_fwd_cfg<DK, ALT>::NW * 32)
         for (int nb = nb_begin; nb < nb_end; ++nb) {
             fp_cp_async_wait<0>(); /* K(nb) has landed */
             __syncthreads();       /* and every warp is done with V(nb - 1) */
-            fp_load_tile<BN, DK, NT, FAST>(sv, vg + (int64_t)nb * BN * a.v.ss, a.v.ss, nk - nb * BN,
-                                           nchunks, tid);
+            load_v(nb);
             fp_cp_async_commit();
             float s[MT][NB8][4];
             qk(s, nb);
@@ -463,8 +475,7 @@ __global__ void __launch_bounds__(fp_fwd_cfg<DK, ALT>::NW * 32)
             fp_cp_async_wait<0>(); /* V(nb) has landed */
             __syncthreads();       /* and every warp is done with K(nb) */
             if (nb + 1 < nb_end)
-                fp_load_tile<BN, DK, NT, FAST>(sk, kg + (int64_t)(nb + 1) * BN * a.k.ss, a.k.ss,
-                                               nk - (nb + 1) * BN, nchunks, tid);
+                load_k(nb + 1);
             fp_cp_async_commit();
             softmax_exp(s);
             uint32_t pa[BN / 16][MT][4];
@@ -473,13 +484,10 @@ __global__ void __launch_bounds__(fp_fwd_cfg<DK, ALT>::NW * 32)
         }
     } else {
         for (int nb = nb_begin; nb < nb_end; ++nb) {
-            const int buf = (nb - nb_begin) & 1;
             fp_cp_async_wait<2>(); /* K(nb) has landed */
             __syncthreads();
             if (nb + 1 < nb_end)
-                fp_load_tile<BN, DK, NT, FAST>(sv + (buf ^ 1) * BN * DK,
-                                               vg + (int64_t)(nb + 1) * BN * a.v.ss, a.v.ss,
-                                               nk - (nb + 1) * BN, nchunks, tid);
+                load_v(nb + 1);
             fp_cp_async_commit();
             float s[MT][NB8][4];
             qk(s, nb);
@@ -489,9 +497,7 @@ __global__ void __launch_bounds__(fp_fwd_cfg<DK, ALT>::NW * 32)
                 fp_cp_async_wait<2>();
                 __syncthreads();
                 if (nb + 2 < nb_end)
-                    fp_load_tile<BN, DK, NT, FAST>(sk + buf * BN * DK,
-                                                   kg + (int64_t)(nb + 2) * BN * a.k.ss, a.k.ss,
-                                                   nk - (nb + 2) * BN, nchunks, tid);
+                    load_k(nb + 2);
                 fp_cp_async_commit();
             };
             softmax_max(s, nb, m0, min(m0 + BM, nq));

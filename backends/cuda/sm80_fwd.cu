@@ -193,7 +193,6 @@ FP_DEV void fp_fwd_scores(float (*s)[NB8][4], const fp_sm80_args &a, const fp_ma
         }
 }
 
-// q, o: (B, Nq, H, D); k, v: (B, Nk, Hkv, D); lse: (B, H, Nq); grid (q blocks, H, B * splits)
 /* K or V of key block nb (rows nb * BN .. of g, row stride ss; nk keys in all) into its buffer,
  * (nb - nb_begin) % ST, of the ST buffers at buf0, with NTH threads. */
 template <int BN, int DK, int ST, int NTH, bool FAST, typename T>
@@ -204,6 +203,7 @@ FP_DEV void fp_fwd_load_kv(T *buf0, const T *g, int64_t ss, int nb, int nb_begin
                                     g + (int64_t)nb * BN * ss, ss, nk - nb * BN, nchunks, tid);
 }
 
+// q, o: (B, Nq, H, D); k, v: (B, Nk, Hkv, D); lse: (B, H, Nq); grid (q blocks, H, B * splits)
 template <typename T, int DK, int ALT>
 __global__ void __launch_bounds__(fp_fwd_cfg<DK, ALT>::NW * 32)
     fp_sm80_fwd_kernel(const fp_sm80_args a)

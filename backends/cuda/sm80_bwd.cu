@@ -60,6 +60,9 @@
 #include "backends/cuda/cuda_internal.h"
 #include "backends/cuda/sm80_common.cuh"
 
+#include "core/plan.h"
+#include "core/problem.h"
+
 #include <math.h>
 
 #include <type_traits>
@@ -374,10 +377,10 @@ __global__ void __launch_bounds__(fp_bwd_cfg<DK, ALT>::NW * 32, 1)
         return;
     const int nchunks = a.d / 8;
 
-    int64_t i0, i1;
-    fp_cuda_rows_for_keys(n0, min(n0 + BN, nk), nq, nk, a.left, a.right, &i0, &i1);
-    const int mb_lo = (int)(i0 / BM);
-    const int nmb = i1 > i0 ? (int)((i1 + BM - 1) / BM) - mb_lo : 0;
+    int64_t mb0, mb1;
+    fp_geom_query_blocks(n0, min(n0 + BN, nk), nq, nk, a.left, a.right, BM, &mb0, &mb1);
+    const int mb_lo = (int)mb0;
+    const int nmb = (int)(mb1 - mb0);
     const int iters = a.group * nmb;
 
     const T *kg = reinterpret_cast<const T *>(a.k.ptr) + fp_cuda_row(a.k, b, sq_.k_start + n0, kvh);
@@ -721,8 +724,9 @@ __global__ void __launch_bounds__(fp_dq_cfg<DK, ALT>::NW * 32) fp_sm80_bwd_dq(co
     const int kvh = h / a.group;
     const int nchunks = a.d / 8;
 
-    int nb_begin, nb_end;
-    fp_cuda_key_blocks(m0, min(m0 + BM, nq), nq, nk, a.left, a.right, BN, &nb_begin, &nb_end);
+    int64_t kb0, kb1;
+    fp_geom_key_blocks(m0, min(m0 + BM, nq), nq, nk, a.left, a.right, BN, &kb0, &kb1);
+    const int nb_begin = (int)kb0, nb_end = (int)kb1;
 
     const int64_t qrow = sq_.q_start + m0;
     const T *kg = reinterpret_cast<const T *>(a.k.ptr) + fp_cuda_row(a.k, b, sq_.k_start, kvh);
@@ -965,7 +969,8 @@ static flashport_status fp_bwd_launch(const fp_cuda_ctx *ctx, const fp_problem *
     /* Empty sequences still get their outputs written (zeros); only empty grids are skipped. */
     a.nq_pad = (max(a.nq, 1) + FP_BWD_ROW_PAD - 1) / FP_BWD_ROW_PAD * FP_BWD_ROW_PAD;
     a.dq_atomic = !p->deterministic;
-    a.reverse = p->window_right >= 0 && p->window_left < 0;
+    const fp_plan_shape shape = fp_problem_plan_shape(p);
+    a.reverse = fp_plan_heavy_first(&shape);
     const size_t rows = (size_t)p->batch * p->heads * a.nq_pad;
     const size_t accum = a.dq_atomic ? rows * DK : 0;
     void *ws = NULL;

@@ -28,6 +28,7 @@
 #include <string.h>
 
 #include "core/backend.h"
+#include "core/geometry.h"
 #include "core/mask.h"
 #include "core/online_softmax.h"
 
@@ -115,7 +116,8 @@ static inline void fp_sm80_fill_args(const fp_problem *p, fp_sm80_args *a)
     a->splits = 1;
 }
 
-/* Where sequence b's tokens start and how many there are. */
+/* Where sequence b's tokens start and how many there are: fp_seq_lookup (core/geometry.h) with
+ * the lengths narrowed to int, as the kernels index with 32-bit positions. */
 typedef struct fp_cuda_seq {
     int64_t q_start, k_start;
     int nq, nk;
@@ -123,19 +125,12 @@ typedef struct fp_cuda_seq {
 
 FP_DEV fp_cuda_seq fp_cuda_seq_of(const fp_sm80_args &a, int b)
 {
+    const fp_seq q = fp_seq_lookup(a.cu_q, a.cu_k, a.nq, a.nk, b);
     fp_cuda_seq s;
-    if (a.cu_q) {
-        int q0 = a.cu_q[b], k0 = a.cu_k[b];
-        s.q_start = q0;
-        s.k_start = k0;
-        s.nq = a.cu_q[b + 1] - q0;
-        s.nk = a.cu_k[b + 1] - k0;
-    } else {
-        s.q_start = 0;
-        s.k_start = 0;
-        s.nq = a.nq;
-        s.nk = a.nk;
-    }
+    s.q_start = q.q_start;
+    s.k_start = q.k_start;
+    s.nq = (int)q.nq;
+    s.nk = (int)q.nk;
     return s;
 }
 
@@ -199,33 +194,6 @@ FP_DEV bool fp_mask_row_visible(const fp_mask_row &r, int c)
  * A template argument, so each variant is straight-line code (a run-time test per element
  * would split the unrolled tile into hundreds of branches). */
 enum { FP_SCORES_FULL, FP_SCORES_MASK, FP_SCORES_TRANSFORM };
-
-/* Query rows [*i0, *i1) that see at least one key of [j0, j1) (mask.h's rule solved for i):
- * key j is visible from row i iff j - shift - right <= i <= j - shift + left, shift = nk - nq. */
-FP_DEV void fp_cuda_rows_for_keys(int64_t j0, int64_t j1, int64_t nq, int64_t nk, int64_t left,
-                                  int64_t right, int64_t *i0, int64_t *i1)
-{
-    const int64_t shift = nk - nq;
-    int64_t lo = right < 0 ? 0 : j0 - shift - right;
-    int64_t hi = left < 0 ? nq : j1 - 1 - shift + left + 1;
-    *i0 = lo < 0 ? 0 : lo;
-    *i1 = hi > nq ? nq : hi;
-}
-
-/* Key blocks [*nb0, *nb1) of bn keys that query rows [i0, i1) of one sequence see:
- * fp_mask_block_range (core/mask.h) in whole blocks; empty when the rows see no key. */
-FP_DEV void fp_cuda_key_blocks(int64_t i0, int64_t i1, int64_t nq, int64_t nk, int64_t left,
-                               int64_t right, int bn, int *nb0, int *nb1)
-{
-    int64_t lo, hi;
-    fp_mask_block_range(i0, i1, nq, nk, left, right, &lo, &hi);
-    *nb0 = 0;
-    *nb1 = 0;
-    if (hi > lo) {
-        *nb0 = (int)(lo / bn);
-        *nb1 = (int)((hi + bn - 1) / bn);
-    }
-}
 
 /* ---- element types ------------------------------------------------------------------------- */
 

@@ -239,8 +239,9 @@ __global__ void __launch_bounds__(fp_fwd_cfg<DK, ALT>::NW * 32)
     const int nchunks = a.d / 8;
 
     /* Key blocks this block visits: the window's range for its rows, cut to its split. */
-    int nb_begin, nb_end;
-    fp_cuda_key_blocks(m0, min(m0 + BM, nq), nq, nk, a.left, a.right, BN, &nb_begin, &nb_end);
+    int64_t kb0, kb1;
+    fp_geom_key_blocks(m0, min(m0 + BM, nq), nq, nk, a.left, a.right, BN, &kb0, &kb1);
+    int nb_begin = (int)kb0, nb_end = (int)kb1;
     if (a.splits > 1) {
         const int per = (int)(a.keys_per_split / BN);
         nb_begin = max(nb_begin, split * per);
@@ -369,7 +370,7 @@ __global__ void __launch_bounds__(fp_fwd_cfg<DK, ALT>::NW * 32)
         for (int mt = 0; mt < MT; ++mt) {
 #pragma unroll
             for (int r = 0; r < 2; ++r) {
-                const float mu = st[mt][r].m == -INFINITY ? 0.0f : st[mt][r].m;
+                const float mu = fp_softmax_exp_base(&st[mt][r]);
                 float l = 0.0f;
 #pragma unroll
                 for (int j = 0; j < NB8; ++j)
@@ -629,6 +630,7 @@ static flashport_status fp_fwd_launch(const fp_cuda_ctx *ctx, const fp_problem *
     target.block_q = BM;
     target.block_k = BN;
     target.max_splits = 64;
+    target.order = FP_PLAN_ORDER_GRID;
     const fp_plan plan = fp_plan_forward(&shape, &target);
     if (plan.num_q_blocks == 0 || p->batch == 0 || p->heads == 0)
         return FLASHPORT_OK;
@@ -697,6 +699,7 @@ static bool fp_fwd_pingpong(const fp_cuda_ctx *ctx, const fp_problem *p)
     target.block_q = fp_fwd_bm<64, 1>();
     target.block_k = fp_fwd_cfg<64, 1>::BN;
     target.max_splits = 64;
+    target.order = FP_PLAN_ORDER_GRID;
     const fp_plan plan = fp_plan_forward(&shape, &target);
     if (plan.num_splits > 1 || plan.num_q_blocks * p->batch * p->heads < ctx->sm_count)
         return false;

@@ -48,17 +48,18 @@ FP_INLINE fp_seq fp_seq_lookup(const int32_t *cu_q, const int32_t *cu_k, int64_t
 }
 
 /* Key blocks [*nb0, *nb1) of bn keys that query rows [i0, i1) see: fp_mask_block_range rounded
- * out to whole blocks; empty (0, 0) when the rows see no key. */
+ * out to whole blocks; empty (0, 0) when the rows see no key. Block indices are ints (a
+ * sequence has fewer than 2^31 blocks): the GPU kernels keep them in 32-bit registers. */
 FP_INLINE void fp_geom_key_blocks(int64_t i0, int64_t i1, int64_t nq, int64_t nk, int64_t left,
-                                  int64_t right, int64_t bn, int64_t *nb0, int64_t *nb1)
+                                  int64_t right, int bn, int *nb0, int *nb1)
 {
     int64_t lo, hi;
     fp_mask_block_range(i0, i1, nq, nk, left, right, &lo, &hi);
     *nb0 = 0;
     *nb1 = 0;
     if (hi > lo) {
-        *nb0 = lo / bn;
-        *nb1 = (hi + bn - 1) / bn;
+        *nb0 = (int)(lo / bn);
+        *nb1 = (int)((hi + bn - 1) / bn);
     }
 }
 
@@ -78,15 +79,15 @@ FP_INLINE void fp_geom_rows_for_keys(int64_t j0, int64_t j1, int64_t nq, int64_t
 /* Query blocks [*mb0, *mb1) of bm rows that feed keys [j0, j1) (the backward's dK / dV loop):
  * fp_geom_rows_for_keys rounded out to whole blocks; empty (0, 0) when no row sees the keys. */
 FP_INLINE void fp_geom_query_blocks(int64_t j0, int64_t j1, int64_t nq, int64_t nk, int64_t left,
-                                    int64_t right, int64_t bm, int64_t *mb0, int64_t *mb1)
+                                    int64_t right, int bm, int *mb0, int *mb1)
 {
     int64_t i0, i1;
     fp_geom_rows_for_keys(j0, j1, nq, nk, left, right, &i0, &i1);
     *mb0 = 0;
     *mb1 = 0;
     if (i1 > i0) {
-        *mb0 = i0 / bm;
-        *mb1 = (i1 + bm - 1) / bm;
+        *mb0 = (int)(i0 / bm);
+        *mb1 = (int)((i1 + bm - 1) / bm);
     }
 }
 

@@ -54,7 +54,7 @@ static int all_visible(const shape *s, int64_t i0, int64_t i1, int64_t j0, int64
 }
 
 /* Every query block of bm rows against key blocks of bn keys, from both sides. */
-static int check_shape(const shape *s, int64_t bm, int64_t bn)
+static int check_shape(const shape *s, int bm, int bn)
 {
     char what[160];
     snprintf(what, sizeof what, "nq %lld nk %lld window (%lld, %lld) blocks %lld x %lld",
@@ -63,7 +63,7 @@ static int check_shape(const shape *s, int64_t bm, int64_t bn)
     const int64_t kblocks = (s->nk + bn - 1) / bn, qblocks = (s->nq + bm - 1) / bm;
     for (int64_t qb = 0; qb < qblocks; qb++) {
         const int64_t i0 = qb * bm, i1 = i0 + bm < s->nq ? i0 + bm : s->nq;
-        int64_t nb0, nb1;
+        int nb0, nb1;
         fp_geom_key_blocks(i0, i1, s->nq, s->nk, s->left, s->right, bn, &nb0, &nb1);
         int any = 0;
         for (int64_t kb = 0; kb < kblocks; kb++) {
@@ -94,7 +94,8 @@ static int check_shape(const shape *s, int64_t bm, int64_t bn)
     }
     for (int64_t kb = 0; kb < kblocks; kb++) {
         const int64_t j0 = kb * bn, j1 = j0 + bn < s->nk ? j0 + bn : s->nk;
-        int64_t r0, r1, mb0, mb1;
+        int64_t r0, r1;
+        int mb0, mb1;
         fp_geom_rows_for_keys(j0, j1, s->nq, s->nk, s->left, s->right, &r0, &r1);
         fp_geom_query_blocks(j0, j1, s->nq, s->nk, s->left, s->right, bm, &mb0, &mb1);
         for (int64_t i = 0; i < s->nq; i++) {
@@ -129,7 +130,7 @@ static void test_edges(void)
     static const int64_t windows[][2] = {{-1, -1}, {-1, 0}, {3, 0}, {0, 0},  {5, 7},
                                          {0, 2},   {100, -1}, {-1, 100}, {1000, 1000}, {2, 1}};
     static const int64_t lens[] = {0, 1, 2, 7, 16, 33, 64, 100};
-    static const int64_t blocks[][2] = {{1, 1}, {16, 16}, {64, 32}, {32, 128}, {128, 128}};
+    static const int blocks[][2] = {{1, 1}, {16, 16}, {64, 32}, {32, 128}, {128, 128}};
     for (size_t w = 0; w < sizeof windows / sizeof windows[0]; w++)
         for (size_t a = 0; a < sizeof lens / sizeof lens[0]; a++)
             for (size_t c = 0; c < sizeof lens / sizeof lens[0]; c++)
@@ -149,7 +150,7 @@ static void test_random(void)
         s.nk = tu_rng_u32(&r) % 200;
         s.left = (int64_t)(tu_rng_u32(&r) % 80) - 1;
         s.right = (int64_t)(tu_rng_u32(&r) % 80) - 1;
-        const int64_t bm = 1 + tu_rng_u32(&r) % 70, bn = 1 + tu_rng_u32(&r) % 70;
+        const int bm = 1 + (int)(tu_rng_u32(&r) % 70), bn = 1 + (int)(tu_rng_u32(&r) % 70);
         if (!check_shape(&s, bm, bn))
             return;
     }
@@ -159,7 +160,7 @@ static void test_random(void)
  * does not; one above it is never visited. */
 static void test_full_blocks(void)
 {
-    int64_t nb0, nb1;
+    int nb0, nb1;
     CHECK(!fp_mask_block_full(0, 64, 0, 64, 256, 256, -1, 0));
     CHECK(fp_mask_block_full(64, 128, 0, 64, 256, 256, -1, 0));
     fp_geom_key_blocks(0, 64, 256, 256, -1, 0, 64, &nb0, &nb1);

@@ -404,11 +404,11 @@ static void di_block(const bwd_ctx *c, float *scratch, int64_t b, int64_t h, int
 static void key_blocks(const bwd_ctx *c, const fp_seq *seq, int64_t i0, int m, int64_t *first,
                        int64_t *end)
 {
-    int64_t nb0, nb1;
+    int nb0, nb1;
     fp_geom_key_blocks(i0, i0 + m, seq->nq, seq->nk, c->p->window_left, c->p->window_right,
                        BLOCK_K, &nb0, &nb1);
-    *first = nb0 * BLOCK_K;
-    *end = nb1 * BLOCK_K;
+    *first = (int64_t)nb0 * BLOCK_K;
+    *end = (int64_t)nb1 * BLOCK_K;
 }
 
 /* Fused schedule: all of (b, kv head kvh); big holds dK then dV, Nk x ldd each. */

@@ -377,10 +377,9 @@ __global__ void __launch_bounds__(fp_bwd_cfg<DK, ALT>::NW * 32, 1)
         return;
     const int nchunks = a.d / 8;
 
-    int64_t mb0, mb1;
-    fp_geom_query_blocks(n0, min(n0 + BN, nk), nq, nk, a.left, a.right, BM, &mb0, &mb1);
-    const int mb_lo = (int)mb0;
-    const int nmb = (int)(mb1 - mb0);
+    int mb_lo, mb_end;
+    fp_geom_query_blocks(n0, min(n0 + BN, nk), nq, nk, a.left, a.right, BM, &mb_lo, &mb_end);
+    const int nmb = mb_end - mb_lo;
     const int iters = a.group * nmb;
 
     const T *kg = reinterpret_cast<const T *>(a.k.ptr) + fp_cuda_row(a.k, b, sq_.k_start + n0, kvh);
@@ -724,9 +723,8 @@ __global__ void __launch_bounds__(fp_dq_cfg<DK, ALT>::NW * 32) fp_sm80_bwd_dq(co
     const int kvh = h / a.group;
     const int nchunks = a.d / 8;
 
-    int64_t kb0, kb1;
-    fp_geom_key_blocks(m0, min(m0 + BM, nq), nq, nk, a.left, a.right, BN, &kb0, &kb1);
-    const int nb_begin = (int)kb0, nb_end = (int)kb1;
+    int nb_begin, nb_end;
+    fp_geom_key_blocks(m0, min(m0 + BM, nq), nq, nk, a.left, a.right, BN, &nb_begin, &nb_end);
 
     const int64_t qrow = sq_.q_start + m0;
     const T *kg = reinterpret_cast<const T *>(a.k.ptr) + fp_cuda_row(a.k, b, sq_.k_start, kvh);

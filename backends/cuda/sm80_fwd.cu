@@ -239,9 +239,8 @@ __global__ void __launch_bounds__(fp_fwd_cfg<DK, ALT>::NW * 32)
     const int nchunks = a.d / 8;
 
     /* Key blocks this block visits: the window's range for its rows, cut to its split. */
-    int64_t kb0, kb1;
-    fp_geom_key_blocks(m0, min(m0 + BM, nq), nq, nk, a.left, a.right, BN, &kb0, &kb1);
-    int nb_begin = (int)kb0, nb_end = (int)kb1;
+    int nb_begin, nb_end;
+    fp_geom_key_blocks(m0, min(m0 + BM, nq), nq, nk, a.left, a.right, BN, &nb_begin, &nb_end);
     if (a.splits > 1) {
         const int per = (int)(a.keys_per_split / BN);
         nb_begin = max(nb_begin, split * per);

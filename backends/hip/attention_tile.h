@@ -330,12 +330,12 @@ template <class T, int DMAX, class MMA> __device__ void fp_hip_forward_tile(cons
 
     /* Keys this block visits: those any of its rows sees, within its split. Splits are whole
      * key blocks (keys_per_split is a multiple of BK), so tiles never straddle two splits. */
-    int64_t nb0, nb1;
+    int nb0, nb1;
     fp_geom_key_blocks(i0, fp_hip_min64(i0 + BQ, sq.nq), sq.nq, sq.nk, a.left, a.right, BK, &nb0,
                        &nb1);
-    const int64_t per_split = a.keys_per_split / BK;
-    nb0 = fp_hip_max64(nb0, split * per_split);
-    nb1 = fp_hip_min64(nb1, (split + 1) * per_split);
+    const int per_split = (int)(a.keys_per_split / BK);
+    nb0 = nb0 > split * per_split ? nb0 : split * per_split;
+    nb1 = nb1 < (split + 1) * per_split ? nb1 : (split + 1) * per_split;
 
     fp_hip_load_tile<BQ>(sm.q, fp_hip_row0(a.q, b, sq.q_off, h), a.q.ss, i0, sq.nq, d, dpad,
                          a.vec_ok);
@@ -345,7 +345,7 @@ template <class T, int DMAX, class MMA> __device__ void fp_hip_forward_tile(cons
     fp_softmax_state st;
     fp_softmax_init(&st);
 
-    for (int64_t j0 = nb0 * BK; j0 < nb1 * BK; j0 += BK) {
+    for (int64_t j0 = (int64_t)nb0 * BK; j0 < (int64_t)nb1 * BK; j0 += BK) {
         __syncthreads(); /* the previous block's readers of k, v and s are done */
         fp_hip_load_tile<BK>(sm.k, kp, a.k.ss, j0, sq.nk, d, dpad, a.vec_ok);
         fp_hip_load_tile<BK>(sm.v, vp, a.v.ss, j0, sq.nk, d, dpad, a.vec_ok);
@@ -499,12 +499,12 @@ template <class T, int DMAX, class MMA> __device__ void fp_hip_bwd_dkdv_tile(con
     dv.zero();
 
     /* The query blocks with a row that sees one of these keys. */
-    int64_t mb0, mb1;
+    int mb0, mb1;
     fp_geom_query_blocks(j0, j1, sq.nq, sq.nk, a.left, a.right, BQ, &mb0, &mb1);
     for (int g = 0; g < group; g++) {
         const int h = kh * group + g;
         const fp_hip_score sc = fp_hip_score_of(a, sq, h);
-        for (int64_t i0 = mb0 * BQ; i0 < mb1 * BQ; i0 += BQ) {
+        for (int64_t i0 = (int64_t)mb0 * BQ; i0 < (int64_t)mb1 * BQ; i0 += BQ) {
             __syncthreads(); /* the previous pair's readers of q, dout, s, dp are done */
             fp_hip_load_query_side(sm, a, b, h, sq, i0, dpad);
             __syncthreads();
@@ -533,7 +533,7 @@ template <class T, int DMAX, class MMA> __device__ void fp_hip_bwd_dq_tile(const
     const int kh = h / (a.heads / a.kv_heads);
     const int d = a.head_dim, dpad = (d + 15) & ~15;
     const fp_hip_score sc = fp_hip_score_of(a, sq, h);
-    int64_t nb0, nb1;
+    int nb0, nb1;
     fp_geom_key_blocks(i0, fp_hip_min64(i0 + BQ, sq.nq), sq.nq, sq.nk, a.left, a.right, BK, &nb0,
                        &nb1);
 
@@ -541,7 +541,7 @@ template <class T, int DMAX, class MMA> __device__ void fp_hip_bwd_dq_tile(const
     const uint16_t *kp = fp_hip_row0(a.k, b, sq.k_off, kh), *vp = fp_hip_row0(a.v, b, sq.k_off, kh);
     typename MMA::template acc<BQ, DMAX> dq;
     dq.zero();
-    for (int64_t j0 = nb0 * BK; j0 < nb1 * BK; j0 += BK) {
+    for (int64_t j0 = (int64_t)nb0 * BK; j0 < (int64_t)nb1 * BK; j0 += BK) {
         __syncthreads();
         fp_hip_load_tile<BK>(sm.k, kp, a.k.ss, j0, sq.nk, d, dpad, a.vec_ok);
         fp_hip_load_tile<BK>(sm.v, vp, a.v.ss, j0, sq.nk, d, dpad, a.vec_ok);

@@ -30,7 +30,26 @@ static pthread_mutex_t registry_lock = PTHREAD_MUTEX_INITIALIZER;
 static plugin_slot plugins[MAX_PLUGINS];
 static int num_plugins;
 
-static const char *const known_plugins[] = {"cuda", "hip"};
+/* Every backend name the library knows, in the order "available backends" lists them: the
+ * built-in ones with their table, the plugins (GPU backends, loaded at run time) with none. */
+static const struct {
+    const char *name;
+    const fp_backend_ops *(*builtin)(void); /* NULL: a plugin */
+} backend_names[] = {
+    {"cpu", fp_cpu_backend_ops},
+    {"reference", fp_reference_backend_ops},
+    {"cuda", NULL},
+    {"hip", NULL},
+};
+#define NUM_BACKEND_NAMES (sizeof backend_names / sizeof backend_names[0])
+
+const char *fp_registry_gpu_backend(size_t i)
+{
+    for (size_t k = 0; k < NUM_BACKEND_NAMES; k++)
+        if (!backend_names[k].builtin && i-- == 0)
+            return backend_names[k].name;
+    return NULL;
+}
 
 static int valid_name(const char *name)
 {
@@ -47,18 +66,17 @@ static int valid_name(const char *name)
 
 static int is_known_plugin(const char *name)
 {
-    for (size_t i = 0; i < sizeof known_plugins / sizeof known_plugins[0]; i++)
-        if (strcmp(name, known_plugins[i]) == 0)
+    for (size_t i = 0; i < NUM_BACKEND_NAMES; i++)
+        if (!backend_names[i].builtin && strcmp(name, backend_names[i].name) == 0)
             return 1;
     return 0;
 }
 
 static const fp_backend_ops *builtin(const char *name)
 {
-    if (strcmp(name, "cpu") == 0)
-        return fp_cpu_backend_ops();
-    if (strcmp(name, "reference") == 0)
-        return fp_reference_backend_ops();
+    for (size_t i = 0; i < NUM_BACKEND_NAMES; i++)
+        if (backend_names[i].builtin && strcmp(name, backend_names[i].name) == 0)
+            return backend_names[i].builtin();
     return NULL;
 }
 
@@ -186,15 +204,14 @@ static flashport_status lookup(const char *name, const fp_backend_ops **ops, cha
 
 void fp_registry_available(char *buf, size_t size)
 {
-    static const char *const candidates[] = {"cpu", "reference", "cuda", "hip"};
     char why[512];
     size_t used = 0;
     if (size == 0)
         return;
     buf[0] = '\0';
-    for (size_t i = 0; i < sizeof candidates / sizeof candidates[0]; i++) {
+    for (size_t i = 0; i < NUM_BACKEND_NAMES; i++) {
         const fp_backend_ops *ops;
-        if (lookup(candidates[i], &ops, why, sizeof why) != FLASHPORT_OK)
+        if (lookup(backend_names[i].name, &ops, why, sizeof why) != FLASHPORT_OK)
             continue;
         void *ctx = NULL;
         char saved[1024];
@@ -204,7 +221,7 @@ void fp_registry_available(char *buf, size_t size)
         if (st != FLASHPORT_OK)
             continue;
         ops->close(ctx);
-        int n = snprintf(buf + used, size - used, "%s%s", used ? ", " : "", candidates[i]);
+        int n = snprintf(buf + used, size - used, "%s%s", used ? ", " : "", backend_names[i].name);
         if (n < 0 || (size_t)n >= size - used)
             break;
         used += (size_t)n;

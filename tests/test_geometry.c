@@ -82,8 +82,9 @@ static int check_shape(const shape *s, int bm, int bn)
                 return 0;
         }
         if (!any) {
-            if (!CHECK_MSG(nb0 == 0 && nb1 == 0, "%s: rows [%lld, %lld) see nothing, range %lld..%lld",
-                           what, (long long)i0, (long long)i1, (long long)nb0, (long long)nb1))
+            if (!CHECK_MSG(nb0 == 0 && nb1 == 0,
+                           "%s: rows [%lld, %lld) see nothing, range %lld..%lld", what,
+                           (long long)i0, (long long)i1, (long long)nb0, (long long)nb1))
                 return 0;
         } else if (!CHECK_MSG(any_visible(s, i0, i1, nb0 * bn, nb0 * bn + bn) &&
                                   any_visible(s, i0, i1, (nb1 - 1) * bn, nb1 * bn),
@@ -116,7 +117,8 @@ static int check_shape(const shape *s, int bm, int bn)
                            (long long)mb0, (long long)mb1))
                 return 0;
         }
-        if (!any && !CHECK_MSG(mb0 == 0 && mb1 == 0, "%s: empty query block range not (0, 0)", what))
+        if (!any &&
+            !CHECK_MSG(mb0 == 0 && mb1 == 0, "%s: empty query block range not (0, 0)", what))
             return 0;
     }
     return 1;
@@ -127,7 +129,7 @@ static void test_edges(void)
     /* left, right pairs: unbounded, causal, a window, windows wider than any sequence here,
      * and windows under which some rows see nothing (right < 0 with a bounded left is not a
      * public input, but left/right of 0 and shifts by Nk - Nq make empty rows). */
-    static const int64_t windows[][2] = {{-1, -1}, {-1, 0}, {3, 0}, {0, 0},  {5, 7},
+    static const int64_t windows[][2] = {{-1, -1}, {-1, 0},   {3, 0},    {0, 0},       {5, 7},
                                          {0, 2},   {100, -1}, {-1, 100}, {1000, 1000}, {2, 1}};
     static const int64_t lens[] = {0, 1, 2, 7, 16, 33, 64, 100};
     static const int blocks[][2] = {{1, 1}, {16, 16}, {64, 32}, {32, 128}, {128, 128}};
@@ -214,13 +216,13 @@ static void check_order(int32_t order, int64_t batch, int64_t heads, int64_t nq)
                        "order %d: task %lld repeats or leaves the grid", (int)order, (long long)i))
             break;
         seen[idx] = 1;
-        const int64_t rank = order == FP_PLAN_ORDER_LOCALITY ? i % p.num_q_blocks
-                                                             : i / (batch * heads);
+        const int64_t rank =
+            order == FP_PLAN_ORDER_LOCALITY ? i % p.num_q_blocks : i / (batch * heads);
         const int64_t bh = order == FP_PLAN_ORDER_LOCALITY ? i / p.num_q_blocks : -1;
         if (!CHECK_MSG(k.q_block == p.num_q_blocks - 1 - rank &&
                            (bh < 0 || bh == k.batch * heads + k.head),
-                       "order %d: task %lld is (b %lld, h %lld, qb %lld)", (int)order,
-                       (long long)i, (long long)k.batch, (long long)k.head, (long long)k.q_block))
+                       "order %d: task %lld is (b %lld, h %lld, qb %lld)", (int)order, (long long)i,
+                       (long long)k.batch, (long long)k.head, (long long)k.q_block))
             break;
     }
     free(seen);

@@ -405,8 +405,8 @@ static void key_blocks(const bwd_ctx *c, const fp_seq *seq, int64_t i0, int m, i
                        int64_t *end)
 {
     int nb0, nb1;
-    fp_geom_key_blocks(i0, i0 + m, seq->nq, seq->nk, c->p->window_left, c->p->window_right,
-                       BLOCK_K, &nb0, &nb1);
+    fp_geom_key_blocks(i0, i0 + m, seq->nq, seq->nk, c->p->window_left, c->p->window_right, BLOCK_K,
+                       &nb0, &nb1);
     *first = (int64_t)nb0 * BLOCK_K;
     *end = (int64_t)nb1 * BLOCK_K;
 }

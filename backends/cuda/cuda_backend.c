@@ -13,7 +13,7 @@
  * Every CUDA error becomes FLASHPORT_ERR_DEVICE (or OUT_OF_MEMORY) with cudaGetErrorString in
  * the message. flashport_timer uses cudaEvents recorded on the handle's stream.
  *
- * Kernels: sm80 path (sm80_fwd.cu, sm80_bwd.cu) on compute capability 8.0 and later, f16 and
+ * Kernels: sm80 path (sm80/fwd.cu, sm80/bwd.cu) on compute capability 8.0 and later, f16 and
  * bf16, head dims that are multiples of 8 up to 256. f32 is not served (the caps leave it out,
  * so the core answers FLASHPORT_ERR_UNSUPPORTED_DTYPE).
  */

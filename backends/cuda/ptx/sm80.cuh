@@ -6,9 +6,9 @@
  *   cp.async.cg 16 B      fp_cp_async16 / _commit / _wait: global -> shared, zero-filling
  *   ldmatrix(.trans) x4   fp_ldsm_x4 / fp_ldsm_x4_t: shared -> the register fragments of mma.sync
  *   mma.sync m16n8k16     fp_mma<T>: f16/bf16 inputs, f32 accumulate
- *   stmatrix x4           fp_stsm_x4: registers -> shared, the inverse of ldmatrix (sm_90 and later)
- *   ex2 / rcp / lg2       fp_exp2, fp_rcp, fp_log2: the hardware approximations (ftz)
- *   shfl.xor              fp_quad_max, fp_quad_sum: reductions over the 4 lanes of an mma row
+ *   stmatrix x4           fp_stsm_x4: registers -> shared, the inverse of ldmatrix (sm_90 and
+ * later) ex2 / rcp / lg2       fp_exp2, fp_rcp, fp_log2: the hardware approximations (ftz) shfl.xor
+ * fp_quad_max, fp_quad_sum: reductions over the 4 lanes of an mma row
  *
  * mma.sync m16n8k16 fragments (PTX ISA), lane = 4 * g + t:
  *   A 16x16: a0 (row g, k 2t..2t+1), a1 (row g+8, same k), a2 (row g, k 2t+8..), a3 (row g+8, ..)

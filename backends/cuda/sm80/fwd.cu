@@ -33,21 +33,14 @@
  * ping-pong schedule: PP below); D=128 128x64, 4 warps; D=256 64x64, 4 warps, one K and one V
  * buffer, two blocks per SM (ST below; other configurations where two do not fit). Other head
  * dims (multiples of 8) run on the next larger kernel with the extra columns zero-filled. The
- * D = 64 and 128 tiles were chosen on the H200 (2026-11-30, one run, bf16 and fp16, every N,
- * causal and not; docs/bench/archive/h200-2026-11-30-tiles.md): at D = 64, 128x128 was 1.7 .. 5.6 % faster
- * than 128x64 with Q in registers and 8 warps x 16 rows x 128 keys 23 .. 29 % slower; at D = 128,
- * 128x32 (4 warps, no spills), 128x64 and 128x128 with 8 warps (Q in registers) were 7 .. 25 %
- * slower than 128x64 with 4 warps, despite its spills.
+ * configurations are named in sm80/config.h and chosen by fp_sm80_pick; the tile sizes won A/B
+ * runs on the H200 against the alternatives listed in docs/bench/archive/ (tiles, s5, s7).
  *
  * Differences from the reference: P is rounded to f16/bf16 before P V (as every tensor-core
  * flash kernel does; the row sum uses the unrounded P); exp2 is the hardware approximation.
- * Measured (H200, bf16/fp16, ANCHORS grid, tests/gpu/run_h200.sh -> bench/compare_torch.py,
- * 2026-11-30 13:33, docs/bench/archive/h200-2026-11-30-s7.md): 1.009 .. 1.176x SDPA flash (FA2) at
- * D = 64 (median 1.072), 1.030 .. 1.169x at D = 128 (1.062), 1.005 .. 1.149x at D = 256
- * (1.059); up to 373 TFLOP/s (bf16, D = 128, N = 16384). Limits: 255 registers, D = 64 and D = 128
- * spill 70 .. 90 bytes (the ping-pong kernel 124); 8 warps per SM; latency (ncu, 4-warp D = 64
- * kernel: the same mma and ldmatrix counts as FA2's kernel and 16 % fewer instructions, but 4.5
- * cycles per instruction against 3.7). Details and the ncu profiles: docs/bench/archive/README.md.
+ * Limits: 255 registers (D = 64 and 128 spill a little), 8 warps per SM, latency bound (more
+ * cycles per instruction than FA2's kernel for fewer instructions). Current numbers against FA2
+ * and cuDNN: docs/performance.md#cuda-sm80-path-h200.
  */
 #include "backends/cuda/cuda_internal.h"
 #include "backends/cuda/sm80/common.cuh"
@@ -59,34 +52,25 @@
 #include <math.h>
 #include <stdlib.h>
 
-/* At D = 256, ALT 0 (64 x 64, 4 warps, one K and one V buffer: ST = 1, below; 96 KiB) is for
- * devices that fit two of its blocks on an SM (sm_90: 227 KiB per block, 228 per SM); ALT 1
- * (64 x 64, two buffers each, 160 KiB) for sm_80's 163 KiB, ALT 2 (key blocks of 32, two
- * buffers, 96 KiB) for sm_86/89's 99, where one block per SM would leave ALT 0's loads
- * unhidden (not measured: no such GPU here). Smaller devices get
- * FLASHPORT_ERR_UNSUPPORTED_HEAD_DIM at D > 128.
+/* The configurations (sm80/config.h names them; fp_sm80_pick chooses):
+ * At D = 256, ALT 0 (64 x 64, 4 warps, one K and one V buffer: ST = 1; 96 KiB) is for devices that
+ * fit two of its blocks on an SM (sm_90: 227 KiB per block); ALT 1 (64 x 64, two buffers each,
+ * 160 KiB) for sm_80's 163 KiB, ALT 2 (key blocks of 32, two buffers, 96 KiB) for sm_86/89's 99,
+ * where one block per SM would leave ALT 0's loads unhidden (ALT 1 and 2 never timed on such a
+ * GPU). At D = 64, ALT 1 is the ping-pong schedule (PP, below), for long key loops.
  * ST (K / V stages): 2 keeps two buffers of each, loaded one and a half iterations ahead (the
  * main loop below); 1 keeps one of each, as FA2's sm80 kernel does: V(j) loads during
  * S(j) = Q K(j)^T, K(j + 1) during the exponentials and P V(j), and the other block on the SM
- * hides the waits. Measured at D = 256 (H200, 2026-11-30 13:13, A/B in one run, alternating
- * columns, docs/bench/archive/h200-2026-11-30-s7.md): 1.015 .. 1.169x FA2 against 0.891 .. 1.108x for the
- * 8-warp 128 x 64 kernel with two stages (192 KiB, one block per SM) it replaced, 0.87 .. 1.01x
- * for ALT 2 and 0.76 .. 0.90x for ALT 1 (13:10). At D = 64, ALT 1 is the ping-pong schedule (PP,
- * below; 96 KiB), for long key loops (fp_fwd_pingpong).
+ * hides the waits.
  * LAZY: see FP_FWD_RESCALE_SLACK below. FAST_LOAD: tiles that lie wholly inside the sequence
- * are copied without the per-row bounds test (fp_load_tile's FAST; about 6 instructions per
- * 16-byte copy). Measured (H200, 2026-11-30 08:42 and 08:52, A/B in one run,
- * docs/bench/archive/h200-2026-11-30-aux.md): +2 .. +5 % at D = 128; at D = 64 -3 .. +2 % in the loop
- * and -3 .. -5 % in the prologue alone (ptxas spills more), -1 .. +1 % at D = 256: used at
- * D = 128 only.
+ * are copied without the per-row bounds test (fp_load_tile's FAST); it pays at D = 128 only (at
+ * D = 64 ptxas spills more with it).
  * EARLY_V: wait for the V tile (and pass the barrier that frees the K buffer for the prefetch)
  * before the exponentials instead of after them, so that the exp2s and the P V mma instructions
- * share one basic block and ptxas interleaves them (in the D = 64 kernel, 88 of its 260
- * MUFU.EX2 then sit within four instructions of an HMMA, against none). Measured (H200, 2026-11-30
- * 09:03, A/B in one run, docs/bench/archive/h200-2026-11-30-aux.md): +8 .. +10 % at D = 256, -1 .. +4 %
- * (median +2 %) at D = 128, -3 .. -5 % at D = 64 (whose exp2 block is twice as long per mma; there
- * the other warp of the scheduler hides it better). The 99 KiB / 163 KiB configurations were not
- * timed with it and keep the late wait. */
+ * share one basic block and ptxas interleaves them; it pays at D = 256 and 128, not at D = 64,
+ * whose exp2 block is twice as long per mma and better hidden by the scheduler's other warp. The
+ * 99 KiB / 163 KiB configurations keep the late wait (not timed with it). Each choice's A/B:
+ * docs/bench/archive/ (aux, s7). */
 template <int DK, int ALT> struct fp_fwd_cfg;
 template <> struct fp_fwd_cfg<64, 0> {
     enum { NW = 4, MT = 2, BN = 128, LAZY = 1, FAST_LOAD = 0, EARLY_V = 0, PP = 0, ST = 2 };
@@ -115,11 +99,9 @@ template <> struct fp_fwd_cfg<256, 2> {
  * 0 alone issues the loads, at its mma halves, and waits for them before the next barrier. One
  * block of 8 warps per SM (255 registers), so a block's first and last half and its prologue
  * are not hidden by another block: it pays only where the key loop is long (fp_fwd_pingpong).
- * Measured (H200, 2026-11-30 10:18, A/B in one run, docs/bench/archive/h200-2026-11-30-s5.md), against
- * the 4-warp kernel: without a mask +2 % at N = 2048, +5 .. 8 % at N = 8192 and 16384; causal
- * +1 % at N = 8192, +4 % at N = 16384, -8 % at N = 2048; -8 .. -23 % at N = 512. At D = 128
- * (key blocks of 64, so that O, S and the rest fit) ptxas spills 200 bytes and it lost 9 .. 25 %
- * everywhere (10:00); at D = 256 (no spills) 1 .. 3 % (10:16). Only D = 64 has it. */
+ * At D = 128 (key blocks of 64, so that O, S and the rest fit) ptxas spills heavily and it lost
+ * everywhere; at D = 256 it gained nothing: only D = 64 has it (A/B: docs/bench/archive/, s5).
+ */
 FP_DEV void fp_pp_bar()
 {
 #ifdef FP_CUDA_EMU
@@ -133,11 +115,8 @@ FP_DEV void fp_pp_bar()
  * more than FP_FWD_RESCALE_SLACK (log2 units) above the maximum its exponentials use; otherwise
  * that maximum stays, P <= 2^8 and the rescale (D / 8 x 4 multiplies per row pair, an exp2 per
  * row) is skipped. O / l and LSE = m + log l come out the same: both use the same m. After the
- * first key blocks a row's maximum rarely grows by that much, so most blocks skip it. Measured
- * (H200, A/B in one run): +2 .. +6 % at D = 128, -1 .. +1 % at D = 256 (2026-11-30 07:17,
- * docs/bench/archive/h200-2026-11-30-pfirst.md); at D = 64, whose rescale is half as long, -2 .. +2 % on
- * its own (07:17) and 0 .. +2 % with the per-row mask of fp_fwd_scores (08:46,
- * docs/bench/archive/h200-2026-11-30-aux.md). The table's large-logit cases at D = 64, 128 and 256 make
+ * first key blocks a row's maximum rarely grows by that much, so most blocks skip it (A/B:
+ * docs/bench/archive/, pfirst and aux). The table's large-logit cases at D = 64, 128 and 256 make
  * rows rescale mid-row; a forward that never rescales fails the f16 ones (P overflows).
  */
 #define FP_FWD_RESCALE_SLACK 8.0f
@@ -678,14 +657,10 @@ static flashport_status fp_fwd_launch(const fp_cuda_ctx *ctx, const fp_problem *
  * blocks of 256 visit, on average, 16 key blocks (2048 keys) or more without a mask and 32 or
  * more with one (causal or a window: its diagonal blocks are twice as large as the 4-warp
  * kernel's), without splitting the keys, and fill the SMs once at least. Shorter loops pay more
- * for its unhidden first and last half and prologue than its overlap gains. Measured against the
- * 4-warp kernel (H200, 2026-11-30 10:18 and 10:34, docs/bench/archive/h200-2026-11-30-s5.md), by the
- * average number of key blocks: without a mask -2 .. -3 % at 8, +2 % at 16, +5 .. 8 % at 64 and
- * 128; causal -3 % at 17, +1 % at 33, +4 % at 65. Re-measured after the cheaper finalize
- * (12:57, docs/bench/archive/h200-2026-11-30-s7.md): -2.5 % at 8, +1.8 % at 16, +3.5 .. 7 % from 32 on;
- * causal -2.3 % at 17, +1 % at 33, +3 .. 4.4 % at 65: the rule picks the faster kernel in all 20
- * shapes. FLASHPORT_CUDA_FWD_PINGPONG (1 always, 0 never; read at each call, for tests and A/B
- * timings) forces the choice. */
+ * for its unhidden first and last half and prologue than its overlap gains; on the H200 this rule
+ * picked the faster kernel in all 20 shapes of its A/B (docs/bench/archive/, s5 and s7).
+ * FLASHPORT_CUDA_FWD_PINGPONG (1 always, 0 never; read at each call, for tests and A/B timings)
+ * forces the choice. */
 static bool fp_fwd_pingpong(const fp_cuda_ctx *ctx, const fp_problem *p)
 {
     if (ctx->smem_optin < fp_fwd_smem<64, 1>())

@@ -94,10 +94,6 @@ __device__ __forceinline__ int64_t fp_hip_min64(int64_t a, int64_t b)
 {
     return a < b ? a : b;
 }
-__device__ __forceinline__ int64_t fp_hip_max64(int64_t a, int64_t b)
-{
-    return a > b ? a : b;
-}
 
 /* ---- sequences, rows, tiles ---------------------------------------------------------------- */
 

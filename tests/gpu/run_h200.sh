@@ -15,8 +15,8 @@
 # Environment: BUILD (build folder, default build-gpu), ARCHS (CUDA architectures, default
 # "80;90a"), BENCH_ARGS (extra compare_torch.py arguments), EVENT_ARGS (flashport-bench arguments
 # of the events stage), TEST_ENVS (space-separated VAR=VALUE settings, each a quicktest run of the
-# table; default: one run as is), JOBS (build parallelism, default: all cores), SAN_TIMEOUT
-# (seconds per sanitizer run, default 240), PROFILE_SHAPES (profile_one.py argument sets
+# table; default: one run as is), TEST_TIMEOUT (seconds per quicktest run, default 600), JOBS
+# (build parallelism, default: all cores), SAN_TIMEOUT (seconds per sanitizer run, default 240), PROFILE_SHAPES (profile_one.py argument sets
 # separated by ';', default "--dim 128 --seqlen 8192").
 set -uo pipefail
 OUT=${OUT:-$PWD/out}
@@ -62,11 +62,11 @@ if has quicktest; then
     start=$(date +%s)
     for setting in ${TEST_ENVS:-FLASHPORT_NOTHING=}; do
         echo "### test_backends cuda with $setting"
-        env "$setting" "$BUILD/bin/test_backends" cuda
+        env "$setting" timeout "${TEST_TIMEOUT:-600}" "$BUILD/bin/test_backends" cuda
         echo "rc=$?"
     done >"$OUT/checks.log" 2>&1
     echo "### test_cuda_large --quick" >>"$OUT/checks.log"
-    "$BUILD/bin/test_cuda_large" --quick >>"$OUT/checks.log" 2>&1
+    timeout "${TEST_TIMEOUT:-600}" "$BUILD/bin/test_cuda_large" --quick >>"$OUT/checks.log" 2>&1
     echo "rc=$?" >>"$OUT/checks.log"
     note "quicktest ($(($(date +%s) - start)) s): $(grep -E '^rc=|^### | passed, ' "$OUT/checks.log" | tr '\n' ' ')"
     grep -E 'FAIL' "$OUT/checks.log" | head -20 | tee -a "$SUMMARY"

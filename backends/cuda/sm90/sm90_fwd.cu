@@ -12,7 +12,9 @@
  *     units, exp2); O += P V by wgmma with P from registers (the S accumulator's layout is the
  *     A fragment's) and V from shared memory (MN-major, the transpose bit). Within a
  *     warpgroup, Q K^T of block j + 1 and P V of block j are both in flight while the softmax
- *     of block j + 1 runs; O is rescaled once P V (j) has landed.
+ *     of block j + 1 runs; O is rescaled once P V (j) has landed. Between the two
+ *     warpgroups, named barriers make them take turns issuing their products (ping-pong), so
+ *     that one warpgroup's softmax runs under the other's wgmma.
  * Key blocks are visited from the last to the first, so for causal masks the blocks that need
  * per-element masking come first and the rest run the unmasked code.
  *
@@ -21,8 +23,9 @@
  * the warpgroup's own rows of the Q tile (dead once its last Q K^T has landed) and written with
  * 16-byte stores, bounded by the sequence.
  *
- * Configurations (BM x BN, stages; 2 consumer warpgroups, 384 threads, one block per SM):
- *   DK = 64: 128 x 128, 2;  DK = 128: 128 x 128, 2;  DK = 256: 128 x 64, 2.
+ * Configurations (BM x BN, stages; 2 consumer warpgroups in ping-pong, 384 threads, one block
+ * per SM; LAZY: O is rescaled only when a row maximum grows by more than 2^8):
+ *   DK = 64: 128 x 128, 2;  DK = 128: 128 x 128, 2, LAZY;  DK = 256: 128 x 80, 2, LAZY.
  * Head dims that are multiples of 8 run on the next larger DK; TMA reads the columns past D as
  * zeros. Split-KV (chosen by core/plan.h for shapes that leave SMs idle) writes f32 partials
  * that the sm80 path's combine kernel merges.
@@ -64,27 +67,34 @@ extern "C" flashport_status fp_cuda_sm90_forward(const fp_cuda_ctx *ctx, const f
 
 #include <cuda.h> /* CUtensorMap and its enums only: the driver is reached through ctx->encode */
 #include <math.h>
-
-template <int DK> struct fp_sm90_fwd_cfg;
-template <> struct fp_sm90_fwd_cfg<64> {
-    enum { BN = 128, ST = 2 };
-};
-template <> struct fp_sm90_fwd_cfg<128> {
-    enum { BN = 128, ST = 2 };
-};
-template <> struct fp_sm90_fwd_cfg<256> {
-    enum { BN = 64, ST = 2 };
-};
+#include <stdlib.h>
 
 enum { FP_SM90_BM = 128, FP_SM90_THREADS = 384, FP_SM90_CONSUMER_THREADS = 256 };
 
-/* Shared memory: Q, ST K stages, ST V stages, then the mbarriers; 1024 bytes of slack to align
- * the tiles to the swizzle atom. */
-template <int DK> constexpr size_t fp_sm90_fwd_smem()
-{
-    return (size_t)(FP_SM90_BM + 2 * fp_sm90_fwd_cfg<DK>::ST * fp_sm90_fwd_cfg<DK>::BN) * DK * 2 +
-           (1 + 4 * fp_sm90_fwd_cfg<DK>::ST) * 8 + 1024;
-}
+/* One kernel configuration: head dim DK (the kernel's; a multiple of 64), key block BN, ST
+ * K / V stages, LAZY rescale (see FP_SM90_RESCALE_SLACK). */
+template <int DK_, int BN_, int ST_, bool LAZY_> struct fp_sm90_cfg {
+    static constexpr int DK = DK_, BN = BN_, ST = ST_;
+    static constexpr bool LAZY = LAZY_;
+    static_assert(DK % 64 == 0 && BN % 16 == 0 && BN <= 256, "tile shape");
+    /* Q, ST K stages, ST V stages, the mbarriers, and 1024 bytes of slack to align the tiles
+     * to the swizzle atom */
+    static constexpr size_t SMEM =
+        (size_t)(FP_SM90_BM + 2 * ST * BN) * DK * 2 + (1 + 4 * ST) * 8 + 1024;
+};
+
+/* The configurations, by the kernel's head dim. The rest of each choice was timed against
+ * alternatives on the H200 (docs/bench/README.md): at DK = 256 the Q K^T wgmma with N = 64
+ * reads shared memory as fast as it multiplies, N = 80 does not; LAZY pays at DK >= 128, where a
+ * rescale touches more of O, and costs at DK = 64. */
+typedef fp_sm90_cfg<64, 128, 2, false> fp_sm90_fwd_d64;
+typedef fp_sm90_cfg<128, 128, 2, true> fp_sm90_fwd_d128;
+typedef fp_sm90_cfg<256, 80, 2, true> fp_sm90_fwd_d256;
+
+/* LAZY: O and l are rescaled only when a row's block maximum exceeds the maximum its
+ * exponentials use by more than this (log2 units; P stays <= 2^8, within f16), as the sm80
+ * path's forward does. */
+#define FP_SM90_RESCALE_SLACK 8.0f
 
 typedef struct fp_sm90_fwd_params {
     CUtensorMap tq, tk, tv; /* 4-d maps (D, tokens, heads, batch); boxes of 64 x rows */
@@ -109,11 +119,13 @@ template <typename T, int N> struct fp_wgmma;
         }                                                                                          \
     }
 #if FP_SM90_DEVICE
-FP_SM90_WGMMA(__nv_bfloat16, bf16, 64);
+FP_SM90_WGMMA(__nv_bfloat16, bf16, 80);
 FP_SM90_WGMMA(__nv_bfloat16, bf16, 128);
+FP_SM90_WGMMA(__nv_bfloat16, bf16, 64);
 FP_SM90_WGMMA(__nv_bfloat16, bf16, 256);
-FP_SM90_WGMMA(__half, f16, 64);
+FP_SM90_WGMMA(__half, f16, 80);
 FP_SM90_WGMMA(__half, f16, 128);
+FP_SM90_WGMMA(__half, f16, 64);
 FP_SM90_WGMMA(__half, f16, 256);
 #endif
 
@@ -164,12 +176,13 @@ FP_DEV void fp_sm90_scores(float (&s)[BN / 2], const fp_sm80_args &a, const fp_m
 }
 
 // q, o: (B, Nq, H, D); k, v: (B, Nk, Hkv, D); lse: (B, H, Nq); grid (q blocks, H, B * splits)
-template <typename T, int DK>
+template <typename T, typename CFG>
 __global__ void __launch_bounds__(FP_SM90_THREADS, 1)
     fp_sm90_fwd_kernel(const __grid_constant__ fp_sm90_fwd_params prm)
 {
 #if FP_SM90_DEVICE
-    constexpr int BM = FP_SM90_BM, BN = fp_sm90_fwd_cfg<DK>::BN, ST = fp_sm90_fwd_cfg<DK>::ST;
+    constexpr int BM = FP_SM90_BM, DK = CFG::DK, BN = CFG::BN, ST = CFG::ST;
+    constexpr bool LAZY = CFG::LAZY;
     constexpr int NP = DK / 64;                /* 64-column panels of a tile */
     constexpr uint32_t KV_BYTES = BN * DK * 2; /* one K or V stage */
     const fp_sm80_args &a = prm.a;
@@ -180,7 +193,7 @@ __global__ void __launch_bounds__(FP_SM90_THREADS, 1)
     unsigned char *const gq = fp_smem_raw + (sq - raw); /* generic pointer to the Q tile */
     const uint32_t sk = sq + BM * DK * 2, sv = sk + ST * KV_BYTES;
     const uint32_t bars = sv + ST * KV_BYTES;
-    const uint32_t bar_q = bars;
+    const uint32_t q_full = bars;
     auto k_full = [&](int s) { return bars + 8u * (1 + s); };
     auto v_full = [&](int s) { return bars + 8u * (1 + ST + s); };
     auto k_empty = [&](int s) { return bars + 8u * (1 + 2 * ST + s); };
@@ -195,8 +208,6 @@ __global__ void __launch_bounds__(FP_SM90_THREADS, 1)
     const int m0 = qblk * BM;
     if (m0 >= nq)
         return;
-    const int kvh = h / a.group;
-
     int nb_begin, nb_end;
     fp_cuda_key_blocks(m0, min(m0 + BM, nq), nq, nk, a.left, a.right, BN, &nb_begin, &nb_end);
     if (a.splits > 1) {
@@ -207,7 +218,7 @@ __global__ void __launch_bounds__(FP_SM90_THREADS, 1)
     const int n = max(nb_end - nb_begin, 0);
 
     if (tid == 0) {
-        fp_mbar_init(bar_q, 1);
+        fp_mbar_init(q_full, 1);
         for (int s = 0; s < ST; ++s) {
             fp_mbar_init(k_full(s), 1);
             fp_mbar_init(v_full(s), 1);
@@ -219,19 +230,19 @@ __global__ void __launch_bounds__(FP_SM90_THREADS, 1)
     __syncthreads();
 
     if (wg == 0) {
-        /* ---- producer ---- */
+        /* ---- producer: one thread issues every TMA load ---- */
         fp_setmaxnreg_dec<24>();
         if (wtid == 0 && n > 0) {
             fp_tma_prefetch_desc(&prm.tq);
             fp_tma_prefetch_desc(&prm.tk);
             fp_tma_prefetch_desc(&prm.tv);
             /* varlen maps are (D, packed tokens, heads, 1): the batch coordinate is 0 */
-            const int qb = a.cu_q ? 0 : b;
+            const int qb = a.cu_q ? 0 : b, kvh = h / a.group;
             const int q_row = (int)seq.q_start + m0, k_row = (int)seq.k_start;
-            fp_mbar_arrive_expect_tx(bar_q, BM * DK * 2);
+            fp_mbar_arrive_expect_tx(q_full, BM * DK * 2);
 #pragma unroll
             for (int p = 0; p < NP; ++p)
-                fp_tma_load_4d(sq + p * BM * 128, &prm.tq, bar_q, 64 * p, q_row, h, qb);
+                fp_tma_load_4d(sq + p * BM * 128, &prm.tq, q_full, 64 * p, q_row, h, qb);
             for (int it = 0; it < n; ++it) {
                 const int nb = nb_end - 1 - it, s = it % ST;
                 const uint32_t ph = (it / ST) & 1;
@@ -250,25 +261,12 @@ __global__ void __launch_bounds__(FP_SM90_THREADS, 1)
             }
         }
     } else {
-
-        /* ---- consumers ---- */
+        /* ---- consumers: warpgroup w owns rows 64 w .. 64 w + 63 of each query block ---- */
         fp_setmaxnreg_inc<240>();
         const int w = wg - 1, warp = wtid >> 5, lane = tid & 31;
         const int g = lane >> 2, t = lane & 3;
-        const int i_lo = m0 + 64 * w + 16 * warp + g; /* this thread's rows: i_lo, i_lo + 8 */
-        const uint32_t q_rows = sq + 64 * w * 128;    /* the warpgroup's 64 rows of panel 0 */
-
-        float o[DK / 2];
-#pragma unroll
-        for (int i = 0; i < DK / 2; ++i)
-            o[i] = 0.0f;
-        fp_softmax_state st[2];
-        fp_softmax_init(&st[0]);
-        fp_softmax_init(&st[1]);
-        const float sc = a.transform ? 1.0f : a.scale_log2;
-        const float slope = a.alibi ? a.alibi[h] : 0.0f;
-        const fp_mask32 mk = fp_mask32_make(nq, nk, a.left, a.right);
-        const int rows_end = min(m0 + BM, nq);
+        const int row_in = 64 * w + 16 * warp + g; /* this thread's rows: row_in, row_in + 8 */
+        const uint32_t q_rows = sq + 64 * w * 128; /* the warpgroup's 64 rows of panel 0 */
 
         /* S = Q K^T of the K tile in stage s (issued, not waited for) */
         auto qk = [&](float(&s)[BN / 2], int stage) {
@@ -284,7 +282,7 @@ __global__ void __launch_bounds__(FP_SM90_THREADS, 1)
             fp_wgmma_commit();
         };
         /* O += P V of the V tile in stage s (issued, not waited for) */
-        auto pv = [&](const uint32_t(&pa)[BN / 16][4], int stage) {
+        auto pv = [&](float(&o)[DK / 2], const uint32_t(&pa)[BN / 16][4], int stage) {
             fp_wgmma_fence();
 #pragma unroll
             for (int kk = 0; kk < BN / 16; ++kk)
@@ -292,34 +290,6 @@ __global__ void __launch_bounds__(FP_SM90_THREADS, 1)
                     o, pa[kk],
                     fp_wgmma_desc(sv + stage * KV_BYTES + kk * 16 * 128, BN * 128, 1024));
             fp_wgmma_commit();
-        };
-        /* Mask / transform, row maxima, online-softmax update; S becomes the unrounded P and l
-         * grows by this thread's part of the row sums. Returns the rows' rescale factors. */
-        auto softmax = [&](float(&s)[BN / 2], int nb, float(&alpha)[2]) {
-            const int j0 = nb * BN;
-            if (a.transform)
-                fp_sm90_scores<FP_SCORES_TRANSFORM, BN>(s, a, mk, i_lo, j0, nq, nk, slope, t);
-            else if (!fp_mask_block_full(m0, rows_end, j0, j0 + BN, nq, nk, a.left, a.right))
-                fp_sm90_scores<FP_SCORES_MASK, BN>(s, a, mk, i_lo, j0, nq, nk, slope, t);
-#pragma unroll
-            for (int r = 0; r < 2; ++r) {
-                float mx = -INFINITY;
-#pragma unroll
-                for (int j = 0; j < BN / 8; ++j)
-                    mx = fmaxf(mx, fmaxf(s[4 * j + 2 * r], s[4 * j + 2 * r + 1]));
-                alpha[r] = fp_softmax_update_exp2(&st[r], fp_quad_max(mx) * sc);
-                const float mu = st[r].m == -INFINITY ? 0.0f : st[r].m;
-                float l = 0.0f;
-#pragma unroll
-                for (int j = 0; j < BN / 8; ++j)
-#pragma unroll
-                    for (int e = 0; e < 2; ++e) {
-                        float &x = s[4 * j + 2 * r + e];
-                        x = fp_exp2(fmaf(x, sc, -mu));
-                        l += x;
-                    }
-                st[r].l += l;
-            }
         };
         auto pack_p = [&](uint32_t(&pa)[BN / 16][4], const float(&s)[BN / 2]) {
 #pragma unroll
@@ -330,109 +300,195 @@ __global__ void __launch_bounds__(FP_SM90_THREADS, 1)
                 pa[kk][3] = fp_pack2<T>(s[8 * kk + 6], s[8 * kk + 7]);
             }
         };
+        /* Ping-pong: the two warpgroups take turns issuing their matrix products; each turn
+         * ends by opening the other's, so one warpgroup's softmax runs while the other's
+         * products occupy the tensor cores. Turn barriers 3 + w (256 threads: the owner syncs,
+         * the other arrives); in each tile warpgroup 1 opens warpgroup 0's first turn and skips
+         * its own last arrival, so every barrier sees as many arrivals as syncs. */
+        auto turn_begin = [&]() { fp_named_bar_sync(3 + w, 256); };
+        auto turn_end = [&](bool last) {
+            if (!(last && w == 1))
+                fp_named_bar_arrive(3 + (1 - w), 256);
+        };
 
-        if (n > 0) {
-            fp_mbar_wait(bar_q, 0);
-            float s[BN / 2];
-            uint32_t pa[BN / 16][4];
-            float alpha[2];
-            fp_mbar_wait(k_full(0), 0);
-            qk(s, 0);
-            fp_wgmma_wait<0>();
-            fp_wgmma_fence_regs(s);
-            fp_mbar_arrive(k_empty(0));
-            softmax(s, nb_end - 1, alpha);
-            pack_p(pa, s);
-            for (int it = 1; it < n; ++it) {
-                const int cur = it % ST, prev = (it - 1) % ST;
-                fp_mbar_wait(k_full(cur), (it / ST) & 1);
-                qk(s, cur);
-                fp_mbar_wait(v_full(prev), ((it - 1) / ST) & 1);
-                pv(pa, prev);
-                fp_wgmma_wait<1>(); /* S (it) has landed; P V (it - 1) may still run */
-                fp_wgmma_fence_regs(s);
-                fp_mbar_arrive(k_empty(cur));
-                softmax(s, nb_end - 1 - it, alpha);
-                fp_wgmma_wait<0>();
-                fp_wgmma_fence_regs(o);
-                fp_fence_u32(pa);
-                fp_mbar_arrive(v_empty(prev));
-#pragma unroll
-                for (int j = 0; j < DK / 8; ++j) {
-                    o[4 * j + 0] *= alpha[0];
-                    o[4 * j + 1] *= alpha[0];
-                    o[4 * j + 2] *= alpha[1];
-                    o[4 * j + 3] *= alpha[1];
-                }
-                pack_p(pa, s);
-            }
-            const int last = (n - 1) % ST;
-            fp_mbar_wait(v_full(last), ((n - 1) / ST) & 1);
-            pv(pa, last);
-            fp_wgmma_wait<0>();
-            fp_wgmma_fence_regs(o);
-            fp_mbar_arrive(v_empty(last));
-        }
+        {
+            const int i_lo = m0 + row_in;
+            const float sc = a.transform ? 1.0f : a.scale_log2;
+            const float slope = a.alibi ? a.alibi[h] : 0.0f;
+            const fp_mask32 mk = fp_mask32_make(nq, nk, a.left, a.right);
+            const int rows_end = min(m0 + BM, nq);
 
-        /* Finalize: O = acc / l, LSE = m + log l (natural log); rows that saw nothing: 0, -inf. */
-        float fac[2], lse[2];
+            float o[DK / 2];
 #pragma unroll
-        for (int r = 0; r < 2; ++r) {
-            st[r].l = fp_quad_sum(st[r].l);
-            fac[r] = fp_cuda_out_scale(&st[r]);
-            lse[r] = fp_cuda_lse_exp2(&st[r]);
-        }
+            for (int i = 0; i < DK / 2; ++i)
+                o[i] = 0.0f;
+            fp_softmax_state st[2];
+            fp_softmax_init(&st[0]);
+            fp_softmax_init(&st[1]);
 
-        if (a.splits == 1) {
-            /* Stage O in this warpgroup's rows of the Q tile (same swizzled panels), then 16-byte
-             * rows to global memory. */
-#pragma unroll
-            for (int j = 0; j < DK / 8; ++j)
+            /* Mask / transform, row maxima, online-softmax update; S becomes the unrounded P
+             * and l grows by this thread's part of the row sums. alpha: the rows' rescale
+             * factors; returns whether O must be rescaled (always, unless LAZY). */
+            auto softmax = [&](float(&s)[BN / 2], int nb, float(&alpha)[2]) -> bool {
+                const int j0 = nb * BN;
+                if (a.transform)
+                    fp_sm90_scores<FP_SCORES_TRANSFORM, BN>(s, a, mk, i_lo, j0, nq, nk, slope, t);
+                else if (!fp_mask_block_full(m0, rows_end, j0, j0 + BN, nq, nk, a.left, a.right))
+                    fp_sm90_scores<FP_SCORES_MASK, BN>(s, a, mk, i_lo, j0, nq, nk, slope, t);
+                float mxs[2];
+                bool grow = false;
 #pragma unroll
                 for (int r = 0; r < 2; ++r) {
-                    const int row = 16 * warp + g + 8 * r; /* within the warpgroup's 64 */
-                    unsigned char *dst = gq + (j / 8) * BM * 128 + (64 * w + row) * 128 +
-                                         (((j % 8) ^ (row & 7)) << 4) + 4 * t;
-                    *reinterpret_cast<uint32_t *>(dst) =
-                        fp_pack2<T>(o[4 * j + 2 * r] * fac[r], o[4 * j + 2 * r + 1] * fac[r]);
+                    float mx = -INFINITY;
+#pragma unroll
+                    for (int j = 0; j < BN / 8; ++j)
+                        mx = fmaxf(mx, fmaxf(s[4 * j + 2 * r], s[4 * j + 2 * r + 1]));
+                    mxs[r] = fp_quad_max(mx) * sc;
+                    grow |= mxs[r] > st[r].m + FP_SM90_RESCALE_SLACK;
                 }
-            fp_named_bar_sync(1 + w, 128);
-            const int r0 = m0 + 64 * w, nrows = min(64, nq - r0), nch = a.d / 8;
-            T *og = reinterpret_cast<T *>(const_cast<void *>(a.o.ptr)) +
-                    fp_cuda_row(a.o, b, seq.q_start + r0, h);
-            constexpr int CH = DK / 8;
-#pragma unroll 4
-            for (int idx = wtid; idx < 64 * CH; idx += 128) {
-                const int row = idx / CH, c = idx % CH;
-                if (row < nrows && c < nch)
-                    *reinterpret_cast<uint4 *>(og + (int64_t)row * a.o.ss + c * 8) =
-                        *reinterpret_cast<const uint4 *>(gq + (c / 8) * BM * 128 +
-                                                         (64 * w + row) * 128 +
-                                                         (((c % 8) ^ (row & 7)) << 4));
+                const bool rescale = !LAZY || __any_sync(0xffffffffu, grow);
+#pragma unroll
+                for (int r = 0; r < 2; ++r) {
+                    alpha[r] = rescale ? fp_softmax_update_exp2(&st[r], mxs[r]) : 1.0f;
+                    const float mu = st[r].m == -INFINITY ? 0.0f : st[r].m;
+                    float l = 0.0f;
+#pragma unroll
+                    for (int j = 0; j < BN / 8; ++j)
+#pragma unroll
+                        for (int e = 0; e < 2; ++e) {
+                            float &x = s[4 * j + 2 * r + e];
+                            x = fp_exp2(fmaf(x, sc, -mu));
+                            l += x;
+                        }
+                    st[r].l += l;
+                }
+                return rescale;
+            };
+
+            if (n > 0) {
+                if (w == 1)
+                    fp_named_bar_arrive(3, 256);
+                fp_mbar_wait(q_full, 0);
+                float s[BN / 2];
+                uint32_t pa[BN / 16][4];
+                float alpha[2];
+                turn_begin();
+                fp_mbar_wait(k_full(0), 0);
+                qk(s, 0);
+                turn_end(false);
+                fp_wgmma_wait<0>();
+                fp_wgmma_fence_regs(s);
+                fp_mbar_arrive(k_empty(0));
+                softmax(s, nb_end - 1, alpha);
+                pack_p(pa, s);
+                for (int it = 1; it < n; ++it) {
+                    const int cur = it, prev = it - 1;
+                    turn_begin();
+                    fp_mbar_wait(k_full(cur % ST), (cur / ST) & 1);
+                    qk(s, cur % ST);
+                    fp_mbar_wait(v_full(prev % ST), (prev / ST) & 1);
+                    pv(o, pa, prev % ST);
+                    turn_end(false);
+                    fp_wgmma_wait<1>(); /* S (it) has landed; P V (it - 1) may still run */
+                    fp_wgmma_fence_regs(s);
+                    fp_mbar_arrive(k_empty(cur % ST));
+                    const bool rescale = softmax(s, nb_end - 1 - it, alpha);
+                    fp_wgmma_wait<0>();
+                    fp_wgmma_fence_regs(o);
+                    fp_fence_u32(pa);
+                    fp_mbar_arrive(v_empty(prev % ST));
+                    if (rescale) {
+#pragma unroll
+                        for (int j = 0; j < DK / 8; ++j) {
+                            o[4 * j + 0] *= alpha[0];
+                            o[4 * j + 1] *= alpha[0];
+                            o[4 * j + 2] *= alpha[1];
+                            o[4 * j + 3] *= alpha[1];
+                        }
+                    }
+                    pack_p(pa, s);
+                }
+                const int last = n - 1;
+                turn_begin();
+                fp_mbar_wait(v_full(last % ST), (last / ST) & 1);
+                pv(o, pa, last % ST);
+                turn_end(true);
+                fp_wgmma_wait<0>();
+                fp_wgmma_fence_regs(o);
+                fp_mbar_arrive(v_empty(last % ST));
             }
-            if (a.lse && t == 0) {
+
+            /* Finalize: O = acc / l, LSE = m + log l (natural log); rows that saw nothing: 0,
+             * -inf. */
+            float fac[2], lse[2];
+#pragma unroll
+            for (int r = 0; r < 2; ++r) {
+                st[r].l = fp_quad_sum(st[r].l);
+                fac[r] = fp_cuda_out_scale(&st[r]);
+                lse[r] = fp_cuda_lse_exp2(&st[r]);
+            }
+            const int r0 = m0 + 64 * w, nrows = min(64, nq - r0), nch = a.d / 8;
+            if (a.splits > 1) {
+                const int64_t rows =
+                    ((int64_t)split * a.batch + b) * a.heads + h; /* (split, b, h) */
 #pragma unroll
                 for (int r = 0; r < 2; ++r) {
                     const int i = i_lo + 8 * r;
-                    if (i < nq)
-                        a.lse[fp_cuda_lse_off(a, b, seq.q_start + i, h)] = lse[r];
+                    if (i >= nq)
+                        continue;
+                    float *dst = a.o_part + (rows * a.nq + i) * a.d;
+#pragma unroll
+                    for (int j = 0; j < DK / 8; ++j)
+                        if (8 * j < a.d)
+                            *reinterpret_cast<float2 *>(dst + 8 * j + 2 * t) = make_float2(
+                                o[4 * j + 2 * r] * fac[r], o[4 * j + 2 * r + 1] * fac[r]);
+                    if (t == 0)
+                        a.lse_part[rows * a.nq + i] = lse[r];
                 }
-            }
-        } else {
-            const int64_t rows = ((int64_t)split * a.batch + b) * a.heads + h; /* (split, b, h) */
+            } else {
+                T *og = reinterpret_cast<T *>(const_cast<void *>(a.o.ptr)) +
+                        fp_cuda_row(a.o, b, seq.q_start + r0, h);
+                constexpr int CH = DK / 8;
+                if (n > 0) {
+                    /* Stage O in this warpgroup's rows of the Q tile (same swizzled panels),
+                     * then 16-byte rows to global memory. */
 #pragma unroll
-            for (int r = 0; r < 2; ++r) {
-                const int i = i_lo + 8 * r;
-                if (i >= nq)
-                    continue;
-                float *dst = a.o_part + (rows * a.nq + i) * a.d;
+                    for (int j = 0; j < DK / 8; ++j)
 #pragma unroll
-                for (int j = 0; j < DK / 8; ++j)
-                    if (8 * j < a.d)
-                        *reinterpret_cast<float2 *>(dst + 8 * j + 2 * t) =
-                            make_float2(o[4 * j + 2 * r] * fac[r], o[4 * j + 2 * r + 1] * fac[r]);
-                if (t == 0)
-                    a.lse_part[rows * a.nq + i] = lse[r];
+                        for (int r = 0; r < 2; ++r) {
+                            const int row = 16 * warp + g + 8 * r; /* within the warpgroup's 64 */
+                            unsigned char *dst = gq + (j / 8) * BM * 128 + (64 * w + row) * 128 +
+                                                 (((j % 8) ^ (row & 7)) << 4) + 4 * t;
+                            *reinterpret_cast<uint32_t *>(dst) = fp_pack2<T>(
+                                o[4 * j + 2 * r] * fac[r], o[4 * j + 2 * r + 1] * fac[r]);
+                        }
+                    fp_named_bar_sync(1 + w, 128);
+#pragma unroll 4
+                    for (int idx = wtid; idx < 64 * CH; idx += 128) {
+                        const int row = idx / CH, c = idx % CH;
+                        if (row < nrows && c < nch)
+                            *reinterpret_cast<uint4 *>(og + (int64_t)row * a.o.ss + c * 8) =
+                                *reinterpret_cast<const uint4 *>(gq + (c / 8) * BM * 128 +
+                                                                 (64 * w + row) * 128 +
+                                                                 (((c % 8) ^ (row & 7)) << 4));
+                    }
+                } else {
+                    /* No key visible (and no Q loaded): zeros straight to global memory. */
+                    for (int idx = wtid; idx < 64 * CH; idx += 128) {
+                        const int row = idx / CH, c = idx % CH;
+                        if (row < nrows && c < nch)
+                            *reinterpret_cast<uint4 *>(og + (int64_t)row * a.o.ss + c * 8) =
+                                make_uint4(0u, 0u, 0u, 0u);
+                    }
+                }
+                if (a.lse && t == 0) {
+#pragma unroll
+                    for (int r = 0; r < 2; ++r) {
+                        const int i = i_lo + 8 * r;
+                        if (i < nq)
+                            a.lse[fp_cuda_lse_off(a, b, seq.q_start + i, h)] = lse[r];
+                    }
+                }
             }
         }
     }
@@ -487,15 +543,15 @@ static bool fp_sm90_tmap(const fp_cuda_ctx *ctx, CUtensorMap *map, const fp_tens
     return true;
 }
 
-template <typename T, int DK>
+template <typename T, typename CFG>
 static flashport_status fp_sm90_launch(const fp_cuda_ctx *ctx, const fp_problem *p,
                                        fp_sm90_fwd_params &prm, const char *why_path)
 {
-    constexpr int BN = fp_sm90_fwd_cfg<DK>::BN;
-    constexpr size_t smem = fp_sm90_fwd_smem<DK>();
+    constexpr int DK = CFG::DK, BN = CFG::BN;
+    constexpr size_t smem = CFG::SMEM;
     fp_sm80_args &a = prm.a;
     const cudaStream_t stream = ctx->stream;
-    void (*kernel)(const fp_sm90_fwd_params) = fp_sm90_fwd_kernel<T, DK>;
+    void (*kernel)(const fp_sm90_fwd_params) = fp_sm90_fwd_kernel<T, CFG>;
     cudaError_t e =
         cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
     if (e != cudaSuccess) {
@@ -531,9 +587,9 @@ static flashport_status fp_sm90_launch(const fp_cuda_ctx *ctx, const fp_problem 
     kernel<<<grid, FP_SM90_THREADS, smem, stream>>>(prm);
     e = cudaGetLastError();
     fp_cuda_log("forward: sm90 D%d kernel (TMA + wgmma, BM %d, BN %d, %d stages, 2 consumer "
-                "warpgroups) for D=%lld, grid %ux%ux%u, %d split(s); %s",
-                DK, FP_SM90_BM, BN, fp_sm90_fwd_cfg<DK>::ST, (long long)p->head_dim, grid.x, grid.y,
-                grid.z, a.splits, why_path);
+                "warpgroups, ping-pong%s) for D=%lld, grid %ux%ux%u, %d split(s); %s",
+                DK, FP_SM90_BM, BN, CFG::ST, CFG::LAZY ? ", lazy rescale" : "",
+                (long long)p->head_dim, grid.x, grid.y, grid.z, a.splits, why_path);
     if (e == cudaSuccess && a.splits > 1)
         e = fp_cuda_fwd_combine(p, &a, stream);
     if (ws) {
@@ -545,7 +601,7 @@ static flashport_status fp_sm90_launch(const fp_cuda_ctx *ctx, const fp_problem 
                             : fp_cuda_error(FLASHPORT_ERR_DEVICE, e, "sm90 forward kernel launch");
 }
 
-template <typename T, int DK>
+template <typename T, typename CFG>
 static flashport_status fp_sm90_run(const fp_cuda_ctx *ctx, const fp_problem *p, const char *why,
                                     const char **declined)
 {
@@ -553,7 +609,7 @@ static flashport_status fp_sm90_run(const fp_cuda_ctx *ctx, const fp_problem *p,
     const int64_t bq = p->varlen ? 1 : p->batch;
     const int64_t tq = p->varlen ? p->total_q : p->seqlen_q;
     const int64_t tk = p->varlen ? p->total_k : p->seqlen_k;
-    const int bn = fp_sm90_fwd_cfg<DK>::BN;
+    const int bn = CFG::BN;
     if (!fp_sm90_tmap(ctx, &prm.tq, p->q, p->dtype, p->head_dim, tq, p->heads, bq, FP_SM90_BM,
                       declined) ||
         !fp_sm90_tmap(ctx, &prm.tk, p->k, p->dtype, p->head_dim, tk, p->kv_heads, bq, bn,
@@ -561,7 +617,7 @@ static flashport_status fp_sm90_run(const fp_cuda_ctx *ctx, const fp_problem *p,
         !fp_sm90_tmap(ctx, &prm.tv, p->v, p->dtype, p->head_dim, tk, p->kv_heads, bq, bn, declined))
         return FLASHPORT_OK;
     fp_sm80_fill_args(p, &prm.a);
-    return fp_sm90_launch<T, DK>(ctx, p, prm, why);
+    return fp_sm90_launch<T, CFG>(ctx, p, prm, why);
 }
 
 template <typename T>
@@ -569,10 +625,10 @@ static flashport_status fp_sm90_dispatch(const fp_cuda_ctx *ctx, const fp_proble
                                          const char *why, const char **declined)
 {
     if (p->head_dim <= 64)
-        return fp_sm90_run<T, 64>(ctx, p, why, declined);
+        return fp_sm90_run<T, fp_sm90_fwd_d64>(ctx, p, why, declined);
     if (p->head_dim <= 128)
-        return fp_sm90_run<T, 128>(ctx, p, why, declined);
-    return fp_sm90_run<T, 256>(ctx, p, why, declined);
+        return fp_sm90_run<T, fp_sm90_fwd_d128>(ctx, p, why, declined);
+    return fp_sm90_run<T, fp_sm90_fwd_d256>(ctx, p, why, declined);
 }
 
 /* The driver's cuTensorMapEncodeTiled, through the runtime (the plugin links no libcuda). */
@@ -600,7 +656,7 @@ extern "C" flashport_status fp_cuda_sm90_forward(const fp_cuda_ctx *ctx, const f
         *declined = "the driver has no cuTensorMapEncodeTiled";
         return FLASHPORT_OK;
     }
-    if (ctx->smem_optin < fp_sm90_fwd_smem<256>()) {
+    if (ctx->smem_optin < fp_sm90_fwd_d256::SMEM) {
         *declined = "the sm90 kernels need more shared memory per block than this device allows";
         return FLASHPORT_OK;
     }

@@ -93,15 +93,17 @@ fi
 if has sanitize; then
     start=$(date +%s)
     {
-        # every f16/bf16 case of the table ("f16" matches "bf16" too), as is and with the
-        # forward's ping-pong kernel forced (chosen by shape only for long key loops), then the
-        # quick long checks
+        # every f16/bf16 case of the table ("f16" matches "bf16" too) on the sm90 forward path
+        # and on the sm80 path with its ping-pong forward forced (chosen by shape only for long
+        # key loops), then the quick long checks
         T=${SAN_TIMEOUT:-240}
-        for setting in FLASHPORT_NOTHING= FLASHPORT_CUDA_FWD_PINGPONG=1; do
-            for tool in memcheck racecheck; do
+        for setting in FLASHPORT_CUDA_PATH=sm90 FLASHPORT_CUDA_PATH=sm80,FLASHPORT_CUDA_FWD_PINGPONG=1; do
+            for tool in memcheck racecheck synccheck; do
                 echo "### $tool: test_backends cuda --filter f16 ($setting)"
-                env "$setting" timeout "$T" compute-sanitizer --tool $tool --error-exitcode 99 \
-                    "$BUILD/bin/test_backends" cuda --filter f16 | grep -vE '^(fwd|bwd) .*PASS$'
+                # shellcheck disable=SC2046
+                env $(tr ',' ' ' <<<"$setting") timeout "$T" compute-sanitizer --tool $tool \
+                    --error-exitcode 99 "$BUILD/bin/test_backends" cuda --filter f16 |
+                    grep -vE '^(fwd|bwd) .*PASS$'
                 echo "rc=$?"
             done
         done
@@ -120,7 +122,7 @@ if has profile; then
     for shape in "${shapes[@]}"; do
         echo "### ncu: $shape"
         # shellcheck disable=SC2086
-        timeout 300 ncu --clock-control none -k regex:'fp_sm80_(fwd_kernel|bwd_dkdv|bwd_dq)' \
+        timeout 300 ncu --clock-control none -k regex:'fp_sm(80|90)_(fwd_kernel|bwd_dkdv|bwd_dq)' \
             --section SpeedOfLight --section ComputeWorkloadAnalysis \
             --section MemoryWorkloadAnalysis --section Occupancy --section LaunchStats \
             --section WarpStateStats --section InstructionStats \
@@ -128,5 +130,5 @@ if has profile; then
             python3 tests/gpu/profile_one.py --lib "$BUILD/lib/libflashport.so" $shape
         echo "rc=$?"
     done >"$OUT/profile.txt" 2>&1
-    note "profile: $(($(date +%s) - start)) s; $(grep -cE '^  void fp_sm80' "$OUT/profile.txt") kernels"
+    note "profile: $(($(date +%s) - start)) s; $(grep -cE '^  void fp_sm(80|90)' "$OUT/profile.txt") kernels"
 fi

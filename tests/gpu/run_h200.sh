@@ -16,8 +16,9 @@
 # "80;90a"), BENCH_ARGS (extra compare_torch.py arguments), EVENT_ARGS (flashport-bench arguments
 # of the events stage), TEST_ENVS (space-separated VAR=VALUE settings, each a quicktest run of the
 # table; default: one run as is), TEST_TIMEOUT (seconds per quicktest run, default 600), JOBS
-# (build parallelism, default: all cores), SAN_TIMEOUT (seconds per sanitizer run, default 240), PROFILE_SHAPES (profile_one.py argument sets
-# separated by ';', default "--dim 128 --seqlen 8192").
+# (build parallelism, default: all cores), SAN_TIMEOUT (seconds per sanitizer run, default 240),
+# PROFILE_SHAPES (profile_one.py argument sets separated by ';', default "--dim 128 --seqlen
+# 8192").
 set -uo pipefail
 OUT=${OUT:-$PWD/out}
 BUILD=${BUILD:-build-gpu}

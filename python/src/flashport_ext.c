@@ -187,7 +187,7 @@ static int to_descriptor(const char *what, const imported *t, int is_output, fla
     const fp_dl_tensor *dl = t->dl;
     memset(d, 0, sizeof *d);
     if (dl->ndim < 1 || dl->ndim > FLASHPORT_MAX_RANK) {
-        raise_status(FLASHPORT_ERR_INVALID_VALUE,
+        raise_status(FLASHPORT_ERR_SHAPE_MISMATCH,
                      "%s has rank %d; attention tensors have rank 4 [B, N, heads, D], 3 when "
                      "varlen [tokens, heads, D] (lse: 3 [B, H, Nq], 2 when varlen)",
                      what, (int)dl->ndim);

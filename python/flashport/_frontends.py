@@ -82,7 +82,7 @@ class _Torch:
         return x.detach().__dlpack__()
 
     def stream(self, x):
-        if x.device.type != "cuda":
+        if not x.is_cuda:
             return None
         if self._raw_stream is not None:
             return self._raw_stream(x.get_device())

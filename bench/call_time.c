@@ -72,8 +72,8 @@ int main(int argc, char **argv)
             for (int r = 0; r < reps; r++) {
                 flashport_status st =
                     dir == 0 ? flashport_attention_forward(be, &p, &t[0], &t[1], &t[2], &t[3], &tl)
-                             : flashport_attention_backward(be, &p, &t[0], &t[1], &t[2], &t[3],
-                                                            &tl, &t[4], &t[5], &t[6], &t[7]);
+                             : flashport_attention_backward(be, &p, &t[0], &t[1], &t[2], &t[3], &tl,
+                                                            &t[4], &t[5], &t[6], &t[7]);
                 if (check(st, dir == 0 ? "forward" : "backward"))
                     return 1;
             }

@@ -63,9 +63,9 @@ typedef struct imported {
     int readonly;
 } imported;
 
-static PyObject *str_dlpack;      /* "__dlpack__" */
-static PyObject *kw_max_version;  /* ("max_version",) */
-static PyObject *dlpack_version;  /* (1, 0) */
+static PyObject *str_dlpack;     /* "__dlpack__" */
+static PyObject *kw_max_version; /* ("max_version",) */
+static PyObject *dlpack_version; /* (1, 0) */
 
 /* Exports obj (or takes its capsule). Returns 0, or -1 with an exception set. */
 static int import_tensor(const char *what, PyObject *obj, imported *out)
@@ -81,12 +81,10 @@ static int import_tensor(const char *what, PyObject *obj, imported *out)
         /* DLPack 1.x first (it can carry read-only arrays); producers that predate the keyword
          * answer TypeError and are asked again the 0.x way. */
         PyObject *args[2] = {obj, dlpack_version};
-        cap = PyObject_VectorcallMethod(str_dlpack, args, 1,
-                                        kw_max_version);
+        cap = PyObject_VectorcallMethod(str_dlpack, args, 1, kw_max_version);
         if (!cap && PyErr_ExceptionMatches(PyExc_TypeError)) {
             PyErr_Clear();
-            cap = PyObject_VectorcallMethod(str_dlpack, args, 1,
-                                            NULL);
+            cap = PyObject_VectorcallMethod(str_dlpack, args, 1, NULL);
         }
         if (!cap) {
             if (PyErr_ExceptionMatches(PyExc_AttributeError)) {
@@ -113,8 +111,9 @@ static int import_tensor(const char *what, PyObject *obj, imported *out)
         }
         if (!PyCapsule_CheckExact(cap)) {
             Py_DECREF(cap);
-            raise_status(FLASHPORT_ERR_INVALID_VALUE, "%s: __dlpack__ of %.100s returned no capsule",
-                         what, Py_TYPE(obj)->tp_name);
+            raise_status(FLASHPORT_ERR_INVALID_VALUE,
+                         "%s: __dlpack__ of %.100s returned no capsule", what,
+                         Py_TYPE(obj)->tp_name);
             return -1;
         }
     }
@@ -231,8 +230,8 @@ static int side_array(const char *what, const imported *t, uint8_t code, const c
         return -1;
     }
     if (dl->strides && dl->shape[0] > 1 && dl->strides[0] != 1) {
-        raise_status(FLASHPORT_ERR_UNSUPPORTED_LAYOUT, "%s must be contiguous (stride %lld)",
-                     what, (long long)dl->strides[0]);
+        raise_status(FLASHPORT_ERR_UNSUPPORTED_LAYOUT, "%s must be contiguous (stride %lld)", what,
+                     (long long)dl->strides[0]);
         return -1;
     }
     *ptr = (const char *)dl->data + dl->byte_offset;
@@ -302,7 +301,7 @@ static flashport_backend *backend_for(PyObject *name_obj, const fp_dl_device *de
             return NULL;
         int host = strcmp(name, "cpu") == 0 || strcmp(name, "reference") == 0;
         int cuda = strcmp(name, "cuda") == 0, hip = strcmp(name, "hip") == 0;
-        int ok = host ? host_memory(dev->device_type) || dev->device_type == FP_DL_CUDA_MANAGED
+        int ok = host   ? host_memory(dev->device_type) || dev->device_type == FP_DL_CUDA_MANAGED
                  : cuda ? dev->device_type == FP_DL_CUDA || dev->device_type == FP_DL_CUDA_MANAGED
                  : hip  ? dev->device_type == FP_DL_ROCM
                         : 1;
@@ -319,8 +318,10 @@ static flashport_backend *backend_for(PyObject *name_obj, const fp_dl_device *de
         if (handles[i].device == device && strcmp(handles[i].name, name) == 0)
             return handles[i].be;
     if (strlen(name) >= sizeof handles[0].name || num_handles == MAX_HANDLES) {
-        raise_status(FLASHPORT_ERR_INVALID_VALUE, "backend name '%.64s' too long, or more than %d "
-                     "backend handles", name, MAX_HANDLES);
+        raise_status(FLASHPORT_ERR_INVALID_VALUE,
+                     "backend name '%.64s' too long, or more than %d "
+                     "backend handles",
+                     name, MAX_HANDLES);
         return NULL;
     }
     flashport_backend *be = NULL;
@@ -549,12 +550,12 @@ static PyObject *py_backward(PyObject *self, PyObject *const *args, Py_ssize_t n
     const flashport_tensor *d = c.d;
     if (c.is_host) {
         Py_BEGIN_ALLOW_THREADS;
-        st = flashport_attention_backward(c.be, &c.params, &d[0], &d[1], &d[2], &d[3], &d[4],
-                                          &d[5], &d[6], &d[7], &d[8]);
+        st = flashport_attention_backward(c.be, &c.params, &d[0], &d[1], &d[2], &d[3], &d[4], &d[5],
+                                          &d[6], &d[7], &d[8]);
         Py_END_ALLOW_THREADS;
     } else {
-        st = flashport_attention_backward(c.be, &c.params, &d[0], &d[1], &d[2], &d[3], &d[4],
-                                          &d[5], &d[6], &d[7], &d[8]);
+        st = flashport_attention_backward(c.be, &c.params, &d[0], &d[1], &d[2], &d[3], &d[4], &d[5],
+                                          &d[6], &d[7], &d[8]);
     }
     call_release(&c);
     if (st != FLASHPORT_OK)
@@ -568,8 +569,8 @@ static PyObject *py_backward(PyObject *self, PyObject *const *args, Py_ssize_t n
 
 static PyObject *py_set_error_type(PyObject *self, PyObject *type)
 {
-    if (!PyType_Check(type) || !PyType_IsSubtype((PyTypeObject *)type,
-                                                 (PyTypeObject *)PyExc_Exception)) {
+    if (!PyType_Check(type) ||
+        !PyType_IsSubtype((PyTypeObject *)type, (PyTypeObject *)PyExc_Exception)) {
         PyErr_SetString(PyExc_TypeError, "expected an Exception subclass");
         return NULL;
     }
@@ -631,7 +632,7 @@ static PyObject *py_open_backend(PyObject *self, PyObject *const *args, Py_ssize
     if (!name)
         return NULL;
     int is_host = strcmp(name, "cpu") == 0 || strcmp(name, "reference") == 0;
-    fp_dl_device dev = {is_host ? FP_DL_CPU
+    fp_dl_device dev = {is_host                    ? FP_DL_CPU
                         : strcmp(name, "hip") == 0 ? FP_DL_ROCM
                                                    : FP_DL_CUDA,
                         device};

@@ -660,8 +660,17 @@ static PyMethodDef methods[] = {
     {NULL, NULL, 0, NULL},
 };
 
+/* Every field spelled out: -Wextra's missing-field-initializers would flag the slots. */
 static struct PyModuleDef module = {
-    PyModuleDef_HEAD_INIT, "_C", "flashport's C API for DLPack tensors", -1, methods,
+    PyModuleDef_HEAD_INIT,
+    "_C",
+    "flashport's C API for DLPack tensors",
+    -1,
+    methods,
+    NULL,
+    NULL,
+    NULL,
+    NULL,
 };
 
 PyMODINIT_FUNC PyInit__C(void)

@@ -47,6 +47,7 @@ def test_runs_on_the_current_stream():
                for _ in range(3))
     expected = flashport.attention(q, k, v, causal=True)
     s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())  # q, k, v were made on the default stream
     with torch.cuda.stream(s):
         qs = torch.zeros_like(q)
         big = torch.randn(8192, 8192, device="cuda")

@@ -50,7 +50,8 @@ def py_time(fn, sync, reps):
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--backend", default="cpu", choices=["cpu", "cuda"])
-    ap.add_argument("--n", type=int, default=16, help="sequence length (tiny: the call is the cost)")
+    ap.add_argument("--n", type=int, default=16,
+                    help="sequence length (tiny: the call is the cost)")
     ap.add_argument("--d", type=int, default=64, help="head dim")
     ap.add_argument("--reps", type=int, default=2000)
     args = ap.parse_args()

@@ -384,7 +384,7 @@ def main():
     def ratio(a, b):
         return a / b if b == b and b > 0 else float("nan")
 
-    title = "CUDA (sm80 path)" if cuda else "CPU backend"
+    title = "CUDA backend" if cuda else "CPU backend"
     ratio_impls = impls[:2]
     lines = [f"# flashport {title} vs PyTorch SDPA", "", header, "",
              "TFLOP/s fwd / bwd; ratios are ours / theirs (>= 1.00: ours is faster). "

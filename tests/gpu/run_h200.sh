@@ -83,9 +83,15 @@ fi
 
 if has bench; then
     start=$(date +%s)
-    # shellcheck disable=SC2086
-    PYTHONUNBUFFERED=1 python3 bench/compare_torch.py --lib "$BUILD/lib/libflashport.so" \
-        --out "$OUT" ${BENCH_ARGS:-} >"$OUT/bench.log" 2>&1
+    # compare_torch.py imports the flashport package: built here without GPU plugins (fast),
+    # while --lib points it at the build folder's CUDA plugin.
+    {
+        python3 -m pip install -q --no-build-isolation --no-deps --target "$BUILD/py" \
+            -C cmake.define.FLASHPORT_CUDA=OFF -C cmake.define.FLASHPORT_HIP=OFF . &&
+            # shellcheck disable=SC2086
+            PYTHONPATH="$BUILD/py" PYTHONUNBUFFERED=1 python3 bench/compare_torch.py \
+                --lib "$BUILD/lib/libflashport.so" --out "$OUT" ${BENCH_ARGS:-}
+    } >"$OUT/bench.log" 2>&1
     rc=$?
     note "bench: rc=$rc in $(($(date +%s) - start)) s"
     grep -E '^\| (bf16|fp16)' "$OUT/compare_torch.md" 2>/dev/null | tee -a "$SUMMARY" || tail -20 "$OUT/bench.log"

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Checks that the CUDA plugin's sm90 kernels really are Hopper kernels: disassembles the sm_90a
 # machine code embedded in libflashport_cuda.so and fails unless
-#   - every sm90 forward kernel (fp_sm90_fwd_kernel: f16 and bf16, head-dim classes 64, 128, 256:
-#     6 kernels) is present,
+#   - every sm90 forward kernel (fp_sm90_fwd_kernel: f16 and bf16, head-dim classes 64, 128,
+#     192, 256: 8 kernels) is present,
 #   - each holds HGMMA (wgmma) and UTMALDG (TMA tile loads) instructions,
 #   - and no sm80 kernel holds HGMMA (so the check can tell the paths apart).
 #
@@ -14,7 +14,7 @@
 set -euo pipefail
 
 lib=${1:?usage: check_sass.sh path/to/libflashport_cuda.so}
-expected_kernels=6
+expected_kernels=8
 for dir in "${CUOBJDUMP_DIR:-}" /usr/local/cuda/bin; do
     if [ -n "$dir" ] && [ -x "$dir/cuobjdump" ] && [ -x "$dir/nvdisasm" ]; then
         export PATH=$dir:$PATH

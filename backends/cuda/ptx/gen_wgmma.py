@@ -6,7 +6,7 @@ which inline PTX cannot take as an array.
     python3 backends/cuda/ptx/gen_wgmma.py > backends/cuda/ptx/wgmma_gen.cuh
 """
 
-NS = (64, 80, 128, 256)
+NS = (64, 80, 96, 128, 192, 256)
 DTYPES = (("bf16", "bf16"), ("f16", "f16"))
 
 

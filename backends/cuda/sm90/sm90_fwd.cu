@@ -25,7 +25,8 @@
  *
  * Configurations (BM x BN, stages; 2 consumer warpgroups in ping-pong, 384 threads, one block
  * per SM; LAZY: O is rescaled only when a row maximum grows by more than 2^8):
- *   DK = 64: 128 x 128, 2;  DK = 128: 128 x 128, 2, LAZY;  DK = 256: 128 x 80, 2, LAZY.
+ *   DK = 64: 128 x 128, 2;  DK = 128: 128 x 128, 2, LAZY;  DK = 192: 128 x 96, 2, LAZY;
+ *   DK = 256: 128 x 80, 2, LAZY.
  * Head dims that are multiples of 8 run on the next larger DK; TMA reads the columns past D as
  * zeros. Split-KV (chosen by core/plan.h for shapes that leave SMs idle) writes f32 partials
  * that the sm80 path's combine kernel merges.
@@ -89,6 +90,7 @@ template <int DK_, int BN_, int ST_, bool LAZY_> struct fp_sm90_cfg {
  * rescale touches more of O, and costs at DK = 64. */
 typedef fp_sm90_cfg<64, 128, 2, false> fp_sm90_fwd_d64;
 typedef fp_sm90_cfg<128, 128, 2, true> fp_sm90_fwd_d128;
+typedef fp_sm90_cfg<192, 96, 2, true> fp_sm90_fwd_d192;
 typedef fp_sm90_cfg<256, 80, 2, true> fp_sm90_fwd_d256;
 
 /* LAZY: O and l are rescaled only when a row's block maximum exceeds the maximum its
@@ -120,11 +122,15 @@ template <typename T, int N> struct fp_wgmma;
     }
 #if FP_SM90_DEVICE
 FP_SM90_WGMMA(__nv_bfloat16, bf16, 80);
+FP_SM90_WGMMA(__nv_bfloat16, bf16, 96);
 FP_SM90_WGMMA(__nv_bfloat16, bf16, 128);
+FP_SM90_WGMMA(__nv_bfloat16, bf16, 192);
 FP_SM90_WGMMA(__nv_bfloat16, bf16, 64);
 FP_SM90_WGMMA(__nv_bfloat16, bf16, 256);
 FP_SM90_WGMMA(__half, f16, 80);
+FP_SM90_WGMMA(__half, f16, 96);
 FP_SM90_WGMMA(__half, f16, 128);
+FP_SM90_WGMMA(__half, f16, 192);
 FP_SM90_WGMMA(__half, f16, 64);
 FP_SM90_WGMMA(__half, f16, 256);
 #endif
@@ -628,6 +634,8 @@ static flashport_status fp_sm90_dispatch(const fp_cuda_ctx *ctx, const fp_proble
         return fp_sm90_run<T, fp_sm90_fwd_d64>(ctx, p, why, declined);
     if (p->head_dim <= 128)
         return fp_sm90_run<T, fp_sm90_fwd_d128>(ctx, p, why, declined);
+    if (p->head_dim <= 192)
+        return fp_sm90_run<T, fp_sm90_fwd_d192>(ctx, p, why, declined);
     return fp_sm90_run<T, fp_sm90_fwd_d256>(ctx, p, why, declined);
 }
 

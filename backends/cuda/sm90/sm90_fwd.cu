@@ -144,39 +144,59 @@ template <int N> FP_DEV void fp_fence_u32(uint32_t (&r)[N][4])
             asm volatile("" : "+r"(r[i][e])::"memory");
 }
 
-/* Masks (and for FP_SCORES_TRANSFORM softcaps and ALiBi-shifts, into log2 units) one thread's
- * part of a warpgroup's 64 x BN score tile: rows i_lo and i_lo + 8 of the sequence, keys
- * j0 + 8 j + 2 t + e. s[4 j + 2 r + e] is (row r, key 8 j + 2 t + e). The same rules as the
- * sm80 path's fp_fwd_scores. */
-template <int MODE, int BN>
-FP_DEV void fp_sm90_scores(float (&s)[BN / 2], const fp_sm80_args &a, const fp_mask32 &mk, int i_lo,
-                           int j0, int nq, int nk, float slope, int t)
+/* Masks one thread's part of a warpgroup's 64 x BN score tile: rows i_lo and i_lo + 8 of the
+ * sequence, keys j0 + 8 j + 2 t + e; s[4 j + 2 r + e] is (row r, key 8 j + 2 t + e). Masked
+ * scores become -inf (fp_mask_visible's rule through fp_mask32_row, as the sm80 path). */
+template <int BN>
+FP_DEV void fp_sm90_mask(float (&s)[BN / 2], const fp_mask32 &mk, int i_lo, int j0, int t)
 {
     const int jb = j0 + 2 * t;
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
-        const int i = i_lo + 8 * r;
-        if constexpr (MODE == FP_SCORES_MASK) {
-            const fp_mask_row mr = fp_mask32_row(mk, i, jb);
+        const fp_mask_row mr = fp_mask32_row(mk, i_lo + 8 * r, jb);
+#pragma unroll
+        for (int j = 0; j < BN / 8; ++j)
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+                float &x = s[4 * j + 2 * r + e];
+                x = fp_mask_row_visible(mr, 8 * j + e) ? x : -INFINITY;
+            }
+    }
+}
+
+/* The score transform of core/mask.h (fp_score_transform: softcap c tanh(s / c), then ALiBi
+ * - slope |i + Nk - Nq - j|) on raw scores q.k, into log2 units. tanh(y) = 1 - 2 / (e^2y + 1)
+ * through the hardware's exp2 and reciprocal (absolute error near 1e-7; e^2y = inf gives 1);
+ * each feature is one uniform branch around its own pass over the tile. */
+typedef struct fp_sm90_xform {
+    float scale_log2;      /* no softcap: scale log2(e) */
+    float cap_in, cap_out; /* softcap: 2 log2(e) scale / c and c log2(e); 0 = no softcap */
+    float slope_log2;      /* ALiBi slope log2(e), 0 = none */
+    int shift;             /* Nk - Nq */
+} fp_sm90_xform;
+
+template <int BN>
+FP_DEV void fp_sm90_transform(float (&s)[BN / 2], const fp_sm90_xform &x, int i_lo, int j0, int t)
+{
+    if (x.cap_out > 0.0f) {
+#pragma unroll
+        for (int k = 0; k < BN / 2; ++k)
+            s[k] = x.cap_out * (1.0f - 2.0f * fp_rcp(fp_exp2(s[k] * x.cap_in) + 1.0f));
+    } else {
+#pragma unroll
+        for (int k = 0; k < BN / 2; ++k)
+            s[k] *= x.scale_log2;
+    }
+    if (x.slope_log2 != 0.0f) {
+        const int jb = j0 + 2 * t;
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+            const int base = i_lo + 8 * r + x.shift - jb; /* distance to key jb, signed */
 #pragma unroll
             for (int j = 0; j < BN / 8; ++j)
 #pragma unroll
-                for (int e = 0; e < 2; ++e) {
-                    float &x = s[4 * j + 2 * r + e];
-                    x = fp_mask_row_visible(mr, 8 * j + e) ? x : -INFINITY;
-                }
-        } else {
-#pragma unroll
-            for (int j = 0; j < BN / 8; ++j)
-#pragma unroll
-                for (int e = 0; e < 2; ++e) {
-                    const int kj = jb + 8 * j + e;
-                    float &x = s[4 * j + 2 * r + e];
-                    const float v = fp_score_transform(x * a.scale, a.softcap, slope,
-                                                       fp_alibi_distance(i, kj, nq, nk)) *
-                                    FP_LOG2E;
-                    x = fp_mask32_visible(mk, i, kj) ? v : -INFINITY;
-                }
+                for (int e = 0; e < 2; ++e)
+                    s[4 * j + 2 * r + e] -= x.slope_log2 * fabsf((float)(base - 8 * j - e));
         }
     }
 }
@@ -320,7 +340,12 @@ __global__ void __launch_bounds__(FP_SM90_THREADS, 1)
         {
             const int i_lo = m0 + row_in;
             const float sc = a.transform ? 1.0f : a.scale_log2;
-            const float slope = a.alibi ? a.alibi[h] : 0.0f;
+            fp_sm90_xform xf;
+            xf.scale_log2 = a.scale_log2;
+            xf.cap_in = a.softcap > 0.0f ? 2.0f * FP_LOG2E * a.scale / a.softcap : 0.0f;
+            xf.cap_out = a.softcap > 0.0f ? a.softcap * FP_LOG2E : 0.0f;
+            xf.slope_log2 = a.alibi ? a.alibi[h] * FP_LOG2E : 0.0f;
+            xf.shift = nk - nq;
             const fp_mask32 mk = fp_mask32_make(nq, nk, a.left, a.right);
             const int rows_end = min(m0 + BM, nq);
 
@@ -338,9 +363,9 @@ __global__ void __launch_bounds__(FP_SM90_THREADS, 1)
             auto softmax = [&](float(&s)[BN / 2], int nb, float(&alpha)[2]) -> bool {
                 const int j0 = nb * BN;
                 if (a.transform)
-                    fp_sm90_scores<FP_SCORES_TRANSFORM, BN>(s, a, mk, i_lo, j0, nq, nk, slope, t);
-                else if (!fp_mask_block_full(m0, rows_end, j0, j0 + BN, nq, nk, a.left, a.right))
-                    fp_sm90_scores<FP_SCORES_MASK, BN>(s, a, mk, i_lo, j0, nq, nk, slope, t);
+                    fp_sm90_transform<BN>(s, xf, i_lo, j0, t);
+                if (!fp_mask_block_full(m0, rows_end, j0, j0 + BN, nq, nk, a.left, a.right))
+                    fp_sm90_mask<BN>(s, mk, i_lo, j0, t);
                 float mxs[2];
                 bool grow = false;
 #pragma unroll

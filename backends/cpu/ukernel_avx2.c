@@ -61,11 +61,19 @@ static inline uk_vec uk_max(uk_vec a, uk_vec b)
 
 static inline uk_vec uk_exp2(uk_vec x)
 {
-    /* NLT_UQ keeps NaN lanes; max/min with the constant first pass NaN through. */
+    /* NLT_UQ keeps NaN lanes; min with the constant first passes NaN through. Lanes below -126
+     * (-inf included) are zeroed by the mask whatever the arithmetic made of them, so there is no
+     * lower clamp. */
     const __m256 keep = _mm256_cmp_ps(x, _mm256_set1_ps(-126.0f), _CMP_NLT_UQ);
-    x = _mm256_min_ps(_mm256_set1_ps(127.0f), _mm256_max_ps(_mm256_set1_ps(-126.0f), x));
-    const __m256 n = _mm256_round_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    const __m256 f = _mm256_sub_ps(x, n);
+    x = _mm256_min_ps(_mm256_set1_ps(127.0f), x);
+    /* x + (1.5 * 2^23 + 127) rounds x to a nearest integer n in the low mantissa bits of t,
+     * already biased: shifted left 23 they are the exponent field of 2^n. One add and one
+     * subtract instead of vroundps, vcvtps2dq and an integer add. A tie (x = k + 0.5) rounds n +
+     * 127 to even, so n itself may go either way; f = x - n is then 0.5 or -0.5, both inside the
+     * polynomial's range. */
+    const __m256 magic = _mm256_set1_ps(12582912.0f + 127.0f);
+    const __m256 t = _mm256_add_ps(x, magic);
+    const __m256 f = _mm256_sub_ps(x, _mm256_sub_ps(t, magic));
     __m256 p = _mm256_set1_ps(FP_EXP2_C6);
     p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(FP_EXP2_C5));
     p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(FP_EXP2_C4));
@@ -73,8 +81,7 @@ static inline uk_vec uk_exp2(uk_vec x)
     p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(FP_EXP2_C2));
     p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(FP_EXP2_C1));
     p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(1.0f));
-    const __m256i e =
-        _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+    const __m256i e = _mm256_slli_epi32(_mm256_castps_si256(t), 23);
     return _mm256_and_ps(keep, _mm256_mul_ps(p, _mm256_castsi256_ps(e)));
 }
 

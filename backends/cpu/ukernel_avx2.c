@@ -87,6 +87,43 @@ static inline uk_vec uk_exp2(uk_vec x)
 
 #include "backends/cpu/ukernel_ops.h"
 
+/* transpose32 by 8 x 8 blocks of words: 8 row loads, the usual three shuffle stages (32-bit,
+ * 64-bit and 128-bit interleaves), 8 column stores. Edge blocks (fewer than 8 rows or columns
+ * left) take the generic word-by-word copy, so nothing outside the rows x cols words is read. */
+static void avx2_transpose32(int rows, int cols, const void *src, ptrdiff_t lds, uint32_t *dst,
+                             ptrdiff_t ldd)
+{
+    const unsigned char *s = src;
+    const int rows8 = rows / 8 * 8, cols8 = cols / 8 * 8;
+    for (int r0 = 0; r0 < rows8; r0 += 8)
+        for (int c0 = 0; c0 < cols8; c0 += 8) {
+            __m256 a[8], b[8];
+            for (int r = 0; r < 8; r++)
+                a[r] = _mm256_loadu_ps((const float *)(s + (r0 + r) * lds + 4 * c0));
+            for (int r = 0; r < 8; r += 2) {
+                b[r] = _mm256_unpacklo_ps(a[r], a[r + 1]);
+                b[r + 1] = _mm256_unpackhi_ps(a[r], a[r + 1]);
+            }
+            for (int r = 0; r < 8; r += 4) {
+                a[r] = _mm256_shuffle_ps(b[r], b[r + 2], 0x44);
+                a[r + 1] = _mm256_shuffle_ps(b[r], b[r + 2], 0xee);
+                a[r + 2] = _mm256_shuffle_ps(b[r + 1], b[r + 3], 0x44);
+                a[r + 3] = _mm256_shuffle_ps(b[r + 1], b[r + 3], 0xee);
+            }
+            /* 128-bit lane l of a[4q + k] holds column 4 l + k of rows 4q .. 4q + 3. */
+            for (int k = 0; k < 4; k++) {
+                b[k] = _mm256_permute2f128_ps(a[k], a[4 + k], 0x20);
+                b[4 + k] = _mm256_permute2f128_ps(a[k], a[4 + k], 0x31);
+            }
+            for (int c = 0; c < 8; c++)
+                _mm256_storeu_ps((float *)(dst + (c0 + c) * ldd + r0), b[c]);
+        }
+    if (cols8 < cols)
+        uk_transpose32_generic(rows8, cols - cols8, s + 4 * cols8, lds, dst + cols8 * ldd, ldd);
+    if (rows8 < rows)
+        uk_transpose32_generic(rows - rows8, cols, s + rows8 * lds, lds, dst + rows8, ldd);
+}
+
 static inline __m256 bf16x8(__m128i h)
 {
     return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
@@ -136,7 +173,7 @@ const fp_ukernels fp_ukernels_avx2 = {
     NULL,
     uk_dsoftmax_cols,
     uk_scale_rows,
-    uk_transpose32_generic,
+    avx2_transpose32,
     cvt_f16,
     cvt_bf16,
     uk_store_f16_generic,

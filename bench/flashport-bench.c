@@ -49,6 +49,11 @@
  * once, per second of the median run, against the read bandwidth peak.c measures on host
  * backends when a shape has at most 16 query rows (decode, where the K/V read is the bound), or
  * the figure given with --mem-gbs. Empty otherwise.
+ *
+ * Clock (--clock cpu, host backends): each call timed by the process' CPU time divided by the
+ * thread count, and the peak loop by each thread's CPU time, instead of wall time: on a machine
+ * whose cores other processes share, the cycles our threads ran, not the time a user waits. Run
+ * with OMP_WAIT_POLICY=passive, or idle OpenMP threads spinning at barriers count as work.
  */
 #define _POSIX_C_SOURCE 200809L
 
@@ -64,6 +69,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #define BENCH_MAX_LIST     32
 #define BENCH_PEAK_SECONDS 0.25
@@ -89,6 +95,7 @@ typedef struct bench_options {
     const char *csv;
     int sweep;
     int baseline_blas;  /* --baseline blas */
+    int clock_cpu;      /* --clock cpu */
     double peak_tflops; /* 0: measure on host backends, unknown on others */
     double mem_gbs;     /* 0: measure on host backends for decode shapes */
     uint64_t seed;
@@ -212,6 +219,8 @@ static void bench_usage(FILE *f)
         "  --peak-tflops X    peak for pct_peak (default: the f32 FMA peak measured here on\n"
         "                     host backends; none on GPU backends)\n"
         "  --peak-gflops X    the same in GFLOP/s (pin the host peak across runs)\n"
+        "  --clock C          wall (default) or cpu: host backends timed by CPU time / threads\n"
+        "                     (shared machines; set OMP_WAIT_POLICY=passive)\n"
         "  --mem-gbs X        memory bandwidth for pct_mem, GB/s (default: measured on host\n"
         "                     backends when a shape has at most 16 query rows)\n"
         "  --baseline blas    also time sgemm + softmax + sgemm through the BLAS on the same\n"
@@ -360,7 +369,7 @@ static void bench_parse_args(int argc, char **argv, bench_options *o)
             "--seqlen",  "--seqlen-q",    "--seqlen-k", "--hdim",     "--window",
             "--softcap", "--direction",   "--iters",    "--warmup",   "--check-gflop",
             "--csv",     "--peak-tflops", "--seed",     "--baseline", "--peak-gflops",
-            "--mem-gbs"};
+            "--mem-gbs", "--clock"};
         size_t known = 0;
         while (known < sizeof valued / sizeof valued[0] && strcmp(opt, valued[known]) != 0)
             known++;
@@ -419,7 +428,11 @@ static void bench_parse_args(int argc, char **argv, bench_options *o)
             o->peak_tflops = 1e-3 * bench_parse_double(opt, val, 0.0);
         else if (strcmp(opt, "--mem-gbs") == 0)
             o->mem_gbs = bench_parse_double(opt, val, 0.0);
-        else if (strcmp(opt, "--baseline") == 0) {
+        else if (strcmp(opt, "--clock") == 0) {
+            if (strcmp(val, "cpu") != 0 && strcmp(val, "wall") != 0)
+                bench_bad_arg(opt, val, "expected wall or cpu");
+            o->clock_cpu = strcmp(val, "cpu") == 0;
+        } else if (strcmp(opt, "--baseline") == 0) {
             if (strcmp(val, "blas") != 0)
                 bench_bad_arg(opt, val, "expected blas");
             if (bench_blas_missing())
@@ -1022,8 +1035,20 @@ static void bench_time(bench_ctx *c, const flashport_attention_params *p, const 
     flashport_timer *timer = NULL;
     bench_ok(flashport_timer_create(c->be, &timer), "flashport_timer_create");
     double *ms = bench_host_alloc((size_t)iters * sizeof(double));
+    const int threads = bench_host_threads();
     for (int i = 0; i < iters; i++) {
         float elapsed = 0.0f;
+        if (c->opt->clock_cpu) {
+            struct timespec t0, t1;
+            clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t0);
+            bench_run_once(c, p, t, backward);
+            bench_ok(flashport_synchronize(c->be), "flashport_synchronize");
+            clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t1);
+            ms[i] =
+                ((double)(t1.tv_sec - t0.tv_sec) * 1e3 + 1e-6 * (double)(t1.tv_nsec - t0.tv_nsec)) /
+                threads;
+            continue;
+        }
         bench_ok(flashport_timer_start(timer), "flashport_timer_start");
         bench_run_once(c, p, t, backward);
         bench_ok(flashport_timer_stop(timer), "flashport_timer_stop");
@@ -1236,6 +1261,7 @@ static void bench_set_peak(bench_ctx *c)
                c->name);
         return;
     }
+    bench_peak_cpu_clock(c->opt->clock_cpu);
     bench_peak pk = bench_measure_f32_peak(bench_host_threads(), BENCH_PEAK_SECONDS);
     c->peak_tflops = pk.gflops > 0.0 ? pk.gflops * 1e-3 : NAN;
     printf("# peak: %.1f GFLOP/s f32 FMA, measured here (%d thread%s, %s); pct_peak is against "
@@ -1293,6 +1319,8 @@ int main(int argc, char **argv)
         bench_ok(flashport_backend_open("reference", &c.ref), "flashport_backend_open(reference)");
     c.name = flashport_backend_name(c.be);
     c.variant = bench_variant(c.be);
+    if (opt.clock_cpu && !bench_is_host_backend(c.name))
+        bench_bad_arg("--clock", "cpu", "host backends only (cpu, reference)");
     if (opt.csv)
         c.csv = bench_open_csv(opt.csv);
 
@@ -1302,6 +1330,9 @@ int main(int argc, char **argv)
            (unsigned long long)opt.seed, (double)opt.softcap);
     bench_set_peak(&c);
     bench_set_bandwidth(&c, shapes, nshapes);
+    if (opt.clock_cpu)
+        printf("# clock: CPU time of the process / %d threads (--clock cpu)\n",
+               bench_host_threads());
     bench_print_header();
     fflush(stdout);
 

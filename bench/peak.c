@@ -147,10 +147,19 @@ static peak_kernel peak_pick_kernel(void)
     return (peak_kernel){peak_fma_plain, PEAK_PLAIN_CHAINS, "generic"};
 }
 
+static int peak_cpu_clock;
+
+void bench_peak_cpu_clock(int on)
+{
+    peak_cpu_clock = on;
+}
+
+/* Seconds on the clock each thread times itself with: monotonic wall time, or (after
+ * bench_peak_cpu_clock(1)) the calling thread's CPU time. */
 static double peak_now(void)
 {
     struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
+    clock_gettime(peak_cpu_clock ? CLOCK_THREAD_CPUTIME_ID : CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 

@@ -20,6 +20,9 @@ typedef struct bench_bandwidth {
  * OpenMP's default (OMP_NUM_THREADS or the CPUs this process may run on); 1 without OpenMP. */
 int bench_host_threads(void);
 
+/* on != 0: the FMA loop times each thread by its own CPU time, not wall time (--clock cpu). */
+void bench_peak_cpu_clock(int on);
+
 /* Runs the FMA loop on `threads` threads for about `seconds` per timed run. */
 bench_peak bench_measure_f32_peak(int threads, double seconds);
 

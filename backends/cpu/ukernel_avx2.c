@@ -1,17 +1,23 @@
 /*
  * AVX2 + FMA micro-kernels (contract in ukernel.h): FLASHPORT_CPU_ISA=avx2; the default on x86-64
- * CPUs with AVX2, FMA and F16C but no AVX-512.
+ * CPUs with AVX2, FMA and F16C but no AVX-512 (Intel client chips since Alder Lake, AMD before
+ * Zen 4): the laptops people validate on.
  *
  * Products: ukernel_gemm.h with a 6 x 16 register block on ymm registers: 12 accumulators, 2 B
- * vectors and a broadcast fill the 16 registers. exp2: vroundps to nearest, the shared
- * polynomial (ukernel.h), 2^n built in the exponent field (n is clamped to [-126, 127], and lanes
- * below -126 are zeroed by a mask). f16 storage converts with vcvtph2ps (F16C), bf16 by shifting
- * into the high half.
+ * vectors and a broadcast fill the 16 registers; per reduction step 2 vector loads and 6
+ * broadcasts feed 12 FMAs, within two load ports. Column blocks of 16 keep one k x 16 panel of B
+ * (Q^T, V) in L1 while K or P streams through as broadcasts, so no panel is packed: K and V are
+ * read in place (f32) and converted once per key block (f16, bf16; F16C or a shift).
+ * exp2: 1.5 * 2^23 + 127 added to round and bias the exponent in one step, the shared polynomial
+ * (ukernel.h), 2^n by a shift into the exponent field; lanes below -126 are zeroed by a mask.
+ * The column softmax pieces (ukernel_ops.h) are lane-wise, one column vector at a time: two at a
+ * time would need more than the 16 registers (measured slower). transpose32: 8 x 8 word blocks
+ * by shuffles (packing Q^T and dO^T). f16 storage converts with vcvtph2ps (F16C), bf16 by
+ * shifting into the high half; there is no bf16 dot product, so bf16 runs the f32 products.
  * Target: x86-64 with AVX2, FMA, F16C (compiled with those flags alone; isa.c checks the CPU).
  * Known differences from the reference: f32 accumulation with FMA; the polynomial exp2.
- * Measured (FLASHPORT_CPU_ISA=avx2 on the Zen 4 development machine, 2 threads, B=1 H=4 N=2048
- * D=128): f32 forward 65% and backward 70% of the measured FMA peak (docs/bench/cpu.md); Zen 4
- * has the same FMA throughput per cycle for 256- and 512-bit vectors.
+ * Numbers: docs/performance-cpu.md (measured with FLASHPORT_CPU_ISA=avx2 on the Zen 4
+ * development machine, whose 256-bit FMA throughput per cycle equals its 512-bit one).
  */
 #include "backends/cpu/ukernel.h"
 

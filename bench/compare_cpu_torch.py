@@ -18,6 +18,10 @@ Timing: torch with time.perf_counter around each call (forward; backward alone, 
 forward that builds the graph), median of --iters after one warm-up; flashport: the bench's median
 of --iters after one warm-up. FLOPs by the FlashAttention convention (forward 4 B H N^2 D, halved
 for causal; backward 2.5x), as the bench counts them; the GFLOP/s column of each side is its median.
+--clock cpu times both sides by the process' CPU time divided by the thread count (torch:
+time.process_time; flashport-bench --clock cpu), the cycles their threads ran, for machines whose
+cores other processes share; it sets OMP_WAIT_POLICY=passive for both (torch's and flashport's
+OpenMP pools), so that idle threads do not spin on the clock.
 The FMA peak is measured once by flashport-bench at the start (for the ISA in use) and passed to
 every later bench run with --peak-gflops, so that % of peak has one denominator per run.
 
@@ -51,6 +55,8 @@ def parse_args():
                          "ATEN_CPU_CAPABILITY=avx2 (both sides on 256-bit code)")
     ap.add_argument("--peak-gflops", type=float, default=0.0,
                     help="pin the FMA peak instead of measuring it once at the start")
+    ap.add_argument("--clock", default="wall", choices=["wall", "cpu"],
+                    help="wall time, or CPU time / threads on both sides (shared machines)")
     ap.add_argument("--csv", help="write one row per (shape, threads, direction, round)")
     return ap.parse_args()
 
@@ -58,6 +64,8 @@ def parse_args():
 ARGS = parse_args()
 if ARGS.isa not in ("auto", ""):
     os.environ["FLASHPORT_CPU_ISA"] = ARGS.isa
+if ARGS.clock == "cpu":
+    os.environ["OMP_WAIT_POLICY"] = "passive"  # read when the OpenMP runtimes load
 if ARGS.isa == "avx2":
     os.environ["ATEN_CPU_CAPABILITY"] = "avx2"  # read when torch loads
 
@@ -78,6 +86,13 @@ def flops(b, h, n, d, causal, backward):
     return f * (2.5 if backward else 1.0)
 
 
+def now(threads):
+    """Seconds on the comparison's clock: wall, or process CPU time / threads."""
+    if ARGS.clock == "cpu":
+        return time.process_time() / threads
+    return time.perf_counter()
+
+
 def run_bench(args, threads):
     env = dict(os.environ, FLASHPORT_NUM_THREADS=str(threads))
     out = subprocess.run([BENCH] + args, env=env, capture_output=True, text=True)
@@ -88,7 +103,7 @@ def run_bench(args, threads):
 
 def measure_peak(threads):
     text = run_bench(["--backend", "cpu", "--seqlen", "64", "--hdim", "64", "--heads", "1",
-                      "--iters", "1"], threads)
+                      "--iters", "1", "--clock", ARGS.clock], threads)
     m = re.search(r"# peak: ([0-9.]+) GFLOP/s f32 FMA, measured here \((\d+) threads?, ([^)]+)\)",
                   text)
     if not m:
@@ -101,7 +116,7 @@ def flashport_ms(shape, threads, peak, check):
     args = ["--backend", "cpu", "--dtype", dtype, "--batch", str(ARGS.batch), "--heads",
             str(ARGS.heads), "--seqlen", str(n), "--hdim", str(d), f"--causal={causal}",
             "--direction", ARGS.direction, "--iters", str(ARGS.iters), "--peak-gflops",
-            str(peak)]
+            str(peak), "--clock", ARGS.clock]
     if check:
         args.append("--check")
     text = run_bench(args, threads)
@@ -129,20 +144,20 @@ def torch_ms(shape, threads):
             times = []
             with torch.no_grad():
                 for it in range(ARGS.iters + 1):
-                    t0 = time.perf_counter()
+                    t0 = now(threads)
                     F.scaled_dot_product_attention(q, k, v, is_causal=bool(causal))
                     if it:
-                        times.append((time.perf_counter() - t0) * 1e3)
+                        times.append((now(threads) - t0) * 1e3)
             res["fwd"] = statistics.median(times)
         if ARGS.direction in ("bwd", "both"):
             qg, kg, vg = (x.detach().requires_grad_() for x in (q, k, v))
             times = []
             for it in range(ARGS.iters + 1):
                 o = F.scaled_dot_product_attention(qg, kg, vg, is_causal=bool(causal))
-                t0 = time.perf_counter()
+                t0 = now(threads)
                 o.backward(do)
                 if it:
-                    times.append((time.perf_counter() - t0) * 1e3)
+                    times.append((now(threads) - t0) * 1e3)
                 qg.grad = kg.grad = vg.grad = None
             res["bwd"] = statistics.median(times)
     return res
@@ -158,7 +173,7 @@ def main():
     load = os.getloadavg()
     print(f"# torch {torch.__version__}, ATen CPU capability "
           f"{torch.backends.cpu.get_cpu_capability()}; flashport FLASHPORT_CPU_ISA="
-          f"{os.environ.get('FLASHPORT_CPU_ISA', 'auto')}")
+          f"{os.environ.get('FLASHPORT_CPU_ISA', 'auto')}; clock: {ARGS.clock}")
     print(f"# peak f32 FMA: " + ", ".join(f"{t} thread(s) {p:.1f} GFLOP/s ({isa})"
                                           for t, (p, isa) in peaks.items()))
     print(f"# load average at start: {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}")

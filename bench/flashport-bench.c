@@ -42,6 +42,18 @@
  * Peak (pct_peak): on host backends ("cpu", "reference"), the f32 FMA throughput measured on the
  * spot by peak.c with the CPU backend's thread count, also for f16/bf16 inputs (the CPU targets
  * compare those with f32). GPU backends take --peak-tflops; without it pct_peak is left empty.
+ * --peak-gflops pins the host peak (a figure measured once on a quiet machine, so that runs on a
+ * busy one compare against the same number).
+ *
+ * Memory (kv_gbs, mem_gbs, pct_mem; forward rows): the bytes of K and V the problem holds, read
+ * once, per second of the median run, against the read bandwidth peak.c measures on host
+ * backends when a shape has at most 16 query rows (decode, where the K/V read is the bound), or
+ * the figure given with --mem-gbs. Empty otherwise.
+ *
+ * Clock (--clock cpu, host backends): each call timed by the process' CPU time divided by the
+ * thread count, and the peak loop by each thread's CPU time, instead of wall time: on a machine
+ * whose cores other processes share, the cycles our threads ran, not the time a user waits. Run
+ * with OMP_WAIT_POLICY=passive, or idle OpenMP threads spinning at barriers count as work.
  */
 #define _POSIX_C_SOURCE 200809L
 
@@ -57,9 +69,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #define BENCH_MAX_LIST     32
-#define BENCH_PEAK_SECONDS 0.15
+#define BENCH_PEAK_SECONDS 0.25
 /* The sweep: ANCHORS.md's GPU grid (B * N = 16384 tokens, H * D = 2048) shrunk 4x on both
  * products and capped at N = 4096, so that the 24 shapes run in minutes on two cores. */
 #define BENCH_SWEEP_TOKENS 4096
@@ -82,7 +95,9 @@ typedef struct bench_options {
     const char *csv;
     int sweep;
     int baseline_blas;  /* --baseline blas */
+    int clock_cpu;      /* --clock cpu */
     double peak_tflops; /* 0: measure on host backends, unknown on others */
+    double mem_gbs;     /* 0: measure on host backends for decode shapes */
     uint64_t seed;
 } bench_options;
 
@@ -99,6 +114,7 @@ typedef struct bench_ctx {
     const char *name;
     const char *variant;
     double peak_tflops; /* NaN when unknown */
+    double mem_gbs;     /* NaN when unknown */
     FILE *csv;
     int failures;
 } bench_ctx;
@@ -127,6 +143,7 @@ typedef struct bench_refdata {
 typedef struct bench_row {
     const char *direction;
     double ms_median, ms_min, tflops, pct_peak, max_abs_err;
+    double kv_gbs;     /* K/V bytes per second (forward), NaN otherwise */
     const char *check; /* "ok", "FAIL" or "off" */
     const char *scope;
 } bench_row;
@@ -201,6 +218,11 @@ static void bench_usage(FILE *f)
         "                     directions; the options above narrow or override it\n"
         "  --peak-tflops X    peak for pct_peak (default: the f32 FMA peak measured here on\n"
         "                     host backends; none on GPU backends)\n"
+        "  --peak-gflops X    the same in GFLOP/s (pin the host peak across runs)\n"
+        "  --clock C          wall (default) or cpu: host backends timed by CPU time / threads\n"
+        "                     (shared machines; set OMP_WAIT_POLICY=passive)\n"
+        "  --mem-gbs X        memory bandwidth for pct_mem, GB/s (default: measured on host\n"
+        "                     backends when a shape has at most 16 query rows)\n"
         "  --baseline blas    also time sgemm + softmax + sgemm through the BLAS on the same\n"
         "                     inputs (f32 forward; bench/baseline_blas.c) and print the\n"
         "                     backend's speedup over it\n"
@@ -343,10 +365,11 @@ static void bench_parse_args(int argc, char **argv, bench_options *o)
             continue;
         }
         static const char *const valued[] = {
-            "--backend", "--dtype",       "--batch",    "--heads",   "--kv-heads",
-            "--seqlen",  "--seqlen-q",    "--seqlen-k", "--hdim",    "--window",
-            "--softcap", "--direction",   "--iters",    "--warmup",  "--check-gflop",
-            "--csv",     "--peak-tflops", "--seed",     "--baseline"};
+            "--backend", "--dtype",       "--batch",    "--heads",    "--kv-heads",
+            "--seqlen",  "--seqlen-q",    "--seqlen-k", "--hdim",     "--window",
+            "--softcap", "--direction",   "--iters",    "--warmup",   "--check-gflop",
+            "--csv",     "--peak-tflops", "--seed",     "--baseline", "--peak-gflops",
+            "--mem-gbs", "--clock"};
         size_t known = 0;
         while (known < sizeof valued / sizeof valued[0] && strcmp(opt, valued[known]) != 0)
             known++;
@@ -401,7 +424,15 @@ static void bench_parse_args(int argc, char **argv, bench_options *o)
             o->csv = val;
         else if (strcmp(opt, "--peak-tflops") == 0)
             o->peak_tflops = bench_parse_double(opt, val, 0.0);
-        else if (strcmp(opt, "--baseline") == 0) {
+        else if (strcmp(opt, "--peak-gflops") == 0)
+            o->peak_tflops = 1e-3 * bench_parse_double(opt, val, 0.0);
+        else if (strcmp(opt, "--mem-gbs") == 0)
+            o->mem_gbs = bench_parse_double(opt, val, 0.0);
+        else if (strcmp(opt, "--clock") == 0) {
+            if (strcmp(val, "cpu") != 0 && strcmp(val, "wall") != 0)
+                bench_bad_arg(opt, val, "expected wall or cpu");
+            o->clock_cpu = strcmp(val, "cpu") == 0;
+        } else if (strcmp(opt, "--baseline") == 0) {
             if (strcmp(val, "blas") != 0)
                 bench_bad_arg(opt, val, "expected blas");
             if (bench_blas_missing())
@@ -1004,8 +1035,20 @@ static void bench_time(bench_ctx *c, const flashport_attention_params *p, const 
     flashport_timer *timer = NULL;
     bench_ok(flashport_timer_create(c->be, &timer), "flashport_timer_create");
     double *ms = bench_host_alloc((size_t)iters * sizeof(double));
+    const int threads = bench_host_threads();
     for (int i = 0; i < iters; i++) {
         float elapsed = 0.0f;
+        if (c->opt->clock_cpu) {
+            struct timespec t0, t1;
+            clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t0);
+            bench_run_once(c, p, t, backward);
+            bench_ok(flashport_synchronize(c->be), "flashport_synchronize");
+            clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t1);
+            ms[i] =
+                ((double)(t1.tv_sec - t0.tv_sec) * 1e3 + 1e-6 * (double)(t1.tv_nsec - t0.tv_nsec)) /
+                threads;
+            continue;
+        }
         bench_ok(flashport_timer_start(timer), "flashport_timer_start");
         bench_run_once(c, p, t, backward);
         bench_ok(flashport_timer_stop(timer), "flashport_timer_stop");
@@ -1022,7 +1065,7 @@ static void bench_time(bench_ctx *c, const flashport_attention_params *p, const 
 static const char *bench_csv_header =
     "backend,variant,dtype,batch,heads,kv_heads,seqlen_q,seqlen_k,hdim,causal,window_left,"
     "window_right,softcap,direction,iters,ms_median,ms_min,tflops,peak_tflops,pct_peak,"
-    "max_abs_err,check,check_scope\n";
+    "max_abs_err,check,check_scope,kv_gbs,mem_gbs,pct_mem\n";
 
 /* A number for the CSV; NaN (unknown) is left empty. */
 static void bench_csv_num(FILE *f, double x)
@@ -1071,7 +1114,13 @@ static void bench_emit(bench_ctx *c, const bench_shape *s, const bench_row *r)
     bench_csv_num(c->csv, c->peak_tflops);
     bench_csv_num(c->csv, r->pct_peak);
     bench_csv_num(c->csv, r->max_abs_err);
-    fprintf(c->csv, "%s,%s\n", r->check, r->scope);
+    fprintf(c->csv, "%s,%s,", r->check, r->scope);
+    bench_csv_num(c->csv, r->kv_gbs);
+    bench_csv_num(c->csv, c->mem_gbs);
+    if (isnan(r->kv_gbs) || isnan(c->mem_gbs))
+        fputc('\n', c->csv);
+    else
+        fprintf(c->csv, "%.6g\n", 100.0 * r->kv_gbs / c->mem_gbs);
     fflush(c->csv);
 }
 
@@ -1089,7 +1138,13 @@ static double bench_direction(bench_ctx *c, const bench_shape *s,
     double flops = bench_forward_flops(s, c->opt) * (backward ? 2.5 : 1.0);
     r.tflops = flops / (r.ms_median * 1e-3) * 1e-12;
     r.pct_peak = 100.0 * r.tflops / c->peak_tflops;
+    const double kv_bytes =
+        2.0 * (double)(s->b * s->nk * s->hkv * s->d) * (s->dtype == FLASHPORT_F32 ? 4.0 : 2.0);
+    r.kv_gbs = backward ? NAN : kv_bytes / (r.ms_median * 1e-3) * 1e-9;
     bench_emit(c, s, &r);
+    if (!backward && !isnan(c->mem_gbs) && s->nq <= 16)
+        printf("# decode: K/V read at %.1f GB/s, %.0f%% of the %.1f GB/s bandwidth\n", r.kv_gbs,
+               100.0 * r.kv_gbs / c->mem_gbs, c->mem_gbs);
     return r.ms_median;
 }
 
@@ -1123,6 +1178,7 @@ static void bench_baseline_blas(bench_ctx *c, const bench_shape *s, const bench_
     bench_row r;
     r.direction = "fwd";
     r.scope = "backend's O";
+    r.kv_gbs = NAN;
     bench_blas_time(&bp, scores, threads, o->warmup, o->iters, &r.ms_median, &r.ms_min);
     r.tflops = bench_forward_flops(s, o) / (r.ms_median * 1e-3) * 1e-12;
     r.pct_peak = 100.0 * r.tflops / c->peak_tflops;
@@ -1195,7 +1251,7 @@ static void bench_set_peak(bench_ctx *c)
 {
     if (c->opt->peak_tflops > 0.0) {
         c->peak_tflops = c->opt->peak_tflops;
-        printf("# peak: %.4g TFLOP/s (given with --peak-tflops)\n", c->peak_tflops);
+        printf("# peak: %.4g TFLOP/s (given with --peak-tflops / --peak-gflops)\n", c->peak_tflops);
         return;
     }
     if (!bench_is_host_backend(c->name)) {
@@ -1205,11 +1261,34 @@ static void bench_set_peak(bench_ctx *c)
                c->name);
         return;
     }
+    bench_peak_cpu_clock(c->opt->clock_cpu);
     bench_peak pk = bench_measure_f32_peak(bench_host_threads(), BENCH_PEAK_SECONDS);
     c->peak_tflops = pk.gflops > 0.0 ? pk.gflops * 1e-3 : NAN;
     printf("# peak: %.1f GFLOP/s f32 FMA, measured here (%d thread%s, %s); pct_peak is against "
            "it for every dtype\n",
            pk.gflops, pk.threads, pk.threads == 1 ? "" : "s", pk.isa);
+}
+
+/* Memory bandwidth for pct_mem: --mem-gbs, else measured on host backends when a shape is a
+ * decode (at most 16 query rows), else unknown. */
+static void bench_set_bandwidth(bench_ctx *c, const bench_shape *shapes, int nshapes)
+{
+    c->mem_gbs = NAN;
+    if (c->opt->mem_gbs > 0.0) {
+        c->mem_gbs = c->opt->mem_gbs;
+        printf("# memory: %.4g GB/s (given with --mem-gbs)\n", c->mem_gbs);
+        return;
+    }
+    int decode = 0;
+    for (int i = 0; i < nshapes; i++)
+        decode |= shapes[i].nq <= 16;
+    if (!decode || !bench_is_host_backend(c->name))
+        return;
+    bench_bandwidth bw = bench_measure_read_bandwidth(bench_host_threads());
+    c->mem_gbs = bw.gbs > 0.0 ? bw.gbs : NAN;
+    printf("# memory: %.1f GB/s read, measured here (%d thread%s, STREAM-like sum); pct_mem is "
+           "the K/V read rate against it\n",
+           bw.gbs, bw.threads, bw.threads == 1 ? "" : "s");
 }
 
 static FILE *bench_open_csv(const char *path)
@@ -1240,6 +1319,8 @@ int main(int argc, char **argv)
         bench_ok(flashport_backend_open("reference", &c.ref), "flashport_backend_open(reference)");
     c.name = flashport_backend_name(c.be);
     c.variant = bench_variant(c.be);
+    if (opt.clock_cpu && !bench_is_host_backend(c.name))
+        bench_bad_arg("--clock", "cpu", "host backends only (cpu, reference)");
     if (opt.csv)
         c.csv = bench_open_csv(opt.csv);
 
@@ -1248,6 +1329,10 @@ int main(int argc, char **argv)
            flashport_version(), c.name, flashport_backend_device(c.be), opt.iters, opt.warmup,
            (unsigned long long)opt.seed, (double)opt.softcap);
     bench_set_peak(&c);
+    bench_set_bandwidth(&c, shapes, nshapes);
+    if (opt.clock_cpu)
+        printf("# clock: CPU time of the process / %d threads (--clock cpu)\n",
+               bench_host_threads());
     bench_print_header();
     fflush(stdout);
 

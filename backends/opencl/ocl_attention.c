@@ -111,8 +111,8 @@ static flashport_status ensure_program(fp_ocl_ctx *ctx, int dt)
     }
     for (int j = 0; j < 3 && st == FLASHPORT_OK; j++) {
         size_t wg = 0;
-        st = fp_ocl_check(cl->clGetKernelWorkGroupInfo(ks[j], ctx->device, CL_KERNEL_WORK_GROUP_SIZE,
-                                                       sizeof wg, &wg, NULL),
+        st = fp_ocl_check(cl->clGetKernelWorkGroupInfo(
+                              ks[j], ctx->device, CL_KERNEL_WORK_GROUP_SIZE, sizeof wg, &wg, NULL),
                           "clGetKernelWorkGroupInfo");
         if (st == FLASHPORT_OK && wg < FP_OCL_WG)
             st = fp_ocl_host()->set_error(FLASHPORT_ERR_UNSUPPORTED_FEATURE,
@@ -224,8 +224,8 @@ static flashport_status bind_problem(const fp_ocl_ctx *ctx, const fp_problem *p,
                                           "opencl: cu_seqlens are not 4-byte aligned");
     }
     if (st == FLASHPORT_OK && p->alibi_slopes) {
-        st = fp_ocl_resolve(ctx, p->alibi_slopes, (size_t)p->heads * sizeof(float),
-                            "alibi_slopes", &m->alibi, &off);
+        st = fp_ocl_resolve(ctx, p->alibi_slopes, (size_t)p->heads * sizeof(float), "alibi_slopes",
+                            &m->alibi, &off);
         a->alibi_off = (int64_t)(off / sizeof(float));
         a->has_alibi = 1;
         if (st == FLASHPORT_OK && off % sizeof(float) != 0)
@@ -352,8 +352,8 @@ flashport_status fp_ocl_backward(fp_ocl_ctx *ctx, const fp_problem *p)
     const size_t q_blocks = (size_t)((p->seqlen_q + t - 1) / (t ? t : 1));
     const size_t k_blocks = (size_t)((p->seqlen_k + t - 1) / (t ? t : 1));
     if (st == FLASHPORT_OK && q_blocks > 0) {
-        const cl_mem bufs[11] = {m.q,  m.k,  m.v,    m.o,    m.lse, m.dout, m.dq, delta,
-                                 m.cu_q, m.cu_k, m.alibi};
+        const cl_mem bufs[11] = {m.q,  m.k,   m.v,    m.o,    m.lse,  m.dout,
+                                 m.dq, delta, m.cu_q, m.cu_k, m.alibi};
         const size_t local[6] = {tt * ld * 4, tt * ld * 4, tt * ld * 4,
                                  tt * ld * 4, tt * tt * 4, 2 * tt * 4};
         st = set_args(cl, ctx->bwd_dq[dt], &a, bufs, 11, local, 6);
@@ -364,8 +364,8 @@ flashport_status fp_ocl_backward(fp_ocl_ctx *ctx, const fp_problem *p)
                               "clEnqueueNDRangeKernel(fp_ocl_backward_dq)");
     }
     if (st == FLASHPORT_OK && k_blocks > 0) {
-        const cl_mem bufs[11] = {m.q,   m.k,  m.v,  m.lse, m.dout, m.dk,
-                                 m.dv,  delta, m.cu_q, m.cu_k, m.alibi};
+        const cl_mem bufs[11] = {m.q,  m.k,   m.v,    m.lse,  m.dout, m.dk,
+                                 m.dv, delta, m.cu_q, m.cu_k, m.alibi};
         const size_t local[7] = {tt * ld * 4, tt * ld * 4, tt * ld * 4, tt * ld * 4,
                                  tt * tt * 4, tt * tt * 4, 2 * tt * 4};
         st = set_args(cl, ctx->bwd_dkdv[dt], &a, bufs, 11, local, 7);

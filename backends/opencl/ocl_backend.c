@@ -82,8 +82,8 @@ static flashport_status pick_device(const fp_ocl_api *cl, int index, cl_platform
         if (want && *want && !strstr(name, want))
             continue;
         cl_uint n = 0;
-        if (cl->clGetDeviceIDs(plats[p], CL_DEVICE_TYPE_ALL, (cl_uint)(MAX_DEVICES - nd),
-                               devs + nd, &n) != CL_SUCCESS)
+        if (cl->clGetDeviceIDs(plats[p], CL_DEVICE_TYPE_ALL, (cl_uint)(MAX_DEVICES - nd), devs + nd,
+                               &n) != CL_SUCCESS)
             continue;
         for (cl_uint i = 0; i < n && nd < MAX_DEVICES; i++, nd++) {
             cl_device_type t = 0;
@@ -100,11 +100,14 @@ static flashport_status pick_device(const fp_ocl_api *cl, int index, cl_platform
                 *device = devs[i];
                 return FLASHPORT_OK;
             }
+    if (nd == 0 && want && *want)
+        return host_api->set_error(FLASHPORT_ERR_NO_DEVICE,
+                                   "opencl: no device on a platform whose name contains '%s' "
+                                   "(FLASHPORT_OPENCL_PLATFORM); platforms: %s",
+                                   want, seen);
     if (nd == 0)
-        return host_api->set_error(
-            FLASHPORT_ERR_NO_DEVICE, "opencl: no device%s%s%s: platforms %s have none",
-            want && *want ? " on a platform matching FLASHPORT_OPENCL_PLATFORM='" : "",
-            want && *want ? want : "", want && *want ? "'" : "", seen);
+        return host_api->set_error(FLASHPORT_ERR_NO_DEVICE,
+                                   "opencl: no device: platforms %s have none", seen);
     return host_api->set_error(FLASHPORT_ERR_NO_DEVICE,
                                "opencl: no device %d (FLASHPORT_DEVICE): %d device%s on "
                                "platforms %s%s",
@@ -122,9 +125,9 @@ static flashport_status read_device(fp_ocl_ctx *ctx)
         cl->clGetDeviceInfo(ctx->device, CL_DEVICE_PLATFORM, sizeof platform, &platform, NULL),
         "clGetDeviceInfo(CL_DEVICE_PLATFORM)");
     if (st == FLASHPORT_OK)
-        st = fp_ocl_check(cl->clGetDeviceInfo(ctx->device, CL_DEVICE_LOCAL_MEM_SIZE, sizeof local,
-                                              &local, NULL),
-                          "clGetDeviceInfo(CL_DEVICE_LOCAL_MEM_SIZE)");
+        st = fp_ocl_check(
+            cl->clGetDeviceInfo(ctx->device, CL_DEVICE_LOCAL_MEM_SIZE, sizeof local, &local, NULL),
+            "clGetDeviceInfo(CL_DEVICE_LOCAL_MEM_SIZE)");
     if (st != FLASHPORT_OK)
         return st;
     ctx->local_mem = (size_t)local;
@@ -237,8 +240,8 @@ static flashport_status ocl_malloc(void *p, size_t bytes, void **ptr)
     fp_ocl_ctx *ctx = p;
     cl_int err;
     pthread_mutex_lock(&ctx->lock);
-    cl_mem mem = ctx->cl->clCreateBuffer(ctx->context, CL_MEM_READ_WRITE, bytes ? bytes : 1, NULL,
-                                         &err);
+    cl_mem mem =
+        ctx->cl->clCreateBuffer(ctx->context, CL_MEM_READ_WRITE, bytes ? bytes : 1, NULL, &err);
     pthread_mutex_unlock(&ctx->lock);
     flashport_status st = fp_ocl_check(err, "clCreateBuffer");
     if (st != FLASHPORT_OK)
@@ -268,9 +271,8 @@ static flashport_status copy(fp_ocl_ctx *ctx, void *dev, void *host, size_t byte
     cl_mem mem;
     size_t off;
     pthread_mutex_lock(&ctx->lock);
-    flashport_status st = fp_ocl_resolve(ctx, dev, bytes,
-                                         to_device ? "the copy's destination" : "the copy's source",
-                                         &mem, &off);
+    flashport_status st = fp_ocl_resolve(
+        ctx, dev, bytes, to_device ? "the copy's destination" : "the copy's source", &mem, &off);
     cl_command_queue queue = ctx->queue;
     pthread_mutex_unlock(&ctx->lock);
     if (st != FLASHPORT_OK)
@@ -312,13 +314,13 @@ static flashport_status ocl_set_stream(void *p, void *stream)
     cl_device_id device = ctx->own_device;
     flashport_status st = FLASHPORT_OK;
     if (stream) {
-        st = fp_ocl_check(cl->clGetCommandQueueInfo(queue, CL_QUEUE_CONTEXT, sizeof context,
-                                                    &context, NULL),
-                          "flashport_set_stream: clGetCommandQueueInfo(CL_QUEUE_CONTEXT)");
+        st = fp_ocl_check(
+            cl->clGetCommandQueueInfo(queue, CL_QUEUE_CONTEXT, sizeof context, &context, NULL),
+            "flashport_set_stream: clGetCommandQueueInfo(CL_QUEUE_CONTEXT)");
         if (st == FLASHPORT_OK)
-            st = fp_ocl_check(cl->clGetCommandQueueInfo(queue, CL_QUEUE_DEVICE, sizeof device,
-                                                        &device, NULL),
-                              "flashport_set_stream: clGetCommandQueueInfo(CL_QUEUE_DEVICE)");
+            st = fp_ocl_check(
+                cl->clGetCommandQueueInfo(queue, CL_QUEUE_DEVICE, sizeof device, &device, NULL),
+                "flashport_set_stream: clGetCommandQueueInfo(CL_QUEUE_DEVICE)");
         if (st != FLASHPORT_OK)
             return st;
     }
@@ -395,8 +397,8 @@ static flashport_status ocl_event_elapsed_ms(void *p, void *start, void *stop, f
     cl_ulong t0 = 0, t1 = 0;
     cl_int err = CL_SUCCESS;
     if (st == FLASHPORT_OK) {
-        err = ctx->cl->clGetEventProfilingInfo(a->ev, CL_PROFILING_COMMAND_END, sizeof t0, &t0,
-                                               NULL);
+        err =
+            ctx->cl->clGetEventProfilingInfo(a->ev, CL_PROFILING_COMMAND_END, sizeof t0, &t0, NULL);
         if (err == CL_SUCCESS)
             err = ctx->cl->clGetEventProfilingInfo(b->ev, CL_PROFILING_COMMAND_END, sizeof t1, &t1,
                                                    NULL);

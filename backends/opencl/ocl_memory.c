@@ -38,8 +38,8 @@ flashport_status fp_ocl_alloc_add(fp_ocl_ctx *ctx, cl_mem mem, size_t bytes, voi
 {
     const size_t page = (size_t)sysconf(_SC_PAGESIZE);
     const size_t reserved = (bytes + page - 1) / page * page;
-    void *range = mmap(NULL, reserved, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1,
-                       0);
+    void *range =
+        mmap(NULL, reserved, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
     if (range == MAP_FAILED)
         return fp_ocl_host()->set_error(FLASHPORT_ERR_OUT_OF_MEMORY,
                                         "opencl: cannot reserve %zu bytes of address space for "

@@ -30,15 +30,15 @@
 
 #if FP_OCL_DTYPE == 0
 typedef float fp_elem;
-#define FP_LOAD(p, i) ((p)[i])
+#define FP_LOAD(p, i)     ((p)[i])
 #define FP_STORE(p, i, x) ((p)[i] = (x))
 #elif FP_OCL_DTYPE == 1
 typedef half fp_elem;
-#define FP_LOAD(p, i) vload_half((size_t)(i), (p))
+#define FP_LOAD(p, i)     vload_half((size_t)(i), (p))
 #define FP_STORE(p, i, x) vstore_half_rte((x), (size_t)(i), (p))
 #else
 typedef ushort fp_elem;
-#define FP_LOAD(p, i) as_float((uint)(p)[i] << 16)
+#define FP_LOAD(p, i)     as_float((uint)(p)[i] << 16)
 #define FP_STORE(p, i, x) ((p)[i] = fp_ocl_to_bf16(x))
 
 /* core/dtype.h's fp_f32_to_bf16: round to nearest even, NaN stays NaN. */
@@ -58,7 +58,7 @@ typedef struct fp_ocl_seq {
 } fp_ocl_seq;
 
 static inline fp_ocl_seq fp_ocl_seq_of(const fp_ocl_args *a, __global const int *cu_q,
-                                __global const int *cu_k, long b)
+                                       __global const int *cu_k, long b)
 {
     fp_ocl_seq s;
     if (a->varlen) {
@@ -87,15 +87,17 @@ static inline long fp_ocl_lse_at(const fp_ocl_args *a, long b, long h, long toke
 }
 
 /* The backward's delta of (b, h, row i of sequence b): [H, total_q] packed like the LSE. */
-static inline long fp_ocl_delta_at(const fp_ocl_args *a, const fp_ocl_seq *s, long b, long h, long i)
+static inline long fp_ocl_delta_at(const fp_ocl_args *a, const fp_ocl_seq *s, long b, long h,
+                                   long i)
 {
     return a->varlen ? h * a->total_q + s->q_start + i : (b * a->heads + h) * a->nq + i;
 }
 
 /* Rows [r0, r0 + n) of a [seq, dim] slice (row0: element of row 0, dim 0) into t[r * ld + d],
  * zeros in rows n .. rows_max - 1 so partial tiles compute on finite values. */
-static inline void fp_ocl_load_tile(__local float *t, __global const fp_elem *x, long row0, long srow,
-                             long sdim, long r0, int n, int rows_max, int D, int ld)
+static inline void fp_ocl_load_tile(__local float *t, __global const fp_elem *x, long row0,
+                                    long srow, long sdim, long r0, int n, int rows_max, int D,
+                                    int ld)
 {
     for (int e = get_local_id(0); e < rows_max * D; e += FP_OCL_WG) {
         const int r = e / D, d = e - r * D;
@@ -202,11 +204,11 @@ fp_ocl_forward(const fp_ocl_args a, __global const fp_elem *q, __global const fp
 /* P and dS of the tile rows [i0, i0 + rows) x keys [j0, j0 + cols), from the local q, dO, K, V
  * tiles and each row's LSE (srow[r]) and delta (srow[bm + r]). sp may be NULL (dQ needs dS
  * only). dS is d loss / d(q . k): softcap's derivative and the scale are folded in. */
-static inline void fp_ocl_grad_scores(const fp_ocl_args *a, const fp_ocl_seq *s, float slope, long i0,
-                               int rows, long j0, int cols, __local const float *sq,
-                               __local const float *sdo, __local const float *sk,
-                               __local const float *sv, __local const float *srow,
-                               __local float *sp, __local float *sds)
+static inline void fp_ocl_grad_scores(const fp_ocl_args *a, const fp_ocl_seq *s, float slope,
+                                      long i0, int rows, long j0, int cols, __local const float *sq,
+                                      __local const float *sdo, __local const float *sk,
+                                      __local const float *sv, __local const float *srow,
+                                      __local float *sp, __local float *sds)
 {
     const int bm = (int)a->bm, bn = (int)a->bn, D = (int)a->head_dim, ld = (int)a->ld;
     for (int e = get_local_id(0); e < bm * bn; e += FP_OCL_WG) {
@@ -231,26 +233,27 @@ static inline void fp_ocl_grad_scores(const fp_ocl_args *a, const fp_ocl_seq *s,
 /* Loads the query side of a backward tile: q and dO rows and each row's LSE into srow[r]; the
  * rows' delta into srow[bm + r] is the caller's. */
 static inline void fp_ocl_load_query_side(const fp_ocl_args *a, const fp_ocl_seq *s, long b, long h,
-                                   long i0, int rows, __global const fp_elem *q,
-                                   __global const fp_elem *dout, __global const float *lse,
-                                   __local float *sq, __local float *sdo, __local float *srow)
+                                          long i0, int rows, __global const fp_elem *q,
+                                          __global const fp_elem *dout, __global const float *lse,
+                                          __local float *sq, __local float *sdo,
+                                          __local float *srow)
 {
     const int bm = (int)a->bm, D = (int)a->head_dim, ld = (int)a->ld, tid = get_local_id(0);
-    fp_ocl_load_tile(sq, q, fp_ocl_row0(a->q, b, s->q_start, h), a->q.s[1], a->q.s[3], i0, rows,
-                     bm, D, ld);
-    fp_ocl_load_tile(sdo, dout, fp_ocl_row0(a->dout, b, s->q_start, h), a->dout.s[1],
-                     a->dout.s[3], i0, rows, bm, D, ld);
+    fp_ocl_load_tile(sq, q, fp_ocl_row0(a->q, b, s->q_start, h), a->q.s[1], a->q.s[3], i0, rows, bm,
+                     D, ld);
+    fp_ocl_load_tile(sdo, dout, fp_ocl_row0(a->dout, b, s->q_start, h), a->dout.s[1], a->dout.s[3],
+                     i0, rows, bm, D, ld);
     if (tid < bm)
         srow[tid] = tid < rows ? lse[fp_ocl_lse_at(a, b, h, s->q_start + i0 + tid)] : -INFINITY;
 }
 
 __kernel __attribute__((reqd_work_group_size(FP_OCL_WG, 1, 1))) void
 fp_ocl_backward_dq(const fp_ocl_args a, __global const fp_elem *q, __global const fp_elem *k,
-                   __global const fp_elem *v, __global const fp_elem *o,
-                   __global const float *lse, __global const fp_elem *dout, __global fp_elem *dq,
-                   __global float *delta, __global const int *cu_q, __global const int *cu_k,
-                   __global const float *alibi, __local float *sq, __local float *sdo,
-                   __local float *sk, __local float *sv, __local float *sds, __local float *srow)
+                   __global const fp_elem *v, __global const fp_elem *o, __global const float *lse,
+                   __global const fp_elem *dout, __global fp_elem *dq, __global float *delta,
+                   __global const int *cu_q, __global const int *cu_k, __global const float *alibi,
+                   __local float *sq, __local float *sdo, __local float *sk, __local float *sv,
+                   __local float *sds, __local float *srow)
 {
     const int tid = get_local_id(0), bm = (int)a.bm, bn = (int)a.bn, D = (int)a.head_dim;
     const int ld = (int)a.ld;
@@ -329,10 +332,10 @@ fp_ocl_backward_dkdv(const fp_ocl_args a, __global const fp_elem *q, __global co
     const int cols = (int)min((long)bn, s.nk - j0);
     const long group = a.heads / a.kv_heads;
 
-    fp_ocl_load_tile(sk, k, fp_ocl_row0(a.k, b, s.k_start, hk), a.k.s[1], a.k.s[3], j0, cols, bn,
-                     D, ld);
-    fp_ocl_load_tile(sv, v, fp_ocl_row0(a.v, b, s.k_start, hk), a.v.s[1], a.v.s[3], j0, cols, bn,
-                     D, ld);
+    fp_ocl_load_tile(sk, k, fp_ocl_row0(a.k, b, s.k_start, hk), a.k.s[1], a.k.s[3], j0, cols, bn, D,
+                     ld);
+    fp_ocl_load_tile(sv, v, fp_ocl_row0(a.v, b, s.k_start, hk), a.v.s[1], a.v.s[3], j0, cols, bn, D,
+                     ld);
     float acc_k[FP_OCL_ACC], acc_v[FP_OCL_ACC];
     for (int x = 0; x < FP_OCL_ACC; x++) {
         acc_k[x] = 0.0f;
@@ -346,7 +349,7 @@ fp_ocl_backward_dkdv(const fp_ocl_args a, __global const fp_elem *q, __global co
             int64_t lo, hi;
             fp_mask_block_range(i0, i0 + rows, s.nq, s.nk, a.left, a.right, &lo, &hi);
             if (hi <= lo || hi <= j0 || lo >= j0 + cols)
-                continue; /* no row of this query block sees these keys */
+                continue;                 /* no row of this query block sees these keys */
             barrier(CLK_LOCAL_MEM_FENCE); /* the previous block's readers are done */
             fp_ocl_load_query_side(&a, &s, b, h, i0, rows, q, dout, lse, sq, sdo, srow);
             if (tid < bm)

@@ -19,6 +19,13 @@ compare_torch.png (TFLOP/s against N), and prints the markdown last.
 
     python3 bench/compare_torch.py --lib build/lib/libflashport.so --out out/
 
+--backend opencl runs our OpenCL plugin on the same GPU (through its vendor's OpenCL driver)
+instead: its memory is OpenCL buffers, not torch's, so each shape's inputs are copied into
+flashport_malloc buffers (untimed), our outputs copied back into the torch tensors for the
+agreement check, and our timings are flashport_timer's (OpenCL profiling markers on the handle's
+queue: median of --rep ms worth of runs after warm-up) while SDPA's stay do_bench's. --impls
+accepts "math" (SDPA's math backend, which materializes the N x N scores).
+
 A/B runs of our backward: --bwd-env VAR=A,B,... times it once per value of the environment
 variable VAR (read by the library at each call), checks each against SDPA flash, and adds a table
 of the variants; the first value is the one in the main table. --fwd-env VAR=A,B,... does the
@@ -64,8 +71,11 @@ class FpParams(C.Structure):
 class Flashport:
     """The few entry points of include/flashport.h that the benchmark needs."""
 
-    def __init__(self, path):
+    def __init__(self, path, backend="cuda"):
         self.lib = C.CDLL(path)
+        self.backend = backend
+        self.remote = backend != "cuda"  # memory of its own: tensors mirrored (see mirror)
+        self.shadow = {}  # torch data_ptr -> (flashport pointer, bytes)
         L = self.lib
         L.flashport_last_error.restype = C.c_char_p
         L.flashport_version.restype = C.c_char_p
@@ -75,8 +85,65 @@ class Flashport:
         P = C.POINTER(FpTensor)
         L.flashport_attention_forward.argtypes = [C.c_void_p, C.POINTER(FpParams)] + [P] * 5
         L.flashport_attention_backward.argtypes = [C.c_void_p, C.POINTER(FpParams)] + [P] * 9
+        L.flashport_malloc.argtypes = [C.c_void_p, C.c_size_t, C.POINTER(C.c_void_p)]
+        L.flashport_free.argtypes = [C.c_void_p, C.c_void_p]
+        L.flashport_memcpy_to_device.argtypes = [C.c_void_p, C.c_void_p, C.c_void_p, C.c_size_t]
+        L.flashport_memcpy_to_host.argtypes = [C.c_void_p, C.c_void_p, C.c_void_p, C.c_size_t]
+        L.flashport_synchronize.argtypes = [C.c_void_p]
+        L.flashport_timer_create.argtypes = [C.c_void_p, C.POINTER(C.c_void_p)]
+        for f in ("start", "stop"):
+            getattr(L, f"flashport_timer_{f}").argtypes = [C.c_void_p]
+        L.flashport_timer_elapsed_ms.argtypes = [C.c_void_p, C.POINTER(C.c_float)]
+        L.flashport_timer_destroy.argtypes = [C.c_void_p]
         self.be = C.c_void_p()
-        self.check(L.flashport_backend_open(b"cuda", C.byref(self.be)), "open cuda")
+        self.check(L.flashport_backend_open(backend.encode(), C.byref(self.be)),
+                   f"open {backend}")
+
+    def mirror(self, *tensors):
+        """Remote backends: a flashport buffer per tensor, holding a copy of it; descriptors of
+        these tensors then point at the buffers."""
+        for t in tensors:
+            n = t.numel() * t.element_size()
+            ptr = C.c_void_p()
+            self.check(self.lib.flashport_malloc(self.be, n, C.byref(ptr)), "malloc")
+            self.shadow[t.data_ptr()] = (ptr.value, n)
+            h = t.detach().contiguous().cpu()
+            self.check(self.lib.flashport_memcpy_to_device(self.be, ptr, h.data_ptr(), n),
+                       "copy to device")
+
+    def pull(self, *tensors):
+        """Remote backends: the buffers' contents back into their torch tensors."""
+        for t in tensors:
+            ptr, n = self.shadow[t.data_ptr()]
+            h = torch.empty(t.shape, dtype=t.dtype)
+            self.check(self.lib.flashport_memcpy_to_host(self.be, h.data_ptr(), ptr, n),
+                       "copy to host")
+            t.copy_(h)
+
+    def release(self):
+        for ptr, _ in self.shadow.values():
+            self.lib.flashport_free(self.be, ptr)
+        self.shadow = {}
+
+    def bench(self, fn, rep):
+        """Median ms of fn: do_bench for the CUDA backend (torch's stream), flashport_timer
+        (the backend's own events) for remote ones."""
+        if not self.remote:
+            return bench_ms(fn, rep=rep)
+        timer = C.c_void_p()
+        self.check(self.lib.flashport_timer_create(self.be, C.byref(timer)), "timer")
+        times, spent, ms = [], 0.0, C.c_float()
+        for i in range(3):
+            fn()
+        while spent < rep or len(times) < 5:
+            self.lib.flashport_timer_start(timer)
+            fn()
+            self.lib.flashport_timer_stop(timer)
+            self.check(self.lib.flashport_timer_elapsed_ms(timer, C.byref(ms)), "elapsed")
+            times.append(ms.value)
+            spent += ms.value
+        self.lib.flashport_timer_destroy(timer)
+        return sorted(times)[len(times) // 2]
 
     def check(self, status, what):
         if status != 0:
@@ -87,10 +154,9 @@ class Flashport:
         self.check(self.lib.flashport_set_stream(
             self.be, C.c_void_p(torch.cuda.current_stream().cuda_stream)), "set_stream")
 
-    @staticmethod
-    def desc(t):
+    def desc(self, t):
         d = FpTensor()
-        d.data = t.data_ptr()
+        d.data = self.shadow.get(t.data_ptr(), (t.data_ptr(), 0))[0]
         d.dtype = {torch.float16: F16, torch.bfloat16: BF16, torch.float32: F32}[t.dtype]
         d.rank = t.dim()
         for i in range(t.dim()):
@@ -117,7 +183,7 @@ class Flashport:
 
 
 SDPA = {"fa2": SDPBackend.FLASH_ATTENTION, "cudnn": SDPBackend.CUDNN_ATTENTION,
-        "eff": SDPBackend.EFFICIENT_ATTENTION}
+        "eff": SDPBackend.EFFICIENT_ATTENTION, "math": SDPBackend.MATH}
 
 
 def rel_l2(x, ref):
@@ -151,6 +217,8 @@ def run_shape(fp, dtype, D, N, causal, args, bwd_env, fwd_env=None):
     lse = torch.empty(B, H, N, device=dev, dtype=torch.float32)
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
     prm = fp.params(causal)
+    if fp.remote:
+        fp.mirror(q, k, v, do, o, lse, dq, dk, dv)
 
     fwd_flops = 4.0 * B * H * N * N * D / (2.0 if causal else 1.0)
     bwd_flops = 2.5 * fwd_flops
@@ -174,6 +242,8 @@ def run_shape(fp, dtype, D, N, causal, args, bwd_env, fwd_env=None):
         o.fill_(float("nan"))
         fp.forward(prm, q, k, v, o, lse)
         torch.cuda.synchronize()
+        if fp.remote:
+            fp.pull(o, lse)
         outs.append(o.clone())
     if fwd_env:
         os.environ[fwd_env[0]] = fwd_env[1][0]
@@ -186,6 +256,8 @@ def run_shape(fp, dtype, D, N, causal, args, bwd_env, fwd_env=None):
         dv.fill_(float("nan"))
         fp.backward(prm, q, k, v, o, lse, do, dq, dk, dv)
         torch.cuda.synchronize()
+        if fp.remote:
+            fp.pull(dq, dk, dv)
         grads.append((dq.clone(), dk.clone(), dv.clone()))
 
     agree, agree_alt = {}, {}
@@ -231,13 +303,12 @@ def run_shape(fp, dtype, D, N, causal, args, bwd_env, fwd_env=None):
         for n, value in enumerate(fwd_env[1] if fwd_env else [""]):
             if fwd_env:
                 os.environ[fwd_env[0]] = value
-            t[("fwd", n)] = bench_ms(lambda: fp.forward(prm, q, k, v, o, lse),
-                                            rep=args.rep)
+            t[("fwd", n)] = fp.bench(lambda: fp.forward(prm, q, k, v, o, lse), rep=args.rep)
         if fwd_env:
             os.environ[fwd_env[0]] = fwd_env[1][0]
         for n, value in enumerate(bwd_env[1] if bwd_env else [""]):
             set_env(value)
-            t[("bwd", n)] = bench_ms(
+            t[("bwd", n)] = fp.bench(
                 lambda: fp.backward(prm, q, k, v, o, lse, do, dq, dk, dv), rep=args.rep)
         set_env(bwd_env[1][0] if bwd_env else "")
         return t
@@ -261,7 +332,7 @@ def run_shape(fp, dtype, D, N, causal, args, bwd_env, fwd_env=None):
                min(t[key] for t in ours_t))
     if args.det:
         prm_det = fp.params(causal, deterministic=True)
-        record("ours-det", "bwd", bench_ms(
+        record("ours-det", "bwd", fp.bench(
             lambda: fp.backward(prm_det, q, k, v, o, lse, do, dq, dk, dv), rep=args.rep))
     for impl, backend in SDPA.items():
         if impl == "fa2" or impl not in args.impls:
@@ -274,6 +345,7 @@ def run_shape(fp, dtype, D, N, causal, args, bwd_env, fwd_env=None):
             record(impl, "fwd", float("nan"), str(e).splitlines()[0][:80])
             record(impl, "bwd", float("nan"), str(e).splitlines()[0][:80])
             qt.grad = kt.grad = vt.grad = None
+    fp.release()
     tol = 2e-2 if dtype == torch.bfloat16 else 5e-3
     ok = bool(agree) and all(x <= tol for x in agree.values())
     for variant, a in agree_alt.items():
@@ -302,7 +374,9 @@ def main():
     ap.add_argument("--rounds", type=int, default=2,
                     help="SDPA flash and ours alternate this many times; each keeps its best")
     ap.add_argument("--impls", default="fa2,cudnn,eff",
-                    help="SDPA backends to time (fa2, cudnn, eff)")
+                    help="SDPA backends to time (fa2, cudnn, eff, math)")
+    ap.add_argument("--backend", default="cuda",
+                    help="our backend: cuda (torch's tensors and stream) or opencl (mirrored)")
     ap.add_argument("--bwd-env", default="",
                     help="VAR=A,B,...: time our backward once per value of VAR (A/B runs)")
     ap.add_argument("--fwd-env", default="",
@@ -319,8 +393,9 @@ def main():
         fwd_env = (var, values.split(","))
     os.makedirs(args.out, exist_ok=True)
 
-    fp = Flashport(args.lib)
-    fp.use_torch_stream()
+    fp = Flashport(args.lib, args.backend)
+    if not fp.remote:
+        fp.use_torch_stream()
     dev = torch.cuda.get_device_name()
     gemm = gemm_tflops()
     header = (f"GPU {dev}; torch {torch.__version__} (cuDNN {torch.backends.cudnn.version()}); "
@@ -359,7 +434,8 @@ def main():
     def ratio(a, b):
         return a / b if b == b and b > 0 else float("nan")
 
-    lines = [f"# flashport CUDA (sm80 path) vs PyTorch SDPA", "", header, "",
+    title = "CUDA (sm80 path)" if args.backend == "cuda" else args.backend
+    lines = [f"# flashport {title} vs PyTorch SDPA", "", header, "",
              "TFLOP/s fwd / bwd; ratios are ours / theirs (>= 1.00: ours is faster). "
              "Agreement: relative L2 difference of our O, dQ, dK, dV from SDPA flash.", "",
              "| dtype | D | N | B x H | causal | ours | FA2 | cuDNN | mem-eff | ours/FA2 | "
@@ -377,6 +453,17 @@ def main():
                      f"{pair('ours')} | {pair('fa2')} | {pair('cudnn')} | {pair('eff')} | "
                      f"{rpair('fa2')} | {rpair('cudnn')} | {'yes' if ok else 'NO'} "
                      f"({worst:.1e}) |")
+    if "math" in args.impls:
+        lines += ["", "SDPA math (materializes N x N): TFLOP/s fwd / bwd, and ours / math, "
+                  "ours / mem-eff", "",
+                  "| dtype | D | N | causal | ours | math | mem-eff | ours/math | ours/mem-eff |",
+                  "|---|---|---|---|---|---|---|---|---|"]
+        for dname, D, N, B, H, causal, t, agree, ok in table:
+            cells = [f"{t[(i, 'fwd')]:.1f} / {t[(i, 'bwd')]:.1f}" for i in ("ours", "math", "eff")]
+            cells += [f"{ratio(t[('ours', 'fwd')], t[(i, 'fwd')]):.2f} / "
+                      f"{ratio(t[('ours', 'bwd')], t[(i, 'bwd')]):.2f}" for i in ("math", "eff")]
+            lines.append(f"| {dname} | {D} | {N} | {'yes' if causal else 'no'} | "
+                         + " | ".join(cells) + " |")
     for env, direction, name in ((bwd_env, "bwd", "backward"), (fwd_env, "fwd", "forward")):
         if not env:
             continue

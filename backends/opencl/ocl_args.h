@@ -19,8 +19,8 @@
 #define FP_OCL_LONG int64_t
 #endif
 
-/* Work-items of every attention work-group, and the output elements each one accumulates in
- * registers: a tile of R rows of head dim D needs R * D <= FP_OCL_WG * FP_OCL_ACC. */
+/* Work-items of every attention work-group (an 8 x 16 grid), and the most output elements each
+ * one accumulates in registers (kernels/flash.cl: (T / 8) * ceil(D / 16) of them). */
 #define FP_OCL_WG  128
 #define FP_OCL_ACC 32
 
@@ -37,8 +37,6 @@ typedef struct fp_ocl_args {
     FP_OCL_LONG left, right; /* window, -1 = unbounded; causal folded in */
     FP_OCL_LONG total_q;     /* rows of the backward's delta per head */
     FP_OCL_LONG varlen, has_lse, has_alibi;
-    FP_OCL_LONG bm, bn; /* query rows and keys per tile (fp_ocl_tile, ocl_attention.c) */
-    FP_OCL_LONG ld;     /* row pitch of the local tiles: head_dim rounded up to odd */
     float scale, softcap;
 } fp_ocl_args;
 

@@ -69,7 +69,16 @@ typedef struct fp_ocl_alloc {
     cl_mem mem;
 } fp_ocl_alloc;
 
-enum { FP_OCL_DTYPES = 3 }; /* f32, f16, bf16: one program each */
+/* One built program: the kernels for one dtype, head-dim class and tile size (kernels/flash.cl
+ * takes them as compile-time constants). */
+typedef struct fp_ocl_program {
+    flashport_dtype dtype;
+    int64_t head_dim, tile;
+    cl_program program;
+    cl_kernel fwd, bwd_dq, bwd_dkdv;
+} fp_ocl_program;
+
+enum { FP_OCL_MAX_PROGRAMS = 64 };
 
 typedef struct fp_ocl_ctx {
     const fp_ocl_api *cl;
@@ -84,9 +93,10 @@ typedef struct fp_ocl_ctx {
     cl_command_queue queue;
     char platform_name[128], device_name[128];
     size_t local_mem; /* bytes of local memory per work-group */
-    /* Programs of the current context, built on first use per dtype and kept (ocl_attention.c). */
-    cl_program program[FP_OCL_DTYPES];
-    cl_kernel fwd[FP_OCL_DTYPES], bwd_dq[FP_OCL_DTYPES], bwd_dkdv[FP_OCL_DTYPES];
+    /* Programs of the current context, built on first use and kept (ocl_attention.c); when
+     * the cache is full the oldest is released. */
+    fp_ocl_program programs[FP_OCL_MAX_PROGRAMS];
+    int num_programs;
     /* Live allocations, sorted by base. lock guards them, the queue and the programs. */
     pthread_mutex_t lock;
     fp_ocl_alloc *allocs;

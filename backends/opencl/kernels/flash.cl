@@ -93,24 +93,97 @@ static inline long fp_ocl_delta_at(const fp_ocl_args *a, const fp_ocl_seq *s, lo
     return a->varlen ? h * a->total_q + s->q_start + i : (b * a->heads + h) * a->nq + i;
 }
 
-/* Rows [r0, r0 + n) of a [seq, dim] slice (row0: element of row 0, dim 0) into t[r * ld + d],
- * zeros in rows n .. rows_max - 1 so partial tiles compute on finite values. */
+/* Compile-time shape of one program (ocl_attention.c builds one per dtype, head-dim class and
+ * tile): D the head-dim class (16, 32, 64, 96, 128, 192 or 256; the problem's head dim
+ * a.head_dim <= D, the tiles zero-filled beyond it, so dot products over D are exact), T query
+ * rows = keys per tile, LD the row pitch of the local tiles (odd, so work-items reading one
+ * column of different rows hit different banks). The work-group is an
+ * 8 x 16 grid of work-items (ty, tx); tiles are split over it with register micro-tiles:
+ *   score tile [T, T]: rows ty + 8 a (a < SR), keys tx + 16 b (b < SC);
+ *   output tile [T, D]: rows ty + 8 a (a < SR), dims tx + 16 j (j < DPT).
+ * Out-of-range keys and dims are guarded; SR * DPT <= FP_OCL_ACC by the planner's rule. */
+#define D   FP_OCL_D
+#define T   FP_OCL_T
+#define LD  (D | 1)
+#define SR  (T / 8)
+#define SC  ((T + 15) / 16)
+#define DPT ((D + 15) / 16)
+
+/* Rows [r0, r0 + n) of a [seq, dim] slice (row0: element of row 0, dim 0) with hd dims into
+ * t[r * LD + d], zeros in rows n .. T - 1 and dims hd .. D - 1 so partial tiles compute on
+ * finite values and add nothing. */
 static inline void fp_ocl_load_tile(__local float *t, __global const fp_elem *x, long row0,
-                                    long srow, long sdim, long r0, int n, int rows_max, int D,
-                                    int ld)
+                                    long srow, long sdim, long r0, int n, int hd)
 {
-    for (int e = get_local_id(0); e < rows_max * D; e += FP_OCL_WG) {
+    for (int e = get_local_id(0); e < T * D; e += FP_OCL_WG) {
         const int r = e / D, d = e - r * D;
-        t[r * ld + d] = r < n ? FP_LOAD(x, row0 + (r0 + r) * srow + d * sdim) : 0.0f;
+        t[r * LD + d] = r < n && d < hd ? FP_LOAD(x, row0 + (r0 + r) * srow + d * sdim) : 0.0f;
     }
 }
 
-static inline float fp_ocl_dot(__local const float *x, __local const float *y, int D)
+/* acc[a][b] = x[row ty + 8 a] . y[row tx + 16 b] over D, for this work-item's micro-tile. */
+static inline void fp_ocl_tile_dots(__local const float *x, __local const float *y,
+                                    float acc[SR][SC])
 {
-    float acc = 0.0f;
-    for (int d = 0; d < D; d++)
-        acc = fma(x[d], y[d], acc);
-    return acc;
+    const int ty = get_local_id(0) / 16, tx = get_local_id(0) % 16;
+    for (int a = 0; a < SR; a++)
+        for (int b = 0; b < SC; b++)
+            acc[a][b] = 0.0f;
+    for (int d = 0; d < D; d++) {
+        float xa[SR], yb[SC];
+        for (int a = 0; a < SR; a++)
+            xa[a] = x[(ty + 8 * a) * LD + d];
+        for (int b = 0; b < SC; b++)
+            yb[b] = tx + 16 * b < T ? y[(tx + 16 * b) * LD + d] : 0.0f;
+        for (int a = 0; a < SR; a++)
+            for (int b = 0; b < SC; b++)
+                acc[a][b] = fma(xa[a], yb[b], acc[a][b]);
+    }
+}
+
+/* acc[a][j] += sum over n < count of p(row ty + 8 a, n) * y[n * LD + tx + 16 j], where
+ * p(r, n) = pt[r * T + n] (transposed = 0) or pt[n * T + r] (transposed = 1). */
+static inline void fp_ocl_tile_mm(__local const float *pt, int transposed, __local const float *y,
+                                  int count, float acc[SR][DPT])
+{
+    const int ty = get_local_id(0) / 16, tx = get_local_id(0) % 16;
+    for (int n = 0; n < count; n++) {
+        float pa[SR], yj[DPT];
+        for (int a = 0; a < SR; a++)
+            pa[a] = transposed ? pt[n * T + ty + 8 * a] : pt[(ty + 8 * a) * T + n];
+        for (int j = 0; j < DPT; j++)
+            yj[j] = tx + 16 * j < D ? y[n * LD + tx + 16 * j] : 0.0f;
+        for (int a = 0; a < SR; a++)
+            for (int j = 0; j < DPT; j++)
+                acc[a][j] = fma(pa[a], yj[j], acc[a][j]);
+    }
+}
+
+/* Stores rows ty + 8 a < n, dims tx + 16 j < hd of acc * factor(row) to x (row0: element of
+ * tile row 0, dim 0); factor is rowf[r] where rowf is given, else `scale`. */
+static inline void fp_ocl_store_tile(__global fp_elem *x, long row0, long srow, long sdim, int n,
+                                     int hd, float acc[SR][DPT], __local const float *rowf,
+                                     float scale)
+{
+    const int ty = get_local_id(0) / 16, tx = get_local_id(0) % 16;
+    for (int a = 0; a < SR; a++) {
+        const int r = ty + 8 * a;
+        if (r >= n)
+            continue;
+        const float f = rowf ? rowf[r] : scale;
+        for (int j = 0; j < DPT; j++) {
+            const int d = tx + 16 * j;
+            if (d < hd)
+                FP_STORE(x, row0 + r * srow + d * sdim, acc[a][j] * f);
+        }
+    }
+}
+
+static inline void fp_ocl_zero(float acc[SR][DPT])
+{
+    for (int a = 0; a < SR; a++)
+        for (int j = 0; j < DPT; j++)
+            acc[a][j] = 0.0f;
 }
 
 __kernel __attribute__((reqd_work_group_size(FP_OCL_WG, 1, 1))) void
@@ -119,131 +192,127 @@ fp_ocl_forward(const fp_ocl_args a, __global const fp_elem *q, __global const fp
                __global const int *cu_q, __global const int *cu_k, __global const float *alibi,
                __local float *sq, __local float *skv, __local float *ss, __local float *srow)
 {
-    const int tid = get_local_id(0), bm = (int)a.bm, bn = (int)a.bn, D = (int)a.head_dim;
-    const int ld = (int)a.ld;
+    const int tid = get_local_id(0), ty = tid / 16, tx = tid % 16, hd = (int)a.head_dim;
     const long h = get_group_id(1), b = get_group_id(2);
     const fp_ocl_seq s = fp_ocl_seq_of(&a, cu_q, cu_k, b);
-    const long i0 = (long)get_group_id(0) * bm;
+    const long i0 = (long)get_group_id(0) * T;
     if (i0 >= s.nq)
         return;
-    const int rows = (int)min((long)bm, s.nq - i0);
+    const int rows = (int)min((long)T, s.nq - i0);
     const long hk = h / (a.heads / a.kv_heads);
     const float slope = a.has_alibi ? alibi[a.alibi_off + h] : 0.0f;
     const long k0 = fp_ocl_row0(a.k, b, s.k_start, hk), v0 = fp_ocl_row0(a.v, b, s.k_start, hk);
 
-    fp_ocl_load_tile(sq, q, fp_ocl_row0(a.q, b, s.q_start, h), a.q.s[1], a.q.s[3], i0, rows, bm, D,
-                     ld);
-    fp_softmax_state st; /* row tid's, for tid < bm */
+    fp_ocl_load_tile(sq, q, fp_ocl_row0(a.q, b, s.q_start, h), a.q.s[1], a.q.s[3], i0, rows, hd);
+    fp_softmax_state st; /* row tid's, for tid < T */
     fp_softmax_init(&st);
-    float acc[FP_OCL_ACC];
-    for (int x = 0; x < FP_OCL_ACC; x++)
-        acc[x] = 0.0f;
+    float acc[SR][DPT];
+    fp_ocl_zero(acc);
 
     int64_t lo, hi;
     fp_mask_block_range(i0, i0 + rows, s.nq, s.nk, a.left, a.right, &lo, &hi);
-    for (long j0 = lo < hi ? lo / bn * bn : hi; j0 < hi; j0 += bn) {
-        const int cols = (int)min((long)bn, s.nk - j0);
+    for (long j0 = lo < hi ? lo / T * T : hi; j0 < hi; j0 += T) {
+        const int cols = (int)min((long)T, s.nk - j0);
         barrier(CLK_LOCAL_MEM_FENCE); /* the previous block's readers of skv and ss are done */
-        fp_ocl_load_tile(skv, k, k0, a.k.s[1], a.k.s[3], j0, cols, bn, D, ld);
+        fp_ocl_load_tile(skv, k, k0, a.k.s[1], a.k.s[3], j0, cols, hd);
         barrier(CLK_LOCAL_MEM_FENCE);
-        for (int e = tid; e < bm * bn; e += FP_OCL_WG) {
-            const int r = e / bn, c = e - r * bn;
-            const long i = i0 + r, j = j0 + c;
-            float x = -INFINITY;
-            if (r < rows && c < cols && fp_mask_visible(i, j, s.nq, s.nk, a.left, a.right))
-                x = fp_score_transform(fp_ocl_dot(sq + r * ld, skv + c * ld, D) * a.scale,
-                                       a.softcap, slope, fp_alibi_distance(i, j, s.nq, s.nk));
-            ss[e] = x;
-        }
+        float sc[SR][SC];
+        fp_ocl_tile_dots(sq, skv, sc);
+        for (int x = 0; x < SR; x++)
+            for (int y = 0; y < SC; y++) {
+                const int r = ty + 8 * x, c = tx + 16 * y;
+                const long i = i0 + r, j = j0 + c;
+                if (c >= T)
+                    continue;
+                float z = -INFINITY;
+                if (r < rows && c < cols && fp_mask_visible(i, j, s.nq, s.nk, a.left, a.right))
+                    z = fp_score_transform(sc[x][y] * a.scale, a.softcap, slope,
+                                           fp_alibi_distance(i, j, s.nq, s.nk));
+                ss[r * T + c] = z;
+            }
         barrier(CLK_LOCAL_MEM_FENCE);
-        if (tid < bm) {
+        if (tid < T) {
             float mx = -INFINITY;
             for (int c = 0; c < cols; c++)
-                mx = fmax(mx, ss[tid * bn + c]);
+                mx = fmax(mx, ss[tid * T + c]);
             srow[tid] = fp_softmax_update(&st, mx);
             float sum = 0.0f;
-            for (int c = 0; c < bn; c++) {
-                const float p = c < cols ? fp_softmax_weight(&st, ss[tid * bn + c]) : 0.0f;
-                ss[tid * bn + c] = p;
+            for (int c = 0; c < T; c++) {
+                const float p = c < cols ? fp_softmax_weight(&st, ss[tid * T + c]) : 0.0f;
+                ss[tid * T + c] = p;
                 sum += p;
             }
             st.l += sum;
         }
         barrier(CLK_LOCAL_MEM_FENCE); /* P and alpha written; every reader of K is done */
-        fp_ocl_load_tile(skv, v, v0, a.v.s[1], a.v.s[3], j0, cols, bn, D, ld);
+        fp_ocl_load_tile(skv, v, v0, a.v.s[1], a.v.s[3], j0, cols, hd);
         barrier(CLK_LOCAL_MEM_FENCE);
-        for (int x = 0; x < FP_OCL_ACC; x++) {
-            const int e = tid + x * FP_OCL_WG;
-            if (e < bm * D) {
-                const int r = e / D, d = e - r * D;
-                float y = acc[x] * srow[r];
-                for (int c = 0; c < cols; c++)
-                    y = fma(ss[r * bn + c], skv[c * ld + d], y);
-                acc[x] = y;
-            }
-        }
+        for (int x = 0; x < SR; x++)
+            for (int y = 0; y < DPT; y++)
+                acc[x][y] *= srow[ty + 8 * x];
+        fp_ocl_tile_mm(ss, 0, skv, cols, acc);
     }
 
     barrier(CLK_LOCAL_MEM_FENCE); /* the last block's readers of srow are done */
-    if (tid < bm) {
+    if (tid < T) {
         srow[tid] = fp_softmax_out_scale(&st);
         if (a.has_lse && tid < rows)
             lse[fp_ocl_lse_at(&a, b, h, s.q_start + i0 + tid)] = fp_softmax_lse(&st);
     }
     barrier(CLK_LOCAL_MEM_FENCE);
-    const long o0 = fp_ocl_row0(a.o, b, s.q_start, h);
-    for (int x = 0; x < FP_OCL_ACC; x++) {
-        const int e = tid + x * FP_OCL_WG;
-        if (e < rows * D) {
-            const int r = e / D, d = e - r * D;
-            FP_STORE(o, o0 + (i0 + r) * a.o.s[1] + d * a.o.s[3], acc[x] * srow[r]);
-        }
-    }
+    fp_ocl_store_tile(o, fp_ocl_row0(a.o, b, s.q_start + i0, h), a.o.s[1], a.o.s[3], rows, hd, acc,
+                      srow, 1.0f);
 }
 
 /* P and dS of the tile rows [i0, i0 + rows) x keys [j0, j0 + cols), from the local q, dO, K, V
- * tiles and each row's LSE (srow[r]) and delta (srow[bm + r]). sp may be NULL (dQ needs dS
- * only). dS is d loss / d(q . k): softcap's derivative and the scale are folded in. */
+ * tiles and each row's LSE (srow[r]) and delta (srow[T + r]), into sp and sds ([T, T]; sp may be
+ * NULL: dQ needs dS only). dS is d loss / d(q . k): softcap's derivative and the scale are
+ * folded in. */
 static inline void fp_ocl_grad_scores(const fp_ocl_args *a, const fp_ocl_seq *s, float slope,
                                       long i0, int rows, long j0, int cols, __local const float *sq,
                                       __local const float *sdo, __local const float *sk,
                                       __local const float *sv, __local const float *srow,
                                       __local float *sp, __local float *sds)
 {
-    const int bm = (int)a->bm, bn = (int)a->bn, D = (int)a->head_dim, ld = (int)a->ld;
-    for (int e = get_local_id(0); e < bm * bn; e += FP_OCL_WG) {
-        const int r = e / bn, c = e - r * bn;
-        const long i = i0 + r, j = j0 + c;
-        float p = 0.0f, ds = 0.0f;
-        if (r < rows && c < cols && srow[r] > -INFINITY &&
-            fp_mask_visible(i, j, s->nq, s->nk, a->left, a->right)) {
-            const float raw = fp_ocl_dot(sq + r * ld, sk + c * ld, D) * a->scale;
-            const float capped = fp_score_transform(raw, a->softcap, 0.0f, 0.0f);
-            const float score = capped - slope * fp_alibi_distance(i, j, s->nq, s->nk);
-            p = exp(score - srow[r]);
-            const float dp = fp_ocl_dot(sdo + r * ld, sv + c * ld, D);
-            ds = p * (dp - srow[bm + r]) * fp_softcap_grad(capped, a->softcap) * a->scale;
+    const int ty = get_local_id(0) / 16, tx = get_local_id(0) % 16;
+    float qk[SR][SC], dov[SR][SC];
+    fp_ocl_tile_dots(sq, sk, qk);
+    fp_ocl_tile_dots(sdo, sv, dov);
+    for (int x = 0; x < SR; x++)
+        for (int y = 0; y < SC; y++) {
+            const int r = ty + 8 * x, c = tx + 16 * y;
+            const long i = i0 + r, j = j0 + c;
+            if (c >= T)
+                continue;
+            float p = 0.0f, ds = 0.0f;
+            if (r < rows && c < cols && srow[r] > -INFINITY &&
+                fp_mask_visible(i, j, s->nq, s->nk, a->left, a->right)) {
+                const float capped =
+                    fp_score_transform(qk[x][y] * a->scale, a->softcap, 0.0f, 0.0f);
+                const float score = capped - slope * fp_alibi_distance(i, j, s->nq, s->nk);
+                p = exp(score - srow[r]);
+                ds = p * (dov[x][y] - srow[T + r]) * fp_softcap_grad(capped, a->softcap) * a->scale;
+            }
+            if (sp)
+                sp[r * T + c] = p;
+            sds[r * T + c] = ds;
         }
-        if (sp)
-            sp[e] = p;
-        sds[e] = ds;
-    }
 }
 
 /* Loads the query side of a backward tile: q and dO rows and each row's LSE into srow[r]; the
- * rows' delta into srow[bm + r] is the caller's. */
+ * rows' delta into srow[T + r] is the caller's. */
 static inline void fp_ocl_load_query_side(const fp_ocl_args *a, const fp_ocl_seq *s, long b, long h,
                                           long i0, int rows, __global const fp_elem *q,
                                           __global const fp_elem *dout, __global const float *lse,
                                           __local float *sq, __local float *sdo,
                                           __local float *srow)
 {
-    const int bm = (int)a->bm, D = (int)a->head_dim, ld = (int)a->ld, tid = get_local_id(0);
-    fp_ocl_load_tile(sq, q, fp_ocl_row0(a->q, b, s->q_start, h), a->q.s[1], a->q.s[3], i0, rows, bm,
-                     D, ld);
+    const int tid = get_local_id(0), hd = (int)a->head_dim;
+    fp_ocl_load_tile(sq, q, fp_ocl_row0(a->q, b, s->q_start, h), a->q.s[1], a->q.s[3], i0, rows,
+                     hd);
     fp_ocl_load_tile(sdo, dout, fp_ocl_row0(a->dout, b, s->q_start, h), a->dout.s[1], a->dout.s[3],
-                     i0, rows, bm, D, ld);
-    if (tid < bm)
+                     i0, rows, hd);
+    if (tid < T)
         srow[tid] = tid < rows ? lse[fp_ocl_lse_at(a, b, h, s->q_start + i0 + tid)] : -INFINITY;
 }
 
@@ -255,14 +324,13 @@ fp_ocl_backward_dq(const fp_ocl_args a, __global const fp_elem *q, __global cons
                    __local float *sq, __local float *sdo, __local float *sk, __local float *sv,
                    __local float *sds, __local float *srow)
 {
-    const int tid = get_local_id(0), bm = (int)a.bm, bn = (int)a.bn, D = (int)a.head_dim;
-    const int ld = (int)a.ld;
+    const int tid = get_local_id(0), hd = (int)a.head_dim;
     const long h = get_group_id(1), b = get_group_id(2);
     const fp_ocl_seq s = fp_ocl_seq_of(&a, cu_q, cu_k, b);
-    const long i0 = (long)get_group_id(0) * bm;
+    const long i0 = (long)get_group_id(0) * T;
     if (i0 >= s.nq)
         return;
-    const int rows = (int)min((long)bm, s.nq - i0);
+    const int rows = (int)min((long)T, s.nq - i0);
     const long hk = h / (a.heads / a.kv_heads);
     const float slope = a.has_alibi ? alibi[a.alibi_off + h] : 0.0f;
     const long k0 = fp_ocl_row0(a.k, b, s.k_start, hk), v0 = fp_ocl_row0(a.v, b, s.k_start, hk);
@@ -272,45 +340,28 @@ fp_ocl_backward_dq(const fp_ocl_args a, __global const fp_elem *q, __global cons
     if (tid < rows) {
         const long o0 = fp_ocl_row0(a.o, b, s.q_start + i0 + tid, h);
         float dl = 0.0f;
-        for (int d = 0; d < D; d++)
-            dl = fma(sdo[tid * ld + d], FP_LOAD(o, o0 + d * a.o.s[3]), dl);
-        srow[bm + tid] = dl;
+        for (int d = 0; d < hd; d++)
+            dl = fma(sdo[tid * LD + d], FP_LOAD(o, o0 + d * a.o.s[3]), dl);
+        srow[T + tid] = dl;
         delta[fp_ocl_delta_at(&a, &s, b, h, i0 + tid)] = dl;
     }
-    float acc[FP_OCL_ACC];
-    for (int x = 0; x < FP_OCL_ACC; x++)
-        acc[x] = 0.0f;
+    float acc[SR][DPT];
+    fp_ocl_zero(acc);
 
     int64_t lo, hi;
     fp_mask_block_range(i0, i0 + rows, s.nq, s.nk, a.left, a.right, &lo, &hi);
-    for (long j0 = lo < hi ? lo / bn * bn : hi; j0 < hi; j0 += bn) {
-        const int cols = (int)min((long)bn, s.nk - j0);
+    for (long j0 = lo < hi ? lo / T * T : hi; j0 < hi; j0 += T) {
+        const int cols = (int)min((long)T, s.nk - j0);
         barrier(CLK_LOCAL_MEM_FENCE);
-        fp_ocl_load_tile(sk, k, k0, a.k.s[1], a.k.s[3], j0, cols, bn, D, ld);
-        fp_ocl_load_tile(sv, v, v0, a.v.s[1], a.v.s[3], j0, cols, bn, D, ld);
+        fp_ocl_load_tile(sk, k, k0, a.k.s[1], a.k.s[3], j0, cols, hd);
+        fp_ocl_load_tile(sv, v, v0, a.v.s[1], a.v.s[3], j0, cols, hd);
         barrier(CLK_LOCAL_MEM_FENCE);
         fp_ocl_grad_scores(&a, &s, slope, i0, rows, j0, cols, sq, sdo, sk, sv, srow, 0, sds);
         barrier(CLK_LOCAL_MEM_FENCE);
-        for (int x = 0; x < FP_OCL_ACC; x++) {
-            const int e = tid + x * FP_OCL_WG;
-            if (e < bm * D) {
-                const int r = e / D, d = e - r * D;
-                float y = acc[x];
-                for (int c = 0; c < cols; c++)
-                    y = fma(sds[r * bn + c], sk[c * ld + d], y);
-                acc[x] = y;
-            }
-        }
+        fp_ocl_tile_mm(sds, 0, sk, cols, acc);
     }
-
-    const long q0 = fp_ocl_row0(a.dq, b, s.q_start, h);
-    for (int x = 0; x < FP_OCL_ACC; x++) {
-        const int e = tid + x * FP_OCL_WG;
-        if (e < rows * D) {
-            const int r = e / D, d = e - r * D;
-            FP_STORE(dq, q0 + (i0 + r) * a.dq.s[1] + d * a.dq.s[3], acc[x]);
-        }
-    }
+    fp_ocl_store_tile(dq, fp_ocl_row0(a.dq, b, s.q_start + i0, h), a.dq.s[1], a.dq.s[3], rows, hd,
+                      acc, 0, 1.0f);
 }
 
 __kernel __attribute__((reqd_work_group_size(FP_OCL_WG, 1, 1))) void
@@ -322,64 +373,42 @@ fp_ocl_backward_dkdv(const fp_ocl_args a, __global const fp_elem *q, __global co
                      __local float *sdo, __local float *sk, __local float *sv, __local float *sp,
                      __local float *sds, __local float *srow)
 {
-    const int tid = get_local_id(0), bm = (int)a.bm, bn = (int)a.bn, D = (int)a.head_dim;
-    const int ld = (int)a.ld;
+    const int tid = get_local_id(0), hd = (int)a.head_dim;
     const long hk = get_group_id(1), b = get_group_id(2);
     const fp_ocl_seq s = fp_ocl_seq_of(&a, cu_q, cu_k, b);
-    const long j0 = (long)get_group_id(0) * bn;
+    const long j0 = (long)get_group_id(0) * T;
     if (j0 >= s.nk)
         return;
-    const int cols = (int)min((long)bn, s.nk - j0);
+    const int cols = (int)min((long)T, s.nk - j0);
     const long group = a.heads / a.kv_heads;
 
-    fp_ocl_load_tile(sk, k, fp_ocl_row0(a.k, b, s.k_start, hk), a.k.s[1], a.k.s[3], j0, cols, bn, D,
-                     ld);
-    fp_ocl_load_tile(sv, v, fp_ocl_row0(a.v, b, s.k_start, hk), a.v.s[1], a.v.s[3], j0, cols, bn, D,
-                     ld);
-    float acc_k[FP_OCL_ACC], acc_v[FP_OCL_ACC];
-    for (int x = 0; x < FP_OCL_ACC; x++) {
-        acc_k[x] = 0.0f;
-        acc_v[x] = 0.0f;
-    }
+    fp_ocl_load_tile(sk, k, fp_ocl_row0(a.k, b, s.k_start, hk), a.k.s[1], a.k.s[3], j0, cols, hd);
+    fp_ocl_load_tile(sv, v, fp_ocl_row0(a.v, b, s.k_start, hk), a.v.s[1], a.v.s[3], j0, cols, hd);
+    float acc_k[SR][DPT], acc_v[SR][DPT]; /* rows: keys of the block */
+    fp_ocl_zero(acc_k);
+    fp_ocl_zero(acc_v);
 
     for (long h = hk * group; h < (hk + 1) * group; h++) {
         const float slope = a.has_alibi ? alibi[a.alibi_off + h] : 0.0f;
-        for (long i0 = 0; i0 < s.nq; i0 += bm) {
-            const int rows = (int)min((long)bm, s.nq - i0);
+        for (long i0 = 0; i0 < s.nq; i0 += T) {
+            const int rows = (int)min((long)T, s.nq - i0);
             int64_t lo, hi;
             fp_mask_block_range(i0, i0 + rows, s.nq, s.nk, a.left, a.right, &lo, &hi);
             if (hi <= lo || hi <= j0 || lo >= j0 + cols)
                 continue;                 /* no row of this query block sees these keys */
             barrier(CLK_LOCAL_MEM_FENCE); /* the previous block's readers are done */
             fp_ocl_load_query_side(&a, &s, b, h, i0, rows, q, dout, lse, sq, sdo, srow);
-            if (tid < bm)
-                srow[bm + tid] = tid < rows ? delta[fp_ocl_delta_at(&a, &s, b, h, i0 + tid)] : 0.0f;
+            if (tid < T)
+                srow[T + tid] = tid < rows ? delta[fp_ocl_delta_at(&a, &s, b, h, i0 + tid)] : 0.0f;
             barrier(CLK_LOCAL_MEM_FENCE);
             fp_ocl_grad_scores(&a, &s, slope, i0, rows, j0, cols, sq, sdo, sk, sv, srow, sp, sds);
             barrier(CLK_LOCAL_MEM_FENCE);
-            for (int x = 0; x < FP_OCL_ACC; x++) {
-                const int e = tid + x * FP_OCL_WG;
-                if (e < bn * D) {
-                    const int c = e / D, d = e - c * D;
-                    float yk = acc_k[x], yv = acc_v[x];
-                    for (int r = 0; r < rows; r++) {
-                        yv = fma(sp[r * bn + c], sdo[r * ld + d], yv);
-                        yk = fma(sds[r * bn + c], sq[r * ld + d], yk);
-                    }
-                    acc_k[x] = yk;
-                    acc_v[x] = yv;
-                }
-            }
+            fp_ocl_tile_mm(sp, 1, sdo, rows, acc_v);
+            fp_ocl_tile_mm(sds, 1, sq, rows, acc_k);
         }
     }
-
-    const long dk0 = fp_ocl_row0(a.dk, b, s.k_start, hk), dv0 = fp_ocl_row0(a.dv, b, s.k_start, hk);
-    for (int x = 0; x < FP_OCL_ACC; x++) {
-        const int e = tid + x * FP_OCL_WG;
-        if (e < cols * D) {
-            const int c = e / D, d = e - c * D;
-            FP_STORE(dk, dk0 + (j0 + c) * a.dk.s[1] + d * a.dk.s[3], acc_k[x]);
-            FP_STORE(dv, dv0 + (j0 + c) * a.dv.s[1] + d * a.dv.s[3], acc_v[x]);
-        }
-    }
+    fp_ocl_store_tile(dk, fp_ocl_row0(a.dk, b, s.k_start + j0, hk), a.dk.s[1], a.dk.s[3], cols, hd,
+                      acc_k, 0, 1.0f);
+    fp_ocl_store_tile(dv, fp_ocl_row0(a.dv, b, s.k_start + j0, hk), a.dv.s[1], a.dv.s[3], cols, hd,
+                      acc_v, 0, 1.0f);
 }

@@ -1,7 +1,7 @@
 /*
  * The OpenCL backend's attention: the program (kernels/flash.cl after core/'s headers, embedded
- * at build time) built once per context and dtype and kept in the handle, the tile plan, and the
- * launches of the forward and of the two backward kernels.
+ * at build time) built once per (dtype, head-dim class, tile) in the handle's context and kept in
+ * the handle, the tile plan, and the launches of the forward and of the two backward kernels.
  *
  * Kernel variants: one, the plain path (local-memory tiles, f32 arithmetic), on every device. No
  * subgroup or matrix-extension variant exists yet; FLASHPORT_LOG lists the device's extensions

@@ -16,12 +16,15 @@
  *
  * Target: any OpenCL 1.2 device (the plain path): f32 arithmetic, storage f32, f16 (vload_half /
  * vstore_half_rte, so cl_khr_fp16 is not needed) or bf16 (ushort bits), chosen at program build
- * time by FP_OCL_DTYPE (0, 1, 2). Work-groups of FP_OCL_WG work-items; each owns FP_OCL_ACC
- * output elements in registers; local tiles have an odd row pitch (ld) so work-items reading down
- * a column hit different banks.
+ * time by FP_OCL_DTYPE (0, 1, 2), with the head-dim class FP_OCL_D and the tile FP_OCL_T. A
+ * work-group is FP_OCL_WG = 128 work-items; each owns register micro-tiles of the score and
+ * output tiles (see D, T, SR, SC, DPT below).
  *
- * Configuration (fp_ocl_tile in ocl_attention.c picks t = bm = bn per head dim and local memory):
- *   t = the largest of 64, 32, 16, 8 with t * D <= FP_OCL_WG * FP_OCL_ACC whose local tiles fit.
+ * Configuration (fp_ocl_tile in ocl_attention.c; T = query rows = keys per tile):
+ *   T = the largest of 64, 32, 16, 8 with (T / 8) * ceil(D / 16) <= FP_OCL_ACC (32) whose local
+ *   tiles fit the device's local memory. PoCL: 64 (D <= 64), 32 (D <= 128), 16 (D <= 256);
+ *   a 48 KiB device: forward 64 (D <= 32), 32 (D <= 128), 16; backward 32 (D <= 64), 16
+ *   (D <= 128), 8.
  *
  * Known differences from the reference: f32 accumulation (the reference uses double); P is not
  * rounded to the storage type before P V; the dtype rounding of f16 / bf16 outputs is

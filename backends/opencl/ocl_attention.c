@@ -11,6 +11,7 @@
 
 #include "backends/opencl/ocl_args.h"
 #include "backends/opencl/ocl_host.h"
+#include "backends/opencl/ocl_plan.h"
 
 #include <stdio.h>
 #include <string.h>
@@ -21,48 +22,6 @@
 extern const char fp_ocl_program_source[];
 
 static const char *const dtype_names[3] = {"f32", "f16", "bf16"};
-
-enum { KIND_FORWARD, KIND_BACKWARD };
-
-/* Local memory of one work-group with t x t tiles of head dim D (row pitch ld), per kernel. */
-static size_t tile_local_bytes(int kind, int64_t t, int64_t ld)
-{
-    if (kind == KIND_FORWARD) /* q, k|v, scores, row factors */
-        return (size_t)((2 * t * ld + t * t + t) * 4);
-    /* dK/dV, the larger of the two: q, dO, k, v, P, dS, LSE and delta */
-    return (size_t)((4 * t * ld + 2 * t * t + 2 * t) * 4);
-}
-
-/* The head-dim class a program is built for: the problem's head dim rounded up to one of a few
- * sizes, so a handful of programs serve every D in 1..256 (each build costs seconds on PoCL). */
-static int64_t dim_class(int64_t d)
-{
-    static const int64_t classes[] = {16, 32, 64, 96, 128, 192, 256};
-    for (size_t i = 0; i < sizeof classes / sizeof classes[0]; i++)
-        if (d <= classes[i])
-            return classes[i];
-    return 0;
-}
-
-/* Row pitch of the local tiles: odd, so work-items reading one column of different rows hit
- * different banks. */
-static int64_t tile_ld(int64_t d)
-{
-    return d | 1;
-}
-
-/* The tile size t (= query rows = keys per tile) for head dim d on a device with `local` bytes
- * of local memory per work-group: the largest of 64, 32, 16, 8 whose output micro-tile fits a
- * work-item's registers ((t / 8) * ceil(d / 16) <= FP_OCL_ACC, kernels/flash.cl) and whose
- * tiles fit local memory; 0 when none does. */
-static int64_t fp_ocl_tile(int kind, int64_t d, size_t local)
-{
-    for (int64_t t = 64; t >= 8; t /= 2)
-        if ((t / 8) * ((d + 15) / 16) <= FP_OCL_ACC &&
-            tile_local_bytes(kind, t, tile_ld(d)) <= local)
-            return t;
-    return 0;
-}
 
 static double now_ms(void)
 {
@@ -295,7 +254,7 @@ static flashport_status set_args(const fp_ocl_api *cl, cl_kernel k, const fp_ocl
 /* The tile size of a call, or the error for a head dim no tile fits (lock held). */
 static flashport_status plan(const fp_ocl_ctx *ctx, const fp_problem *p, int kind, int64_t *t)
 {
-    *t = fp_ocl_tile(kind, dim_class(p->head_dim), ctx->local_mem);
+    *t = fp_ocl_tile(kind, fp_ocl_dim_class(p->head_dim), ctx->local_mem);
     if (*t == 0)
         return fp_ocl_host()->set_error(FLASHPORT_ERR_UNSUPPORTED_HEAD_DIM,
                                         "opencl: head dim %lld needs more local memory than "
@@ -310,7 +269,7 @@ static void log_call(const fp_ocl_ctx *ctx, const fp_problem *p, const char *dir
         fp_ocl_host()->log("opencl: %s %s D=%lld on '%s': plain kernels (no subgroup variant), "
                            "head-dim class %lld, tiles %lldx%lld, %d work-items",
                            dir, dtype_names[dtype_index(p->dtype)], (long long)p->head_dim,
-                           ctx->device_name, (long long)dim_class(p->head_dim), (long long)t,
+                           ctx->device_name, (long long)fp_ocl_dim_class(p->head_dim), (long long)t,
                            (long long)t, FP_OCL_WG);
 }
 
@@ -322,16 +281,16 @@ flashport_status fp_ocl_forward(fp_ocl_ctx *ctx, const fp_problem *p)
     bound m;
     const fp_ocl_program *pr = NULL;
     pthread_mutex_lock(&ctx->lock);
-    flashport_status st = plan(ctx, p, KIND_FORWARD, &t);
+    flashport_status st = plan(ctx, p, FP_OCL_FORWARD, &t);
     if (st == FLASHPORT_OK)
         st = bind_problem(ctx, p, 0, &a, &m);
     if (st == FLASHPORT_OK)
-        st = get_program(ctx, p->dtype, dim_class(p->head_dim), t, &pr);
+        st = get_program(ctx, p->dtype, fp_ocl_dim_class(p->head_dim), t, &pr);
     const size_t blocks = (size_t)((p->seqlen_q + t - 1) / (t ? t : 1));
     if (st == FLASHPORT_OK && blocks > 0 && p->heads > 0 && p->batch > 0) {
         log_call(ctx, p, "forward", t);
         const cl_mem bufs[8] = {m.q, m.k, m.v, m.o, m.lse, m.cu_q, m.cu_k, m.alibi};
-        const size_t ld = (size_t)tile_ld(dim_class(p->head_dim)), tt = (size_t)t;
+        const size_t ld = (size_t)fp_ocl_tile_ld(fp_ocl_dim_class(p->head_dim)), tt = (size_t)t;
         const size_t local[4] = {tt * ld * 4, tt * ld * 4, tt * tt * 4, tt * 4};
         st = set_args(cl, pr->fwd, &a, bufs, 8, local, 4);
         const size_t global[3] = {blocks * FP_OCL_WG, (size_t)p->heads, (size_t)p->batch};
@@ -355,11 +314,11 @@ flashport_status fp_ocl_backward(fp_ocl_ctx *ctx, const fp_problem *p)
     cl_mem delta = NULL;
     cl_event dq_done = NULL;
     pthread_mutex_lock(&ctx->lock);
-    flashport_status st = plan(ctx, p, KIND_BACKWARD, &t);
+    flashport_status st = plan(ctx, p, FP_OCL_BACKWARD, &t);
     if (st == FLASHPORT_OK)
         st = bind_problem(ctx, p, 1, &a, &m);
     if (st == FLASHPORT_OK)
-        st = get_program(ctx, p->dtype, dim_class(p->head_dim), t, &pr);
+        st = get_program(ctx, p->dtype, fp_ocl_dim_class(p->head_dim), t, &pr);
     if (st == FLASHPORT_OK && (p->batch == 0 || p->heads == 0)) {
         pthread_mutex_unlock(&ctx->lock);
         return FLASHPORT_OK;
@@ -374,7 +333,7 @@ flashport_status fp_ocl_backward(fp_ocl_ctx *ctx, const fp_problem *p)
     }
     if (st == FLASHPORT_OK)
         log_call(ctx, p, "backward", t);
-    const size_t ld = (size_t)tile_ld(dim_class(p->head_dim)), tt = (size_t)t,
+    const size_t ld = (size_t)fp_ocl_tile_ld(fp_ocl_dim_class(p->head_dim)), tt = (size_t)t,
                  wg[3] = {FP_OCL_WG, 1, 1};
     const size_t q_blocks = (size_t)((p->seqlen_q + t - 1) / (t ? t : 1));
     const size_t k_blocks = (size_t)((p->seqlen_k + t - 1) / (t ? t : 1));

@@ -1,5 +1,7 @@
 /*
- * The OpenCL backend's host side, on whatever OpenCL device the machine has (PoCL in CI):
+ * The OpenCL backend's tile planner (backends/opencl/ocl_plan.h, pure: runs without a device)
+ * against the table in docs/opencl.md, then its host side on whatever OpenCL device the machine
+ * has (PoCL in CI):
  *   - device choice: FLASHPORT_OPENCL_PLATFORM matching nothing and an index out of range are
  *     FLASHPORT_ERR_NO_DEVICE with the reason;
  *   - pointers: arithmetic inside an allocation works; a pointer that is not inside one of the
@@ -9,11 +11,12 @@
  *     no allocations, gives the same bits as the handle's own queue, and is refused while it
  *     holds some;
  *   - flashport_timer on OpenCL markers gives a positive time.
- * Exit 77 (skipped) when the machine has no OpenCL device.
+ * Exit 77 (skipped) when the machine has no OpenCL device and the planner checks passed.
  */
 #define _POSIX_C_SOURCE          200809L /* setenv */
 #define CL_TARGET_OPENCL_VERSION 120
 
+#include "backends/opencl/ocl_plan.h"
 #include "tests/test_util.h"
 
 #include <CL/cl.h>
@@ -60,6 +63,32 @@ static flashport_status forward(flashport_backend *be, float *o_host)
             flashport_free(be, all[i]);
     free(x);
     return s;
+}
+
+/* docs/opencl.md's tile table: PoCL (1 MiB of local memory) and a 48 KiB device (NVIDIA). */
+static void check_plan(void)
+{
+    static const struct {
+        int64_t d, cls, pocl_fwd, pocl_bwd, kib48_fwd, kib48_bwd;
+    } want[] = {
+        {1, 16, 64, 64, 64, 32},   {16, 16, 64, 64, 64, 32},   {24, 32, 64, 64, 64, 32},
+        {40, 64, 64, 64, 32, 32},  {64, 64, 64, 64, 32, 32},   {72, 96, 32, 32, 32, 16},
+        {96, 96, 32, 32, 32, 16},  {128, 128, 32, 32, 32, 16}, {160, 192, 16, 16, 16, 8},
+        {192, 192, 16, 16, 16, 8}, {200, 256, 16, 16, 16, 8},  {256, 256, 16, 16, 16, 8},
+    };
+    for (size_t i = 0; i < sizeof want / sizeof want[0]; i++) {
+        const int64_t c = fp_ocl_dim_class(want[i].d);
+        const int64_t got[4] = {
+            fp_ocl_tile(FP_OCL_FORWARD, c, 1 << 20), fp_ocl_tile(FP_OCL_BACKWARD, c, 1 << 20),
+            fp_ocl_tile(FP_OCL_FORWARD, c, 48 << 10), fp_ocl_tile(FP_OCL_BACKWARD, c, 48 << 10)};
+        CHECK_MSG(c == want[i].cls && got[0] == want[i].pocl_fwd && got[1] == want[i].pocl_bwd &&
+                      got[2] == want[i].kib48_fwd && got[3] == want[i].kib48_bwd,
+                  "D %lld: class %lld, tiles %lld %lld %lld %lld", (long long)want[i].d,
+                  (long long)c, (long long)got[0], (long long)got[1], (long long)got[2],
+                  (long long)got[3]);
+    }
+    CHECK(fp_ocl_dim_class(257) == 0);
+    CHECK(fp_ocl_tile(FP_OCL_BACKWARD, 256, 16 << 10) == 0); /* does not fit: unsupported */
 }
 
 static void check_device_choice(void)
@@ -160,11 +189,12 @@ static void check_caller_queue(void)
 
 int main(void)
 {
+    check_plan();
     flashport_backend *be = NULL;
     flashport_status s = flashport_backend_open_device("opencl", 0, &be);
     if (s == FLASHPORT_ERR_NO_DEVICE || s == FLASHPORT_ERR_BACKEND_UNAVAILABLE) {
         printf("SKIP: %s: %s\n", flashport_status_string(s), flashport_last_error());
-        return TU_SKIP;
+        return tu_failures ? 1 : TU_SKIP;
     }
     if (!CHECK_MSG(s == FLASHPORT_OK, "open: %s", flashport_last_error()))
         return 1;

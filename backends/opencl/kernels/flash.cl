@@ -20,7 +20,7 @@
  * work-group is FP_OCL_WG = 128 work-items; each owns register micro-tiles of the score and
  * output tiles (see D, T, SR, SC, DPT below).
  *
- * Configuration (fp_ocl_tile in ocl_attention.c; T = query rows = keys per tile):
+ * Configuration (fp_ocl_tile in ocl_plan.h; T = query rows = keys per tile):
  *   T = the largest of 64, 32, 16, 8 with (T / 8) * ceil(D / 16) <= FP_OCL_ACC (32) whose local
  *   tiles fit the device's local memory. PoCL: 64 (D <= 64), 32 (D <= 128), 16 (D <= 256);
  *   a 48 KiB device: forward 64 (D <= 32), 32 (D <= 128), 16; backward 32 (D <= 64), 16
@@ -97,7 +97,7 @@ static inline long fp_ocl_delta_at(const fp_ocl_args *a, const fp_ocl_seq *s, lo
 }
 
 /* Compile-time shape of one program (ocl_attention.c builds one per dtype, head-dim class and
- * tile): D the head-dim class (16, 32, 64, 96, 128, 192 or 256; the problem's head dim
+ * tile: ocl_plan.h): D the head-dim class (16, 32, 64, 96, 128, 192 or 256; the problem's head dim
  * a.head_dim <= D, the tiles zero-filled beyond it, so dot products over D are exact), T query
  * rows = keys per tile, LD the row pitch of the local tiles (odd, so work-items reading one
  * column of different rows hit different banks). The work-group is an

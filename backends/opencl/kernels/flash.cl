@@ -97,10 +97,10 @@ static inline long fp_ocl_delta_at(const fp_ocl_args *a, const fp_ocl_seq *s, lo
 }
 
 /* Compile-time shape of one program (ocl_attention.c builds one per dtype, head-dim class and
- * tile: ocl_plan.h): D the head-dim class (16, 32, 64, 96, 128, 192 or 256; the problem's head dim
- * a.head_dim <= D, the tiles zero-filled beyond it, so dot products over D are exact), T query
- * rows = keys per tile, LD the row pitch of the local tiles (odd, so work-items reading one
- * column of different rows hit different banks). The work-group is an
+ * tile, planned by ocl_plan.h): D the head-dim class (16, 32, 64, 96, 128, 192 or 256; the
+ * problem's head dim a.head_dim <= D, the tiles zero-filled beyond it, so dot products over D
+ * are exact), T query rows = keys per tile, LD the row pitch of the local tiles (odd, so
+ * work-items reading one column of different rows hit different banks). The work-group is an
  * 8 x 16 grid of work-items (ty, tx); tiles are split over it with register micro-tiles:
  *   score tile [T, T]: rows ty + 8 a (a < SR), keys tx + 16 b (b < SC);
  *   output tile [T, D]: rows ty + 8 a (a < SR), dims tx + 16 j (j < DPT).

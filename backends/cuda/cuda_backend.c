@@ -14,14 +14,18 @@
  * the message. flashport_timer uses cudaEvents recorded on the handle's stream.
  *
  * Kernels: sm80 path (sm80_fwd.cu, sm80_bwd.cu) on compute capability 8.0 and later, f16 and
- * bf16, head dims that are multiples of 8 up to 256. f32 is not served (the caps leave it out,
- * so the core answers FLASHPORT_ERR_UNSUPPORTED_DTYPE).
+ * bf16, head dims that are multiples of 8 up to 256; the forward runs on the sm90 path
+ * (sm90/sm90_fwd.cu: TMA + wgmma) on compute capability 9.0 where TMA can read the tensors.
+ * FLASHPORT_CUDA_PATH (sm80, sm90, auto; read at each call, for tests and A/B runs) forces a
+ * path. f32 is not served (the caps leave it out, so the core answers
+ * FLASHPORT_ERR_UNSUPPORTED_DTYPE).
  */
 #include "backends/cuda/cuda_internal.h"
 
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 static const fp_host_api *host;
 
@@ -119,6 +123,7 @@ static flashport_status cuda_open(int device, void **out)
     ctx->cc_major = prop.major;
     ctx->cc_minor = prop.minor;
     ctx->smem_optin = prop.sharedMemPerBlockOptin;
+    fp_cuda_sm90_init(ctx);
     /* FLASHPORT_CUDA_SMEM_KIB lowers the shared memory the kernels may plan with, so that the
      * configurations of smaller GPUs (sm_80: 163 KiB, sm_86/89: 99 KiB) can be tested on a
      * larger one. */
@@ -286,8 +291,54 @@ static void cuda_event_destroy(void *vctx, void *event)
     device_leave(ctx, prev, FLASHPORT_OK);
 }
 
+typedef enum { FP_CUDA_PATH_AUTO, FP_CUDA_PATH_SM80, FP_CUDA_PATH_SM90 } fp_cuda_path;
+
+/* FLASHPORT_CUDA_PATH: unset, empty or "auto", "sm80", "sm90"; anything else is an error. */
+static flashport_status cuda_path(fp_cuda_path *path)
+{
+    const char *env = getenv("FLASHPORT_CUDA_PATH");
+    if (!env || !*env || strcmp(env, "auto") == 0)
+        *path = FP_CUDA_PATH_AUTO;
+    else if (strcmp(env, "sm80") == 0)
+        *path = FP_CUDA_PATH_SM80;
+    else if (strcmp(env, "sm90") == 0)
+        *path = FP_CUDA_PATH_SM90;
+    else
+        return host->set_error(FLASHPORT_ERR_INVALID_VALUE,
+                               "cuda: FLASHPORT_CUDA_PATH=\"%s\" is not one of auto, sm80, sm90",
+                               env);
+    return FLASHPORT_OK;
+}
+
+/* The forward's path: sm90 where it runs (auto or forced), else sm80 (auto or forced); forcing
+ * sm90 where it declines is an error that says why. */
+static flashport_status cuda_forward_path(const fp_cuda_ctx *ctx, const fp_problem *p)
+{
+    fp_cuda_path path;
+    flashport_status st = cuda_path(&path);
+    if (st != FLASHPORT_OK)
+        return st;
+    if (path != FP_CUDA_PATH_SM80) {
+        const char *declined = NULL;
+        st = fp_cuda_sm90_forward(ctx, p,
+                                  path == FP_CUDA_PATH_SM90 ? "FLASHPORT_CUDA_PATH=sm90"
+                                                            : "auto: compute capability 9.0",
+                                  &declined);
+        if (!declined)
+            return st;
+        if (path == FP_CUDA_PATH_SM90)
+            return fp_cuda_refuse(FLASHPORT_ERR_UNSUPPORTED_FEATURE,
+                                  "FLASHPORT_CUDA_PATH=sm90, but the sm90 path cannot run this "
+                                  "call: %s",
+                                  declined);
+        fp_cuda_log("forward: sm80 path (auto; the sm90 path declined: %s)", declined);
+    }
+    return fp_cuda_sm80_forward(ctx, p);
+}
+
 /* Forward and backward alike: enter the device, stage tensors the kernels cannot read in place
- * (layout.cu), run the sm80 kernels, copy staged outputs back, leave the device. */
+ * (layout.cu), run the kernels, copy staged outputs back, leave the device. The backward runs
+ * the sm80 path on every device (there is no sm90 backward yet). */
 static flashport_status cuda_run(void *vctx, const fp_problem *p, int backward)
 {
     const fp_cuda_ctx *ctx = vctx;
@@ -300,7 +351,7 @@ static flashport_status cuda_run(void *vctx, const fp_problem *p, int backward)
     st = fp_cuda_layout_begin(ctx, p, backward, &work, &ws);
     if (st == FLASHPORT_OK) {
         flashport_status run =
-            backward ? fp_cuda_sm80_backward(ctx, &work) : fp_cuda_sm80_forward(ctx, &work);
+            backward ? fp_cuda_sm80_backward(ctx, &work) : cuda_forward_path(ctx, &work);
         st = fp_cuda_layout_end(ctx, p, &work, backward, ws, run);
     }
     return device_leave(ctx, prev, st);

@@ -7,7 +7,7 @@
  * kept for the life of the process. The core passes its API version; a plugin built against
  * another version refuses, and so does the core if the ops table it returns disagrees.
  *
- * "cuda" and "hip" are known names: asking for them without their plugin is "unavailable".
+ * "cuda", "hip" and "opencl" are known names: asking for them without their plugin is "unavailable".
  * Any other name that is neither built in nor found as a plugin is "unknown". Names are limited
  * to [a-z0-9_] so they cannot walk the file system.
  */
@@ -30,7 +30,7 @@ static pthread_mutex_t registry_lock = PTHREAD_MUTEX_INITIALIZER;
 static plugin_slot plugins[MAX_PLUGINS];
 static int num_plugins;
 
-static const char *const known_plugins[] = {"cuda", "hip"};
+static const char *const known_plugins[] = {"cuda", "hip", "opencl"};
 
 static int valid_name(const char *name)
 {
@@ -186,7 +186,7 @@ static flashport_status lookup(const char *name, const fp_backend_ops **ops, cha
 
 void fp_registry_available(char *buf, size_t size)
 {
-    static const char *const candidates[] = {"cpu", "reference", "cuda", "hip"};
+    static const char *const candidates[] = {"cpu", "reference", "cuda", "hip", "opencl"};
     char why[512];
     size_t used = 0;
     if (size == 0)

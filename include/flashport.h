@@ -173,7 +173,9 @@ FLASHPORT_API flashport_status flashport_synchronize(flashport_backend *backend)
 
 /* The stream the backend enqueues work on (a cudaStream_t / hipStream_t cast to void *; NULL is
  * the default stream). Host backends accept only NULL. Kernels launched through this handle are
- * ordered after prior work on that stream and run asynchronously to the host. */
+ * ordered after prior work on that stream and run asynchronously to the host.
+ * The "opencl" backend takes a cl_command_queue: one of another context than the handle's is
+ * adopted with its context and device while the handle holds no allocations (docs/opencl.md). */
 FLASHPORT_API flashport_status flashport_set_stream(flashport_backend *backend, void *stream);
 
 /* Timing of the work enqueued through a backend: device events on the backend's stream for GPU

@@ -3,23 +3,24 @@
 # build with the CUDA and OpenCL plugins, log the OpenCL device and its extensions, run the whole
 # case table and the host-side test on the GPU's OpenCL device, then time forward and backward
 # (bf16) on the ANCHORS grid (B * N = 16384, H * D = 2048) with flashport-bench: OpenCL, then our
-# CUDA path, same shapes, same run. Logs go to $OUT (summary.txt, build.log, device.log,
-# checks.log, bench.csv, bench.log); a short summary is printed last.
+# CUDA path, same shapes, same run; SDPA's math and memory-efficient backends on the same grid
+# (bench/sdpa_grid.py: compare_torch.py cannot run the OpenCL backend, whose memory is not
+# torch's). Logs go to $OUT (summary.txt, build.log, device.log, checks.log, bench.csv,
+# bench.log, sdpa.csv, sdpa.log); the ratios are printed last.
 #
 #   OUT=/tmp/out tests/gpu/run_opencl_h200.sh [stages]
 #
-# stages: any of build device test bench (default: all, in that order). Environment: BUILD (build
+# stages: any of build device test bench sdpa report (default: all, in that order); report
+# prints the opencl / cuda, opencl / SDPA math and opencl / mem-eff ratios from the CSVs in $OUT
+# (bench and sdpa append to them). Environment: BUILD (build
 # folder, default build-ocl), PLATFORM (FLASHPORT_OPENCL_PLATFORM, default NVIDIA), DIMS and
 # SEQLENS (bench grid, default "64 128 256" and "512 2048 8192 16384"), ITERS (timed runs per
 # shape, default 5), JOBS (build parallelism, default: all cores).
-#
-# The comparison with SDPA (math and memory-efficient) is bench/compare_torch.py --backend opencl;
-# see docs/opencl.md for the command.
 set -uo pipefail
 OUT=${OUT:-$PWD/out}
 BUILD=${BUILD:-build-ocl}
 JOBS=${JOBS:-$(nproc)}
-STAGES=${*:-build device test bench}
+STAGES=${*:-build device test bench sdpa report}
 export FLASHPORT_OPENCL_PLATFORM=${PLATFORM:-NVIDIA}
 export PATH=$PATH:/usr/local/cuda/bin
 mkdir -p "$OUT"
@@ -73,7 +74,6 @@ fi
 
 if has bench; then
     start=$(date +%s)
-    rm -f "$OUT/bench.csv"
     for D in ${DIMS:-64 128 256}; do
         for N in ${SEQLENS:-512 2048 8192 16384}; do
             for be in opencl cuda; do
@@ -85,15 +85,37 @@ if has bench; then
             done
         done
     done
-    note "bench in $(($(date +%s) - start)) s (TFLOP/s; opencl / cuda):"
-    python3 - "$OUT/bench.csv" <<'PY' | tee -a "$SUMMARY"
-import csv, sys
-rows = list(csv.DictReader(open(sys.argv[1])))
-t = {(r["backend"], r["hdim"], r["seqlen_q"], r["causal"], r["direction"]): float(r["tflops"])
-     for r in rows}
-for (be, d, n, c, dr), v in sorted(t.items(), key=lambda x: (int(x[0][1]), int(x[0][2]))):
-    if be == "opencl":
-        cu = t.get(("cuda", d, n, c, dr), float("nan"))
-        print(f"D={d} N={n} causal={c} {dr}: opencl {v:.1f} cuda {cu:.1f} ratio {v / cu:.3f}")
+    note "bench in $(($(date +%s) - start)) s"
+fi
+
+if has sdpa; then
+    start=$(date +%s)
+    DL=${DIMS:-64 128 256}
+    SL=${SEQLENS:-512 2048 8192 16384}
+    timeout 580 python3 bench/sdpa_grid.py --dims "${DL// /,}" --seqlens "${SL// /,}" \
+        --csv "$OUT/sdpa.csv" >"$OUT/sdpa.log" 2>&1
+    note "sdpa: rc=$? in $(($(date +%s) - start)) s"
+fi
+
+if has report; then
+    note "TFLOP/s (bf16): opencl, cuda, SDPA math, SDPA mem-eff; ratios opencl / each"
+    python3 - "$OUT/bench.csv" "$OUT/sdpa.csv" <<'PY' | tee -a "$SUMMARY"
+import csv, os, sys
+t = {}
+if os.path.exists(sys.argv[1]):
+    for r in csv.DictReader(open(sys.argv[1])):
+        t[(r["backend"], int(r["hdim"]), int(r["seqlen_q"]), int(r["causal"]),
+           r["direction"])] = float(r["tflops"])
+if os.path.exists(sys.argv[2]):
+    for r in csv.DictReader(open(sys.argv[2])):
+        t[(r["impl"], int(r["hdim"]), int(r["seqlen"]), int(r["causal"]), r["direction"])] = (
+            float(r["tflops"]) if r["tflops"] else float("nan"))
+nan = float("nan")
+for (be, d, n, c, dr), v in sorted(t.items(), key=lambda x: x[0][1:]):
+    if be != "opencl":
+        continue
+    o = [t.get((x, d, n, c, dr), nan) for x in ("cuda", "math", "eff")]
+    print(f"D={d} N={n} causal={c} {dr}: {v:.1f} | {o[0]:.1f} {o[1]:.1f} {o[2]:.1f} | "
+          + " ".join(f"{v / x:.3f}" if x == x and x > 0 else "-" for x in o))
 PY
 fi

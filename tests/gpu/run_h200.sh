@@ -9,7 +9,9 @@
 #
 #   OUT=/tmp/out tests/gpu/run_h200.sh [stages]
 #
-# stages: any of build test bench sanitize profile (default: all, in that order), and the
+# stages: any of build test bench sanitize profile (default: all, in that order), python (the
+# package's pytest suite on CUDA tensors), opencl (the OpenCL backend through NVIDIA's driver:
+# tests/gpu/run_opencl_h200.sh on this build), and the
 # shorter quicktest (test_backends cuda, the whole table, once per TEST_ENVS entry, and
 # test_cuda_large --quick) and events (one flashport-bench --backend cuda run: CUDA-event timing).
 # Environment: BUILD (build folder, default build-gpu), ARCHS (CUDA architectures, default
@@ -38,12 +40,16 @@ note "== torch $(python3 -c 'import torch; print(torch.__version__, torch.versio
 if has build; then
     GEN=()
     command -v ninja >/dev/null && GEN=(-G Ninja)
+    # The OpenCL plugin too (NVIDIA's OpenCL driver); no /usr/include/CL: the CUDA toolkit's
+    # copy of the Khronos headers.
+    CLINC=()
+    [ -e /usr/include/CL/cl.h ] || CLINC=(-DFLASHPORT_OPENCL_INCLUDE_DIR=/usr/local/cuda/include)
     start=$(date +%s)
     {
         cmake -S . -B "$BUILD" "${GEN[@]}" -DCMAKE_BUILD_TYPE=Release -DFLASHPORT_CUDA=ON \
             -DCMAKE_CUDA_COMPILER="$(command -v nvcc)" -DCMAKE_CUDA_FLAGS="--threads=0" \
             -DFLASHPORT_HIP=OFF -DFLASHPORT_CUDA_ARCHITECTURES="${ARCHS:-80;90a}" \
-            -DFLASHPORT_CUDA_PTXAS_VERBOSE=ON &&
+            -DFLASHPORT_CUDA_PTXAS_VERBOSE=ON "${CLINC[@]}" &&
             cmake --build "$BUILD" -j "$JOBS"
     } >"$OUT/build.log" 2>&1
     rc=$?
@@ -95,6 +101,30 @@ if has bench; then
     rc=$?
     note "bench: rc=$rc in $(($(date +%s) - start)) s"
     grep -E '^\| (bf16|fp16)' "$OUT/compare_torch.md" 2>/dev/null | tee -a "$SUMMARY" || tail -20 "$OUT/bench.log"
+fi
+
+if has python; then
+    # The Python package's tests with CUDA tensors: the package built without GPU plugins (as in
+    # the bench stage), the build folder's CUDA plugin through FLASHPORT_PLUGIN_PATH.
+    start=$(date +%s)
+    {
+        [ -d "$BUILD/py/flashport" ] ||
+            python3 -m pip install -q --no-build-isolation --no-deps --target "$BUILD/py" \
+                -C cmake.define.FLASHPORT_CUDA=OFF -C cmake.define.FLASHPORT_HIP=OFF .
+        FLASHPORT_PLUGIN_PATH="$PWD/$BUILD/lib" PYTHONPATH="$PWD/$BUILD/py" \
+            python3 -m pytest -q -rs -p no:cacheprovider python/tests
+    } >"$OUT/python.log" 2>&1
+    note "python: rc=$? in $(($(date +%s) - start)) s: $(tail -1 "$OUT/python.log")"
+fi
+
+if has opencl; then
+    # The OpenCL backend on this GPU: tests/gpu/run_opencl_h200.sh's stages on this build, logs in
+    # $OUT/opencl; OCL_DIMS / OCL_SEQLENS narrow its grid (default: D = 128, N = 2048 and 8192).
+    start=$(date +%s)
+    OUT="$OUT/opencl" BUILD="$BUILD" DIMS="${OCL_DIMS:-128}" SEQLENS="${OCL_SEQLENS:-2048 8192}" \
+        bash tests/gpu/run_opencl_h200.sh device test bench sdpa report >/dev/null 2>&1
+    note "opencl: rc=$? in $(($(date +%s) - start)) s"
+    tee -a "$SUMMARY" <"$OUT/opencl/summary.txt" | tail -20
 fi
 
 if has sanitize; then

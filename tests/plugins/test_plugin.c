@@ -31,10 +31,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define TP_KIND_DEV    1
-#define TP_KIND_NODEV  2
-#define TP_KIND_OLDAPI 3
-#define TP_KIND_BADVER 4
+#define TP_KIND_DEV       1
+#define TP_KIND_NODEV     2
+#define TP_KIND_OLDAPI    3
+#define TP_KIND_BADVER    4
 #define TP_KIND_NULLOPS   5
 #define TP_KIND_NOFWD     6
 #define TP_KIND_WRONGNAME 7
@@ -203,6 +203,9 @@ TP_EXPORT flashport_status flashport_plugin_entry(uint32_t core_api_version,
 {
     host = host_api;
     *ops = NULL;
+#if TP_KIND == TP_KIND_NOFWD
+    (void)tp_forward; /* left out of the table on purpose */
+#endif
 #if TP_KIND == TP_KIND_OLDAPI
     if (core_api_version != FP_PLUGIN_API_VERSION + 1)
         return host->set_error(FLASHPORT_ERR_BACKEND_UNAVAILABLE,

@@ -367,6 +367,7 @@ flashport_status fp_validate_call(flashport_backend *be, const flashport_attenti
             return st;
 
     dims dm;
+    memset(&dm, 0, sizeof dm);
     if (varlen) {
         dm.b = p->batch;
         dm.nq = p->max_seqlen_q;

@@ -2,7 +2,9 @@
  * Regression tests of the defects that fuzzing, sanitizers and edge-value programs found (issue
  * 22), through the public API on one host backend:
  *
- *   test_reliability BACKEND        (cpu or reference)
+ *   test_reliability BACKEND                (cpu or reference: everything below)
+ *   test_reliability BACKEND --masked-keys  (any backend, GPU ones too: the masked-key checks in
+ *                                           f16 and bf16, through the backend's memory)
  *
  *   masked keys    NaN or inf in the K / V of keys a row cannot see (causal, bottom-right, a
  *                  window that hides the first keys, rows that see nothing) never reaches that
@@ -68,60 +70,77 @@ static int64_t nk_elems(const prob *pr)
     return (int64_t)pr->b * pr->nk * pr->hkv * pr->d;
 }
 
-/* Storage of dtype dt holding x (n elements), or NULL. */
-static void *stored(const float *x, int64_t n, flashport_dtype dt)
-{
-    void *buf = malloc((size_t)(n > 0 ? n : 1) * tu_dtype_size(dt));
-    if (buf)
-        tu_from_f32(x, n, dt, buf);
-    return buf;
-}
-
-/* Forward, then (when dout != NULL) backward from this forward's O and LSE; outputs in f32. */
+/* Forward, then (when dout != NULL) backward from this forward's O and LSE; outputs in f32.
+ * Every tensor goes through the backend's memory helpers, so a GPU backend runs this too. */
 static flashport_status run(const char *name, const prob *pr, const float *q, const float *k,
                             const float *v, const float *dout, float *o, float *lse, float *dq,
                             float *dk, float *dv)
 {
+    enum { Q, K, V, O, DO, DQ, DK, DV, L, NBUF };
     flashport_backend *be;
     flashport_status st = flashport_backend_open(name, &be);
     if (st != FLASHPORT_OK)
         return st;
-    const int64_t nq = nq_elems(pr), nk = nk_elems(pr);
+    const int64_t nq = nq_elems(pr), nk = nk_elems(pr), nl = (int64_t)pr->b * pr->h * pr->nq;
     const int64_t qs[4] = {pr->b, pr->nq, pr->h, pr->d}, ks[4] = {pr->b, pr->nk, pr->hkv, pr->d};
     const int64_t ls[3] = {pr->b, pr->h, pr->nq};
-    void *sq = stored(q, nq, pr->dt), *sk = stored(k, nk, pr->dt), *sv = stored(v, nk, pr->dt);
-    void *so = stored(q, nq, pr->dt), *sdo = dout ? stored(dout, nq, pr->dt) : NULL;
-    void *sdq = stored(q, nq, pr->dt), *sdk = stored(k, nk, pr->dt), *sdv = stored(k, nk, pr->dt);
-    if (!sq || !sk || !sv || !so || (dout && !sdo) || !sdq || !sdk || !sdv) {
-        st = FLASHPORT_ERR_OUT_OF_MEMORY;
-        goto done;
+    const float *init[NBUF] = {q, k, v, q, dout ? dout : q, q, k, k, NULL};
+    const int64_t count[NBUF] = {nq, nk, nk, nq, nq, nq, nk, nk, nl};
+    void *host[NBUF] = {NULL}, *dev[NBUF] = {NULL};
+    size_t bytes[NBUF];
+    for (int i = 0; i < NBUF && st == FLASHPORT_OK; i++) {
+        const flashport_dtype dt = i == L ? FLASHPORT_F32 : pr->dt;
+        bytes[i] = (size_t)(count[i] > 0 ? count[i] : 1) * tu_dtype_size(dt);
+        host[i] = malloc(bytes[i]);
+        if (!host[i]) {
+            st = FLASHPORT_ERR_OUT_OF_MEMORY;
+            break;
+        }
+        if (init[i])
+            tu_from_f32(init[i], count[i], dt, host[i]);
+        else
+            memset(host[i], 0, bytes[i]);
+        if ((st = flashport_malloc(be, bytes[i], &dev[i])) == FLASHPORT_OK)
+            st = flashport_memcpy_to_device(be, dev[i], host[i], bytes[i]);
     }
-    flashport_tensor tq = flashport_tensor_contiguous(sq, pr->dt, 4, qs);
-    flashport_tensor tk = flashport_tensor_contiguous(sk, pr->dt, 4, ks);
-    flashport_tensor tv = flashport_tensor_contiguous(sv, pr->dt, 4, ks);
-    flashport_tensor to = flashport_tensor_contiguous(so, pr->dt, 4, qs);
-    flashport_tensor tl = flashport_tensor_contiguous(lse, FLASHPORT_F32, 3, ls);
-    st = flashport_attention_forward(be, &pr->p, &tq, &tk, &tv, &to, &tl);
     if (st != FLASHPORT_OK)
         goto done;
-    tu_to_f32(so, nq, pr->dt, o);
+    flashport_tensor tq = flashport_tensor_contiguous(dev[Q], pr->dt, 4, qs);
+    flashport_tensor tk = flashport_tensor_contiguous(dev[K], pr->dt, 4, ks);
+    flashport_tensor tv = flashport_tensor_contiguous(dev[V], pr->dt, 4, ks);
+    flashport_tensor to = flashport_tensor_contiguous(dev[O], pr->dt, 4, qs);
+    flashport_tensor tl = flashport_tensor_contiguous(dev[L], FLASHPORT_F32, 3, ls);
+    if ((st = flashport_attention_forward(be, &pr->p, &tq, &tk, &tv, &to, &tl)) ||
+        (st = flashport_synchronize(be)) ||
+        (st = flashport_memcpy_to_host(be, host[O], dev[O], bytes[O])) ||
+        (st = flashport_memcpy_to_host(be, host[L], dev[L], bytes[L])))
+        goto done;
+    tu_to_f32(host[O], nq, pr->dt, o);
+    memcpy(lse, host[L], sizeof(float) * (size_t)nl);
     if (dout) {
-        flashport_tensor tdo = flashport_tensor_contiguous(sdo, pr->dt, 4, qs);
-        flashport_tensor tdq = flashport_tensor_contiguous(sdq, pr->dt, 4, qs);
-        flashport_tensor tdk = flashport_tensor_contiguous(sdk, pr->dt, 4, ks);
-        flashport_tensor tdv = flashport_tensor_contiguous(sdv, pr->dt, 4, ks);
-        st = flashport_attention_backward(be, &pr->p, &tq, &tk, &tv, &to, &tl, &tdo, &tdq, &tdk,
-                                          &tdv);
+        flashport_tensor tdo = flashport_tensor_contiguous(dev[DO], pr->dt, 4, qs);
+        flashport_tensor tdq = flashport_tensor_contiguous(dev[DQ], pr->dt, 4, qs);
+        flashport_tensor tdk = flashport_tensor_contiguous(dev[DK], pr->dt, 4, ks);
+        flashport_tensor tdv = flashport_tensor_contiguous(dev[DV], pr->dt, 4, ks);
+        if ((st = flashport_attention_backward(be, &pr->p, &tq, &tk, &tv, &to, &tl, &tdo, &tdq,
+                                               &tdk, &tdv)) ||
+            (st = flashport_synchronize(be)))
+            goto done;
+        for (int i = DQ; i <= DV && st == FLASHPORT_OK; i++)
+            st = flashport_memcpy_to_host(be, host[i], dev[i], bytes[i]);
         if (st != FLASHPORT_OK)
             goto done;
-        tu_to_f32(sdq, nq, pr->dt, dq);
-        tu_to_f32(sdk, nk, pr->dt, dk);
-        tu_to_f32(sdv, nk, pr->dt, dv);
+        tu_to_f32(host[DQ], nq, pr->dt, dq);
+        tu_to_f32(host[DK], nk, pr->dt, dk);
+        tu_to_f32(host[DV], nk, pr->dt, dv);
     }
 done:
     if (st != FLASHPORT_OK)
         fprintf(stderr, "%s: %s\n", flashport_status_string(st), flashport_last_error());
-    free(sq), free(sk), free(sv), free(so), free(sdo), free(sdq), free(sdk), free(sdv);
+    for (int i = 0; i < NBUF; i++) {
+        flashport_free(be, dev[i]);
+        free(host[i]);
+    }
     flashport_backend_close(be);
     return st;
 }
@@ -648,6 +667,14 @@ static void test_alibi_slopes(void)
 int main(int argc, char **argv)
 {
     backend_name = argc > 1 ? argv[1] : "cpu";
+    if (argc > 2 && strcmp(argv[2], "--masked-keys") == 0) {
+        /* The GPU kernels' half: NaN / inf in keys a row cannot see, f16 and bf16 only, every
+         * tensor in the backend's memory (e.g. test_reliability cudaemu --masked-keys). */
+        test_masked_keys(FLASHPORT_F16);
+        test_masked_keys(FLASHPORT_BF16);
+        printf("test_reliability %s --masked-keys: %d checks failed\n", backend_name, tu_failures);
+        return tu_failures != 0;
+    }
     test_empty_batch(); /* first: it forks, before any OpenMP thread exists */
     const flashport_dtype dts[] = {FLASHPORT_F32, FLASHPORT_F16, FLASHPORT_BF16};
     for (int i = 0; i < 3; i++)

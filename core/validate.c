@@ -436,8 +436,8 @@ flashport_status fp_validate_call(flashport_backend *be, const flashport_attenti
         for (int64_t h = 0; h < dm.h; h++)
             if (!isfinite(p->alibi_slopes[h]))
                 return fp_set_error(FLASHPORT_ERR_INVALID_VALUE,
-                                    "alibi_slopes[%lld] is %g; slopes must be finite",
-                                    (long long)h, (double)p->alibi_slopes[h]);
+                                    "alibi_slopes[%lld] is %g; slopes must be finite", (long long)h,
+                                    (double)p->alibi_slopes[h]);
     /* A backend without a backward also serves no dtype backward: say which is the cause. */
     if (backward && !be->ops->backward)
         return fp_set_error(FLASHPORT_ERR_UNSUPPORTED_FEATURE, "backend '%s' has no backward",

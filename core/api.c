@@ -57,7 +57,9 @@ flashport_tensor flashport_tensor_contiguous(void *data, flashport_dtype dtype, 
     for (int d = rank - 1; d >= 0; d--) {
         t.shape[d] = shape[d];
         t.stride[d] = stride;
-        stride *= shape[d] > 0 ? shape[d] : 1;
+        /* Saturates where the product would overflow: validation then refuses the extent. */
+        if (__builtin_mul_overflow(stride, shape[d] > 0 ? shape[d] : 1, &stride))
+            stride = INT64_MAX;
     }
     return t;
 }
@@ -136,8 +138,10 @@ flashport_status flashport_backend_open_device(const char *name, int device,
     }
     flashport_status st =
         strcmp(name, "auto") == 0 ? open_auto(device, out) : open_named(name, device, out);
-    if (st == FLASHPORT_OK)
+    if (st == FLASHPORT_OK) { /* "auto" may have failed on the way: no stale message */
+        fp_clear_error();
         fp_log("opened backend '%s' on device %d", (*out)->ops->name, device);
+    }
     return st;
 }
 

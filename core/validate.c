@@ -367,6 +367,7 @@ flashport_status fp_validate_call(flashport_backend *be, const flashport_attenti
             return st;
 
     dims dm;
+    memset(&dm, 0, sizeof dm);
     if (varlen) {
         dm.b = p->batch;
         dm.nq = p->max_seqlen_q;
@@ -383,8 +384,6 @@ flashport_status fp_validate_call(flashport_backend *be, const flashport_attenti
         dm.h = q->shape[2];
         dm.hkv = k->shape[2];
         dm.d = q->shape[3];
-        dm.total_q = dm.b * dm.nq;
-        dm.total_k = dm.b * dm.nk;
     }
     if (dm.h < 1 || dm.hkv < 1 || dm.d < 1)
         return fp_set_error(FLASHPORT_ERR_BAD_SIZE,
@@ -393,6 +392,10 @@ flashport_status fp_validate_call(flashport_backend *be, const flashport_attenti
     if (dm.nq > INT32_MAX || dm.nk > INT32_MAX || dm.h > INT32_MAX || dm.b > INT32_MAX)
         return fp_set_error(FLASHPORT_ERR_BAD_SIZE,
                             "batch, sequence lengths and heads must each fit in 31 bits");
+    if (!varlen) { /* after the 31-bit check: the products cannot overflow */
+        dm.total_q = dm.b * dm.nq;
+        dm.total_k = dm.b * dm.nk;
+    }
     const int64_t qn = varlen ? dm.total_q : dm.nq, kn = varlen ? dm.total_k : dm.nk;
     if ((st = check_shape("k", k, varlen, dm.b, kn, dm.hkv, dm.d)) ||
         (st = check_shape("v", v, varlen, dm.b, kn, dm.hkv, dm.d)) ||
@@ -427,6 +430,14 @@ flashport_status fp_validate_call(flashport_backend *be, const flashport_attenti
                    (st = check_seqlens(be, "cu_seqlens_k", p->cu_seqlens_k, dm.b, dm.total_k,
                                        dm.nk))))
         return st;
+    /* Slopes in host memory are read here; a GPU backend's are not copied back for this, and a
+     * NaN slope there makes its head's rows NaN (the NaN rule of include/flashport.h). */
+    if (p->alibi_slopes && be->caps.is_host)
+        for (int64_t h = 0; h < dm.h; h++)
+            if (!isfinite(p->alibi_slopes[h]))
+                return fp_set_error(FLASHPORT_ERR_INVALID_VALUE,
+                                    "alibi_slopes[%lld] is %g; slopes must be finite", (long long)h,
+                                    (double)p->alibi_slopes[h]);
     /* A backend without a backward also serves no dtype backward: say which is the cause. */
     if (backward && !be->ops->backward)
         return fp_set_error(FLASHPORT_ERR_UNSUPPORTED_FEATURE, "backend '%s' has no backward",

@@ -13,6 +13,11 @@
  *       i + Nk - Nq - left <= j <= i + Nk - Nq + right;  causal == (left = -1, right = 0);
  *   P = softmax(S) over visible keys; O = P V; LSE = log(sum exp S) (natural log, f32).
  *   A row with no visible key gives O = 0 and LSE = -inf, never NaN.
+ *   NaN and infinities: keys a row cannot see (masked by the window, past a sequence's end, in
+ *   tile padding) never affect that row, even when their K or V hold NaN or inf: its O, LSE and
+ *   dQ are those of the same call with those keys clean, and likewise queries a key cannot see
+ *   never affect its dK and dV. A NaN in a score or a value a row can see propagates to that
+ *   row: a NaN score makes its O and LSE NaN, a NaN V element the matching O element.
  *   GQA/MQA: H % Hkv == 0; query head h reads kv head h / (H / Hkv).
  *
  * Every function returns a flashport_status; on failure flashport_last_error() gives a message
@@ -27,6 +32,10 @@
  *                          variant ran, and why.
  *   FLASHPORT_PLUGIN_PATH  colon-separated folders searched for backend plugins
  *                          (libflashport_<name>.so) before the folder of the library itself.
+ *                          That folder is resolved to an absolute path when the library is
+ *                          loaded; when it cannot be (core linked into a program started
+ *                          through $PATH), only FLASHPORT_PLUGIN_PATH is searched: nothing is
+ *                          loaded relative to the working directory.
  *   FLASHPORT_NUM_THREADS  threads used by the CPU backend (default: OpenMP's default).
  */
 #ifndef FLASHPORT_H
@@ -211,7 +220,9 @@ typedef struct flashport_attention_params {
     /* Softcap c: S = c * tanh(S / c). 0 disables; negative is invalid. */
     float softcap;
 
-    /* ALiBi: H slopes, f32, contiguous, in the backend's memory; NULL disables. */
+    /* ALiBi: H slopes, f32, contiguous, in the backend's memory; NULL disables. Host backends
+     * refuse a slope that is not finite (FLASHPORT_ERR_INVALID_VALUE); GPU backends do not read
+     * them back to check, and a NaN slope makes its head's rows NaN. */
     const float *alibi_slopes;
 
     /* Variable-length batches. Both NULL: dense rank-4 tensors. Both set: rank-3 packed tensors

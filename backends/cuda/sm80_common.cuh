@@ -432,15 +432,16 @@ FP_DEV float fp_log2(float x)
 }
 
 /* fp_softmax_out_scale and fp_softmax_lse_exp2 (core/online_softmax.h) through fp_rcp and
- * fp_log2: the same rules (a row that saw nothing: 0 and -inf), branch-free. */
+ * fp_log2: the same rules (a row that saw nothing: 0 and -inf; a NaN l, from a visible NaN
+ * score, stays NaN), branch-free. */
 FP_DEV float fp_cuda_out_scale(const fp_softmax_state *s)
 {
-    return s->l > 0.0f ? fp_rcp(s->l) : 0.0f;
+    return s->l == 0.0f ? 0.0f : fp_rcp(s->l);
 }
 
 FP_DEV float fp_cuda_lse_exp2(const fp_softmax_state *s)
 {
-    return s->l > 0.0f ? s->m * FP_LN2 + fp_log2(s->l) * FP_LN2 : -INFINITY;
+    return s->l == 0.0f ? -INFINITY : s->m * FP_LN2 + fp_log2(s->l) * FP_LN2;
 }
 
 FP_DEV float fp_quad_max(float x)

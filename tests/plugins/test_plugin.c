@@ -14,6 +14,13 @@
  *                   after the current (a plugin from another release).
  *   TP_KIND_BADVER  "testbadver": the entry accepts but returns ops stamped with another
  *                   api_version, which the core must catch itself.
+ * Hostile ones (tests/test_hostile_plugins.c):
+ *   TP_KIND_NULLOPS   "testnullops": the entry returns OK and no ops table.
+ *   TP_KIND_NOFWD     "testnofwd": ops without a forward entry.
+ *   TP_KIND_WRONGNAME "testwrongname": ops that call themselves "someoneelse".
+ *   TP_KIND_SILENT    "testsilent": the entry refuses without saying why.
+ *   TP_KIND_PLANTED   "testplanted": a working plugin whose constructor creates the file named by
+ *                     $FLASHPORT_TEST_MARKER: proof that it was loaded at all.
  *
  * It includes only headers of core/ and never links libflashport: like a real plugin, every
  * service (errors, logging) comes through the fp_host_api handed to the entry.
@@ -24,10 +31,15 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define TP_KIND_DEV    1
-#define TP_KIND_NODEV  2
-#define TP_KIND_OLDAPI 3
-#define TP_KIND_BADVER 4
+#define TP_KIND_DEV       1
+#define TP_KIND_NODEV     2
+#define TP_KIND_OLDAPI    3
+#define TP_KIND_BADVER    4
+#define TP_KIND_NULLOPS   5
+#define TP_KIND_NOFWD     6
+#define TP_KIND_WRONGNAME 7
+#define TP_KIND_SILENT    8
+#define TP_KIND_PLANTED   9
 
 #if !defined(TP_NAME) || !defined(TP_KIND)
 #error "build with -DTP_NAME=\"...\" -DTP_KIND=TP_KIND_..."
@@ -40,6 +52,17 @@
 #endif
 
 static const fp_host_api *host;
+
+#if TP_KIND == TP_KIND_PLANTED
+#include <stdio.h>
+__attribute__((constructor)) static void tp_planted(void)
+{
+    const char *marker = getenv("FLASHPORT_TEST_MARKER");
+    FILE *f = marker ? fopen(marker, "w") : NULL;
+    if (f)
+        fclose(f);
+}
+#endif
 
 /* A fake context pointer: lets a test see that close() gets what open() returned. */
 static int tp_ctx_token;
@@ -148,7 +171,11 @@ static const fp_backend_ops tp_ops = {
 #else
     FP_PLUGIN_API_VERSION,
 #endif
+#if TP_KIND == TP_KIND_WRONGNAME
+    "someoneelse",
+#else
     TP_NAME,
+#endif
     tp_open,
     tp_close,
     tp_caps,
@@ -158,7 +185,11 @@ static const fp_backend_ops tp_ops = {
     tp_copy,
     tp_sync,
     tp_set_stream,
+#if TP_KIND == TP_KIND_NOFWD
+    NULL,
+#else
     tp_forward,
+#endif
     NULL, /* no backward */
     NULL, /* no events: the core times with the host clock */
     NULL,
@@ -172,17 +203,28 @@ TP_EXPORT flashport_status flashport_plugin_entry(uint32_t core_api_version,
 {
     host = host_api;
     *ops = NULL;
+#if TP_KIND == TP_KIND_NOFWD
+    (void)tp_forward; /* left out of the table on purpose */
+#endif
 #if TP_KIND == TP_KIND_OLDAPI
     if (core_api_version != FP_PLUGIN_API_VERSION + 1)
         return host->set_error(FLASHPORT_ERR_BACKEND_UNAVAILABLE,
                                "%s was built for plugin API %d but the core has %u", TP_NAME,
                                FP_PLUGIN_API_VERSION + 1, core_api_version);
+#elif TP_KIND == TP_KIND_SILENT
+    (void)core_api_version;
+    return FLASHPORT_ERR_BACKEND_UNAVAILABLE;
 #else
     if (core_api_version != FP_PLUGIN_API_VERSION)
         return host->set_error(FLASHPORT_ERR_BACKEND_UNAVAILABLE,
                                "%s was built for plugin API %d but the core has %u", TP_NAME,
                                FP_PLUGIN_API_VERSION, core_api_version);
 #endif
+#if TP_KIND == TP_KIND_NULLOPS
+    (void)&tp_ops; /* built, never handed out */
+    return FLASHPORT_OK;
+#else
     *ops = &tp_ops;
     return FLASHPORT_OK;
+#endif
 }

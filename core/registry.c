@@ -184,14 +184,13 @@ static flashport_status lookup(const char *name, const fp_backend_ops **ops, cha
     return st;
 }
 
-void fp_registry_available(char *buf, size_t size)
+size_t fp_registry_available(char *buf, size_t size)
 {
     static const char *const candidates[] = {"cpu", "reference", "cuda", "hip"};
     char why[512];
-    size_t used = 0;
-    if (size == 0)
-        return;
-    buf[0] = '\0';
+    size_t used = 0, needed = 1;
+    if (size > 0)
+        buf[0] = '\0';
     for (size_t i = 0; i < sizeof candidates / sizeof candidates[0]; i++) {
         const fp_backend_ops *ops;
         if (lookup(candidates[i], &ops, why, sizeof why) != FLASHPORT_OK)
@@ -204,11 +203,15 @@ void fp_registry_available(char *buf, size_t size)
         if (st != FLASHPORT_OK)
             continue;
         ops->close(ctx);
-        int n = snprintf(buf + used, size - used, "%s%s", used ? ", " : "", candidates[i]);
-        if (n < 0 || (size_t)n >= size - used)
-            break;
-        used += (size_t)n;
+        const size_t len = (needed > 1 ? 2 : 0) + strlen(candidates[i]);
+        /* Whole names only: once one does not fit, the rest are counted but not written. */
+        if (used == needed - 1 && needed + len <= size) {
+            snprintf(buf + used, size - used, "%s%s", used ? ", " : "", candidates[i]);
+            used += len;
+        }
+        needed += len;
     }
+    return needed;
 }
 
 flashport_status fp_registry_get(const char *name, const fp_backend_ops **ops)

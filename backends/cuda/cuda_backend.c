@@ -13,6 +13,11 @@
  * Every CUDA error becomes FLASHPORT_ERR_DEVICE (or OUT_OF_MEMORY) with cudaGetErrorString in
  * the message. flashport_timer uses cudaEvents recorded on the handle's stream.
  *
+ * Scratch: each call sizes its scratch (layout staging + the kernels' split-KV partials or
+ * backward row statistics) with the same kernel choice that runs it, then takes it from the
+ * caller's workspace (flashport_set_workspace: then nothing is allocated) or from one
+ * cudaMallocAsync on the handle's stream, freed on the stream after the kernels.
+ *
  * Kernels: sm80 path (sm80_fwd.cu, sm80_bwd.cu) on compute capability 8.0 and later, f16 and
  * bf16, head dims that are multiples of 8 up to 256. f32 is not served (the caps leave it out,
  * so the core answers FLASHPORT_ERR_UNSUPPORTED_DTYPE).
@@ -286,8 +291,37 @@ static void cuda_event_destroy(void *vctx, void *event)
     device_leave(ctx, prev, FLASHPORT_OK);
 }
 
-/* Forward and backward alike: enter the device, stage tensors the kernels cannot read in place
- * (layout.cu), run the sm80 kernels, copy staged outputs back, leave the device. */
+/* Scratch bytes of a call: layout staging first, then the kernels' part (the device current).
+ * The kernels' part is sized on p itself: staging changes strides, never the sizes or the
+ * kernel choice. */
+static flashport_status scratch_bytes(const fp_cuda_ctx *ctx, const fp_problem *p, int backward,
+                                      size_t *layout, size_t *kernels)
+{
+    *layout = fp_cuda_layout_bytes(p, backward);
+    size_t k = 0;
+    flashport_status st = backward ? fp_cuda_sm80_backward(ctx, p, NULL, &k)
+                                   : fp_cuda_sm80_forward(ctx, p, NULL, &k);
+    *kernels = fp_cuda_ws_round(k);
+    return st;
+}
+
+static flashport_status cuda_workspace_size(void *vctx, const fp_problem *p, int backward,
+                                            size_t *bytes)
+{
+    const fp_cuda_ctx *ctx = vctx;
+    int prev;
+    flashport_status st = device_enter(ctx, &prev);
+    if (st != FLASHPORT_OK)
+        return st;
+    size_t layout = 0, kernels = 0;
+    st = scratch_bytes(ctx, p, backward, &layout, &kernels);
+    *bytes = st == FLASHPORT_OK ? layout + kernels : 0;
+    return device_leave(ctx, prev, st);
+}
+
+/* Forward and backward alike: enter the device, size and take the scratch, stage tensors the
+ * kernels cannot read in place (layout.cu), run the sm80 kernels, copy staged outputs back,
+ * release the scratch (when it is ours), leave the device. */
 static flashport_status cuda_run(void *vctx, const fp_problem *p, int backward)
 {
     const fp_cuda_ctx *ctx = vctx;
@@ -295,15 +329,70 @@ static flashport_status cuda_run(void *vctx, const fp_problem *p, int backward)
     flashport_status st = device_enter(ctx, &prev);
     if (st != FLASHPORT_OK)
         return st;
+    size_t layout = 0, kernels = 0;
+    st = scratch_bytes(ctx, p, backward, &layout, &kernels);
+    void *ws = p->workspace, *owned = NULL;
+    if (st == FLASHPORT_OK && ws && layout + kernels > p->workspace_bytes)
+        st = host->set_error(FLASHPORT_ERR_BUFFER_TOO_SMALL,
+                             "cuda: this %s needs %zu bytes of workspace; the handle's has %zu",
+                             backward ? "backward" : "forward", layout + kernels,
+                             p->workspace_bytes);
+    if (st == FLASHPORT_OK && !ws && layout + kernels > 0) {
+        cudaError_t e = cudaMallocAsync(&owned, layout + kernels, ctx->stream);
+        if (e != cudaSuccess)
+            st = fp_cuda_error(e == cudaErrorMemoryAllocation ? FLASHPORT_ERR_OUT_OF_MEMORY
+                                                              : FLASHPORT_ERR_DEVICE,
+                               e, "workspace");
+        ws = owned;
+    }
     fp_problem work;
-    void *ws;
-    st = fp_cuda_layout_begin(ctx, p, backward, &work, &ws);
+    if (st == FLASHPORT_OK)
+        st = fp_cuda_layout_begin(ctx, p, backward, &work, ws);
     if (st == FLASHPORT_OK) {
-        flashport_status run =
-            backward ? fp_cuda_sm80_backward(ctx, &work) : fp_cuda_sm80_forward(ctx, &work);
-        st = fp_cuda_layout_end(ctx, p, &work, backward, ws, run);
+        void *kernel_ws = kernels ? (char *)ws + layout : NULL;
+        flashport_status run = backward ? fp_cuda_sm80_backward(ctx, &work, kernel_ws, NULL)
+                                        : fp_cuda_sm80_forward(ctx, &work, kernel_ws, NULL);
+        st = fp_cuda_layout_end(ctx, p, &work, backward, run);
+    }
+    if (owned) {
+        cudaError_t e = cudaFreeAsync(owned, ctx->stream);
+        if (e != cudaSuccess && st == FLASHPORT_OK)
+            st = fp_cuda_error(FLASHPORT_ERR_DEVICE, e, "workspace release");
     }
     return device_leave(ctx, prev, st);
+}
+
+/* Enumeration without a handle: a runtime that finds no driver or device counts 0. */
+static flashport_status cuda_device_count(int *count)
+{
+    int n = 0;
+    cudaError_t e = cudaGetDeviceCount(&n);
+    if (e != cudaSuccess) {
+        cudaGetLastError();
+        n = 0;
+    }
+    *count = n;
+    return FLASHPORT_OK;
+}
+
+static flashport_status cuda_device_props(int device, flashport_device_props *props)
+{
+    int n = 0;
+    cuda_device_count(&n);
+    if (device >= n)
+        return host->set_error(FLASHPORT_ERR_NO_DEVICE, "cuda: device %d does not exist (%d "
+                               "device%s)", device, n, n == 1 ? "" : "s");
+    struct cudaDeviceProp prop;
+    cudaError_t e = cudaGetDeviceProperties(&prop, device);
+    if (e != cudaSuccess)
+        return fp_cuda_error(FLASHPORT_ERR_DEVICE, e, "device properties");
+    snprintf(props->name, sizeof props->name, "%s", prop.name);
+    snprintf(props->arch, sizeof props->arch, "sm_%d%d", prop.major, prop.minor);
+    props->total_memory = prop.totalGlobalMem;
+    props->compute_major = prop.major;
+    props->compute_minor = prop.minor;
+    props->multiprocessors = prop.multiProcessorCount;
+    return FLASHPORT_OK;
 }
 
 static flashport_status cuda_forward(void *vctx, const fp_problem *p)
@@ -334,6 +423,9 @@ static const fp_backend_ops cuda_ops = {
     .event_record = cuda_event_record,
     .event_elapsed_ms = cuda_event_elapsed_ms,
     .event_destroy = cuda_event_destroy,
+    .workspace_size = cuda_workspace_size,
+    .device_count = cuda_device_count,
+    .device_props = cuda_device_props,
 };
 
 __attribute__((visibility("default"))) flashport_status

@@ -53,7 +53,8 @@ class FpTensor(C.Structure):
 
 
 class FpParams(C.Structure):
-    _fields_ = [("scale", C.c_float), ("window_left", C.c_int32), ("window_right", C.c_int32),
+    _fields_ = [("struct_size", C.c_uint32), ("magic", C.c_uint32),
+                ("scale", C.c_float), ("window_left", C.c_int32), ("window_right", C.c_int32),
                 ("causal", C.c_int32), ("softcap", C.c_float), ("alibi_slopes", C.c_void_p),
                 ("cu_seqlens_q", C.c_void_p), ("cu_seqlens_k", C.c_void_p),
                 ("batch", C.c_int32), ("max_seqlen_q", C.c_int32), ("max_seqlen_k", C.c_int32),
@@ -71,7 +72,7 @@ class Flashport:
         L.flashport_version.restype = C.c_char_p
         L.flashport_backend_open.argtypes = [C.c_char_p, C.POINTER(C.c_void_p)]
         L.flashport_set_stream.argtypes = [C.c_void_p, C.c_void_p]
-        L.flashport_attention_params_init.argtypes = [C.POINTER(FpParams)]
+        L.flashport_attention_params_init_sized.argtypes = [C.POINTER(FpParams), C.c_size_t]
         P = C.POINTER(FpTensor)
         L.flashport_attention_forward.argtypes = [C.c_void_p, C.POINTER(FpParams)] + [P] * 5
         L.flashport_attention_backward.argtypes = [C.c_void_p, C.POINTER(FpParams)] + [P] * 9
@@ -100,7 +101,7 @@ class Flashport:
 
     def params(self, causal, deterministic=False):
         p = FpParams()
-        self.lib.flashport_attention_params_init(C.byref(p))
+        self.lib.flashport_attention_params_init_sized(C.byref(p), C.sizeof(p))
         p.causal = int(causal)
         p.deterministic = int(deterministic)
         return p

@@ -191,8 +191,8 @@ flashport_status flashport_available_backends(char *buf, size_t size, size_t *ne
         *needed = n;
     if (n > size)
         return fp_set_error(FLASHPORT_ERR_BUFFER_TOO_SMALL,
-                            "the list of available backends needs %zu bytes; the buffer has %zu",
-                            n, size);
+                            "the list of available backends needs %zu bytes; the buffer has %zu", n,
+                            size);
     return FLASHPORT_OK;
 }
 
@@ -282,8 +282,8 @@ static flashport_status validate_call(flashport_backend *be, flashport_direction
                                       const fp_call_tensors *t, fp_problem *p)
 {
     if (dir != FLASHPORT_FORWARD && dir != FLASHPORT_BACKWARD)
-        return fp_set_error(FLASHPORT_ERR_INVALID_VALUE, "direction %d is neither forward (0) nor "
-                            "backward (1)", (int)dir);
+        return fp_set_error(FLASHPORT_ERR_INVALID_VALUE,
+                            "direction %d is neither forward (0) nor backward (1)", (int)dir);
     flashport_status st = fp_validate_call(be, params, t, dir == FLASHPORT_BACKWARD, p);
     if (st != FLASHPORT_OK)
         return st;
@@ -348,8 +348,8 @@ flashport_status flashport_set_workspace(flashport_backend *be, void *workspace,
         return fp_set_error(FLASHPORT_ERR_NULL_POINTER, "workspace is NULL but bytes is %zu",
                             bytes);
     if ((uintptr_t)workspace % 256 != 0)
-        return fp_set_error(FLASHPORT_ERR_INVALID_VALUE,
-                            "workspace %p is not aligned to 256 bytes", workspace);
+        return fp_set_error(FLASHPORT_ERR_INVALID_VALUE, "workspace %p is not aligned to 256 bytes",
+                            workspace);
     be->workspace = workspace;
     be->workspace_bytes = workspace ? bytes : 0;
     return FLASHPORT_OK;

@@ -23,7 +23,7 @@ extern "C" {
 #endif
 
 /* Bumped whenever fp_problem, fp_backend_ops or fp_host_api change layout or meaning. */
-#define FP_PLUGIN_API_VERSION 3
+#define FP_PLUGIN_API_VERSION  3
 #define FP_PLUGIN_ENTRY_SYMBOL "flashport_plugin_entry"
 
 /* Stride order of every fp_problem tensor: [batch, seq, head, dim]. For varlen problems the batch
@@ -130,8 +130,7 @@ typedef struct fp_backend_ops {
     /* Optional. The scratch bytes forward (backward = 0) or backward would need for p, or the
      * status the call would refuse it with (the kernel choice and its device limits), launching
      * nothing. NULL: no scratch, nothing refused beyond the caps. */
-    flashport_status (*workspace_size)(void *ctx, const fp_problem *p, int backward,
-                                       size_t *bytes);
+    flashport_status (*workspace_size)(void *ctx, const fp_problem *p, int backward, size_t *bytes);
 
     /* Optional device enumeration, callable without opening a device. device_count reports 0
      * (and OK) when the runtime finds no usable device. NULL: one device, the host. */

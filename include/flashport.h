@@ -178,17 +178,16 @@ FLASHPORT_API int flashport_backend_device(const flashport_backend *backend);
  * (always NUL-terminated when size > 0). *needed (when needed is not NULL) receives the size the
  * whole list takes, its NUL included. A buffer shorter than that gets the names that fit, whole,
  * and FLASHPORT_ERR_BUFFER_TOO_SMALL; buf may be NULL when size is 0 (a size query). */
-FLASHPORT_API flashport_status flashport_available_backends(char *buf, size_t size,
-                                                            size_t *needed);
+FLASHPORT_API flashport_status flashport_available_backends(char *buf, size_t size, size_t *needed);
 
 /* What a device is. Host backends ("cpu", "reference") report one device: the host. */
 typedef struct flashport_device_props {
-    char name[256];           /* "NVIDIA H200", "AMD Instinct MI300X", the CPU's model name */
-    char arch[32];            /* "sm_90", "gfx90a", or the host's ISA ("x86_64", "aarch64") */
-    size_t total_memory;      /* bytes of device memory (host: physical memory)             */
-    int32_t compute_major;    /* CUDA compute capability; HIP: the gfx major / minor */
-    int32_t compute_minor;    /* numbers (gfx90a: 9, 0); host: 0, 0                  */
-    int32_t multiprocessors;  /* SMs / CUs; host: online logical CPUs                */
+    char name[256];          /* "NVIDIA H200", "AMD Instinct MI300X", the CPU's model name */
+    char arch[32];           /* "sm_90", "gfx90a", or the host's ISA ("x86_64", "aarch64") */
+    size_t total_memory;     /* bytes of device memory (host: physical memory)             */
+    int32_t compute_major;   /* CUDA: compute capability major; HIP: the runtime's major */
+    int32_t compute_minor;   /* ... and minor (gfx90a: 9, 0); host: 0, 0                  */
+    int32_t multiprocessors; /* SMs / CUs; host: online logical CPUs                      */
 } flashport_device_props;
 
 /* Devices the backend `name` ("cpu", "reference", "cuda", "hip") sees. A GPU backend whose plugin
@@ -320,16 +319,19 @@ FLASHPORT_API flashport_status flashport_attention_backward(
  * pick and whether this device can run it), and run nothing, write nothing. They read
  * cu_seqlens (B + 1 ints) as the call does.
  * ------------------------------------------------------------------------------------------- */
-typedef enum flashport_direction { FLASHPORT_FORWARD = 0, FLASHPORT_BACKWARD = 1 } flashport_direction;
+typedef enum flashport_direction {
+    FLASHPORT_FORWARD = 0,
+    FLASHPORT_BACKWARD = 1
+} flashport_direction;
 
 /* The status (and flashport_last_error() message) the call would return, without running it.
  * FLASHPORT_OK means the call would be served. */
 FLASHPORT_API flashport_status flashport_attention_supported(
     flashport_backend *backend, flashport_direction direction,
-    const flashport_attention_params *params, const flashport_tensor *q,
-    const flashport_tensor *k, const flashport_tensor *v, const flashport_tensor *o,
-    const flashport_tensor *lse, const flashport_tensor *dout, const flashport_tensor *dq,
-    const flashport_tensor *dk, const flashport_tensor *dv);
+    const flashport_attention_params *params, const flashport_tensor *q, const flashport_tensor *k,
+    const flashport_tensor *v, const flashport_tensor *o, const flashport_tensor *lse,
+    const flashport_tensor *dout, const flashport_tensor *dq, const flashport_tensor *dk,
+    const flashport_tensor *dv);
 
 /* *bytes: the device memory the call needs as scratch (split-KV partials, backward row
  * statistics and dQ accumulator, staging of unaligned tensors), 0 when none. Host backends
@@ -337,10 +339,10 @@ FLASHPORT_API flashport_status flashport_attention_supported(
  * the status is what the call would return and *bytes is 0. */
 FLASHPORT_API flashport_status flashport_attention_workspace_size(
     flashport_backend *backend, flashport_direction direction,
-    const flashport_attention_params *params, const flashport_tensor *q,
-    const flashport_tensor *k, const flashport_tensor *v, const flashport_tensor *o,
-    const flashport_tensor *lse, const flashport_tensor *dout, const flashport_tensor *dq,
-    const flashport_tensor *dk, const flashport_tensor *dv, size_t *bytes);
+    const flashport_attention_params *params, const flashport_tensor *q, const flashport_tensor *k,
+    const flashport_tensor *v, const flashport_tensor *o, const flashport_tensor *lse,
+    const flashport_tensor *dout, const flashport_tensor *dq, const flashport_tensor *dk,
+    const flashport_tensor *dv, size_t *bytes);
 
 /* Hands the handle caller-owned device memory (from the caller's allocator: PyTorch's caching
  * allocator, an engine's arena) of `bytes` bytes, aligned to 256 bytes. From then on forward and

@@ -299,8 +299,8 @@ static flashport_status scratch_bytes(const fp_cuda_ctx *ctx, const fp_problem *
 {
     *layout = fp_cuda_layout_bytes(p, backward);
     size_t k = 0;
-    flashport_status st = backward ? fp_cuda_sm80_backward(ctx, p, NULL, &k)
-                                   : fp_cuda_sm80_forward(ctx, p, NULL, &k);
+    flashport_status st =
+        backward ? fp_cuda_sm80_backward(ctx, p, NULL, &k) : fp_cuda_sm80_forward(ctx, p, NULL, &k);
     *kernels = fp_cuda_ws_round(k);
     return st;
 }
@@ -380,8 +380,9 @@ static flashport_status cuda_device_props(int device, flashport_device_props *pr
     int n = 0;
     cuda_device_count(&n);
     if (device >= n)
-        return host->set_error(FLASHPORT_ERR_NO_DEVICE, "cuda: device %d does not exist (%d "
-                               "device%s)", device, n, n == 1 ? "" : "s");
+        return host->set_error(FLASHPORT_ERR_NO_DEVICE,
+                               "cuda: device %d does not exist (%d device%s)", device, n,
+                               n == 1 ? "" : "s");
     struct cudaDeviceProp prop;
     cudaError_t e = cudaGetDeviceProperties(&prop, device);
     if (e != cudaSuccess)

@@ -118,7 +118,7 @@ static flashport_status tp_set_stream(void *ctx, void *stream)
 }
 
 #define TP_WS_PER_ROW 16
-#define TP_WS_FILL 0x5a
+#define TP_WS_FILL    0x5a
 
 static flashport_status tp_workspace_size(void *ctx, const fp_problem *p, int backward,
                                           size_t *bytes)

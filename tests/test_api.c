@@ -102,7 +102,7 @@ static void test_params(flashport_backend *cpu)
                  FLASHPORT_ERR_INVALID_VALUE, "newer flashport header");
 
     /* init writes exactly the size it is given */
-    unsigned char raw[sizeof p + 32];
+    _Alignas(16) unsigned char raw[sizeof p + 32];
     memset(raw, 0xab, sizeof raw);
     flashport_attention_params_init_sized((flashport_attention_params *)raw, 24);
     int kept = 1;
@@ -178,7 +178,7 @@ static void test_queries(flashport_backend *cpu, flashport_backend *dev)
     /* set_workspace argument checks */
     CHECK_STATUS(flashport_set_workspace(cpu, NULL, 64), FLASHPORT_ERR_NULL_POINTER,
                  "workspace is NULL");
-    CHECK_STATUS(flashport_set_workspace(cpu, (void *)(uintptr_t)4096 + 8, 64),
+    CHECK_STATUS(flashport_set_workspace(cpu, (void *)(uintptr_t)(4096 + 8), 64),
                  FLASHPORT_ERR_INVALID_VALUE, "not aligned");
     CHECK_STATUS(flashport_set_workspace(NULL, NULL, 0), FLASHPORT_ERR_NULL_POINTER, "backend");
 

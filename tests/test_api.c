@@ -248,6 +248,21 @@ static void test_devices(int have_dev)
     CHECK_STATUS(flashport_device_count("auto", &n), FLASHPORT_ERR_INVALID_VALUE, "auto");
     CHECK_STATUS(flashport_device_count("nonexistent", &n), FLASHPORT_ERR_BACKEND_UNKNOWN,
                  "nonexistent");
+    /* GPU plugins where they load: every device they count must describe itself. */
+    const char *gpus[] = {"cuda", "hip"};
+    for (int g = 0; g < 2; g++) {
+        if (flashport_device_count(gpus[g], &n) != FLASHPORT_OK)
+            continue; /* plugin not built here */
+        for (int i = 0; i < n; i++) {
+            CHECK(flashport_device_properties(gpus[g], i, &props) == FLASHPORT_OK);
+            CHECK(props.name[0] && props.arch[0] && props.total_memory > 0 &&
+                  props.multiprocessors > 0);
+            printf("%s device %d: %s (%s, %d.%d), %d SMs/CUs, %.1f GiB\n", gpus[g], i, props.name,
+                   props.arch, props.compute_major, props.compute_minor, props.multiprocessors,
+                   (double)props.total_memory / (1 << 30));
+        }
+        CHECK_STATUS(flashport_device_properties(gpus[g], n, &props), FLASHPORT_ERR_NO_DEVICE, "");
+    }
     if (!have_dev)
         return;
     CHECK(flashport_device_count("testdev", &n) == FLASHPORT_OK && n == 2);

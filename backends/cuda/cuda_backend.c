@@ -19,14 +19,18 @@
  * cudaMallocAsync on the handle's stream, freed on the stream after the kernels.
  *
  * Kernels: sm80 path (sm80_fwd.cu, sm80_bwd.cu) on compute capability 8.0 and later, f16 and
- * bf16, head dims that are multiples of 8 up to 256. f32 is not served (the caps leave it out,
- * so the core answers FLASHPORT_ERR_UNSUPPORTED_DTYPE).
+ * bf16, head dims that are multiples of 8 up to 256; the forward runs on the sm90 path
+ * (sm90/sm90_fwd.cu: TMA + wgmma) on compute capability 9.0 where TMA can read the tensors.
+ * FLASHPORT_CUDA_PATH (sm80, sm90, auto; read at each call, for tests and A/B runs) forces a
+ * path. f32 is not served (the caps leave it out, so the core answers
+ * FLASHPORT_ERR_UNSUPPORTED_DTYPE).
  */
 #include "backends/cuda/cuda_internal.h"
 
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 static const fp_host_api *host;
 
@@ -124,6 +128,7 @@ static flashport_status cuda_open(int device, void **out)
     ctx->cc_major = prop.major;
     ctx->cc_minor = prop.minor;
     ctx->smem_optin = prop.sharedMemPerBlockOptin;
+    fp_cuda_sm90_init(ctx);
     /* FLASHPORT_CUDA_SMEM_KIB lowers the shared memory the kernels may plan with, so that the
      * configurations of smaller GPUs (sm_80: 163 KiB, sm_86/89: 99 KiB) can be tested on a
      * larger one. */
@@ -291,16 +296,77 @@ static void cuda_event_destroy(void *vctx, void *event)
     device_leave(ctx, prev, FLASHPORT_OK);
 }
 
-/* Scratch bytes of a call: layout staging first, then the kernels' part (the device current).
- * The kernels' part is sized on p itself: staging changes strides, never the sizes or the
- * kernel choice. */
+typedef enum { FP_CUDA_PATH_AUTO, FP_CUDA_PATH_SM80, FP_CUDA_PATH_SM90 } fp_cuda_path;
+
+/* FLASHPORT_CUDA_PATH: unset, empty or "auto", "sm80", "sm90"; anything else is an error. */
+static flashport_status cuda_path(fp_cuda_path *path)
+{
+    const char *env = getenv("FLASHPORT_CUDA_PATH");
+    if (!env || !*env || strcmp(env, "auto") == 0)
+        *path = FP_CUDA_PATH_AUTO;
+    else if (strcmp(env, "sm80") == 0)
+        *path = FP_CUDA_PATH_SM80;
+    else if (strcmp(env, "sm90") == 0)
+        *path = FP_CUDA_PATH_SM90;
+    else
+        return host->set_error(FLASHPORT_ERR_INVALID_VALUE,
+                               "cuda: FLASHPORT_CUDA_PATH=\"%s\" is not one of auto, sm80, sm90",
+                               env);
+    return FLASHPORT_OK;
+}
+
+/* The forward's path: sm90 where it runs (auto or forced), else sm80 (auto or forced); forcing
+ * sm90 where it declines is an error that says why. query != NULL: the scratch bytes of the
+ * chosen path (or its refusal), launching nothing. */
+static flashport_status cuda_forward_path(const fp_cuda_ctx *ctx, const fp_problem *p, void *ws,
+                                          size_t *query)
+{
+    fp_cuda_path path;
+    flashport_status st = cuda_path(&path);
+    if (st != FLASHPORT_OK)
+        return st;
+    if (path != FP_CUDA_PATH_SM80) {
+        const char *declined = NULL;
+        st = fp_cuda_sm90_forward(ctx, p,
+                                  path == FP_CUDA_PATH_SM90 ? "FLASHPORT_CUDA_PATH=sm90"
+                                                            : "auto: compute capability 9.0",
+                                  &declined, ws, query);
+        if (!declined)
+            return st;
+        if (path == FP_CUDA_PATH_SM90)
+            return fp_cuda_refuse(FLASHPORT_ERR_UNSUPPORTED_FEATURE,
+                                  "FLASHPORT_CUDA_PATH=sm90, but the sm90 path cannot run this "
+                                  "call: %s",
+                                  declined);
+        if (!query)
+            fp_cuda_log("forward: sm80 path (auto; the sm90 path declined: %s)", declined);
+    }
+    return fp_cuda_sm80_forward(ctx, p, ws, query);
+}
+
+/* Scratch bytes of a call: layout staging first, then the kernels' part (the device current),
+ * sized on p itself: staging changes strides, never the sizes. A forward gets room for either
+ * path, since whether the sm90 path declines is decided on the staged layout. refuse: also
+ * return the refusal the call would give (flashport_attention_supported / _workspace_size); a
+ * run gets it from the launch itself. */
 static flashport_status scratch_bytes(const fp_cuda_ctx *ctx, const fp_problem *p, int backward,
-                                      size_t *layout, size_t *kernels)
+                                      int refuse, size_t *layout, size_t *kernels)
 {
     *layout = fp_cuda_layout_bytes(p, backward);
     size_t k = 0;
-    flashport_status st =
-        backward ? fp_cuda_sm80_backward(ctx, p, NULL, &k) : fp_cuda_sm80_forward(ctx, p, NULL, &k);
+    flashport_status st = FLASHPORT_OK;
+    if (backward)
+        st = fp_cuda_sm80_backward(ctx, p, NULL, &k);
+    else if (refuse)
+        st = cuda_forward_path(ctx, p, NULL, &k);
+    if (st == FLASHPORT_OK && !backward) {
+        size_t k90 = 0, k80 = 0;
+        const char *declined;
+        if (fp_cuda_sm90_forward(ctx, p, "query", &declined, NULL, &k90) == FLASHPORT_OK && k90 > k)
+            k = k90;
+        if (fp_cuda_sm80_forward(ctx, p, NULL, &k80) == FLASHPORT_OK && k80 > k)
+            k = k80;
+    }
     *kernels = fp_cuda_ws_round(k);
     return st;
 }
@@ -314,14 +380,15 @@ static flashport_status cuda_workspace_size(void *vctx, const fp_problem *p, int
     if (st != FLASHPORT_OK)
         return st;
     size_t layout = 0, kernels = 0;
-    st = scratch_bytes(ctx, p, backward, &layout, &kernels);
+    st = scratch_bytes(ctx, p, backward, 1, &layout, &kernels);
     *bytes = st == FLASHPORT_OK ? layout + kernels : 0;
     return device_leave(ctx, prev, st);
 }
 
 /* Forward and backward alike: enter the device, size and take the scratch, stage tensors the
- * kernels cannot read in place (layout.cu), run the sm80 kernels, copy staged outputs back,
- * release the scratch (when it is ours), leave the device. */
+ * kernels cannot read in place (layout.cu), run the kernels (the forward on the sm90 or sm80
+ * path, the backward on the sm80 path on every device: there is no sm90 backward yet), copy
+ * staged outputs back, release the scratch (when it is ours), leave the device. */
 static flashport_status cuda_run(void *vctx, const fp_problem *p, int backward)
 {
     const fp_cuda_ctx *ctx = vctx;
@@ -330,7 +397,7 @@ static flashport_status cuda_run(void *vctx, const fp_problem *p, int backward)
     if (st != FLASHPORT_OK)
         return st;
     size_t layout = 0, kernels = 0;
-    st = scratch_bytes(ctx, p, backward, &layout, &kernels);
+    st = scratch_bytes(ctx, p, backward, 0, &layout, &kernels);
     void *ws = p->workspace, *owned = NULL;
     if (st == FLASHPORT_OK && ws && layout + kernels > p->workspace_bytes)
         st = host->set_error(FLASHPORT_ERR_BUFFER_TOO_SMALL,
@@ -351,7 +418,7 @@ static flashport_status cuda_run(void *vctx, const fp_problem *p, int backward)
     if (st == FLASHPORT_OK) {
         void *kernel_ws = kernels ? (char *)ws + layout : NULL;
         flashport_status run = backward ? fp_cuda_sm80_backward(ctx, &work, kernel_ws, NULL)
-                                        : fp_cuda_sm80_forward(ctx, &work, kernel_ws, NULL);
+                                        : cuda_forward_path(ctx, &work, kernel_ws, NULL);
         st = fp_cuda_layout_end(ctx, p, &work, backward, run);
     }
     if (owned) {

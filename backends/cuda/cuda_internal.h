@@ -6,6 +6,7 @@
  *   cuda_backend.c   plugin entry, device open, caps, memory helpers, stream, dispatch
  *   sm80_fwd.cu      forward (+ split-KV combine), mma.sync / ldmatrix / cp.async
  *   sm80_bwd.cu      backward: preprocess, dK/dV (+ atomic dQ), deterministic dQ, dQ convert
+ *   sm90/sm90_fwd.cu forward on sm_90a: TMA + wgmma + warp specialization
  *   layout.cu        staging of tensors whose rows are not 16-byte aligned
  */
 #ifndef FLASHPORT_BACKENDS_CUDA_INTERNAL_H
@@ -25,6 +26,7 @@ typedef struct fp_cuda_ctx {
     int sm_count;
     int cc_major, cc_minor;
     size_t smem_optin; /* largest dynamic shared memory one block may ask for */
+    void *encode_tiled; /* the driver's cuTensorMapEncodeTiled (sm90 path), NULL without one */
 } fp_cuda_ctx;
 
 /* Sets the calling thread's error to `status` with "cuda: <what>: <cudaGetErrorString>" and
@@ -75,6 +77,15 @@ flashport_status fp_cuda_sm80_forward(const fp_cuda_ctx *ctx, const fp_problem *
                                       size_t *query);
 flashport_status fp_cuda_sm80_backward(const fp_cuda_ctx *ctx, const fp_problem *p, void *ws,
                                        size_t *query);
+
+/* sm90 path: fp_cuda_sm90_init looks up what it needs from the driver at open. The forward
+ * either runs (its status returned, *declined NULL) or declines without touching the device
+ * (FLASHPORT_OK, *declined = the reason: not a 9.0 device, a layout TMA cannot read, ...).
+ * `why` is the path choice's reason, for the log. ws and query as for fp_cuda_sm80_forward;
+ * a query reports the bytes of its configuration even where it then declines. */
+void fp_cuda_sm90_init(fp_cuda_ctx *ctx);
+flashport_status fp_cuda_sm90_forward(const fp_cuda_ctx *ctx, const fp_problem *p, const char *why,
+                                      const char **declined, void *ws, size_t *query);
 
 #ifdef __cplusplus
 }

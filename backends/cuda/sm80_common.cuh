@@ -115,6 +115,10 @@ static inline void fp_sm80_fill_args(const fp_problem *p, fp_sm80_args *a)
     a->splits = 1;
 }
 
+/* Launches the split-KV combine of the forward (sm80_fwd.cu) on a's partials: every path's
+ * split forward writes the same o_part / lse_part layout. */
+cudaError_t fp_cuda_fwd_combine(const fp_problem *p, const fp_sm80_args *a, cudaStream_t stream);
+
 /* Where sequence b's tokens start and how many there are. */
 typedef struct fp_cuda_seq {
     int64_t q_start, k_start;

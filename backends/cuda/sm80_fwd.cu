@@ -605,6 +605,16 @@ __global__ void __launch_bounds__(128) fp_sm80_fwd_combine(const fp_sm80_args a)
         a.lse[fp_cuda_lse_off(a, b, sq_.q_start + i, h)] = lse;
 }
 
+cudaError_t fp_cuda_fwd_combine(const fp_problem *p, const fp_sm80_args *a, cudaStream_t stream)
+{
+    dim3 grid((unsigned)((a->nq + 3) / 4), (unsigned)p->heads, (unsigned)p->batch);
+    if (p->dtype == FLASHPORT_F16)
+        fp_sm80_fwd_combine<__half><<<grid, 128, 0, stream>>>(*a);
+    else
+        fp_sm80_fwd_combine<__nv_bfloat16><<<grid, 128, 0, stream>>>(*a);
+    return cudaGetLastError();
+}
+
 template <typename T, int DK, int ALT>
 static flashport_status fp_fwd_launch(const fp_cuda_ctx *ctx, const fp_problem *p, fp_sm80_args a,
                                       void *ws, size_t *query)
@@ -658,11 +668,8 @@ static flashport_status fp_fwd_launch(const fp_cuda_ctx *ctx, const fp_problem *
                     DK, BM, BN, CFG::NW, CFG::PP ? ", ping-pong" : "", (long long)p->head_dim,
                     grid.x, grid.y, grid.z, a.splits);
     }
-    if (e == cudaSuccess && a.splits > 1) {
-        dim3 grid((unsigned)((a.nq + 3) / 4), (unsigned)p->heads, (unsigned)p->batch);
-        fp_sm80_fwd_combine<T><<<grid, 128, 0, stream>>>(a);
-        e = cudaGetLastError();
-    }
+    if (e == cudaSuccess && a.splits > 1)
+        e = fp_cuda_fwd_combine(p, &a, stream);
     return e == cudaSuccess ? FLASHPORT_OK
                             : fp_cuda_error(FLASHPORT_ERR_DEVICE, e, "forward kernel launch");
 }

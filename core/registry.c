@@ -281,13 +281,14 @@ static void compute_available(void)
     }
 }
 
-void fp_registry_available(char *buf, size_t size)
+size_t fp_registry_available(char *buf, size_t size)
 {
-    if (size == 0)
-        return;
     pthread_once(&available_once, compute_available);
+    const size_t needed = strlen(available) + 1;
+    if (size == 0)
+        return needed;
     /* Whole names only: a list cut short ends at the last name that fits. */
-    size_t n = strlen(available);
+    size_t n = needed - 1;
     if (n >= size) {
         n = size - 1;
         while (n > 0 && available[n] != ',')
@@ -295,6 +296,7 @@ void fp_registry_available(char *buf, size_t size)
     }
     memcpy(buf, available, n);
     buf[n] = '\0';
+    return needed;
 }
 
 flashport_status fp_registry_get(const char *name, const fp_backend_ops **ops)

@@ -338,14 +338,41 @@ static void view(fp_tensor_view *v, const flashport_tensor *t, int varlen)
     }
 }
 
-flashport_status fp_validate_call(flashport_backend *be, const flashport_attention_params *p,
+flashport_status fp_params_normalize(const flashport_attention_params *p,
+                                     flashport_attention_params *full)
+{
+    if (p->magic != FLASHPORT_PARAMS_MAGIC)
+        return fp_set_error(FLASHPORT_ERR_UNINITIALIZED,
+                            "params were not initialized: call flashport_attention_params_init "
+                            "before setting fields (magic is 0x%08x, expected 0x%08x)",
+                            (unsigned)p->magic, (unsigned)FLASHPORT_PARAMS_MAGIC);
+    if (p->struct_size < FP_PARAMS_MIN_SIZE)
+        return fp_set_error(FLASHPORT_ERR_UNINITIALIZED,
+                            "params were not initialized: struct_size %u is below the smallest "
+                            "params struct (%zu bytes); call flashport_attention_params_init",
+                            (unsigned)p->struct_size, (size_t)FP_PARAMS_MIN_SIZE);
+    if (p->struct_size > sizeof *full)
+        return fp_set_error(FLASHPORT_ERR_INVALID_VALUE,
+                            "params come from a newer flashport header (%u bytes; this library "
+                            "%s knows %zu): use the header of the library you run with",
+                            (unsigned)p->struct_size, flashport_version(), sizeof *full);
+    flashport_attention_params_init(full);
+    memcpy(full, p, p->struct_size);
+    return FLASHPORT_OK;
+}
+
+flashport_status fp_validate_call(flashport_backend *be, const flashport_attention_params *user,
                                   const fp_call_tensors *t, int backward, fp_problem *out)
 {
     flashport_status st;
     if (!be)
         return fp_set_error(FLASHPORT_ERR_NULL_POINTER, "backend is NULL");
-    if (!p)
+    if (!user)
         return fp_set_error(FLASHPORT_ERR_NULL_POINTER, "params is NULL");
+    flashport_attention_params full;
+    if ((st = fp_params_normalize(user, &full)) != FLASHPORT_OK)
+        return st;
+    const flashport_attention_params *p = &full;
     const char *names[] = {"q", "k", "v", "o", "lse", "dout", "dq", "dk", "dv"};
     const flashport_tensor *all[] = {t->q,    t->k,  t->v,  t->o, t->lse,
                                      t->dout, t->dq, t->dk, t->dv};

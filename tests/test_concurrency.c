@@ -66,7 +66,7 @@ static void *worker(void *arg)
             (*bad)++;
         if (flashport_backend_open(round % 2 ? "cuda" : "hip", &be) == FLASHPORT_OK)
             flashport_backend_close(be);
-        if (flashport_available_backends(avail, sizeof avail) != FLASHPORT_OK ||
+        if (flashport_available_backends(avail, sizeof avail, NULL) != FLASHPORT_OK ||
             !strstr(avail, "cpu"))
             (*bad)++;
         if (flashport_backend_open("auto", &be) == FLASHPORT_OK)

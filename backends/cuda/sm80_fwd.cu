@@ -616,7 +616,8 @@ cudaError_t fp_cuda_fwd_combine(const fp_problem *p, const fp_sm80_args *a, cuda
 }
 
 template <typename T, int DK, int ALT>
-static flashport_status fp_fwd_launch(const fp_cuda_ctx *ctx, const fp_problem *p, fp_sm80_args a)
+static flashport_status fp_fwd_launch(const fp_cuda_ctx *ctx, const fp_problem *p, fp_sm80_args a,
+                                      void *ws, size_t *query)
 {
     using CFG = fp_fwd_cfg<DK, ALT>;
     constexpr int BM = fp_fwd_bm<DK, ALT>(), BN = CFG::BN;
@@ -640,21 +641,20 @@ static flashport_status fp_fwd_launch(const fp_cuda_ctx *ctx, const fp_problem *
     target.block_k = BN;
     target.max_splits = 64;
     const fp_plan plan = fp_plan_forward(&shape, &target);
-    if (plan.num_q_blocks == 0 || p->batch == 0 || p->heads == 0)
+    const bool empty = plan.num_q_blocks == 0 || p->batch == 0 || p->heads == 0;
+    /* split-KV partials: normalized O (f32) and LSE of every (split, b, h, row) */
+    const size_t rows = (size_t)plan.num_splits * p->batch * p->heads * a.nq;
+    if (query) {
+        *query = empty || plan.num_splits <= 1 ? 0 : rows * (size_t)(a.d + 1) * sizeof(float);
+        return FLASHPORT_OK;
+    }
+    if (empty)
         return FLASHPORT_OK;
     a.splits = plan.num_splits;
     a.keys_per_split = plan.keys_per_split;
     a.reverse = plan.heavy_first;
 
-    void *ws = NULL;
     if (a.splits > 1) {
-        const size_t rows = (size_t)a.splits * p->batch * p->heads * a.nq;
-        const size_t bytes = rows * (size_t)(a.d + 1) * sizeof(float);
-        e = cudaMallocAsync(&ws, bytes, stream);
-        if (e != cudaSuccess)
-            return fp_cuda_error(e == cudaErrorMemoryAllocation ? FLASHPORT_ERR_OUT_OF_MEMORY
-                                                                : FLASHPORT_ERR_DEVICE,
-                                 e, "split-KV workspace");
         a.o_part = (float *)ws;
         a.lse_part = a.o_part + rows * a.d;
     }
@@ -670,11 +670,6 @@ static flashport_status fp_fwd_launch(const fp_cuda_ctx *ctx, const fp_problem *
     }
     if (e == cudaSuccess && a.splits > 1)
         e = fp_cuda_fwd_combine(p, &a, stream);
-    if (ws) {
-        cudaError_t ef = cudaFreeAsync(ws, stream);
-        if (e == cudaSuccess)
-            e = ef;
-    }
     return e == cudaSuccess ? FLASHPORT_OK
                             : fp_cuda_error(FLASHPORT_ERR_DEVICE, e, "forward kernel launch");
 }
@@ -716,19 +711,19 @@ static bool fp_fwd_pingpong(const fp_cuda_ctx *ctx, const fp_problem *p)
 
 template <typename T>
 static flashport_status fp_fwd_dispatch(const fp_cuda_ctx *ctx, const fp_problem *p,
-                                        const fp_sm80_args &a)
+                                        const fp_sm80_args &a, void *ws, size_t *query)
 {
     if (p->head_dim <= 64)
-        return fp_fwd_pingpong(ctx, p) ? fp_fwd_launch<T, 64, 1>(ctx, p, a)
-                                       : fp_fwd_launch<T, 64, 0>(ctx, p, a);
+        return fp_fwd_pingpong(ctx, p) ? fp_fwd_launch<T, 64, 1>(ctx, p, a, ws, query)
+                                       : fp_fwd_launch<T, 64, 0>(ctx, p, a, ws, query);
     if (p->head_dim <= 128)
-        return fp_fwd_launch<T, 128, 0>(ctx, p, a);
+        return fp_fwd_launch<T, 128, 0>(ctx, p, a, ws, query);
     if (ctx->smem_optin >= 2 * fp_fwd_smem<256, 0>()) /* two blocks per SM */
-        return fp_fwd_launch<T, 256, 0>(ctx, p, a);
+        return fp_fwd_launch<T, 256, 0>(ctx, p, a, ws, query);
     if (ctx->smem_optin >= fp_fwd_smem<256, 1>())
-        return fp_fwd_launch<T, 256, 1>(ctx, p, a);
+        return fp_fwd_launch<T, 256, 1>(ctx, p, a, ws, query);
     if (ctx->smem_optin >= fp_fwd_smem<256, 2>())
-        return fp_fwd_launch<T, 256, 2>(ctx, p, a);
+        return fp_fwd_launch<T, 256, 2>(ctx, p, a, ws, query);
     return fp_cuda_refuse(FLASHPORT_ERR_UNSUPPORTED_HEAD_DIM,
                           "the forward at head dim %lld needs %zu KiB of shared memory per block; "
                           "this device allows %zu KiB",
@@ -736,11 +731,12 @@ static flashport_status fp_fwd_dispatch(const fp_cuda_ctx *ctx, const fp_problem
                           ctx->smem_optin / 1024);
 }
 
-extern "C" flashport_status fp_cuda_sm80_forward(const fp_cuda_ctx *ctx, const fp_problem *p)
+extern "C" flashport_status fp_cuda_sm80_forward(const fp_cuda_ctx *ctx, const fp_problem *p,
+                                                 void *ws, size_t *query)
 {
     fp_sm80_args a;
     fp_sm80_fill_args(p, &a);
     if (p->dtype == FLASHPORT_F16)
-        return fp_fwd_dispatch<__half>(ctx, p, a);
-    return fp_fwd_dispatch<__nv_bfloat16>(ctx, p, a);
+        return fp_fwd_dispatch<__half>(ctx, p, a, ws, query);
+    return fp_fwd_dispatch<__nv_bfloat16>(ctx, p, a, ws, query);
 }

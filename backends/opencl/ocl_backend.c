@@ -433,24 +433,26 @@ static flashport_status ocl_backward(void *ctx, const fp_problem *p)
     return fp_ocl_backward(ctx, p);
 }
 
+/* workspace_size, device_count and device_props are left NULL: the OpenCL backend takes no
+ * caller workspace and does not enumerate devices through the API yet. */
 static const fp_backend_ops ocl_ops = {
-    FP_PLUGIN_API_VERSION,
-    "opencl",
-    ocl_open,
-    ocl_close,
-    ocl_caps,
-    ocl_malloc,
-    ocl_free,
-    ocl_copy_to_device,
-    ocl_copy_to_host,
-    ocl_synchronize,
-    ocl_set_stream,
-    ocl_forward,
-    ocl_backward,
-    ocl_event_create,
-    ocl_event_record,
-    ocl_event_elapsed_ms,
-    ocl_event_destroy,
+    .api_version = FP_PLUGIN_API_VERSION,
+    .name = "opencl",
+    .open = ocl_open,
+    .close = ocl_close,
+    .caps = ocl_caps,
+    .malloc_fn = ocl_malloc,
+    .free_fn = ocl_free,
+    .copy_to_device = ocl_copy_to_device,
+    .copy_to_host = ocl_copy_to_host,
+    .synchronize = ocl_synchronize,
+    .set_stream = ocl_set_stream,
+    .forward = ocl_forward,
+    .backward = ocl_backward,
+    .event_create = ocl_event_create,
+    .event_record = ocl_event_record,
+    .event_elapsed_ms = ocl_event_elapsed_ms,
+    .event_destroy = ocl_event_destroy,
 };
 
 __attribute__((visibility("default"))) flashport_status

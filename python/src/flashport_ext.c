@@ -587,7 +587,7 @@ static PyObject *py_version(PyObject *self, PyObject *unused)
 static PyObject *py_available_backends(PyObject *self, PyObject *unused)
 {
     char buf[512];
-    flashport_status st = flashport_available_backends(buf, sizeof buf);
+    flashport_status st = flashport_available_backends(buf, sizeof buf, NULL);
     if (st != FLASHPORT_OK)
         return raise_library(st);
     return PyUnicode_FromString(buf);

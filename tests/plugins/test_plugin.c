@@ -8,7 +8,11 @@
  *                   and LSE[b, h, i] = 1000 + i, so a test can tell its output from any real
  *                   backend's. Caps: f16 and bf16 forward only (no f32), D a multiple of 8 up to
  *                   64, stride 1 on the last dimension; no backward, no varlen. set_stream
- *                   rejects any non-NULL stream with FLASHPORT_ERR_DEVICE.
+ *                   rejects any non-NULL stream with FLASHPORT_ERR_DEVICE. It needs
+ *                   TP_WS_PER_ROW bytes of scratch per (batch, query row, head) and refuses
+ *                   D = 48 in workspace_size as a kernel-level refusal would; with a caller
+ *                   workspace it fills the bytes it needs with TP_WS_FILL (so a test can see it
+ *                   was used) or refuses a short one. Two devices, "test device 0" and "1".
  *   TP_KIND_NODEV   "testnodev": every open() fails with FLASHPORT_ERR_NO_DEVICE.
  *   TP_KIND_OLDAPI  "testoldapi": the entry refuses a core whose API version is not the one
  *                   after the current (a plugin from another release).
@@ -28,6 +32,7 @@
 #include "core/backend.h"
 #include "core/dtype.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -135,6 +140,41 @@ static flashport_status tp_set_stream(void *ctx, void *stream)
     return FLASHPORT_OK;
 }
 
+#define TP_WS_PER_ROW 16
+#define TP_WS_FILL    0x5a
+
+static flashport_status tp_workspace_size(void *ctx, const fp_problem *p, int backward,
+                                          size_t *bytes)
+{
+    (void)ctx;
+    (void)backward;
+    if (p->head_dim == 48)
+        return host->set_error(FLASHPORT_ERR_UNSUPPORTED_HEAD_DIM,
+                               "%s: no kernel for head dim 48 on this device", TP_NAME);
+    *bytes = (size_t)(p->batch * p->seqlen_q * p->heads) * TP_WS_PER_ROW;
+    return FLASHPORT_OK;
+}
+
+static flashport_status tp_device_count(int *count)
+{
+    *count = 2;
+    return FLASHPORT_OK;
+}
+
+static flashport_status tp_device_props(int device, flashport_device_props *props)
+{
+    if (device >= 2)
+        return host->set_error(FLASHPORT_ERR_NO_DEVICE, "%s: no device %d (2 devices)", TP_NAME,
+                               device);
+    snprintf(props->name, sizeof props->name, "test device %d", device);
+    snprintf(props->arch, sizeof props->arch, "tp_%d", 10 + device);
+    props->total_memory = (size_t)1 << 30;
+    props->compute_major = 1;
+    props->compute_minor = device;
+    props->multiprocessors = 4;
+    return FLASHPORT_OK;
+}
+
 /* q, o: (B, Nq, H, D); v: (B, Nk, Hkv, D); lse: (B, H, Nq). */
 static flashport_status tp_forward(void *ctx, const fp_problem *p)
 {
@@ -143,6 +183,17 @@ static flashport_status tp_forward(void *ctx, const fp_problem *p)
                                TP_NAME);
     if (p->varlen)
         return host->set_error(FLASHPORT_ERR_UNSUPPORTED_FEATURE, "%s: no varlen", TP_NAME);
+    size_t need = 0;
+    flashport_status st = tp_workspace_size(ctx, p, 0, &need);
+    if (st != FLASHPORT_OK)
+        return st;
+    if (p->workspace) {
+        if (need > p->workspace_bytes)
+            return host->set_error(FLASHPORT_ERR_BUFFER_TOO_SMALL,
+                                   "%s: needs %zu bytes of workspace, has %zu", TP_NAME, need,
+                                   p->workspace_bytes);
+        memset(p->workspace, TP_WS_FILL, need);
+    }
     host->log("%s: forward (O = q + v[key 0])", TP_NAME);
     int64_t group = p->heads / p->kv_heads;
     for (int64_t b = 0; b < p->batch; b++)
@@ -195,6 +246,9 @@ static const fp_backend_ops tp_ops = {
     NULL,
     NULL,
     NULL,
+    tp_workspace_size,
+    tp_device_count,
+    tp_device_props,
 };
 
 TP_EXPORT flashport_status flashport_plugin_entry(uint32_t core_api_version,

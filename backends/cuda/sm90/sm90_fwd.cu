@@ -50,11 +50,15 @@ extern "C" void fp_cuda_sm90_init(fp_cuda_ctx *ctx)
 }
 
 extern "C" flashport_status fp_cuda_sm90_forward(const fp_cuda_ctx *ctx, const fp_problem *p,
-                                                 const char *why, const char **declined)
+                                                 const char *why, const char **declined, void *ws,
+                                                 size_t *query)
 {
     (void)ctx;
     (void)p;
     (void)why;
+    (void)ws;
+    if (query)
+        *query = 0;
     *declined = "the CUDA emulator has no TMA or wgmma";
     return FLASHPORT_OK;
 }
@@ -576,7 +580,8 @@ static bool fp_sm90_tmap(const fp_cuda_ctx *ctx, CUtensorMap *map, const fp_tens
 
 template <typename T, typename CFG>
 static flashport_status fp_sm90_launch(const fp_cuda_ctx *ctx, const fp_problem *p,
-                                       fp_sm90_fwd_params &prm, const char *why_path)
+                                       fp_sm90_fwd_params &prm, const char *why_path, void *ws,
+                                       size_t *query)
 {
     constexpr int DK = CFG::DK, BN = CFG::BN;
     constexpr size_t smem = CFG::SMEM;
@@ -596,21 +601,20 @@ static flashport_status fp_sm90_launch(const fp_cuda_ctx *ctx, const fp_problem 
     target.block_k = BN;
     target.max_splits = 64;
     const fp_plan plan = fp_plan_forward(&shape, &target);
-    if (plan.num_q_blocks == 0 || p->batch == 0 || p->heads == 0)
+    const bool empty = plan.num_q_blocks == 0 || p->batch == 0 || p->heads == 0;
+    /* split-KV partials, as the sm80 path lays them out (its combine merges them) */
+    const size_t rows = (size_t)plan.num_splits * p->batch * p->heads * a.nq;
+    if (query) {
+        *query = empty || plan.num_splits <= 1 ? 0 : rows * (size_t)(a.d + 1) * sizeof(float);
+        return FLASHPORT_OK;
+    }
+    if (empty)
         return FLASHPORT_OK;
     a.splits = plan.num_splits;
     a.keys_per_split = plan.keys_per_split;
     a.reverse = plan.heavy_first;
 
-    void *ws = NULL;
     if (a.splits > 1) {
-        const size_t rows = (size_t)a.splits * p->batch * p->heads * a.nq;
-        const size_t bytes = rows * (size_t)(a.d + 1) * sizeof(float);
-        e = cudaMallocAsync(&ws, bytes, stream);
-        if (e != cudaSuccess)
-            return fp_cuda_error(e == cudaErrorMemoryAllocation ? FLASHPORT_ERR_OUT_OF_MEMORY
-                                                                : FLASHPORT_ERR_DEVICE,
-                                 e, "split-KV workspace");
         a.o_part = (float *)ws;
         a.lse_part = a.o_part + rows * a.d;
     }
@@ -623,20 +627,23 @@ static flashport_status fp_sm90_launch(const fp_cuda_ctx *ctx, const fp_problem 
                 (long long)p->head_dim, grid.x, grid.y, grid.z, a.splits, why_path);
     if (e == cudaSuccess && a.splits > 1)
         e = fp_cuda_fwd_combine(p, &a, stream);
-    if (ws) {
-        cudaError_t ef = cudaFreeAsync(ws, stream);
-        if (e == cudaSuccess)
-            e = ef;
-    }
     return e == cudaSuccess ? FLASHPORT_OK
                             : fp_cuda_error(FLASHPORT_ERR_DEVICE, e, "sm90 forward kernel launch");
 }
 
+/* query: the split-KV bytes of this configuration, whether or not TMA can read the tensors
+ * (cuda_backend.c sizes the scratch for either path), and *declined as a run would set it. */
 template <typename T, typename CFG>
 static flashport_status fp_sm90_run(const fp_cuda_ctx *ctx, const fp_problem *p, const char *why,
-                                    const char **declined)
+                                    const char **declined, void *ws, size_t *query)
 {
     fp_sm90_fwd_params prm;
+    if (query) {
+        fp_sm80_fill_args(p, &prm.a);
+        flashport_status st = fp_sm90_launch<T, CFG>(ctx, p, prm, why, NULL, query);
+        if (st != FLASHPORT_OK)
+            return st;
+    }
     const int64_t bq = p->varlen ? 1 : p->batch;
     const int64_t tq = p->varlen ? p->total_q : p->seqlen_q;
     const int64_t tk = p->varlen ? p->total_k : p->seqlen_k;
@@ -647,21 +654,24 @@ static flashport_status fp_sm90_run(const fp_cuda_ctx *ctx, const fp_problem *p,
                       declined) ||
         !fp_sm90_tmap(ctx, &prm.tv, p->v, p->dtype, p->head_dim, tk, p->kv_heads, bq, bn, declined))
         return FLASHPORT_OK;
+    if (query)
+        return FLASHPORT_OK;
     fp_sm80_fill_args(p, &prm.a);
-    return fp_sm90_launch<T, CFG>(ctx, p, prm, why);
+    return fp_sm90_launch<T, CFG>(ctx, p, prm, why, ws, NULL);
 }
 
 template <typename T>
 static flashport_status fp_sm90_dispatch(const fp_cuda_ctx *ctx, const fp_problem *p,
-                                         const char *why, const char **declined)
+                                         const char *why, const char **declined, void *ws,
+                                         size_t *query)
 {
     if (p->head_dim <= 64)
-        return fp_sm90_run<T, fp_sm90_fwd_d64>(ctx, p, why, declined);
+        return fp_sm90_run<T, fp_sm90_fwd_d64>(ctx, p, why, declined, ws, query);
     if (p->head_dim <= 128)
-        return fp_sm90_run<T, fp_sm90_fwd_d128>(ctx, p, why, declined);
+        return fp_sm90_run<T, fp_sm90_fwd_d128>(ctx, p, why, declined, ws, query);
     if (p->head_dim <= 192)
-        return fp_sm90_run<T, fp_sm90_fwd_d192>(ctx, p, why, declined);
-    return fp_sm90_run<T, fp_sm90_fwd_d256>(ctx, p, why, declined);
+        return fp_sm90_run<T, fp_sm90_fwd_d192>(ctx, p, why, declined, ws, query);
+    return fp_sm90_run<T, fp_sm90_fwd_d256>(ctx, p, why, declined, ws, query);
 }
 
 /* The driver's cuTensorMapEncodeTiled, through the runtime (the plugin links no libcuda). */
@@ -678,9 +688,12 @@ extern "C" void fp_cuda_sm90_init(fp_cuda_ctx *ctx)
 }
 
 extern "C" flashport_status fp_cuda_sm90_forward(const fp_cuda_ctx *ctx, const fp_problem *p,
-                                                 const char *why, const char **declined)
+                                                 const char *why, const char **declined, void *ws,
+                                                 size_t *query)
 {
     *declined = NULL;
+    if (query)
+        *query = 0;
     if (ctx->cc_major != 9 || ctx->cc_minor != 0) {
         *declined = "the sm90 path needs compute capability 9.0";
         return FLASHPORT_OK;
@@ -694,8 +707,8 @@ extern "C" flashport_status fp_cuda_sm90_forward(const fp_cuda_ctx *ctx, const f
         return FLASHPORT_OK;
     }
     if (p->dtype == FLASHPORT_F16)
-        return fp_sm90_dispatch<__half>(ctx, p, why, declined);
-    return fp_sm90_dispatch<__nv_bfloat16>(ctx, p, why, declined);
+        return fp_sm90_dispatch<__half>(ctx, p, why, declined, ws, query);
+    return fp_sm90_dispatch<__nv_bfloat16>(ctx, p, why, declined, ws, query);
 }
 
 #endif /* FP_CUDA_EMU */

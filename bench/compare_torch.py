@@ -1,23 +1,33 @@
 #!/usr/bin/env python3
-"""Side-by-side timing of flashport's CUDA backend and PyTorch SDPA on one GPU, in one process.
+"""Side-by-side timing of flashport and PyTorch SDPA on one GPU (or the CPU), in one process.
 
-Our kernels run through the public C API (libflashport.so through ctypes) on the very tensors that
-SDPA reads: torch tensors' data_ptr() are the device pointers of the flashport tensor descriptors,
-and flashport's stream is torch's current stream (flashport_set_stream), so both sides are timed
-the same way by triton.testing.do_bench (CUDA events, median). SDPA runs with each backend forced:
-flash (FlashAttention-2), cuDNN and memory-efficient.
+Our kernels run through the flashport Python package (pip install .) on the very tensors that
+SDPA reads: flashport takes torch tensors through DLPack and enqueues on torch's current stream,
+so both sides are timed the same way, by triton.testing.do_bench on a GPU (CUDA events, median),
+by the host clock on the CPU (median). Outputs are preallocated (the package's out= arguments),
+so a timing is the call, not an allocation. SDPA runs with each backend forced: on a GPU flash
+(FlashAttention-2), cuDNN and memory-efficient; on the CPU (--backend cpu) torch's CPU flash
+kernel and math.
 
 Grid (../shared/ANCHORS.md): B*N = 16384 tokens, H*D = 2048, D in {64, 128, 256}, N in {512,
-2048, 8192, 16384}, causal and not, bf16 and fp16, forward and backward. FLOPs by the
-FlashAttention convention: forward 4*B*H*N*N*D, halved for causal; backward 2.5x forward.
+2048, 8192, 16384}, causal and not, bf16 and fp16, forward and backward. --backend cpu defaults to
+a laptop-sized grid (B*N = 4096, H*D = 512, D in {64, 128}, N in {512, 2048}, fp32 and bf16), and
+--tokens / --hd change either grid. FLOPs by the FlashAttention convention: forward 4*B*H*N*N*D,
+halved for causal; backward 2.5x forward.
 
 Before timing, every shape checks that our O, dQ, dK, dV agree with SDPA flash (relative L2 of the
-difference; bf16 <= 2e-2, fp16 <= 5e-3 counts as agreement: both sides round P to the dtype).
+difference; bf16 <= 2e-2, fp16 <= 5e-3, fp32 <= 1e-4 counts as agreement: both sides round P to
+the dtype).
 
 Writes into --out: compare_torch.md (table and ratios), compare_torch.csv (every timing),
 compare_torch.png (TFLOP/s against N), and prints the markdown last.
 
+    python3 bench/compare_torch.py --out out/                     # the installed package
     python3 bench/compare_torch.py --lib build/lib/libflashport.so --out out/
+    python3 bench/compare_torch.py --backend cpu --out out/
+
+--lib names a build tree's libflashport.so: the GPU plugin next to it is used instead of the
+package's own (FLASHPORT_PLUGIN_PATH), so a rebuilt plugin is timed without reinstalling.
 
 A/B runs of our backward: --bwd-env VAR=A,B,... times it once per value of the environment
 variable VAR (read by the library at each call), checks each against SDPA flash, and adds a table
@@ -27,97 +37,66 @@ identical-code control column: its later columns are labelled VAR=value#n. --imp
 backends that are timed (SDPA flash is always run once, for the agreement check).
 
 Order per shape: SDPA flash and ours alternate --rounds times (default 2) and each keeps its
-fastest round (the median of do_bench within a round); then our deterministic backward, cuDNN
-and memory-efficient SDPA, timed once.
+fastest round (the median of a timing within a round); then our deterministic backward and the
+other SDPA backends, timed once.
 """
 import argparse
 import collections
-import ctypes as C
 import csv
 import datetime
-import math
 import os
+import statistics
 import sys
+import time
 
 import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
-import triton.testing
 
-F16, BF16, F32 = 1, 2, 0
-
-
-class FpTensor(C.Structure):
-    _fields_ = [("data", C.c_void_p), ("dtype", C.c_int), ("rank", C.c_int32),
-                ("shape", C.c_int64 * 4), ("stride", C.c_int64 * 4)]
-
-
-class FpParams(C.Structure):
-    _fields_ = [("scale", C.c_float), ("window_left", C.c_int32), ("window_right", C.c_int32),
-                ("causal", C.c_int32), ("softcap", C.c_float), ("alibi_slopes", C.c_void_p),
-                ("cu_seqlens_q", C.c_void_p), ("cu_seqlens_k", C.c_void_p),
-                ("batch", C.c_int32), ("max_seqlen_q", C.c_int32), ("max_seqlen_k", C.c_int32),
-                ("deterministic", C.c_int32), ("descale_q", C.c_float),
-                ("descale_k", C.c_float), ("descale_v", C.c_float)]
+import flashport
 
 
 class Flashport:
-    """The few entry points of include/flashport.h that the benchmark needs."""
+    """Our forward and backward on preallocated torch tensors, through the package."""
 
-    def __init__(self, path):
-        self.lib = C.CDLL(path)
-        L = self.lib
-        L.flashport_last_error.restype = C.c_char_p
-        L.flashport_version.restype = C.c_char_p
-        L.flashport_backend_open.argtypes = [C.c_char_p, C.POINTER(C.c_void_p)]
-        L.flashport_set_stream.argtypes = [C.c_void_p, C.c_void_p]
-        L.flashport_attention_params_init.argtypes = [C.POINTER(FpParams)]
-        P = C.POINTER(FpTensor)
-        L.flashport_attention_forward.argtypes = [C.c_void_p, C.POINTER(FpParams)] + [P] * 5
-        L.flashport_attention_backward.argtypes = [C.c_void_p, C.POINTER(FpParams)] + [P] * 9
-        self.be = C.c_void_p()
-        self.check(L.flashport_backend_open(b"cuda", C.byref(self.be)), "open cuda")
-
-    def check(self, status, what):
-        if status != 0:
-            raise RuntimeError(f"flashport {what}: status {status}: "
-                               f"{self.lib.flashport_last_error().decode()}")
-
-    def use_torch_stream(self):
-        self.check(self.lib.flashport_set_stream(
-            self.be, C.c_void_p(torch.cuda.current_stream().cuda_stream)), "set_stream")
+    def __init__(self, backend):
+        self.backend = backend
+        if backend not in flashport.available_backends():
+            raise SystemExit(f"flashport backend '{backend}' does not open here (available: "
+                             f"{', '.join(flashport.available_backends())}; library "
+                             f"{flashport.library_path()})")
 
     @staticmethod
-    def desc(t):
-        d = FpTensor()
-        d.data = t.data_ptr()
-        d.dtype = {torch.float16: F16, torch.bfloat16: BF16, torch.float32: F32}[t.dtype]
-        d.rank = t.dim()
-        for i in range(t.dim()):
-            d.shape[i] = t.shape[i]
-            d.stride[i] = t.stride(i)
-        return d
-
-    def params(self, causal, deterministic=False):
-        p = FpParams()
-        self.lib.flashport_attention_params_init(C.byref(p))
-        p.causal = int(causal)
-        p.deterministic = int(deterministic)
-        return p
+    def params(causal, deterministic=False):
+        return dict(causal=bool(causal), deterministic=bool(deterministic))
 
     def forward(self, params, q, k, v, o, lse):
-        d = [self.desc(t) for t in (q, k, v, o, lse)]
-        self.check(self.lib.flashport_attention_forward(self.be, C.byref(params),
-                                                        *[C.byref(x) for x in d]), "forward")
+        flashport.attention(q, k, v, causal=params["causal"], return_lse=True, out=(o, lse),
+                            backend=self.backend)
 
     def backward(self, params, q, k, v, o, lse, do, dq, dk, dv):
-        d = [self.desc(t) for t in (q, k, v, o, lse, do, dq, dk, dv)]
-        self.check(self.lib.flashport_attention_backward(self.be, C.byref(params),
-                                                         *[C.byref(x) for x in d]), "backward")
+        flashport.attention_backward(do, q, k, v, o, lse, causal=params["causal"],
+                                     deterministic=params["deterministic"], out=(dq, dk, dv),
+                                     backend=self.backend)
 
 
-SDPA = {"fa2": SDPBackend.FLASH_ATTENTION, "cudnn": SDPBackend.CUDNN_ATTENTION,
-        "eff": SDPBackend.EFFICIENT_ATTENTION}
+# SDPA backends by device; the first is the agreement reference ("SDPA flash"), the first two get
+# ratio columns. Labels are the markdown table's column names.
+SDPA_BY_DEVICE = {
+    "cuda": {"fa2": SDPBackend.FLASH_ATTENTION, "cudnn": SDPBackend.CUDNN_ATTENTION,
+             "eff": SDPBackend.EFFICIENT_ATTENTION},
+    "cpu": {"flash": SDPBackend.FLASH_ATTENTION, "math": SDPBackend.MATH},
+}
+LABELS = {"fa2": "FA2", "cudnn": "cuDNN", "eff": "mem-eff", "flash": "SDPA flash",
+          "math": "SDPA math"}
+SDPA = SDPA_BY_DEVICE["cuda"]
+DEV = "cuda"
+REF = "fa2"
+
+
+def synchronize():
+    if DEV == "cuda":
+        torch.cuda.synchronize()
 
 
 def rel_l2(x, ref):
@@ -126,8 +105,25 @@ def rel_l2(x, ref):
 
 
 def bench_ms(fn, grad_to_none=None, rep=60):
-    return triton.testing.do_bench(fn, warmup=15, rep=rep, grad_to_none=grad_to_none,
-                                   return_mode="median")
+    if DEV == "cuda":
+        import triton.testing
+
+        return triton.testing.do_bench(fn, warmup=15, rep=rep, grad_to_none=grad_to_none,
+                                       return_mode="median")
+    # The CPU: calls run synchronously; the median over `rep` ms (at least 3 calls, 1 warm-up).
+    times, spent = [], 0.0
+    for i in range(1000):
+        for x in grad_to_none or []:
+            x.grad = None
+        t0 = time.perf_counter()
+        fn()
+        dt = time.perf_counter() - t0
+        if i > 0:
+            times.append(dt * 1e3)
+            spent += dt * 1e3
+        if len(times) >= 3 and spent >= rep:
+            break
+    return statistics.median(times)
 
 
 def variant_label(env, n):
@@ -139,8 +135,8 @@ def variant_label(env, n):
 
 
 def run_shape(fp, dtype, D, N, causal, args, bwd_env, fwd_env=None):
-    B, H = 16384 // N, 2048 // D
-    dev = "cuda"
+    B, H = max(1, args.tokens // N), max(1, args.hd // D)
+    dev = DEV
     torch.manual_seed(N * 7 + D + causal)
     # Our layout is (B, N, H, D); SDPA reads the same memory as (B, H, N, D) views.
     q = torch.randn(B, N, H, D, device=dev, dtype=dtype)
@@ -173,7 +169,7 @@ def run_shape(fp, dtype, D, N, causal, args, bwd_env, fwd_env=None):
             os.environ[fwd_env[0]] = value
         o.fill_(float("nan"))
         fp.forward(prm, q, k, v, o, lse)
-        torch.cuda.synchronize()
+        synchronize()
         outs.append(o.clone())
     if fwd_env:
         os.environ[fwd_env[0]] = fwd_env[1][0]
@@ -185,7 +181,7 @@ def run_shape(fp, dtype, D, N, causal, args, bwd_env, fwd_env=None):
         dk.fill_(float("nan"))
         dv.fill_(float("nan"))
         fp.backward(prm, q, k, v, o, lse, do, dq, dk, dv)
-        torch.cuda.synchronize()
+        synchronize()
         grads.append((dq.clone(), dk.clone(), dv.clone()))
 
     agree, agree_alt = {}, {}
@@ -198,8 +194,8 @@ def run_shape(fp, dtype, D, N, causal, args, bwd_env, fwd_env=None):
         with sdpa_kernel([backend]):
             out = F.scaled_dot_product_attention(qt, kt, vt, is_causal=bool(causal))
             out.backward(do.transpose(1, 2), retain_graph=True)
-            torch.cuda.synchronize()
-            if impl == "fa2" and not agree:
+            synchronize()
+            if impl == REF and not agree:
                 ref_o = out.detach().transpose(1, 2)
                 ref = [x.grad.transpose(1, 2) for x in (qt, kt, vt)]
                 for n, g in enumerate(grads):
@@ -248,12 +244,12 @@ def run_shape(fp, dtype, D, N, causal, args, bwd_env, fwd_env=None):
     # columns), so a single pass in a fixed order favours whichever side goes second.
     fa2_t, ours_t = [], []
     for r in range(args.rounds):
-        if r == 0 or "fa2" in args.impls:  # untimed, it runs once, for the agreement check
-            fa2_t.append(sdpa("fa2", SDPA["fa2"]))
+        if r == 0 or REF in args.impls:  # untimed, it runs once, for the agreement check
+            fa2_t.append(sdpa(REF, SDPA[REF]))
         ours_t.append(ours())
     if fa2_t[0] is not None:
-        record("fa2", "fwd", min(t[0] for t in fa2_t))
-        record("fa2", "bwd", min(t[1] for t in fa2_t))
+        record(REF, "fwd", min(t[0] for t in fa2_t))
+        record(REF, "bwd", min(t[1] for t in fa2_t))
     for key in ours_t[0]:
         direction, n = key
         env = fwd_env if direction == "fwd" else bwd_env
@@ -264,7 +260,7 @@ def run_shape(fp, dtype, D, N, causal, args, bwd_env, fwd_env=None):
         record("ours-det", "bwd", bench_ms(
             lambda: fp.backward(prm_det, q, k, v, o, lse, do, dq, dk, dv), rep=args.rep))
     for impl, backend in SDPA.items():
-        if impl == "fa2" or impl not in args.impls:
+        if impl == REF or impl not in args.impls:
             continue
         try:
             ms_f, ms_b = sdpa(impl, backend)
@@ -274,7 +270,7 @@ def run_shape(fp, dtype, D, N, causal, args, bwd_env, fwd_env=None):
             record(impl, "fwd", float("nan"), str(e).splitlines()[0][:80])
             record(impl, "bwd", float("nan"), str(e).splitlines()[0][:80])
             qt.grad = kt.grad = vt.grad = None
-    tol = 2e-2 if dtype == torch.bfloat16 else 5e-3
+    tol = {torch.bfloat16: 2e-2, torch.float16: 5e-3, torch.float32: 1e-4}[dtype]
     ok = bool(agree) and all(x <= tol for x in agree.values())
     for variant, a in agree_alt.items():
         if not all(x <= tol for x in a.values()):
@@ -291,24 +287,44 @@ def gemm_tflops():
 
 
 def main():
+    global SDPA, DEV, REF
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--lib", required=True, help="path to libflashport.so")
+    ap.add_argument("--backend", default="cuda", choices=["cuda", "cpu"],
+                    help="where both sides run: a CUDA GPU, or the CPU (torch's CPU SDPA)")
+    ap.add_argument("--lib", default=None,
+                    help="a build tree's libflashport.so: use the plugins in its folder instead "
+                    "of the package's own")
     ap.add_argument("--out", default=os.environ.get("OUT", "."), help="output folder")
-    ap.add_argument("--dtypes", default="bf16,fp16")
-    ap.add_argument("--dims", default="64,128,256")
-    ap.add_argument("--seqlens", default="512,2048,8192,16384")
-    ap.add_argument("--rep", type=int, default=60, help="do_bench repetition time, ms")
+    ap.add_argument("--dtypes", default=None, help="default: bf16,fp16 (cuda), fp32,bf16 (cpu)")
+    ap.add_argument("--dims", default=None, help="default: 64,128,256 (cuda), 64,128 (cpu)")
+    ap.add_argument("--seqlens", default=None,
+                    help="default: 512,2048,8192,16384 (cuda), 512,2048 (cpu)")
+    ap.add_argument("--tokens", type=int, default=None,
+                    help="B*N of every shape; default 16384 (cuda), 4096 (cpu)")
+    ap.add_argument("--hd", type=int, default=None,
+                    help="H*D of every shape; default 2048 (cuda), 512 (cpu)")
+    ap.add_argument("--rep", type=int, default=60, help="timing repetition time per call, ms")
     ap.add_argument("--det", action="store_true", help="also time our deterministic backward")
     ap.add_argument("--rounds", type=int, default=2,
                     help="SDPA flash and ours alternate this many times; each keeps its best")
-    ap.add_argument("--impls", default="fa2,cudnn,eff",
-                    help="SDPA backends to time (fa2, cudnn, eff)")
+    ap.add_argument("--impls", default=None,
+                    help="SDPA backends to time: fa2,cudnn,eff (cuda, the default) or "
+                    "flash,math (cpu, the default)")
     ap.add_argument("--bwd-env", default="",
                     help="VAR=A,B,...: time our backward once per value of VAR (A/B runs)")
     ap.add_argument("--fwd-env", default="",
                     help="VAR=A,B,...: time our forward once per value of VAR (A/B runs)")
     args = ap.parse_args()
-    args.impls = args.impls.split(",")
+    cuda = args.backend == "cuda"
+    FMT = ".0f" if cuda else ".3f"  # TFLOP/s: a CPU's are fractions
+    DEV, SDPA = args.backend, SDPA_BY_DEVICE[args.backend]
+    REF = next(iter(SDPA))
+    args.dtypes = args.dtypes or ("bf16,fp16" if cuda else "fp32,bf16")
+    args.dims = args.dims or ("64,128,256" if cuda else "64,128")
+    args.seqlens = args.seqlens or ("512,2048,8192,16384" if cuda else "512,2048")
+    args.tokens = args.tokens or (16384 if cuda else 4096)
+    args.hd = args.hd or (2048 if cuda else 512)
+    args.impls = (args.impls or ",".join(SDPA)).split(",")
     bwd_env = None
     if args.bwd_env:
         var, values = args.bwd_env.split("=", 1)
@@ -318,19 +334,28 @@ def main():
         var, values = args.fwd_env.split("=", 1)
         fwd_env = (var, values.split(","))
     os.makedirs(args.out, exist_ok=True)
+    if args.lib:  # before the first call: the library searches plugins when a backend opens
+        os.environ["FLASHPORT_PLUGIN_PATH"] = os.path.dirname(os.path.abspath(args.lib))
 
-    fp = Flashport(args.lib)
-    fp.use_torch_stream()
-    dev = torch.cuda.get_device_name()
-    gemm = gemm_tflops()
-    header = (f"GPU {dev}; torch {torch.__version__} (cuDNN {torch.backends.cudnn.version()}); "
-              f"flashport {fp.lib.flashport_version().decode()}; "
-              f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC; "
-              f"bf16 GEMM 8192^3 {gemm:.0f} TFLOP/s; do_bench median, rep {args.rep} ms; "
-              f"SDPA flash and ours: best of {args.rounds} alternating rounds")
+    fp = Flashport(args.backend)
+    impls = list(SDPA)
+    now = f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC"
+    if cuda:
+        dev = torch.cuda.get_device_name()
+        gemm = gemm_tflops()
+        header = (f"GPU {dev}; torch {torch.__version__} (cuDNN "
+                  f"{torch.backends.cudnn.version()}); flashport {flashport.version()}; {now}; "
+                  f"bf16 GEMM 8192^3 {gemm:.0f} TFLOP/s; do_bench median, rep {args.rep} ms; "
+                  f"SDPA flash and ours: best of {args.rounds} alternating rounds")
+    else:
+        threads = os.environ.get("FLASHPORT_NUM_THREADS", "OpenMP's default")
+        header = (f"CPU ({os.cpu_count()} logical cores); torch {torch.__version__} "
+                  f"({torch.get_num_threads()} threads); flashport {flashport.version()} "
+                  f"(FLASHPORT_NUM_THREADS: {threads}); {now}; host-clock median, rep "
+                  f"{args.rep} ms; SDPA flash and ours: best of {args.rounds} alternating rounds")
     print(header, flush=True)
 
-    dtypes = {"bf16": torch.bfloat16, "fp16": torch.float16}
+    dtypes = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
     all_rows, table = [], []
     for dname in args.dtypes.split(","):
         for D in [int(x) for x in args.dims.split(",")]:
@@ -342,13 +367,13 @@ def main():
                     t = collections.defaultdict(lambda: float("nan"))
                     t.update({(r["impl"], r["direction"]): r["tflops"] for r in rows})
                     table.append((dname, D, N, rows[0]["B"], rows[0]["H"], causal, t, agree, ok))
-                    alt = "".join(f"  {i} {t[(i, d)]:.0f}" for i, d in sorted(
+                    alt = "".join(f"  {i} {t[(i, d)]:{FMT}}" for i, d in sorted(
                         {(r["impl"], r["direction"]) for r in rows
                          if r["impl"].startswith("ours:")}))
-                    print(f"{dname} D{D} N{N} causal={causal}: ours {t[('ours', 'fwd')]:.0f}/"
-                          f"{t[('ours', 'bwd')]:.0f}  fa2 {t[('fa2', 'fwd')]:.0f}/"
-                          f"{t[('fa2', 'bwd')]:.0f}  cudnn {t[('cudnn', 'fwd')]:.0f}/"
-                          f"{t[('cudnn', 'bwd')]:.0f}{alt}  agree {'yes' if ok else 'NO'} "
+                    theirs = "".join(f"  {i} {t[(i, 'fwd')]:{FMT}}/{t[(i, 'bwd')]:{FMT}}"
+                                     for i in impls[:2])
+                    print(f"{dname} D{D} N{N} causal={causal}: ours {t[('ours', 'fwd')]:{FMT}}/"
+                          f"{t[('ours', 'bwd')]:{FMT}}{theirs}{alt}  agree {'yes' if ok else 'NO'} "
                           + " ".join(f"{k}={v:.1e}" for k, v in agree.items()), flush=True)
 
     with open(os.path.join(args.out, "compare_torch.csv"), "w", newline="") as f:
@@ -359,42 +384,45 @@ def main():
     def ratio(a, b):
         return a / b if b == b and b > 0 else float("nan")
 
-    lines = [f"# flashport CUDA (sm80 path) vs PyTorch SDPA", "", header, "",
+    title = "CUDA backend" if cuda else "CPU backend"
+    ratio_impls = impls[:2]
+    lines = [f"# flashport {title} vs PyTorch SDPA", "", header, "",
              "TFLOP/s fwd / bwd; ratios are ours / theirs (>= 1.00: ours is faster). "
              "Agreement: relative L2 difference of our O, dQ, dK, dV from SDPA flash.", "",
-             "| dtype | D | N | B x H | causal | ours | FA2 | cuDNN | mem-eff | ours/FA2 | "
-             "ours/cuDNN | agree (max rel L2) |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "| dtype | D | N | B x H | causal | ours | "
+             + " | ".join(LABELS[i] for i in impls) + " | "
+             + " | ".join(f"ours/{LABELS[i]}" for i in ratio_impls) + " | agree (max rel L2) |",
+             "|---|---|---|---|---|---|" + "---|" * (len(impls) + len(ratio_impls) + 1)]
     for dname, D, N, B, H, causal, t, agree, ok in table:
         def pair(impl):
-            return f"{t[(impl, 'fwd')]:.0f} / {t[(impl, 'bwd')]:.0f}"
+            return f"{t[(impl, 'fwd')]:{FMT}} / {t[(impl, 'bwd')]:{FMT}}"
 
         def rpair(other):
             return (f"{ratio(t[('ours', 'fwd')], t[(other, 'fwd')]):.2f} / "
                     f"{ratio(t[('ours', 'bwd')], t[(other, 'bwd')]):.2f}")
         worst = max(agree.values()) if agree else float("nan")
         lines.append(f"| {dname} | {D} | {N} | {B} x {H} | {'yes' if causal else 'no'} | "
-                     f"{pair('ours')} | {pair('fa2')} | {pair('cudnn')} | {pair('eff')} | "
-                     f"{rpair('fa2')} | {rpair('cudnn')} | {'yes' if ok else 'NO'} "
+                     f"{pair('ours')} | " + " | ".join(pair(i) for i in impls) + " | "
+                     + " | ".join(rpair(i) for i in ratio_impls) + f" | {'yes' if ok else 'NO'} "
                      f"({worst:.1e}) |")
     for env, direction, name in ((bwd_env, "bwd", "backward"), (fwd_env, "fwd", "forward")):
         if not env:
             continue
         alts = [variant_label(env, n) for n in range(1, len(env[1]))]
         lines += ["", f"A/B of our {name} ({env[0]}; 'ours' is {env[0]}="
-                  f"{env[1][0]}): TFLOP/s and ratio to FA2", "",
-                  "| dtype | D | N | causal | FA2 | ours | " + " | ".join(alts) + " |",
+                  f"{env[1][0]}): TFLOP/s and ratio to {LABELS[REF]}", "",
+                  f"| dtype | D | N | causal | {LABELS[REF]} | ours | " + " | ".join(alts) + " |",
                   "|---|---|---|---|---|---|" + "---|" * len(alts)]
         for dname, D, N, B, H, causal, t, agree, ok in table:
-            fa2 = t[("fa2", direction)]
-            cells = [f"{t[(i, direction)]:.0f} ({ratio(t[(i, direction)], fa2):.2f})"
+            fa2 = t[(REF, direction)]
+            cells = [f"{t[(i, direction)]:{FMT}} ({ratio(t[(i, direction)], fa2):.2f})"
                      for i in ["ours"] + alts]
             lines.append(f"| {dname} | {D} | {N} | {'yes' if causal else 'no'} | "
-                         f"{fa2:.0f} | " + " | ".join(cells) + " |")
+                         f"{fa2:{FMT}} | " + " | ".join(cells) + " |")
     if args.det:
         lines += ["", "Deterministic backward (no atomics), TFLOP/s: " + ", ".join(
             f"{r['dtype']} D{r['D']} N{r['N']}{' causal' if r['causal'] else ''} "
-            f"{r['tflops']:.0f}" for r in all_rows if r["impl"] == "ours-det")]
+            f"{r['tflops']:{FMT}}" for r in all_rows if r["impl"] == "ours-det")]
     md = "\n".join(lines) + "\n"
     with open(os.path.join(args.out, "compare_torch.md"), "w") as f:
         f.write(md)
@@ -405,7 +433,8 @@ def main():
         import matplotlib.pyplot as plt
         dims = sorted({r["D"] for r in all_rows})
         fig, axes = plt.subplots(2, len(dims), figsize=(5 * len(dims), 8), squeeze=False)
-        styles = {"ours": "-o", "fa2": "--s", "cudnn": ":^", "eff": "-.v"}
+        styles = dict(zip(["ours"] + impls, ["-o", "--s", ":^", "-.v"]))
+        plot_dtype = str(dtypes[args.dtypes.split(",")[0]]).replace("torch.", "")
         for col, D in enumerate(dims):
             for row, direction in enumerate(("fwd", "bwd")):
                 ax = axes[row][col]
@@ -413,14 +442,14 @@ def main():
                     for causal in (0, 1):
                         pts = sorted((r["N"], r["tflops"]) for r in all_rows
                                      if r["D"] == D and r["impl"] == impl and r["dtype"] ==
-                                     "bfloat16" and r["direction"] == direction and
+                                     plot_dtype and r["direction"] == direction and
                                      r["causal"] == causal)
                         if pts:
                             ax.plot([p[0] for p in pts], [p[1] for p in pts], st,
                                     alpha=1.0 if causal == 0 else 0.5,
                                     label=f"{impl}{' causal' if causal else ''}")
                 ax.set_xscale("log", base=2)
-                ax.set_title(f"bf16 D={D} {direction}")
+                ax.set_title(f"{plot_dtype} D={D} {direction}")
                 ax.set_xlabel("N")
                 ax.set_ylabel("TFLOP/s")
                 ax.grid(alpha=0.3)

@@ -42,8 +42,20 @@
  * Peak (pct_peak): on host backends ("cpu", "reference"), the f32 FMA throughput measured on the
  * spot by peak.c with the CPU backend's thread count, also for f16/bf16 inputs (the CPU targets
  * compare those with f32). GPU backends take --peak-tflops; without it pct_peak is left empty.
+ * --peak-gflops pins the host peak (a figure measured once on a quiet machine, so that runs on a
+ * busy one compare against the same number).
+ *
+ * Memory (kv_gbs, mem_gbs, pct_mem; forward rows): the bytes of K and V the problem holds, read
+ * once, per second of the median run, against the read bandwidth peak.c measures on host
+ * backends when a shape has at most 16 query rows (decode, where the K/V read is the bound), or
+ * the figure given with --mem-gbs. Empty otherwise.
+ *
+ * Clock (--clock cpu, host backends): each call timed by the process' CPU time divided by the
+ * thread count, and the peak loop by each thread's CPU time, instead of wall time: on a machine
+ * whose cores other processes share, the cycles our threads ran, not the time a user waits. Run
+ * with OMP_WAIT_POLICY=passive, or idle OpenMP threads spinning at barriers count as work.
  */
-#define _POSIX_C_SOURCE 200809L
+#define _GNU_SOURCE /* getopt_long */
 
 #include "flashport.h"
 
@@ -52,14 +64,16 @@
 #include "peak.h"
 
 #include <errno.h>
+#include <getopt.h>
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #define BENCH_MAX_LIST     32
-#define BENCH_PEAK_SECONDS 0.15
+#define BENCH_PEAK_SECONDS 0.25
 /* The sweep: ANCHORS.md's GPU grid (B * N = 16384 tokens, H * D = 2048) shrunk 4x on both
  * products and capped at N = 4096, so that the 24 shapes run in minutes on two cores. */
 #define BENCH_SWEEP_TOKENS 4096
@@ -80,9 +94,12 @@ typedef struct bench_options {
     int check;
     double check_gflop;
     const char *csv;
+    const char *json; /* --json: every row as one JSON array (the file is rewritten) */
     int sweep;
     int baseline_blas;  /* --baseline blas */
+    int clock_cpu;      /* --clock cpu */
     double peak_tflops; /* 0: measure on host backends, unknown on others */
+    double mem_gbs;     /* 0: measure on host backends for decode shapes */
     uint64_t seed;
 } bench_options;
 
@@ -99,7 +116,10 @@ typedef struct bench_ctx {
     const char *name;
     const char *variant;
     double peak_tflops; /* NaN when unknown */
+    double mem_gbs;     /* NaN when unknown */
     FILE *csv;
+    FILE *json;
+    int json_rows;
     int failures;
 } bench_ctx;
 
@@ -127,6 +147,7 @@ typedef struct bench_refdata {
 typedef struct bench_row {
     const char *direction;
     double ms_median, ms_min, tflops, pct_peak, max_abs_err;
+    double kv_gbs;     /* K/V bytes per second (forward), NaN otherwise */
     const char *check; /* "ok", "FAIL" or "off" */
     const char *scope;
 } bench_row;
@@ -173,39 +194,50 @@ static void bench_usage(FILE *f)
         "usage: flashport-bench [options]\n"
         "Times flashport attention forward/backward through the public API.\n"
         "LIST is one value or several separated by commas; every combination runs.\n"
+        "Long options may be abbreviated (--dir both); values follow a space or '='.\n"
         "\n"
-        "  --backend NAME     cpu, reference, cuda, hip or auto\n"
-        "                     (default: $FLASHPORT_BACKEND, else auto)\n"
-        "  --dtype LIST       f32, f16, bf16 (default f32)\n"
-        "  --batch LIST       B (default 1; with --sweep: %d / seqlen)\n"
-        "  --heads LIST       H (default 8; with --sweep: %d / hdim)\n"
-        "  --kv-heads LIST    Hkv (default: H)\n"
-        "  --seqlen LIST      Nq = Nk (default 1024)\n"
-        "  --seqlen-q LIST    Nq } given either, every (Nq, Nk) pair of the two lists runs;\n"
-        "  --seqlen-k LIST    Nk } the one not given defaults to --seqlen\n"
-        "  --hdim LIST        D (default 128)\n"
-        "  --causal[=LIST]    causal mask; --causal=0,1 runs both\n"
-        "  --window L,R       sliding window, keys left/right of the diagonal (-1 = unbounded)\n"
-        "  --softcap C        S = C * tanh(S / C) (default 0 = off)\n"
-        "  --direction DIR    fwd, bwd or both (default fwd)\n"
-        "  --iters N          timed runs per shape and direction; the median is reported\n"
-        "                     (default 5)\n"
-        "  --warmup N         untimed runs before them (default 1)\n"
-        "  --check            compare with the reference backend before timing; exit 1 if an\n"
-        "                     error exceeds the dtype's tolerance\n"
-        "  --check-gflop X    reference work per check before it narrows to fewer batches,\n"
-        "                     heads, rows (default 4)\n"
-        "  --csv FILE         append one row per shape and direction (header if new or empty)\n"
-        "  --sweep            the ANCHORS.md grid scaled for a CPU: D 64,128,256 x N 512,1024,\n"
-        "                     2048,4096 x causal 0,1 with B*N = %d and H*D = %d, both\n"
-        "                     directions; the options above narrow or override it\n"
-        "  --peak-tflops X    peak for pct_peak (default: the f32 FMA peak measured here on\n"
-        "                     host backends; none on GPU backends)\n"
-        "  --baseline blas    also time sgemm + softmax + sgemm through the BLAS on the same\n"
-        "                     inputs (f32 forward; bench/baseline_blas.c) and print the\n"
-        "                     backend's speedup over it\n"
-        "  --seed N           input seed (default 1)\n"
-        "  --help             this text\n",
+        "  -b, --backend NAME     cpu, reference, cuda, hip, opencl or auto\n"
+        "                         (default: $FLASHPORT_BACKEND, else auto)\n"
+        "  -t, --dtype LIST       f32, f16, bf16 (default f32)\n"
+        "  -B, --batch LIST       B (default 1; with --sweep: %d / seqlen)\n"
+        "  -H, --heads LIST       H (default 8; with --sweep: %d / hdim)\n"
+        "  -K, --kv-heads LIST    Hkv (default: H)\n"
+        "  -s, --seqlen LIST      Nq = Nk (default 1024)\n"
+        "      --seqlen-q LIST    Nq } given either, every (Nq, Nk) pair of the two lists runs;\n"
+        "      --seqlen-k LIST    Nk } the one not given defaults to --seqlen\n"
+        "  -d, --hdim LIST        D (default 128)\n"
+        "  -c, --causal[=LIST]    causal mask; --causal=0,1 (or -c0,1) runs both\n"
+        "  -w, --window L,R       sliding window, keys left/right of the diagonal (-1 = "
+        "unbounded)\n"
+        "      --softcap C        S = C * tanh(S / C) (default 0 = off)\n"
+        "  -D, --direction DIR    fwd, bwd or both (default fwd)\n"
+        "  -i, --iters N          timed runs per shape and direction; the median is reported\n"
+        "                         (default 5)\n"
+        "  -W, --warmup N         untimed runs before them (default 1)\n"
+        "  -C, --check            compare with the reference backend before timing; exit 1 if an\n"
+        "                         error exceeds the dtype's tolerance\n"
+        "      --check-gflop X    reference work per check before it narrows to fewer batches,\n"
+        "                         heads, rows (default 4)\n"
+        "  -o, --csv FILE         append one row per shape and direction (header if new or\n"
+        "                         empty)\n"
+        "  -j, --json FILE        write every row as a JSON array of objects (the CSV's\n"
+        "                         columns; the file is rewritten); bench/plot.py reads both\n"
+        "  -S, --sweep            the ANCHORS.md grid scaled for a CPU: D 64,128,256 x N "
+        "512,1024,\n"
+        "                         2048,4096 x causal 0,1 with B*N = %d and H*D = %d, both\n"
+        "                         directions; the options above narrow or override it\n"
+        "  -p, --peak-tflops X    peak for pct_peak (default: the f32 FMA peak measured here on\n"
+        "                         host backends; none on GPU backends)\n"
+        "      --peak-gflops X    the same in GFLOP/s (pin the host peak across runs)\n"
+        "      --clock C          wall (default) or cpu: host backends timed by CPU time /\n"
+        "                         threads (shared machines; set OMP_WAIT_POLICY=passive)\n"
+        "      --mem-gbs X        memory bandwidth for pct_mem, GB/s (default: measured on host\n"
+        "                         backends when a shape has at most 16 query rows)\n"
+        "      --baseline blas    also time sgemm + softmax + sgemm through the BLAS on the same\n"
+        "                         inputs (f32 forward; bench/baseline_blas.c) and print the\n"
+        "                         backend's speedup over it\n"
+        "  -r, --seed N           input seed (default 1)\n"
+        "  -h, --help             this text\n",
         BENCH_SWEEP_TOKENS, BENCH_SWEEP_HD, BENCH_SWEEP_TOKENS, BENCH_SWEEP_HD);
 }
 
@@ -308,108 +340,169 @@ static void bench_parse_args(int argc, char **argv, bench_options *o)
     int direction_set = 0;
     const int64_t big = INT32_MAX;
 
-    for (int i = 1; i < argc; i++) {
+    /* Long options take abbreviations (getopt_long: --dir both); each has a short form. */
+    enum {
+        OPT_SEQLEN_Q = 256,
+        OPT_SEQLEN_K,
+        OPT_CHECK_GFLOP,
+        OPT_SOFTCAP,
+        OPT_BASELINE,
+        OPT_PEAK_GFLOPS,
+        OPT_MEM_GBS,
+        OPT_CLOCK
+    };
+    static const struct option longopts[] = {
+        {"backend", required_argument, NULL, 'b'},
+        {"dtype", required_argument, NULL, 't'},
+        {"batch", required_argument, NULL, 'B'},
+        {"heads", required_argument, NULL, 'H'},
+        {"kv-heads", required_argument, NULL, 'K'},
+        {"seqlen", required_argument, NULL, 's'},
+        {"seqlen-q", required_argument, NULL, OPT_SEQLEN_Q},
+        {"seqlen-k", required_argument, NULL, OPT_SEQLEN_K},
+        {"hdim", required_argument, NULL, 'd'},
+        {"causal", optional_argument, NULL, 'c'},
+        {"window", required_argument, NULL, 'w'},
+        {"softcap", required_argument, NULL, OPT_SOFTCAP},
+        {"direction", required_argument, NULL, 'D'},
+        {"iters", required_argument, NULL, 'i'},
+        {"warmup", required_argument, NULL, 'W'},
+        {"check", no_argument, NULL, 'C'},
+        {"check-gflop", required_argument, NULL, OPT_CHECK_GFLOP},
+        {"csv", required_argument, NULL, 'o'},
+        {"json", required_argument, NULL, 'j'},
+        {"sweep", no_argument, NULL, 'S'},
+        {"peak-tflops", required_argument, NULL, 'p'},
+        {"peak-gflops", required_argument, NULL, OPT_PEAK_GFLOPS},
+        {"mem-gbs", required_argument, NULL, OPT_MEM_GBS},
+        {"clock", required_argument, NULL, OPT_CLOCK},
+        {"baseline", required_argument, NULL, OPT_BASELINE},
+        {"seed", required_argument, NULL, 'r'},
+        {"help", no_argument, NULL, 'h'},
+        {NULL, 0, NULL, 0}};
+    opterr = 0; /* our own messages, which point at --help */
+    int ch, index = -1;
+    while ((ch = getopt_long(argc, argv, ":b:t:B:H:K:s:d:c::w:D:i:W:Co:j:Sp:r:h", longopts,
+                             &index)) != -1) {
         char opt[64];
-        const char *arg = argv[i];
-        const char *eq = strchr(arg, '=');
-        size_t len = eq ? (size_t)(eq - arg) : strlen(arg);
-        if (strncmp(arg, "--", 2) != 0 || len >= sizeof opt)
-            bench_bad_arg(arg, NULL, "unknown argument");
-        memcpy(opt, arg, len);
-        opt[len] = '\0';
-        const char *val = eq ? eq + 1 : NULL;
-
-        /* Flags first: they never take the next argument. */
-        if (strcmp(opt, "--help") == 0) {
+        if (index >= 0)
+            snprintf(opt, sizeof opt, "--%s", longopts[index].name);
+        else
+            snprintf(opt, sizeof opt, "-%c", ch == '?' || ch == ':' ? optopt : ch);
+        index = -1;
+        const char *val = optarg;
+        switch (ch) {
+        case 'h':
             bench_usage(stdout);
             exit(0);
-        }
-        if (strcmp(opt, "--check") == 0 || strcmp(opt, "--sweep") == 0) {
-            if (val)
-                bench_bad_arg(opt, val, "takes no value");
-            if (opt[2] == 'c')
-                o->check = 1;
-            else
-                o->sweep = 1;
-            continue;
-        }
-        if (strcmp(opt, "--causal") == 0) {
+        case 'C':
+            o->check = 1;
+            break;
+        case 'S':
+            o->sweep = 1;
+            break;
+        case 'c':
             if (val)
                 bench_parse_list(opt, val, &o->causal, 0, 1);
             else {
                 o->causal.v[0] = 1;
                 o->causal.n = 1;
             }
-            continue;
-        }
-        static const char *const valued[] = {
-            "--backend", "--dtype",       "--batch",    "--heads",   "--kv-heads",
-            "--seqlen",  "--seqlen-q",    "--seqlen-k", "--hdim",    "--window",
-            "--softcap", "--direction",   "--iters",    "--warmup",  "--check-gflop",
-            "--csv",     "--peak-tflops", "--seed",     "--baseline"};
-        size_t known = 0;
-        while (known < sizeof valued / sizeof valued[0] && strcmp(opt, valued[known]) != 0)
-            known++;
-        if (known == sizeof valued / sizeof valued[0])
-            bench_bad_arg(opt, NULL, "unknown option");
-        if (!val) {
-            if (i + 1 >= argc)
-                bench_bad_arg(opt, NULL, "needs a value");
-            val = argv[++i];
-        }
-
-        if (strcmp(opt, "--backend") == 0)
+            break;
+        case 'b':
             o->backend = val;
-        else if (strcmp(opt, "--dtype") == 0)
+            break;
+        case 't':
             bench_parse_dtypes(val, &o->dtype);
-        else if (strcmp(opt, "--batch") == 0)
+            break;
+        case 'B':
             bench_parse_list(opt, val, &o->batch, 1, big);
-        else if (strcmp(opt, "--heads") == 0)
+            break;
+        case 'H':
             bench_parse_list(opt, val, &o->heads, 1, big);
-        else if (strcmp(opt, "--kv-heads") == 0)
+            break;
+        case 'K':
             bench_parse_list(opt, val, &o->kv_heads, 1, big);
-        else if (strcmp(opt, "--seqlen") == 0)
+            break;
+        case 's':
             bench_parse_list(opt, val, &o->seqlen, 1, big);
-        else if (strcmp(opt, "--seqlen-q") == 0)
+            break;
+        case OPT_SEQLEN_Q:
             bench_parse_list(opt, val, &o->seqlen_q, 1, big);
-        else if (strcmp(opt, "--seqlen-k") == 0)
+            break;
+        case OPT_SEQLEN_K:
             bench_parse_list(opt, val, &o->seqlen_k, 1, big);
-        else if (strcmp(opt, "--hdim") == 0)
+            break;
+        case 'd':
             bench_parse_list(opt, val, &o->hdim, 1, big);
-        else if (strcmp(opt, "--window") == 0) {
+            break;
+        case 'w': {
             bench_list w;
             bench_parse_list(opt, val, &w, INT32_MIN, big);
             if (w.n != 2)
                 bench_bad_arg(opt, val, "expected L,R");
             o->window_left = (int)w.v[0];
             o->window_right = (int)w.v[1];
-        } else if (strcmp(opt, "--softcap") == 0)
+            break;
+        }
+        case OPT_SOFTCAP:
             o->softcap = (float)bench_parse_double(opt, val, 0.0);
-        else if (strcmp(opt, "--direction") == 0) {
+            break;
+        case 'D':
             direction_set = 1;
             o->fwd = strcmp(val, "fwd") == 0 || strcmp(val, "both") == 0;
             o->bwd = strcmp(val, "bwd") == 0 || strcmp(val, "both") == 0;
             if (!o->fwd && !o->bwd)
                 bench_bad_arg(opt, val, "expected fwd, bwd or both");
-        } else if (strcmp(opt, "--iters") == 0)
+            break;
+        case 'i':
             o->iters = (int)bench_parse_int(opt, val, 1, 100000);
-        else if (strcmp(opt, "--warmup") == 0)
+            break;
+        case 'W':
             o->warmup = (int)bench_parse_int(opt, val, 0, 100000);
-        else if (strcmp(opt, "--check-gflop") == 0)
+            break;
+        case OPT_CHECK_GFLOP:
             o->check_gflop = bench_parse_double(opt, val, 0.0);
-        else if (strcmp(opt, "--csv") == 0)
+            break;
+        case 'o':
             o->csv = val;
-        else if (strcmp(opt, "--peak-tflops") == 0)
+            break;
+        case 'j':
+            o->json = val;
+            break;
+        case 'p':
             o->peak_tflops = bench_parse_double(opt, val, 0.0);
-        else if (strcmp(opt, "--baseline") == 0) {
+            break;
+        case OPT_PEAK_GFLOPS:
+            o->peak_tflops = 1e-3 * bench_parse_double(opt, val, 0.0);
+            break;
+        case OPT_MEM_GBS:
+            o->mem_gbs = bench_parse_double(opt, val, 0.0);
+            break;
+        case OPT_CLOCK:
+            if (strcmp(val, "cpu") != 0 && strcmp(val, "wall") != 0)
+                bench_bad_arg(opt, val, "expected wall or cpu");
+            o->clock_cpu = strcmp(val, "cpu") == 0;
+            break;
+        case OPT_BASELINE:
             if (strcmp(val, "blas") != 0)
                 bench_bad_arg(opt, val, "expected blas");
             if (bench_blas_missing())
                 bench_bad_arg(opt, val, bench_blas_missing());
             o->baseline_blas = 1;
-        } else
+            break;
+        case 'r':
             o->seed = (uint64_t)bench_parse_int(opt, val, 0, INT64_MAX);
+            break;
+        case ':':
+            bench_bad_arg(argv[optind - 1], NULL, "needs a value");
+            break;
+        default: /* '?': unknown, ambiguous, or a value given to a flag */
+            bench_bad_arg(argv[optind - 1], NULL, "unknown or ambiguous option");
+        }
     }
+    if (optind < argc)
+        bench_bad_arg(argv[optind], NULL, "unexpected argument");
 
     if (!direction_set) {
         o->fwd = 1;
@@ -1004,8 +1097,20 @@ static void bench_time(bench_ctx *c, const flashport_attention_params *p, const 
     flashport_timer *timer = NULL;
     bench_ok(flashport_timer_create(c->be, &timer), "flashport_timer_create");
     double *ms = bench_host_alloc((size_t)iters * sizeof(double));
+    const int threads = bench_host_threads();
     for (int i = 0; i < iters; i++) {
         float elapsed = 0.0f;
+        if (c->opt->clock_cpu) {
+            struct timespec t0, t1;
+            clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t0);
+            bench_run_once(c, p, t, backward);
+            bench_ok(flashport_synchronize(c->be), "flashport_synchronize");
+            clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t1);
+            ms[i] =
+                ((double)(t1.tv_sec - t0.tv_sec) * 1e3 + 1e-6 * (double)(t1.tv_nsec - t0.tv_nsec)) /
+                threads;
+            continue;
+        }
         bench_ok(flashport_timer_start(timer), "flashport_timer_start");
         bench_run_once(c, p, t, backward);
         bench_ok(flashport_timer_stop(timer), "flashport_timer_stop");
@@ -1022,7 +1127,7 @@ static void bench_time(bench_ctx *c, const flashport_attention_params *p, const 
 static const char *bench_csv_header =
     "backend,variant,dtype,batch,heads,kv_heads,seqlen_q,seqlen_k,hdim,causal,window_left,"
     "window_right,softcap,direction,iters,ms_median,ms_min,tflops,peak_tflops,pct_peak,"
-    "max_abs_err,check,check_scope\n";
+    "max_abs_err,check,check_scope,kv_gbs,mem_gbs,pct_mem\n";
 
 /* A number for the CSV; NaN (unknown) is left empty. */
 static void bench_csv_num(FILE *f, double x)
@@ -1038,6 +1143,8 @@ static void bench_print_header(void)
            "variant", "dtype", "B", "H", "Hkv", "Nq", "Nk", "D", "causal", "window", "dir",
            "ms_median", "TFLOP/s", "%peak", "max_abs_err", "check");
 }
+
+static void bench_emit_json(bench_ctx *c, const bench_shape *s, const bench_row *r);
 
 static void bench_emit(bench_ctx *c, const bench_shape *s, const bench_row *r)
 {
@@ -1059,6 +1166,8 @@ static void bench_emit(bench_ctx *c, const bench_shape *s, const bench_row *r)
            s->causal ? "yes" : "no", window, r->direction, r->ms_median, r->tflops, pct, err,
            r->check);
     fflush(stdout);
+    if (c->json)
+        bench_emit_json(c, s, r);
     if (!c->csv)
         return;
     fprintf(c->csv, "%s,%s,%s,%lld,%lld,%lld,%lld,%lld,%lld,%d,%d,%d,%g,%s,%d,", c->name,
@@ -1071,8 +1180,48 @@ static void bench_emit(bench_ctx *c, const bench_shape *s, const bench_row *r)
     bench_csv_num(c->csv, c->peak_tflops);
     bench_csv_num(c->csv, r->pct_peak);
     bench_csv_num(c->csv, r->max_abs_err);
-    fprintf(c->csv, "%s,%s\n", r->check, r->scope);
+    fprintf(c->csv, "%s,%s,", r->check, r->scope);
+    bench_csv_num(c->csv, r->kv_gbs);
+    bench_csv_num(c->csv, c->mem_gbs);
+    if (isnan(r->kv_gbs) || isnan(c->mem_gbs))
+        fputc('\n', c->csv);
+    else
+        fprintf(c->csv, "%.6g\n", 100.0 * r->kv_gbs / c->mem_gbs);
     fflush(c->csv);
+}
+
+/* A number for the JSON; NaN (unknown) is null. */
+static void bench_json_num(FILE *f, const char *key, double x)
+{
+    if (isnan(x))
+        fprintf(f, ", \"%s\": null", key);
+    else
+        fprintf(f, ", \"%s\": %.6g", key, x);
+}
+
+/* One object per row, the CSV's columns as keys; the array is closed in main. Names and the
+ * check scope hold no quotes or backslashes (backend names are [a-z0-9_]). */
+static void bench_emit_json(bench_ctx *c, const bench_shape *s, const bench_row *r)
+{
+    const bench_options *o = c->opt;
+    FILE *f = c->json;
+    fprintf(f,
+            "%s\n  {\"backend\": \"%s\", \"variant\": \"%s\", \"dtype\": \"%s\", "
+            "\"batch\": %lld, \"heads\": %lld, \"kv_heads\": %lld, \"seqlen_q\": %lld, "
+            "\"seqlen_k\": %lld, \"hdim\": %lld, \"causal\": %d, \"window_left\": %d, "
+            "\"window_right\": %d, \"softcap\": %g, \"direction\": \"%s\", \"iters\": %d",
+            c->json_rows++ ? "," : "", c->name, c->variant, flashport_dtype_name(s->dtype),
+            (long long)s->b, (long long)s->h, (long long)s->hkv, (long long)s->nq, (long long)s->nk,
+            (long long)s->d, s->causal, o->window_left, o->window_right, (double)o->softcap,
+            r->direction, o->iters);
+    bench_json_num(f, "ms_median", r->ms_median);
+    bench_json_num(f, "ms_min", r->ms_min);
+    bench_json_num(f, "tflops", r->tflops);
+    bench_json_num(f, "peak_tflops", c->peak_tflops);
+    bench_json_num(f, "pct_peak", r->pct_peak);
+    bench_json_num(f, "max_abs_err", r->max_abs_err);
+    fprintf(f, ", \"check\": \"%s\", \"check_scope\": \"%s\"}", r->check, r->scope);
+    fflush(f);
 }
 
 /* Times one direction and emits its row; returns the median in ms. */
@@ -1089,7 +1238,13 @@ static double bench_direction(bench_ctx *c, const bench_shape *s,
     double flops = bench_forward_flops(s, c->opt) * (backward ? 2.5 : 1.0);
     r.tflops = flops / (r.ms_median * 1e-3) * 1e-12;
     r.pct_peak = 100.0 * r.tflops / c->peak_tflops;
+    const double kv_bytes =
+        2.0 * (double)(s->b * s->nk * s->hkv * s->d) * (s->dtype == FLASHPORT_F32 ? 4.0 : 2.0);
+    r.kv_gbs = backward ? NAN : kv_bytes / (r.ms_median * 1e-3) * 1e-9;
     bench_emit(c, s, &r);
+    if (!backward && !isnan(c->mem_gbs) && s->nq <= 16)
+        printf("# decode: K/V read at %.1f GB/s, %.0f%% of the %.1f GB/s bandwidth\n", r.kv_gbs,
+               100.0 * r.kv_gbs / c->mem_gbs, c->mem_gbs);
     return r.ms_median;
 }
 
@@ -1123,6 +1278,7 @@ static void bench_baseline_blas(bench_ctx *c, const bench_shape *s, const bench_
     bench_row r;
     r.direction = "fwd";
     r.scope = "backend's O";
+    r.kv_gbs = NAN;
     bench_blas_time(&bp, scores, threads, o->warmup, o->iters, &r.ms_median, &r.ms_min);
     r.tflops = bench_forward_flops(s, o) / (r.ms_median * 1e-3) * 1e-12;
     r.pct_peak = 100.0 * r.tflops / c->peak_tflops;
@@ -1140,6 +1296,7 @@ static void bench_baseline_blas(bench_ctx *c, const bench_shape *s, const bench_
     as_blas.name = "blas";
     as_blas.variant = "sgemm";
     bench_emit(&as_blas, s, &r);
+    c->json_rows = as_blas.json_rows;
     printf("# blas baseline (%s): %.3f ms; %s is %.2fx faster; max |O_blas - O_%s| = %.3g\n",
            bench_blas_name(), r.ms_median, c->name, r.ms_median / backend_ms, c->name,
            r.max_abs_err);
@@ -1195,7 +1352,7 @@ static void bench_set_peak(bench_ctx *c)
 {
     if (c->opt->peak_tflops > 0.0) {
         c->peak_tflops = c->opt->peak_tflops;
-        printf("# peak: %.4g TFLOP/s (given with --peak-tflops)\n", c->peak_tflops);
+        printf("# peak: %.4g TFLOP/s (given with --peak-tflops / --peak-gflops)\n", c->peak_tflops);
         return;
     }
     if (!bench_is_host_backend(c->name)) {
@@ -1205,11 +1362,34 @@ static void bench_set_peak(bench_ctx *c)
                c->name);
         return;
     }
+    bench_peak_cpu_clock(c->opt->clock_cpu);
     bench_peak pk = bench_measure_f32_peak(bench_host_threads(), BENCH_PEAK_SECONDS);
     c->peak_tflops = pk.gflops > 0.0 ? pk.gflops * 1e-3 : NAN;
     printf("# peak: %.1f GFLOP/s f32 FMA, measured here (%d thread%s, %s); pct_peak is against "
            "it for every dtype\n",
            pk.gflops, pk.threads, pk.threads == 1 ? "" : "s", pk.isa);
+}
+
+/* Memory bandwidth for pct_mem: --mem-gbs, else measured on host backends when a shape is a
+ * decode (at most 16 query rows), else unknown. */
+static void bench_set_bandwidth(bench_ctx *c, const bench_shape *shapes, int nshapes)
+{
+    c->mem_gbs = NAN;
+    if (c->opt->mem_gbs > 0.0) {
+        c->mem_gbs = c->opt->mem_gbs;
+        printf("# memory: %.4g GB/s (given with --mem-gbs)\n", c->mem_gbs);
+        return;
+    }
+    int decode = 0;
+    for (int i = 0; i < nshapes; i++)
+        decode |= shapes[i].nq <= 16;
+    if (!decode || !bench_is_host_backend(c->name))
+        return;
+    bench_bandwidth bw = bench_measure_read_bandwidth(bench_host_threads());
+    c->mem_gbs = bw.gbs > 0.0 ? bw.gbs : NAN;
+    printf("# memory: %.1f GB/s read, measured here (%d thread%s, STREAM-like sum); pct_mem is "
+           "the K/V read rate against it\n",
+           bw.gbs, bw.threads, bw.threads == 1 ? "" : "s");
 }
 
 static FILE *bench_open_csv(const char *path)
@@ -1240,14 +1420,28 @@ int main(int argc, char **argv)
         bench_ok(flashport_backend_open("reference", &c.ref), "flashport_backend_open(reference)");
     c.name = flashport_backend_name(c.be);
     c.variant = bench_variant(c.be);
+    if (opt.clock_cpu && !bench_is_host_backend(c.name))
+        bench_bad_arg("--clock", "cpu", "host backends only (cpu, reference)");
     if (opt.csv)
         c.csv = bench_open_csv(opt.csv);
+    if (opt.json) {
+        c.json = fopen(opt.json, "w");
+        if (!c.json) {
+            fprintf(stderr, "flashport-bench: cannot open %s: %s\n", opt.json, strerror(errno));
+            return 1;
+        }
+        fputc('[', c.json);
+    }
 
     printf("# flashport %s, backend %s (device %d), iters %d after %d warm-up, seed %llu, "
            "softcap %g\n",
            flashport_version(), c.name, flashport_backend_device(c.be), opt.iters, opt.warmup,
            (unsigned long long)opt.seed, (double)opt.softcap);
     bench_set_peak(&c);
+    bench_set_bandwidth(&c, shapes, nshapes);
+    if (opt.clock_cpu)
+        printf("# clock: CPU time of the process / %d threads (--clock cpu)\n",
+               bench_host_threads());
     bench_print_header();
     fflush(stdout);
 
@@ -1263,6 +1457,10 @@ int main(int argc, char **argv)
 
     if (c.csv)
         fclose(c.csv);
+    if (c.json) {
+        fputs("\n]\n", c.json);
+        fclose(c.json);
+    }
     flashport_backend_close(c.ref);
     flashport_backend_close(c.be);
     free(shapes);

@@ -57,18 +57,28 @@ flashport_tensor flashport_tensor_contiguous(void *data, flashport_dtype dtype, 
     for (int d = rank - 1; d >= 0; d--) {
         t.shape[d] = shape[d];
         t.stride[d] = stride;
-        stride *= shape[d] > 0 ? shape[d] : 1;
+        /* Saturates where the product would overflow: validation then refuses the extent. */
+        if (__builtin_mul_overflow(stride, shape[d] > 0 ? shape[d] : 1, &stride))
+            stride = INT64_MAX;
     }
     return t;
 }
 
-void flashport_attention_params_init(flashport_attention_params *p)
+void flashport_attention_params_init_sized(flashport_attention_params *p, size_t size)
 {
-    if (!p)
+    if (!p || size < FP_PARAMS_MIN_SIZE)
         return;
-    memset(p, 0, sizeof *p);
-    p->window_left = -1;
-    p->window_right = -1;
+    flashport_attention_params d;
+    memset(&d, 0, sizeof d);
+    d.struct_size = (uint32_t)(size < UINT32_MAX ? size : UINT32_MAX);
+    d.magic = FLASHPORT_PARAMS_MAGIC;
+    d.window_left = -1;
+    d.window_right = -1;
+    /* A caller's struct from a newer header: its fields beyond ours are zeroed; the call then
+     * refuses the struct (fp_params_normalize), since this library cannot know their defaults. */
+    memcpy(p, &d, size < sizeof d ? size : sizeof d);
+    if (size > sizeof d)
+        memset((char *)p + sizeof d, 0, size - sizeof d);
 }
 
 /* ------------------------------------------------------------------------------------------
@@ -136,8 +146,10 @@ flashport_status flashport_backend_open_device(const char *name, int device,
     }
     flashport_status st =
         strcmp(name, "auto") == 0 ? open_auto(device, out) : open_named(name, device, out);
-    if (st == FLASHPORT_OK)
+    if (st == FLASHPORT_OK) { /* "auto" may have failed on the way: no stale message */
+        fp_clear_error();
         fp_log("opened backend '%s' on device %d", (*out)->ops->name, device);
+    }
     return st;
 }
 
@@ -173,12 +185,18 @@ const char *flashport_backend_name(const flashport_backend *be) { return be ? be
 
 int flashport_backend_device(const flashport_backend *be) { return be ? be->device : -1; }
 
-flashport_status flashport_available_backends(char *buf, size_t size)
+flashport_status flashport_available_backends(char *buf, size_t size, size_t *needed)
 {
     fp_clear_error();
-    if (!buf)
-        return fp_set_error(FLASHPORT_ERR_NULL_POINTER, "buf is NULL");
-    fp_registry_available(buf, size);
+    if (!buf && size > 0)
+        return fp_set_error(FLASHPORT_ERR_NULL_POINTER, "buf is NULL (with size %zu)", size);
+    const size_t n = fp_registry_available(buf, size);
+    if (needed)
+        *needed = n;
+    if (n > size)
+        return fp_set_error(FLASHPORT_ERR_BUFFER_TOO_SMALL,
+                            "the list of available backends needs %zu bytes; the buffer has %zu", n,
+                            size);
     return FLASHPORT_OK;
 }
 
@@ -262,6 +280,85 @@ static void log_call(const char *what, const flashport_backend *be, const fp_pro
            p->varlen ? "yes" : "no", p->deterministic);
 }
 
+/* Validates a call of either direction into *p (with the handle's workspace). */
+static flashport_status validate_call(flashport_backend *be, flashport_direction dir,
+                                      const flashport_attention_params *params,
+                                      const fp_call_tensors *t, fp_problem *p)
+{
+    if (dir != FLASHPORT_FORWARD && dir != FLASHPORT_BACKWARD)
+        return fp_set_error(FLASHPORT_ERR_INVALID_VALUE,
+                            "direction %d is neither forward (0) nor backward (1)", (int)dir);
+    flashport_status st = fp_validate_call(be, params, t, dir == FLASHPORT_BACKWARD, p);
+    if (st != FLASHPORT_OK)
+        return st;
+    p->workspace = be->workspace;
+    p->workspace_bytes = be->workspace_bytes;
+    return FLASHPORT_OK;
+}
+
+/* Validation, then the backend's own answer: the bytes it needs or why it would refuse. */
+static flashport_status query_call(flashport_backend *be, flashport_direction dir,
+                                   const flashport_attention_params *params,
+                                   const fp_call_tensors *t, size_t *bytes)
+{
+    fp_problem p;
+    *bytes = 0;
+    flashport_status st = validate_call(be, dir, params, t, &p);
+    if (st != FLASHPORT_OK || !be->ops->workspace_size)
+        return st;
+    size_t n = 0;
+    st = be->ops->workspace_size(be->ctx, &p, dir == FLASHPORT_BACKWARD, &n);
+    if (st == FLASHPORT_OK)
+        *bytes = n;
+    return st;
+}
+
+flashport_status flashport_attention_supported(
+    flashport_backend *be, flashport_direction dir, const flashport_attention_params *params,
+    const flashport_tensor *q, const flashport_tensor *k, const flashport_tensor *v,
+    const flashport_tensor *o, const flashport_tensor *lse, const flashport_tensor *dout,
+    const flashport_tensor *dq, const flashport_tensor *dk, const flashport_tensor *dv)
+{
+    CHECK_BACKEND(be);
+    fp_call_tensors t = {q, k, v, o, lse, dout, dq, dk, dv};
+    size_t bytes;
+    flashport_status st = query_call(be, dir, params, &t, &bytes);
+    /* A caller-owned workspace too small for the call is what the call would report. */
+    if (st == FLASHPORT_OK && be->workspace && bytes > be->workspace_bytes)
+        return fp_set_error(FLASHPORT_ERR_BUFFER_TOO_SMALL,
+                            "this call needs %zu bytes of workspace; the handle's has %zu", bytes,
+                            be->workspace_bytes);
+    return st;
+}
+
+flashport_status flashport_attention_workspace_size(
+    flashport_backend *be, flashport_direction dir, const flashport_attention_params *params,
+    const flashport_tensor *q, const flashport_tensor *k, const flashport_tensor *v,
+    const flashport_tensor *o, const flashport_tensor *lse, const flashport_tensor *dout,
+    const flashport_tensor *dq, const flashport_tensor *dk, const flashport_tensor *dv,
+    size_t *bytes)
+{
+    CHECK_BACKEND(be);
+    if (!bytes)
+        return fp_set_error(FLASHPORT_ERR_NULL_POINTER, "bytes is NULL");
+    fp_call_tensors t = {q, k, v, o, lse, dout, dq, dk, dv};
+    return query_call(be, dir, params, &t, bytes);
+}
+
+flashport_status flashport_set_workspace(flashport_backend *be, void *workspace, size_t bytes)
+{
+    CHECK_BACKEND(be);
+    if (!workspace && bytes > 0)
+        return fp_set_error(FLASHPORT_ERR_NULL_POINTER, "workspace is NULL but bytes is %zu",
+                            bytes);
+    if ((uintptr_t)workspace % 256 != 0)
+        return fp_set_error(FLASHPORT_ERR_INVALID_VALUE, "workspace %p is not aligned to 256 bytes",
+                            workspace);
+    be->workspace = workspace;
+    be->workspace_bytes = workspace ? bytes : 0;
+    return FLASHPORT_OK;
+}
+
 flashport_status flashport_attention_forward(flashport_backend *be,
                                              const flashport_attention_params *params,
                                              const flashport_tensor *q, const flashport_tensor *k,
@@ -271,7 +368,7 @@ flashport_status flashport_attention_forward(flashport_backend *be,
     CHECK_BACKEND(be);
     fp_call_tensors t = {q, k, v, o, lse, NULL, NULL, NULL, NULL};
     fp_problem p;
-    flashport_status st = fp_validate_call(be, params, &t, 0, &p);
+    flashport_status st = validate_call(be, FLASHPORT_FORWARD, params, &t, &p);
     if (st != FLASHPORT_OK)
         return st;
     if (fp_log_enabled())
@@ -288,7 +385,7 @@ flashport_status flashport_attention_backward(
     CHECK_BACKEND(be);
     fp_call_tensors t = {q, k, v, o, lse, dout, dq, dk, dv};
     fp_problem p;
-    flashport_status st = fp_validate_call(be, params, &t, 1, &p);
+    flashport_status st = validate_call(be, FLASHPORT_BACKWARD, params, &t, &p);
     if (st != FLASHPORT_OK)
         return st;
     if (fp_log_enabled())

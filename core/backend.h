@@ -23,7 +23,7 @@ extern "C" {
 #endif
 
 /* Bumped whenever fp_problem, fp_backend_ops or fp_host_api change layout or meaning. */
-#define FP_PLUGIN_API_VERSION 2
+#define FP_PLUGIN_API_VERSION  3
 #define FP_PLUGIN_ENTRY_SYMBOL "flashport_plugin_entry"
 
 /* Stride order of every fp_problem tensor: [batch, seq, head, dim]. For varlen problems the batch
@@ -63,6 +63,12 @@ typedef struct fp_problem {
     fp_tensor_view lse; /* f32, strides [batch, head, seq] in stride[0..2]; data may be NULL fwd */
     /* backward only */
     fp_tensor_view dout, dq, dk, dv;
+
+    /* Caller-owned device scratch (flashport_set_workspace), 256-byte aligned, or NULL. When set,
+     * the backend allocates nothing: it carves its scratch from here and refuses a call that
+     * needs more than workspace_bytes with FLASHPORT_ERR_BUFFER_TOO_SMALL before launching. */
+    void *workspace;
+    size_t workspace_bytes;
 } fp_problem;
 
 /* What a backend can run; the core checks these before calling forward/backward, so the
@@ -120,6 +126,16 @@ typedef struct fp_backend_ops {
     flashport_status (*event_record)(void *ctx, void *event);
     flashport_status (*event_elapsed_ms)(void *ctx, void *start, void *stop, float *ms);
     void (*event_destroy)(void *ctx, void *event);
+
+    /* Optional. The scratch bytes forward (backward = 0) or backward would need for p, or the
+     * status the call would refuse it with (the kernel choice and its device limits), launching
+     * nothing. NULL: no scratch, nothing refused beyond the caps. */
+    flashport_status (*workspace_size)(void *ctx, const fp_problem *p, int backward, size_t *bytes);
+
+    /* Optional device enumeration, callable without opening a device. device_count reports 0
+     * (and OK) when the runtime finds no usable device. NULL: one device, the host. */
+    flashport_status (*device_count)(int *count);
+    flashport_status (*device_props)(int device, flashport_device_props *props);
 } fp_backend_ops;
 
 typedef flashport_status (*fp_plugin_entry_fn)(uint32_t core_api_version, const fp_host_api *host,

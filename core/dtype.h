@@ -1,7 +1,8 @@
 /*
- * Host-side storage conversions for f16 and bf16, in plain C so they build on any compiler and
- * architecture. Round-to-nearest-even, NaN stays NaN, overflow goes to infinity. CPU kernels load
- * through these (or a vectorized equivalent that must agree bit for bit).
+ * Host-side storage conversions for f16, bf16 and the two fp8 formats, in plain C so they build
+ * on any compiler and architecture. Round-to-nearest-even; NaN stays NaN; f16 and bf16 overflow
+ * to infinity, fp8 saturates (rules in include/flashport.h, flashport_convert, which is built on
+ * these). CPU kernels load through these (or a vectorized equivalent that must agree bit for bit).
  */
 #ifndef FLASHPORT_CORE_DTYPE_H
 #define FLASHPORT_CORE_DTYPE_H
@@ -73,6 +74,53 @@ static inline uint16_t fp_f32_to_f16(float f)
     }
     uint32_t r = a + 0xfffu + ((a >> 13) & 1u); /* round mantissa to 10 bits, nearest even */
     return (uint16_t)(sign | (((r >> 23) - 112u) << 10 | ((r >> 13) & 0x3ffu)));
+}
+
+/* OCP fp8: e4m3 ("E4M3FN": bias 7, no infinities, 0x7f NaN, largest finite 448) and e5m2 (bias
+ * 15, IEEE-like infinities and NaNs, largest finite 57344). e4m3 != 0 picks the first. */
+static inline float fp_fp8_to_f32(uint8_t h, int e4m3)
+{
+    const int man_bits = e4m3 ? 3 : 2, bias = e4m3 ? 7 : 15;
+    const uint32_t sign = (uint32_t)(h & 0x80u) << 24;
+    const uint32_t exp = (uint32_t)(h & 0x7fu) >> man_bits;
+    const uint32_t man = h & ((1u << man_bits) - 1u);
+    if (e4m3 ? (h & 0x7fu) == 0x7fu : exp == 0x1fu && man != 0)
+        return fp_bits_f32(sign | 0x7fc00000u);
+    if (!e4m3 && exp == 0x1fu)
+        return fp_bits_f32(sign | 0x7f800000u);
+    if (exp == 0) { /* subnormal: man * 2^(1 - bias - man_bits), exact in f32 */
+        float f = (float)man * (e4m3 ? 0.001953125f : 1.52587890625e-05f);
+        return sign ? -f : f;
+    }
+    return fp_bits_f32(sign | (exp - (uint32_t)bias + 127u) << 23 | man << (23 - man_bits));
+}
+
+static inline uint8_t fp_f32_to_fp8(float f, int e4m3)
+{
+    const int man_bits = e4m3 ? 3 : 2, bias = e4m3 ? 7 : 15;
+    const uint32_t max_finite = e4m3 ? 0x7eu : 0x7bu;
+    const uint32_t u = fp_f32_bits(f);
+    const uint8_t sign = (uint8_t)((u >> 24) & 0x80u);
+    const uint32_t a = u & 0x7fffffffu;
+    if (a > 0x7f800000u) /* NaN */
+        return (uint8_t)(sign | (e4m3 ? 0x7fu : 0x7eu));
+    if (a == 0x7f800000u) /* infinity: saturates in e4m3, which has none */
+        return (uint8_t)(sign | (e4m3 ? max_finite : 0x7cu));
+    if ((int)(a >> 23) - 127 < 1 - bias) {
+        /* below the smallest normal: count units of the smallest subnormal, round to even (the
+         * scaling by a power of two is exact; a carry into 1 << man_bits is the smallest normal) */
+        float v = fp_bits_f32(a) * (e4m3 ? 512.0f : 65536.0f);
+        uint32_t n = (uint32_t)v;
+        float rem = v - (float)n;
+        if (rem > 0.5f || (rem == 0.5f && (n & 1u)))
+            n++;
+        return (uint8_t)(sign | n);
+    }
+    const int shift = 23 - man_bits;
+    const uint32_t r = (a + (1u << (shift - 1)) - 1u + ((a >> shift) & 1u)) >> shift;
+    const uint32_t e = (r >> man_bits) - 127u + (uint32_t)bias; /* >= 1 here */
+    const uint32_t out = e << man_bits | (r & ((1u << man_bits) - 1u));
+    return (uint8_t)(sign | (out > max_finite ? max_finite : out));
 }
 
 /* Element i (in elements, not bytes) of a buffer of `dtype`, as f32. f32/f16/bf16 only. */

@@ -35,6 +35,10 @@ const char *flashport_status_string(flashport_status status)
     case FLASHPORT_ERR_OUT_OF_MEMORY: return "FLASHPORT_ERR_OUT_OF_MEMORY";
     case FLASHPORT_ERR_DEVICE: return "FLASHPORT_ERR_DEVICE";
     case FLASHPORT_ERR_INTERNAL: return "FLASHPORT_ERR_INTERNAL";
+    case FLASHPORT_ERR_UNINITIALIZED:
+        return "FLASHPORT_ERR_UNINITIALIZED";
+    case FLASHPORT_ERR_BUFFER_TOO_SMALL:
+        return "FLASHPORT_ERR_BUFFER_TOO_SMALL";
     }
     return "FLASHPORT_ERR_UNKNOWN_STATUS";
 }

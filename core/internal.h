@@ -24,8 +24,9 @@ int fp_log_enabled(void);
  * Fails with BACKEND_UNKNOWN or BACKEND_UNAVAILABLE (message names the available backends). */
 flashport_status fp_registry_get(const char *name, const fp_backend_ops **ops);
 
-/* Comma-separated names of the backends that open on this machine (probing plugins). */
-void fp_registry_available(char *buf, size_t size);
+/* Comma-separated names of the backends that open on this machine (probing plugins): buf gets
+ * the names that fit, whole; returns the size the full list takes, its NUL included. */
+size_t fp_registry_available(char *buf, size_t size);
 /* The i-th GPU backend (plugin) name of the registry's table, in "auto"'s order; NULL past the
  * last. */
 const char *fp_registry_gpu_backend(size_t i);
@@ -35,6 +36,8 @@ struct flashport_backend {
     void *ctx;
     int device;
     fp_backend_caps caps;
+    void *workspace; /* flashport_set_workspace, or NULL */
+    size_t workspace_bytes;
 };
 
 #endif /* FLASHPORT_CORE_INTERNAL_H */

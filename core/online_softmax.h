@@ -5,7 +5,8 @@
  * exp(score - m). The output accumulator is kept unnormalized, relative to m.
  *   update:   new block with maximum bm -> m' = max(m, bm); accumulators *= exp(m - m')
  *   finalize: O = acc / l, LSE = m + log(l); a row that saw nothing (l == 0) gives O = 0 and
- *             LSE = -inf, never NaN.
+ *             LSE = -inf, never NaN. A NaN score makes l NaN, and finalize passes it on: O and
+ *             LSE of that row are NaN (the NaN semantics of include/flashport.h).
  *   merge:    two partial results over disjoint key sets (split-KV, several devices) combine
  *             through their LSEs: lse = log(exp(a) + exp(b)), O = wa Oa + wb Ob with
  *             wa = exp(a - lse), wb = exp(b - lse).
@@ -20,7 +21,7 @@
 #include <math.h>
 
 #define FP_LOG2E 1.4426950408889634f
-#define FP_LN2 0.6931471805599453f
+#define FP_LN2   0.6931471805599453f
 
 typedef struct fp_softmax_state {
     float m; /* running max; -INFINITY before any visible score */
@@ -72,16 +73,17 @@ FP_INLINE float fp_softmax_weight_exp2(const fp_softmax_state *s, float score)
     return score == -INFINITY ? 0.0f : exp2f(score - s->m);
 }
 
-/* Factor that turns the accumulator into O: 1/l, or 0 for a row that saw nothing. */
+/* Factor that turns the accumulator into O: 1/l, or 0 for a row that saw nothing; NaN when l
+ * is (a visible NaN score), which a test of l > 0 would turn into the empty row's 0. */
 FP_INLINE float fp_softmax_out_scale(const fp_softmax_state *s)
 {
-    return s->l > 0.0f ? 1.0f / s->l : 0.0f;
+    return s->l == 0.0f ? 0.0f : 1.0f / s->l;
 }
 
-/* Natural-log LSE of the row, -INFINITY for a row that saw nothing. */
+/* Natural-log LSE of the row, -INFINITY for a row that saw nothing, NaN when l is NaN. */
 FP_INLINE float fp_softmax_lse(const fp_softmax_state *s)
 {
-    return s->l > 0.0f ? s->m + logf(s->l) : -INFINITY;
+    return s->l == 0.0f ? -INFINITY : s->m + logf(s->l);
 }
 
 /* For a state kept in log2 units. m ln 2 + ln l rather than (m + log2 l) ln 2: the sum is not
@@ -89,7 +91,7 @@ FP_INLINE float fp_softmax_lse(const fp_softmax_state *s)
  * became 2 .. 4 against the float64 reference). */
 FP_INLINE float fp_softmax_lse_exp2(const fp_softmax_state *s)
 {
-    return s->l > 0.0f ? s->m * FP_LN2 + logf(s->l) : -INFINITY;
+    return s->l == 0.0f ? -INFINITY : s->m * FP_LN2 + logf(s->l);
 }
 
 /* Merge of two partial LSEs. Writes the weights of each partial output; returns the merged LSE.

@@ -338,14 +338,41 @@ static void view(fp_tensor_view *v, const flashport_tensor *t, int varlen)
     }
 }
 
-flashport_status fp_validate_call(flashport_backend *be, const flashport_attention_params *p,
+flashport_status fp_params_normalize(const flashport_attention_params *p,
+                                     flashport_attention_params *full)
+{
+    if (p->magic != FLASHPORT_PARAMS_MAGIC)
+        return fp_set_error(FLASHPORT_ERR_UNINITIALIZED,
+                            "params were not initialized: call flashport_attention_params_init "
+                            "before setting fields (magic is 0x%08x, expected 0x%08x)",
+                            (unsigned)p->magic, (unsigned)FLASHPORT_PARAMS_MAGIC);
+    if (p->struct_size < FP_PARAMS_MIN_SIZE)
+        return fp_set_error(FLASHPORT_ERR_UNINITIALIZED,
+                            "params were not initialized: struct_size %u is below the smallest "
+                            "params struct (%zu bytes); call flashport_attention_params_init",
+                            (unsigned)p->struct_size, (size_t)FP_PARAMS_MIN_SIZE);
+    if (p->struct_size > sizeof *full)
+        return fp_set_error(FLASHPORT_ERR_INVALID_VALUE,
+                            "params come from a newer flashport header (%u bytes; this library "
+                            "%s knows %zu): use the header of the library you run with",
+                            (unsigned)p->struct_size, flashport_version(), sizeof *full);
+    flashport_attention_params_init(full);
+    memcpy(full, p, p->struct_size);
+    return FLASHPORT_OK;
+}
+
+flashport_status fp_validate_call(flashport_backend *be, const flashport_attention_params *user,
                                   const fp_call_tensors *t, int backward, fp_problem *out)
 {
     flashport_status st;
     if (!be)
         return fp_set_error(FLASHPORT_ERR_NULL_POINTER, "backend is NULL");
-    if (!p)
+    if (!user)
         return fp_set_error(FLASHPORT_ERR_NULL_POINTER, "params is NULL");
+    flashport_attention_params full;
+    if ((st = fp_params_normalize(user, &full)) != FLASHPORT_OK)
+        return st;
+    const flashport_attention_params *p = &full;
     const char *names[] = {"q", "k", "v", "o", "lse", "dout", "dq", "dk", "dv"};
     const flashport_tensor *all[] = {t->q,    t->k,  t->v,  t->o, t->lse,
                                      t->dout, t->dq, t->dk, t->dv};
@@ -367,6 +394,7 @@ flashport_status fp_validate_call(flashport_backend *be, const flashport_attenti
             return st;
 
     dims dm;
+    memset(&dm, 0, sizeof dm);
     if (varlen) {
         dm.b = p->batch;
         dm.nq = p->max_seqlen_q;
@@ -383,8 +411,6 @@ flashport_status fp_validate_call(flashport_backend *be, const flashport_attenti
         dm.h = q->shape[2];
         dm.hkv = k->shape[2];
         dm.d = q->shape[3];
-        dm.total_q = dm.b * dm.nq;
-        dm.total_k = dm.b * dm.nk;
     }
     if (dm.h < 1 || dm.hkv < 1 || dm.d < 1)
         return fp_set_error(FLASHPORT_ERR_BAD_SIZE,
@@ -393,6 +419,10 @@ flashport_status fp_validate_call(flashport_backend *be, const flashport_attenti
     if (dm.nq > INT32_MAX || dm.nk > INT32_MAX || dm.h > INT32_MAX || dm.b > INT32_MAX)
         return fp_set_error(FLASHPORT_ERR_BAD_SIZE,
                             "batch, sequence lengths and heads must each fit in 31 bits");
+    if (!varlen) { /* after the 31-bit check: the products cannot overflow */
+        dm.total_q = dm.b * dm.nq;
+        dm.total_k = dm.b * dm.nk;
+    }
     const int64_t qn = varlen ? dm.total_q : dm.nq, kn = varlen ? dm.total_k : dm.nk;
     if ((st = check_shape("k", k, varlen, dm.b, kn, dm.hkv, dm.d)) ||
         (st = check_shape("v", v, varlen, dm.b, kn, dm.hkv, dm.d)) ||
@@ -427,6 +457,14 @@ flashport_status fp_validate_call(flashport_backend *be, const flashport_attenti
                    (st = check_seqlens(be, "cu_seqlens_k", p->cu_seqlens_k, dm.b, dm.total_k,
                                        dm.nk))))
         return st;
+    /* Slopes in host memory are read here; a GPU backend's are not copied back for this, and a
+     * NaN slope there makes its head's rows NaN (the NaN rule of include/flashport.h). */
+    if (p->alibi_slopes && be->caps.is_host)
+        for (int64_t h = 0; h < dm.h; h++)
+            if (!isfinite(p->alibi_slopes[h]))
+                return fp_set_error(FLASHPORT_ERR_INVALID_VALUE,
+                                    "alibi_slopes[%lld] is %g; slopes must be finite", (long long)h,
+                                    (double)p->alibi_slopes[h]);
     /* A backend without a backward also serves no dtype backward: say which is the cause. */
     if (backward && !be->ops->backward)
         return fp_set_error(FLASHPORT_ERR_UNSUPPORTED_FEATURE, "backend '%s' has no backward",

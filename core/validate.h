@@ -8,6 +8,8 @@
 
 #include "core/internal.h"
 
+#include <stddef.h>
+
 /* The tensors of one call. Forward uses q, k, v, o and optional lse; backward uses all. */
 typedef struct fp_call_tensors {
     const flashport_tensor *q, *k, *v, *o, *lse;
@@ -19,6 +21,17 @@ typedef struct fp_call_tensors {
 flashport_status fp_validate_call(flashport_backend *backend,
                                   const flashport_attention_params *params,
                                   const fp_call_tensors *t, int backward, fp_problem *problem);
+
+/* Smallest params struct_size accepted: the struct as first versioned, through `deterministic`.
+ * Fields after it (the fp8 descales, and any added later) take their defaults when a caller's
+ * struct ends before them. */
+#define FP_PARAMS_MIN_SIZE (offsetof(flashport_attention_params, descale_q))
+
+/* Copies the caller's params into *full, with the defaults for fields its (older, smaller)
+ * struct lacks. Rejects a struct flashport_attention_params_init did not set up
+ * (FLASHPORT_ERR_UNINITIALIZED) and one from a newer header (FLASHPORT_ERR_INVALID_VALUE). */
+flashport_status fp_params_normalize(const flashport_attention_params *p,
+                                     flashport_attention_params *full);
 
 /* Nonzero when no element of `a` shares a byte with an element of `b` (conservative: may say
  * "overlap" for exotic interleavings). Exposed for tests. */

@@ -25,21 +25,6 @@
         }                                                                                          \
     } while (0)
 
-static uint16_t to_bf16(float f)
-{
-    uint32_t u;
-    memcpy(&u, &f, 4);
-    return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
-}
-
-static float from_bf16(uint16_t h)
-{
-    uint32_t u = (uint32_t)h << 16;
-    float f;
-    memcpy(&f, &u, 4);
-    return f;
-}
-
 int main(int argc, char **argv)
 {
     const int64_t B = 2, N = 512, H = 8, HKV = 2, D = 64; /* GQA 4:1 */
@@ -51,8 +36,10 @@ int main(int argc, char **argv)
     CHECK(flashport_backend_open(argc > 1 ? argv[1] : NULL, &be));
     printf("flashport %s, backend '%s'\n", flashport_version(), flashport_backend_name(be));
 
+    /* bf16 data is made and read in f32, converted with flashport_convert */
     uint16_t *host = malloc(q_elems * sizeof *host);
-    if (!host)
+    float *host_f32 = malloc(q_elems * sizeof *host_f32);
+    if (!host || !host_f32)
         return 1;
     void *q, *k, *v, *o, *lse, *dout, *dq, *dk, *dv;
     CHECK(flashport_malloc(be, q_elems * 2, &q));
@@ -69,7 +56,8 @@ int main(int argc, char **argv)
     srand(1);
     for (int t = 0; t < 4; t++) {
         for (size_t i = 0; i < counts[t]; i++)
-            host[i] = to_bf16((float)((double)rand() / RAND_MAX) * 2.0f - 1.0f);
+            host_f32[i] = (float)((double)rand() / RAND_MAX) * 2.0f - 1.0f;
+        CHECK(flashport_convert(host, FLASHPORT_BF16, host_f32, FLASHPORT_F32, counts[t]));
         CHECK(flashport_memcpy_to_device(be, inputs[t], host, counts[t] * 2));
     }
 
@@ -95,9 +83,10 @@ int main(int argc, char **argv)
     const char *names[2] = {"O", "dQ"};
     for (int t = 0; t < 2; t++) {
         CHECK(flashport_memcpy_to_host(be, host, results[t], q_elems * 2));
+        CHECK(flashport_convert(host_f32, FLASHPORT_F32, host, FLASHPORT_BF16, q_elems));
         double sum = 0.0;
         for (size_t i = 0; i < q_elems; i++)
-            sum += fabs(from_bf16(host[i]));
+            sum += fabs(host_f32[i]);
         printf("sum |%s| = %.6f over %zu elements\n", names[t], sum, q_elems);
     }
 
@@ -106,5 +95,6 @@ int main(int argc, char **argv)
         CHECK(flashport_free(be, all[i]));
     flashport_backend_close(be);
     free(host);
+    free(host_f32);
     return 0;
 }

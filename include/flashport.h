@@ -13,6 +13,11 @@
  *       i + Nk - Nq - left <= j <= i + Nk - Nq + right;  causal == (left = -1, right = 0);
  *   P = softmax(S) over visible keys; O = P V; LSE = log(sum exp S) (natural log, f32).
  *   A row with no visible key gives O = 0 and LSE = -inf, never NaN.
+ *   NaN and infinities: keys a row cannot see (masked by the window, past a sequence's end, in
+ *   tile padding) never affect that row, even when their K or V hold NaN or inf: its O, LSE and
+ *   dQ are those of the same call with those keys clean, and likewise queries a key cannot see
+ *   never affect its dK and dV. A NaN in a score or a value a row can see propagates to that
+ *   row: a NaN score makes its O and LSE NaN, a NaN V element the matching O element.
  *   GQA/MQA: H % Hkv == 0; query head h reads kv head h / (H / Hkv).
  *
  * Every function returns a flashport_status; on failure flashport_last_error() gives a message
@@ -27,7 +32,25 @@
  *                          variant ran, and why.
  *   FLASHPORT_PLUGIN_PATH  colon-separated folders searched for backend plugins
  *                          (libflashport_<name>.so) before the folder of the library itself.
- *   FLASHPORT_NUM_THREADS  threads used by the CPU backend (default: OpenMP's default).
+ *                          That folder is resolved to an absolute path when the library is
+ *                          loaded; when it cannot be (core linked into a program started
+ *                          through $PATH), only FLASHPORT_PLUGIN_PATH is searched: nothing is
+ *                          loaded relative to the working directory.
+ *   FLASHPORT_NUM_THREADS  threads used by the CPU backend (default: OpenMP's default); a value
+ *                          that is not a positive integer makes opening "cpu" fail with
+ *                          FLASHPORT_ERR_INVALID_VALUE.
+ *
+ * Thread safety:
+ *   - Any function may be called from several threads at once on different handles.
+ *   - On one shared handle, flashport_attention_forward / _backward / _supported /
+ *     _workspace_size, the memory helpers and flashport_backend_name / _device may run
+ *     concurrently (results are the same as run one after another), except when the handle has
+ *     a caller-owned workspace (flashport_set_workspace): calls on it share that memory, so the
+ *     caller serializes them (or gives each thread its own handle).
+ *   - flashport_set_stream, flashport_set_workspace and flashport_backend_close change the
+ *     handle: no other call may run on the handle at the same time.
+ *   - Timers belong to one thread at a time.
+ *   - flashport_last_error() is per thread; registry and plugin loading are internally locked.
  */
 #ifndef FLASHPORT_H
 #define FLASHPORT_H
@@ -80,7 +103,11 @@ typedef enum flashport_status {
     FLASHPORT_ERR_NO_DEVICE = 16,           /* the backend's runtime finds no usable device    */
     FLASHPORT_ERR_OUT_OF_MEMORY = 17,       /* host or device allocation failed                */
     FLASHPORT_ERR_DEVICE = 18,              /* a device runtime call failed                    */
-    FLASHPORT_ERR_INTERNAL = 19             /* a bug in flashport; please report it            */
+    FLASHPORT_ERR_INTERNAL = 19,            /* a bug in flashport; please report it            */
+    FLASHPORT_ERR_UNINITIALIZED = 20,       /* a params struct not set up by
+                                               flashport_attention_params_init                 */
+    FLASHPORT_ERR_BUFFER_TOO_SMALL = 21     /* a caller-owned buffer (a string, a workspace) is
+                                               smaller than needed; the call says how much     */
 } flashport_status;
 
 /* A short constant name for a status ("FLASHPORT_ERR_HEAD_RATIO"). Never NULL. */
@@ -157,8 +184,30 @@ FLASHPORT_API const char *flashport_backend_name(const flashport_backend *backen
 FLASHPORT_API int flashport_backend_device(const flashport_backend *backend);
 
 /* Writes a comma-separated list of the backends that open on this machine right now into buf
- * (always NUL-terminated when size > 0). */
-FLASHPORT_API flashport_status flashport_available_backends(char *buf, size_t size);
+ * (always NUL-terminated when size > 0). *needed (when needed is not NULL) receives the size the
+ * whole list takes, its NUL included. A buffer shorter than that gets the names that fit, whole,
+ * and FLASHPORT_ERR_BUFFER_TOO_SMALL; buf may be NULL when size is 0 (a size query). */
+FLASHPORT_API flashport_status flashport_available_backends(char *buf, size_t size, size_t *needed);
+
+/* What a device is. Host backends ("cpu", "reference") report one device: the host. */
+typedef struct flashport_device_props {
+    char name[256];          /* "NVIDIA H200", "AMD Instinct MI300X", the CPU's model name */
+    char arch[32];           /* "sm_90", "gfx90a", or the host's ISA ("x86_64", "aarch64") */
+    size_t total_memory;     /* bytes of device memory (host: physical memory)             */
+    int32_t compute_major;   /* CUDA: compute capability major; HIP: the runtime's major */
+    int32_t compute_minor;   /* ... and minor (gfx90a: 9, 0); host: 0, 0                  */
+    int32_t multiprocessors; /* SMs / CUs; host: online logical CPUs                      */
+} flashport_device_props;
+
+/* Devices the backend `name` ("cpu", "reference", "cuda", "hip") sees. A GPU backend whose plugin
+ * loads on a machine without a usable device reports 0 with FLASHPORT_OK; a missing plugin is
+ * FLASHPORT_ERR_BACKEND_UNAVAILABLE. */
+FLASHPORT_API flashport_status flashport_device_count(const char *name, int *count);
+
+/* Properties of device `device` of backend `name`; FLASHPORT_ERR_NO_DEVICE when there is no
+ * such device. */
+FLASHPORT_API flashport_status flashport_device_properties(const char *name, int device,
+                                                           flashport_device_props *props);
 
 /* Memory helpers: where the backend's tensors live. For host backends these are plain host
  * allocations and copies. Copies are synchronous with respect to the host. */
@@ -173,7 +222,9 @@ FLASHPORT_API flashport_status flashport_synchronize(flashport_backend *backend)
 
 /* The stream the backend enqueues work on (a cudaStream_t / hipStream_t cast to void *; NULL is
  * the default stream). Host backends accept only NULL. Kernels launched through this handle are
- * ordered after prior work on that stream and run asynchronously to the host. */
+ * ordered after prior work on that stream and run asynchronously to the host.
+ * The "opencl" backend takes a cl_command_queue: one of another context than the handle's is
+ * adopted with its context and device while the handle holds no allocations (docs/opencl.md). */
 FLASHPORT_API flashport_status flashport_set_stream(flashport_backend *backend, void *stream);
 
 /* Timing of the work enqueued through a backend: device events on the backend's stream for GPU
@@ -194,6 +245,13 @@ FLASHPORT_API void flashport_timer_destroy(flashport_timer *timer);
  * Attention.
  * ------------------------------------------------------------------------------------------- */
 typedef struct flashport_attention_params {
+    /* Set by flashport_attention_params_init, never by hand: the size of this struct as the
+     * caller's header declared it, and FLASHPORT_PARAMS_MAGIC. A struct that lacks them (zeroed
+     * with memset, say) is rejected with FLASHPORT_ERR_UNINITIALIZED; a smaller size (a caller
+     * built against an older header) gets the defaults for the fields it does not have. */
+    uint32_t struct_size;
+    uint32_t magic;
+
     /* Multiplier of Q K^T. 0 means 1/sqrt(D). Must be finite and not negative. */
     float scale;
 
@@ -209,7 +267,9 @@ typedef struct flashport_attention_params {
     /* Softcap c: S = c * tanh(S / c). 0 disables; negative is invalid. */
     float softcap;
 
-    /* ALiBi: H slopes, f32, contiguous, in the backend's memory; NULL disables. */
+    /* ALiBi: H slopes, f32, contiguous, in the backend's memory; NULL disables. Host backends
+     * refuse a slope that is not finite (FLASHPORT_ERR_INVALID_VALUE); GPU backends do not read
+     * them back to check, and a NaN slope makes its head's rows NaN. */
     const float *alibi_slopes;
 
     /* Variable-length batches. Both NULL: dense rank-4 tensors. Both set: rank-3 packed tensors
@@ -231,9 +291,18 @@ typedef struct flashport_attention_params {
     float descale_v;
 } flashport_attention_params;
 
+#define FLASHPORT_PARAMS_MAGIC 0x46505031u /* "FPP1" */
+
 /* Defaults: scale 1/sqrt(D), no window, not causal, no softcap, no ALiBi, dense, not
- * deterministic. Always start from this so fields added later keep their defaults. */
-FLASHPORT_API void flashport_attention_params_init(flashport_attention_params *params);
+ * deterministic. Always start from this so fields added later keep their defaults.
+ * flashport_attention_params_init is a macro that passes sizeof the caller's struct, so a
+ * program built against this header and run with a newer library (whose struct is larger) has
+ * only its own `size` bytes written. NULL, or a size smaller than the first versioned struct,
+ * writes nothing. */
+FLASHPORT_API void flashport_attention_params_init_sized(flashport_attention_params *params,
+                                                         size_t size);
+#define flashport_attention_params_init(params)                                                    \
+    flashport_attention_params_init_sized((params), sizeof *(params))
 
 /* O = attention(Q, K, V). lse may be NULL; if given it receives the row log-sum-exp (f32) that
  * the backward pass needs. q, k, v, o must share one dtype. */
@@ -253,6 +322,67 @@ FLASHPORT_API flashport_status flashport_attention_backward(
     const flashport_tensor *q, const flashport_tensor *k, const flashport_tensor *v,
     const flashport_tensor *o, const flashport_tensor *lse, const flashport_tensor *dout,
     const flashport_tensor *dq, const flashport_tensor *dk, const flashport_tensor *dv);
+
+/* ---------------------------------------------------------------------------------------------
+ * Asking before calling: is a call served, and how much scratch memory does it need.
+ *
+ * Both take the arguments of flashport_attention_forward (direction FLASHPORT_FORWARD: dout, dq,
+ * dk, dv are ignored and may be NULL) or of flashport_attention_backward (FLASHPORT_BACKWARD),
+ * validate them exactly as the call would, ask the backend (dtype, head dim, the kernel it would
+ * pick and whether this device can run it), and run nothing, write nothing. They read
+ * cu_seqlens (B + 1 ints) as the call does.
+ * ------------------------------------------------------------------------------------------- */
+typedef enum flashport_direction {
+    FLASHPORT_FORWARD = 0,
+    FLASHPORT_BACKWARD = 1
+} flashport_direction;
+
+/* The status (and flashport_last_error() message) the call would return, without running it.
+ * FLASHPORT_OK means the call would be served. */
+FLASHPORT_API flashport_status flashport_attention_supported(
+    flashport_backend *backend, flashport_direction direction,
+    const flashport_attention_params *params, const flashport_tensor *q, const flashport_tensor *k,
+    const flashport_tensor *v, const flashport_tensor *o, const flashport_tensor *lse,
+    const flashport_tensor *dout, const flashport_tensor *dq, const flashport_tensor *dk,
+    const flashport_tensor *dv);
+
+/* *bytes: the device memory the call needs as scratch (split-KV partials, backward row
+ * statistics and dQ accumulator, staging of unaligned tensors), 0 when none. Host backends
+ * report 0 (the CPU backend's per-thread tiles are host memory it manages itself). On failure
+ * the status is what the call would return and *bytes is 0. */
+FLASHPORT_API flashport_status flashport_attention_workspace_size(
+    flashport_backend *backend, flashport_direction direction,
+    const flashport_attention_params *params, const flashport_tensor *q, const flashport_tensor *k,
+    const flashport_tensor *v, const flashport_tensor *o, const flashport_tensor *lse,
+    const flashport_tensor *dout, const flashport_tensor *dq, const flashport_tensor *dk,
+    const flashport_tensor *dv, size_t *bytes);
+
+/* Hands the handle caller-owned device memory (from the caller's allocator: PyTorch's caching
+ * allocator, an engine's arena) of `bytes` bytes, aligned to 256 bytes. From then on forward and
+ * backward on this handle allocate nothing: they carve their scratch from it, ordered on the
+ * handle's stream, and a call that needs more than `bytes` fails with
+ * FLASHPORT_ERR_BUFFER_TOO_SMALL before anything runs (the message gives the size). The memory
+ * must stay valid until the work enqueued with it has completed; calls on the handle then share
+ * it, so they must not overlap (see Thread safety). workspace == NULL (bytes 0) goes back to the
+ * backend's own stream-ordered allocations. Host backends accept it and use none of it. */
+FLASHPORT_API flashport_status flashport_set_workspace(flashport_backend *backend, void *workspace,
+                                                       size_t bytes);
+
+/* ---------------------------------------------------------------------------------------------
+ * Conversions between storage types, on the host.
+ *
+ * Converts `count` elements of `src` (src_dtype) to `dst` (dst_dtype); every pair of f32, f16,
+ * bf16, fp8 e4m3 and fp8 e5m2 works, both ways. Rounding is to nearest, ties to even, from the
+ * exact value. NaN stays NaN (sign kept). f16 and bf16: a value that rounds past the largest
+ * finite one becomes infinity, and infinities stay infinite. fp8 (OCP FP8 formats) saturates:
+ * e4m3 ("E4M3FN": no infinities, largest finite 448, NaN 0x7f / 0xff) maps finite overflow and
+ * +-inf to +-448; e5m2 (largest finite 57344, infinities 0x7c / 0xfc) maps finite overflow to
+ * +-57344 and keeps infinities. Buffers must not overlap (FLASHPORT_ERR_ALIASING); count 0 is a
+ * no-op. The tests check every fp8 and f16 bit pattern against a double-precision model.
+ * ------------------------------------------------------------------------------------------- */
+FLASHPORT_API flashport_status flashport_convert(void *dst, flashport_dtype dst_dtype,
+                                                 const void *src, flashport_dtype src_dtype,
+                                                 size_t count);
 
 #ifdef __cplusplus
 }

@@ -2,7 +2,7 @@
  * One binary that runs the shared case table (tests/cases.c) against a backend through the
  * public API, forward and backward, and compares every output with the "reference" backend.
  *
- *   test_backends [BACKEND] [--quick] [--filter TEXT]
+ *   test_backends [BACKEND] [--quick] [--filter TEXT] [--workspace]
  *
  * BACKEND defaults to $FLASHPORT_BACKEND. The oracle is the reference backend run on f32 copies
  * of the case's inputs (exact: the inputs are generated representable in the case's dtype), in
@@ -16,6 +16,10 @@
  * Deterministic cases run the backward twice and require bitwise-identical gradients.
  * A case the backend answers FLASHPORT_ERR_UNSUPPORTED_* counts as "unsupported", never as a
  * pass, and as a failure when docs/semantics.md requires the backend to run it (tc_required).
+ * Before every call, flashport_attention_supported must give the status the call then returns.
+ * --workspace: each call's scratch (flashport_attention_workspace_size) is allocated with
+ * flashport_malloc and handed over with flashport_set_workspace, so GPU backends run the whole
+ * table on caller-owned memory.
  * Exit: 0 when nothing failed and something passed, 1 otherwise, 77 (skip) when the backend has
  * no device or its plugin is unavailable.
  */
@@ -178,10 +182,58 @@ static int repoison(staged *st, int b)
                : -1;
 }
 
+static int use_workspace; /* --workspace */
+
+/* Before a call: what flashport_attention_supported says of it (*sup) and, with --workspace, the
+ * call's scratch from the backend's memory set as the handle's workspace (*ws, NULL if none). */
+static flashport_status prepare(staged *st, flashport_direction dir, flashport_status *sup,
+                                void **ws)
+{
+    const int bwd = dir == FLASHPORT_BACKWARD;
+    const flashport_tensor *t = st->t;
+    const flashport_tensor *dout = bwd ? &t[TC_DOUT] : NULL, *dq = bwd ? &t[TC_DQ] : NULL;
+    const flashport_tensor *dk = bwd ? &t[TC_DK] : NULL, *dv = bwd ? &t[TC_DV] : NULL;
+    *ws = NULL;
+    *sup = flashport_attention_supported(st->be, dir, &st->params, &t[TC_Q], &t[TC_K], &t[TC_V],
+                                         &t[TC_O], &st->lse, dout, dq, dk, dv);
+    if (*sup != FLASHPORT_OK || !use_workspace)
+        return FLASHPORT_OK;
+    size_t bytes = 0;
+    flashport_status s =
+        flashport_attention_workspace_size(st->be, dir, &st->params, &t[TC_Q], &t[TC_K], &t[TC_V],
+                                           &t[TC_O], &st->lse, dout, dq, dk, dv, &bytes);
+    if (s == FLASHPORT_OK && bytes > 0 && (s = flashport_malloc(st->be, bytes, ws)) == FLASHPORT_OK)
+        s = flashport_set_workspace(st->be, *ws, bytes);
+    return s;
+}
+
+/* After the call: the workspace is released once the work is done, and supported() must have
+ * predicted the call's status. */
+static flashport_status finish(staged *st, void *ws, flashport_status sup, flashport_status call)
+{
+    if (ws) {
+        flashport_synchronize(st->be);
+        flashport_set_workspace(st->be, NULL, 0);
+        flashport_free(st->be, ws);
+    }
+    if (sup != call) {
+        printf("  flashport_attention_supported said %s, the call returned %s\n",
+               flashport_status_string(sup), flashport_status_string(call));
+        return FLASHPORT_ERR_INTERNAL;
+    }
+    return call;
+}
+
 static flashport_status run_forward(staged *st, const tc_case *c, const tc_data *d, outputs *out)
 {
-    flashport_status s = flashport_attention_forward(
-        st->be, &st->params, &st->t[TC_Q], &st->t[TC_K], &st->t[TC_V], &st->t[TC_O], &st->lse);
+    flashport_status sup;
+    void *ws;
+    flashport_status s = prepare(st, FLASHPORT_FORWARD, &sup, &ws);
+    if (s != FLASHPORT_OK)
+        return s;
+    s = flashport_attention_forward(st->be, &st->params, &st->t[TC_Q], &st->t[TC_K], &st->t[TC_V],
+                                    &st->t[TC_O], &st->lse);
+    s = finish(st, ws, sup, s);
     if (s == FLASHPORT_OK)
         s = flashport_synchronize(st->be);
     if (s != FLASHPORT_OK)
@@ -202,9 +254,15 @@ static flashport_status call_backward(staged *st)
     for (int g = 0; g < 3; g++)
         if (repoison(st, st->plan.buffer[grads[g]]) != 0)
             return FLASHPORT_ERR_INTERNAL;
-    flashport_status s = flashport_attention_backward(
-        st->be, &st->params, &st->t[TC_Q], &st->t[TC_K], &st->t[TC_V], &st->t[TC_O], &st->lse,
-        &st->t[TC_DOUT], &st->t[TC_DQ], &st->t[TC_DK], &st->t[TC_DV]);
+    flashport_status sup;
+    void *ws;
+    flashport_status s = prepare(st, FLASHPORT_BACKWARD, &sup, &ws);
+    if (s != FLASHPORT_OK)
+        return s;
+    s = flashport_attention_backward(st->be, &st->params, &st->t[TC_Q], &st->t[TC_K], &st->t[TC_V],
+                                     &st->t[TC_O], &st->lse, &st->t[TC_DOUT], &st->t[TC_DQ],
+                                     &st->t[TC_DK], &st->t[TC_DV]);
+    s = finish(st, ws, sup, s);
     if (s == FLASHPORT_OK)
         s = flashport_synchronize(st->be);
     if (s != FLASHPORT_OK)
@@ -431,12 +489,15 @@ int main(int argc, char **argv)
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--quick"))
             quick = 1;
+        else if (!strcmp(argv[i], "--workspace"))
+            use_workspace = 1;
         else if (!strcmp(argv[i], "--filter") && i + 1 < argc)
             filter = argv[++i];
         else if (argv[i][0] != '-')
             backend_name = argv[i];
         else {
-            fprintf(stderr, "usage: %s [BACKEND] [--quick] [--filter TEXT]\n", argv[0]);
+            fprintf(stderr, "usage: %s [BACKEND] [--quick] [--filter TEXT] [--workspace]\n",
+                    argv[0]);
             return 1;
         }
     }

@@ -259,7 +259,7 @@ static void test_load_failures(void)
     CHECK_OPEN("noentry", FLASHPORT_ERR_BACKEND_UNAVAILABLE, want);
 
     char avail[256], list[300];
-    CHECK(flashport_available_backends(avail, sizeof avail) == FLASHPORT_OK);
+    CHECK(flashport_available_backends(avail, sizeof avail, NULL) == FLASHPORT_OK);
     CHECK_MSG(strncmp(avail, "cpu, reference", 14) == 0, "available backends: \"%s\"", avail);
     snprintf(list, sizeof list, "available backends: %s", avail);
     CHECK_OPEN("testnodev", FLASHPORT_ERR_NO_DEVICE, "testnodev: no test device 0 present");
@@ -272,11 +272,22 @@ static void test_load_failures(void)
 static void test_available_list(void)
 {
     char buf[64];
+    size_t need = 0, need2 = 0;
     memset(buf, 'x', sizeof buf);
-    CHECK(flashport_available_backends(buf, 0) == FLASHPORT_OK && buf[0] == 'x');
-    CHECK(flashport_available_backends(buf, 4) == FLASHPORT_OK && strlen(buf) < 4);
-    CHECK(flashport_available_backends(buf, 3) == FLASHPORT_OK && strlen(buf) < 3);
-    CHECK(flashport_available_backends(buf, sizeof buf) == FLASHPORT_OK);
+    /* A size query, then short buffers: whole names only, and the size the list needs. */
+    CHECK(flashport_available_backends(NULL, 0, &need) == FLASHPORT_ERR_BUFFER_TOO_SMALL);
+    CHECK_MSG(need > 4 && need <= sizeof buf, "needed %zu", need);
+    CHECK(flashport_available_backends(buf, 0, &need2) == FLASHPORT_ERR_BUFFER_TOO_SMALL &&
+          buf[0] == 'x' && need2 == need);
+    CHECK(flashport_available_backends(buf, 4, &need2) == FLASHPORT_ERR_BUFFER_TOO_SMALL &&
+          strcmp(buf, "cpu") == 0 && need2 == need);
+    CHECK(contains(flashport_last_error(), "needs"));
+    CHECK(flashport_available_backends(buf, 3, NULL) == FLASHPORT_ERR_BUFFER_TOO_SMALL &&
+          buf[0] == '\0');
+    CHECK(flashport_available_backends(buf, need - 1, NULL) == FLASHPORT_ERR_BUFFER_TOO_SMALL);
+    CHECK(flashport_available_backends(buf, need, &need2) == FLASHPORT_OK && need2 == need &&
+          strlen(buf) + 1 == need);
+    CHECK(flashport_available_backends(buf, sizeof buf, NULL) == FLASHPORT_OK);
     CHECK_MSG(contains(buf, "cpu") && contains(buf, "reference") && !contains(buf, "test"),
               "available backends: \"%s\"", buf);
 }
@@ -343,7 +354,7 @@ static void test_backend_env(void)
 
     /* auto: the first GPU backend that works, else cpu */
     char avail[256];
-    flashport_available_backends(avail, sizeof avail);
+    flashport_available_backends(avail, sizeof avail, NULL);
     const char *want = contains(avail, "cuda") ? "cuda" : contains(avail, "hip") ? "hip" : "cpu";
     const char *settings[] = {"auto", "", NULL};
     for (int i = 0; i < 3; i++) {

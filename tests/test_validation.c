@@ -788,7 +788,7 @@ static void test_backend_statuses(void)
     CHECK_STATUS(flashport_memcpy_to_host(cpu_backend, host, NULL, 8), FLASHPORT_ERR_NULL_POINTER,
                  "memcpy");
     CHECK_STATUS(flashport_synchronize(NULL), FLASHPORT_ERR_NULL_POINTER, "backend is NULL");
-    CHECK_STATUS(flashport_available_backends(NULL, 8), FLASHPORT_ERR_NULL_POINTER, "buf");
+    CHECK_STATUS(flashport_available_backends(NULL, 8, NULL), FLASHPORT_ERR_NULL_POINTER, "buf");
     CHECK_STATUS(flashport_set_stream(cpu_backend, (void *)host), FLASHPORT_ERR_UNSUPPORTED_FEATURE,
                  "takes no stream");
     if (testdev_backend)

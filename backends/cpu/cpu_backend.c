@@ -7,6 +7,7 @@
 #include "backends/cpu/cpu_internal.h"
 #include "backends/cpu/ukernel.h"
 
+#include <errno.h>
 #include <stdlib.h>
 #include <string.h>
 #ifdef _OPENMP
@@ -15,18 +16,29 @@
 
 #define CPU_MAX_HEAD_DIM 256
 
+#define CPU_MAX_THREADS 4096
+
+/* FLASHPORT_NUM_THREADS as a count; 0 when unset or empty, -1 when not an integer in
+ * 1..CPU_MAX_THREADS - 1. */
+static int env_threads(void)
+{
+    const char *env = getenv("FLASHPORT_NUM_THREADS");
+    if (!env || !*env)
+        return 0;
+    char *end;
+    errno = 0;
+    long v = strtol(env, &end, 10);
+    return errno == 0 && *end == '\0' && v > 0 && v < CPU_MAX_THREADS ? (int)v : -1;
+}
+
 int fp_cpu_threads(void)
 {
     static int threads; /* 0 until read; a benign race: every reader computes the same value */
     int t = __atomic_load_n(&threads, __ATOMIC_RELAXED);
     if (t > 0)
         return t;
-    const char *env = getenv("FLASHPORT_NUM_THREADS");
-    char *end;
-    long v = env && *env ? strtol(env, &end, 10) : 0;
-    if (v > 0 && v < 4096 && *end == '\0')
-        t = (int)v;
-    else {
+    t = env_threads();
+    if (t <= 0) { /* unset; a bad value is refused at open, before any kernel runs */
 #ifdef _OPENMP
         t = omp_get_max_threads();
 #else
@@ -48,6 +60,11 @@ static flashport_status host_open(int device, void **ctx)
  * (or that is misspelled) is reported here, at open, with the ISAs that would run. */
 static flashport_status cpu_open(int device, void **ctx)
 {
+    if (env_threads() < 0)
+        return fp_host()->set_error(FLASHPORT_ERR_INVALID_VALUE,
+                                    "cpu: FLASHPORT_NUM_THREADS='%s' is not a thread count (a "
+                                    "positive integer below %d)",
+                                    getenv("FLASHPORT_NUM_THREADS"), CPU_MAX_THREADS);
     const fp_ukernels *uk;
     const char *why;
     flashport_status s = fp_cpu_ukernels(&uk, &why);
@@ -148,6 +165,9 @@ static const fp_backend_ops cpu_ops = {
     NULL,
     NULL,
     NULL,
+    NULL, /* no device scratch: workspace size 0 */
+    NULL, /* one device, the host (core/device.c) */
+    NULL,
 };
 
 static const fp_backend_ops reference_ops = {
@@ -164,6 +184,9 @@ static const fp_backend_ops reference_ops = {
     NULL,
     reference_forward,
     reference_backward,
+    NULL,
+    NULL,
+    NULL,
     NULL,
     NULL,
     NULL,

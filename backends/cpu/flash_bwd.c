@@ -33,7 +33,11 @@
  * dQ of query block i its key-block terms in order j = 0, 1, ..., each through the same
  * micro-kernel calls, so the result depends neither on the schedule nor on the thread count.
  * A row whose LSE is -inf (no visible key) has every score masked, so P = 0: it contributes
- * nothing and its dQ is 0, never NaN.
+ * nothing and its dQ is 0, never NaN. In a block that straddles the mask, P and dS of masked pairs
+ * are set to exactly 0 after they are computed (a NaN LSE or a NaN V would make them NaN), and
+ * when K, Q or dO of the block holds an infinity or a NaN the three accumulations run over the
+ * visible pairs only (accumulate_visible): a key a row cannot see never reaches its dQ, nor that
+ * row its dK and dV. A NaN LSE (a visible NaN score in the forward) makes the row's terms NaN.
  * Extra memory: Di (4 * H * total query rows bytes), per-thread tiles, and in the fused schedule
  * two f32 Nk x D buffers per thread (threads <= B * Hkv there).
  * Tile shape: BLOCK_Q = 64 queries x BLOCK_K = 64 keys.
@@ -51,6 +55,7 @@
 #include "backends/cpu/cpu_internal.h"
 #include "backends/cpu/flash_tile.h"
 
+#include "core/dtype.h"
 #include "core/mask.h"
 #include "core/online_softmax.h"
 #include "core/plan.h"
@@ -170,7 +175,7 @@ static void load_query_block(const bwd_ctx *c, float *scratch, const fp_seq *seq
         const float x = r < m ? lse[fp_lse_offset(&p->lse, b, h, tok + r)] : 0.0f;
         /* -inf: the row sees no key, all its scores are masked and give 0 against any finite
          * subtrahend. */
-        scratch[L->lse + r] = x == -INFINITY ? 0.0f : x * FP_LOG2E;
+        scratch[L->lse + r] = x == -INFINITY ? 0.0f : x * FP_LOG2E; /* NaN stays NaN */
         scratch[L->di + r] = r < m ? di[r] : 0.0f;
     }
 }
@@ -231,11 +236,34 @@ static void prefetch_key_block(const bwd_ctx *c, const fp_seq *seq, int64_t b, i
     fp_block_prefetch(&vb, n, (int)p->head_dim);
 }
 
+/* Sets the masked entries of a transposed tile (keys j0 + r down the rows, queries i0 + x across)
+ * to `value`; flash_fwd.c's mask_tile rule: key j is visible to query i iff
+ * j - shift - right <= i <= j - shift + left, a contiguous run of columns per row. */
+static void fill_masked(float *s, int ld, int n, int m, int64_t i0, int64_t j0, const fp_seq *seq,
+                        const fp_problem *p, float value)
+{
+    const int64_t shift = seq->nk - seq->nq, left = p->window_left, right = p->window_right;
+    for (int r = 0; r < n; r++) {
+        const int64_t j = j0 + r;
+        int64_t lo = right < 0 ? 0 : j - shift - right - i0;
+        int64_t hi = left < 0 ? m : j - shift + left - i0 + 1;
+        lo = lo < 0 ? 0 : lo > m ? m : lo;
+        hi = hi < lo ? lo : hi > m ? m : hi;
+        float *row = s + (ptrdiff_t)r * ld;
+        for (int64_t x = 0; x < lo; x++)
+            row[x] = value;
+        for (int64_t x = hi; x < m; x++)
+            row[x] = value;
+    }
+}
+
 /* For query rows [i0, i0 + m) (query side loaded) and the key block ks: P^T into s and
  * dS^T = P^T (dP^T - Di) into dp, both n x BLOCK_Q f32; bf16: S^T and dP^T from bf16 operands,
- * and P^T, dS^T also rounded to bf16 (pb, dsb, dsp) for the three products that follow. */
-static void block_grads(const bwd_ctx *c, float *scratch, const fp_seq *seq, int64_t h, int64_t i0,
-                        int m, const key_side *ks)
+ * and P^T, dS^T also rounded to bf16 (pb, dsb, dsp) for the three products that follow.
+ * Returns 1 when the block straddles the mask and its K, Q or dO holds an infinity or a NaN: the
+ * caller then accumulates through accumulate_visible instead of the products. */
+static int block_grads(const bwd_ctx *c, float *scratch, const fp_seq *seq, int64_t b, int64_t h,
+                       int64_t i0, int m, const key_side *ks)
 {
     const fp_problem *p = c->p;
     const fp_ukernels *uk = c->uk;
@@ -263,24 +291,13 @@ static void block_grads(const bwd_ctx *c, float *scratch, const fp_seq *seq, int
             }
         mul = 1.0f;
     }
-    if (!fp_mask_block_full(i0, i0 + m, j0, j0 + n, seq->nq, seq->nk, p->window_left,
-                            p->window_right)) {
-        /* The forward's mask (flash_fwd.c, mask_tile): a contiguous run of visible columns. */
-        const int64_t shift = seq->nk - seq->nq, left = p->window_left, right = p->window_right;
-        for (int r = 0; r < n; r++) {
-            const int64_t j = j0 + r;
-            int64_t lo = right < 0 ? 0 : j - shift - right - i0;
-            int64_t hi = left < 0 ? m : j - shift + left - i0 + 1;
-            lo = lo < 0 ? 0 : lo > m ? m : lo;
-            hi = hi < lo ? lo : hi > m ? m : hi;
-            float *row = s + (ptrdiff_t)r * L->ldq;
-            for (int64_t x = 0; x < lo; x++)
-                row[x] = -INFINITY;
-            for (int64_t x = hi; x < m; x++)
-                row[x] = -INFINITY;
-        }
-    }
+    const int full = fp_mask_block_full(i0, i0 + m, j0, j0 + n, seq->nq, seq->nk, p->window_left,
+                                        p->window_right);
+    if (!full)
+        fill_masked(s, L->ldq, n, m, i0, j0, seq, p, -INFINITY);
     uk->exp2_cols(n, mp, s, L->ldq, mul, scratch + L->lse, NULL);
+    if (!full) /* exactly 0 even against a NaN LSE */
+        fill_masked(s, L->ldq, n, m, i0, j0, seq, p, 0.0f);
 
     if (c->bf16)
         uk->gemm_bf16(n, mp, (d + 1) / 2, ks->v, ks->vrs, 2, (const uint32_t *)(scratch + L->dot),
@@ -292,6 +309,8 @@ static void block_grads(const bwd_ctx *c, float *scratch, const fp_seq *seq, int
         for (int r = 0; r < n; r++)
             for (int x = 0; x < m; x++)
                 dp[(ptrdiff_t)r * L->ldq + x] *= g[(ptrdiff_t)r * L->ldq + x];
+    if (!full) /* a masked pair's dP holds V of a key the row cannot see, perhaps NaN */
+        fill_masked(dp, L->ldq, n, m, i0, j0, seq, p, 0.0f);
     if (c->bf16) {
         /* P and dS enter their products in bf16, as in the GPU kernels; dS = P (dP - Di) itself
          * uses the f32 P. Columns from m on become 0: the odd last query pair reads one. */
@@ -299,6 +318,49 @@ static void block_grads(const bwd_ctx *c, float *scratch, const fp_seq *seq, int
         uk->round_bf16(n, m, dp, L->ldq, (uint16_t *)(scratch + L->dsb), L->ldq,
                        (uint32_t *)(scratch + L->dsp), L->ldq);
     }
+    if (full)
+        return 0;
+    const int64_t kvh = fp_kv_head(p, h), qtok = seq->q_start + i0;
+    const fp_block kb = block_of(p, &p->k, b, seq->k_start + j0, kvh);
+    const fp_block qb = block_of(p, &p->q, b, qtok, h), ob = block_of(p, &p->dout, b, qtok, h);
+    return !fp_block_finite(&kb, n, d) || !fp_block_finite(&qb, m, d) ||
+           !fp_block_finite(&ob, m, d);
+}
+
+/* The three accumulations of a block pair over its visible pairs only, from the f32 P^T (s) and
+ * dS^T (dp) and the operands read element by element: for the rare block that straddles the mask
+ * and holds an infinite or NaN K, Q or dO, whose product with a masked pair's 0 would reach a
+ * row (dQ) or key (dK, dV) on the other side of the mask. dk, dv: n x d tiles, or NULL (dQ only);
+ * dq_t: the d x BLOCK_Q dQ^T tile, or NULL (dK, dV only). */
+static void accumulate_visible(const bwd_ctx *c, float *scratch, const fp_seq *seq, int64_t b,
+                               int64_t h, int64_t i0, int m, const key_side *ks, float *dk,
+                               float *dv, float *dq_t)
+{
+    const fp_problem *p = c->p;
+    const bwd_layout *L = &c->L;
+    const int d = (int)p->head_dim, n = ks->n;
+    const int64_t kvh = fp_kv_head(p, h), qtok = seq->q_start + i0;
+    const fp_block kb = block_of(p, &p->k, b, seq->k_start + ks->j0, kvh);
+    const fp_block qb = block_of(p, &p->q, b, qtok, h), ob = block_of(p, &p->dout, b, qtok, h);
+    const float *pt = scratch + L->s, *dst = scratch + L->dp;
+    for (int r = 0; r < n; r++)
+        for (int x = 0; x < m; x++) {
+            if (!fp_mask_visible(i0 + x, ks->j0 + r, seq->nq, seq->nk, p->window_left,
+                                 p->window_right))
+                continue;
+            const float w = pt[(ptrdiff_t)r * L->ldq + x], g = dst[(ptrdiff_t)r * L->ldq + x];
+            for (int e = 0; e < d; e++) {
+                if (dk) {
+                    dv[(ptrdiff_t)r * L->ldd + e] +=
+                        w * fp_load(ob.data, ob.off + x * ob.rs + e * ob.cs, p->dtype);
+                    dk[(ptrdiff_t)r * L->ldd + e] +=
+                        g * fp_load(qb.data, qb.off + x * qb.rs + e * qb.cs, p->dtype);
+                }
+                if (dq_t)
+                    dq_t[(ptrdiff_t)e * L->ldq + x] +=
+                        g * fp_load(kb.data, kb.off + r * kb.rs + e * kb.cs, p->dtype);
+            }
+        }
 }
 
 /* dV += P^T dO and dK += dS^T Q for the block pair just computed; dk, dv: n x d tiles. bf16:
@@ -440,10 +502,14 @@ static void fused_task(const bwd_ctx *c, float *scratch, float *big, int64_t b, 
                             __builtin_prefetch(next[t] + x, 1, 2);
                 }
                 const key_side ks = load_key_block(c, scratch, &seq, b, kvh, j0, n);
-                block_grads(c, scratch, &seq, h, i0, m, &ks);
-                accumulate_dkdv(c, scratch, m, n, dk + (size_t)j0 * L->ldd,
-                                dv + (size_t)j0 * L->ldd);
-                accumulate_dq(c, scratch, m, &ks);
+                float *dkj = dk + (size_t)j0 * L->ldd, *dvj = dv + (size_t)j0 * L->ldd;
+                if (block_grads(c, scratch, &seq, b, h, i0, m, &ks)) {
+                    accumulate_visible(c, scratch, &seq, b, h, i0, m, &ks, dkj, dvj,
+                                       scratch + L->dqt);
+                } else {
+                    accumulate_dkdv(c, scratch, m, n, dkj, dvj);
+                    accumulate_dq(c, scratch, m, &ks);
+                }
             }
             store_dq(c, scratch, &seq, b, h, i0, m);
         }
@@ -477,8 +543,10 @@ static void dkdv_task(const bwd_ctx *c, float *scratch, int64_t b, int64_t kvh, 
             if (j0 < first || j0 >= end)
                 continue;
             load_query_block(c, scratch, &seq, b, h, i0, m);
-            block_grads(c, scratch, &seq, h, i0, m, &ks);
-            accumulate_dkdv(c, scratch, m, n, dk, dv);
+            if (block_grads(c, scratch, &seq, b, h, i0, m, &ks))
+                accumulate_visible(c, scratch, &seq, b, h, i0, m, &ks, dk, dv, NULL);
+            else
+                accumulate_dkdv(c, scratch, m, n, dk, dv);
         }
     store_dkdv(c, &seq, b, kvh, j0, n, dk, dv);
 }
@@ -500,8 +568,10 @@ static void dq_task(const bwd_ctx *c, float *scratch, int64_t b, int64_t h, int6
         const int n = (int)(seq.nk - j0 < BLOCK_K ? seq.nk - j0 : BLOCK_K);
         prefetch_key_block(c, &seq, b, kvh, j0 + BLOCK_K, end);
         const key_side ks = load_key_block(c, scratch, &seq, b, kvh, j0, n);
-        block_grads(c, scratch, &seq, h, i0, m, &ks);
-        accumulate_dq(c, scratch, m, &ks);
+        if (block_grads(c, scratch, &seq, b, h, i0, m, &ks))
+            accumulate_visible(c, scratch, &seq, b, h, i0, m, &ks, NULL, NULL, scratch + c->L.dqt);
+        else
+            accumulate_dq(c, scratch, m, &ks);
     }
     store_dq(c, scratch, &seq, b, h, i0, m);
 }

@@ -5,9 +5,10 @@
  * table chosen at run time (ukernel.h, isa.c).
  *
  * Algorithm: one task per (query block, batch, head) of core/plan.h's fp_plan_forward (no KV
- * splits), numbered by fwd_task_at: (batch, head) by (batch, head), heaviest query blocks first
- * under a causal mask; an OpenMP dynamic loop runs them, so causal work balances. Scores are kept
- * transposed: S^T (keys down the rows, the block's BLOCK_Q queries across the columns), so that
+ * splits), numbered by fp_plan_task_at in FP_PLAN_ORDER_LOCALITY: (batch, head) by (batch, head),
+ * heaviest query blocks first under a causal mask; an OpenMP dynamic loop runs them, so causal
+ * work balances. Scores are kept transposed: S^T (keys down the rows, the block's BLOCK_Q queries
+ * across the columns), so that
  *   - S^T = K Q^T reads K in place as the product's A operand (broadcast from the caller's
  *     tensor, any strides), against Q^T packed once per task;
  *   - each query's online-softmax statistics (core/online_softmax.h, exp2 form: scores in log2
@@ -17,7 +18,9 @@
  * Per key block: S^T; softcap/ALiBi (fp_score_transform); the window (core/mask.h) on blocks
  * that straddle it (fp_mask_block_full); column max; the online update per query
  * (fp_softmax_update_exp2, skipped when the maximum did not grow, where it would return 1);
- * rescale of O rows; P = 2^(S * scale * log2(e) - m); O += P V.
+ * rescale of O rows; P = 2^(S * scale * log2(e) - m); O += P V. A block that straddles the mask
+ * and holds an infinite or NaN V takes a scalar P V over its visible pairs (pv_visible), so that a
+ * key a row cannot see never reaches it; a NaN score a row sees makes its l, O and LSE NaN.
  * bf16 inputs on a CPU with AVX512_BF16 stay bf16: Q^T and V as bf16 pairs, K in place, S^T and
  * P V by vdpbf16ps with P rounded to bf16 (ukernel_avx512bf16.c). Other dtypes convert to f32.
  * Extra memory: the per-thread tiles of fwd_layout only.
@@ -35,6 +38,7 @@
 #include "backends/cpu/cpu_internal.h"
 #include "backends/cpu/flash_tile.h"
 
+#include "core/dtype.h"
 #include "core/mask.h"
 #include "core/online_softmax.h"
 #include "core/plan.h"
@@ -127,6 +131,25 @@ static void mask_tile(float *s, int ld, int n, int m, int64_t i0, int64_t j0, co
     }
 }
 
+/* O += P V over the visible (query, key) pairs only, V read element by element. For the rare
+ * block that straddles the mask and holds an infinite or NaN V: there the product's
+ * 0 * inf = NaN of a masked pair would reach a row that cannot see the key. pt: P^T (f32). */
+static void pv_visible(float *o, int ldo, const float *pt, int ldp, const fp_block *v, int n, int m,
+                       int d, int64_t i0, int64_t j0, const fp_seq *seq, const fp_problem *p)
+{
+    for (int x = 0; x < m; x++) {
+        float *orow = o + (ptrdiff_t)x * ldo;
+        for (int r = 0; r < n; r++) {
+            if (!fp_mask_visible(i0 + x, j0 + r, seq->nq, seq->nk, p->window_left, p->window_right))
+                continue;
+            const float w = pt[(ptrdiff_t)r * ldp + x];
+            const int64_t row = v->off + r * v->rs;
+            for (int e = 0; e < d; e++)
+                orow[e] += w * fp_load(v->data, row + e * v->cs, v->dtype);
+        }
+    }
+}
+
 /* One task: query rows [i0, i0 + m) of (b, h). */
 static void fwd_block(const fwd_ctx *c, float *scratch, int64_t b, int64_t h, int64_t i0)
 {
@@ -203,8 +226,9 @@ static void fwd_block(const fwd_ctx *c, float *scratch, int64_t b, int64_t h, in
             transform_tile(s, L->ldq, n, m, i0, j0, &seq, p, slope);
             mul = 1.0f;
         }
-        if (!fp_mask_block_full(i0, i0 + m, j0, j0 + n, seq.nq, seq.nk, p->window_left,
-                                p->window_right))
+        const int full = fp_mask_block_full(i0, i0 + m, j0, j0 + n, seq.nq, seq.nk, p->window_left,
+                                            p->window_right);
+        if (!full)
             mask_tile(s, L->ldq, n, m, i0, j0, &seq, p->window_left, p->window_right);
 
         /* Online softmax (core/online_softmax.h, exp2 form), one query per column. */
@@ -228,7 +252,10 @@ static void fwd_block(const fwd_ctx *c, float *scratch, int64_t b, int64_t h, in
             uk->scale_rows(m, d, o, L->ldd, alpha);
 
         /* P and O += P V. */
-        if (c->bf16) {
+        if (!full && !fp_block_finite(&vb, n, d)) {
+            uk->exp2_cols(n, mp, s, L->ldq, mul, sub, bsum);
+            pv_visible(o, L->ldd, s, L->ldq, &vb, n, m, d, i0, j0, &seq, p);
+        } else if (c->bf16) {
             uk->exp2_cols_bf16(n, mp, s, L->ldq, mul, sub, bsum, pp, L->ldq);
             uint32_t *vp = (uint32_t *)(scratch + L->vt);
             fp_tile_pairs_rows(vp, L->ldd, &vb, n, d, uk);
@@ -252,7 +279,7 @@ static void fwd_block(const fwd_ctx *c, float *scratch, int64_t b, int64_t h, in
     for (int r = 0; r < m; r++) {
         float *orow = o + (size_t)r * L->ldd;
         float f = fp_softmax_out_scale(&st[r]);
-        if (f == 0.0f) /* no visible key: O = 0 even if V holds inf or NaN */
+        if (f == 0.0f) /* no visible key: O = 0 */
             memset(orow, 0, sizeof(float) * (size_t)d);
         else
             for (int x = 0; x < d; x++)

@@ -83,6 +83,12 @@ void fp_tile_store(const fp_block *x, const float *src, int ld, int rows, int d,
                                                                          (uint16_t *)x->data + o);
             continue;
         }
+        if (x->cs == 1) { /* f32 rows: a loop the compiler vectorizes, not fp_store's switch */
+            float *restrict out = (float *)x->data + o;
+            for (int c = 0; c < d; c++)
+                out[c] = scale * s[c];
+            continue;
+        }
         for (int c = 0; c < d; c++)
             fp_store(x->data, o + c * x->cs, x->dtype, scale * s[c]);
     }
@@ -167,10 +173,33 @@ void fp_block_prefetch(const fp_block *x, int rows, int d)
     }
 }
 
+int fp_block_finite(const fp_block *x, int rows, int d)
+{
+    /* By the exponent bits: an all-ones exponent is an infinity or a NaN in every dtype here. */
+    uint32_t bad = 0;
+    for (int r = 0; r < rows; r++)
+        for (int c = 0; c < d; c++) {
+            const int64_t i = x->off + r * x->rs + c * x->cs;
+            if (x->dtype == FLASHPORT_F32) {
+                uint32_t u;
+                memcpy(&u, (const float *)x->data + i, sizeof u);
+                bad |= (u & 0x7f800000u) == 0x7f800000u;
+            } else {
+                const uint16_t u = ((const uint16_t *)x->data)[i];
+                const uint16_t e = x->dtype == FLASHPORT_F16 ? 0x7c00u : 0x7f80u;
+                bad |= (u & e) == e;
+            }
+        }
+    return !bad;
+}
+
 float *fp_scratch_alloc(int threads, size_t floats_per_thread, size_t *slice_floats)
 {
+    /* A zero-size request (no keys, say) still gets one line per thread: NULL means failure. */
     size_t slice = (floats_per_thread + 15) / 16 * 16;
-    if (threads < 1 || slice == 0 || slice > SIZE_MAX / sizeof(float) / (size_t)threads)
+    if (slice == 0)
+        slice = 16;
+    if (threads < 1 || slice > SIZE_MAX / sizeof(float) / (size_t)threads)
         return NULL;
     size_t bytes = slice * sizeof(float) * (size_t)threads;
     float *buf = aligned_alloc(64, bytes);

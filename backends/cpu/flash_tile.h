@@ -72,8 +72,13 @@ void fp_tile_load_bf16(uint16_t *dst, int ld, const fp_block *x, int rows, int d
  * are short (D elements), too short for the hardware prefetchers to pick up on their own. */
 void fp_block_prefetch(const fp_block *x, int rows, int d);
 
+/* Whether all rows x d elements of a block are finite (no infinity, no NaN). The kernels ask only
+ * for blocks that straddle the mask, where a masked key's 0 weight would otherwise meet it. */
+int fp_block_finite(const fp_block *x, int rows, int d);
+
 /* 64-byte aligned, zeroed per-thread scratch: `threads` slices of `floats_per_thread` floats each
- * (each slice rounded up to a multiple of 16 floats). NULL when the allocation fails. */
+ * (each slice rounded up to a multiple of 16 floats, and at least 16). NULL when the allocation
+ * fails. */
 float *fp_scratch_alloc(int threads, size_t floats_per_thread, size_t *slice_floats);
 void fp_scratch_free(float *scratch);
 

@@ -86,10 +86,18 @@ static double score(const fp_problem *p, const fp_seq *s, int64_t b, int64_t h, 
     return *capped - slope * fp_alibi_distance(i, j, s->nq, s->nk);
 }
 
+/* Whether the call has no query row at all: nothing to compute, nothing to allocate. */
+static int no_query_rows(const fp_problem *p)
+{
+    return p->batch == 0 || p->seqlen_q == 0;
+}
+
 /* q, k, v: (B, N, H|Hkv, D) or packed varlen; o: like q; lse: (B, H, Nq) f32, may be absent. */
 flashport_status fp_reference_forward(const fp_problem *p)
 {
     const int64_t D = p->head_dim;
+    if (no_query_rows(p))
+        return FLASHPORT_OK;
     double *scores = alloc_doubles(p->seqlen_k);
     double *row = alloc_doubles(2 * D);
     if (!scores || !row) {
@@ -107,15 +115,17 @@ flashport_status fp_reference_forward(const fp_problem *p)
             for (int64_t i = 0; i < s.nq; i++) {
                 int64_t qoff = fp_row_offset(&p->q, b, s.q_start + i, h);
                 load_row(p, &p->q, qoff, qrow);
+                /* A NaN score makes m NaN and stays (fmax would drop it): the row is NaN. */
                 double m = -INFINITY, capped;
                 for (int64_t j = 0; j < s.nk; j++) {
                     scores[j] = score(p, &s, b, h, i, j, qrow, &capped);
-                    m = fmax(m, scores[j]);
+                    if (scores[j] > m || isnan(scores[j]))
+                        m = isnan(m) ? m : scores[j];
                 }
                 double l = 0.0;
                 for (int64_t d = 0; d < D; d++)
                     orow[d] = 0.0;
-                if (m > -INFINITY) {
+                if (m != -INFINITY) {
                     for (int64_t j = 0; j < s.nk; j++) {
                         if (scores[j] == -INFINITY)
                             continue;
@@ -131,7 +141,7 @@ flashport_status fp_reference_forward(const fp_problem *p)
                 }
                 store_row(p, &p->o, fp_row_offset(&p->o, b, s.q_start + i, h), orow);
                 if (p->lse.data) {
-                    float lse = l > 0.0 ? (float)(m + log(l)) : -INFINITY;
+                    float lse = m != -INFINITY ? (float)(m + log(l)) : -INFINITY;
                     ((float *)p->lse.data)[fp_lse_offset(&p->lse, b, h, s.q_start + i)] = lse;
                 }
             }
@@ -147,6 +157,8 @@ flashport_status fp_reference_forward(const fp_problem *p)
 flashport_status fp_reference_backward(const fp_problem *p)
 {
     const int64_t D = p->head_dim, group = p->heads / p->kv_heads;
+    if (p->batch == 0)
+        return FLASHPORT_OK;
     int64_t acc_size = p->seqlen_k > INT64_MAX / D ? INT64_MAX : p->seqlen_k * D;
     double *dk_acc = alloc_doubles(acc_size);
     double *dv_acc = alloc_doubles(acc_size);
@@ -177,8 +189,9 @@ flashport_status fp_reference_backward(const fp_problem *p)
                         ((const float *)p->lse.data)[fp_lse_offset(&p->lse, b, h, s.q_start + i)];
                     for (int64_t d = 0; d < D; d++)
                         dqrow[d] = 0.0;
-                    /* A row that saw no key has LSE -inf and contributes nothing. */
-                    for (int64_t j = 0; lse > -INFINITY && j < s.nk; j++) {
+                    /* A row that saw no key has LSE -inf and contributes nothing; a NaN
+                     * LSE (a visible NaN score) makes its terms NaN. */
+                    for (int64_t j = 0; lse != -INFINITY && j < s.nk; j++) {
                         double capped, t = score(p, &s, b, h, i, j, qrow, &capped);
                         if (t == -INFINITY)
                             continue;

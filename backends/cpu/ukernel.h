@@ -71,7 +71,10 @@ typedef struct fp_ukernels {
      * mx[c] = max(mx[c], max over r < rows of s[r][c]). */
     void (*col_max)(int rows, int cols, const float *s, ptrdiff_t lds, float *mx);
     /* s[r][c] = 2^(s[r][c] * mul - sub[c]) in place; sum[c] += the column's new values (sum may
-     * be NULL). sub[c] must be finite. */
+     * be NULL). sub[c] must be finite. The product is rounded before the subtraction (no fused
+     * multiply-add): a score whose product is the maximum the caller took for sub[c] gives
+     * exactly 1 at any scale (fused, the product's rounding error, about 2^-24 of it, is the
+     * exponent, which at scores near 2^30 is hundreds). NaN in, NaN out. */
     void (*exp2_cols)(int rows, int cols, float *s, ptrdiff_t lds, float mul, const float *sub,
                       float *sum);
     /* exp2_cols writing bf16 pairs instead (NULL when gemm_bf16 is NULL): pairs[r2][c] holds the

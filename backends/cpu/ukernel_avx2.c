@@ -1,17 +1,23 @@
 /*
  * AVX2 + FMA micro-kernels (contract in ukernel.h): FLASHPORT_CPU_ISA=avx2; the default on x86-64
- * CPUs with AVX2, FMA and F16C but no AVX-512.
+ * CPUs with AVX2, FMA and F16C but no AVX-512 (Intel client chips since Alder Lake, AMD before
+ * Zen 4): the laptops people validate on.
  *
  * Products: ukernel_gemm.h with a 6 x 16 register block on ymm registers: 12 accumulators, 2 B
- * vectors and a broadcast fill the 16 registers. exp2: vroundps to nearest, the shared
- * polynomial (ukernel.h), 2^n built in the exponent field (n is clamped to [-126, 127], and lanes
- * below -126 are zeroed by a mask). f16 storage converts with vcvtph2ps (F16C), bf16 by shifting
- * into the high half.
+ * vectors and a broadcast fill the 16 registers; per reduction step 2 vector loads and 6
+ * broadcasts feed 12 FMAs, within two load ports. Column blocks of 16 keep one k x 16 panel of B
+ * (Q^T, V) in L1 while K or P streams through as broadcasts, so no panel is packed: K and V are
+ * read in place (f32) and converted once per key block (f16, bf16; F16C or a shift).
+ * exp2: 1.5 * 2^23 + 127 added to round and bias the exponent in one step, the shared polynomial
+ * (ukernel.h), 2^n by a shift into the exponent field; lanes below -126 are zeroed by a mask.
+ * The column softmax pieces (ukernel_ops.h) are lane-wise, one column vector at a time: two at a
+ * time would need more than the 16 registers (measured slower). transpose32: 8 x 8 word blocks
+ * by shuffles (packing Q^T and dO^T). f16 storage converts with vcvtph2ps (F16C), bf16 by
+ * shifting into the high half; there is no bf16 dot product, so bf16 runs the f32 products.
  * Target: x86-64 with AVX2, FMA, F16C (compiled with those flags alone; isa.c checks the CPU).
  * Known differences from the reference: f32 accumulation with FMA; the polynomial exp2.
- * Measured (FLASHPORT_CPU_ISA=avx2 on the Zen 4 development machine, 2 threads, B=1 H=4 N=2048
- * D=128): f32 forward 65% and backward 70% of the measured FMA peak (docs/bench/cpu.md); Zen 4
- * has the same FMA throughput per cycle for 256- and 512-bit vectors.
+ * Numbers: docs/performance-cpu.md (measured with FLASHPORT_CPU_ISA=avx2 on the Zen 4
+ * development machine, whose 256-bit FMA throughput per cycle equals its 512-bit one).
  */
 #include "backends/cpu/ukernel.h"
 
@@ -61,11 +67,19 @@ static inline uk_vec uk_max(uk_vec a, uk_vec b)
 
 static inline uk_vec uk_exp2(uk_vec x)
 {
-    /* NLT_UQ keeps NaN lanes; max/min with the constant first pass NaN through. */
+    /* NLT_UQ keeps NaN lanes; min with the constant first passes NaN through. Lanes below -126
+     * (-inf included) are zeroed by the mask whatever the arithmetic made of them, so there is no
+     * lower clamp. */
     const __m256 keep = _mm256_cmp_ps(x, _mm256_set1_ps(-126.0f), _CMP_NLT_UQ);
-    x = _mm256_min_ps(_mm256_set1_ps(127.0f), _mm256_max_ps(_mm256_set1_ps(-126.0f), x));
-    const __m256 n = _mm256_round_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    const __m256 f = _mm256_sub_ps(x, n);
+    x = _mm256_min_ps(_mm256_set1_ps(127.0f), x);
+    /* x + (1.5 * 2^23 + 127) rounds x to a nearest integer n in the low mantissa bits of t,
+     * already biased: shifted left 23 they are the exponent field of 2^n. One add and one
+     * subtract instead of vroundps, vcvtps2dq and an integer add. A tie (x = k + 0.5) rounds n +
+     * 127 to even, so n itself may go either way; f = x - n is then 0.5 or -0.5, both inside the
+     * polynomial's range. */
+    const __m256 magic = _mm256_set1_ps(12582912.0f + 127.0f);
+    const __m256 t = _mm256_add_ps(x, magic);
+    const __m256 f = _mm256_sub_ps(x, _mm256_sub_ps(t, magic));
     __m256 p = _mm256_set1_ps(FP_EXP2_C6);
     p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(FP_EXP2_C5));
     p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(FP_EXP2_C4));
@@ -73,12 +87,48 @@ static inline uk_vec uk_exp2(uk_vec x)
     p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(FP_EXP2_C2));
     p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(FP_EXP2_C1));
     p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(1.0f));
-    const __m256i e =
-        _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+    const __m256i e = _mm256_slli_epi32(_mm256_castps_si256(t), 23);
     return _mm256_and_ps(keep, _mm256_mul_ps(p, _mm256_castsi256_ps(e)));
 }
 
 #include "backends/cpu/ukernel_ops.h"
+
+/* transpose32 by 8 x 8 blocks of words: 8 row loads, the usual three shuffle stages (32-bit,
+ * 64-bit and 128-bit interleaves), 8 column stores. Edge blocks (fewer than 8 rows or columns
+ * left) take the generic word-by-word copy, so nothing outside the rows x cols words is read. */
+static void avx2_transpose32(int rows, int cols, const void *src, ptrdiff_t lds, uint32_t *dst,
+                             ptrdiff_t ldd)
+{
+    const unsigned char *s = src;
+    const int rows8 = rows / 8 * 8, cols8 = cols / 8 * 8;
+    for (int r0 = 0; r0 < rows8; r0 += 8)
+        for (int c0 = 0; c0 < cols8; c0 += 8) {
+            __m256 a[8], b[8];
+            for (int r = 0; r < 8; r++)
+                a[r] = _mm256_loadu_ps((const float *)(s + (r0 + r) * lds + 4 * c0));
+            for (int r = 0; r < 8; r += 2) {
+                b[r] = _mm256_unpacklo_ps(a[r], a[r + 1]);
+                b[r + 1] = _mm256_unpackhi_ps(a[r], a[r + 1]);
+            }
+            for (int r = 0; r < 8; r += 4) {
+                a[r] = _mm256_shuffle_ps(b[r], b[r + 2], 0x44);
+                a[r + 1] = _mm256_shuffle_ps(b[r], b[r + 2], 0xee);
+                a[r + 2] = _mm256_shuffle_ps(b[r + 1], b[r + 3], 0x44);
+                a[r + 3] = _mm256_shuffle_ps(b[r + 1], b[r + 3], 0xee);
+            }
+            /* 128-bit lane l of a[4q + k] holds column 4 l + k of rows 4q .. 4q + 3. */
+            for (int k = 0; k < 4; k++) {
+                b[k] = _mm256_permute2f128_ps(a[k], a[4 + k], 0x20);
+                b[4 + k] = _mm256_permute2f128_ps(a[k], a[4 + k], 0x31);
+            }
+            for (int c = 0; c < 8; c++)
+                _mm256_storeu_ps((float *)(dst + (c0 + c) * ldd + r0), b[c]);
+        }
+    if (cols8 < cols)
+        uk_transpose32_generic(rows8, cols - cols8, s + 4 * cols8, lds, dst + cols8 * ldd, ldd);
+    if (rows8 < rows)
+        uk_transpose32_generic(rows - rows8, cols, s + rows8 * lds, lds, dst + rows8, ldd);
+}
 
 static inline __m256 bf16x8(__m128i h)
 {
@@ -129,7 +179,7 @@ const fp_ukernels fp_ukernels_avx2 = {
     NULL,
     uk_dsoftmax_cols,
     uk_scale_rows,
-    uk_transpose32_generic,
+    avx2_transpose32,
     cvt_f16,
     cvt_bf16,
     uk_store_f16_generic,

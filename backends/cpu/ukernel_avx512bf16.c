@@ -55,15 +55,16 @@ static void uk_exp2_cols_bf16(int rows, int cols, const float *s, ptrdiff_t lds,
                          21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
     const __m512 vmul = _mm512_set1_ps(mul);
     for (int c = 0; c < cols; c += 16) {
-        const __m512 nsub = _mm512_sub_ps(_mm512_setzero_ps(), _mm512_loadu_ps(sub + c));
+        const __m512 vsub = _mm512_loadu_ps(sub + c);
         __m512 acc = _mm512_setzero_ps();
         for (int r = 0; r < rows; r += 2) {
             const __m512 e0 =
-                uk_exp2(_mm512_fmadd_ps(_mm512_loadu_ps(s + r * lds + c), vmul, nsub));
+                uk_exp2(_mm512_sub_ps(_mm512_mul_ps(_mm512_loadu_ps(s + r * lds + c), vmul), vsub));
             acc = _mm512_add_ps(acc, e0);
             __m512 e1 = _mm512_setzero_ps();
             if (r + 1 < rows) {
-                e1 = uk_exp2(_mm512_fmadd_ps(_mm512_loadu_ps(s + (r + 1) * lds + c), vmul, nsub));
+                e1 = uk_exp2(_mm512_sub_ps(
+                    _mm512_mul_ps(_mm512_loadu_ps(s + (r + 1) * lds + c), vmul), vsub));
                 acc = _mm512_add_ps(acc, e1);
             }
             const __m512i halves = (__m512i)_mm512_cvtne2ps_pbh(e1, e0);

@@ -47,11 +47,11 @@ static void uk_exp2_cols(int rows, int cols, float *s, ptrdiff_t lds, float mul,
 {
     const uk_vec vmul = uk_set1(mul);
     for (int c = 0; c < cols; c += UK_LANES) {
-        const uk_vec nsub = uk_sub(uk_zero(), uk_load(sub + c));
+        const uk_vec vsub = uk_load(sub + c);
         uk_vec acc = uk_zero();
         for (int r = 0; r < rows; r++) {
             float *p = s + r * lds + c;
-            const uk_vec e = uk_exp2(uk_madd(uk_load(p), vmul, nsub));
+            const uk_vec e = uk_exp2(uk_sub(uk_mul(uk_load(p), vmul), vsub));
             uk_store(p, e);
             acc = uk_add(acc, e);
         }

@@ -13,15 +13,24 @@
  * Every CUDA error becomes FLASHPORT_ERR_DEVICE (or OUT_OF_MEMORY) with cudaGetErrorString in
  * the message. flashport_timer uses cudaEvents recorded on the handle's stream.
  *
+ * Scratch: each call sizes its scratch (layout staging + the kernels' split-KV partials or
+ * backward row statistics) with the same kernel choice that runs it, then takes it from the
+ * caller's workspace (flashport_set_workspace: then nothing is allocated) or from one
+ * cudaMallocAsync on the handle's stream, freed on the stream after the kernels.
+ *
  * Kernels: sm80 path (sm80/fwd.cu, sm80/bwd.cu) on compute capability 8.0 and later, f16 and
- * bf16, head dims that are multiples of 8 up to 256. f32 is not served (the caps leave it out,
- * so the core answers FLASHPORT_ERR_UNSUPPORTED_DTYPE).
+ * bf16, head dims that are multiples of 8 up to 256; the forward runs on the sm90 path
+ * (sm90/sm90_fwd.cu: TMA + wgmma) on compute capability 9.0 where TMA can read the tensors.
+ * FLASHPORT_CUDA_PATH (sm80, sm90, auto; read at each call, for tests and A/B runs) forces a
+ * path. f32 is not served (the caps leave it out, so the core answers
+ * FLASHPORT_ERR_UNSUPPORTED_DTYPE).
  */
 #include "backends/cuda/cuda_internal.h"
 
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 static const fp_host_api *host;
 
@@ -119,6 +128,7 @@ static flashport_status cuda_open(int device, void **out)
     ctx->cc_major = prop.major;
     ctx->cc_minor = prop.minor;
     ctx->smem_optin = prop.sharedMemPerBlockOptin;
+    fp_cuda_sm90_init(ctx);
     /* FLASHPORT_CUDA_SMEM_KIB lowers the shared memory the kernels may plan with, so that the
      * configurations of smaller GPUs (sm_80: 163 KiB, sm_86/89: 99 KiB) can be tested on a
      * larger one. */
@@ -286,8 +296,99 @@ static void cuda_event_destroy(void *vctx, void *event)
     device_leave(ctx, prev, FLASHPORT_OK);
 }
 
-/* Forward and backward alike: enter the device, stage tensors the kernels cannot read in place
- * (layout.cu), run the sm80 kernels, copy staged outputs back, leave the device. */
+typedef enum { FP_CUDA_PATH_AUTO, FP_CUDA_PATH_SM80, FP_CUDA_PATH_SM90 } fp_cuda_path;
+
+/* FLASHPORT_CUDA_PATH: unset, empty or "auto", "sm80", "sm90"; anything else is an error. */
+static flashport_status cuda_path(fp_cuda_path *path)
+{
+    const char *env = getenv("FLASHPORT_CUDA_PATH");
+    if (!env || !*env || strcmp(env, "auto") == 0)
+        *path = FP_CUDA_PATH_AUTO;
+    else if (strcmp(env, "sm80") == 0)
+        *path = FP_CUDA_PATH_SM80;
+    else if (strcmp(env, "sm90") == 0)
+        *path = FP_CUDA_PATH_SM90;
+    else
+        return host->set_error(FLASHPORT_ERR_INVALID_VALUE,
+                               "cuda: FLASHPORT_CUDA_PATH=\"%s\" is not one of auto, sm80, sm90",
+                               env);
+    return FLASHPORT_OK;
+}
+
+/* The forward's path: sm90 where it runs (auto or forced), else sm80 (auto or forced); forcing
+ * sm90 where it declines is an error that says why. query != NULL: the scratch bytes of the
+ * chosen path (or its refusal), launching nothing. */
+static flashport_status cuda_forward_path(const fp_cuda_ctx *ctx, const fp_problem *p, void *ws,
+                                          size_t *query)
+{
+    fp_cuda_path path;
+    flashport_status st = cuda_path(&path);
+    if (st != FLASHPORT_OK)
+        return st;
+    if (path != FP_CUDA_PATH_SM80) {
+        const char *declined = NULL;
+        st = fp_cuda_sm90_forward(ctx, p,
+                                  path == FP_CUDA_PATH_SM90 ? "FLASHPORT_CUDA_PATH=sm90"
+                                                            : "auto: compute capability 9.0",
+                                  &declined, ws, query);
+        if (!declined)
+            return st;
+        if (path == FP_CUDA_PATH_SM90)
+            return fp_cuda_refuse(FLASHPORT_ERR_UNSUPPORTED_FEATURE,
+                                  "FLASHPORT_CUDA_PATH=sm90, but the sm90 path cannot run this "
+                                  "call: %s",
+                                  declined);
+        if (!query)
+            fp_cuda_log("forward: sm80 path (auto; the sm90 path declined: %s)", declined);
+    }
+    return fp_cuda_sm80_forward(ctx, p, ws, query);
+}
+
+/* Scratch bytes of a call: layout staging first, then the kernels' part (the device current),
+ * sized on p itself: staging changes strides, never the sizes. A forward gets room for either
+ * path, since whether the sm90 path declines is decided on the staged layout. refuse: also
+ * return the refusal the call would give (flashport_attention_supported / _workspace_size); a
+ * run gets it from the launch itself. */
+static flashport_status scratch_bytes(const fp_cuda_ctx *ctx, const fp_problem *p, int backward,
+                                      int refuse, size_t *layout, size_t *kernels)
+{
+    *layout = fp_cuda_layout_bytes(p, backward);
+    size_t k = 0;
+    flashport_status st = FLASHPORT_OK;
+    if (backward)
+        st = fp_cuda_sm80_backward(ctx, p, NULL, &k);
+    else if (refuse)
+        st = cuda_forward_path(ctx, p, NULL, &k);
+    if (st == FLASHPORT_OK && !backward) {
+        size_t k90 = 0, k80 = 0;
+        const char *declined;
+        if (fp_cuda_sm90_forward(ctx, p, "query", &declined, NULL, &k90) == FLASHPORT_OK && k90 > k)
+            k = k90;
+        if (fp_cuda_sm80_forward(ctx, p, NULL, &k80) == FLASHPORT_OK && k80 > k)
+            k = k80;
+    }
+    *kernels = fp_cuda_ws_round(k);
+    return st;
+}
+
+static flashport_status cuda_workspace_size(void *vctx, const fp_problem *p, int backward,
+                                            size_t *bytes)
+{
+    const fp_cuda_ctx *ctx = vctx;
+    int prev;
+    flashport_status st = device_enter(ctx, &prev);
+    if (st != FLASHPORT_OK)
+        return st;
+    size_t layout = 0, kernels = 0;
+    st = scratch_bytes(ctx, p, backward, 1, &layout, &kernels);
+    *bytes = st == FLASHPORT_OK ? layout + kernels : 0;
+    return device_leave(ctx, prev, st);
+}
+
+/* Forward and backward alike: enter the device, size and take the scratch, stage tensors the
+ * kernels cannot read in place (layout.cu), run the kernels (the forward on the sm90 or sm80
+ * path, the backward on the sm80 path on every device: there is no sm90 backward yet), copy
+ * staged outputs back, release the scratch (when it is ours), leave the device. */
 static flashport_status cuda_run(void *vctx, const fp_problem *p, int backward)
 {
     const fp_cuda_ctx *ctx = vctx;
@@ -295,15 +396,71 @@ static flashport_status cuda_run(void *vctx, const fp_problem *p, int backward)
     flashport_status st = device_enter(ctx, &prev);
     if (st != FLASHPORT_OK)
         return st;
+    size_t layout = 0, kernels = 0;
+    st = scratch_bytes(ctx, p, backward, 0, &layout, &kernels);
+    void *ws = p->workspace, *owned = NULL;
+    if (st == FLASHPORT_OK && ws && layout + kernels > p->workspace_bytes)
+        st = host->set_error(FLASHPORT_ERR_BUFFER_TOO_SMALL,
+                             "cuda: this %s needs %zu bytes of workspace; the handle's has %zu",
+                             backward ? "backward" : "forward", layout + kernels,
+                             p->workspace_bytes);
+    if (st == FLASHPORT_OK && !ws && layout + kernels > 0) {
+        cudaError_t e = cudaMallocAsync(&owned, layout + kernels, ctx->stream);
+        if (e != cudaSuccess)
+            st = fp_cuda_error(e == cudaErrorMemoryAllocation ? FLASHPORT_ERR_OUT_OF_MEMORY
+                                                              : FLASHPORT_ERR_DEVICE,
+                               e, "workspace");
+        ws = owned;
+    }
     fp_problem work;
-    void *ws;
-    st = fp_cuda_layout_begin(ctx, p, backward, &work, &ws);
+    if (st == FLASHPORT_OK)
+        st = fp_cuda_layout_begin(ctx, p, backward, &work, ws);
     if (st == FLASHPORT_OK) {
-        flashport_status run =
-            backward ? fp_cuda_sm80_backward(ctx, &work) : fp_cuda_sm80_forward(ctx, &work);
-        st = fp_cuda_layout_end(ctx, p, &work, backward, ws, run);
+        void *kernel_ws = kernels ? (char *)ws + layout : NULL;
+        flashport_status run = backward ? fp_cuda_sm80_backward(ctx, &work, kernel_ws, NULL)
+                                        : cuda_forward_path(ctx, &work, kernel_ws, NULL);
+        st = fp_cuda_layout_end(ctx, p, &work, backward, run);
+    }
+    if (owned) {
+        cudaError_t e = cudaFreeAsync(owned, ctx->stream);
+        if (e != cudaSuccess && st == FLASHPORT_OK)
+            st = fp_cuda_error(FLASHPORT_ERR_DEVICE, e, "workspace release");
     }
     return device_leave(ctx, prev, st);
+}
+
+/* Enumeration without a handle: a runtime that finds no driver or device counts 0. */
+static flashport_status cuda_device_count(int *count)
+{
+    int n = 0;
+    cudaError_t e = cudaGetDeviceCount(&n);
+    if (e != cudaSuccess) {
+        cudaGetLastError();
+        n = 0;
+    }
+    *count = n;
+    return FLASHPORT_OK;
+}
+
+static flashport_status cuda_device_props(int device, flashport_device_props *props)
+{
+    int n = 0;
+    cuda_device_count(&n);
+    if (device >= n)
+        return host->set_error(FLASHPORT_ERR_NO_DEVICE,
+                               "cuda: device %d does not exist (%d device%s)", device, n,
+                               n == 1 ? "" : "s");
+    struct cudaDeviceProp prop;
+    cudaError_t e = cudaGetDeviceProperties(&prop, device);
+    if (e != cudaSuccess)
+        return fp_cuda_error(FLASHPORT_ERR_DEVICE, e, "device properties");
+    snprintf(props->name, sizeof props->name, "%s", prop.name);
+    snprintf(props->arch, sizeof props->arch, "sm_%d%d", prop.major, prop.minor);
+    props->total_memory = prop.totalGlobalMem;
+    props->compute_major = prop.major;
+    props->compute_minor = prop.minor;
+    props->multiprocessors = prop.multiProcessorCount;
+    return FLASHPORT_OK;
 }
 
 static flashport_status cuda_forward(void *vctx, const fp_problem *p)
@@ -334,6 +491,9 @@ static const fp_backend_ops cuda_ops = {
     .event_record = cuda_event_record,
     .event_elapsed_ms = cuda_event_elapsed_ms,
     .event_destroy = cuda_event_destroy,
+    .workspace_size = cuda_workspace_size,
+    .device_count = cuda_device_count,
+    .device_props = cuda_device_props,
 };
 
 __attribute__((visibility("default"))) flashport_status

@@ -6,6 +6,7 @@
  *   cuda_backend.c   plugin entry, device open, caps, memory helpers, stream, dispatch
  *   sm80/fwd.cu      forward (+ split-KV combine), mma.sync / ldmatrix / cp.async
  *   sm80/bwd.cu      backward: preprocess, dK/dV (+ atomic dQ), deterministic dQ, dQ convert
+ *   sm90/sm90_fwd.cu forward on sm_90a: TMA + wgmma + warp specialization
  *   layout.cu        staging of tensors whose rows are not 16-byte aligned
  */
 #ifndef FLASHPORT_BACKENDS_CUDA_INTERNAL_H
@@ -25,6 +26,7 @@ typedef struct fp_cuda_ctx {
     int sm_count;
     int cc_major, cc_minor;
     size_t smem_optin; /* largest dynamic shared memory one block may ask for */
+    void *encode_tiled; /* the driver's cuTensorMapEncodeTiled (sm90 path), NULL without one */
 } fp_cuda_ctx;
 
 /* Sets the calling thread's error to `status` with "cuda: <what>: <cudaGetErrorString>" and
@@ -46,19 +48,44 @@ void fp_cuda_log(const char *fmt, ...)
 #endif
     ;
 
-/* Gives every tensor of p whose rows are not 16-byte aligned a contiguous twin in a
- * stream-ordered workspace (*ws, NULL when none is needed), copying inputs in; *work is p with
- * those tensors replaced. fp_cuda_layout_end copies the outputs back when st is OK, frees the
- * workspace and returns st (or the error of the copy). backward: 0 forward, 1 backward. */
-flashport_status fp_cuda_layout_begin(const fp_cuda_ctx *ctx, const fp_problem *p, int backward,
-                                      fp_problem *work, void **ws);
-flashport_status fp_cuda_layout_end(const fp_cuda_ctx *ctx, const fp_problem *p,
-                                    const fp_problem *work, int backward, void *ws,
-                                    flashport_status st);
+/* Scratch of one call: cuda_backend.c sizes it (layout staging + the kernels' own), takes it
+ * from the caller's workspace or one stream-ordered allocation, and hands each part its
+ * 256-byte-aligned slice, so nothing below allocates. */
+#define FP_CUDA_WS_ALIGN 256
+static inline size_t fp_cuda_ws_round(size_t bytes)
+{
+    return (bytes + FP_CUDA_WS_ALIGN - 1) / FP_CUDA_WS_ALIGN * FP_CUDA_WS_ALIGN;
+}
 
-/* Kernel entry points; the problem is validated, the device current, head dim <= 256. */
-flashport_status fp_cuda_sm80_forward(const fp_cuda_ctx *ctx, const fp_problem *p);
-flashport_status fp_cuda_sm80_backward(const fp_cuda_ctx *ctx, const fp_problem *p);
+/* Bytes of staging p needs: a contiguous twin of every tensor whose rows are not 16-byte
+ * aligned (0 for the common layouts). backward: 0 forward, 1 backward. */
+size_t fp_cuda_layout_bytes(const fp_problem *p, int backward);
+
+/* Gives every such tensor its twin in ws (fp_cuda_layout_bytes of it), copying inputs in; *work
+ * is p with those tensors replaced. fp_cuda_layout_end copies the outputs back when st is OK
+ * and returns st (or the error of the copy). */
+flashport_status fp_cuda_layout_begin(const fp_cuda_ctx *ctx, const fp_problem *p, int backward,
+                                      fp_problem *work, void *ws);
+flashport_status fp_cuda_layout_end(const fp_cuda_ctx *ctx, const fp_problem *p,
+                                    const fp_problem *work, int backward, flashport_status st);
+
+/* Kernel entry points; the problem is validated, the device current, head dim <= 256.
+ * query == NULL: run, with ws holding the scratch the query reported. query != NULL: pick the
+ * kernel exactly as a run would, store its scratch bytes in *query (or refuse as a run would)
+ * and launch nothing. */
+flashport_status fp_cuda_sm80_forward(const fp_cuda_ctx *ctx, const fp_problem *p, void *ws,
+                                      size_t *query);
+flashport_status fp_cuda_sm80_backward(const fp_cuda_ctx *ctx, const fp_problem *p, void *ws,
+                                       size_t *query);
+
+/* sm90 path: fp_cuda_sm90_init looks up what it needs from the driver at open. The forward
+ * either runs (its status returned, *declined NULL) or declines without touching the device
+ * (FLASHPORT_OK, *declined = the reason: not a 9.0 device, a layout TMA cannot read, ...).
+ * `why` is the path choice's reason, for the log. ws and query as for fp_cuda_sm80_forward;
+ * a query reports the bytes of its configuration even where it then declines. */
+void fp_cuda_sm90_init(fp_cuda_ctx *ctx);
+flashport_status fp_cuda_sm90_forward(const fp_cuda_ctx *ctx, const fp_problem *p, const char *why,
+                                      const char **declined, void *ws, size_t *query);
 
 #ifdef __cplusplus
 }

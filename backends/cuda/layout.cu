@@ -2,7 +2,7 @@
  * Layout staging for the CUDA kernels. The kernels move rows with 16-byte cp.async copies and
  * 16-byte stores, which needs every row of q/k/v/o (and the gradients) to start on 16 bytes:
  * base pointer and batch/sequence/head strides multiples of 8 elements. A tensor that is not
- * (e.g. rows padded to D + 3) gets a contiguous twin in one stream-ordered workspace: inputs are
+ * (e.g. rows padded to D + 3) gets a contiguous twin in the call's scratch: inputs are
  * copied in before the kernels, outputs copied out after. The common layouts (contiguous,
  * packed QKV, head-major with aligned rows) take no copy; the kernels themselves never branch
  * on the layout. Extra memory: one copy of each staged tensor, O(tokens x heads x D).
@@ -72,27 +72,36 @@ static int is_output(int backward, int i)
     return backward ? i >= 5 : i == 3;
 }
 
-extern "C" flashport_status fp_cuda_layout_begin(const fp_cuda_ctx *ctx, const fp_problem *p,
-                                                 int backward, fp_problem *work, void **ws)
+/* Byte offset of tensor i's twin in the staging area (offset[i]); returns the total. */
+static size_t layout_offsets(const fp_problem *p, int backward, size_t *offset)
 {
-    *work = *p;
-    *ws = NULL;
-    size_t bytes = 0, offset[8];
+    size_t bytes = 0;
     for (int i = 0; i < tensor_count(backward); i++) {
         offset[i] = bytes;
-        if (view_aligned(tensor_at(work, i)))
+        if (view_aligned(tensor_at((fp_problem *)p, i)))
             continue;
         int64_t nb, ns, nh;
         tensor_shape(p, i, &nb, &ns, &nh);
-        bytes += ((size_t)(nb * ns * nh * p->head_dim) * 2 + 255) / 256 * 256;
+        bytes += fp_cuda_ws_round((size_t)(nb * ns * nh * p->head_dim) * 2);
     }
+    return bytes;
+}
+
+extern "C" size_t fp_cuda_layout_bytes(const fp_problem *p, int backward)
+{
+    size_t offset[8];
+    return layout_offsets(p, backward, offset);
+}
+
+extern "C" flashport_status fp_cuda_layout_begin(const fp_cuda_ctx *ctx, const fp_problem *p,
+                                                 int backward, fp_problem *work, void *ws)
+{
+    *work = *p;
+    size_t offset[8];
+    const size_t bytes = layout_offsets(p, backward, offset);
     if (bytes == 0)
         return FLASHPORT_OK;
-    cudaError_t e = cudaMallocAsync(ws, bytes, ctx->stream);
-    if (e != cudaSuccess)
-        return fp_cuda_error(e == cudaErrorMemoryAllocation ? FLASHPORT_ERR_OUT_OF_MEMORY
-                                                            : FLASHPORT_ERR_DEVICE,
-                             e, "layout staging workspace");
+    cudaError_t e = cudaSuccess;
     for (int i = 0; i < tensor_count(backward) && e == cudaSuccess; i++) {
         fp_tensor_view *t = tensor_at(work, i);
         if (view_aligned(t))
@@ -100,7 +109,7 @@ extern "C" flashport_status fp_cuda_layout_begin(const fp_cuda_ctx *ctx, const f
         int64_t nb, ns, nh;
         tensor_shape(p, i, &nb, &ns, &nh);
         fp_tensor_view twin;
-        twin.data = (char *)*ws + offset[i];
+        twin.data = (char *)ws + offset[i];
         twin.stride[FP_D] = 1;
         twin.stride[FP_H] = p->head_dim;
         twin.stride[FP_S] = nh * p->head_dim;
@@ -111,20 +120,13 @@ extern "C" flashport_status fp_cuda_layout_begin(const fp_cuda_ctx *ctx, const f
     }
     fp_cuda_log("staged the unaligned tensors of this %s in %zu bytes of workspace",
                 backward ? "backward" : "forward", bytes);
-    if (e != cudaSuccess) {
-        cudaFreeAsync(*ws, ctx->stream);
-        *ws = NULL;
-        return fp_cuda_error(FLASHPORT_ERR_DEVICE, e, "layout staging");
-    }
-    return FLASHPORT_OK;
+    return e == cudaSuccess ? FLASHPORT_OK : fp_cuda_error(FLASHPORT_ERR_DEVICE, e, "layout staging");
 }
 
 extern "C" flashport_status fp_cuda_layout_end(const fp_cuda_ctx *ctx, const fp_problem *p,
-                                               const fp_problem *work, int backward, void *ws,
+                                               const fp_problem *work, int backward,
                                                flashport_status st)
 {
-    if (!ws)
-        return st;
     cudaError_t e = cudaSuccess;
     for (int i = 0; i < tensor_count(backward) && st == FLASHPORT_OK && e == cudaSuccess; i++) {
         const fp_tensor_view *t = tensor_at((fp_problem *)p, i);
@@ -134,9 +136,6 @@ extern "C" flashport_status fp_cuda_layout_end(const fp_cuda_ctx *ctx, const fp_
         tensor_shape(p, i, &nb, &ns, &nh);
         e = repack(ctx, t, tensor_at((fp_problem *)work, i), nb, ns, nh, (int)p->head_dim);
     }
-    cudaError_t ef = cudaFreeAsync(ws, ctx->stream);
-    if (e == cudaSuccess)
-        e = ef;
     if (st == FLASHPORT_OK && e != cudaSuccess)
         st = fp_cuda_error(FLASHPORT_ERR_DEVICE, e, "layout unstaging");
     return st;

@@ -6,7 +6,7 @@
 # plain `cmake -DFLASHPORT_HIP=ON` works there. A real ROCm install (/opt/rocm) is left to CMake.
 set(_fp_deb_lib /usr/lib/${CMAKE_LIBRARY_ARCHITECTURE})
 set(_fp_deb_clang /usr/lib/llvm-15/bin/clang++)
-set(_fp_deb_root ${CMAKE_BINARY_DIR}/rocm-debian)
+set(_fp_deb_root ${PROJECT_BINARY_DIR}/rocm-debian)
 if(NOT DEFINED CMAKE_HIP_COMPILER AND NOT DEFINED ENV{HIPCXX} AND NOT EXISTS /opt/rocm
    AND CMAKE_LIBRARY_ARCHITECTURE AND EXISTS ${_fp_deb_lib}/cmake/hip-lang/hip-lang-config.cmake
    AND EXISTS ${_fp_deb_lib}/amdgcn/bitcode AND EXISTS ${_fp_deb_clang})

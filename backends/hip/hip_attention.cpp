@@ -94,10 +94,20 @@ static flashport_status launch(const fp_hip_ctx *ctx, fp_hip_kernel_fn kernel, d
     return fp_hip_check(hipGetLastError(), what);
 }
 
-/* Makes the workspace at least `bytes` and orders the handle's stream after its last user.
- * Growing waits for the device: the old buffer may still be read. */
-static flashport_status workspace(fp_hip_ctx *ctx, size_t bytes, float **ws)
+/* The caller's workspace when the call brings one (too small: refused before any launch);
+ * otherwise makes the handle's at least `bytes` and orders the handle's stream after its last
+ * user. Growing waits for the device: the old buffer may still be read. */
+static flashport_status workspace(fp_hip_ctx *ctx, const fp_problem *p, size_t bytes, float **ws)
 {
+    if (p->workspace) {
+        if (bytes > p->workspace_bytes)
+            return fp_hip_host()->set_error(FLASHPORT_ERR_BUFFER_TOO_SMALL,
+                                            "%s: this call needs %zu bytes of workspace; the "
+                                            "handle's has %zu",
+                                            FP_HIP_BACKEND_NAME, bytes, p->workspace_bytes);
+        *ws = (float *)p->workspace;
+        return FLASHPORT_OK;
+    }
     if (bytes > ctx->ws_bytes) {
         flashport_status st = fp_hip_check(hipDeviceSynchronize(), "hipDeviceSynchronize");
         if (st != FLASHPORT_OK)
@@ -137,7 +147,8 @@ static const char *path_name(const fp_hip_ctx *ctx)
     return ctx->cdna ? "cdna (mfma 16x16x16)" : "generic";
 }
 
-static flashport_status run_forward(fp_hip_ctx *ctx, const fp_problem *p)
+/* query != NULL: *query gets the workspace bytes and nothing is launched. */
+static flashport_status run_forward(fp_hip_ctx *ctx, const fp_problem *p, size_t *query)
 {
     const int dmax = fp_hip_dmax(p->head_dim);
     fp_hip_kernel_fn kernel = NULL;
@@ -162,6 +173,14 @@ static flashport_status run_forward(fp_hip_ctx *ctx, const fp_problem *p)
     a.heavy_first = plan.heavy_first;
     a.num_splits = plan.num_splits;
     a.keys_per_split = plan.keys_per_split;
+    /* split-KV partials: O (f32) and LSE of every (split, head, packed query row) */
+    const size_t rows = (size_t)plan.num_splits * (size_t)p->heads * (size_t)p->total_q;
+    const size_t ws_bytes =
+        plan.num_splits > 1 ? rows * (size_t)(p->head_dim + 1) * sizeof(float) : 0;
+    if (query) {
+        *query = ws_bytes;
+        return FLASHPORT_OK;
+    }
     if (fp_hip_host()->log_enabled())
         fp_hip_host()->log(
             "%s: forward, %s kernel, %s D=%lld (class %d), tile %dx%d, grid %lldx%dx%lld"
@@ -178,9 +197,8 @@ static flashport_status run_forward(fp_hip_ctx *ctx, const fp_problem *p)
         return launch(ctx, kernel, grid, &a, "forward kernel launch");
 
     /* Split-KV: partials in the workspace, then the combine. */
-    const size_t rows = (size_t)plan.num_splits * (size_t)p->heads * (size_t)p->total_q;
     float *ws;
-    flashport_status st = workspace(ctx, rows * (size_t)(p->head_dim + 1) * sizeof(float), &ws);
+    flashport_status st = workspace(ctx, p, ws_bytes, &ws);
     if (st == FLASHPORT_OK) {
         a.part_o = ws;
         a.part_lse = ws + rows * (size_t)p->head_dim;
@@ -196,7 +214,7 @@ static flashport_status run_forward(fp_hip_ctx *ctx, const fp_problem *p)
     return st;
 }
 
-static flashport_status run_backward(fp_hip_ctx *ctx, const fp_problem *p)
+static flashport_status run_backward(fp_hip_ctx *ctx, const fp_problem *p, size_t *query)
 {
     const int dmax = fp_hip_dmax(p->head_dim);
     fp_hip_bwd_kernels k;
@@ -226,6 +244,11 @@ static flashport_status run_backward(fp_hip_ctx *ctx, const fp_problem *p)
     a.num_q_blocks = plan.num_q_blocks;
     a.heavy_first = plan.heavy_first;
     a.num_splits = 1;
+    const size_t ws_bytes = (size_t)p->heads * (size_t)p->total_q * sizeof(float); /* delta */
+    if (query) {
+        *query = ws_bytes;
+        return FLASHPORT_OK;
+    }
     if (fp_hip_host()->log_enabled())
         fp_hip_host()->log("%s: backward, %s kernels, %s D=%lld (class %d), tile %dx%d: delta, "
                            "dK/dV over %lld key blocks x %lld kv heads, dQ over %lld query "
@@ -235,8 +258,7 @@ static flashport_status run_backward(fp_hip_ctx *ctx, const fp_problem *p)
                            (long long)(p->batch * p->kv_heads), (long long)plan.num_q_blocks);
 
     float *ws;
-    flashport_status st =
-        workspace(ctx, (size_t)p->heads * (size_t)p->total_q * sizeof(float), &ws);
+    flashport_status st = workspace(ctx, p, ws_bytes, &ws);
     if (st == FLASHPORT_OK) {
         a.delta = ws;
         st = launch(ctx, prep, dim3((unsigned)(p->batch * p->heads), (unsigned)prep_blocks), &a,
@@ -262,7 +284,7 @@ flashport_status fp_hip_forward(fp_hip_ctx *ctx, const fp_problem *p)
     if (st != FLASHPORT_OK)
         return st;
     pthread_mutex_lock(&ctx->lock);
-    st = run_forward(ctx, p);
+    st = run_forward(ctx, p, NULL);
     pthread_mutex_unlock(&ctx->lock);
     return fp_hip_leave(ctx, prev, st);
 }
@@ -274,7 +296,18 @@ flashport_status fp_hip_backward(fp_hip_ctx *ctx, const fp_problem *p)
     if (st != FLASHPORT_OK)
         return st;
     pthread_mutex_lock(&ctx->lock);
-    st = run_backward(ctx, p);
+    st = run_backward(ctx, p, NULL);
     pthread_mutex_unlock(&ctx->lock);
+    return fp_hip_leave(ctx, prev, st);
+}
+
+flashport_status fp_hip_workspace_size(fp_hip_ctx *ctx, const fp_problem *p, int backward,
+                                       size_t *bytes)
+{
+    int prev;
+    flashport_status st = fp_hip_enter(ctx, &prev);
+    if (st != FLASHPORT_OK)
+        return st;
+    st = backward ? run_backward(ctx, p, bytes) : run_forward(ctx, p, bytes);
     return fp_hip_leave(ctx, prev, st);
 }

@@ -324,6 +324,45 @@ static flashport_status hip_backward(void *ctx, const fp_problem *p)
     return fp_hip_backward((fp_hip_ctx *)ctx, p);
 }
 
+static flashport_status hip_workspace_size(void *ctx, const fp_problem *p, int backward,
+                                           size_t *bytes)
+{
+    return fp_hip_workspace_size((fp_hip_ctx *)ctx, p, backward, bytes);
+}
+
+/* Enumeration without a handle: a runtime that finds no usable GPU counts 0. */
+static flashport_status hip_device_count(int *count)
+{
+    int n = 0;
+    if (hipGetDeviceCount(&n) != hipSuccess) {
+        (void)hipGetLastError();
+        n = 0;
+    }
+    *count = n;
+    return FLASHPORT_OK;
+}
+
+static flashport_status hip_device_props(int device, flashport_device_props *props)
+{
+    int n = 0;
+    hip_device_count(&n);
+    if (device >= n)
+        return host_api->set_error(FLASHPORT_ERR_NO_DEVICE, "%s: no device %d: the runtime sees %d",
+                                   FP_HIP_BACKEND_NAME, device, n);
+    hipDeviceProp_t prop;
+    flashport_status st =
+        fp_hip_check(hipGetDeviceProperties(&prop, device), "hipGetDeviceProperties");
+    if (st != FLASHPORT_OK)
+        return st;
+    snprintf(props->name, sizeof props->name, "%s", prop.name);
+    fp_hip_arch_name(&prop, props->arch, sizeof props->arch);
+    props->total_memory = prop.totalGlobalMem;
+    props->compute_major = prop.major;
+    props->compute_minor = prop.minor;
+    props->multiprocessors = prop.multiProcessorCount;
+    return FLASHPORT_OK;
+}
+
 static const fp_backend_ops hip_ops = {
     FP_PLUGIN_API_VERSION,
     FP_HIP_BACKEND_NAME,
@@ -342,6 +381,9 @@ static const fp_backend_ops hip_ops = {
     hip_event_record,
     hip_event_elapsed_ms,
     hip_event_destroy,
+    hip_workspace_size,
+    hip_device_count,
+    hip_device_props,
 };
 
 extern "C" __attribute__((visibility("default"))) flashport_status

@@ -20,7 +20,8 @@ typedef struct fp_hip_ctx {
     int cus;            /* compute units (SMs in the shim build) */
     char arch[64];      /* "gfx90a", ...; "sm_90" in the shim build */
     int cdna;           /* launch the MFMA kernels (mma_cdna.h) rather than the generic ones */
-    /* Workspace for split-KV partials and the backward's delta, grown on demand. ws_free is
+    /* Workspace for split-KV partials and the backward's delta, grown on demand (unless the
+     * call brings the caller's, fp_problem.workspace, which is used instead). ws_free is
      * recorded after the last launch that used it; the next user's stream waits on it, so two
      * streams never share it at once. lock makes a handle safe to use from several threads. */
     pthread_mutex_t lock;
@@ -44,5 +45,10 @@ flashport_status fp_hip_leave(const fp_hip_ctx *ctx, int prev, flashport_status 
 /* Validated problems (core/validate.c); tensors in device memory. */
 flashport_status fp_hip_forward(fp_hip_ctx *ctx, const fp_problem *p);
 flashport_status fp_hip_backward(fp_hip_ctx *ctx, const fp_problem *p);
+
+/* The workspace bytes forward (backward = 0) or backward needs for p, with the kernel choice
+ * and the refusals of a run; launches nothing. */
+flashport_status fp_hip_workspace_size(fp_hip_ctx *ctx, const fp_problem *p, int backward,
+                                       size_t *bytes);
 
 #endif /* FLASHPORT_BACKENDS_HIP_HOST_H */

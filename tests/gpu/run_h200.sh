@@ -9,15 +9,18 @@
 #
 #   OUT=/tmp/out tests/gpu/run_h200.sh [stages]
 #
-# stages: any of build test bench sanitize profile (default: all, in that order), and the
+# stages: any of build test bench sanitize profile (default: all, in that order), python (the
+# package's pytest suite on CUDA tensors), opencl (the OpenCL backend through NVIDIA's driver:
+# tests/gpu/run_opencl_h200.sh on this build), and the
 # shorter quicktest (test_backends cuda, the whole table, once per TEST_ENVS entry, and
 # test_cuda_large --quick) and events (one flashport-bench --backend cuda run: CUDA-event timing).
 # Environment: BUILD (build folder, default build-gpu), ARCHS (CUDA architectures, default
 # "80;90a"), BENCH_ARGS (extra compare_torch.py arguments), EVENT_ARGS (flashport-bench arguments
 # of the events stage), TEST_ENVS (space-separated VAR=VALUE settings, each a quicktest run of the
-# table; default: one run as is), JOBS (build parallelism, default: all cores), SAN_TIMEOUT
-# (seconds per sanitizer run, default 240), PROFILE_SHAPES (profile_one.py argument sets
-# separated by ';', default "--dim 128 --seqlen 8192").
+# table; default: one run as is), TEST_TIMEOUT (seconds per quicktest run, default 600), JOBS
+# (build parallelism, default: all cores), SAN_TIMEOUT (seconds per sanitizer run, default 240),
+# PROFILE_SHAPES (profile_one.py argument sets separated by ';', default "--dim 128 --seqlen
+# 8192").
 set -uo pipefail
 OUT=${OUT:-$PWD/out}
 BUILD=${BUILD:-build-gpu}
@@ -37,12 +40,16 @@ note "== torch $(python3 -c 'import torch; print(torch.__version__, torch.versio
 if has build; then
     GEN=()
     command -v ninja >/dev/null && GEN=(-G Ninja)
+    # The OpenCL plugin too (NVIDIA's OpenCL driver); no /usr/include/CL: the CUDA toolkit's
+    # copy of the Khronos headers.
+    CLINC=()
+    [ -e /usr/include/CL/cl.h ] || CLINC=(-DFLASHPORT_OPENCL_INCLUDE_DIR=/usr/local/cuda/include)
     start=$(date +%s)
     {
         cmake -S . -B "$BUILD" "${GEN[@]}" -DCMAKE_BUILD_TYPE=Release -DFLASHPORT_CUDA=ON \
             -DCMAKE_CUDA_COMPILER="$(command -v nvcc)" -DCMAKE_CUDA_FLAGS="--threads=0" \
             -DFLASHPORT_HIP=OFF -DFLASHPORT_CUDA_ARCHITECTURES="${ARCHS:-80;90a}" \
-            -DFLASHPORT_CUDA_PTXAS_VERBOSE=ON &&
+            -DFLASHPORT_CUDA_PTXAS_VERBOSE=ON "${CLINC[@]}" &&
             cmake --build "$BUILD" -j "$JOBS"
     } >"$OUT/build.log" 2>&1
     rc=$?
@@ -62,11 +69,11 @@ if has quicktest; then
     start=$(date +%s)
     for setting in ${TEST_ENVS:-FLASHPORT_NOTHING=}; do
         echo "### test_backends cuda with $setting"
-        env "$setting" "$BUILD/bin/test_backends" cuda
+        env "$setting" timeout "${TEST_TIMEOUT:-600}" "$BUILD/bin/test_backends" cuda
         echo "rc=$?"
     done >"$OUT/checks.log" 2>&1
     echo "### test_cuda_large --quick" >>"$OUT/checks.log"
-    "$BUILD/bin/test_cuda_large" --quick >>"$OUT/checks.log" 2>&1
+    timeout "${TEST_TIMEOUT:-600}" "$BUILD/bin/test_cuda_large" --quick >>"$OUT/checks.log" 2>&1
     echo "rc=$?" >>"$OUT/checks.log"
     note "quicktest ($(($(date +%s) - start)) s): $(grep -E '^rc=|^### | passed, ' "$OUT/checks.log" | tr '\n' ' ')"
     grep -E 'FAIL' "$OUT/checks.log" | head -20 | tee -a "$SUMMARY"
@@ -82,26 +89,58 @@ fi
 
 if has bench; then
     start=$(date +%s)
-    # shellcheck disable=SC2086
-    PYTHONUNBUFFERED=1 python3 bench/compare_torch.py --lib "$BUILD/lib/libflashport.so" \
-        --out "$OUT" ${BENCH_ARGS:-} >"$OUT/bench.log" 2>&1
+    # compare_torch.py imports the flashport package: built here without GPU plugins (fast),
+    # while --lib points it at the build folder's CUDA plugin.
+    {
+        python3 -m pip install -q --no-build-isolation --no-deps --target "$BUILD/py" \
+            -C cmake.define.FLASHPORT_CUDA=OFF -C cmake.define.FLASHPORT_HIP=OFF . &&
+            # shellcheck disable=SC2086
+            PYTHONPATH="$BUILD/py" PYTHONUNBUFFERED=1 python3 bench/compare_torch.py \
+                --lib "$BUILD/lib/libflashport.so" --out "$OUT" ${BENCH_ARGS:-}
+    } >"$OUT/bench.log" 2>&1
     rc=$?
     note "bench: rc=$rc in $(($(date +%s) - start)) s"
     grep -E '^\| (bf16|fp16)' "$OUT/compare_torch.md" 2>/dev/null | tee -a "$SUMMARY" || tail -20 "$OUT/bench.log"
 fi
 
+if has python; then
+    # The Python package's tests with CUDA tensors: the package built without GPU plugins (as in
+    # the bench stage), the build folder's CUDA plugin through FLASHPORT_PLUGIN_PATH.
+    start=$(date +%s)
+    {
+        [ -d "$BUILD/py/flashport" ] ||
+            python3 -m pip install -q --no-build-isolation --no-deps --target "$BUILD/py" \
+                -C cmake.define.FLASHPORT_CUDA=OFF -C cmake.define.FLASHPORT_HIP=OFF .
+        FLASHPORT_PLUGIN_PATH="$PWD/$BUILD/lib" PYTHONPATH="$PWD/$BUILD/py" \
+            python3 -m pytest -q -rs -p no:cacheprovider python/tests
+    } >"$OUT/python.log" 2>&1
+    note "python: rc=$? in $(($(date +%s) - start)) s: $(tail -1 "$OUT/python.log")"
+fi
+
+if has opencl; then
+    # The OpenCL backend on this GPU: tests/gpu/run_opencl_h200.sh's stages on this build, logs in
+    # $OUT/opencl; OCL_DIMS / OCL_SEQLENS narrow its grid (default: D = 128, N = 2048 and 8192).
+    start=$(date +%s)
+    OUT="$OUT/opencl" BUILD="$BUILD" DIMS="${OCL_DIMS:-128}" SEQLENS="${OCL_SEQLENS:-2048 8192}" \
+        bash tests/gpu/run_opencl_h200.sh device test bench sdpa report >/dev/null 2>&1
+    note "opencl: rc=$? in $(($(date +%s) - start)) s"
+    tee -a "$SUMMARY" <"$OUT/opencl/summary.txt" | tail -20
+fi
+
 if has sanitize; then
     start=$(date +%s)
     {
-        # every f16/bf16 case of the table ("f16" matches "bf16" too), as is and with the
-        # forward's ping-pong kernel forced (chosen by shape only for long key loops), then the
-        # quick long checks
+        # every f16/bf16 case of the table ("f16" matches "bf16" too) on the sm90 forward path
+        # and on the sm80 path with its ping-pong forward forced (chosen by shape only for long
+        # key loops), then the quick long checks
         T=${SAN_TIMEOUT:-240}
-        for setting in FLASHPORT_NOTHING= FLASHPORT_CUDA_FWD_PINGPONG=1; do
-            for tool in memcheck racecheck; do
+        for setting in FLASHPORT_CUDA_PATH=sm90 FLASHPORT_CUDA_PATH=sm80,FLASHPORT_CUDA_FWD_PINGPONG=1; do
+            for tool in memcheck racecheck synccheck; do
                 echo "### $tool: test_backends cuda --filter f16 ($setting)"
-                env "$setting" timeout "$T" compute-sanitizer --tool $tool --error-exitcode 99 \
-                    "$BUILD/bin/test_backends" cuda --filter f16 | grep -vE '^(fwd|bwd) .*PASS$'
+                # shellcheck disable=SC2046
+                env $(tr ',' ' ' <<<"$setting") timeout "$T" compute-sanitizer --tool $tool \
+                    --error-exitcode 99 "$BUILD/bin/test_backends" cuda --filter f16 |
+                    grep -vE '^(fwd|bwd) .*PASS$'
                 echo "rc=$?"
             done
         done
@@ -120,7 +159,7 @@ if has profile; then
     for shape in "${shapes[@]}"; do
         echo "### ncu: $shape"
         # shellcheck disable=SC2086
-        timeout 300 ncu --clock-control none -k regex:'fp_sm80_(fwd_kernel|bwd_dkdv|bwd_dq)' \
+        timeout 300 ncu --clock-control none -k regex:'fp_sm(80|90)_(fwd_kernel|bwd_dkdv|bwd_dq)' \
             --section SpeedOfLight --section ComputeWorkloadAnalysis \
             --section MemoryWorkloadAnalysis --section Occupancy --section LaunchStats \
             --section WarpStateStats --section InstructionStats \
@@ -128,5 +167,5 @@ if has profile; then
             python3 tests/gpu/profile_one.py --lib "$BUILD/lib/libflashport.so" $shape
         echo "rc=$?"
     done >"$OUT/profile.txt" 2>&1
-    note "profile: $(($(date +%s) - start)) s; $(grep -cE '^  void fp_sm80' "$OUT/profile.txt") kernels"
+    note "profile: $(($(date +%s) - start)) s; $(grep -cE '^  void fp_sm(80|90)' "$OUT/profile.txt") kernels"
 fi

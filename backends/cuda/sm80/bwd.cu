@@ -941,7 +941,8 @@ static cudaError_t fp_dkdv_launch(const fp_cuda_ctx *ctx, const fp_problem *p,
 }
 
 template <typename T, int DK>
-static flashport_status fp_bwd_launch(const fp_cuda_ctx *ctx, const fp_problem *p, fp_sm80_args a)
+static flashport_status fp_bwd_launch(const fp_cuda_ctx *ctx, const fp_problem *p, fp_sm80_args a,
+                                      void *ws, size_t *query)
 {
     const cudaStream_t stream = ctx->stream;
     const int alt = fp_dkdv_pick<DK>(ctx);
@@ -952,21 +953,22 @@ static flashport_status fp_bwd_launch(const fp_cuda_ctx *ctx, const fp_problem *
                               (long long)p->head_dim,
                               fp_dkdv_smem<DK, fp_bwd_alts<DK>() - 1>() / 1024,
                               ctx->smem_optin / 1024);
-    if (p->batch == 0 || p->heads == 0)
-        return FLASHPORT_OK;
+    const bool empty = p->batch == 0 || p->heads == 0;
     /* Empty sequences still get their outputs written (zeros); only empty grids are skipped. */
     a.nq_pad = (max(a.nq, 1) + FP_BWD_ROW_PAD - 1) / FP_BWD_ROW_PAD * FP_BWD_ROW_PAD;
     a.dq_atomic = !p->deterministic;
     const fp_plan_shape shape = fp_problem_plan_shape(p);
     a.reverse = fp_plan_heavy_first(&shape);
+    /* scratch: LSE * log2(e) and Dsum per row, and the f32 dQ accumulator in atomic mode */
     const size_t rows = (size_t)p->batch * p->heads * a.nq_pad;
     const size_t accum = a.dq_atomic ? rows * DK : 0;
-    void *ws = NULL;
-    cudaError_t e = cudaMallocAsync(&ws, (2 * rows + accum) * sizeof(float), stream);
-    if (e != cudaSuccess)
-        return fp_cuda_error(e == cudaErrorMemoryAllocation ? FLASHPORT_ERR_OUT_OF_MEMORY
-                                                            : FLASHPORT_ERR_DEVICE,
-                             e, "backward workspace");
+    if (query) {
+        *query = empty ? 0 : (2 * rows + accum) * sizeof(float);
+        return FLASHPORT_OK;
+    }
+    if (empty)
+        return FLASHPORT_OK;
+    cudaError_t e = cudaSuccess;
     a.ws_lse2 = (float *)ws;
     a.ws_dsum = a.ws_lse2 + rows;
     a.dq_accum = a.dq_atomic ? a.ws_dsum + rows : NULL;
@@ -993,29 +995,27 @@ static flashport_status fp_bwd_launch(const fp_cuda_ctx *ctx, const fp_problem *
         else if constexpr (DK == 256)
             e = fp_dq_launch<T, DK, 1>(ctx, p, a);
     }
-    cudaError_t ef = cudaFreeAsync(ws, stream);
-    if (e == cudaSuccess)
-        e = ef;
     return e == cudaSuccess ? FLASHPORT_OK
                             : fp_cuda_error(FLASHPORT_ERR_DEVICE, e, "backward kernel launch");
 }
 
 template <typename T>
 static flashport_status fp_bwd_dispatch(const fp_cuda_ctx *ctx, const fp_problem *p,
-                                        const fp_sm80_args &a)
+                                        const fp_sm80_args &a, void *ws, size_t *query)
 {
     if (p->head_dim <= 64)
-        return fp_bwd_launch<T, 64>(ctx, p, a);
+        return fp_bwd_launch<T, 64>(ctx, p, a, ws, query);
     if (p->head_dim <= 128)
-        return fp_bwd_launch<T, 128>(ctx, p, a);
-    return fp_bwd_launch<T, 256>(ctx, p, a);
+        return fp_bwd_launch<T, 128>(ctx, p, a, ws, query);
+    return fp_bwd_launch<T, 256>(ctx, p, a, ws, query);
 }
 
-extern "C" flashport_status fp_cuda_sm80_backward(const fp_cuda_ctx *ctx, const fp_problem *p)
+extern "C" flashport_status fp_cuda_sm80_backward(const fp_cuda_ctx *ctx, const fp_problem *p,
+                                                  void *ws, size_t *query)
 {
     fp_sm80_args a;
     fp_sm80_fill_args(p, &a);
     if (p->dtype == FLASHPORT_F16)
-        return fp_bwd_dispatch<__half>(ctx, p, a);
-    return fp_bwd_dispatch<__nv_bfloat16>(ctx, p, a);
+        return fp_bwd_dispatch<__half>(ctx, p, a, ws, query);
+    return fp_bwd_dispatch<__nv_bfloat16>(ctx, p, a, ws, query);
 }

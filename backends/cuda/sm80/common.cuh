@@ -106,6 +106,10 @@ static inline void fp_sm80_fill_args(const fp_problem *p, fp_sm80_args *a)
     a->splits = 1;
 }
 
+/* Launches the split-KV combine of the forward (sm80/fwd.cu) on a's partials: every path's
+ * split forward writes the same o_part / lse_part layout. */
+cudaError_t fp_cuda_fwd_combine(const fp_problem *p, const fp_sm80_args *a, cudaStream_t stream);
+
 /* Where sequence b's tokens start and how many there are: fp_seq_lookup (core/geometry.h) with
  * the lengths narrowed to int, as the kernels index with 32-bit positions. */
 typedef struct fp_cuda_seq {
@@ -188,15 +192,16 @@ enum { FP_SCORES_FULL, FP_SCORES_MASK, FP_SCORES_TRANSFORM };
 /* ---- softmax finalize ---------------------------------------------------------------------- */
 
 /* fp_softmax_out_scale and fp_softmax_lse_exp2 (core/online_softmax.h) through fp_rcp and
- * fp_log2: the same rules (a row that saw nothing: 0 and -inf), branch-free. */
+ * fp_log2: the same rules (a row that saw nothing: 0 and -inf; a NaN l, from a visible NaN
+ * score, stays NaN), branch-free. */
 FP_DEV float fp_cuda_out_scale(const fp_softmax_state *s)
 {
-    return s->l > 0.0f ? fp_rcp(s->l) : 0.0f;
+    return s->l == 0.0f ? 0.0f : fp_rcp(s->l);
 }
 
 FP_DEV float fp_cuda_lse_exp2(const fp_softmax_state *s)
 {
-    return s->l > 0.0f ? s->m * FP_LN2 + fp_log2(s->l) * FP_LN2 : -INFINITY;
+    return s->l == 0.0f ? -INFINITY : s->m * FP_LN2 + fp_log2(s->l) * FP_LN2;
 }
 
 /* ---- swizzled shared-memory tiles ---------------------------------------------------------- */

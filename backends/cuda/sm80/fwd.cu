@@ -585,8 +585,19 @@ __global__ void __launch_bounds__(128) fp_sm80_fwd_combine(const fp_sm80_args a)
         a.lse[fp_cuda_lse_off(a, b, sq_.q_start + i, h)] = lse;
 }
 
+cudaError_t fp_cuda_fwd_combine(const fp_problem *p, const fp_sm80_args *a, cudaStream_t stream)
+{
+    dim3 grid((unsigned)((a->nq + 3) / 4), (unsigned)p->heads, (unsigned)p->batch);
+    if (p->dtype == FLASHPORT_F16)
+        fp_sm80_fwd_combine<__half><<<grid, 128, 0, stream>>>(*a);
+    else
+        fp_sm80_fwd_combine<__nv_bfloat16><<<grid, 128, 0, stream>>>(*a);
+    return cudaGetLastError();
+}
+
 template <typename T, int DK, int ALT>
-static flashport_status fp_fwd_launch(const fp_cuda_ctx *ctx, const fp_problem *p, fp_sm80_args a)
+static flashport_status fp_fwd_launch(const fp_cuda_ctx *ctx, const fp_problem *p, fp_sm80_args a,
+                                      void *ws, size_t *query)
 {
     using CFG = fp_fwd_cfg<DK, ALT>;
     constexpr int BM = fp_fwd_bm<DK, ALT>(), BN = CFG::BN;
@@ -611,21 +622,20 @@ static flashport_status fp_fwd_launch(const fp_cuda_ctx *ctx, const fp_problem *
     target.max_splits = 64;
     target.order = FP_PLAN_ORDER_GRID;
     const fp_plan plan = fp_plan_forward(&shape, &target);
-    if (plan.num_q_blocks == 0 || p->batch == 0 || p->heads == 0)
+    const bool empty = plan.num_q_blocks == 0 || p->batch == 0 || p->heads == 0;
+    /* split-KV partials: normalized O (f32) and LSE of every (split, b, h, row) */
+    const size_t rows = (size_t)plan.num_splits * p->batch * p->heads * a.nq;
+    if (query) {
+        *query = empty || plan.num_splits <= 1 ? 0 : rows * (size_t)(a.d + 1) * sizeof(float);
+        return FLASHPORT_OK;
+    }
+    if (empty)
         return FLASHPORT_OK;
     a.splits = plan.num_splits;
     a.keys_per_split = plan.keys_per_split;
     a.reverse = plan.heavy_first;
 
-    void *ws = NULL;
     if (a.splits > 1) {
-        const size_t rows = (size_t)a.splits * p->batch * p->heads * a.nq;
-        const size_t bytes = rows * (size_t)(a.d + 1) * sizeof(float);
-        e = cudaMallocAsync(&ws, bytes, stream);
-        if (e != cudaSuccess)
-            return fp_cuda_error(e == cudaErrorMemoryAllocation ? FLASHPORT_ERR_OUT_OF_MEMORY
-                                                                : FLASHPORT_ERR_DEVICE,
-                                 e, "split-KV workspace");
         a.o_part = (float *)ws;
         a.lse_part = a.o_part + rows * a.d;
     }
@@ -639,16 +649,8 @@ static flashport_status fp_fwd_launch(const fp_cuda_ctx *ctx, const fp_problem *
                     DK, BM, BN, CFG::NW, CFG::PP ? ", ping-pong" : "", (long long)p->head_dim,
                     grid.x, grid.y, grid.z, a.splits);
     }
-    if (e == cudaSuccess && a.splits > 1) {
-        dim3 grid((unsigned)((a.nq + 3) / 4), (unsigned)p->heads, (unsigned)p->batch);
-        fp_sm80_fwd_combine<T><<<grid, 128, 0, stream>>>(a);
-        e = cudaGetLastError();
-    }
-    if (ws) {
-        cudaError_t ef = cudaFreeAsync(ws, stream);
-        if (e == cudaSuccess)
-            e = ef;
-    }
+    if (e == cudaSuccess && a.splits > 1)
+        e = fp_cuda_fwd_combine(p, &a, stream);
     return e == cudaSuccess ? FLASHPORT_OK
                             : fp_cuda_error(FLASHPORT_ERR_DEVICE, e, "forward kernel launch");
 }
@@ -696,21 +698,21 @@ static_assert(fp_fwd_smem<64, FP_FWD_D64>() == FP_FWD_SMEM_D64 &&
 /* The configuration fp_sm80_pick (sm80/config.h) chooses, launched. */
 template <typename T>
 static flashport_status fp_fwd_dispatch(const fp_cuda_ctx *ctx, const fp_problem *p,
-                                        const fp_sm80_args &a)
+                                        const fp_sm80_args &a, void *ws, size_t *query)
 {
     const bool pingpong = p->head_dim <= 64 && fp_fwd_pingpong(ctx, p);
     const fp_sm80_choice c = fp_sm80_pick(p->head_dim, ctx->smem_optin, pingpong);
     if (c.dk == 64)
-        return c.fwd == FP_FWD_D64_PINGPONG ? fp_fwd_launch<T, 64, FP_FWD_D64_PINGPONG>(ctx, p, a)
-                                            : fp_fwd_launch<T, 64, FP_FWD_D64>(ctx, p, a);
+        return c.fwd == FP_FWD_D64_PINGPONG ? fp_fwd_launch<T, 64, FP_FWD_D64_PINGPONG>(ctx, p, a, ws, query)
+                                            : fp_fwd_launch<T, 64, FP_FWD_D64>(ctx, p, a, ws, query);
     if (c.dk == 128)
-        return fp_fwd_launch<T, 128, FP_FWD_D128>(ctx, p, a);
+        return fp_fwd_launch<T, 128, FP_FWD_D128>(ctx, p, a, ws, query);
     if (c.fwd == FP_FWD_D256_TWO_PER_SM)
-        return fp_fwd_launch<T, 256, FP_FWD_D256_TWO_PER_SM>(ctx, p, a);
+        return fp_fwd_launch<T, 256, FP_FWD_D256_TWO_PER_SM>(ctx, p, a, ws, query);
     if (c.fwd == FP_FWD_D256_TWO_STAGE)
-        return fp_fwd_launch<T, 256, FP_FWD_D256_TWO_STAGE>(ctx, p, a);
+        return fp_fwd_launch<T, 256, FP_FWD_D256_TWO_STAGE>(ctx, p, a, ws, query);
     if (c.fwd == FP_FWD_D256_BN32)
-        return fp_fwd_launch<T, 256, FP_FWD_D256_BN32>(ctx, p, a);
+        return fp_fwd_launch<T, 256, FP_FWD_D256_BN32>(ctx, p, a, ws, query);
     return fp_cuda_refuse(FLASHPORT_ERR_UNSUPPORTED_HEAD_DIM,
                           "the forward at head dim %lld needs %zu KiB of shared memory per block; "
                           "this device allows %zu KiB",
@@ -718,11 +720,12 @@ static flashport_status fp_fwd_dispatch(const fp_cuda_ctx *ctx, const fp_problem
                           ctx->smem_optin / 1024);
 }
 
-extern "C" flashport_status fp_cuda_sm80_forward(const fp_cuda_ctx *ctx, const fp_problem *p)
+extern "C" flashport_status fp_cuda_sm80_forward(const fp_cuda_ctx *ctx, const fp_problem *p,
+                                                 void *ws, size_t *query)
 {
     fp_sm80_args a;
     fp_sm80_fill_args(p, &a);
     if (p->dtype == FLASHPORT_F16)
-        return fp_fwd_dispatch<__half>(ctx, p, a);
-    return fp_fwd_dispatch<__nv_bfloat16>(ctx, p, a);
+        return fp_fwd_dispatch<__half>(ctx, p, a, ws, query);
+    return fp_fwd_dispatch<__nv_bfloat16>(ctx, p, a, ws, query);
 }

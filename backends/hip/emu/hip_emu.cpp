@@ -107,6 +107,7 @@ hipError_t hipGetDeviceProperties(hipDeviceProp_t *prop, int)
     snprintf(prop->name, sizeof prop->name, "CPU emulation");
     prop->major = prop->minor = 0;
     prop->multiProcessorCount = 4;
+    prop->totalGlobalMem = (size_t)1 << 30;
     return hipSuccess;
 }
 const char *hipGetErrorString(hipError_t)

@@ -103,6 +103,7 @@ typedef void *hipStream_t;
 typedef struct emu_event *hipEvent_t; /* the host clock at the last record */
 typedef struct hipDeviceProp_t {
     char name[64];
+    size_t totalGlobalMem;
     int major, minor, multiProcessorCount;
 } hipDeviceProp_t;
 #define hipSuccess            0

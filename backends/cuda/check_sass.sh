@@ -1,0 +1,64 @@
+#!/usr/bin/env bash
+# Checks that the CUDA plugin's sm90 kernels really are Hopper kernels: disassembles the sm_90a
+# machine code embedded in libflashport_cuda.so and fails unless
+#   - every sm90 forward kernel (fp_sm90_fwd_kernel: f16 and bf16, head-dim classes 64, 128,
+#     192, 256: 8 kernels) is present,
+#   - each holds HGMMA (wgmma) and UTMALDG (TMA tile loads) instructions,
+#   - and no sm80 kernel holds HGMMA (so the check can tell the paths apart).
+#
+#   backends/cuda/check_sass.sh build/lib/libflashport_cuda.so
+#
+# Needs cuobjdump and nvdisasm: the CUDA toolkit's when it has them, else CUOBJDUMP_DIR (a
+# folder holding both; .ci/run installs them from PyPI's nvidia-cuda-cuobjdump and
+# nvidia-cuda-nvdisasm).
+set -euo pipefail
+
+lib=${1:?usage: check_sass.sh path/to/libflashport_cuda.so}
+expected_kernels=8
+for dir in "${CUOBJDUMP_DIR:-}" /usr/local/cuda/bin; do
+    if [ -n "$dir" ] && [ -x "$dir/cuobjdump" ] && [ -x "$dir/nvdisasm" ]; then
+        export PATH=$dir:$PATH
+        break
+    fi
+done
+command -v cuobjdump >/dev/null && command -v nvdisasm >/dev/null || {
+    echo "check_sass: cuobjdump and nvdisasm not found (set CUOBJDUMP_DIR)" >&2
+    exit 2
+}
+
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+cuobjdump --dump-sass --gpu-architecture sm_90a "$lib" >"$tmp/sass.txt"
+
+# One line per kernel: name, HGMMA count, UTMALDG count.
+awk '/Function : / { name = $3; hg[name] = 0; tma[name] = 0 }
+     /HGMMA/ { hg[name]++ }
+     /UTMALDG/ { tma[name]++ }
+     END { for (n in hg) print n, hg[n], tma[n] }' "$tmp/sass.txt" >"$tmp/counts.txt"
+
+status=0
+found=0
+while read -r name hgmma utmaldg; do
+    case $name in
+    *fp_sm90_fwd_kernel*)
+        found=$((found + 1))
+        if [ "$hgmma" -eq 0 ] || [ "$utmaldg" -eq 0 ]; then
+            echo "check_sass: $name: $hgmma HGMMA, $utmaldg UTMALDG (needs both)" >&2
+            status=1
+        fi
+        ;;
+    *fp_sm80_*)
+        if [ "$hgmma" -ne 0 ]; then
+            echo "check_sass: sm80 kernel $name holds $hgmma HGMMA" >&2
+            status=1
+        fi
+        ;;
+    esac
+done <"$tmp/counts.txt"
+
+if [ "$found" -ne "$expected_kernels" ]; then
+    echo "check_sass: $found sm90 forward kernels in $lib, expected $expected_kernels" >&2
+    status=1
+fi
+[ $status -eq 0 ] && echo "check_sass: $found sm90 forward kernels, each with HGMMA and UTMALDG"
+exit $status

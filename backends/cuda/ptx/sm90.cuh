@@ -1,0 +1,158 @@
+/*
+ * Hopper (sm_90a) instructions behind named helpers, one name an instruction (PTX ISA 8.x):
+ *
+ *   mbarrier.*                 shared-memory barriers that count arrivals and TMA bytes
+ *   cp.async.bulk.tensor.4d    TMA tile load global -> shared, completing on an mbarrier
+ *   wgmma.fence / commit_group / wait_group, and the shared-memory matrix descriptor
+ *   wgmma.mma_async            (wgmma_gen.cuh, generated: one function per shape)
+ *   setmaxnreg                 moves registers between warpgroups
+ *   bar.sync id, n             named barriers among some warps of a block
+ *
+ * Every helper compiles to nothing outside sm_90a (FP_SM90_DEVICE is 0), so the file that
+ * includes this one also builds for sm_80; the host never launches those empty kernels there.
+ */
+#ifndef FLASHPORT_BACKENDS_CUDA_PTX_SM90_CUH
+#define FLASHPORT_BACKENDS_CUDA_PTX_SM90_CUH
+
+#include <stdint.h>
+
+#ifndef FP_DEV
+#define FP_DEV static __device__ __forceinline__
+#endif
+
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define FP_SM90_DEVICE 1
+#else
+#define FP_SM90_DEVICE 0
+#endif
+
+#if FP_SM90_DEVICE
+#define FP_SM90_ASM(...) asm volatile(__VA_ARGS__)
+#else
+#define FP_SM90_ASM(...) ((void)0)
+#endif
+
+/* ---- mbarrier ------------------------------------------------------------------------------ */
+
+FP_DEV void fp_mbar_init(uint32_t bar, uint32_t count)
+{
+    FP_SM90_ASM("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
+}
+
+/* Makes the initialized barriers visible to the async proxy (TMA) before first use. */
+FP_DEV void fp_mbar_fence_init()
+{
+    FP_SM90_ASM("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+}
+
+/* One arrival that also announces `bytes` of TMA traffic the phase must wait for. */
+FP_DEV void fp_mbar_arrive_expect_tx(uint32_t bar, uint32_t bytes)
+{
+    FP_SM90_ASM("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes)
+                : "memory");
+}
+
+FP_DEV void fp_mbar_arrive(uint32_t bar)
+{
+    FP_SM90_ASM("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
+}
+
+/* Waits until the phase of parity `parity` has completed. A barrier starts in phase 0, so a
+ * wait for parity 1 on a fresh barrier returns at once (a producer's first pass over empty
+ * slots). */
+FP_DEV void fp_mbar_wait(uint32_t bar, uint32_t parity)
+{
+    FP_SM90_ASM("{\n.reg .pred done;\nwait_%=:\n"
+                "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+                "@!done bra wait_%=;\n}\n" ::"r"(bar),
+                "r"(parity)
+                : "memory");
+}
+
+/* ---- TMA ------------------------------------------------------------------------------------ */
+
+FP_DEV void fp_tma_prefetch_desc(const void *tmap)
+{
+    FP_SM90_ASM("prefetch.tensormap [%0];\n" ::"l"(tmap) : "memory");
+}
+
+/* Box at coordinates (c0, c1, c2, c3) of the 4-d tensor map -> shared memory at dst; the bytes
+ * land on barrier `bar` (which must expect them). Elements outside the tensor read as zero. */
+FP_DEV void fp_tma_load_4d(uint32_t dst, const void *tmap, uint32_t bar, int c0, int c1, int c2,
+                           int c3)
+{
+    FP_SM90_ASM("cp.async.bulk.tensor.4d.shared::cluster.global.mbarrier::complete_tx::bytes"
+                " [%0], [%1, {%2, %3, %4, %5}], [%6];\n" ::"r"(dst),
+                "l"(tmap), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(bar)
+                : "memory");
+}
+
+/* ---- wgmma ---------------------------------------------------------------------------------- */
+
+/* Orders this thread's register writes (accumulators, A fragments) before the next wgmma. */
+FP_DEV void fp_wgmma_fence()
+{
+    FP_SM90_ASM("wgmma.fence.sync.aligned;\n" ::: "memory");
+}
+
+FP_DEV void fp_wgmma_commit()
+{
+    FP_SM90_ASM("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+}
+
+/* Waits until at most N committed wgmma groups of this warpgroup are still running. */
+template <int N> FP_DEV void fp_wgmma_wait()
+{
+    FP_SM90_ASM("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
+}
+
+/* Keeps the compiler from moving accesses of r across the wgmma issue / wait points: the
+ * registers are "changed" here as far as it knows. */
+template <int N> FP_DEV void fp_wgmma_fence_regs(float (&r)[N])
+{
+#pragma unroll
+    for (int i = 0; i < N; ++i)
+        asm volatile("" : "+f"(r[i])::"memory");
+}
+
+/* Shared-memory matrix descriptor of a tile stored in 128-byte-swizzled atoms (8 rows of 128
+ * bytes, 1024 bytes, 1024-byte aligned; the layout TMA writes with CU_TENSOR_MAP_SWIZZLE_128B).
+ *   K-major (rows along M/N, 64 2-byte elements of K per row): lbo unused, sbo = 1024 (the next
+ *   8 rows); a k step of 16 elements adds 32 bytes to the start address.
+ *   MN-major (rows along K, 64 elements of M/N per row): lbo = bytes to the next 64 M/N
+ *   elements, sbo = 1024 (the next 8 rows of K). */
+FP_DEV uint64_t fp_wgmma_desc(uint32_t smem_addr, uint32_t lbo_bytes, uint32_t sbo_bytes)
+{
+    return (uint64_t)((smem_addr & 0x3ffffu) >> 4) |
+           ((uint64_t)((lbo_bytes >> 4) & 0x3fffu) << 16) |
+           ((uint64_t)((sbo_bytes >> 4) & 0x3fffu) << 32) | ((uint64_t)1 << 62);
+}
+
+/* ---- registers and barriers ------------------------------------------------------------------ */
+
+template <int N> FP_DEV void fp_setmaxnreg_inc()
+{
+    FP_SM90_ASM("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(N));
+}
+
+template <int N> FP_DEV void fp_setmaxnreg_dec()
+{
+    FP_SM90_ASM("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(N));
+}
+
+/* Barrier `id` (1..15; 0 is __syncthreads) among `threads` threads (a multiple of 32). */
+FP_DEV void fp_named_bar_sync(int id, int threads)
+{
+    FP_SM90_ASM("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+
+FP_DEV void fp_named_bar_arrive(int id, int threads)
+{
+    FP_SM90_ASM("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+
+#if FP_SM90_DEVICE
+#include "backends/cuda/ptx/wgmma_gen.cuh"
+#endif
+
+#endif /* FLASHPORT_BACKENDS_CUDA_PTX_SM90_CUH */

@@ -1,0 +1,715 @@
+/*
+ * Flash attention forward, sm90 path (Hopper, sm_90a): TMA + wgmma + warp specialization.
+ *
+ * Algorithm (the FlashAttention-3 forward's structure, written from the paper and the PTX ISA):
+ * one thread block of three warpgroups per (query block of 128 rows, head, batch [, KV split]).
+ *   producer (warpgroup 0, one thread; setmaxnreg gives its registers to the consumers): TMA
+ *     loads of the Q tile once, then the K and V tiles of each key block into a ring of ST
+ *     shared-memory stages. Each stage has a "full" mbarrier (the TMA bytes landed) and an
+ *     "empty" one (all 256 consumer threads are done with it) for K and for V.
+ *   consumers (warpgroups 1 and 2, 64 query rows each): S = Q K^T by wgmma with both operands
+ *     in shared memory; mask / softcap / ALiBi and the online softmax on S in registers (log2
+ *     units, exp2); O += P V by wgmma with P from registers (the S accumulator's layout is the
+ *     A fragment's) and V from shared memory (MN-major, the transpose bit). Within a
+ *     warpgroup, Q K^T of block j + 1 and P V of block j are both in flight while the softmax
+ *     of block j + 1 runs; O is rescaled once P V (j) has landed. Between the two
+ *     warpgroups, named barriers make them take turns issuing their products (ping-pong), so
+ *     that one warpgroup's softmax runs under the other's wgmma.
+ * Key blocks are visited from the last to the first, so for causal masks the blocks that need
+ * per-element masking come first and the rest run the unmasked code.
+ *
+ * Tiles are stored as TMA writes them with 128-byte swizzling: a tile of R rows x DK columns is
+ * DK / 64 panels of R x 64 elements (128-byte rows, 8-row atoms of 1024 bytes). O is staged in
+ * the warpgroup's own rows of the Q tile (dead once its last Q K^T has landed) and written with
+ * 16-byte stores, bounded by the sequence.
+ *
+ * Configurations (BM x BN, stages; 2 consumer warpgroups in ping-pong, 384 threads, one block
+ * per SM; LAZY: O is rescaled only when a row maximum grows by more than 2^8):
+ *   DK = 64: 128 x 128, 2;  DK = 128: 128 x 128, 2, LAZY;  DK = 192: 128 x 96, 2, LAZY;
+ *   DK = 256: 128 x 80, 2, LAZY.
+ * Head dims that are multiples of 8 run on the next larger DK; TMA reads the columns past D as
+ * zeros. Split-KV (chosen by core/plan.h for shapes that leave SMs idle) writes f32 partials
+ * that the sm80 path's combine kernel merges.
+ *
+ * Masking and online softmax: core/mask.h (block range, fully visible blocks, the per-element
+ * rule through fp_mask32, fp_score_transform); core/online_softmax.h (fp_softmax_update_exp2;
+ * the per-element weight mirrors fp_softmax_weight_exp2; finalize through fp_cuda_out_scale and
+ * fp_cuda_lse_exp2 as the sm80 path does).
+ *
+ * Differences from the reference: P is rounded to f16/bf16 before P V (the row sum uses the
+ * unrounded P); exp2, 1/l and log2 are the hardware approximations.
+ * Numbers: docs/performance.md.
+ */
+#include "backends/cuda/cuda_internal.h"
+
+#ifdef FP_CUDA_EMU
+/* The CPU emulator (docs/cuda_emu.md) has no TMA, mbarrier or wgmma: the path declines. */
+extern "C" void fp_cuda_sm90_init(fp_cuda_ctx *ctx)
+{
+    ctx->encode_tiled = NULL;
+}
+
+extern "C" flashport_status fp_cuda_sm90_forward(const fp_cuda_ctx *ctx, const fp_problem *p,
+                                                 const char *why, const char **declined, void *ws,
+                                                 size_t *query)
+{
+    (void)ctx;
+    (void)p;
+    (void)why;
+    (void)ws;
+    if (query)
+        *query = 0;
+    *declined = "the CUDA emulator has no TMA or wgmma";
+    return FLASHPORT_OK;
+}
+#else
+
+#include "backends/cuda/sm80/common.cuh"
+#include "backends/cuda/ptx/sm90.cuh"
+
+#include "core/plan.h"
+#include "core/problem.h"
+
+#include <cuda.h> /* CUtensorMap and its enums only: the driver is reached through ctx->encode */
+#include <math.h>
+#include <stdlib.h>
+
+enum { FP_SM90_BM = 128, FP_SM90_THREADS = 384, FP_SM90_CONSUMER_THREADS = 256 };
+
+/* One kernel configuration: head dim DK (the kernel's; a multiple of 64), key block BN, ST
+ * K / V stages, LAZY rescale (see FP_SM90_RESCALE_SLACK). */
+template <int DK_, int BN_, int ST_, bool LAZY_> struct fp_sm90_cfg {
+    static constexpr int DK = DK_, BN = BN_, ST = ST_;
+    static constexpr bool LAZY = LAZY_;
+    static_assert(DK % 64 == 0 && BN % 16 == 0 && BN <= 256, "tile shape");
+    /* Q, ST K stages, ST V stages, the mbarriers, and 1024 bytes of slack to align the tiles
+     * to the swizzle atom */
+    static constexpr size_t SMEM =
+        (size_t)(FP_SM90_BM + 2 * ST * BN) * DK * 2 + (1 + 4 * ST) * 8 + 1024;
+};
+
+/* The configurations, by the kernel's head dim. The rest of each choice was timed against
+ * alternatives on the H200 (docs/bench/README.md): at DK = 256 the Q K^T wgmma with N = 64
+ * reads shared memory as fast as it multiplies, N = 80 does not; LAZY pays at DK >= 128, where a
+ * rescale touches more of O, and costs at DK = 64. */
+typedef fp_sm90_cfg<64, 128, 2, false> fp_sm90_fwd_d64;
+typedef fp_sm90_cfg<128, 128, 2, true> fp_sm90_fwd_d128;
+typedef fp_sm90_cfg<192, 96, 2, true> fp_sm90_fwd_d192;
+typedef fp_sm90_cfg<256, 80, 2, true> fp_sm90_fwd_d256;
+
+/* LAZY: O and l are rescaled only when a row's block maximum exceeds the maximum its
+ * exponentials use by more than this (log2 units; P stays <= 2^8, within f16), as the sm80
+ * path's forward does. */
+#define FP_SM90_RESCALE_SLACK 8.0f
+
+typedef struct fp_sm90_fwd_params {
+    CUtensorMap tq, tk, tv; /* 4-d maps (D, tokens, heads, batch); boxes of 64 x rows */
+    fp_sm80_args a;
+} fp_sm90_fwd_params;
+
+/* wgmma of one dtype and N: ss (A, B from shared memory) and rs (A from registers). */
+template <typename T, int N> struct fp_wgmma;
+#define FP_SM90_WGMMA(T, TN, N)                                                                    \
+    template <> struct fp_wgmma<T, N> {                                                            \
+        static __device__ __forceinline__ void ss(float (&d)[N / 2], uint64_t a, uint64_t b,       \
+                                                  int acc)                                         \
+        {                                                                                          \
+            if (FP_SM90_DEVICE)                                                                    \
+                fp_wgmma_ss_m64n##N##k16_##TN(d, a, b, acc);                                       \
+        }                                                                                          \
+        static __device__ __forceinline__ void rs(float (&d)[N / 2], const uint32_t (&a)[4],       \
+                                                  uint64_t b)                                      \
+        {                                                                                          \
+            if (FP_SM90_DEVICE)                                                                    \
+                fp_wgmma_rs_m64n##N##k16_##TN(d, a, b);                                            \
+        }                                                                                          \
+    }
+#if FP_SM90_DEVICE
+FP_SM90_WGMMA(__nv_bfloat16, bf16, 80);
+FP_SM90_WGMMA(__nv_bfloat16, bf16, 96);
+FP_SM90_WGMMA(__nv_bfloat16, bf16, 128);
+FP_SM90_WGMMA(__nv_bfloat16, bf16, 192);
+FP_SM90_WGMMA(__nv_bfloat16, bf16, 64);
+FP_SM90_WGMMA(__nv_bfloat16, bf16, 256);
+FP_SM90_WGMMA(__half, f16, 80);
+FP_SM90_WGMMA(__half, f16, 96);
+FP_SM90_WGMMA(__half, f16, 128);
+FP_SM90_WGMMA(__half, f16, 192);
+FP_SM90_WGMMA(__half, f16, 64);
+FP_SM90_WGMMA(__half, f16, 256);
+#endif
+
+template <int N> FP_DEV void fp_fence_u32(uint32_t (&r)[N][4])
+{
+#pragma unroll
+    for (int i = 0; i < N; ++i)
+#pragma unroll
+        for (int e = 0; e < 4; ++e)
+            asm volatile("" : "+r"(r[i][e])::"memory");
+}
+
+/* Masks one thread's part of a warpgroup's 64 x BN score tile: rows i_lo and i_lo + 8 of the
+ * sequence, keys j0 + 8 j + 2 t + e; s[4 j + 2 r + e] is (row r, key 8 j + 2 t + e). Masked
+ * scores become -inf (fp_mask_visible's rule through fp_mask32_row, as the sm80 path). */
+template <int BN>
+FP_DEV void fp_sm90_mask(float (&s)[BN / 2], const fp_mask32 &mk, int i_lo, int j0, int t)
+{
+    const int jb = j0 + 2 * t;
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+        const fp_mask_row mr = fp_mask32_row(mk, i_lo + 8 * r, jb);
+#pragma unroll
+        for (int j = 0; j < BN / 8; ++j)
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+                float &x = s[4 * j + 2 * r + e];
+                x = fp_mask_row_visible(mr, 8 * j + e) ? x : -INFINITY;
+            }
+    }
+}
+
+/* The score transform of core/mask.h (fp_score_transform: softcap c tanh(s / c), then ALiBi
+ * - slope |i + Nk - Nq - j|) on raw scores q.k, into log2 units. tanh(y) = 1 - 2 / (e^2y + 1)
+ * through the hardware's exp2 and reciprocal (absolute error near 1e-7; e^2y = inf gives 1);
+ * each feature is one uniform branch around its own pass over the tile. */
+typedef struct fp_sm90_xform {
+    float scale_log2;      /* no softcap: scale log2(e) */
+    float cap_in, cap_out; /* softcap: 2 log2(e) scale / c and c log2(e); 0 = no softcap */
+    float slope_log2;      /* ALiBi slope log2(e), 0 = none */
+    int shift;             /* Nk - Nq */
+} fp_sm90_xform;
+
+template <int BN>
+FP_DEV void fp_sm90_transform(float (&s)[BN / 2], const fp_sm90_xform &x, int i_lo, int j0, int t)
+{
+    if (x.cap_out > 0.0f) {
+#pragma unroll
+        for (int k = 0; k < BN / 2; ++k)
+            s[k] = x.cap_out * (1.0f - 2.0f * fp_rcp(fp_exp2(s[k] * x.cap_in) + 1.0f));
+    } else {
+#pragma unroll
+        for (int k = 0; k < BN / 2; ++k)
+            s[k] *= x.scale_log2;
+    }
+    if (x.slope_log2 != 0.0f) {
+        const int jb = j0 + 2 * t;
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+            const int base = i_lo + 8 * r + x.shift - jb; /* distance to key jb, signed */
+#pragma unroll
+            for (int j = 0; j < BN / 8; ++j)
+#pragma unroll
+                for (int e = 0; e < 2; ++e)
+                    s[4 * j + 2 * r + e] -= x.slope_log2 * fabsf((float)(base - 8 * j - e));
+        }
+    }
+}
+
+// q, o: (B, Nq, H, D); k, v: (B, Nk, Hkv, D); lse: (B, H, Nq); grid (q blocks, H, B * splits)
+template <typename T, typename CFG>
+__global__ void __launch_bounds__(FP_SM90_THREADS, 1)
+    fp_sm90_fwd_kernel(const __grid_constant__ fp_sm90_fwd_params prm)
+{
+#if FP_SM90_DEVICE
+    constexpr int BM = FP_SM90_BM, DK = CFG::DK, BN = CFG::BN, ST = CFG::ST;
+    constexpr bool LAZY = CFG::LAZY;
+    constexpr int NP = DK / 64;                /* 64-column panels of a tile */
+    constexpr uint32_t KV_BYTES = BN * DK * 2; /* one K or V stage */
+    const fp_sm80_args &a = prm.a;
+
+    extern __shared__ unsigned char fp_smem_raw[];
+    const uint32_t raw = fp_smem_addr(fp_smem_raw);
+    const uint32_t sq = (raw + 1023u) & ~1023u;
+    unsigned char *const gq = fp_smem_raw + (sq - raw); /* generic pointer to the Q tile */
+    const uint32_t sk = sq + BM * DK * 2, sv = sk + ST * KV_BYTES;
+    const uint32_t bars = sv + ST * KV_BYTES;
+    const uint32_t q_full = bars;
+    auto k_full = [&](int s) { return bars + 8u * (1 + s); };
+    auto v_full = [&](int s) { return bars + 8u * (1 + ST + s); };
+    auto k_empty = [&](int s) { return bars + 8u * (1 + 2 * ST + s); };
+    auto v_empty = [&](int s) { return bars + 8u * (1 + 3 * ST + s); };
+
+    const int tid = threadIdx.x, wg = tid >> 7, wtid = tid & 127;
+    const int qblk = a.reverse ? gridDim.x - 1 - blockIdx.x : blockIdx.x;
+    const int h = blockIdx.y;
+    const int b = blockIdx.z / a.splits, split = blockIdx.z % a.splits;
+    const fp_cuda_seq seq = fp_cuda_seq_of(a, b);
+    const int nq = seq.nq, nk = seq.nk;
+    const int m0 = qblk * BM;
+    if (m0 >= nq)
+        return;
+    int nb_begin, nb_end;
+    fp_geom_key_blocks(m0, min(m0 + BM, nq), nq, nk, a.left, a.right, BN, &nb_begin, &nb_end);
+    if (a.splits > 1) {
+        const int per = (int)(a.keys_per_split / BN);
+        nb_begin = max(nb_begin, split * per);
+        nb_end = min(nb_end, (split + 1) * per);
+    }
+    const int n = max(nb_end - nb_begin, 0);
+
+    if (tid == 0) {
+        fp_mbar_init(q_full, 1);
+        for (int s = 0; s < ST; ++s) {
+            fp_mbar_init(k_full(s), 1);
+            fp_mbar_init(v_full(s), 1);
+            fp_mbar_init(k_empty(s), FP_SM90_CONSUMER_THREADS);
+            fp_mbar_init(v_empty(s), FP_SM90_CONSUMER_THREADS);
+        }
+        fp_mbar_fence_init();
+    }
+    __syncthreads();
+
+    if (wg == 0) {
+        /* ---- producer: one thread issues every TMA load ---- */
+        fp_setmaxnreg_dec<24>();
+        if (wtid == 0 && n > 0) {
+            fp_tma_prefetch_desc(&prm.tq);
+            fp_tma_prefetch_desc(&prm.tk);
+            fp_tma_prefetch_desc(&prm.tv);
+            /* varlen maps are (D, packed tokens, heads, 1): the batch coordinate is 0 */
+            const int qb = a.cu_q ? 0 : b, kvh = h / a.group;
+            const int q_row = (int)seq.q_start + m0, k_row = (int)seq.k_start;
+            fp_mbar_arrive_expect_tx(q_full, BM * DK * 2);
+#pragma unroll
+            for (int p = 0; p < NP; ++p)
+                fp_tma_load_4d(sq + p * BM * 128, &prm.tq, q_full, 64 * p, q_row, h, qb);
+            for (int it = 0; it < n; ++it) {
+                const int nb = nb_end - 1 - it, s = it % ST;
+                const uint32_t ph = (it / ST) & 1;
+                fp_mbar_wait(k_empty(s), ph ^ 1);
+                fp_mbar_arrive_expect_tx(k_full(s), KV_BYTES);
+#pragma unroll
+                for (int p = 0; p < NP; ++p)
+                    fp_tma_load_4d(sk + s * KV_BYTES + p * BN * 128, &prm.tk, k_full(s), 64 * p,
+                                   k_row + nb * BN, kvh, qb);
+                fp_mbar_wait(v_empty(s), ph ^ 1);
+                fp_mbar_arrive_expect_tx(v_full(s), KV_BYTES);
+#pragma unroll
+                for (int p = 0; p < NP; ++p)
+                    fp_tma_load_4d(sv + s * KV_BYTES + p * BN * 128, &prm.tv, v_full(s), 64 * p,
+                                   k_row + nb * BN, kvh, qb);
+            }
+        }
+    } else {
+        /* ---- consumers: warpgroup w owns rows 64 w .. 64 w + 63 of each query block ---- */
+        fp_setmaxnreg_inc<240>();
+        const int w = wg - 1, warp = wtid >> 5, lane = tid & 31;
+        const int g = lane >> 2, t = lane & 3;
+        const int row_in = 64 * w + 16 * warp + g; /* this thread's rows: row_in, row_in + 8 */
+        const uint32_t q_rows = sq + 64 * w * 128; /* the warpgroup's 64 rows of panel 0 */
+
+        /* S = Q K^T of the K tile in stage s (issued, not waited for) */
+        auto qk = [&](float(&s)[BN / 2], int stage) {
+            fp_wgmma_fence();
+#pragma unroll
+            for (int kk = 0; kk < DK / 16; ++kk) {
+                const uint32_t off = (kk % 4) * 32; /* 16 columns = 32 bytes into the panel */
+                const uint64_t da = fp_wgmma_desc(q_rows + (kk / 4) * BM * 128 + off, 16, 1024);
+                const uint64_t db =
+                    fp_wgmma_desc(sk + stage * KV_BYTES + (kk / 4) * BN * 128 + off, 16, 1024);
+                fp_wgmma<T, BN>::ss(s, da, db, kk > 0);
+            }
+            fp_wgmma_commit();
+        };
+        /* O += P V of the V tile in stage s (issued, not waited for) */
+        auto pv = [&](float(&o)[DK / 2], const uint32_t(&pa)[BN / 16][4], int stage) {
+            fp_wgmma_fence();
+#pragma unroll
+            for (int kk = 0; kk < BN / 16; ++kk)
+                fp_wgmma<T, DK>::rs(
+                    o, pa[kk],
+                    fp_wgmma_desc(sv + stage * KV_BYTES + kk * 16 * 128, BN * 128, 1024));
+            fp_wgmma_commit();
+        };
+        auto pack_p = [&](uint32_t(&pa)[BN / 16][4], const float(&s)[BN / 2]) {
+#pragma unroll
+            for (int kk = 0; kk < BN / 16; ++kk) {
+                pa[kk][0] = fp_pack2<T>(s[8 * kk + 0], s[8 * kk + 1]);
+                pa[kk][1] = fp_pack2<T>(s[8 * kk + 2], s[8 * kk + 3]);
+                pa[kk][2] = fp_pack2<T>(s[8 * kk + 4], s[8 * kk + 5]);
+                pa[kk][3] = fp_pack2<T>(s[8 * kk + 6], s[8 * kk + 7]);
+            }
+        };
+        /* Ping-pong: the two warpgroups take turns issuing their matrix products; each turn
+         * ends by opening the other's, so one warpgroup's softmax runs while the other's
+         * products occupy the tensor cores. Turn barriers 3 + w (256 threads: the owner syncs,
+         * the other arrives); in each tile warpgroup 1 opens warpgroup 0's first turn and skips
+         * its own last arrival, so every barrier sees as many arrivals as syncs. */
+        auto turn_begin = [&]() { fp_named_bar_sync(3 + w, 256); };
+        auto turn_end = [&](bool last) {
+            if (!(last && w == 1))
+                fp_named_bar_arrive(3 + (1 - w), 256);
+        };
+
+        {
+            const int i_lo = m0 + row_in;
+            const float sc = a.transform ? 1.0f : a.scale_log2;
+            fp_sm90_xform xf;
+            xf.scale_log2 = a.scale_log2;
+            xf.cap_in = a.softcap > 0.0f ? 2.0f * FP_LOG2E * a.scale / a.softcap : 0.0f;
+            xf.cap_out = a.softcap > 0.0f ? a.softcap * FP_LOG2E : 0.0f;
+            xf.slope_log2 = a.alibi ? a.alibi[h] * FP_LOG2E : 0.0f;
+            xf.shift = nk - nq;
+            const fp_mask32 mk = fp_mask32_make(nq, nk, a.left, a.right);
+            const int rows_end = min(m0 + BM, nq);
+
+            float o[DK / 2];
+#pragma unroll
+            for (int i = 0; i < DK / 2; ++i)
+                o[i] = 0.0f;
+            fp_softmax_state st[2];
+            fp_softmax_init(&st[0]);
+            fp_softmax_init(&st[1]);
+
+            /* Mask / transform, row maxima, online-softmax update; S becomes the unrounded P
+             * and l grows by this thread's part of the row sums. alpha: the rows' rescale
+             * factors; returns whether O must be rescaled (always, unless LAZY). */
+            auto softmax = [&](float(&s)[BN / 2], int nb, float(&alpha)[2]) -> bool {
+                const int j0 = nb * BN;
+                if (a.transform)
+                    fp_sm90_transform<BN>(s, xf, i_lo, j0, t);
+                if (!fp_mask_block_full(m0, rows_end, j0, j0 + BN, nq, nk, a.left, a.right))
+                    fp_sm90_mask<BN>(s, mk, i_lo, j0, t);
+                float mxs[2];
+                bool grow = false;
+#pragma unroll
+                for (int r = 0; r < 2; ++r) {
+                    float mx = -INFINITY;
+#pragma unroll
+                    for (int j = 0; j < BN / 8; ++j)
+                        mx = fmaxf(mx, fmaxf(s[4 * j + 2 * r], s[4 * j + 2 * r + 1]));
+                    mxs[r] = fp_quad_max(mx) * sc;
+                    grow |= mxs[r] > st[r].m + FP_SM90_RESCALE_SLACK;
+                }
+                const bool rescale = !LAZY || __any_sync(0xffffffffu, grow);
+#pragma unroll
+                for (int r = 0; r < 2; ++r) {
+                    alpha[r] = rescale ? fp_softmax_update_exp2(&st[r], mxs[r]) : 1.0f;
+                    const float mu = fp_softmax_exp_base(&st[r]);
+                    float l = 0.0f;
+#pragma unroll
+                    for (int j = 0; j < BN / 8; ++j)
+#pragma unroll
+                        for (int e = 0; e < 2; ++e) {
+                            float &x = s[4 * j + 2 * r + e];
+                            x = fp_exp2(fmaf(x, sc, -mu));
+                            l += x;
+                        }
+                    st[r].l += l;
+                }
+                return rescale;
+            };
+
+            if (n > 0) {
+                if (w == 1)
+                    fp_named_bar_arrive(3, 256);
+                fp_mbar_wait(q_full, 0);
+                float s[BN / 2];
+                uint32_t pa[BN / 16][4];
+                float alpha[2];
+                turn_begin();
+                fp_mbar_wait(k_full(0), 0);
+                qk(s, 0);
+                turn_end(false);
+                fp_wgmma_wait<0>();
+                fp_wgmma_fence_regs(s);
+                fp_mbar_arrive(k_empty(0));
+                softmax(s, nb_end - 1, alpha);
+                pack_p(pa, s);
+                for (int it = 1; it < n; ++it) {
+                    const int cur = it, prev = it - 1;
+                    turn_begin();
+                    fp_mbar_wait(k_full(cur % ST), (cur / ST) & 1);
+                    qk(s, cur % ST);
+                    fp_mbar_wait(v_full(prev % ST), (prev / ST) & 1);
+                    pv(o, pa, prev % ST);
+                    turn_end(false);
+                    fp_wgmma_wait<1>(); /* S (it) has landed; P V (it - 1) may still run */
+                    fp_wgmma_fence_regs(s);
+                    fp_mbar_arrive(k_empty(cur % ST));
+                    const bool rescale = softmax(s, nb_end - 1 - it, alpha);
+                    fp_wgmma_wait<0>();
+                    fp_wgmma_fence_regs(o);
+                    fp_fence_u32(pa);
+                    fp_mbar_arrive(v_empty(prev % ST));
+                    if (rescale) {
+#pragma unroll
+                        for (int j = 0; j < DK / 8; ++j) {
+                            o[4 * j + 0] *= alpha[0];
+                            o[4 * j + 1] *= alpha[0];
+                            o[4 * j + 2] *= alpha[1];
+                            o[4 * j + 3] *= alpha[1];
+                        }
+                    }
+                    pack_p(pa, s);
+                }
+                const int last = n - 1;
+                turn_begin();
+                fp_mbar_wait(v_full(last % ST), (last / ST) & 1);
+                pv(o, pa, last % ST);
+                turn_end(true);
+                fp_wgmma_wait<0>();
+                fp_wgmma_fence_regs(o);
+                fp_mbar_arrive(v_empty(last % ST));
+            }
+
+            /* Finalize: O = acc / l, LSE = m + log l (natural log); rows that saw nothing: 0,
+             * -inf. */
+            float fac[2], lse[2];
+#pragma unroll
+            for (int r = 0; r < 2; ++r) {
+                st[r].l = fp_quad_sum(st[r].l);
+                fac[r] = fp_cuda_out_scale(&st[r]);
+                lse[r] = fp_cuda_lse_exp2(&st[r]);
+            }
+            const int r0 = m0 + 64 * w, nrows = min(64, nq - r0), nch = a.d / 8;
+            if (a.splits > 1) {
+                const int64_t rows =
+                    ((int64_t)split * a.batch + b) * a.heads + h; /* (split, b, h) */
+#pragma unroll
+                for (int r = 0; r < 2; ++r) {
+                    const int i = i_lo + 8 * r;
+                    if (i >= nq)
+                        continue;
+                    float *dst = a.o_part + (rows * a.nq + i) * a.d;
+#pragma unroll
+                    for (int j = 0; j < DK / 8; ++j)
+                        if (8 * j < a.d)
+                            *reinterpret_cast<float2 *>(dst + 8 * j + 2 * t) = make_float2(
+                                o[4 * j + 2 * r] * fac[r], o[4 * j + 2 * r + 1] * fac[r]);
+                    if (t == 0)
+                        a.lse_part[rows * a.nq + i] = lse[r];
+                }
+            } else {
+                T *og = reinterpret_cast<T *>(const_cast<void *>(a.o.ptr)) +
+                        fp_cuda_row(a.o, b, seq.q_start + r0, h);
+                constexpr int CH = DK / 8;
+                if (n > 0) {
+                    /* Stage O in this warpgroup's rows of the Q tile (same swizzled panels),
+                     * then 16-byte rows to global memory. */
+#pragma unroll
+                    for (int j = 0; j < DK / 8; ++j)
+#pragma unroll
+                        for (int r = 0; r < 2; ++r) {
+                            const int row = 16 * warp + g + 8 * r; /* within the warpgroup's 64 */
+                            unsigned char *dst = gq + (j / 8) * BM * 128 + (64 * w + row) * 128 +
+                                                 (((j % 8) ^ (row & 7)) << 4) + 4 * t;
+                            *reinterpret_cast<uint32_t *>(dst) = fp_pack2<T>(
+                                o[4 * j + 2 * r] * fac[r], o[4 * j + 2 * r + 1] * fac[r]);
+                        }
+                    fp_named_bar_sync(1 + w, 128);
+#pragma unroll 4
+                    for (int idx = wtid; idx < 64 * CH; idx += 128) {
+                        const int row = idx / CH, c = idx % CH;
+                        if (row < nrows && c < nch)
+                            *reinterpret_cast<uint4 *>(og + (int64_t)row * a.o.ss + c * 8) =
+                                *reinterpret_cast<const uint4 *>(gq + (c / 8) * BM * 128 +
+                                                                 (64 * w + row) * 128 +
+                                                                 (((c % 8) ^ (row & 7)) << 4));
+                    }
+                } else {
+                    /* No key visible (and no Q loaded): zeros straight to global memory. */
+                    for (int idx = wtid; idx < 64 * CH; idx += 128) {
+                        const int row = idx / CH, c = idx % CH;
+                        if (row < nrows && c < nch)
+                            *reinterpret_cast<uint4 *>(og + (int64_t)row * a.o.ss + c * 8) =
+                                make_uint4(0u, 0u, 0u, 0u);
+                    }
+                }
+                if (a.lse && t == 0) {
+#pragma unroll
+                    for (int r = 0; r < 2; ++r) {
+                        const int i = i_lo + 8 * r;
+                        if (i < nq)
+                            a.lse[fp_cuda_lse_off(a, b, seq.q_start + i, h)] = lse[r];
+                    }
+                }
+            }
+        }
+    }
+#endif
+}
+
+/* ---- host ---------------------------------------------------------------------------------- */
+
+typedef CUresult (*fp_encode_tiled_fn)(CUtensorMap *, CUtensorMapDataType, cuuint32_t, void *,
+                                       const cuuint64_t *, const cuuint64_t *, const cuuint32_t *,
+                                       const cuuint32_t *, CUtensorMapInterleave,
+                                       CUtensorMapSwizzle, CUtensorMapL2promotion,
+                                       CUtensorMapFloatOOBfill);
+
+/* A TMA map of a q/k/v-shaped view: (D, tokens, heads, batch), boxes of 64 x box_rows. TMA
+ * needs a 16-byte-aligned base and strides that are positive multiples of 16 bytes below 2^40;
+ * a dimension of extent 1 never moves, so its stride is replaced by a valid one. */
+static bool fp_sm90_tmap(const fp_cuda_ctx *ctx, CUtensorMap *map, const fp_tensor_view &v,
+                         flashport_dtype dt, int64_t d, int64_t tokens, int64_t heads,
+                         int64_t batch, int box_rows, const char **why)
+{
+    const cuuint64_t dims[4] = {(cuuint64_t)d, (cuuint64_t)tokens, (cuuint64_t)heads,
+                                (cuuint64_t)batch};
+    const int64_t st[3] = {v.stride[FP_S], v.stride[FP_H], v.stride[FP_B]};
+    cuuint64_t strides[3];
+    for (int i = 0; i < 3; ++i) {
+        int64_t bytes = st[i] * 2;
+        if (dims[i + 1] <= 1)
+            bytes = 16;
+        if (bytes <= 0 || bytes % 16 != 0 || bytes >= ((int64_t)1 << 40)) {
+            *why = "a stride of q, k or v is not a positive multiple of 16 bytes";
+            return false;
+        }
+        strides[i] = (cuuint64_t)bytes;
+    }
+    if (((uintptr_t)v.data & 15) != 0) {
+        *why = "q, k or v is not 16-byte aligned";
+        return false;
+    }
+    const cuuint32_t box[4] = {64, (cuuint32_t)box_rows, 1, 1};
+    const cuuint32_t estr[4] = {1, 1, 1, 1};
+    const fp_encode_tiled_fn encode = (fp_encode_tiled_fn)ctx->encode_tiled;
+    const CUresult r = encode(
+        map,
+        dt == FLASHPORT_F16 ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 4,
+        v.data, dims, strides, box, estr, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+        CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+    if (r != CUDA_SUCCESS) {
+        *why = "the driver refused a TMA descriptor (cuTensorMapEncodeTiled)";
+        return false;
+    }
+    return true;
+}
+
+template <typename T, typename CFG>
+static flashport_status fp_sm90_launch(const fp_cuda_ctx *ctx, const fp_problem *p,
+                                       fp_sm90_fwd_params &prm, const char *why_path, void *ws,
+                                       size_t *query)
+{
+    constexpr int DK = CFG::DK, BN = CFG::BN;
+    constexpr size_t smem = CFG::SMEM;
+    fp_sm80_args &a = prm.a;
+    const cudaStream_t stream = ctx->stream;
+    void (*kernel)(const fp_sm90_fwd_params) = fp_sm90_fwd_kernel<T, CFG>;
+    cudaError_t e =
+        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+    if (e != cudaSuccess) {
+        (void)cudaGetLastError();
+        return fp_cuda_error(FLASHPORT_ERR_DEVICE, e, "sm90 forward kernel setup");
+    }
+    const fp_plan_shape shape = fp_problem_plan_shape(p);
+    fp_plan_target target;
+    target.workers = ctx->sm_count; /* one block per SM */
+    target.block_q = FP_SM90_BM;
+    target.block_k = BN;
+    target.max_splits = 64;
+    target.order = FP_PLAN_ORDER_GRID;
+    const fp_plan plan = fp_plan_forward(&shape, &target);
+    const bool empty = plan.num_q_blocks == 0 || p->batch == 0 || p->heads == 0;
+    /* split-KV partials, as the sm80 path lays them out (its combine merges them) */
+    const size_t rows = (size_t)plan.num_splits * p->batch * p->heads * a.nq;
+    if (query) {
+        *query = empty || plan.num_splits <= 1 ? 0 : rows * (size_t)(a.d + 1) * sizeof(float);
+        return FLASHPORT_OK;
+    }
+    if (empty)
+        return FLASHPORT_OK;
+    a.splits = plan.num_splits;
+    a.keys_per_split = plan.keys_per_split;
+    a.reverse = plan.heavy_first;
+
+    if (a.splits > 1) {
+        a.o_part = (float *)ws;
+        a.lse_part = a.o_part + rows * a.d;
+    }
+    dim3 grid((unsigned)plan.num_q_blocks, (unsigned)p->heads, (unsigned)(p->batch * a.splits));
+    kernel<<<grid, FP_SM90_THREADS, smem, stream>>>(prm);
+    e = cudaGetLastError();
+    fp_cuda_log("forward: sm90 D%d kernel (TMA + wgmma, BM %d, BN %d, %d stages, 2 consumer "
+                "warpgroups, ping-pong%s) for D=%lld, grid %ux%ux%u, %d split(s); %s",
+                DK, FP_SM90_BM, BN, CFG::ST, CFG::LAZY ? ", lazy rescale" : "",
+                (long long)p->head_dim, grid.x, grid.y, grid.z, a.splits, why_path);
+    if (e == cudaSuccess && a.splits > 1)
+        e = fp_cuda_fwd_combine(p, &a, stream);
+    return e == cudaSuccess ? FLASHPORT_OK
+                            : fp_cuda_error(FLASHPORT_ERR_DEVICE, e, "sm90 forward kernel launch");
+}
+
+/* query: the split-KV bytes of this configuration, whether or not TMA can read the tensors
+ * (cuda_backend.c sizes the scratch for either path), and *declined as a run would set it. */
+template <typename T, typename CFG>
+static flashport_status fp_sm90_run(const fp_cuda_ctx *ctx, const fp_problem *p, const char *why,
+                                    const char **declined, void *ws, size_t *query)
+{
+    fp_sm90_fwd_params prm;
+    if (query) {
+        fp_sm80_fill_args(p, &prm.a);
+        flashport_status st = fp_sm90_launch<T, CFG>(ctx, p, prm, why, NULL, query);
+        if (st != FLASHPORT_OK)
+            return st;
+    }
+    const int64_t bq = p->varlen ? 1 : p->batch;
+    const int64_t tq = p->varlen ? p->total_q : p->seqlen_q;
+    const int64_t tk = p->varlen ? p->total_k : p->seqlen_k;
+    const int bn = CFG::BN;
+    if (!fp_sm90_tmap(ctx, &prm.tq, p->q, p->dtype, p->head_dim, tq, p->heads, bq, FP_SM90_BM,
+                      declined) ||
+        !fp_sm90_tmap(ctx, &prm.tk, p->k, p->dtype, p->head_dim, tk, p->kv_heads, bq, bn,
+                      declined) ||
+        !fp_sm90_tmap(ctx, &prm.tv, p->v, p->dtype, p->head_dim, tk, p->kv_heads, bq, bn, declined))
+        return FLASHPORT_OK;
+    if (query)
+        return FLASHPORT_OK;
+    fp_sm80_fill_args(p, &prm.a);
+    return fp_sm90_launch<T, CFG>(ctx, p, prm, why, ws, NULL);
+}
+
+template <typename T>
+static flashport_status fp_sm90_dispatch(const fp_cuda_ctx *ctx, const fp_problem *p,
+                                         const char *why, const char **declined, void *ws,
+                                         size_t *query)
+{
+    if (p->head_dim <= 64)
+        return fp_sm90_run<T, fp_sm90_fwd_d64>(ctx, p, why, declined, ws, query);
+    if (p->head_dim <= 128)
+        return fp_sm90_run<T, fp_sm90_fwd_d128>(ctx, p, why, declined, ws, query);
+    if (p->head_dim <= 192)
+        return fp_sm90_run<T, fp_sm90_fwd_d192>(ctx, p, why, declined, ws, query);
+    return fp_sm90_run<T, fp_sm90_fwd_d256>(ctx, p, why, declined, ws, query);
+}
+
+/* The driver's cuTensorMapEncodeTiled, through the runtime (the plugin links no libcuda). */
+extern "C" void fp_cuda_sm90_init(fp_cuda_ctx *ctx)
+{
+    void *fn = NULL;
+    cudaDriverEntryPointQueryResult q;
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault,
+                                         &q) != cudaSuccess ||
+        q != cudaDriverEntryPointSuccess)
+        fn = NULL;
+    (void)cudaGetLastError();
+    ctx->encode_tiled = fn;
+}
+
+extern "C" flashport_status fp_cuda_sm90_forward(const fp_cuda_ctx *ctx, const fp_problem *p,
+                                                 const char *why, const char **declined, void *ws,
+                                                 size_t *query)
+{
+    *declined = NULL;
+    if (query)
+        *query = 0;
+    if (ctx->cc_major != 9 || ctx->cc_minor != 0) {
+        *declined = "the sm90 path needs compute capability 9.0";
+        return FLASHPORT_OK;
+    }
+    if (!ctx->encode_tiled) {
+        *declined = "the driver has no cuTensorMapEncodeTiled";
+        return FLASHPORT_OK;
+    }
+    if (ctx->smem_optin < fp_sm90_fwd_d256::SMEM) {
+        *declined = "the sm90 kernels need more shared memory per block than this device allows";
+        return FLASHPORT_OK;
+    }
+    if (p->dtype == FLASHPORT_F16)
+        return fp_sm90_dispatch<__half>(ctx, p, why, declined, ws, query);
+    return fp_sm90_dispatch<__nv_bfloat16>(ctx, p, why, declined, ws, query);
+}
+
+#endif /* FP_CUDA_EMU */

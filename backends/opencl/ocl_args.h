@@ -1,0 +1,43 @@
+/*
+ * The argument block of every OpenCL attention kernel, one definition for the host (C) and the
+ * kernels (OpenCL C: the build step puts this file into the program source). Only 64-bit integers
+ * and floats, in an order that leaves no padding between fields, so the host and any device lay
+ * it out alike.
+ *
+ * Offsets and strides are in elements. A view's strides are fp_problem's: [batch, seq, head, dim]
+ * for q/k/v/o and their gradients, [batch, head, seq] for the LSE. Each offset is where the view
+ * starts inside the buffer object passed beside the block (flashport pointers are positions
+ * inside buffer objects: ocl_memory.c).
+ */
+#ifndef FLASHPORT_BACKENDS_OPENCL_ARGS_H
+#define FLASHPORT_BACKENDS_OPENCL_ARGS_H
+
+#ifdef __OPENCL_VERSION__
+#define FP_OCL_LONG long
+#else
+#include <stdint.h>
+#define FP_OCL_LONG int64_t
+#endif
+
+/* Work-items of every attention work-group (an 8 x 16 grid), and the most output elements each
+ * one accumulates in registers (kernels/flash.cl: (T / 8) * ceil(D / 16) of them). */
+#define FP_OCL_WG  128
+#define FP_OCL_ACC 32
+
+typedef struct fp_ocl_view {
+    FP_OCL_LONG off;
+    FP_OCL_LONG s[4];
+} fp_ocl_view;
+
+typedef struct fp_ocl_args {
+    fp_ocl_view q, k, v, o, lse, dout, dq, dk, dv;
+    FP_OCL_LONG alibi_off, cu_q_off, cu_k_off; /* elements into their buffers */
+    FP_OCL_LONG batch, nq, nk;                 /* dense lengths, or varlen maxima */
+    FP_OCL_LONG heads, kv_heads, head_dim;
+    FP_OCL_LONG left, right; /* window, -1 = unbounded; causal folded in */
+    FP_OCL_LONG total_q;     /* rows of the backward's delta per head */
+    FP_OCL_LONG varlen, has_lse, has_alibi;
+    float scale, softcap;
+} fp_ocl_args;
+
+#endif /* FLASHPORT_BACKENDS_OPENCL_ARGS_H */

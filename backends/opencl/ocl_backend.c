@@ -1,0 +1,471 @@
+/*
+ * The OpenCL backend plugin: libflashport_opencl.so. It exports one symbol,
+ * flashport_plugin_entry (core/backend.h); the rest is the ops table: device choice, memory
+ * helpers (ocl_memory.c), the caller's queue, timing events for flashport_timer, and every
+ * OpenCL error turned into a status and message.
+ *
+ * Devices: FLASHPORT_DEVICE indexes all devices of all platforms (or of the platforms whose name
+ * contains FLASHPORT_OPENCL_PLATFORM), GPUs first, then accelerators, then CPUs and any other
+ * kind, each group in platform order. No ICD loader, no platform, no matching device or an index
+ * out of range is FLASHPORT_ERR_NO_DEVICE with the reason.
+ *
+ * Queue: flashport_set_stream takes a cl_command_queue. A queue of the handle's context is used
+ * as it is; a queue of another context (the caller's program) makes the handle adopt that
+ * context and device, which is only allowed while the handle holds no allocations (a buffer
+ * belongs to one context). NULL goes back to the handle's own queue. Timing needs a queue created
+ * with CL_QUEUE_PROFILING_ENABLE (the handle's own queue is).
+ */
+#define _POSIX_C_SOURCE 200809L
+
+#include "backends/opencl/ocl_host.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static const fp_host_api *host_api;
+
+const fp_host_api *fp_ocl_host(void)
+{
+    return host_api;
+}
+
+flashport_status fp_ocl_check(cl_int err, const char *what)
+{
+    if (err == CL_SUCCESS)
+        return FLASHPORT_OK;
+    const int oom = err == CL_OUT_OF_HOST_MEMORY || err == CL_OUT_OF_RESOURCES ||
+                    err == CL_MEM_OBJECT_ALLOCATION_FAILURE;
+    return host_api->set_error(oom ? FLASHPORT_ERR_OUT_OF_MEMORY : FLASHPORT_ERR_DEVICE,
+                               "opencl: %s failed: OpenCL error %d", what, (int)err);
+}
+
+enum { MAX_PLATFORMS = 16, MAX_DEVICES = 64 };
+
+/* Kind rank of a device in the FLASHPORT_DEVICE order. */
+static int kind_rank(cl_device_type t)
+{
+    if (t & CL_DEVICE_TYPE_GPU)
+        return 0;
+    if (t & CL_DEVICE_TYPE_ACCELERATOR)
+        return 1;
+    return 2;
+}
+
+/* Device number `index` in FLASHPORT_DEVICE order, with its platform. */
+static flashport_status pick_device(const fp_ocl_api *cl, int index, cl_platform_id *platform,
+                                    cl_device_id *device)
+{
+    cl_platform_id plats[MAX_PLATFORMS];
+    cl_uint np = 0;
+    cl_int err = cl->clGetPlatformIDs(MAX_PLATFORMS, plats, &np);
+    if (err == CL_PLATFORM_NOT_FOUND_KHR || (err == CL_SUCCESS && np == 0))
+        return host_api->set_error(FLASHPORT_ERR_NO_DEVICE,
+                                   "opencl: no device: the ICD loader finds no OpenCL platform "
+                                   "(no ICD in /etc/OpenCL/vendors?)");
+    if (err != CL_SUCCESS)
+        return host_api->set_error(FLASHPORT_ERR_NO_DEVICE,
+                                   "opencl: no device: clGetPlatformIDs failed (OpenCL error %d)",
+                                   (int)err);
+    if (np > MAX_PLATFORMS)
+        np = MAX_PLATFORMS;
+    const char *want = getenv("FLASHPORT_OPENCL_PLATFORM");
+    char seen[512] = "";
+    cl_device_id devs[MAX_DEVICES];
+    cl_platform_id dev_plat[MAX_DEVICES];
+    int rank[MAX_DEVICES], nd = 0;
+    for (cl_uint p = 0; p < np; p++) {
+        char name[128] = "";
+        (void)cl->clGetPlatformInfo(plats[p], CL_PLATFORM_NAME, sizeof name - 1, name, NULL);
+        size_t used = strlen(seen);
+        snprintf(seen + used, sizeof seen - used, "%s'%s'", used ? ", " : "", name);
+        if (want && *want && !strstr(name, want))
+            continue;
+        cl_uint n = 0;
+        if (cl->clGetDeviceIDs(plats[p], CL_DEVICE_TYPE_ALL, (cl_uint)(MAX_DEVICES - nd), devs + nd,
+                               &n) != CL_SUCCESS)
+            continue;
+        for (cl_uint i = 0; i < n && nd < MAX_DEVICES; i++, nd++) {
+            cl_device_type t = 0;
+            (void)cl->clGetDeviceInfo(devs[nd], CL_DEVICE_TYPE, sizeof t, &t, NULL);
+            rank[nd] = kind_rank(t);
+            dev_plat[nd] = plats[p];
+        }
+    }
+    int k = 0;
+    for (int r = 0; r < 3; r++)
+        for (int i = 0; i < nd; i++)
+            if (rank[i] == r && k++ == index) {
+                *platform = dev_plat[i];
+                *device = devs[i];
+                return FLASHPORT_OK;
+            }
+    if (nd == 0 && want && *want)
+        return host_api->set_error(FLASHPORT_ERR_NO_DEVICE,
+                                   "opencl: no device on a platform whose name contains '%s' "
+                                   "(FLASHPORT_OPENCL_PLATFORM); platforms: %s",
+                                   want, seen);
+    if (nd == 0)
+        return host_api->set_error(FLASHPORT_ERR_NO_DEVICE,
+                                   "opencl: no device: platforms %s have none", seen);
+    return host_api->set_error(FLASHPORT_ERR_NO_DEVICE,
+                               "opencl: no device %d (FLASHPORT_DEVICE): %d device%s on "
+                               "platforms %s%s",
+                               index, nd, nd == 1 ? "" : "s", seen,
+                               want && *want ? " (FLASHPORT_OPENCL_PLATFORM applied)" : "");
+}
+
+/* Names and limits of ctx->device, read again when the handle adopts a caller's device. */
+static flashport_status read_device(fp_ocl_ctx *ctx)
+{
+    const fp_ocl_api *cl = ctx->cl;
+    cl_platform_id platform;
+    cl_ulong local = 0;
+    flashport_status st = fp_ocl_check(
+        cl->clGetDeviceInfo(ctx->device, CL_DEVICE_PLATFORM, sizeof platform, &platform, NULL),
+        "clGetDeviceInfo(CL_DEVICE_PLATFORM)");
+    if (st == FLASHPORT_OK)
+        st = fp_ocl_check(
+            cl->clGetDeviceInfo(ctx->device, CL_DEVICE_LOCAL_MEM_SIZE, sizeof local, &local, NULL),
+            "clGetDeviceInfo(CL_DEVICE_LOCAL_MEM_SIZE)");
+    if (st != FLASHPORT_OK)
+        return st;
+    ctx->local_mem = (size_t)local;
+    memset(ctx->platform_name, 0, sizeof ctx->platform_name);
+    memset(ctx->device_name, 0, sizeof ctx->device_name);
+    (void)cl->clGetPlatformInfo(platform, CL_PLATFORM_NAME, sizeof ctx->platform_name - 1,
+                                ctx->platform_name, NULL);
+    (void)cl->clGetDeviceInfo(ctx->device, CL_DEVICE_NAME, sizeof ctx->device_name - 1,
+                              ctx->device_name, NULL);
+    if (host_api->log_enabled()) {
+        char version[128] = "", ext[2048] = "";
+        (void)cl->clGetDeviceInfo(ctx->device, CL_DEVICE_OPENCL_C_VERSION, sizeof version - 1,
+                                  version, NULL);
+        (void)cl->clGetDeviceInfo(ctx->device, CL_DEVICE_EXTENSIONS, sizeof ext - 1, ext, NULL);
+        host_api->log("opencl: device %d: '%s' on platform '%s' (%s, %zu KiB local memory); "
+                      "extensions: %s",
+                      ctx->index, ctx->device_name, ctx->platform_name, version,
+                      ctx->local_mem / 1024, ext);
+    }
+    return FLASHPORT_OK;
+}
+
+static flashport_status ocl_open(int device, void **out)
+{
+    char why[512];
+    const fp_ocl_api *cl = fp_ocl_load(why, sizeof why);
+    if (!cl)
+        return host_api->set_error(FLASHPORT_ERR_NO_DEVICE, "opencl: no device: %s", why);
+    cl_platform_id platform = NULL;
+    cl_device_id dev = NULL;
+    flashport_status st = pick_device(cl, device, &platform, &dev);
+    if (st != FLASHPORT_OK)
+        return st;
+    fp_ocl_ctx *ctx = calloc(1, sizeof *ctx);
+    if (!ctx)
+        return host_api->set_error(FLASHPORT_ERR_OUT_OF_MEMORY,
+                                   "opencl: cannot allocate a context");
+    ctx->cl = cl;
+    ctx->index = device;
+    cl_context_properties props[] = {CL_CONTEXT_PLATFORM, (cl_context_properties)platform, 0};
+    cl_int err;
+    ctx->own_context = cl->clCreateContext(props, 1, &dev, NULL, NULL, &err);
+    st = fp_ocl_check(err, "clCreateContext");
+    if (st == FLASHPORT_OK) {
+        ctx->own_queue =
+            cl->clCreateCommandQueue(ctx->own_context, dev, CL_QUEUE_PROFILING_ENABLE, &err);
+        st = fp_ocl_check(err, "clCreateCommandQueue");
+    }
+    if (st == FLASHPORT_OK) {
+        ctx->own_device = ctx->device = dev;
+        ctx->context = ctx->own_context;
+        ctx->queue = ctx->own_queue;
+        st = read_device(ctx);
+    }
+    if (st != FLASHPORT_OK) {
+        if (ctx->own_queue)
+            (void)cl->clReleaseCommandQueue(ctx->own_queue);
+        if (ctx->own_context)
+            (void)cl->clReleaseContext(ctx->own_context);
+        free(ctx);
+        return st;
+    }
+    pthread_mutex_init(&ctx->lock, NULL);
+    *out = ctx;
+    return FLASHPORT_OK;
+}
+
+/* Drops the caller's queue and context, if any (lock held). */
+static void release_adopted(fp_ocl_ctx *ctx)
+{
+    if (ctx->queue != ctx->own_queue)
+        (void)ctx->cl->clReleaseCommandQueue(ctx->queue);
+    if (ctx->context != ctx->own_context)
+        (void)ctx->cl->clReleaseContext(ctx->context);
+    ctx->queue = ctx->own_queue;
+    ctx->context = ctx->own_context;
+    ctx->device = ctx->own_device;
+}
+
+/* A pointer is meaningful only through the handle that made it, so closing the handle releases
+ * the buffers still allocated through it. */
+static void ocl_close(void *p)
+{
+    fp_ocl_ctx *ctx = p;
+    if (!ctx)
+        return;
+    (void)ctx->cl->clFinish(ctx->queue);
+    fp_ocl_release_programs(ctx);
+    fp_ocl_alloc_release_all(ctx);
+    release_adopted(ctx);
+    (void)ctx->cl->clReleaseCommandQueue(ctx->own_queue);
+    (void)ctx->cl->clReleaseContext(ctx->own_context);
+    pthread_mutex_destroy(&ctx->lock);
+    free(ctx);
+}
+
+static void ocl_caps(void *ctx, fp_backend_caps *caps)
+{
+    (void)ctx;
+    caps->dtypes_fwd = (1u << FLASHPORT_F32) | (1u << FLASHPORT_F16) | (1u << FLASHPORT_BF16);
+    caps->dtypes_bwd = caps->dtypes_fwd;
+    caps->max_head_dim = 256;
+    caps->head_dim_multiple = 1;
+    caps->needs_contiguous_dim = 0;
+    caps->is_host = 0;
+}
+
+static flashport_status ocl_malloc(void *p, size_t bytes, void **ptr)
+{
+    fp_ocl_ctx *ctx = p;
+    cl_int err;
+    pthread_mutex_lock(&ctx->lock);
+    cl_mem mem =
+        ctx->cl->clCreateBuffer(ctx->context, CL_MEM_READ_WRITE, bytes ? bytes : 1, NULL, &err);
+    pthread_mutex_unlock(&ctx->lock);
+    flashport_status st = fp_ocl_check(err, "clCreateBuffer");
+    if (st != FLASHPORT_OK)
+        return st;
+    st = fp_ocl_alloc_add(ctx, mem, bytes, ptr);
+    if (st != FLASHPORT_OK)
+        (void)ctx->cl->clReleaseMemObject(mem);
+    return st;
+}
+
+/* Kernels may still use the buffer: clReleaseMemObject defers the release until they are done. */
+static flashport_status ocl_free(void *p, void *ptr)
+{
+    fp_ocl_ctx *ctx = p;
+    cl_mem mem;
+    flashport_status st = fp_ocl_alloc_remove(ctx, ptr, &mem);
+    if (st != FLASHPORT_OK)
+        return st;
+    return fp_ocl_check(ctx->cl->clReleaseMemObject(mem), "clReleaseMemObject");
+}
+
+/* Blocking reads and writes on the handle's queue: ordered after its kernels, done on return. */
+static flashport_status copy(fp_ocl_ctx *ctx, void *dev, void *host, size_t bytes, int to_device)
+{
+    if (bytes == 0)
+        return FLASHPORT_OK;
+    cl_mem mem;
+    size_t off;
+    pthread_mutex_lock(&ctx->lock);
+    flashport_status st = fp_ocl_resolve(
+        ctx, dev, bytes, to_device ? "the copy's destination" : "the copy's source", &mem, &off);
+    cl_command_queue queue = ctx->queue;
+    pthread_mutex_unlock(&ctx->lock);
+    if (st != FLASHPORT_OK)
+        return st;
+    if (to_device)
+        return fp_ocl_check(
+            ctx->cl->clEnqueueWriteBuffer(queue, mem, CL_TRUE, off, bytes, host, 0, NULL, NULL),
+            "clEnqueueWriteBuffer");
+    return fp_ocl_check(
+        ctx->cl->clEnqueueReadBuffer(queue, mem, CL_TRUE, off, bytes, host, 0, NULL, NULL),
+        "clEnqueueReadBuffer");
+}
+
+static flashport_status ocl_copy_to_device(void *p, void *dst, const void *src, size_t bytes)
+{
+    return copy(p, dst, (void *)src, bytes, 1);
+}
+
+static flashport_status ocl_copy_to_host(void *p, void *dst, const void *src, size_t bytes)
+{
+    return copy(p, (void *)src, dst, bytes, 0);
+}
+
+static flashport_status ocl_synchronize(void *p)
+{
+    fp_ocl_ctx *ctx = p;
+    pthread_mutex_lock(&ctx->lock);
+    cl_command_queue queue = ctx->queue;
+    pthread_mutex_unlock(&ctx->lock);
+    return fp_ocl_check(ctx->cl->clFinish(queue), "clFinish");
+}
+
+static flashport_status ocl_set_stream(void *p, void *stream)
+{
+    fp_ocl_ctx *ctx = p;
+    const fp_ocl_api *cl = ctx->cl;
+    cl_command_queue queue = stream ? (cl_command_queue)stream : ctx->own_queue;
+    cl_context context = ctx->own_context;
+    cl_device_id device = ctx->own_device;
+    flashport_status st = FLASHPORT_OK;
+    if (stream) {
+        st = fp_ocl_check(
+            cl->clGetCommandQueueInfo(queue, CL_QUEUE_CONTEXT, sizeof context, &context, NULL),
+            "flashport_set_stream: clGetCommandQueueInfo(CL_QUEUE_CONTEXT)");
+        if (st == FLASHPORT_OK)
+            st = fp_ocl_check(
+                cl->clGetCommandQueueInfo(queue, CL_QUEUE_DEVICE, sizeof device, &device, NULL),
+                "flashport_set_stream: clGetCommandQueueInfo(CL_QUEUE_DEVICE)");
+        if (st != FLASHPORT_OK)
+            return st;
+    }
+    pthread_mutex_lock(&ctx->lock);
+    if (context != ctx->context && ctx->num_allocs > 0) {
+        int n = ctx->num_allocs;
+        pthread_mutex_unlock(&ctx->lock);
+        return host_api->set_error(FLASHPORT_ERR_INVALID_VALUE,
+                                   "opencl: flashport_set_stream: the queue belongs to another "
+                                   "OpenCL context than the handle's, which still holds %d "
+                                   "allocation%s; a handle changes context only while it holds "
+                                   "none",
+                                   n, n == 1 ? "" : "s");
+    }
+    if (queue == ctx->queue) {
+        pthread_mutex_unlock(&ctx->lock);
+        return FLASHPORT_OK;
+    }
+    (void)cl->clFinish(ctx->queue); /* work already enqueued completes before the switch */
+    const int new_context = context != ctx->context;
+    if (new_context)
+        fp_ocl_release_programs(ctx);
+    release_adopted(ctx);
+    if (stream && queue != ctx->own_queue) {
+        (void)cl->clRetainCommandQueue(queue);
+        if (context != ctx->own_context)
+            (void)cl->clRetainContext(context);
+        ctx->queue = queue;
+        ctx->context = context;
+        ctx->device = device;
+    }
+    if (new_context)
+        st = read_device(ctx);
+    pthread_mutex_unlock(&ctx->lock);
+    return st;
+}
+
+/* flashport_timer's events: markers on the handle's queue, timed by their profiling counters. */
+typedef struct ocl_event {
+    cl_event ev;
+} ocl_event;
+
+static flashport_status ocl_event_create(void *p, void **event)
+{
+    ocl_event *e = calloc(1, sizeof *e);
+    *event = e;
+    return e ? FLASHPORT_OK
+             : host_api->set_error(FLASHPORT_ERR_OUT_OF_MEMORY, "opencl: cannot allocate an event");
+}
+
+static flashport_status ocl_event_record(void *p, void *event)
+{
+    fp_ocl_ctx *ctx = p;
+    ocl_event *e = event;
+    if (e->ev) {
+        (void)ctx->cl->clReleaseEvent(e->ev);
+        e->ev = NULL;
+    }
+    pthread_mutex_lock(&ctx->lock);
+    cl_command_queue queue = ctx->queue;
+    pthread_mutex_unlock(&ctx->lock);
+    return fp_ocl_check(ctx->cl->clEnqueueMarkerWithWaitList(queue, 0, NULL, &e->ev),
+                        "clEnqueueMarkerWithWaitList");
+}
+
+static flashport_status ocl_event_elapsed_ms(void *p, void *start, void *stop, float *ms)
+{
+    fp_ocl_ctx *ctx = p;
+    const ocl_event *a = start, *b = stop;
+    if (!a->ev || !b->ev)
+        return host_api->set_error(FLASHPORT_ERR_INVALID_VALUE,
+                                   "opencl: the timer was not started and stopped");
+    flashport_status st = fp_ocl_check(ctx->cl->clWaitForEvents(1, &b->ev), "clWaitForEvents");
+    cl_ulong t0 = 0, t1 = 0;
+    cl_int err = CL_SUCCESS;
+    if (st == FLASHPORT_OK) {
+        err =
+            ctx->cl->clGetEventProfilingInfo(a->ev, CL_PROFILING_COMMAND_END, sizeof t0, &t0, NULL);
+        if (err == CL_SUCCESS)
+            err = ctx->cl->clGetEventProfilingInfo(b->ev, CL_PROFILING_COMMAND_END, sizeof t1, &t1,
+                                                   NULL);
+    }
+    if (err == CL_PROFILING_INFO_NOT_AVAILABLE)
+        return host_api->set_error(FLASHPORT_ERR_DEVICE,
+                                   "opencl: no profiling counters on this queue (create it with "
+                                   "CL_QUEUE_PROFILING_ENABLE to time through flashport_timer)");
+    if (st == FLASHPORT_OK)
+        st = fp_ocl_check(err, "clGetEventProfilingInfo");
+    if (st == FLASHPORT_OK)
+        *ms = (float)((double)(t1 - t0) * 1e-6);
+    return st;
+}
+
+static void ocl_event_destroy(void *p, void *event)
+{
+    fp_ocl_ctx *ctx = p;
+    ocl_event *e = event;
+    if (e && e->ev)
+        (void)ctx->cl->clReleaseEvent(e->ev);
+    free(e);
+}
+
+static flashport_status ocl_forward(void *ctx, const fp_problem *p)
+{
+    return fp_ocl_forward(ctx, p);
+}
+
+static flashport_status ocl_backward(void *ctx, const fp_problem *p)
+{
+    return fp_ocl_backward(ctx, p);
+}
+
+/* workspace_size, device_count and device_props are left NULL: the OpenCL backend takes no
+ * caller workspace and does not enumerate devices through the API yet. */
+static const fp_backend_ops ocl_ops = {
+    .api_version = FP_PLUGIN_API_VERSION,
+    .name = "opencl",
+    .open = ocl_open,
+    .close = ocl_close,
+    .caps = ocl_caps,
+    .malloc_fn = ocl_malloc,
+    .free_fn = ocl_free,
+    .copy_to_device = ocl_copy_to_device,
+    .copy_to_host = ocl_copy_to_host,
+    .synchronize = ocl_synchronize,
+    .set_stream = ocl_set_stream,
+    .forward = ocl_forward,
+    .backward = ocl_backward,
+    .event_create = ocl_event_create,
+    .event_record = ocl_event_record,
+    .event_elapsed_ms = ocl_event_elapsed_ms,
+    .event_destroy = ocl_event_destroy,
+};
+
+__attribute__((visibility("default"))) flashport_status
+flashport_plugin_entry(uint32_t core_api_version, const fp_host_api *host,
+                       const fp_backend_ops **ops)
+{
+    if (!host || !ops)
+        return FLASHPORT_ERR_NULL_POINTER;
+    /* With another API version the host table may have another layout: only its leading
+     * api_version field is safe to read, so the refusal carries no message of ours. */
+    if (core_api_version != FP_PLUGIN_API_VERSION || host->api_version != FP_PLUGIN_API_VERSION)
+        return FLASHPORT_ERR_BACKEND_UNAVAILABLE;
+    host_api = host;
+    *ops = &ocl_ops;
+    return FLASHPORT_OK;
+}

@@ -1,0 +1,128 @@
+/*
+ * Host-side state of the OpenCL backend, shared by ocl_backend.c (plugin entry, device choice,
+ * memory, queue, timing events), ocl_memory.c (flashport pointers <-> buffer objects) and
+ * ocl_attention.c (program build, tile plan, launches).
+ *
+ * The plugin links no OpenCL library: ocl_loader.c opens the ICD loader (libOpenCL.so.1) with
+ * dlopen on the first open, so the plugin loads on any machine and a machine without OpenCL gets
+ * FLASHPORT_ERR_NO_DEVICE with the loader's reason. CL/cl.h gives the types only.
+ */
+#ifndef FLASHPORT_BACKENDS_OPENCL_HOST_H
+#define FLASHPORT_BACKENDS_OPENCL_HOST_H
+
+#define CL_TARGET_OPENCL_VERSION 120
+#include <CL/cl.h>
+#include <CL/cl_ext.h> /* CL_PLATFORM_NOT_FOUND_KHR */
+
+#include "core/backend.h"
+
+#include <pthread.h>
+#include <stddef.h>
+#include <stdint.h>
+
+/* The OpenCL entry points the backend calls, resolved from the ICD loader. */
+#define FP_OCL_FUNCTIONS(X)                                                                        \
+    X(clGetPlatformIDs)                                                                            \
+    X(clGetPlatformInfo)                                                                           \
+    X(clGetDeviceIDs)                                                                              \
+    X(clGetDeviceInfo)                                                                             \
+    X(clCreateContext)                                                                             \
+    X(clRetainContext)                                                                             \
+    X(clReleaseContext)                                                                            \
+    X(clCreateCommandQueue)                                                                        \
+    X(clRetainCommandQueue)                                                                        \
+    X(clReleaseCommandQueue)                                                                       \
+    X(clGetCommandQueueInfo)                                                                       \
+    X(clCreateBuffer)                                                                              \
+    X(clReleaseMemObject)                                                                          \
+    X(clEnqueueWriteBuffer)                                                                        \
+    X(clEnqueueReadBuffer)                                                                         \
+    X(clFinish)                                                                                    \
+    X(clCreateProgramWithSource)                                                                   \
+    X(clBuildProgram)                                                                              \
+    X(clGetProgramBuildInfo)                                                                       \
+    X(clReleaseProgram)                                                                            \
+    X(clCreateKernel)                                                                              \
+    X(clReleaseKernel)                                                                             \
+    X(clSetKernelArg)                                                                              \
+    X(clGetKernelWorkGroupInfo)                                                                    \
+    X(clEnqueueNDRangeKernel)                                                                      \
+    X(clEnqueueMarkerWithWaitList)                                                                 \
+    X(clWaitForEvents)                                                                             \
+    X(clGetEventProfilingInfo)                                                                     \
+    X(clReleaseEvent)
+
+typedef struct fp_ocl_api {
+#define FP_OCL_FIELD(name) __typeof__(name) *name;
+    FP_OCL_FUNCTIONS(FP_OCL_FIELD)
+#undef FP_OCL_FIELD
+} fp_ocl_api;
+
+/* The loaded API, or NULL with the reason (dlopen's or the missing symbol) in why. Loaded once
+ * per process and kept. */
+const fp_ocl_api *fp_ocl_load(char *why, size_t why_size);
+
+/* One flashport_malloc: a buffer object and the address range that names it (ocl_memory.c). */
+typedef struct fp_ocl_alloc {
+    uintptr_t base;
+    size_t bytes, reserved;
+    cl_mem mem;
+} fp_ocl_alloc;
+
+/* One built program: the kernels for one dtype, head-dim class and tile size (kernels/flash.cl
+ * takes them as compile-time constants). */
+typedef struct fp_ocl_program {
+    flashport_dtype dtype;
+    int64_t head_dim, tile;
+    cl_program program;
+    cl_kernel fwd, bwd_dq, bwd_dkdv;
+} fp_ocl_program;
+
+enum { FP_OCL_MAX_PROGRAMS = 64 };
+
+typedef struct fp_ocl_ctx {
+    const fp_ocl_api *cl;
+    int index; /* FLASHPORT_DEVICE */
+    /* What the handle opened, kept for flashport_set_stream(NULL). */
+    cl_context own_context;
+    cl_device_id own_device;
+    cl_command_queue own_queue;
+    /* What work goes to now: the own ones, or a caller's queue and its context and device. */
+    cl_context context;
+    cl_device_id device;
+    cl_command_queue queue;
+    char platform_name[128], device_name[128];
+    size_t local_mem; /* bytes of local memory per work-group */
+    /* Programs of the current context, built on first use and kept (ocl_attention.c); when
+     * the cache is full the oldest is released. */
+    fp_ocl_program programs[FP_OCL_MAX_PROGRAMS];
+    int num_programs;
+    /* Live allocations, sorted by base. lock guards them, the queue and the programs. */
+    pthread_mutex_t lock;
+    fp_ocl_alloc *allocs;
+    int num_allocs, cap_allocs;
+} fp_ocl_ctx;
+
+/* The core's services (set by the plugin entry). */
+const fp_host_api *fp_ocl_host(void);
+
+/* FLASHPORT_OK for CL_SUCCESS; otherwise sets and returns FLASHPORT_ERR_DEVICE (or
+ * FLASHPORT_ERR_OUT_OF_MEMORY) naming `what` and the error code. */
+flashport_status fp_ocl_check(cl_int err, const char *what);
+
+/* ocl_memory.c; all take ctx->lock themselves. */
+flashport_status fp_ocl_alloc_add(fp_ocl_ctx *ctx, cl_mem mem, size_t bytes, void **ptr);
+flashport_status fp_ocl_alloc_remove(fp_ocl_ctx *ctx, void *ptr, cl_mem *mem);
+/* The buffer holding [ptr, ptr + bytes) and ptr's byte offset in it; `what` names the pointer in
+ * the error (FLASHPORT_ERR_INVALID_VALUE: not inside one allocation of this handle). Lock held. */
+flashport_status fp_ocl_resolve(const fp_ocl_ctx *ctx, const void *ptr, size_t bytes,
+                                const char *what, cl_mem *mem, size_t *offset);
+void fp_ocl_alloc_release_all(fp_ocl_ctx *ctx);
+
+/* ocl_attention.c. Validated problems; the lock is taken inside. */
+flashport_status fp_ocl_forward(fp_ocl_ctx *ctx, const fp_problem *p);
+flashport_status fp_ocl_backward(fp_ocl_ctx *ctx, const fp_problem *p);
+/* Releases the programs and kernels (the context is about to change or close). Lock held. */
+void fp_ocl_release_programs(fp_ocl_ctx *ctx);
+
+#endif /* FLASHPORT_BACKENDS_OPENCL_HOST_H */

@@ -1,0 +1,72 @@
+/*
+ * The DLPack data structures the extension reads, as the DLPack specification lays them out
+ * (ABI 0.x "dltensor" and 1.x "dltensor_versioned" capsules). Only what a consumer needs: the
+ * extension never produces DLPack itself (outputs are allocated by the caller's framework).
+ */
+#ifndef FLASHPORT_PY_DLPACK_ABI_H
+#define FLASHPORT_PY_DLPACK_ABI_H
+
+#include <stdint.h>
+
+/* Device types (DLDeviceType). */
+enum {
+    FP_DL_CPU = 1,
+    FP_DL_CUDA = 2,
+    FP_DL_CUDA_HOST = 3,
+    FP_DL_ROCM = 10,
+    FP_DL_ROCM_HOST = 11,
+    FP_DL_CUDA_MANAGED = 13,
+};
+
+/* Type codes (DLDataTypeCode). */
+enum {
+    FP_DL_INT = 0,
+    FP_DL_UINT = 1,
+    FP_DL_FLOAT = 2,
+    FP_DL_BFLOAT = 4,
+};
+
+/* DLPack 1.x flags of DLManagedTensorVersioned. */
+#define FP_DL_FLAG_READ_ONLY ((uint64_t)1 << 0)
+
+typedef struct fp_dl_device {
+    int32_t device_type; /* an enum in the specification: int-sized */
+    int32_t device_id;
+} fp_dl_device;
+
+typedef struct fp_dl_dtype {
+    uint8_t code;
+    uint8_t bits;
+    uint16_t lanes;
+} fp_dl_dtype;
+
+typedef struct fp_dl_tensor {
+    void *data;
+    fp_dl_device device;
+    int32_t ndim;
+    fp_dl_dtype dtype;
+    int64_t *shape;
+    int64_t *strides; /* in elements; NULL means compact row-major */
+    uint64_t byte_offset;
+} fp_dl_tensor;
+
+/* Capsule "dltensor". */
+typedef struct fp_dl_managed {
+    fp_dl_tensor dl_tensor;
+    void *manager_ctx;
+    void (*deleter)(struct fp_dl_managed *self);
+} fp_dl_managed;
+
+/* Capsule "dltensor_versioned". */
+typedef struct fp_dl_managed_versioned {
+    struct {
+        uint32_t major;
+        uint32_t minor;
+    } version;
+    void *manager_ctx;
+    void (*deleter)(struct fp_dl_managed_versioned *self);
+    uint64_t flags;
+    fp_dl_tensor dl_tensor;
+} fp_dl_managed_versioned;
+
+#endif /* FLASHPORT_PY_DLPACK_ABI_H */

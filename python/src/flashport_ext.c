@@ -1,0 +1,684 @@
+/*
+ * flashport._C: the extension module behind the Python package (python/flashport).
+ *
+ * It takes every tensor as DLPack (a "dltensor" / "dltensor_versioned" capsule, or any object
+ * with __dlpack__), checks that they all live on one device, opens the backend that computes
+ * there (once per backend and device, kept for the life of the process), passes the caller's
+ * stream and calls the C API. Outputs are allocated by the Python side with the caller's own
+ * framework (NumPy, torch, CuPy, ...) and come in here as DLPack too, so results are returned in
+ * the input's own type and GPU memory comes from the framework's allocator.
+ *
+ * A capsule is read, never consumed: it stays named "dltensor", so the producer's own destructor
+ * releases it when the call drops its reference.
+ *
+ * Every failure raises the Error type that the package registers (flashport.Error) with
+ * (status code, status name, message): the library's own status and message where the library
+ * refused, the closest status for what is caught here (a tensor in memory no backend computes
+ * on, a dtype without a flashport counterpart, a rank above 4).
+ *
+ * Host backends run with the GIL released. GPU backends keep it: a call only enqueues work, and
+ * holding it makes set_stream + launch on a shared handle atomic across Python threads.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+#include "dlpack_abi.h"
+#include <flashport.h>
+
+#include <dlfcn.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <string.h>
+
+static PyObject *error_type; /* flashport.Error, set by _set_error_type */
+
+static PyObject *raise_status(flashport_status st, const char *fmt, ...)
+{
+    char msg[1024];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    PyObject *type = error_type ? error_type : PyExc_RuntimeError;
+    PyObject *args = Py_BuildValue("(iss)", (int)st, flashport_status_string(st), msg);
+    if (args) {
+        PyErr_SetObject(type, args);
+        Py_DECREF(args);
+    }
+    return NULL;
+}
+
+static PyObject *raise_library(flashport_status st)
+{
+    return raise_status(st, "%s", flashport_last_error());
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * DLPack import
+ * ------------------------------------------------------------------------------------------- */
+
+typedef struct imported {
+    PyObject *capsule; /* owned; keeps the producer's memory alive for the call */
+    const fp_dl_tensor *dl;
+    int readonly;
+} imported;
+
+static PyObject *str_dlpack;     /* "__dlpack__" */
+static PyObject *kw_max_version; /* ("max_version",) */
+static PyObject *dlpack_version; /* (1, 0) */
+
+/* Exports obj (or takes its capsule). Returns 0, or -1 with an exception set. */
+static int import_tensor(const char *what, PyObject *obj, imported *out)
+{
+    out->capsule = NULL;
+    out->dl = NULL;
+    out->readonly = 0;
+    PyObject *cap;
+    if (PyCapsule_CheckExact(obj)) {
+        Py_INCREF(obj);
+        cap = obj;
+    } else {
+        /* DLPack 1.x first (it can carry read-only arrays); producers that predate the keyword
+         * answer TypeError and are asked again the 0.x way. */
+        PyObject *args[2] = {obj, dlpack_version};
+        cap = PyObject_VectorcallMethod(str_dlpack, args, 1, kw_max_version);
+        if (!cap && PyErr_ExceptionMatches(PyExc_TypeError)) {
+            PyErr_Clear();
+            cap = PyObject_VectorcallMethod(str_dlpack, args, 1, NULL);
+        }
+        if (!cap) {
+            if (PyErr_ExceptionMatches(PyExc_AttributeError)) {
+                PyErr_Clear();
+                raise_status(FLASHPORT_ERR_INVALID_VALUE,
+                             "%s: a %.100s is not a DLPack tensor (it has no __dlpack__)", what,
+                             Py_TYPE(obj)->tp_name);
+                return -1;
+            }
+            /* The producer's own refusal (e.g. torch's "requires grad"), with our context. */
+            PyObject *type, *value, *tb;
+            PyErr_Fetch(&type, &value, &tb);
+            PyErr_NormalizeException(&type, &value, &tb);
+            PyObject *s = value ? PyObject_Str(value) : NULL;
+            const char *msg = s ? PyUnicode_AsUTF8(s) : NULL;
+            PyErr_Clear();
+            raise_status(FLASHPORT_ERR_INVALID_VALUE, "%s: %.100s refused to export DLPack: %s",
+                         what, Py_TYPE(obj)->tp_name, msg ? msg : "?");
+            Py_XDECREF(s);
+            Py_XDECREF(type);
+            Py_XDECREF(value);
+            Py_XDECREF(tb);
+            return -1;
+        }
+        if (!PyCapsule_CheckExact(cap)) {
+            Py_DECREF(cap);
+            raise_status(FLASHPORT_ERR_INVALID_VALUE,
+                         "%s: __dlpack__ of %.100s returned no capsule", what,
+                         Py_TYPE(obj)->tp_name);
+            return -1;
+        }
+    }
+    const char *name = PyCapsule_GetName(cap);
+    if (name && strcmp(name, "dltensor") == 0) {
+        fp_dl_managed *m = PyCapsule_GetPointer(cap, name);
+        out->dl = m ? &m->dl_tensor : NULL;
+    } else if (name && strcmp(name, "dltensor_versioned") == 0) {
+        fp_dl_managed_versioned *m = PyCapsule_GetPointer(cap, name);
+        if (m && m->version.major != 1) {
+            Py_DECREF(cap);
+            raise_status(FLASHPORT_ERR_INVALID_VALUE, "%s: DLPack major version %u, expected 1",
+                         what, (unsigned)m->version.major);
+            return -1;
+        }
+        out->dl = m ? &m->dl_tensor : NULL;
+        out->readonly = m && (m->flags & FP_DL_FLAG_READ_ONLY) != 0;
+    }
+    if (!out->dl) {
+        Py_DECREF(cap);
+        PyErr_Clear();
+        raise_status(FLASHPORT_ERR_INVALID_VALUE,
+                     "%s: not an unconsumed DLPack capsule (name '%s')", what, name ? name : "");
+        return -1;
+    }
+    out->capsule = cap;
+    return 0;
+}
+
+static void release(imported *t)
+{
+    Py_CLEAR(t->capsule);
+    t->dl = NULL;
+}
+
+static int dl_dtype(const fp_dl_dtype *t, flashport_dtype *out)
+{
+    if (t->lanes != 1)
+        return -1;
+    if (t->code == FP_DL_FLOAT && t->bits == 32)
+        *out = FLASHPORT_F32;
+    else if (t->code == FP_DL_FLOAT && t->bits == 16)
+        *out = FLASHPORT_F16;
+    else if (t->code == FP_DL_BFLOAT && t->bits == 16)
+        *out = FLASHPORT_BF16;
+    else
+        return -1;
+    return 0;
+}
+
+static const char *dl_code_name(uint8_t code)
+{
+    switch (code) {
+    case FP_DL_INT:
+        return "int";
+    case FP_DL_UINT:
+        return "uint";
+    case FP_DL_FLOAT:
+        return "float";
+    case FP_DL_BFLOAT:
+        return "bfloat";
+    default:
+        return "type code ";
+    }
+}
+
+/* The descriptor of an imported attention tensor (rank <= 4, f32/f16/bf16). */
+static int to_descriptor(const char *what, const imported *t, int is_output, flashport_tensor *d)
+{
+    const fp_dl_tensor *dl = t->dl;
+    memset(d, 0, sizeof *d);
+    if (dl->ndim < 1 || dl->ndim > FLASHPORT_MAX_RANK) {
+        raise_status(FLASHPORT_ERR_SHAPE_MISMATCH,
+                     "%s has rank %d; attention tensors have rank 4 [B, N, heads, D], 3 when "
+                     "varlen [tokens, heads, D] (lse: 3 [B, H, Nq], 2 when varlen)",
+                     what, (int)dl->ndim);
+        return -1;
+    }
+    if (dl_dtype(&dl->dtype, &d->dtype) != 0) {
+        raise_status(FLASHPORT_ERR_UNSUPPORTED_DTYPE,
+                     "%s has dtype %s%u (lanes %u); flashport takes float32, float16 and bfloat16",
+                     what, dl_code_name(dl->dtype.code), (unsigned)dl->dtype.bits,
+                     (unsigned)dl->dtype.lanes);
+        return -1;
+    }
+    if (is_output && t->readonly) {
+        raise_status(FLASHPORT_ERR_INVALID_VALUE, "%s is read-only", what);
+        return -1;
+    }
+    d->data = (char *)dl->data + dl->byte_offset;
+    d->rank = dl->ndim;
+    int64_t compact = 1;
+    for (int i = dl->ndim - 1; i >= 0; i--) {
+        d->shape[i] = dl->shape[i];
+        d->stride[i] = dl->strides ? dl->strides[i] : compact;
+        compact *= dl->shape[i];
+    }
+    return 0;
+}
+
+/* A 1-D contiguous side array (ALiBi slopes, cu_seqlens) of the given dtype; its length. */
+static int side_array(const char *what, const imported *t, uint8_t code, const char *type_name,
+                      const void **ptr, int64_t *len)
+{
+    const fp_dl_tensor *dl = t->dl;
+    if (dl->dtype.code != code || dl->dtype.bits != 32 || dl->dtype.lanes != 1) {
+        raise_status(FLASHPORT_ERR_DTYPE_MISMATCH, "%s must be %s, not %s%u", what, type_name,
+                     dl_code_name(dl->dtype.code), (unsigned)dl->dtype.bits);
+        return -1;
+    }
+    if (dl->ndim != 1) {
+        raise_status(FLASHPORT_ERR_SHAPE_MISMATCH, "%s must be 1-D, not rank %d", what,
+                     (int)dl->ndim);
+        return -1;
+    }
+    if (dl->strides && dl->shape[0] > 1 && dl->strides[0] != 1) {
+        raise_status(FLASHPORT_ERR_UNSUPPORTED_LAYOUT, "%s must be contiguous (stride %lld)", what,
+                     (long long)dl->strides[0]);
+        return -1;
+    }
+    *ptr = (const char *)dl->data + dl->byte_offset;
+    *len = dl->shape[0];
+    return 0;
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * Backends: one handle per (name, device), opened on first use.
+ * ------------------------------------------------------------------------------------------- */
+
+#define MAX_HANDLES 32
+
+static struct {
+    char name[32];
+    int device;
+    flashport_backend *be;
+} handles[MAX_HANDLES];
+static int num_handles;
+
+static const char *device_type_name(int32_t type)
+{
+    switch (type) {
+    case FP_DL_CPU:
+        return "cpu";
+    case FP_DL_CUDA:
+        return "cuda";
+    case FP_DL_CUDA_HOST:
+        return "cuda_host";
+    case FP_DL_ROCM:
+        return "rocm";
+    case FP_DL_ROCM_HOST:
+        return "rocm_host";
+    case FP_DL_CUDA_MANAGED:
+        return "cuda_managed";
+    default:
+        return "device type ";
+    }
+}
+
+static int host_memory(int32_t type)
+{
+    return type == FP_DL_CPU || type == FP_DL_CUDA_HOST || type == FP_DL_ROCM_HOST;
+}
+
+/* The backend for tensors on dev: `name` if given (checked against where the data lives for the
+ * backends whose memory is known), else the one that computes there. */
+static flashport_backend *backend_for(PyObject *name_obj, const fp_dl_device *dev, int *is_host)
+{
+    const char *name;
+    if (name_obj == Py_None) {
+        if (host_memory(dev->device_type))
+            name = "cpu";
+        else if (dev->device_type == FP_DL_CUDA || dev->device_type == FP_DL_CUDA_MANAGED)
+            name = "cuda";
+        else if (dev->device_type == FP_DL_ROCM)
+            name = "hip";
+        else {
+            raise_status(FLASHPORT_ERR_INVALID_VALUE,
+                         "the tensors live in %s%d memory, where no flashport backend computes",
+                         device_type_name(dev->device_type), (int)dev->device_type);
+            return NULL;
+        }
+    } else {
+        name = PyUnicode_AsUTF8(name_obj);
+        if (!name)
+            return NULL;
+        int host = strcmp(name, "cpu") == 0 || strcmp(name, "reference") == 0;
+        int cuda = strcmp(name, "cuda") == 0, hip = strcmp(name, "hip") == 0;
+        int ok = host   ? host_memory(dev->device_type) || dev->device_type == FP_DL_CUDA_MANAGED
+                 : cuda ? dev->device_type == FP_DL_CUDA || dev->device_type == FP_DL_CUDA_MANAGED
+                 : hip  ? dev->device_type == FP_DL_ROCM
+                        : 1;
+        if (!ok) {
+            raise_status(FLASHPORT_ERR_INVALID_VALUE,
+                         "backend '%s' cannot compute on tensors in %s memory (device %d)", name,
+                         device_type_name(dev->device_type), (int)dev->device_id);
+            return NULL;
+        }
+    }
+    *is_host = strcmp(name, "cpu") == 0 || strcmp(name, "reference") == 0;
+    int device = *is_host ? 0 : dev->device_id;
+    for (int i = 0; i < num_handles; i++)
+        if (handles[i].device == device && strcmp(handles[i].name, name) == 0)
+            return handles[i].be;
+    if (strlen(name) >= sizeof handles[0].name || num_handles == MAX_HANDLES) {
+        raise_status(FLASHPORT_ERR_INVALID_VALUE,
+                     "backend name '%.64s' too long, or more than %d "
+                     "backend handles",
+                     name, MAX_HANDLES);
+        return NULL;
+    }
+    flashport_backend *be = NULL;
+    flashport_status st = flashport_backend_open_device(name, device, &be);
+    if (st != FLASHPORT_OK) {
+        raise_library(st);
+        return NULL;
+    }
+    strcpy(handles[num_handles].name, name);
+    handles[num_handles].device = device;
+    handles[num_handles].be = be;
+    num_handles++;
+    return be;
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * forward / backward
+ * ------------------------------------------------------------------------------------------- */
+
+enum { MAX_TENSORS = 9 };
+
+typedef struct call {
+    imported t[MAX_TENSORS];
+    flashport_tensor d[MAX_TENSORS];
+    int n;
+    imported alibi, cu_q, cu_k;
+    flashport_attention_params params;
+    flashport_backend *be;
+    int is_host;
+} call;
+
+static void call_release(call *c)
+{
+    for (int i = 0; i < c->n; i++)
+        release(&c->t[i]);
+    release(&c->alibi);
+    release(&c->cu_q);
+    release(&c->cu_k);
+}
+
+static int same_device(const char *what, const fp_dl_device *a, const fp_dl_device *q)
+{
+    if (a->device_type == q->device_type && a->device_id == q->device_id)
+        return 0;
+    raise_status(FLASHPORT_ERR_INVALID_VALUE, "%s is on %s:%d but q on %s:%d", what,
+                 device_type_name(a->device_type), (int)a->device_id,
+                 device_type_name(q->device_type), (int)q->device_id);
+    return -1;
+}
+
+static int as_int(PyObject *o, const char *what, int32_t *out)
+{
+    long v = PyLong_AsLong(o);
+    if (v == -1 && PyErr_Occurred())
+        return -1;
+    if (v < INT32_MIN || v > INT32_MAX) {
+        raise_status(FLASHPORT_ERR_INVALID_VALUE, "%s = %ld is out of the int32 range", what, v);
+        return -1;
+    }
+    *out = (int32_t)v;
+    return 0;
+}
+
+static int as_float(PyObject *o, float *out)
+{
+    double v = PyFloat_AsDouble(o);
+    if (v == -1.0 && PyErr_Occurred())
+        return -1;
+    *out = (float)v;
+    return 0;
+}
+
+/* args[0] backend, args[1] stream, args[2 .. 2+ntensors) tensors (None allowed where `optional`
+ * says), then alibi, cu_seqlens_q, cu_seqlens_k, scale, window_left, window_right, causal,
+ * softcap, max_seqlen_q, max_seqlen_k, deterministic. */
+static int prepare(call *c, PyObject *const *args, Py_ssize_t nargs, int ntensors,
+                   const char *const *names, unsigned optional)
+{
+    const int nparams = 11;
+    memset(c, 0, sizeof *c);
+    if (nargs != 2 + ntensors + nparams) {
+        PyErr_Format(PyExc_TypeError, "expected %d arguments, got %zd", 2 + ntensors + nparams,
+                     nargs);
+        return -1;
+    }
+    for (int i = 0; i < ntensors; i++) {
+        PyObject *o = args[2 + i];
+        c->n = i + 1;
+        if (o == Py_None && (optional >> i & 1u))
+            continue;
+        if (import_tensor(names[i], o, &c->t[i]) != 0)
+            return -1;
+        if (i > 0 && same_device(names[i], &c->t[i].dl->device, &c->t[0].dl->device) != 0)
+            return -1;
+        /* Outputs follow the inputs: the backward's dq, dk, dv, the forward's o and lse. */
+        int is_output = ntensors == 5 ? i >= 3 : i >= 6;
+        if (to_descriptor(names[i], &c->t[i], is_output, &c->d[i]) != 0)
+            return -1;
+    }
+    const fp_dl_device *dev = &c->t[0].dl->device;
+    PyObject *const *p = args + 2 + ntensors;
+    flashport_attention_params_init(&c->params);
+    flashport_attention_params *pr = &c->params;
+    struct {
+        const char *name;
+        PyObject *obj;
+        imported *t;
+    } side[3] = {{"alibi_slopes", p[0], &c->alibi},
+                 {"cu_seqlens_q", p[1], &c->cu_q},
+                 {"cu_seqlens_k", p[2], &c->cu_k}};
+    for (int i = 0; i < 3; i++) {
+        if (side[i].obj == Py_None)
+            continue;
+        if (import_tensor(side[i].name, side[i].obj, side[i].t) != 0 ||
+            same_device(side[i].name, &side[i].t->dl->device, dev) != 0)
+            return -1;
+    }
+    int64_t len;
+    if (c->alibi.dl) {
+        if (side_array("alibi_slopes", &c->alibi, FP_DL_FLOAT, "float32",
+                       (const void **)&pr->alibi_slopes, &len) != 0)
+            return -1;
+        int64_t heads = c->d[0].rank >= 2 ? c->d[0].shape[c->d[0].rank - 2] : 0;
+        if (len != heads) {
+            raise_status(FLASHPORT_ERR_SHAPE_MISMATCH,
+                         "alibi_slopes has %lld entries; q has %lld heads", (long long)len,
+                         (long long)heads);
+            return -1;
+        }
+    }
+    if (c->cu_q.dl) {
+        if (side_array("cu_seqlens_q", &c->cu_q, FP_DL_INT, "int32",
+                       (const void **)&pr->cu_seqlens_q, &len) != 0)
+            return -1;
+        if (len < 1 || len - 1 > INT32_MAX) {
+            raise_status(FLASHPORT_ERR_BAD_SEQLENS, "cu_seqlens_q has %lld entries (B + 1 >= 1)",
+                         (long long)len);
+            return -1;
+        }
+        pr->batch = (int32_t)(len - 1);
+    }
+    if (c->cu_k.dl) {
+        int64_t len_k;
+        if (side_array("cu_seqlens_k", &c->cu_k, FP_DL_INT, "int32",
+                       (const void **)&pr->cu_seqlens_k, &len_k) != 0)
+            return -1;
+        if (c->cu_q.dl && len_k != len) {
+            raise_status(FLASHPORT_ERR_BAD_SEQLENS,
+                         "cu_seqlens_k has %lld entries, cu_seqlens_q %lld", (long long)len_k,
+                         (long long)len);
+            return -1;
+        }
+    }
+    int32_t causal = 0, deterministic = 0;
+    if (as_float(p[3], &pr->scale) != 0 || as_int(p[4], "window_left", &pr->window_left) != 0 ||
+        as_int(p[5], "window_right", &pr->window_right) != 0 ||
+        (causal = PyObject_IsTrue(p[6])) < 0 || as_float(p[7], &pr->softcap) != 0 ||
+        as_int(p[8], "max_seqlen_q", &pr->max_seqlen_q) != 0 ||
+        as_int(p[9], "max_seqlen_k", &pr->max_seqlen_k) != 0 ||
+        (deterministic = PyObject_IsTrue(p[10])) < 0)
+        return -1;
+    pr->causal = causal;
+    pr->deterministic = deterministic;
+
+    c->be = backend_for(args[0], dev, &c->is_host);
+    if (!c->be)
+        return -1;
+    if (!c->is_host) {
+        void *stream = NULL;
+        if (args[1] != Py_None) {
+            stream = PyLong_AsVoidPtr(args[1]);
+            if (!stream && PyErr_Occurred())
+                return -1;
+        }
+        flashport_status st = flashport_set_stream(c->be, stream);
+        if (st != FLASHPORT_OK) {
+            raise_library(st);
+            return -1;
+        }
+    }
+    return 0;
+}
+
+static const flashport_tensor *opt(const call *c, int i)
+{
+    return c->t[i].dl ? &c->d[i] : NULL;
+}
+
+/* forward(backend, stream, q, k, v, o, lse, alibi, cu_q, cu_k, scale, wl, wr, causal, softcap,
+ *         max_q, max_k, deterministic) -> None; lse may be None. */
+static PyObject *py_forward(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    static const char *const names[] = {"q", "k", "v", "o", "lse"};
+    call c;
+    flashport_status st = FLASHPORT_OK;
+    if (prepare(&c, args, nargs, 5, names, 1u << 4) != 0) {
+        call_release(&c);
+        return NULL;
+    }
+    if (c.is_host) {
+        Py_BEGIN_ALLOW_THREADS;
+        st = flashport_attention_forward(c.be, &c.params, &c.d[0], &c.d[1], &c.d[2], &c.d[3],
+                                         opt(&c, 4));
+        Py_END_ALLOW_THREADS;
+    } else {
+        st = flashport_attention_forward(c.be, &c.params, &c.d[0], &c.d[1], &c.d[2], &c.d[3],
+                                         opt(&c, 4));
+    }
+    call_release(&c);
+    if (st != FLASHPORT_OK)
+        return raise_library(st);
+    Py_RETURN_NONE;
+}
+
+/* backward(backend, stream, q, k, v, o, lse, dout, dq, dk, dv, alibi, cu_q, cu_k, scale, wl, wr,
+ *          causal, softcap, max_q, max_k, deterministic) -> None. */
+static PyObject *py_backward(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    static const char *const names[] = {"q", "k", "v", "o", "lse", "dout", "dq", "dk", "dv"};
+    call c;
+    flashport_status st = FLASHPORT_OK;
+    if (prepare(&c, args, nargs, 9, names, 0u) != 0) {
+        call_release(&c);
+        return NULL;
+    }
+    const flashport_tensor *d = c.d;
+    if (c.is_host) {
+        Py_BEGIN_ALLOW_THREADS;
+        st = flashport_attention_backward(c.be, &c.params, &d[0], &d[1], &d[2], &d[3], &d[4], &d[5],
+                                          &d[6], &d[7], &d[8]);
+        Py_END_ALLOW_THREADS;
+    } else {
+        st = flashport_attention_backward(c.be, &c.params, &d[0], &d[1], &d[2], &d[3], &d[4], &d[5],
+                                          &d[6], &d[7], &d[8]);
+    }
+    call_release(&c);
+    if (st != FLASHPORT_OK)
+        return raise_library(st);
+    Py_RETURN_NONE;
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * Small helpers
+ * ------------------------------------------------------------------------------------------- */
+
+static PyObject *py_set_error_type(PyObject *self, PyObject *type)
+{
+    if (!PyType_Check(type) ||
+        !PyType_IsSubtype((PyTypeObject *)type, (PyTypeObject *)PyExc_Exception)) {
+        PyErr_SetString(PyExc_TypeError, "expected an Exception subclass");
+        return NULL;
+    }
+    Py_INCREF(type);
+    Py_XSETREF(error_type, type);
+    Py_RETURN_NONE;
+}
+
+static PyObject *py_version(PyObject *self, PyObject *unused)
+{
+    return PyUnicode_FromString(flashport_version());
+}
+
+static PyObject *py_available_backends(PyObject *self, PyObject *unused)
+{
+    char buf[512];
+    flashport_status st = flashport_available_backends(buf, sizeof buf, NULL);
+    if (st != FLASHPORT_OK)
+        return raise_library(st);
+    return PyUnicode_FromString(buf);
+}
+
+/* The file libflashport was loaded from (its folder is where plugins are found). */
+static PyObject *py_library_path(PyObject *self, PyObject *unused)
+{
+    Dl_info info;
+    if (dladdr((void *)&flashport_version, &info) && info.dli_fname)
+        return PyUnicode_FromString(info.dli_fname);
+    Py_RETURN_NONE;
+}
+
+/* The status names by code, 0 up to the last the library knows. */
+static PyObject *py_status_names(PyObject *self, PyObject *unused)
+{
+    PyObject *list = PyList_New(0);
+    for (int st = 0; list; st++) {
+        const char *name = flashport_status_string((flashport_status)st);
+        if (strcmp(name, "FLASHPORT_ERR_UNKNOWN_STATUS") == 0)
+            break;
+        PyObject *s = PyUnicode_FromString(name);
+        if (!s || PyList_Append(list, s) != 0)
+            Py_CLEAR(list);
+        Py_XDECREF(s);
+    }
+    return list;
+}
+
+/* Opens (or finds) the handle of a backend by name and device: its name, or Error. */
+static PyObject *py_open_backend(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "open_backend(name, device)");
+        return NULL;
+    }
+    int32_t device;
+    if (as_int(args[1], "device", &device) != 0)
+        return NULL;
+    const char *name = PyUnicode_AsUTF8(args[0]);
+    if (!name)
+        return NULL;
+    int is_host = strcmp(name, "cpu") == 0 || strcmp(name, "reference") == 0;
+    fp_dl_device dev = {is_host                    ? FP_DL_CPU
+                        : strcmp(name, "hip") == 0 ? FP_DL_ROCM
+                                                   : FP_DL_CUDA,
+                        device};
+    flashport_backend *be = backend_for(args[0], &dev, &is_host);
+    if (!be)
+        return NULL;
+    return PyUnicode_FromString(flashport_backend_name(be));
+}
+
+static PyMethodDef methods[] = {
+    {"forward", (PyCFunction)(void (*)(void))py_forward, METH_FASTCALL,
+     "forward(backend, stream, q, k, v, o, lse, alibi, cu_q, cu_k, scale, window_left, "
+     "window_right, causal, softcap, max_seqlen_q, max_seqlen_k, deterministic)"},
+    {"backward", (PyCFunction)(void (*)(void))py_backward, METH_FASTCALL,
+     "backward(backend, stream, q, k, v, o, lse, dout, dq, dk, dv, alibi, cu_q, cu_k, scale, "
+     "window_left, window_right, causal, softcap, max_seqlen_q, max_seqlen_k, deterministic)"},
+    {"open_backend", (PyCFunction)(void (*)(void))py_open_backend, METH_FASTCALL,
+     "open_backend(name, device) -> name"},
+    {"_set_error_type", py_set_error_type, METH_O, "the exception type raised on failure"},
+    {"status_names", py_status_names, METH_NOARGS, "status names, indexed by status code"},
+    {"version", py_version, METH_NOARGS, "the library's version"},
+    {"available_backends", py_available_backends, METH_NOARGS,
+     "comma-separated backends that open on this machine"},
+    {"library_path", py_library_path, METH_NOARGS, "the file libflashport was loaded from"},
+    {NULL, NULL, 0, NULL},
+};
+
+/* Every field spelled out: -Wextra's missing-field-initializers would flag the slots. */
+static struct PyModuleDef module = {
+    PyModuleDef_HEAD_INIT,
+    "_C",
+    "flashport's C API for DLPack tensors",
+    -1,
+    methods,
+    NULL,
+    NULL,
+    NULL,
+    NULL,
+};
+
+PyMODINIT_FUNC PyInit__C(void)
+{
+    str_dlpack = PyUnicode_InternFromString("__dlpack__");
+    kw_max_version = Py_BuildValue("(s)", "max_version");
+    dlpack_version = Py_BuildValue("(ii)", 1, 0);
+    if (!str_dlpack || !kw_max_version || !dlpack_version)
+        return NULL;
+    return PyModule_Create(&module);
+}

@@ -703,8 +703,9 @@ static flashport_status fp_fwd_dispatch(const fp_cuda_ctx *ctx, const fp_problem
     const bool pingpong = p->head_dim <= 64 && fp_fwd_pingpong(ctx, p);
     const fp_sm80_choice c = fp_sm80_pick(p->head_dim, ctx->smem_optin, pingpong);
     if (c.dk == 64)
-        return c.fwd == FP_FWD_D64_PINGPONG ? fp_fwd_launch<T, 64, FP_FWD_D64_PINGPONG>(ctx, p, a, ws, query)
-                                            : fp_fwd_launch<T, 64, FP_FWD_D64>(ctx, p, a, ws, query);
+        return c.fwd == FP_FWD_D64_PINGPONG
+                   ? fp_fwd_launch<T, 64, FP_FWD_D64_PINGPONG>(ctx, p, a, ws, query)
+                   : fp_fwd_launch<T, 64, FP_FWD_D64>(ctx, p, a, ws, query);
     if (c.dk == 128)
         return fp_fwd_launch<T, 128, FP_FWD_D128>(ctx, p, a, ws, query);
     if (c.fwd == FP_FWD_D256_TWO_PER_SM)

@@ -89,7 +89,7 @@ template <int DK_, int BN_, int ST_, bool LAZY_> struct fp_sm90_cfg {
 };
 
 /* The configurations, by the kernel's head dim. The rest of each choice was timed against
- * alternatives on the H200 (docs/bench/README.md): at DK = 256 the Q K^T wgmma with N = 64
+ * alternatives on the H200 (docs/bench/archive/README.md): at DK = 256 the Q K^T wgmma with N = 64
  * reads shared memory as fast as it multiplies, N = 80 does not; LAZY pays at DK >= 128, where a
  * rescale touches more of O, and costs at DK = 64. */
 typedef fp_sm90_cfg<64, 128, 2, false> fp_sm90_fwd_d64;

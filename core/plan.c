@@ -3,7 +3,7 @@
  */
 #include "core/plan.h"
 
-#include "core/mask.h"
+#include "core/geometry.h"
 
 static int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
@@ -15,12 +15,10 @@ int64_t fp_plan_block_cost(const fp_plan *plan, const fp_plan_shape *s, int64_t 
         i1 = s->seqlen_q;
     if (i1 <= i0)
         return 0;
-    int64_t lo, hi;
-    fp_mask_block_range(i0, i1, s->seqlen_q, s->seqlen_k, s->window_left, s->window_right, &lo,
-                        &hi);
-    if (hi <= lo)
-        return 0;
-    return ceil_div(hi, plan->block_k) - lo / plan->block_k;
+    int nb0, nb1;
+    fp_geom_key_blocks(i0, i1, s->seqlen_q, s->seqlen_k, s->window_left, s->window_right,
+                       plan->block_k, &nb0, &nb1);
+    return nb1 - nb0;
 }
 
 /* Busy fraction of all waves when `tasks` equal tasks run on `workers` (a grid smaller than the

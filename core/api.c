@@ -118,13 +118,13 @@ static flashport_status open_named(const char *name, int device, flashport_backe
 /* "auto": the first GPU backend that opens, else "cpu". */
 static flashport_status open_auto(int device, flashport_backend **out)
 {
-    static const char *const gpu[] = {"cuda", "hip"};
-    for (size_t i = 0; i < sizeof gpu / sizeof gpu[0]; i++) {
-        if (open_named(gpu[i], device, out) == FLASHPORT_OK) {
-            fp_log("auto: chose backend '%s' (device %d)", gpu[i], device);
+    const char *gpu;
+    for (size_t i = 0; (gpu = fp_registry_gpu_backend(i)) != NULL; i++) {
+        if (open_named(gpu, device, out) == FLASHPORT_OK) {
+            fp_log("auto: chose backend '%s' (device %d)", gpu, device);
             return FLASHPORT_OK;
         }
-        fp_log("auto: skipped '%s': %s", gpu[i], flashport_last_error());
+        fp_log("auto: skipped '%s': %s", gpu, flashport_last_error());
     }
     fp_log("auto: no GPU backend opened; chose 'cpu'");
     return open_named("cpu", 0, out);

@@ -141,7 +141,7 @@ typedef struct fp_backend_ops {
 typedef flashport_status (*fp_plugin_entry_fn)(uint32_t core_api_version, const fp_host_api *host,
                                                const fp_backend_ops **ops);
 
-/* The host api of this process (core/log.c). Built-in backends use it directly. */
+/* The host api of this process (core/errors.c). Built-in backends use it directly. */
 const fp_host_api *fp_host(void);
 
 /* Built-in backends (backends/cpu/). */

@@ -27,6 +27,9 @@ flashport_status fp_registry_get(const char *name, const fp_backend_ops **ops);
 /* Comma-separated names of the backends that open on this machine (probing plugins): buf gets
  * the names that fit, whole; returns the size the full list takes, its NUL included. */
 size_t fp_registry_available(char *buf, size_t size);
+/* The i-th GPU backend (plugin) name of the registry's table, in "auto"'s order; NULL past the
+ * last. */
+const char *fp_registry_gpu_backend(size_t i);
 
 struct flashport_backend {
     const fp_backend_ops *ops;

@@ -54,6 +54,14 @@ FP_INLINE float fp_softmax_update_exp2(fp_softmax_state *s, float block_max)
     return alpha;
 }
 
+/* The maximum a block's exponentials subtract: m, or 0 while the row has seen no visible score
+ * (m = -inf). Masked scores are -inf, so exp(-inf - 0) = 0 and never exp(-inf - -inf) = NaN;
+ * kernels that compute exp(score - base) over a whole tile without a per-element test use it. */
+FP_INLINE float fp_softmax_exp_base(const fp_softmax_state *s)
+{
+    return s->m == -INFINITY ? 0.0f : s->m;
+}
+
 /* The probability weight of one score under the current maximum (0 for masked -inf scores). */
 FP_INLINE float fp_softmax_weight(const fp_softmax_state *s, float score)
 {

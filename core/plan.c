@@ -3,7 +3,7 @@
  */
 #include "core/plan.h"
 
-#include "core/mask.h"
+#include "core/geometry.h"
 
 static int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
@@ -15,12 +15,10 @@ int64_t fp_plan_block_cost(const fp_plan *plan, const fp_plan_shape *s, int64_t 
         i1 = s->seqlen_q;
     if (i1 <= i0)
         return 0;
-    int64_t lo, hi;
-    fp_mask_block_range(i0, i1, s->seqlen_q, s->seqlen_k, s->window_left, s->window_right, &lo,
-                        &hi);
-    if (hi <= lo)
-        return 0;
-    return ceil_div(hi, plan->block_k) - lo / plan->block_k;
+    int nb0, nb1;
+    fp_geom_key_blocks(i0, i1, s->seqlen_q, s->seqlen_k, s->window_left, s->window_right,
+                       plan->block_k, &nb0, &nb1);
+    return nb1 - nb0;
 }
 
 /* Busy fraction of all waves when `tasks` equal tasks run on `workers` (a grid smaller than the
@@ -31,15 +29,21 @@ static double wave_efficiency(int64_t tasks, int64_t workers)
     return (double)tasks / (double)(waves * workers);
 }
 
+int32_t fp_plan_heavy_first(const fp_plan_shape *s)
+{
+    /* A bounded right side with an unbounded left (causal) makes later query blocks the heavier
+     * ones; with the left side bounded the cost is flat or falls, and natural order is right. */
+    return s->window_right >= 0 && s->window_left < 0;
+}
+
 fp_plan fp_plan_forward(const fp_plan_shape *s, const fp_plan_target *t)
 {
     fp_plan p;
     p.block_q = t->block_q;
     p.block_k = t->block_k;
     p.num_q_blocks = s->seqlen_q > 0 ? ceil_div(s->seqlen_q, t->block_q) : 0;
-    /* A bounded right side with an unbounded left (causal) makes later query blocks the heavier
-     * ones; with the left side bounded the cost is flat or falls, and natural order is right. */
-    p.heavy_first = s->window_right >= 0 && s->window_left < 0;
+    p.heavy_first = fp_plan_heavy_first(s);
+    p.order = t->order;
 
     int64_t k_blocks = s->seqlen_k > 0 ? ceil_div(s->seqlen_k, t->block_k) : 0;
     int64_t base_tasks = s->batch * s->heads * p.num_q_blocks;
@@ -80,13 +84,24 @@ fp_plan fp_plan_forward(const fp_plan_shape *s, const fp_plan_target *t)
 fp_plan_task fp_plan_task_at(const fp_plan *p, const fp_plan_shape *s, int64_t task)
 {
     fp_plan_task out;
-    int64_t per_block = s->batch * s->heads * p->num_splits;
-    int64_t rank = task / per_block; /* position of the query block in the work order */
-    int64_t rest = task % per_block;
-    out.split = (int32_t)(rest % p->num_splits);
-    rest /= p->num_splits;
-    out.head = rest % s->heads;
-    out.batch = rest / s->heads;
+    int64_t rank, rest; /* rank: position of the query block in the work order */
+    if (p->order == FP_PLAN_ORDER_LOCALITY) {
+        const int64_t per_bh = p->num_q_blocks * p->num_splits;
+        const int64_t bh = task / per_bh;
+        rest = task % per_bh;
+        out.split = (int32_t)(rest % p->num_splits);
+        rank = rest / p->num_splits;
+        out.head = bh % s->heads;
+        out.batch = bh / s->heads;
+    } else {
+        const int64_t per_block = s->batch * s->heads * p->num_splits;
+        rank = task / per_block;
+        rest = task % per_block;
+        out.split = (int32_t)(rest % p->num_splits);
+        rest /= p->num_splits;
+        out.head = rest % s->heads;
+        out.batch = rest / s->heads;
+    }
     /* heavy_first: later query blocks see more keys (see fp_plan_forward), so run them first. */
     out.q_block = p->heavy_first ? p->num_q_blocks - 1 - rank : rank;
     return out;

@@ -9,7 +9,10 @@
  *     machine is filled, combining partial results through the LSE merge (core/online_softmax.h);
  *   - work order: with a causal/windowed mask query blocks differ in cost; tasks are numbered so
  *     the heaviest come first, which keeps a dynamic scheduler (OpenMP dynamic, or a GPU's block
- *     dispatcher) from ending on one long straggler.
+ *     dispatcher) from ending on one long straggler. The target says how tasks are grouped:
+ *     FP_PLAN_ORDER_GRID runs one query block of every (batch, head) before the next (a GPU grid,
+ *     where all run at once), FP_PLAN_ORDER_LOCALITY keeps the query blocks of one (batch, head)
+ *     adjacent (a CPU, whose few threads then stream the same K and V and share them in cache).
  */
 #ifndef FLASHPORT_CORE_PLAN_H
 #define FLASHPORT_CORE_PLAN_H
@@ -27,11 +30,17 @@ typedef struct fp_plan_shape {
     int64_t window_left, window_right; /* -1 = unbounded; causal is right = 0 */
 } fp_plan_shape;
 
+enum {
+    FP_PLAN_ORDER_GRID = 0,    /* rank of the query block outermost: GPU grids */
+    FP_PLAN_ORDER_LOCALITY = 1 /* (batch, head) outermost, query blocks within: CPU threads */
+};
+
 typedef struct fp_plan_target {
     int64_t workers;    /* parallel units to fill: CPU threads, or GPU SMs x resident blocks */
     int32_t block_q;    /* query rows per tile */
     int32_t block_k;    /* keys per tile */
     int32_t max_splits; /* upper bound on KV splits; 1 disables split-KV */
+    int32_t order;      /* FP_PLAN_ORDER_*; 0 (zero-initialized) is FP_PLAN_ORDER_GRID */
 } fp_plan_target;
 
 typedef struct fp_plan {
@@ -41,6 +50,7 @@ typedef struct fp_plan {
     int64_t keys_per_split; /* a multiple of block_k */
     int64_t num_tasks;      /* batch * heads * num_q_blocks * num_splits */
     int32_t heavy_first;    /* 1: later query blocks cost more (causal); they are run first */
+    int32_t order;          /* the target's FP_PLAN_ORDER_* */
 } fp_plan;
 
 typedef struct fp_plan_task {
@@ -51,8 +61,15 @@ typedef struct fp_plan_task {
 /* The plan for a forward pass (the backward uses the same numbering with num_splits = 1). */
 fp_plan fp_plan_forward(const fp_plan_shape *shape, const fp_plan_target *target);
 
+/* Whether later query blocks of a shape cost more (a bounded right side with an unbounded left:
+ * causal), so that a schedule should run them first. fp_plan_forward's heavy_first; kernels that
+ * number their own blocks (the backward's dQ) ask it here. */
+int32_t fp_plan_heavy_first(const fp_plan_shape *shape);
+
 /* Task index (0 .. num_tasks - 1) to coordinates, heaviest query blocks first when
- * plan->heavy_first. Tasks of one query block across (batch, head, split) are adjacent. */
+ * plan->heavy_first. FP_PLAN_ORDER_GRID: tasks of one query block across (batch, head, split)
+ * are adjacent; FP_PLAN_ORDER_LOCALITY: the query blocks (and splits) of one (batch, head) are
+ * adjacent. */
 fp_plan_task fp_plan_task_at(const fp_plan *plan, const fp_plan_shape *shape, int64_t task);
 
 /* Number of key blocks that query block q_block must visit (its cost), for a dense problem. */

@@ -11,29 +11,14 @@
 #define FLASHPORT_CORE_PROBLEM_H
 
 #include "core/backend.h"
+#include "core/geometry.h"
 #include "core/plan.h"
 
-typedef struct fp_seq {
-    int64_t q_start, nq; /* first packed token and length of sequence b's queries */
-    int64_t k_start, nk;
-} fp_seq;
-
-/* Host backends only: reads cu_seqlens directly. */
+/* Host backends only: reads cu_seqlens directly (fp_seq_lookup, core/geometry.h). */
 static inline fp_seq fp_problem_seq(const fp_problem *p, int64_t b)
 {
-    fp_seq s;
-    if (p->varlen) {
-        s.q_start = p->cu_seqlens_q[b];
-        s.nq = p->cu_seqlens_q[b + 1] - s.q_start;
-        s.k_start = p->cu_seqlens_k[b];
-        s.nk = p->cu_seqlens_k[b + 1] - s.k_start;
-    } else {
-        s.q_start = 0;
-        s.nq = p->seqlen_q;
-        s.k_start = 0;
-        s.nk = p->seqlen_k;
-    }
-    return s;
+    return fp_seq_lookup(p->varlen ? p->cu_seqlens_q : NULL, p->varlen ? p->cu_seqlens_k : NULL,
+                         p->seqlen_q, p->seqlen_k, (int)b);
 }
 
 /* Element offset of (b, token, h, 0) in a q/k/v/o-shaped view; token is the packed index

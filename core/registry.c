@@ -48,7 +48,28 @@ static char why_no_dir[512];
 static pthread_once_t available_once = PTHREAD_ONCE_INIT;
 static char available[256];
 
-static const char *const known_plugins[] = {"cuda", "hip", "opencl"};
+/* Every backend name the library knows, in the order "available backends" lists them: the
+ * built-in ones with their table, the plugins (GPU backends, loaded at run time) with none. */
+static const struct {
+    const char *name;
+    const fp_backend_ops *(*builtin)(void); /* NULL: a plugin */
+    int automatic;                          /* a plugin that "auto" tries, in this order */
+} backend_names[] = {
+    {"cpu", fp_cpu_backend_ops, 0},
+    {"reference", fp_reference_backend_ops, 0},
+    {"cuda", NULL, 1},
+    {"hip", NULL, 1},
+    {"opencl", NULL, 0},
+};
+#define NUM_BACKEND_NAMES (sizeof backend_names / sizeof backend_names[0])
+
+const char *fp_registry_gpu_backend(size_t i)
+{
+    for (size_t k = 0; k < NUM_BACKEND_NAMES; k++)
+        if (backend_names[k].automatic && i-- == 0)
+            return backend_names[k].name;
+    return NULL;
+}
 
 static int valid_name(const char *name)
 {
@@ -65,18 +86,17 @@ static int valid_name(const char *name)
 
 static int is_known_plugin(const char *name)
 {
-    for (size_t i = 0; i < sizeof known_plugins / sizeof known_plugins[0]; i++)
-        if (strcmp(name, known_plugins[i]) == 0)
+    for (size_t i = 0; i < NUM_BACKEND_NAMES; i++)
+        if (!backend_names[i].builtin && strcmp(name, backend_names[i].name) == 0)
             return 1;
     return 0;
 }
 
 static const fp_backend_ops *builtin(const char *name)
 {
-    if (strcmp(name, "cpu") == 0)
-        return fp_cpu_backend_ops();
-    if (strcmp(name, "reference") == 0)
-        return fp_reference_backend_ops();
+    for (size_t i = 0; i < NUM_BACKEND_NAMES; i++)
+        if (backend_names[i].builtin && strcmp(name, backend_names[i].name) == 0)
+            return backend_names[i].builtin();
     return NULL;
 }
 
@@ -256,15 +276,14 @@ static flashport_status lookup(const char *name, const fp_backend_ops **ops, cha
 /* The list, once per process: probing opens every backend, a GPU's context included. */
 static void compute_available(void)
 {
-    static const char *const candidates[] = {"cpu", "reference", "cuda", "hip", "opencl"};
     char why[1024];
     char *buf = available;
     const size_t size = sizeof available;
     size_t used = 0;
     buf[0] = '\0';
-    for (size_t i = 0; i < sizeof candidates / sizeof candidates[0]; i++) {
+    for (size_t i = 0; i < NUM_BACKEND_NAMES; i++) {
         const fp_backend_ops *ops;
-        if (lookup(candidates[i], &ops, why, sizeof why) != FLASHPORT_OK)
+        if (lookup(backend_names[i].name, &ops, why, sizeof why) != FLASHPORT_OK)
             continue;
         void *ctx = NULL;
         char saved[1024];
@@ -274,7 +293,7 @@ static void compute_available(void)
         if (st != FLASHPORT_OK)
             continue;
         ops->close(ctx);
-        int n = snprintf(buf + used, size - used, "%s%s", used ? ", " : "", candidates[i]);
+        int n = snprintf(buf + used, size - used, "%s%s", used ? ", " : "", backend_names[i].name);
         if (n < 0 || (size_t)n >= size - used)
             break;
         used += (size_t)n;

@@ -1,7 +1,7 @@
 /*
  * Validation of an attention call: every descriptor and parameter is checked before anything is
  * launched, and a valid call is normalized into an fp_problem (core/backend.h). Each bad input of
- * SPEC.md gets its own status and message (flashport_last_error()); nothing is written.
+ * docs/semantics.md gets its own status and message (flashport_last_error()); nothing is written.
  */
 #ifndef FLASHPORT_CORE_VALIDATE_H
 #define FLASHPORT_CORE_VALIDATE_H

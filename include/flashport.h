@@ -4,7 +4,7 @@
  * The whole public API is this header. It is C11 and links nothing from CUDA or ROCm: GPU
  * backends are plugins that the library loads at run time.
  *
- * Semantics (every backend computes exactly this; ../shared/SPEC.md is the contract):
+ * Semantics (every backend computes exactly this; docs/semantics.md is the contract):
  *   q [B, Nq, H, D], k and v [B, Nk, Hkv, D], o [B, Nq, H, D]; element strides are arbitrary.
  *   S = scale * Q K^T (scale defaults to 1/sqrt(D));
  *   optional softcap c > 0: S = c * tanh(S / c);

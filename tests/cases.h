@@ -1,6 +1,7 @@
 /*
- * The shared table of attention cases that every backend test runs (CPU now, CUDA and HIP
- * through the same binary later), the inputs of a case and the memory layouts it is run in.
+ * The shared table of attention cases that every backend test runs (cpu and reference here; the
+ * CUDA and HIP plugins through the same binary: test_backends cuda / hip), the inputs of a case
+ * and the memory layouts it is run in.
  *
  * A case fixes the problem (dtype, shapes, masking, softcap, ALiBi, varlen lengths), whether the
  * backward must be deterministic, and the layout of the tensors handed to the backend under test.
@@ -49,9 +50,9 @@ const tc_case *tc_table(int *count);
  * packed"), also what --filter matches. */
 void tc_case_name(const tc_case *c, char *buf, size_t size);
 
-/* Whether a backend of this name must run the case (SPEC.md): host backends run everything; GPU
- * backends must run f16/bf16 with D a multiple of 8 up to 256 and a contiguous head dim. A
- * backend that answers FLASHPORT_ERR_UNSUPPORTED_* for a required case fails it. */
+/* Whether a backend of this name must run the case (docs/semantics.md): host backends run
+ * everything; GPU backends must run f16/bf16 with D a multiple of 8 up to 256 and a contiguous
+ * head dim. A backend that answers FLASHPORT_ERR_UNSUPPORTED_* for a required case fails it. */
 int tc_required(const tc_case *c, const char *backend_name);
 
 /* The inputs of a case, on the host, in logical layout (see tu_problem). */

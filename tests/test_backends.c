@@ -15,7 +15,7 @@
  * TU_TOL_FACTOR x those of a naive same-precision computation, plus a floor of 2 dtype units.
  * Deterministic cases run the backward twice and require bitwise-identical gradients.
  * A case the backend answers FLASHPORT_ERR_UNSUPPORTED_* counts as "unsupported", never as a
- * pass, and as a failure when SPEC.md requires the backend to run it (tc_required).
+ * pass, and as a failure when docs/semantics.md requires the backend to run it (tc_required).
  * Before every call, flashport_attention_supported must give the status the call then returns.
  * --workspace: each call's scratch (flashport_attention_workspace_size) is allocated with
  * flashport_malloc and handed over with flashport_set_workspace, so GPU backends run the whole
@@ -367,7 +367,7 @@ static int verdict_of(flashport_status s, int required, const char *dir)
     if (is_unsupported(s) && !required)
         return UNSUPPORTED;
     if (is_unsupported(s))
-        fprintf(stderr, "  SPEC.md requires this backend to run this case\n");
+        fprintf(stderr, "  docs/semantics.md requires this backend to run this case\n");
     return FAIL;
 }
 

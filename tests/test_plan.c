@@ -47,6 +47,7 @@ static fp_plan_target make_target(int64_t workers, int32_t bq, int32_t bk, int32
     t.block_q = bq;
     t.block_k = bk;
     t.max_splits = max_splits;
+    t.order = FP_PLAN_ORDER_GRID;
     return t;
 }
 

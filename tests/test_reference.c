@@ -1,9 +1,9 @@
 /*
  * The oracle checked against things simpler than itself:
- *   - forward vs attention written out from SPEC.md in this file (double, full-row softmax, the
- *     window and ALiBi formulas typed in directly), on tiny problems covering GQA, causal with
- *     Nq > Nk, windows, softcap, ALiBi, varlen with empty sequences, f16 storage, strided
- *     layouts, rows that see no key (O must be exactly 0, LSE -inf);
+ *   - forward vs attention written out from docs/semantics.md in this file (double, full-row
+ *     softmax, the window and ALiBi formulas typed in directly), on tiny problems covering GQA,
+ *     causal with Nq > Nk, windows, softcap, ALiBi, varlen with empty sequences, f16 storage,
+ *     strided layouts, rows that see no key (O must be exactly 0, LSE -inf);
  *   - backward vs central finite differences (Richardson-extrapolated) of L = sum(dO * O),
  *     with L evaluated through the reference forward, for every element of q, k and v;
  *   - the float score helpers of core/mask.h vs the double formulas the oracle uses.
@@ -107,7 +107,7 @@ static int host_case_make(host_case *hc, const tc_case *c, int seed)
 
 /* ---- forward vs the formula -------------------------------------------------------------- */
 
-/* Attention from SPEC.md, in double, over logical [tokens, heads, D] arrays; Nk <= 64. */
+/* Attention from docs/semantics.md, in double, over logical [tokens, heads, D] arrays; Nk <= 64. */
 static void formula(const tc_case *c, const tc_data *d, double *o, double *lse)
 {
     const int64_t H = c->heads, Hkv = c->kv_heads, D = c->head_dim;

@@ -466,11 +466,11 @@ static void di_block(const bwd_ctx *c, float *scratch, int64_t b, int64_t h, int
 static void key_blocks(const bwd_ctx *c, const fp_seq *seq, int64_t i0, int m, int64_t *first,
                        int64_t *end)
 {
-    int64_t lo, hi;
-    fp_mask_block_range(i0, i0 + m, seq->nq, seq->nk, c->p->window_left, c->p->window_right, &lo,
-                        &hi);
-    *first = lo / BLOCK_K * BLOCK_K;
-    *end = hi > lo ? hi : *first;
+    int nb0, nb1;
+    fp_geom_key_blocks(i0, i0 + m, seq->nq, seq->nk, c->p->window_left, c->p->window_right, BLOCK_K,
+                       &nb0, &nb1);
+    *first = (int64_t)nb0 * BLOCK_K;
+    *end = (int64_t)nb1 * BLOCK_K;
 }
 
 /* Fused schedule: all of (b, kv head kvh); big holds dK then dV, Nk x ldd each. */
@@ -593,7 +593,7 @@ flashport_status fp_cpu_flash_backward(const fp_problem *p)
 
     const fp_plan_shape shape = fp_problem_plan_shape(p);
     const int workers = fp_cpu_threads();
-    const fp_plan_target target = {workers, BLOCK_Q, BLOCK_K, 1};
+    const fp_plan_target target = {workers, BLOCK_Q, BLOCK_K, 1, FP_PLAN_ORDER_GRID};
     /* Query-side tasks (Di, dQ) in the forward's numbering: heaviest blocks first. */
     const fp_plan plan = fp_plan_forward(&shape, &target);
     const int64_t bhkv = p->batch * p->kv_heads;

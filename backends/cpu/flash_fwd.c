@@ -5,9 +5,10 @@
  * table chosen at run time (ukernel.h, isa.c).
  *
  * Algorithm: one task per (query block, batch, head) of core/plan.h's fp_plan_forward (no KV
- * splits), numbered by fwd_task_at: (batch, head) by (batch, head), heaviest query blocks first
- * under a causal mask; an OpenMP dynamic loop runs them, so causal work balances. Scores are kept
- * transposed: S^T (keys down the rows, the block's BLOCK_Q queries across the columns), so that
+ * splits), numbered by fp_plan_task_at in FP_PLAN_ORDER_LOCALITY: (batch, head) by (batch, head),
+ * heaviest query blocks first under a causal mask; an OpenMP dynamic loop runs them, so causal
+ * work balances. Scores are kept transposed: S^T (keys down the rows, the block's BLOCK_Q queries
+ * across the columns), so that
  *   - S^T = K Q^T reads K in place as the product's A operand (broadcast from the caller's
  *     tensor, any strides), against Q^T packed once per task;
  *   - each query's online-softmax statistics (core/online_softmax.h, exp2 form: scores in log2
@@ -244,7 +245,7 @@ static void fwd_block(const fwd_ctx *c, float *scratch, int64_t b, int64_t h, in
             }
             /* A column that has seen only -inf keeps m = -inf; its scores are all -inf, which
              * give 0 against any finite subtrahend. */
-            sub[x] = st[x].m == -INFINITY ? 0.0f : st[x].m;
+            sub[x] = fp_softmax_exp_base(&st[x]);
             bsum[x] = 0.0f;
         }
         if (rescale)
@@ -294,23 +295,6 @@ static void fwd_block(const fwd_ctx *c, float *scratch, int64_t b, int64_t h, in
     }
 }
 
-/* Task t of the plan: the query blocks of one (batch, head) are adjacent, so that the threads
- * work on the same K and V at the same time and share them in L3. (fp_plan_task_at's order, made
- * for GPUs, runs one query block of every (batch, head) before the next: at N = 8192 each thread
- * then streams a different head's K and V, 4 MiB at D = 64, from memory, and the forward was 5-8 %
- * slower; bench/cpu_targets.sh shapes, 2 threads.) Heaviest query blocks first within each
- * (batch, head), as in fp_plan_task_at, so the light ones come last for the dynamic schedule. */
-static fp_plan_task fwd_task_at(const fp_plan *plan, const fp_problem *p, int64_t t)
-{
-    const int64_t bh = t / plan->num_q_blocks, rank = t % plan->num_q_blocks;
-    fp_plan_task task;
-    task.batch = bh / p->heads;
-    task.head = bh % p->heads;
-    task.q_block = plan->heavy_first ? plan->num_q_blocks - 1 - rank : rank;
-    task.split = 0;
-    return task;
-}
-
 flashport_status fp_cpu_flash_forward(const fp_problem *p)
 {
     fwd_ctx c;
@@ -337,7 +321,9 @@ flashport_status fp_cpu_flash_forward(const fp_problem *p)
                        BLOCK_Q, BLOCK_K, fp_cpu_threads());
 
     const fp_plan_shape shape = fp_problem_plan_shape(p);
-    const fp_plan_target target = {fp_cpu_threads(), BLOCK_Q, BLOCK_K, 1};
+    /* Locality order: the threads work on the query blocks of one (batch, head) together and
+     * share its K and V in L3, instead of each streaming another head's from memory. */
+    const fp_plan_target target = {fp_cpu_threads(), BLOCK_Q, BLOCK_K, 1, FP_PLAN_ORDER_LOCALITY};
     const fp_plan plan = fp_plan_forward(&shape, &target);
     if (plan.num_tasks == 0)
         return FLASHPORT_OK;
@@ -361,7 +347,7 @@ flashport_status fp_cpu_flash_forward(const fp_problem *p)
         float *mine = scratch;
 #endif
         for (int64_t t = 0; t < plan.num_tasks; t++) {
-            const fp_plan_task task = fwd_task_at(&plan, p, t);
+            const fp_plan_task task = fp_plan_task_at(&plan, &shape, t);
             fwd_block(&c, mine, task.batch, task.head, task.q_block * BLOCK_Q);
         }
     }

@@ -18,7 +18,7 @@
  * caller's workspace (flashport_set_workspace: then nothing is allocated) or from one
  * cudaMallocAsync on the handle's stream, freed on the stream after the kernels.
  *
- * Kernels: sm80 path (sm80_fwd.cu, sm80_bwd.cu) on compute capability 8.0 and later, f16 and
+ * Kernels: sm80 path (sm80/fwd.cu, sm80/bwd.cu) on compute capability 8.0 and later, f16 and
  * bf16, head dims that are multiples of 8 up to 256; the forward runs on the sm90 path
  * (sm90/sm90_fwd.cu: TMA + wgmma) on compute capability 9.0 where TMA can read the tensors.
  * FLASHPORT_CUDA_PATH (sm80, sm90, auto; read at each call, for tests and A/B runs) forces a

@@ -37,6 +37,7 @@
 
 #include "backends/hip/hip_common.h"
 
+#include "core/geometry.h"
 #include "core/mask.h"
 #include "core/online_softmax.h"
 
@@ -93,10 +94,6 @@ __device__ __forceinline__ int64_t fp_hip_min64(int64_t a, int64_t b)
 {
     return a < b ? a : b;
 }
-__device__ __forceinline__ int64_t fp_hip_max64(int64_t a, int64_t b)
-{
-    return a > b ? a : b;
-}
 
 /* ---- sequences, rows, tiles ---------------------------------------------------------------- */
 
@@ -108,20 +105,13 @@ typedef struct fp_hip_seq {
 
 __device__ __forceinline__ fp_hip_seq fp_hip_seq_of(const fp_hip_args &a, int b)
 {
+    const fp_seq q = fp_seq_lookup(a.cu_q, a.cu_k, a.seqlen_q, a.seqlen_k, b);
     fp_hip_seq s;
-    if (a.cu_q) {
-        s.q_off = a.cu_q[b];
-        s.nq = a.cu_q[b + 1] - s.q_off;
-        s.k_off = a.cu_k[b];
-        s.nk = a.cu_k[b + 1] - s.k_off;
-        s.tok0 = s.q_off;
-    } else {
-        s.q_off = 0;
-        s.nq = a.seqlen_q;
-        s.k_off = 0;
-        s.nk = a.seqlen_k;
-        s.tok0 = (int64_t)b * a.seqlen_q;
-    }
+    s.q_off = q.q_start;
+    s.nq = q.nq;
+    s.k_off = q.k_start;
+    s.nk = q.nk;
+    s.tok0 = a.cu_q ? q.q_start : (int64_t)b * a.seqlen_q;
     return s;
 }
 
@@ -336,11 +326,12 @@ template <class T, int DMAX, class MMA> __device__ void fp_hip_forward_tile(cons
 
     /* Keys this block visits: those any of its rows sees, within its split. Splits are whole
      * key blocks (keys_per_split is a multiple of BK), so tiles never straddle two splits. */
-    int64_t lo, hi;
-    fp_mask_block_range(i0, fp_hip_min64(i0 + BQ, sq.nq), sq.nq, sq.nk, a.left, a.right, &lo, &hi);
-    const int64_t split_lo = (int64_t)split * a.keys_per_split;
-    lo = fp_hip_max64(lo, split_lo);
-    hi = fp_hip_min64(hi, fp_hip_min64(split_lo + a.keys_per_split, sq.nk));
+    int nb0, nb1;
+    fp_geom_key_blocks(i0, fp_hip_min64(i0 + BQ, sq.nq), sq.nq, sq.nk, a.left, a.right, BK, &nb0,
+                       &nb1);
+    const int per_split = (int)(a.keys_per_split / BK);
+    nb0 = nb0 > split * per_split ? nb0 : split * per_split;
+    nb1 = nb1 < (split + 1) * per_split ? nb1 : (split + 1) * per_split;
 
     fp_hip_load_tile<BQ>(sm.q, fp_hip_row0(a.q, b, sq.q_off, h), a.q.ss, i0, sq.nq, d, dpad,
                          a.vec_ok);
@@ -350,7 +341,7 @@ template <class T, int DMAX, class MMA> __device__ void fp_hip_forward_tile(cons
     fp_softmax_state st;
     fp_softmax_init(&st);
 
-    for (int64_t j0 = lo / BK * BK; j0 < hi; j0 += BK) {
+    for (int64_t j0 = (int64_t)nb0 * BK; j0 < (int64_t)nb1 * BK; j0 += BK) {
         __syncthreads(); /* the previous block's readers of k, v and s are done */
         fp_hip_load_tile<BK>(sm.k, kp, a.k.ss, j0, sq.nk, d, dpad, a.vec_ok);
         fp_hip_load_tile<BK>(sm.v, vp, a.v.ss, j0, sq.nk, d, dpad, a.vec_ok);
@@ -503,15 +494,13 @@ template <class T, int DMAX, class MMA> __device__ void fp_hip_bwd_dkdv_tile(con
     dk.zero();
     dv.zero();
 
+    /* The query blocks with a row that sees one of these keys. */
+    int mb0, mb1;
+    fp_geom_query_blocks(j0, j1, sq.nq, sq.nk, a.left, a.right, BQ, &mb0, &mb1);
     for (int g = 0; g < group; g++) {
         const int h = kh * group + g;
         const fp_hip_score sc = fp_hip_score_of(a, sq, h);
-        for (int64_t i0 = 0; i0 < sq.nq; i0 += BQ) {
-            int64_t lo, hi;
-            fp_mask_block_range(i0, fp_hip_min64(i0 + BQ, sq.nq), sq.nq, sq.nk, a.left, a.right,
-                                &lo, &hi);
-            if (hi <= lo || hi <= j0 || lo >= j1)
-                continue;    /* no row of this query block sees these keys */
+        for (int64_t i0 = (int64_t)mb0 * BQ; i0 < (int64_t)mb1 * BQ; i0 += BQ) {
             __syncthreads(); /* the previous pair's readers of q, dout, s, dp are done */
             fp_hip_load_query_side(sm, a, b, h, sq, i0, dpad);
             __syncthreads();
@@ -540,14 +529,15 @@ template <class T, int DMAX, class MMA> __device__ void fp_hip_bwd_dq_tile(const
     const int kh = h / (a.heads / a.kv_heads);
     const int d = a.head_dim, dpad = (d + 15) & ~15;
     const fp_hip_score sc = fp_hip_score_of(a, sq, h);
-    int64_t lo, hi;
-    fp_mask_block_range(i0, fp_hip_min64(i0 + BQ, sq.nq), sq.nq, sq.nk, a.left, a.right, &lo, &hi);
+    int nb0, nb1;
+    fp_geom_key_blocks(i0, fp_hip_min64(i0 + BQ, sq.nq), sq.nq, sq.nk, a.left, a.right, BK, &nb0,
+                       &nb1);
 
     fp_hip_load_query_side(sm, a, b, h, sq, i0, dpad);
     const uint16_t *kp = fp_hip_row0(a.k, b, sq.k_off, kh), *vp = fp_hip_row0(a.v, b, sq.k_off, kh);
     typename MMA::template acc<BQ, DMAX> dq;
     dq.zero();
-    for (int64_t j0 = lo / BK * BK; j0 < hi; j0 += BK) {
+    for (int64_t j0 = (int64_t)nb0 * BK; j0 < (int64_t)nb1 * BK; j0 += BK) {
         __syncthreads();
         fp_hip_load_tile<BK>(sm.k, kp, a.k.ss, j0, sq.nk, d, dpad, a.vec_ok);
         fp_hip_load_tile<BK>(sm.v, vp, a.v.ss, j0, sq.nk, d, dpad, a.vec_ok);

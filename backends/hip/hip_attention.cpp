@@ -79,7 +79,8 @@ static fp_plan plan_for(const fp_hip_ctx *ctx, const fp_problem *p, fp_hip_kerne
         per_cu = 1;
     }
     const fp_plan_shape shape = fp_problem_plan_shape(p);
-    fp_plan_target target = {(int64_t)ctx->cus * per_cu, bq, bk, backward ? 1 : FP_HIP_MAX_SPLITS};
+    fp_plan_target target = {(int64_t)ctx->cus * per_cu, bq, bk, backward ? 1 : FP_HIP_MAX_SPLITS,
+                             FP_PLAN_ORDER_GRID};
     return fp_plan_forward(&shape, &target);
 }
 

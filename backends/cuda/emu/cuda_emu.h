@@ -125,7 +125,7 @@ static inline int __any_sync(unsigned mask, int pred)
     return (int)v;
 }
 
-/* The instructions of sm80_common.cuh's wrappers (#ifdef FP_CUDA_EMU there). */
+/* The instructions of ptx/sm80.cuh's wrappers (#ifdef FP_CUDA_EMU there). */
 void fp_emu_mma_m16n8k16(float c[4], const uint32_t a[4], uint32_t b0, uint32_t b1, int bf16);
 void fp_emu_ldmatrix_x4(uint32_t r[4], uint32_t addr, int trans);
 void fp_emu_cp_async16(uint32_t dst, const void *src, int src_bytes);

@@ -34,8 +34,8 @@ compile_cu() {
 }
 build_lib() {
     pids=()
-    for f in sm80_fwd sm80_bwd sm90/sm90_fwd layout; do
-        compile_cu "$root/backends/cuda/$f.cu" "$out/obj/$(basename "$f").o" &
+    for f in sm80/fwd sm80/bwd sm90/sm90_fwd layout; do
+        compile_cu "$root/backends/cuda/$f.cu" "$out/obj/${f//\//_}.o" &
         pids+=($!)
     done
     compile_cu "$emu/selftest.cu" "$out/selftest.o" &

@@ -1,6 +1,6 @@
 /*
  * Self-test of the CUDA emulator (run_emu.sh runs it before the test table): one warp computes
- * 16x16x16 products through sm80_common.cuh's instruction wrappers (cp.async, ldmatrix x4 with
+ * 16x16x16 products through ptx/sm80.cuh's instruction wrappers (cp.async, ldmatrix x4 with
  * and without .trans, mma.sync m16n8k16) and the result is compared with a plain loop, for f16
  * and bf16. The lane addresses and fragment positions are written here from the PTX ISA, not
  * from the kernels' helpers, so a wrong lane mapping in the emulator fails:
@@ -11,7 +11,7 @@
  * Inputs are small integers, so every sum is exact and the comparison is bitwise.
  * Exit 0 when everything matches, 1 otherwise.
  */
-#include "backends/cuda/sm80_common.cuh"
+#include "backends/cuda/sm80/common.cuh"
 
 #include <stdio.h>
 #include <stdlib.h>

@@ -64,7 +64,7 @@ extern "C" flashport_status fp_cuda_sm90_forward(const fp_cuda_ctx *ctx, const f
 }
 #else
 
-#include "backends/cuda/sm80_common.cuh"
+#include "backends/cuda/sm80/common.cuh"
 #include "backends/cuda/ptx/sm90.cuh"
 
 #include "core/plan.h"
@@ -89,7 +89,7 @@ template <int DK_, int BN_, int ST_, bool LAZY_> struct fp_sm90_cfg {
 };
 
 /* The configurations, by the kernel's head dim. The rest of each choice was timed against
- * alternatives on the H200 (docs/bench/README.md): at DK = 256 the Q K^T wgmma with N = 64
+ * alternatives on the H200 (docs/bench/archive/README.md): at DK = 256 the Q K^T wgmma with N = 64
  * reads shared memory as fast as it multiplies, N = 80 does not; LAZY pays at DK >= 128, where a
  * rescale touches more of O, and costs at DK = 64. */
 typedef fp_sm90_cfg<64, 128, 2, false> fp_sm90_fwd_d64;
@@ -239,7 +239,7 @@ __global__ void __launch_bounds__(FP_SM90_THREADS, 1)
     if (m0 >= nq)
         return;
     int nb_begin, nb_end;
-    fp_cuda_key_blocks(m0, min(m0 + BM, nq), nq, nk, a.left, a.right, BN, &nb_begin, &nb_end);
+    fp_geom_key_blocks(m0, min(m0 + BM, nq), nq, nk, a.left, a.right, BN, &nb_begin, &nb_end);
     if (a.splits > 1) {
         const int per = (int)(a.keys_per_split / BN);
         nb_begin = max(nb_begin, split * per);
@@ -385,7 +385,7 @@ __global__ void __launch_bounds__(FP_SM90_THREADS, 1)
 #pragma unroll
                 for (int r = 0; r < 2; ++r) {
                     alpha[r] = rescale ? fp_softmax_update_exp2(&st[r], mxs[r]) : 1.0f;
-                    const float mu = st[r].m == -INFINITY ? 0.0f : st[r].m;
+                    const float mu = fp_softmax_exp_base(&st[r]);
                     float l = 0.0f;
 #pragma unroll
                     for (int j = 0; j < BN / 8; ++j)
@@ -600,6 +600,7 @@ static flashport_status fp_sm90_launch(const fp_cuda_ctx *ctx, const fp_problem 
     target.block_q = FP_SM90_BM;
     target.block_k = BN;
     target.max_splits = 64;
+    target.order = FP_PLAN_ORDER_GRID;
     const fp_plan plan = fp_plan_forward(&shape, &target);
     const bool empty = plan.num_q_blocks == 0 || p->batch == 0 || p->heads == 0;
     /* split-KV partials, as the sm80 path lays them out (its combine merges them) */

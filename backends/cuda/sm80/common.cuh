@@ -1,23 +1,14 @@
 /*
- * Device building blocks of the sm80 (Ampere-class) attention kernels, shared by sm80_fwd.cu and
- * sm80_bwd.cu: the argument blocks the launchers fill, and small named tile operations over the
- * instructions these kernels are made of (they also run on sm_90 and later):
- *
- *   cp.async.cg 16 B      global -> shared copies, zero-filling rows/columns past the tensor
- *   ldmatrix(.trans) x4   shared -> the register fragments of mma.sync
- *   mma.sync m16n8k16     f16/bf16 inputs, f32 accumulate
- *   stmatrix x4           registers -> shared, the inverse of ldmatrix (sm_90 and later only)
+ * Device building blocks of the sm80 (Ampere-class) attention kernels, shared by sm80/fwd.cu and
+ * sm80/bwd.cu: the argument block the launchers fill, sequence and row addressing (over
+ * core/geometry.h), the 32-bit per-element mask, the softmax finalize with the hardware
+ * approximations, and small named tile operations (swizzled shared-memory tiles, ldmatrix lane
+ * addressing, tile copies, fragment staging). The instructions themselves are
+ * backends/cuda/ptx/sm80.cuh.
  *
  * Shared-memory tiles hold 2-byte elements, rows of COLS elements (COLS a multiple of 64), in
  * 16-byte chunks whose index is XORed with (row % 8): the eight rows that one ldmatrix phase
  * reads, or one fragment store writes, then fall in eight different bank groups (no conflicts).
- *
- * mma.sync m16n8k16 fragments (PTX ISA), lane = 4 * g + t:
- *   A 16x16: a0 (row g, k 2t..2t+1), a1 (row g+8, same k), a2 (row g, k 2t+8..), a3 (row g+8, ..)
- *   B 16x8:  b0 (k 2t..2t+1, col g), b1 (k 2t+8..2t+9, col g)
- *   C 16x8:  c0,c1 (row g, cols 2t, 2t+1), c2,c3 (row g+8, same cols)
- * so the C fragments of two adjacent 8-column tiles, rounded to 16 bits, are the A fragment of a
- * 16-deep k step: P and dS feed the next product straight from registers.
  */
 #ifndef FLASHPORT_BACKENDS_CUDA_SM80_COMMON_CUH
 #define FLASHPORT_BACKENDS_CUDA_SM80_COMMON_CUH
@@ -27,11 +18,11 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "backends/cuda/ptx/sm80.cuh"
 #include "core/backend.h"
+#include "core/geometry.h"
 #include "core/mask.h"
 #include "core/online_softmax.h"
-
-#define FP_DEV static __device__ __forceinline__
 
 /* ---- argument blocks (filled by the launchers, passed by value) ---------------------------- */
 
@@ -115,11 +106,12 @@ static inline void fp_sm80_fill_args(const fp_problem *p, fp_sm80_args *a)
     a->splits = 1;
 }
 
-/* Launches the split-KV combine of the forward (sm80_fwd.cu) on a's partials: every path's
+/* Launches the split-KV combine of the forward (sm80/fwd.cu) on a's partials: every path's
  * split forward writes the same o_part / lse_part layout. */
 cudaError_t fp_cuda_fwd_combine(const fp_problem *p, const fp_sm80_args *a, cudaStream_t stream);
 
-/* Where sequence b's tokens start and how many there are. */
+/* Where sequence b's tokens start and how many there are: fp_seq_lookup (core/geometry.h) with
+ * the lengths narrowed to int, as the kernels index with 32-bit positions. */
 typedef struct fp_cuda_seq {
     int64_t q_start, k_start;
     int nq, nk;
@@ -127,19 +119,12 @@ typedef struct fp_cuda_seq {
 
 FP_DEV fp_cuda_seq fp_cuda_seq_of(const fp_sm80_args &a, int b)
 {
+    const fp_seq q = fp_seq_lookup(a.cu_q, a.cu_k, a.nq, a.nk, b);
     fp_cuda_seq s;
-    if (a.cu_q) {
-        int q0 = a.cu_q[b], k0 = a.cu_k[b];
-        s.q_start = q0;
-        s.k_start = k0;
-        s.nq = a.cu_q[b + 1] - q0;
-        s.nk = a.cu_k[b + 1] - k0;
-    } else {
-        s.q_start = 0;
-        s.k_start = 0;
-        s.nq = a.nq;
-        s.nk = a.nk;
-    }
+    s.q_start = q.q_start;
+    s.k_start = q.k_start;
+    s.nq = (int)q.nq;
+    s.nk = (int)q.nk;
     return s;
 }
 
@@ -204,232 +189,7 @@ FP_DEV bool fp_mask_row_visible(const fp_mask_row &r, int c)
  * would split the unrolled tile into hundreds of branches). */
 enum { FP_SCORES_FULL, FP_SCORES_MASK, FP_SCORES_TRANSFORM };
 
-/* Query rows [*i0, *i1) that see at least one key of [j0, j1) (mask.h's rule solved for i):
- * key j is visible from row i iff j - shift - right <= i <= j - shift + left, shift = nk - nq. */
-FP_DEV void fp_cuda_rows_for_keys(int64_t j0, int64_t j1, int64_t nq, int64_t nk, int64_t left,
-                                  int64_t right, int64_t *i0, int64_t *i1)
-{
-    const int64_t shift = nk - nq;
-    int64_t lo = right < 0 ? 0 : j0 - shift - right;
-    int64_t hi = left < 0 ? nq : j1 - 1 - shift + left + 1;
-    *i0 = lo < 0 ? 0 : lo;
-    *i1 = hi > nq ? nq : hi;
-}
-
-/* Key blocks [*nb0, *nb1) of bn keys that query rows [i0, i1) of one sequence see:
- * fp_mask_block_range (core/mask.h) in whole blocks; empty when the rows see no key. */
-FP_DEV void fp_cuda_key_blocks(int64_t i0, int64_t i1, int64_t nq, int64_t nk, int64_t left,
-                               int64_t right, int bn, int *nb0, int *nb1)
-{
-    int64_t lo, hi;
-    fp_mask_block_range(i0, i1, nq, nk, left, right, &lo, &hi);
-    *nb0 = 0;
-    *nb1 = 0;
-    if (hi > lo) {
-        *nb0 = (int)(lo / bn);
-        *nb1 = (int)((hi + bn - 1) / bn);
-    }
-}
-
-/* ---- element types ------------------------------------------------------------------------- */
-
-/* Per-dtype pieces: packing two f32 into a 32-bit pair, scalar conversions, and the mma. */
-template <typename T> struct fp_dt;
-template <> struct fp_dt<__half> {
-    static __device__ __forceinline__ uint32_t pack2(float lo, float hi)
-    {
-        __half2 h = __floats2half2_rn(lo, hi);
-        return *reinterpret_cast<uint32_t *>(&h);
-    }
-    static __device__ __forceinline__ __half from_f32(float x) { return __float2half_rn(x); }
-    static __device__ __forceinline__ float2 unpack2(uint32_t w)
-    {
-        return make_float2(__half2float(__ushort_as_half((unsigned short)(w & 0xffffu))),
-                           __half2float(__ushort_as_half((unsigned short)(w >> 16))));
-    }
-    static __device__ __forceinline__ void mma(float c[4], const uint32_t a[4], uint32_t b0,
-                                               uint32_t b1)
-    {
-#ifdef FP_CUDA_EMU
-        fp_emu_mma_m16n8k16(c, a, b0, b1, 0);
-#else
-        asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, "
-                     "{%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
-                     : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-#endif
-    }
-};
-template <> struct fp_dt<__nv_bfloat16> {
-    static __device__ __forceinline__ uint32_t pack2(float lo, float hi)
-    {
-        __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
-        return *reinterpret_cast<uint32_t *>(&h);
-    }
-    static __device__ __forceinline__ __nv_bfloat16 from_f32(float x)
-    {
-        return __float2bfloat16_rn(x);
-    }
-    static __device__ __forceinline__ float2 unpack2(uint32_t w)
-    {
-        return make_float2(__bfloat162float(__ushort_as_bfloat16((unsigned short)(w & 0xffffu))),
-                           __bfloat162float(__ushort_as_bfloat16((unsigned short)(w >> 16))));
-    }
-    static __device__ __forceinline__ void mma(float c[4], const uint32_t a[4], uint32_t b0,
-                                               uint32_t b1)
-    {
-#ifdef FP_CUDA_EMU
-        fp_emu_mma_m16n8k16(c, a, b0, b1, 1);
-#else
-        asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, "
-                     "{%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
-                     : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-#endif
-    }
-};
-
-template <typename T> FP_DEV uint32_t fp_pack2(float lo, float hi)
-{
-    return fp_dt<T>::pack2(lo, hi);
-}
-/* The two values of a 32-bit pair (low half first), as f32. */
-template <typename T> FP_DEV float2 fp_unpack2(uint32_t w)
-{
-    return fp_dt<T>::unpack2(w);
-}
-template <typename T> FP_DEV T fp_from_f32(float x)
-{
-    return fp_dt<T>::from_f32(x);
-}
-FP_DEV float fp_to_f32(__half x)
-{
-    return __half2float(x);
-}
-FP_DEV float fp_to_f32(__nv_bfloat16 x)
-{
-    return __bfloat162float(x);
-}
-
-/* c += a * b (m16n8k16, f32 accumulate). */
-template <typename T> FP_DEV void fp_mma(float c[4], const uint32_t a[4], uint32_t b0, uint32_t b1)
-{
-    fp_dt<T>::mma(c, a, b0, b1);
-}
-
-/* ---- instructions -------------------------------------------------------------------------- */
-
-FP_DEV uint32_t fp_smem_addr(const void *p)
-{
-    return (uint32_t)__cvta_generic_to_shared(p);
-}
-
-/* 16 bytes global -> shared; bytes = 0 writes zeros and reads nothing. */
-FP_DEV void fp_cp_async16(uint32_t dst, const void *src, int bytes)
-{
-#ifdef FP_CUDA_EMU
-    fp_emu_cp_async16(dst, src, bytes);
-#else
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
-                 "r"(bytes));
-#endif
-}
-FP_DEV void fp_cp_async_commit()
-{
-#ifdef FP_CUDA_EMU
-    fp_emu_cp_async_commit();
-#else
-    asm volatile("cp.async.commit_group;\n" ::: "memory");
-#endif
-}
-template <int N> FP_DEV void fp_cp_async_wait()
-{
-#ifdef FP_CUDA_EMU
-    fp_emu_cp_async_wait(N);
-#else
-    asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
-#endif
-}
-
-FP_DEV void fp_ldsm_x4(uint32_t r[4], uint32_t addr)
-{
-#ifdef FP_CUDA_EMU
-    fp_emu_ldmatrix_x4(r, addr, 0);
-#else
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(addr));
-#endif
-}
-FP_DEV void fp_ldsm_x4_t(uint32_t r[4], uint32_t addr)
-{
-#ifdef FP_CUDA_EMU
-    fp_emu_ldmatrix_x4(r, addr, 1);
-#else
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(addr));
-#endif
-}
-
-/* Four 8x8 b16 matrices from registers to shared memory, the inverse of ldmatrix x4: lanes
- * 8i..8i+7 give the row addresses of matrix i, register i holds row lane / 4, elements
- * 2 (lane % 4) and 2 (lane % 4) + 1 of matrix i (an mma C fragment's layout). sm_90 and later;
- * callers use it only where FP_HAVE_STSM. */
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-#define FP_HAVE_STSM 1
-#else
-#define FP_HAVE_STSM 0
-#endif
-FP_DEV void fp_stsm_x4(uint32_t addr, uint32_t r0, uint32_t r1, uint32_t r2, uint32_t r3)
-{
-#if FP_HAVE_STSM
-    asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(addr),
-                 "r"(r0), "r"(r1), "r"(r2), "r"(r3)
-                 : "memory");
-#endif
-}
-
-/* 2^x with the hardware approximation (2 ulp); 2^-inf = 0. */
-FP_DEV float fp_exp2(float x)
-{
-#ifdef FP_CUDA_EMU
-    return fp_emu_ex2_approx_ftz(x);
-#else
-    float y;
-    asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
-    return y;
-#endif
-}
-
-/* 1 / x and log2 x with the hardware approximations (rcp.approx: 1 ulp; lg2.approx: about 2^-22
- * absolute), for the forward's finalize. There, IEEE division and logf were each a branchy
- * sequence per row, run one row after the other: the code after the key loop took 13 % of the
- * D = 64, N = 512 forward's stall samples (ncu, H200, 2026-11-30 11:46), FA2's 9 %. Measured
- * (11:51 and 11:54, A/B in one run, docs/bench/h200-2026-11-30-s6.md): +4.6 .. 5.0 % at
- * D = 64, N = 512, +1.6 % at N = 2048 causal, +1.6 .. 2.5 % at D = 128, N = 512, +0.4 .. 1.6 %
- * at D = 256; long key loops within the noise. */
-FP_DEV float fp_rcp(float x)
-{
-#ifdef FP_CUDA_EMU
-    return fp_emu_rcp_approx_ftz(x);
-#else
-    float y;
-    asm("rcp.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
-    return y;
-#endif
-}
-
-FP_DEV float fp_log2(float x)
-{
-#ifdef FP_CUDA_EMU
-    return fp_emu_lg2_approx_ftz(x);
-#else
-    float y;
-    asm("lg2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
-    return y;
-#endif
-}
+/* ---- softmax finalize ---------------------------------------------------------------------- */
 
 /* fp_softmax_out_scale and fp_softmax_lse_exp2 (core/online_softmax.h) through fp_rcp and
  * fp_log2: the same rules (a row that saw nothing: 0 and -inf; a NaN l, from a visible NaN
@@ -442,17 +202,6 @@ FP_DEV float fp_cuda_out_scale(const fp_softmax_state *s)
 FP_DEV float fp_cuda_lse_exp2(const fp_softmax_state *s)
 {
     return s->l == 0.0f ? -INFINITY : s->m * FP_LN2 + fp_log2(s->l) * FP_LN2;
-}
-
-FP_DEV float fp_quad_max(float x)
-{
-    x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
-    return fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 2));
-}
-FP_DEV float fp_quad_sum(float x)
-{
-    x += __shfl_xor_sync(0xffffffffu, x, 1);
-    return x + __shfl_xor_sync(0xffffffffu, x, 2);
 }
 
 /* ---- swizzled shared-memory tiles ---------------------------------------------------------- */

@@ -33,24 +33,18 @@
  * ping-pong schedule: PP below); D=128 128x64, 4 warps; D=256 64x64, 4 warps, one K and one V
  * buffer, two blocks per SM (ST below; other configurations where two do not fit). Other head
  * dims (multiples of 8) run on the next larger kernel with the extra columns zero-filled. The
- * D = 64 and 128 tiles were chosen on the H200 (2026-11-30, one run, bf16 and fp16, every N,
- * causal and not; docs/bench/h200-2026-11-30-tiles.md): at D = 64, 128x128 was 1.7 .. 5.6 % faster
- * than 128x64 with Q in registers and 8 warps x 16 rows x 128 keys 23 .. 29 % slower; at D = 128,
- * 128x32 (4 warps, no spills), 128x64 and 128x128 with 8 warps (Q in registers) were 7 .. 25 %
- * slower than 128x64 with 4 warps, despite its spills.
+ * configurations are named in sm80/config.h and chosen by fp_sm80_pick; the tile sizes won A/B
+ * runs on the H200 against the alternatives listed in docs/bench/archive/ (tiles, s5, s7).
  *
  * Differences from the reference: P is rounded to f16/bf16 before P V (as every tensor-core
  * flash kernel does; the row sum uses the unrounded P); exp2 is the hardware approximation.
- * Measured (H200, bf16/fp16, ANCHORS grid, tests/gpu/run_h200.sh -> bench/compare_torch.py,
- * 2026-11-30 13:33, docs/bench/h200-2026-11-30-s7.md): 1.009 .. 1.176x SDPA flash (FA2) at
- * D = 64 (median 1.072), 1.030 .. 1.169x at D = 128 (1.062), 1.005 .. 1.149x at D = 256
- * (1.059); up to 373 TFLOP/s (bf16, D = 128, N = 16384). Limits: 255 registers, D = 64 and D = 128
- * spill 70 .. 90 bytes (the ping-pong kernel 124); 8 warps per SM; latency (ncu, 4-warp D = 64
- * kernel: the same mma and ldmatrix counts as FA2's kernel and 16 % fewer instructions, but 4.5
- * cycles per instruction against 3.7). Details and the ncu profiles: docs/bench/README.md.
+ * Limits: 255 registers (D = 64 and 128 spill a little), 8 warps per SM, latency bound (more
+ * cycles per instruction than FA2's kernel for fewer instructions). Current numbers against FA2
+ * and cuDNN: docs/performance.md#cuda-sm80-path-h200.
  */
 #include "backends/cuda/cuda_internal.h"
-#include "backends/cuda/sm80_common.cuh"
+#include "backends/cuda/sm80/common.cuh"
+#include "backends/cuda/sm80/config.h"
 
 #include "core/plan.h"
 #include "core/problem.h"
@@ -58,34 +52,25 @@
 #include <math.h>
 #include <stdlib.h>
 
-/* At D = 256, ALT 0 (64 x 64, 4 warps, one K and one V buffer: ST = 1, below; 96 KiB) is for
- * devices that fit two of its blocks on an SM (sm_90: 227 KiB per block, 228 per SM); ALT 1
- * (64 x 64, two buffers each, 160 KiB) for sm_80's 163 KiB, ALT 2 (key blocks of 32, two
- * buffers, 96 KiB) for sm_86/89's 99, where one block per SM would leave ALT 0's loads
- * unhidden (not measured: no such GPU here). Smaller devices get
- * FLASHPORT_ERR_UNSUPPORTED_HEAD_DIM at D > 128.
+/* The configurations (sm80/config.h names them; fp_sm80_pick chooses):
+ * At D = 256, ALT 0 (64 x 64, 4 warps, one K and one V buffer: ST = 1; 96 KiB) is for devices that
+ * fit two of its blocks on an SM (sm_90: 227 KiB per block); ALT 1 (64 x 64, two buffers each,
+ * 160 KiB) for sm_80's 163 KiB, ALT 2 (key blocks of 32, two buffers, 96 KiB) for sm_86/89's 99,
+ * where one block per SM would leave ALT 0's loads unhidden (ALT 1 and 2 never timed on such a
+ * GPU). At D = 64, ALT 1 is the ping-pong schedule (PP, below), for long key loops.
  * ST (K / V stages): 2 keeps two buffers of each, loaded one and a half iterations ahead (the
  * main loop below); 1 keeps one of each, as FA2's sm80 kernel does: V(j) loads during
  * S(j) = Q K(j)^T, K(j + 1) during the exponentials and P V(j), and the other block on the SM
- * hides the waits. Measured at D = 256 (H200, 2026-11-30 13:13, A/B in one run, alternating
- * columns, docs/bench/h200-2026-11-30-s7.md): 1.015 .. 1.169x FA2 against 0.891 .. 1.108x for the
- * 8-warp 128 x 64 kernel with two stages (192 KiB, one block per SM) it replaced, 0.87 .. 1.01x
- * for ALT 2 and 0.76 .. 0.90x for ALT 1 (13:10). At D = 64, ALT 1 is the ping-pong schedule (PP,
- * below; 96 KiB), for long key loops (fp_fwd_pingpong).
+ * hides the waits.
  * LAZY: see FP_FWD_RESCALE_SLACK below. FAST_LOAD: tiles that lie wholly inside the sequence
- * are copied without the per-row bounds test (fp_load_tile's FAST; about 6 instructions per
- * 16-byte copy). Measured (H200, 2026-11-30 08:42 and 08:52, A/B in one run,
- * docs/bench/h200-2026-11-30-aux.md): +2 .. +5 % at D = 128; at D = 64 -3 .. +2 % in the loop
- * and -3 .. -5 % in the prologue alone (ptxas spills more), -1 .. +1 % at D = 256: used at
- * D = 128 only.
+ * are copied without the per-row bounds test (fp_load_tile's FAST); it pays at D = 128 only (at
+ * D = 64 ptxas spills more with it).
  * EARLY_V: wait for the V tile (and pass the barrier that frees the K buffer for the prefetch)
  * before the exponentials instead of after them, so that the exp2s and the P V mma instructions
- * share one basic block and ptxas interleaves them (in the D = 64 kernel, 88 of its 260
- * MUFU.EX2 then sit within four instructions of an HMMA, against none). Measured (H200, 2026-11-30
- * 09:03, A/B in one run, docs/bench/h200-2026-11-30-aux.md): +8 .. +10 % at D = 256, -1 .. +4 %
- * (median +2 %) at D = 128, -3 .. -5 % at D = 64 (whose exp2 block is twice as long per mma; there
- * the other warp of the scheduler hides it better). The 99 KiB / 163 KiB configurations were not
- * timed with it and keep the late wait. */
+ * share one basic block and ptxas interleaves them; it pays at D = 256 and 128, not at D = 64,
+ * whose exp2 block is twice as long per mma and better hidden by the scheduler's other warp. The
+ * 99 KiB / 163 KiB configurations keep the late wait (not timed with it). Each choice's A/B:
+ * docs/bench/archive/ (aux, s7). */
 template <int DK, int ALT> struct fp_fwd_cfg;
 template <> struct fp_fwd_cfg<64, 0> {
     enum { NW = 4, MT = 2, BN = 128, LAZY = 1, FAST_LOAD = 0, EARLY_V = 0, PP = 0, ST = 2 };
@@ -114,11 +99,9 @@ template <> struct fp_fwd_cfg<256, 2> {
  * 0 alone issues the loads, at its mma halves, and waits for them before the next barrier. One
  * block of 8 warps per SM (255 registers), so a block's first and last half and its prologue
  * are not hidden by another block: it pays only where the key loop is long (fp_fwd_pingpong).
- * Measured (H200, 2026-11-30 10:18, A/B in one run, docs/bench/h200-2026-11-30-s5.md), against
- * the 4-warp kernel: without a mask +2 % at N = 2048, +5 .. 8 % at N = 8192 and 16384; causal
- * +1 % at N = 8192, +4 % at N = 16384, -8 % at N = 2048; -8 .. -23 % at N = 512. At D = 128
- * (key blocks of 64, so that O, S and the rest fit) ptxas spills 200 bytes and it lost 9 .. 25 %
- * everywhere (10:00); at D = 256 (no spills) 1 .. 3 % (10:16). Only D = 64 has it. */
+ * At D = 128 (key blocks of 64, so that O, S and the rest fit) ptxas spills heavily and it lost
+ * everywhere; at D = 256 it gained nothing: only D = 64 has it (A/B: docs/bench/archive/, s5).
+ */
 FP_DEV void fp_pp_bar()
 {
 #ifdef FP_CUDA_EMU
@@ -132,11 +115,8 @@ FP_DEV void fp_pp_bar()
  * more than FP_FWD_RESCALE_SLACK (log2 units) above the maximum its exponentials use; otherwise
  * that maximum stays, P <= 2^8 and the rescale (D / 8 x 4 multiplies per row pair, an exp2 per
  * row) is skipped. O / l and LSE = m + log l come out the same: both use the same m. After the
- * first key blocks a row's maximum rarely grows by that much, so most blocks skip it. Measured
- * (H200, A/B in one run): +2 .. +6 % at D = 128, -1 .. +1 % at D = 256 (2026-11-30 07:17,
- * docs/bench/h200-2026-11-30-pfirst.md); at D = 64, whose rescale is half as long, -2 .. +2 % on
- * its own (07:17) and 0 .. +2 % with the per-row mask of fp_fwd_scores (08:46,
- * docs/bench/h200-2026-11-30-aux.md). The table's large-logit cases at D = 64, 128 and 256 make
+ * first key blocks a row's maximum rarely grows by that much, so most blocks skip it (A/B:
+ * docs/bench/archive/, pfirst and aux). The table's large-logit cases at D = 64, 128 and 256 make
  * rows rescale mid-row; a forward that never rescales fails the f16 ones (P overflows).
  */
 #define FP_FWD_RESCALE_SLACK 8.0f
@@ -240,7 +220,7 @@ __global__ void __launch_bounds__(fp_fwd_cfg<DK, ALT>::NW * 32)
 
     /* Key blocks this block visits: the window's range for its rows, cut to its split. */
     int nb_begin, nb_end;
-    fp_cuda_key_blocks(m0, min(m0 + BM, nq), nq, nk, a.left, a.right, BN, &nb_begin, &nb_end);
+    fp_geom_key_blocks(m0, min(m0 + BM, nq), nq, nk, a.left, a.right, BN, &nb_begin, &nb_end);
     if (a.splits > 1) {
         const int per = (int)(a.keys_per_split / BN);
         nb_begin = max(nb_begin, split * per);
@@ -369,7 +349,7 @@ __global__ void __launch_bounds__(fp_fwd_cfg<DK, ALT>::NW * 32)
         for (int mt = 0; mt < MT; ++mt) {
 #pragma unroll
             for (int r = 0; r < 2; ++r) {
-                const float mu = st[mt][r].m == -INFINITY ? 0.0f : st[mt][r].m;
+                const float mu = fp_softmax_exp_base(&st[mt][r]);
                 float l = 0.0f;
 #pragma unroll
                 for (int j = 0; j < NB8; ++j)
@@ -640,6 +620,7 @@ static flashport_status fp_fwd_launch(const fp_cuda_ctx *ctx, const fp_problem *
     target.block_q = BM;
     target.block_k = BN;
     target.max_splits = 64;
+    target.order = FP_PLAN_ORDER_GRID;
     const fp_plan plan = fp_plan_forward(&shape, &target);
     const bool empty = plan.num_q_blocks == 0 || p->batch == 0 || p->heads == 0;
     /* split-KV partials: normalized O (f32) and LSE of every (split, b, h, row) */
@@ -678,14 +659,10 @@ static flashport_status fp_fwd_launch(const fp_cuda_ctx *ctx, const fp_problem *
  * blocks of 256 visit, on average, 16 key blocks (2048 keys) or more without a mask and 32 or
  * more with one (causal or a window: its diagonal blocks are twice as large as the 4-warp
  * kernel's), without splitting the keys, and fill the SMs once at least. Shorter loops pay more
- * for its unhidden first and last half and prologue than its overlap gains. Measured against the
- * 4-warp kernel (H200, 2026-11-30 10:18 and 10:34, docs/bench/h200-2026-11-30-s5.md), by the
- * average number of key blocks: without a mask -2 .. -3 % at 8, +2 % at 16, +5 .. 8 % at 64 and
- * 128; causal -3 % at 17, +1 % at 33, +4 % at 65. Re-measured after the cheaper finalize
- * (12:57, docs/bench/h200-2026-11-30-s7.md): -2.5 % at 8, +1.8 % at 16, +3.5 .. 7 % from 32 on;
- * causal -2.3 % at 17, +1 % at 33, +3 .. 4.4 % at 65: the rule picks the faster kernel in all 20
- * shapes. FLASHPORT_CUDA_FWD_PINGPONG (1 always, 0 never; read at each call, for tests and A/B
- * timings) forces the choice. */
+ * for its unhidden first and last half and prologue than its overlap gains; on the H200 this rule
+ * picked the faster kernel in all 20 shapes of its A/B (docs/bench/archive/, s5 and s7).
+ * FLASHPORT_CUDA_FWD_PINGPONG (1 always, 0 never; read at each call, for tests and A/B timings)
+ * forces the choice. */
 static bool fp_fwd_pingpong(const fp_cuda_ctx *ctx, const fp_problem *p)
 {
     if (ctx->smem_optin < fp_fwd_smem<64, 1>())
@@ -699,6 +676,7 @@ static bool fp_fwd_pingpong(const fp_cuda_ctx *ctx, const fp_problem *p)
     target.block_q = fp_fwd_bm<64, 1>();
     target.block_k = fp_fwd_cfg<64, 1>::BN;
     target.max_splits = 64;
+    target.order = FP_PLAN_ORDER_GRID;
     const fp_plan plan = fp_plan_forward(&shape, &target);
     if (plan.num_splits > 1 || plan.num_q_blocks * p->batch * p->heads < ctx->sm_count)
         return false;
@@ -709,25 +687,37 @@ static bool fp_fwd_pingpong(const fp_cuda_ctx *ctx, const fp_problem *p)
     return blocks >= (masked ? 32 : 16) * plan.num_q_blocks;
 }
 
+static_assert(fp_fwd_smem<64, FP_FWD_D64>() == FP_FWD_SMEM_D64 &&
+                  fp_fwd_smem<64, FP_FWD_D64_PINGPONG>() == FP_FWD_SMEM_D64_PINGPONG &&
+                  fp_fwd_smem<128, FP_FWD_D128>() == FP_FWD_SMEM_D128 &&
+                  fp_fwd_smem<256, FP_FWD_D256_TWO_PER_SM>() == FP_FWD_SMEM_D256_TWO_PER_SM &&
+                  fp_fwd_smem<256, FP_FWD_D256_TWO_STAGE>() == FP_FWD_SMEM_D256_TWO_STAGE &&
+                  fp_fwd_smem<256, FP_FWD_D256_BN32>() == FP_FWD_SMEM_D256_BN32,
+              "sm80/config.h's forward shared-memory table");
+
+/* The configuration fp_sm80_pick (sm80/config.h) chooses, launched. */
 template <typename T>
 static flashport_status fp_fwd_dispatch(const fp_cuda_ctx *ctx, const fp_problem *p,
                                         const fp_sm80_args &a, void *ws, size_t *query)
 {
-    if (p->head_dim <= 64)
-        return fp_fwd_pingpong(ctx, p) ? fp_fwd_launch<T, 64, 1>(ctx, p, a, ws, query)
-                                       : fp_fwd_launch<T, 64, 0>(ctx, p, a, ws, query);
-    if (p->head_dim <= 128)
-        return fp_fwd_launch<T, 128, 0>(ctx, p, a, ws, query);
-    if (ctx->smem_optin >= 2 * fp_fwd_smem<256, 0>()) /* two blocks per SM */
-        return fp_fwd_launch<T, 256, 0>(ctx, p, a, ws, query);
-    if (ctx->smem_optin >= fp_fwd_smem<256, 1>())
-        return fp_fwd_launch<T, 256, 1>(ctx, p, a, ws, query);
-    if (ctx->smem_optin >= fp_fwd_smem<256, 2>())
-        return fp_fwd_launch<T, 256, 2>(ctx, p, a, ws, query);
+    const bool pingpong = p->head_dim <= 64 && fp_fwd_pingpong(ctx, p);
+    const fp_sm80_choice c = fp_sm80_pick(p->head_dim, ctx->smem_optin, pingpong);
+    if (c.dk == 64)
+        return c.fwd == FP_FWD_D64_PINGPONG
+                   ? fp_fwd_launch<T, 64, FP_FWD_D64_PINGPONG>(ctx, p, a, ws, query)
+                   : fp_fwd_launch<T, 64, FP_FWD_D64>(ctx, p, a, ws, query);
+    if (c.dk == 128)
+        return fp_fwd_launch<T, 128, FP_FWD_D128>(ctx, p, a, ws, query);
+    if (c.fwd == FP_FWD_D256_TWO_PER_SM)
+        return fp_fwd_launch<T, 256, FP_FWD_D256_TWO_PER_SM>(ctx, p, a, ws, query);
+    if (c.fwd == FP_FWD_D256_TWO_STAGE)
+        return fp_fwd_launch<T, 256, FP_FWD_D256_TWO_STAGE>(ctx, p, a, ws, query);
+    if (c.fwd == FP_FWD_D256_BN32)
+        return fp_fwd_launch<T, 256, FP_FWD_D256_BN32>(ctx, p, a, ws, query);
     return fp_cuda_refuse(FLASHPORT_ERR_UNSUPPORTED_HEAD_DIM,
                           "the forward at head dim %lld needs %zu KiB of shared memory per block; "
                           "this device allows %zu KiB",
-                          (long long)p->head_dim, fp_fwd_smem<256, 2>() / 1024,
+                          (long long)p->head_dim, fp_fwd_smem<256, FP_FWD_D256_BN32>() / 1024,
                           ctx->smem_optin / 1024);
 }
 

@@ -46,19 +46,17 @@
  * Differences from the reference: P and dS are rounded to f16/bf16 before the products that
  * use them (as in every tensor-core flash kernel); exp2 is the hardware approximation; dQ in the
  * atomic mode is summed in an order that varies from run to run (last-bit differences).
- * Measured (H200, ANCHORS grid, bf16 and fp16, 2026-11-30 13:33,
- * docs/bench/h200-2026-11-30-s7.md): 1.019 .. 1.086x SDPA flash (FA2) at D = 64 (median 1.066),
- * 1.034 .. 1.091x at D = 128 (1.047), 0.992 .. 1.076x at D = 256 (1.028; the three below 1.0 are
- * N >= 8192 without a mask, 0.992 .. 0.999); the earlier steps
- * (fragment-ordered dQ, P before dP, the 2-D warp tiling) are in h200-2026-11-30-pfirst.md and
- * -bwd2d.md. ncu before DQ_LAG (same tiles and 8 warps per SM as FA2's kernel, 255 registers;
- * D = 64, N = 8192): 14 % fewer instructions than FA2's kernel but 7.1 cycles per instruction
- * against 6.1 (barrier 0.56 vs 0.26, shared-memory queue 0.78 vs 0.30): latency bound, within
- * 1 % of FA2's kernel (2026-11-30 11:59: 9.47 against 9.51 ms); DQ_LAG went after those stalls; at
- * N = 512 our dK/dV kernel is the faster one and the side kernels decide (see fp_sm80_bwd_pre).
+ * Limits: 255 registers, one block of 8 warps per SM, latency bound (fewer instructions than
+ * FA2's kernel, more cycles per instruction: barriers and the shared-memory queue); at short
+ * sequences the side kernels (fp_sm80_bwd_pre, fp_sm80_bwd_dq_convert) decide. Current numbers
+ * against FA2 and cuDNN: docs/performance.md#cuda-sm80-path-h200.
  */
 #include "backends/cuda/cuda_internal.h"
-#include "backends/cuda/sm80_common.cuh"
+#include "backends/cuda/sm80/common.cuh"
+#include "backends/cuda/sm80/config.h"
+
+#include "core/plan.h"
+#include "core/problem.h"
 
 #include <math.h>
 
@@ -85,11 +83,9 @@ FP_DEV int64_t fp_bwd_ws_row(const fp_sm80_args &a, int b, int h, int64_t i)
  * its 16 x 8 pieces one after another, column piece C at 128 C, and within a piece the lane that
  * owns an element in the m16n8 accumulator layout comes first: row 8 r + g, columns 2 t and
  * 2 t + 1 (lane 4 g + t) at 64 r + 2 (4 g + t). A warp's 8-byte reduction then covers 256
- * contiguous bytes, two cache lines, instead of eight rows of 32 bytes. Measured (H200,
- * 2026-11-30 07:57, A/B in one run, docs/bench/h200-2026-11-30-pfirst.md): the backward 5 .. 11 %
- * faster at D = 64 and 3 .. 7 % at D = 128 (doubling the atomics instead, scalar ones, cost
- * 13 .. 20 %: the dQ reductions are a bottleneck). Returns the offset of row i's column c from
- * the start of row i's band (c even: c and c + 1 are adjacent). */
+ * contiguous bytes, two cache lines, instead of eight rows of 32 bytes: the dQ reductions are a
+ * bottleneck of the backward (A/B: docs/bench/archive/, pfirst). Returns the offset of row i's
+ * column c from the start of row i's band (c even: c and c + 1 are adjacent). */
 FP_DEV int fp_dq_frag_off(int i, int c)
 {
     return (c / 8) * 128 + ((i % 16) / 8) * 64 + (i % 8) * 8 + (c % 8);
@@ -160,11 +156,9 @@ FP_DEV void fp_bwd_tile(const fp_sm80_args &a, const fp_mask32 &mk, float (*s)[4
 // o, dout: (B, Nq, H, D); lse: (B, H, Nq) -> ws_lse2, ws_dsum: (B, H, nq_pad); zeroes dq_accum.
 // grid (nq_pad / 16, H, B), 128 threads: 16 rows per block, 8 columns (16 bytes) per thread.
 // Every row's loads are issued before the first product, so that a thread has NP x 32 bytes in
-// flight: this is a memory-bound pass. Measured (H200, ncu, bf16, D = 64, N = 512, B = H = 32,
-// 2026-11-30 08:35, docs/bench/h200-2026-11-30-aux.md): 67 us, from 149 us with one warp per row
-// and 2-byte loads (FlashAttention-2's dot_do_o kernel, same bytes: 71 us); with the dQ
-// conversion below (46 us, from 82; FA2's 62) the backward at N = 512 went from 0.92 to 1.05x
-// FA2.
+// flight: this is a memory-bound pass, and at short sequences it and the dQ conversion below decide
+// the backward's speed (one warp per row with 2-byte loads was twice as slow; docs/bench/archive/,
+// aux).
 template <typename T, int DK>
 __global__ void __launch_bounds__(128) fp_sm80_bwd_pre(const fp_sm80_args a)
 {
@@ -259,15 +253,12 @@ FP_DEV void fp_bwd_load_step(const fp_sm80_args &a, T *sq, T *sdo, float *slse, 
 
 /* dK/dV kernel configurations (see the top of the file): NW warps, BN keys, BM query rows per
  * step, and the warp grids of the three products. ALT 0 is preferred; each later one needs
- * less shared memory. Chosen on the H200 (2026-11-30 05:46, bf16 and fp16, the ANCHORS grid,
- * docs/bench/h200-2026-11-30-bwd2d.md): at D = 64, BM 128 was 2.6 .. 7.1 % faster than BM 64, and
- * 4 warps x (BN 64, BM 64) -11 .. +3 % against BM 128; at D = 128, 4 warps x (BN 64, BM 64, two
- * blocks per SM) was 1.5 .. 15 % slower.
+ * less shared memory (sm80/config.h names them; fp_sm80_pick chooses). The tiles won A/B runs
+ * on the H200 against smaller query blocks and 4-warp variants (docs/bench/archive/, bwd2d).
  * P_FIRST: S = Q K^T, then P, then dP = dO V^T, so that P's exp2s (MUFU, 16 per clock per SM)
  * can issue between the dP products' mma instructions; else S and dP in one loop, then P and dS.
- * Measured (H200, 2026-11-30 07:08, docs/bench/h200-2026-11-30-pfirst.md): 3 .. 4 % faster at
- * D = 64, where a step has twice the exp2s per mma of D = 128; -1 .. +1 % at D = 128. Softcaps
- * always take the fused order (their dS needs the raw score).
+ * It pays at D = 64, where a step has twice the exp2s per mma of D = 128, and not at D = 128.
+ * Softcaps always take the fused order (their dS needs the raw score).
  * QBUF: Q/dO (and LSE/Dsum) buffers. 2: the next step's loads go out at the top of a step and
  * have all of it to land; 1 (only where 2 does not fit): they go out after the dK/dV products,
  * behind one more barrier, and have the dQ product to land. */
@@ -303,13 +294,9 @@ template <> struct fp_bwd_cfg<256, 2> {
  * products run. One more dS buffer of shared memory: 194 KiB at D = 64, whose ALT 1 is the same
  * kernel without it for sm_80's 163 KiB; 217 KiB at D = 256, whose ALT 1 (BM 32) was already
  * sm_80's (the kernel without it, 209 KiB, would fit no device that the lagged one does not).
- * Measured (H200, A/B in one run): D = 64 (2026-11-30 12:15, docs/bench/h200-2026-11-30-s6.md)
- * +1.2 .. 3.1 % (median 2.1 %) on the grid, causal N = 512 -0.2 .. -0.3 % (controls 0.997 ..
- * 1.010), ptxas spills 20 / 32 bytes (stores / loads) instead of 60 / 104; D = 256 (13:28,
- * docs/bench/h200-2026-11-30-s7.md) +1.9 .. 3.9 % (median 3.2 %), every shape (controls 0.997 ..
- * 1.010), no spills. At D = 256 ncu had shown the dK / dV kernel 3.6 % behind FA2's
- * (N = 8192: 10.92 against 10.54 ms) with 14.5 % of its stall samples on the dQ reductions, which
- * went out in one burst at the end of each step, and 5.8 % at the step's first barrier. */
+ * It also lowers the D = 64 kernel's spills; at D = 256 it went after the dQ reductions, which
+ * had gone out in one burst at the end of each step (A/B and ncu: docs/bench/archive/, s6, s7).
+ */
 template <int DK, int ALT> struct fp_bwd_dq_lag {
     enum { value = (DK == 64 || DK == 256) && ALT == 0 };
 };
@@ -374,10 +361,9 @@ __global__ void __launch_bounds__(fp_bwd_cfg<DK, ALT>::NW * 32, 1)
         return;
     const int nchunks = a.d / 8;
 
-    int64_t i0, i1;
-    fp_cuda_rows_for_keys(n0, min(n0 + BN, nk), nq, nk, a.left, a.right, &i0, &i1);
-    const int mb_lo = (int)(i0 / BM);
-    const int nmb = i1 > i0 ? (int)((i1 + BM - 1) / BM) - mb_lo : 0;
+    int mb_lo, mb_end;
+    fp_geom_query_blocks(n0, min(n0 + BN, nk), nq, nk, a.left, a.right, BM, &mb_lo, &mb_end);
+    const int nmb = mb_end - mb_lo;
     const int iters = a.group * nmb;
 
     const T *kg = reinterpret_cast<const T *>(a.k.ptr) + fp_cuda_row(a.k, b, sq_.k_start + n0, kvh);
@@ -722,7 +708,7 @@ __global__ void __launch_bounds__(fp_dq_cfg<DK, ALT>::NW * 32) fp_sm80_bwd_dq(co
     const int nchunks = a.d / 8;
 
     int nb_begin, nb_end;
-    fp_cuda_key_blocks(m0, min(m0 + BM, nq), nq, nk, a.left, a.right, BN, &nb_begin, &nb_end);
+    fp_geom_key_blocks(m0, min(m0 + BM, nq), nq, nk, a.left, a.right, BN, &nb_begin, &nb_end);
 
     const int64_t qrow = sq_.q_start + m0;
     const T *kg = reinterpret_cast<const T *>(a.k.ptr) + fp_cuda_row(a.k, b, sq_.k_start, kvh);
@@ -884,31 +870,37 @@ template <typename F> static cudaError_t fp_set_smem(F kernel, size_t smem)
     return e;
 }
 
-/* The deterministic dQ configuration that runs (the first that fits), -1 if none does. */
+/* Shared memory of each configuration, as sm80/config.h lists it for fp_sm80_pick. */
+template <int DK> constexpr int fp_dk_class()
+{
+    return DK == 64 ? 0 : DK == 128 ? 1 : 2;
+}
+template <int DK, int ALT> constexpr bool fp_bwd_smem_listed()
+{
+    return fp_dkdv_smem<DK, ALT>() == fp_sm80_dkdv_smem_bytes[fp_dk_class<DK>()][ALT];
+}
+static_assert(fp_bwd_smem_listed<64, 0>() && fp_bwd_smem_listed<64, 1>() &&
+                  fp_bwd_smem_listed<64, 2>() && fp_bwd_smem_listed<128, 0>() &&
+                  fp_bwd_smem_listed<128, 1>() && fp_bwd_smem_listed<256, 0>() &&
+                  fp_bwd_smem_listed<256, 1>() && fp_bwd_smem_listed<256, 2>(),
+              "sm80/config.h's dK/dV shared-memory table");
+static_assert(fp_dq_smem<64, 0>() == fp_sm80_dq_smem_bytes[0][0] &&
+                  fp_dq_smem<128, 0>() == fp_sm80_dq_smem_bytes[1][0] &&
+                  fp_dq_smem<256, 0>() == fp_sm80_dq_smem_bytes[2][0] &&
+                  fp_dq_smem<256, 1>() == fp_sm80_dq_smem_bytes[2][1],
+              "sm80/config.h's dQ shared-memory table");
+
+/* The deterministic dQ configuration that runs, -1 if none fits (fp_sm80_pick). */
 template <int DK> static int fp_dq_pick(const fp_cuda_ctx *ctx)
 {
-    if (ctx->smem_optin >= fp_dq_smem<DK, 0>())
-        return 0;
-    if (DK == 256 && ctx->smem_optin >= fp_dq_smem<DK, 1>())
-        return 1;
-    return -1;
+    return fp_sm80_pick(DK, ctx->smem_optin, 0).dq;
 }
 
-/* The dK/dV configuration that runs: the first of the head dim's whose shared memory the device
- * allows (and a deterministic dQ configuration too), -1 if none does. */
+/* The dK/dV configuration that runs (a deterministic dQ configuration must fit too), -1 if none
+ * does (fp_sm80_pick). */
 template <int DK> static int fp_dkdv_pick(const fp_cuda_ctx *ctx)
 {
-    if (fp_dq_pick<DK>(ctx) < 0)
-        return -1;
-    if (ctx->smem_optin >= fp_dkdv_smem<DK, 0>())
-        return 0;
-    if (ctx->smem_optin >= fp_dkdv_smem<DK, 1>())
-        return 1;
-    if constexpr (fp_bwd_alts<DK>() > 2) {
-        if (ctx->smem_optin >= fp_dkdv_smem<DK, 2>())
-            return 2;
-    }
-    return -1;
+    return fp_sm80_pick(DK, ctx->smem_optin, 0).dkdv;
 }
 
 /* The deterministic dQ kernel: one block per query block walking the key blocks in order. */
@@ -965,7 +957,8 @@ static flashport_status fp_bwd_launch(const fp_cuda_ctx *ctx, const fp_problem *
     /* Empty sequences still get their outputs written (zeros); only empty grids are skipped. */
     a.nq_pad = (max(a.nq, 1) + FP_BWD_ROW_PAD - 1) / FP_BWD_ROW_PAD * FP_BWD_ROW_PAD;
     a.dq_atomic = !p->deterministic;
-    a.reverse = p->window_right >= 0 && p->window_left < 0;
+    const fp_plan_shape shape = fp_problem_plan_shape(p);
+    a.reverse = fp_plan_heavy_first(&shape);
     /* scratch: LSE * log2(e) and Dsum per row, and the f32 dQ accumulator in atomic mode */
     const size_t rows = (size_t)p->batch * p->heads * a.nq_pad;
     const size_t accum = a.dq_atomic ? rows * DK : 0;

@@ -21,8 +21,7 @@ static inline float bench_load(const void *base, flashport_dtype dtype, size_t i
 
 static inline void bench_store(void *base, flashport_dtype dtype, size_t i, float x)
 {
-    flashport_convert((char *)base + i * flashport_dtype_size(dtype), dtype, &x, FLASHPORT_F32,
-                      1);
+    flashport_convert((char *)base + i * flashport_dtype_size(dtype), dtype, &x, FLASHPORT_F32, 1);
 }
 
 #endif /* FLASHPORT_BENCH_DTYPE_H */

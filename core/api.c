@@ -11,7 +11,7 @@
 #include <string.h>
 
 #define STR2(x) #x
-#define STR(x) STR2(x)
+#define STR(x)  STR2(x)
 
 const char *flashport_version(void)
 {
@@ -22,24 +22,34 @@ const char *flashport_version(void)
 size_t flashport_dtype_size(flashport_dtype dtype)
 {
     switch (dtype) {
-    case FLASHPORT_F32: return 4;
+    case FLASHPORT_F32:
+        return 4;
     case FLASHPORT_F16:
-    case FLASHPORT_BF16: return 2;
+    case FLASHPORT_BF16:
+        return 2;
     case FLASHPORT_FP8_E4M3:
-    case FLASHPORT_FP8_E5M2: return 1;
-    default: return 0;
+    case FLASHPORT_FP8_E5M2:
+        return 1;
+    default:
+        return 0;
     }
 }
 
 const char *flashport_dtype_name(flashport_dtype dtype)
 {
     switch (dtype) {
-    case FLASHPORT_F32: return "f32";
-    case FLASHPORT_F16: return "f16";
-    case FLASHPORT_BF16: return "bf16";
-    case FLASHPORT_FP8_E4M3: return "fp8_e4m3";
-    case FLASHPORT_FP8_E5M2: return "fp8_e5m2";
-    default: return "?";
+    case FLASHPORT_F32:
+        return "f32";
+    case FLASHPORT_F16:
+        return "f16";
+    case FLASHPORT_BF16:
+        return "bf16";
+    case FLASHPORT_FP8_E4M3:
+        return "fp8_e4m3";
+    case FLASHPORT_FP8_E5M2:
+        return "fp8_e5m2";
+    default:
+        return "?";
     }
 }
 
@@ -181,9 +191,15 @@ void flashport_backend_close(flashport_backend *be)
     free(be);
 }
 
-const char *flashport_backend_name(const flashport_backend *be) { return be ? be->ops->name : ""; }
+const char *flashport_backend_name(const flashport_backend *be)
+{
+    return be ? be->ops->name : "";
+}
 
-int flashport_backend_device(const flashport_backend *be) { return be ? be->device : -1; }
+int flashport_backend_device(const flashport_backend *be)
+{
+    return be ? be->device : -1;
+}
 
 flashport_status flashport_available_backends(char *buf, size_t size, size_t *needed)
 {
@@ -258,8 +274,7 @@ flashport_status flashport_set_stream(flashport_backend *be, void *stream)
     if (!be->ops->set_stream) {
         if (stream)
             return fp_set_error(FLASHPORT_ERR_UNSUPPORTED_FEATURE,
-                                "backend '%s' runs on the host and takes no stream",
-                                be->ops->name);
+                                "backend '%s' runs on the host and takes no stream", be->ops->name);
         return FLASHPORT_OK;
     }
     return be->ops->set_stream(be->ctx, stream);

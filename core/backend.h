@@ -47,10 +47,10 @@ typedef struct fp_problem {
     int64_t total_q; /* varlen: tokens in the packed q buffer; dense: B * Nq */
     int64_t total_k;
 
-    float scale;   /* resolved: never 0 */
-    float softcap; /* 0 = off */
-    int64_t window_left;  /* -1 = unbounded */
-    int64_t window_right; /* -1 = unbounded; causal already folded in as 0 */
+    float scale;               /* resolved: never 0 */
+    float softcap;             /* 0 = off */
+    int64_t window_left;       /* -1 = unbounded */
+    int64_t window_right;      /* -1 = unbounded; causal already folded in as 0 */
     const float *alibi_slopes; /* [H] or NULL */
 
     int varlen;
@@ -76,8 +76,8 @@ typedef struct fp_problem {
 typedef struct fp_backend_caps {
     uint32_t dtypes_fwd; /* bit (1u << flashport_dtype) per dtype served */
     uint32_t dtypes_bwd;
-    int32_t max_head_dim;      /* D in 1..max_head_dim ... */
-    int32_t head_dim_multiple; /* ... and a multiple of this (1 = any) */
+    int32_t max_head_dim;         /* D in 1..max_head_dim ... */
+    int32_t head_dim_multiple;    /* ... and a multiple of this (1 = any) */
     int32_t needs_contiguous_dim; /* stride 1 on the last dimension required */
     int32_t is_host;              /* tensors live in host memory */
 } fp_backend_caps;

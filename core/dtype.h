@@ -26,7 +26,10 @@ static inline float fp_bits_f32(uint32_t u)
     return f;
 }
 
-static inline float fp_bf16_to_f32(uint16_t h) { return fp_bits_f32((uint32_t)h << 16); }
+static inline float fp_bf16_to_f32(uint16_t h)
+{
+    return fp_bits_f32((uint32_t)h << 16);
+}
 
 static inline uint16_t fp_f32_to_bf16(float f)
 {
@@ -127,18 +130,27 @@ static inline uint8_t fp_f32_to_fp8(float f, int e4m3)
 static inline float fp_load(const void *base, int64_t i, flashport_dtype dtype)
 {
     switch (dtype) {
-    case FLASHPORT_F16: return fp_f16_to_f32(((const uint16_t *)base)[i]);
-    case FLASHPORT_BF16: return fp_bf16_to_f32(((const uint16_t *)base)[i]);
-    default: return ((const float *)base)[i];
+    case FLASHPORT_F16:
+        return fp_f16_to_f32(((const uint16_t *)base)[i]);
+    case FLASHPORT_BF16:
+        return fp_bf16_to_f32(((const uint16_t *)base)[i]);
+    default:
+        return ((const float *)base)[i];
     }
 }
 
 static inline void fp_store(void *base, int64_t i, flashport_dtype dtype, float x)
 {
     switch (dtype) {
-    case FLASHPORT_F16: ((uint16_t *)base)[i] = fp_f32_to_f16(x); break;
-    case FLASHPORT_BF16: ((uint16_t *)base)[i] = fp_f32_to_bf16(x); break;
-    default: ((float *)base)[i] = x; break;
+    case FLASHPORT_F16:
+        ((uint16_t *)base)[i] = fp_f32_to_f16(x);
+        break;
+    case FLASHPORT_BF16:
+        ((uint16_t *)base)[i] = fp_f32_to_bf16(x);
+        break;
+    default:
+        ((float *)base)[i] = x;
+        break;
     }
 }
 

@@ -67,7 +67,8 @@ FP_INLINE float fp_score_transform(float s, float softcap, float alibi_slope, fl
 }
 
 /* d(transformed score)/d(scaled score): 1 without softcap, 1 - tanh^2(s / c) with it.
- * `capped` is the softcapped value c * tanh(s / c) (before ALiBi), which the backward already has. */
+ * `capped` is the softcapped value c * tanh(s / c) (before ALiBi), which the backward already has.
+ */
 FP_INLINE float fp_softcap_grad(float capped, float softcap)
 {
     if (softcap > 0.0f) {

@@ -5,7 +5,10 @@
 
 #include "core/geometry.h"
 
-static int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+static int64_t ceil_div(int64_t a, int64_t b)
+{
+    return (a + b - 1) / b;
+}
 
 int64_t fp_plan_block_cost(const fp_plan *plan, const fp_plan_shape *s, int64_t q_block)
 {

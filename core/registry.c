@@ -13,9 +13,9 @@
  * refuses, and so does the core if the ops table it returns disagrees (version, name, entries).
  * The list of available backends is computed once per process.
  *
- * "cuda", "hip" and "opencl" are known names: asking for them without their plugin is "unavailable".
- * Any other name that is neither built in nor found as a plugin is "unknown". Names are limited
- * to [a-z0-9_] so they cannot walk the file system.
+ * "cuda", "hip" and "opencl" are known names: asking for them without their plugin is
+ * "unavailable". Any other name that is neither built in nor found as a plugin is "unknown". Names
+ * are limited to [a-z0-9_] so they cannot walk the file system.
  */
 #include "core/internal.h"
 

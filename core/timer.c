@@ -10,7 +10,7 @@
 
 struct flashport_timer {
     flashport_backend *be;
-    void *start, *stop;        /* device events, or NULL on the host clock */
+    void *start, *stop; /* device events, or NULL on the host clock */
     double host_start_ms, host_stop_ms;
 };
 

@@ -261,9 +261,8 @@ static flashport_status check_params(const flashport_attention_params *p)
 }
 
 /* Reads cu_seqlens (B + 1 ints in backend memory) and checks them against the buffers. */
-static flashport_status check_seqlens(flashport_backend *be, const char *name,
-                                      const int32_t *cu, int64_t batch, int64_t total,
-                                      int64_t max_seqlen)
+static flashport_status check_seqlens(flashport_backend *be, const char *name, const int32_t *cu,
+                                      int64_t batch, int64_t total, int64_t max_seqlen)
 {
     size_t bytes = (size_t)(batch + 1) * sizeof(int32_t);
     int32_t stack_buf[64];
@@ -311,11 +310,11 @@ static flashport_status check_caps(const fp_backend_caps *caps, const char *back
                             backend, (int)caps->max_head_dim, (int)caps->head_dim_multiple,
                             (long long)d);
     if (caps->needs_contiguous_dim) {
-        const flashport_tensor *all[] = {t->q,    t->k,  t->v,  t->o, t->dout,
-                                         t->dq,   t->dk, t->dv};
+        const flashport_tensor *all[] = {t->q, t->k, t->v, t->o, t->dout, t->dq, t->dk, t->dv};
         const char *names[] = {"q", "k", "v", "o", "dout", "dq", "dk", "dv"};
         for (int i = 0; i < 8; i++)
-            if (all[i] && all[i]->stride[all[i]->rank - 1] != 1 && all[i]->shape[all[i]->rank - 1] > 1)
+            if (all[i] && all[i]->stride[all[i]->rank - 1] != 1 &&
+                all[i]->shape[all[i]->rank - 1] > 1)
                 return fp_set_error(FLASHPORT_ERR_UNSUPPORTED_LAYOUT,
                                     "backend '%s' needs %s's last dimension contiguous (stride "
                                     "1); got stride %lld",
@@ -374,8 +373,7 @@ flashport_status fp_validate_call(flashport_backend *be, const flashport_attenti
         return st;
     const flashport_attention_params *p = &full;
     const char *names[] = {"q", "k", "v", "o", "lse", "dout", "dq", "dk", "dv"};
-    const flashport_tensor *all[] = {t->q,    t->k,  t->v,  t->o, t->lse,
-                                     t->dout, t->dq, t->dk, t->dv};
+    const flashport_tensor *all[] = {t->q, t->k, t->v, t->o, t->lse, t->dout, t->dq, t->dk, t->dv};
     int ntensors = backward ? 9 : 5;
     for (int i = 0; i < ntensors; i++) {
         if (i == 4 && !backward && !t->lse)
@@ -435,13 +433,13 @@ flashport_status fp_validate_call(flashport_backend *be, const flashport_attenti
         return st;
     if (lse) {
         int lrank = varlen ? 2 : 3;
-        int ok = lse->rank == lrank &&
-                 (varlen ? (lse->shape[0] == dm.h && lse->shape[1] == dm.total_q)
-                         : (lse->shape[0] == dm.b && lse->shape[1] == dm.h &&
-                            lse->shape[2] == dm.nq));
+        int ok =
+            lse->rank == lrank &&
+            (varlen ? (lse->shape[0] == dm.h && lse->shape[1] == dm.total_q)
+                    : (lse->shape[0] == dm.b && lse->shape[1] == dm.h && lse->shape[2] == dm.nq));
         if (!ok)
-            return fp_set_error(FLASHPORT_ERR_SHAPE_MISMATCH,
-                                "lse must have shape %s", varlen ? "[H, total_q]" : "[B, H, Nq]");
+            return fp_set_error(FLASHPORT_ERR_SHAPE_MISMATCH, "lse must have shape %s",
+                                varlen ? "[H, total_q]" : "[B, H, Nq]");
     }
     for (int i = 1; i < ntensors; i++)
         if (i != 4 && (st = check_dtype(names[i], all[i], q->dtype)) != FLASHPORT_OK)
@@ -452,10 +450,9 @@ flashport_status fp_validate_call(flashport_backend *be, const flashport_attenti
         return fp_set_error(FLASHPORT_ERR_HEAD_RATIO,
                             "query heads (%lld) must be a multiple of kv heads (%lld)",
                             (long long)dm.h, (long long)dm.hkv);
-    if (varlen && ((st = check_seqlens(be, "cu_seqlens_q", p->cu_seqlens_q, dm.b, dm.total_q,
-                                       dm.nq)) ||
-                   (st = check_seqlens(be, "cu_seqlens_k", p->cu_seqlens_k, dm.b, dm.total_k,
-                                       dm.nk))))
+    if (varlen &&
+        ((st = check_seqlens(be, "cu_seqlens_q", p->cu_seqlens_q, dm.b, dm.total_q, dm.nq)) ||
+         (st = check_seqlens(be, "cu_seqlens_k", p->cu_seqlens_k, dm.b, dm.total_k, dm.nk))))
         return st;
     /* Slopes in host memory are read here; a GPU backend's are not copied back for this, and a
      * NaN slope there makes its head's rows NaN (the NaN rule of include/flashport.h). */

@@ -75,8 +75,8 @@ int main(int argc, char **argv)
     flashport_attention_params_init(&params);
     params.causal = 1;
     CHECK(flashport_attention_forward(be, &params, &tq, &tk, &tv, &to, &tl));
-    CHECK(flashport_attention_backward(be, &params, &tq, &tk, &tv, &to, &tl, &tdo, &tdq, &tdk,
-                                       &tdv));
+    CHECK(
+        flashport_attention_backward(be, &params, &tq, &tk, &tv, &to, &tl, &tdo, &tdq, &tdk, &tdv));
     CHECK(flashport_synchronize(be));
 
     void *results[2] = {o, dq};

@@ -72,7 +72,7 @@ extern "C" {
 #define FLASHPORT_VERSION_MINOR 1
 #define FLASHPORT_VERSION_PATCH 0
 /* One integer that orders versions: major * 10000 + minor * 100 + patch. */
-#define FLASHPORT_VERSION \
+#define FLASHPORT_VERSION                                                                          \
     (FLASHPORT_VERSION_MAJOR * 10000 + FLASHPORT_VERSION_MINOR * 100 + FLASHPORT_VERSION_PATCH)
 
 /* ---------------------------------------------------------------------------------------------
@@ -125,8 +125,8 @@ FLASHPORT_API const char *flashport_version(void);
  * ------------------------------------------------------------------------------------------- */
 typedef enum flashport_dtype {
     FLASHPORT_F32 = 0,
-    FLASHPORT_F16 = 1,  /* IEEE binary16 */
-    FLASHPORT_BF16 = 2, /* bfloat16      */
+    FLASHPORT_F16 = 1,      /* IEEE binary16 */
+    FLASHPORT_BF16 = 2,     /* bfloat16      */
     FLASHPORT_FP8_E4M3 = 3, /* reserved: Hopper forward with per-tensor descale (not yet served) */
     FLASHPORT_FP8_E5M2 = 4, /* reserved */
     FLASHPORT_DTYPE_COUNT
@@ -306,22 +306,19 @@ FLASHPORT_API void flashport_attention_params_init_sized(flashport_attention_par
 
 /* O = attention(Q, K, V). lse may be NULL; if given it receives the row log-sum-exp (f32) that
  * the backward pass needs. q, k, v, o must share one dtype. */
-FLASHPORT_API flashport_status flashport_attention_forward(flashport_backend *backend,
-                                                           const flashport_attention_params *params,
-                                                           const flashport_tensor *q,
-                                                           const flashport_tensor *k,
-                                                           const flashport_tensor *v,
-                                                           const flashport_tensor *o,
-                                                           const flashport_tensor *lse);
+FLASHPORT_API flashport_status flashport_attention_forward(
+    flashport_backend *backend, const flashport_attention_params *params, const flashport_tensor *q,
+    const flashport_tensor *k, const flashport_tensor *v, const flashport_tensor *o,
+    const flashport_tensor *lse);
 
 /* dQ, dK, dV from q, k, v, the forward's o and lse, and dO. dK/dV are summed over the query
  * heads that share a kv head. Gradients have the shapes (and dtype) of q, k, v. No Nq x Nk
  * matrix is ever stored: P is recomputed from lse. params must be those of the forward. */
 FLASHPORT_API flashport_status flashport_attention_backward(
-    flashport_backend *backend, const flashport_attention_params *params,
-    const flashport_tensor *q, const flashport_tensor *k, const flashport_tensor *v,
-    const flashport_tensor *o, const flashport_tensor *lse, const flashport_tensor *dout,
-    const flashport_tensor *dq, const flashport_tensor *dk, const flashport_tensor *dv);
+    flashport_backend *backend, const flashport_attention_params *params, const flashport_tensor *q,
+    const flashport_tensor *k, const flashport_tensor *v, const flashport_tensor *o,
+    const flashport_tensor *lse, const flashport_tensor *dout, const flashport_tensor *dq,
+    const flashport_tensor *dk, const flashport_tensor *dv);
 
 /* ---------------------------------------------------------------------------------------------
  * Asking before calling: is a call served, and how much scratch memory does it need.

@@ -15,11 +15,11 @@
 
 enum { THREADS = 4, ROUNDS = 3 };
 
-#define B 2
-#define N 193
-#define H 4
+#define B   2
+#define N   193
+#define H   4
 #define HKV 2
-#define D 72
+#define D   72
 
 static flashport_backend *be;
 static flashport_attention_params params;

@@ -25,7 +25,7 @@ typedef struct fp_cuda_ctx {
     cudaStream_t stream; /* every launch and copy goes here; NULL = the legacy default stream */
     int sm_count;
     int cc_major, cc_minor;
-    size_t smem_optin; /* largest dynamic shared memory one block may ask for */
+    size_t smem_optin;  /* largest dynamic shared memory one block may ask for */
     void *encode_tiled; /* the driver's cuTensorMapEncodeTiled (sm90 path), NULL without one */
 } fp_cuda_ctx;
 

@@ -120,7 +120,8 @@ extern "C" flashport_status fp_cuda_layout_begin(const fp_cuda_ctx *ctx, const f
     }
     fp_cuda_log("staged the unaligned tensors of this %s in %zu bytes of workspace",
                 backward ? "backward" : "forward", bytes);
-    return e == cudaSuccess ? FLASHPORT_OK : fp_cuda_error(FLASHPORT_ERR_DEVICE, e, "layout staging");
+    return e == cudaSuccess ? FLASHPORT_OK
+                            : fp_cuda_error(FLASHPORT_ERR_DEVICE, e, "layout staging");
 }
 
 extern "C" flashport_status fp_cuda_layout_end(const fp_cuda_ctx *ctx, const fp_problem *p,

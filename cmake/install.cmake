@@ -21,7 +21,7 @@ if(FLASHPORT_DLPACK)
           DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})
 endif()
 
-foreach(plugin flashport_cuda flashport_hip flashport_hipshim)
+foreach(plugin flashport_cuda flashport_hip flashport_hipshim flashport_opencl)
   if(TARGET ${plugin})
     install(TARGETS ${plugin} LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR})
   endif()

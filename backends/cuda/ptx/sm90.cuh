@@ -87,6 +87,23 @@ FP_DEV void fp_tma_load_4d(uint32_t dst, const void *tmap, uint32_t bar, int c0,
                 : "memory");
 }
 
+/* `bytes` (a multiple of 16, both addresses 16-byte aligned) from global memory at src -> shared
+ * memory at dst, landing on barrier `bar` (which must expect them): a TMA copy without a map. */
+FP_DEV void fp_bulk_load(uint32_t dst, const void *src, uint32_t bytes, uint32_t bar)
+{
+    FP_SM90_ASM("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes"
+                " [%0], [%1], %2, [%3];\n" ::"r"(dst),
+                "l"(src), "r"(bytes), "r"(bar)
+                : "memory");
+}
+
+/* Makes this thread's ordinary shared-memory writes visible to the async proxy (wgmma operands
+ * read from shared memory, TMA stores) that runs after the next barrier. */
+FP_DEV void fp_fence_proxy_async_smem()
+{
+    FP_SM90_ASM("fence.proxy.async.shared::cta;\n" ::: "memory");
+}
+
 /* ---- wgmma ---------------------------------------------------------------------------------- */
 
 /* Orders this thread's register writes (accumulators, A fragments) before the next wgmma. */

@@ -348,18 +348,21 @@ static flashport_status cuda_call_path(const fp_cuda_ctx *ctx, const fp_problem 
 }
 
 /* Scratch bytes of a call: layout staging first, then the kernels' part (the device current),
- * sized on p itself: staging changes strides, never the sizes. A forward gets room for either
- * path, since whether the sm90 path declines is decided on the staged layout. refuse: also
- * return the refusal the call would give (flashport_attention_supported / _workspace_size); a
- * run gets it from the launch itself. */
+ * sized on p itself: staging changes strides, never the sizes. A call gets room for either
+ * path, since whether the sm90 path declines is decided on the staged layout. backward or
+ * refuse: also return the refusal the call would give (flashport_attention_supported /
+ * _workspace_size), decided on the staged layout as the run decides it. */
 static flashport_status scratch_bytes(const fp_cuda_ctx *ctx, const fp_problem *p, int backward,
                                       int refuse, size_t *layout, size_t *kernels)
 {
     *layout = fp_cuda_layout_bytes(p, backward);
     size_t k = 0;
     flashport_status st = FLASHPORT_OK;
-    if (backward || refuse)
-        st = cuda_call_path(ctx, p, backward, NULL, &k);
+    if (backward || refuse) {
+        fp_problem staged;
+        fp_cuda_layout_shape(p, backward, &staged);
+        st = cuda_call_path(ctx, &staged, backward, NULL, &k);
+    }
     if (st == FLASHPORT_OK) {
         size_t k90 = 0, k80 = 0;
         const char *declined;

@@ -62,6 +62,9 @@ static inline size_t fp_cuda_ws_round(size_t bytes)
  * aligned (0 for the common layouts). backward: 0 forward, 1 backward. */
 size_t fp_cuda_layout_bytes(const fp_problem *p, int backward);
 
+/* The problem the kernels would see after staging (twins at a placeholder aligned address): for
+ * choosing a path without a workspace. */
+void fp_cuda_layout_shape(const fp_problem *p, int backward, fp_problem *work);
 /* Gives every such tensor its twin in ws (fp_cuda_layout_bytes of it), copying inputs in; *work
  * is p with those tensors replaced. fp_cuda_layout_end copies the outputs back when st is OK
  * and returns st (or the error of the copy). */

@@ -907,13 +907,14 @@ static cudaError_t fp_dkdv_launch(const fp_cuda_ctx *ctx, const fp_problem *p,
 
 /* ---- the side passes, shared with the sm90 path (common.cuh declares them) ---------------- */
 
-size_t fp_cuda_bwd_side_setup(const fp_problem *p, fp_sm80_args *a, int dk, void *ws)
+size_t fp_cuda_bwd_side_setup(const fp_problem *p, fp_sm80_args *a, int dk, int accumulate,
+                              void *ws)
 {
     if (p->batch == 0 || p->heads == 0)
         return 0;
     /* Empty sequences still get their outputs written (zeros); only empty grids are skipped. */
     a->nq_pad = (max(a->nq, 1) + FP_BWD_ROW_PAD - 1) / FP_BWD_ROW_PAD * FP_BWD_ROW_PAD;
-    a->dq_atomic = !p->deterministic;
+    a->dq_atomic = accumulate;
     /* scratch: LSE * log2(e) and Dsum per row, and the f32 dQ accumulator in atomic mode */
     const size_t rows = (size_t)p->batch * p->heads * a->nq_pad;
     const size_t accum = a->dq_atomic ? rows * dk : 0;
@@ -978,7 +979,7 @@ static flashport_status fp_bwd_launch(const fp_cuda_ctx *ctx, const fp_problem *
                               (long long)p->head_dim,
                               fp_dkdv_smem<DK, fp_bwd_alts<DK>() - 1>() / 1024,
                               ctx->smem_optin / 1024);
-    const size_t bytes = fp_cuda_bwd_side_setup(p, &a, DK, query ? NULL : ws);
+    const size_t bytes = fp_cuda_bwd_side_setup(p, &a, DK, !p->deterministic, query ? NULL : ws);
     if (query) {
         *query = bytes;
         return FLASHPORT_OK;

@@ -400,9 +400,11 @@ FP_DEV void fp_red_add2(float *dst, float x, float y)
  * ([B, H, nq_pad] LSE * log2(e) and Dsum, and in atomic mode the [B, H, nq_pad, dk] f32 dQ
  * accumulator in fp_dq_frag_off's order), the pass that fills it (and zeroes the accumulator), and
  * the pass that scales the accumulator into dq. dk is the kernel's head dim (64, 128 or 256).
- * fp_cuda_bwd_side_setup sets a's nq_pad, dq_atomic and (ws != NULL) the workspace pointers, and
- * returns the bytes (0: nothing to do). */
-size_t fp_cuda_bwd_side_setup(const fp_problem *p, fp_sm80_args *a, int dk, void *ws);
+ * fp_cuda_bwd_side_setup sets a's nq_pad, dq_atomic (= accumulate: dQ goes through the
+ * accumulator) and (ws != NULL) the workspace pointers, and returns the bytes (0: nothing to do).
+ */
+size_t fp_cuda_bwd_side_setup(const fp_problem *p, fp_sm80_args *a, int dk, int accumulate,
+                              void *ws);
 cudaError_t fp_cuda_bwd_side_pre(const fp_problem *p, const fp_sm80_args &a, int dk,
                                  cudaStream_t stream);
 cudaError_t fp_cuda_bwd_side_dq(const fp_problem *p, const fp_sm80_args &a, int dk,

@@ -44,8 +44,7 @@ FP_SM90_WGMMA(__half, f16, 256);
 #endif
 
 /* wgmma m64n64k16 with A and B from shared memory, both MN-major (the backward's dQ = dS K). */
-template <typename T>
-FP_DEV void fp_wgmma_ss_tt64(float (&d)[32], uint64_t a, uint64_t b, int acc)
+template <typename T> FP_DEV void fp_wgmma_ss_tt64(float (&d)[32], uint64_t a, uint64_t b, int acc)
 {
 #if FP_SM90_DEVICE
     if constexpr (__is_same(T, __half))
@@ -78,8 +77,8 @@ typedef CUresult (*fp_encode_tiled_fn)(CUtensorMap *, CUtensorMapDataType, cuuin
  * needs a 16-byte-aligned base and strides that are positive multiples of 16 bytes below 2^40;
  * a dimension of extent 1 never moves, so its stride is replaced by a valid one. */
 static inline bool fp_sm90_tmap(const fp_cuda_ctx *ctx, CUtensorMap *map, const fp_tensor_view &v,
-                         flashport_dtype dt, int64_t d, int64_t tokens, int64_t heads,
-                         int64_t batch, int box_rows, const char **why)
+                                flashport_dtype dt, int64_t d, int64_t tokens, int64_t heads,
+                                int64_t batch, int box_rows, const char **why)
 {
     const cuuint64_t dims[4] = {(cuuint64_t)d, (cuuint64_t)tokens, (cuuint64_t)heads,
                                 (cuuint64_t)batch};

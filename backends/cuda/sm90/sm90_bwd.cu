@@ -8,22 +8,29 @@
  *   2. fp_sm90_bwd_kernel: one thread block of three warpgroups per (key block of BN = 128
  *      keys, kv head, batch); its dK and dV accumulate in registers over every query block that
  *      sees the key block, for every query head of the GQA group.
- *        producer (warpgroup 0, one thread; setmaxnreg gives its registers away): TMA loads of
- *          the K and V tiles once, then per step (query head, query block of BM rows) the Q and
- *          dO tiles (tensor maps) and the rows' LSE2 and Dsum (bulk copies) into a ring of ST
- *          stages, each with a "full" and an "empty" mbarrier.
+ *        producer warpgroup (setmaxnreg gives its registers away): thread 0 issues TMA loads
+ *          of the K and V tiles once, then per step (query head, query block of BM rows) the Q
+ *          and dO tiles (tensor maps) and the rows' LSE2 and Dsum (bulk copies) into a ring of
+ *          ST stages, each with a "full" and an "empty" mbarrier; thread 32 (the dQ writer)
+ *          adds each step's dQ tile from shared memory to the f32 accumulator with one bulk
+ *          reduction (cp.reduce.async.bulk .add.f32).
  *        consumers (warpgroups 1 and 2, 64 keys each): with the keys as the rows of every
  *          product, so that P^T and dS^T come out of the accumulators in the layout of wgmma's
  *          register A operand:
- *            S^T = K Q^T and dP^T = dO-side V dO^T (both operands in shared memory);
+ *            S^T = K Q^T and dP^T = V dO^T (both operands in shared memory);
  *            P^T = exp2(S^T scale log2(e) - LSE2), dS^T = P^T (dP^T - Dsum) in registers;
  *            dV += P^T dO and dK += dS^T Q (A from registers, B = dO / Q MN-major);
  *            dS^T to shared memory (two buffers, by step parity), one barrier between the two
  *            warpgroups, then dQ = dS K (both operands MN-major) over all 128 keys: at D = 128
  *            each warpgroup takes 64 of dQ's columns, at D = 64 (BM = 128) 64 of its rows;
- *            dQ added to the f32 accumulator with 8-byte reductions, in the sm80 path's
- *            fragment order (fp_dq_frag_off), so that its conversion pass is shared.
+ *            dQ to a shared tile in the accumulator's order (the sm80 path's fp_dq_frag_off, so
+ *            that the conversion pass is shared), handed to the writer through mbarriers.
  *   3. fp_cuda_bwd_side_dq: the accumulator scaled into dq.
+ * Deterministic mode: a counter per (batch, head, query block) makes the key blocks that see the
+ * query block add their dQ tiles one after another in key-block order (the writer waits for its
+ * turn, adds, waits for the add to complete, passes the turn on). Blocks are launched in
+ * key-block order, so a turn's owner has always started. Every sum then has a fixed order:
+ * bitwise identical run to run.
  * Masking mirrors the forward: only query blocks that see the key block are visited
  * (fp_geom_query_blocks), fp_mask_block_full picks the steps that need no per-element mask, and
  * the others select (never multiply) P and dS to 0 for keys a row cannot see. Softcap
@@ -31,18 +38,18 @@
  *
  * Configurations (fp_sm90_bwd_cfg; 384 threads, one block per SM): D = 64: BM 128, D = 128:
  * BM 64; BN 128, 2 stages. Other head dims up to 128 run on the next larger kernel (TMA reads
- * the columns past D as zeros); larger head dims and the deterministic mode run on the sm80 path.
+ * the columns past D as zeros); larger head dims run on the sm80 path.
  *
  * Differences from the reference: P and dS are rounded to f16/bf16 before the products that
- * use them; exp2 is the hardware approximation; dQ is summed in an order that varies from run
- * to run (last-bit differences). Numbers: docs/performance.md.
+ * use them; exp2 is the hardware approximation; outside the deterministic mode dQ is summed in an
+ * order that varies from run to run (last-bit differences). Numbers: docs/performance.md.
  */
 #include "backends/cuda/cuda_internal.h"
 
 #ifdef FP_CUDA_EMU
 extern "C" flashport_status fp_cuda_sm90_backward(const fp_cuda_ctx *ctx, const fp_problem *p,
-                                                  const char *why, const char **declined,
-                                                  void *ws, size_t *query)
+                                                  const char *why, const char **declined, void *ws,
+                                                  size_t *query)
 {
     (void)ctx;
     (void)p;
@@ -70,19 +77,27 @@ template <int DK_> struct fp_sm90_bwd_cfg {
     static constexpr int DK = DK_, BN = 128, BM = DK_ == 64 ? 128 : 64, ST = 2;
     /* dQ = dS K split between the two warpgroups by rows (BM = 128) or by columns */
     static constexpr bool DQ_BY_ROWS = BM == 128;
+    /* dQ tiles in shared memory, for the writer warp's bulk reductions (one at D = 64: two
+     * would pass the 227 KiB a block may have) */
+    static constexpr int DQB = DK_ == 64 ? 1 : 2;
     static constexpr uint32_t KV_BYTES = BN * DK * 2, Q_BYTES = BM * DK * 2, ROW_BYTES = BM * 4,
-                              DS_BYTES = BM * BN * 2;
+                              DS_BYTES = BM * BN * 2, DQ_BYTES = BM * DK * 4;
     static_assert(DK == 64 || DK == 128, "the sm90 backward's head dims");
     static_assert((DQ_BY_ROWS ? DK : DK / 2) == 64, "dQ products are m64n64");
-    /* K, V, the stages, two dS buffers, the barriers, and 1024 bytes to align to the swizzle
-     * atom */
-    static constexpr size_t SMEM =
-        2 * KV_BYTES + ST * (2 * Q_BYTES + 2 * ROW_BYTES) + 2 * DS_BYTES + (1 + 2 * ST) * 8 + 1024;
+    /* K, V, the stages, two dS buffers, the dQ tiles, the barriers, and 1024 bytes to align
+     * to the swizzle atom */
+    static constexpr size_t SMEM = 2 * KV_BYTES + ST * (2 * Q_BYTES + 2 * ROW_BYTES) +
+                                   2 * DS_BYTES + DQB * DQ_BYTES + (1 + 2 * ST + 2 * DQB) * 8 +
+                                   1024;
+    static_assert(SMEM <= 227 * 1024, "one block per SM");
 };
 
 typedef struct fp_sm90_bwd_params {
     CUtensorMap tq, tk, tv, tdo; /* 4-d maps (D, tokens, heads, batch); boxes of 64 x rows */
     fp_sm80_args a;
+    /* deterministic mode: [B, H, nq_pad / BM] turn counters (zeroed), one per query block: the
+     * key blocks that see it add their dQ in key-block order; NULL otherwise */
+    int *dq_turn;
 } fp_sm90_bwd_params;
 
 /* Byte offset of element (row, column c) in a tile of ROWS rows stored as TMA writes it with
@@ -100,8 +115,8 @@ __global__ void __launch_bounds__(FP_SM90B_THREADS, 1)
 {
 #if FP_SM90_DEVICE
     constexpr int BM = CFG::BM, BN = CFG::BN, DK = CFG::DK, ST = CFG::ST, NP = DK / 64;
-    constexpr uint32_t KV_BYTES = CFG::KV_BYTES, Q_BYTES = CFG::Q_BYTES,
-                       ROW_BYTES = CFG::ROW_BYTES, DS_BYTES = CFG::DS_BYTES;
+    constexpr uint32_t KV_BYTES = CFG::KV_BYTES, Q_BYTES = CFG::Q_BYTES, ROW_BYTES = CFG::ROW_BYTES,
+                       DS_BYTES = CFG::DS_BYTES;
     const fp_sm80_args &a = prm.a;
 
     extern __shared__ unsigned char fp_smem_raw[];
@@ -109,11 +124,16 @@ __global__ void __launch_bounds__(FP_SM90B_THREADS, 1)
     const uint32_t sk = (raw + 1023u) & ~1023u;
     unsigned char *const gbase = fp_smem_raw + (sk - raw); /* generic pointer to sk */
     const uint32_t sv = sk + KV_BYTES, sq = sv + KV_BYTES, sdo = sq + ST * Q_BYTES;
-    const uint32_t sds = sdo + ST * Q_BYTES, srow = sds + 2 * DS_BYTES;
+    constexpr int DQB = CFG::DQB;
+    constexpr uint32_t DQ_BYTES = CFG::DQ_BYTES;
+    const uint32_t sds = sdo + ST * Q_BYTES, sdq = sds + 2 * DS_BYTES;
+    const uint32_t srow = sdq + DQB * DQ_BYTES;
     const uint32_t bars = srow + 2 * ST * ROW_BYTES;
     const uint32_t kv_full = bars;
     auto full = [&](int s) { return bars + 8u * (1 + s); };
     auto empty = [&](int s) { return bars + 8u * (1 + ST + s); };
+    auto dq_full = [&](int u) { return bars + 8u * (1 + 2 * ST + u); };
+    auto dq_empty = [&](int u) { return bars + 8u * (1 + 2 * ST + DQB + u); };
     /* LSE2 and Dsum of stage s */
     auto lse_of = [&](int s) {
         return reinterpret_cast<const float *>(gbase + (srow - sk) + s * ROW_BYTES);
@@ -138,13 +158,53 @@ __global__ void __launch_bounds__(FP_SM90B_THREADS, 1)
             fp_mbar_init(full(s), 1);
             fp_mbar_init(empty(s), FP_SM90B_CONSUMER_THREADS);
         }
+        for (int u = 0; u < DQB; ++u) {
+            fp_mbar_init(dq_full(u), FP_SM90B_CONSUMER_THREADS);
+            fp_mbar_init(dq_empty(u), 1);
+        }
         fp_mbar_fence_init();
     }
     __syncthreads();
 
     if (wg == 0) {
-        /* ---- producer: one thread issues every load ---- */
-        fp_setmaxnreg_dec<24>();
+        /* ---- producer warpgroup: thread 0 issues every load, thread 32 writes dQ ---- */
+        fp_setmaxnreg_dec<32>(); /* 128 x 32 + 256 x 240 = 64 K registers */
+        if (wtid == 32 && steps > 0) {
+            /* The consumers leave each step's dQ tile in shared memory in the accumulator's
+             * order; one bulk reduction adds it to the BM contiguous rows of the accumulator.
+             * Deterministic mode: each query block's counter says whose turn it is. */
+            int h = kvh * a.group, mb = mb_lo;
+            for (int it = 0; it < steps; ++it) {
+                const int u = it % DQB, m0 = mb * BM;
+                fp_mbar_wait(dq_full(u), (it / DQB) & 1);
+                float *dst = a.dq_accum + fp_bwd_ws_row(a, b, h, m0) * DK;
+                int *turn = NULL;
+                if (prm.dq_turn) {
+                    turn = prm.dq_turn + ((int64_t)b * a.heads + h) * (a.nq_pad / BM) + mb;
+                    int kb_lo, kb_hi;
+                    fp_geom_key_blocks(m0, min(m0 + BM, nq), nq, nk, a.left, a.right, BN, &kb_lo,
+                                       &kb_hi);
+                    while (fp_ld_acquire_gpu(turn) != kb - kb_lo) {
+                    }
+                    fp_fence_proxy_async_global();
+                }
+                fp_bulk_reduce_add_f32(dst, sdq + u * DQ_BYTES, DQ_BYTES);
+                fp_bulk_commit();
+                if (turn) {
+                    fp_bulk_wait();
+                    fp_fence_proxy_async_global();
+                    fp_red_release_gpu(turn, 1);
+                } else {
+                    fp_bulk_wait_read();
+                }
+                fp_mbar_arrive(dq_empty(u));
+                if (++mb == mb_end) {
+                    mb = mb_lo;
+                    ++h;
+                }
+            }
+            fp_bulk_wait();
+        }
         if (wtid == 0 && steps > 0) {
             fp_tma_prefetch_desc(&prm.tq);
             fp_tma_prefetch_desc(&prm.tdo);
@@ -165,8 +225,8 @@ __global__ void __launch_bounds__(FP_SM90B_THREADS, 1)
                 const int q_row = (int)seq.q_start + mb * BM;
 #pragma unroll
                 for (int p = 0; p < NP; ++p) {
-                    fp_tma_load_4d(sq + s * Q_BYTES + p * BM * 128, &prm.tq, full(s), 64 * p,
-                                   q_row, h, cb);
+                    fp_tma_load_4d(sq + s * Q_BYTES + p * BM * 128, &prm.tq, full(s), 64 * p, q_row,
+                                   h, cb);
                     fp_tma_load_4d(sdo + s * Q_BYTES + p * BM * 128, &prm.tdo, full(s), 64 * p,
                                    q_row, h, cb);
                 }
@@ -233,7 +293,8 @@ __global__ void __launch_bounds__(FP_SM90B_THREADS, 1)
                     const float2 l = *reinterpret_cast<const float2 *>(lse2 + 8 * j + 2 * t);
 #pragma unroll
                     for (int r = 0; r < 2; ++r) {
-                        sacc[4 * j + 2 * r] = fp_exp2(fmaf(sacc[4 * j + 2 * r], a.scale_log2, -l.x));
+                        sacc[4 * j + 2 * r] =
+                            fp_exp2(fmaf(sacc[4 * j + 2 * r], a.scale_log2, -l.x));
                         sacc[4 * j + 2 * r + 1] =
                             fp_exp2(fmaf(sacc[4 * j + 2 * r + 1], a.scale_log2, -l.y));
                     }
@@ -340,17 +401,24 @@ __global__ void __launch_bounds__(FP_SM90B_THREADS, 1)
             fp_fence_u32(da);
             fp_mbar_arrive(empty(s));
 
-            /* dQ's 8-byte reductions: element 4 j + 2 r + e is row band + g + 8 r, column
-             * c0 + 8 j + 2 t + e */
-            const int band = m0 + (CFG::DQ_BY_ROWS ? 64 * w : 0) + 16 * warp;
+            /* dQ -> the shared tile of this step, in the accumulator's order (bands of 16 rows,
+             * fp_dq_frag_off): element 4 j + 2 r + e is row 16 band + g + 8 r, column
+             * c0 + 8 j + 2 t + e; then the writer warp's turn */
+            const int u = it % DQB;
+            fp_mbar_wait(dq_empty(u), ((it / DQB) & 1) ^ 1);
+            const int band = (CFG::DQ_BY_ROWS ? 4 * w : 0) + warp;
             const int c0 = CFG::DQ_BY_ROWS ? 0 : 64 * w;
-            float *acc = a.dq_accum + fp_bwd_ws_row(a, b, h, band) * DK;
+            float *tile =
+                reinterpret_cast<float *>(gbase + (sdq - sk) + u * DQ_BYTES) + band * 16 * DK;
 #pragma unroll
             for (int j = 0; j < 8; ++j)
 #pragma unroll
                 for (int r = 0; r < 2; ++r)
-                    fp_red_add2(acc + fp_dq_frag_off(g + 8 * r, c0 + 8 * j + 2 * t),
-                                dq[4 * j + 2 * r], dq[4 * j + 2 * r + 1]);
+                    *reinterpret_cast<float2 *>(tile +
+                                                fp_dq_frag_off(g + 8 * r, c0 + 8 * j + 2 * t)) =
+                        make_float2(dq[4 * j + 2 * r], dq[4 * j + 2 * r + 1]);
+            fp_fence_proxy_async_smem();
+            fp_mbar_arrive(dq_full(u));
             if (++mb == mb_end) {
                 mb = mb_lo;
                 ++h;
@@ -364,8 +432,10 @@ __global__ void __launch_bounds__(FP_SM90B_THREADS, 1)
         const int key = n0 + kr + 8 * r;
         if (key >= nk)
             continue;
-        T *dkg = reinterpret_cast<T *>(const_cast<void *>(a.dk.ptr)) + fp_cuda_row(a.dk, b, seq.k_start + key, kvh);
-        T *dvg = reinterpret_cast<T *>(const_cast<void *>(a.dv.ptr)) + fp_cuda_row(a.dv, b, seq.k_start + key, kvh);
+        T *dkg = reinterpret_cast<T *>(const_cast<void *>(a.dk.ptr)) +
+                 fp_cuda_row(a.dk, b, seq.k_start + key, kvh);
+        T *dvg = reinterpret_cast<T *>(const_cast<void *>(a.dv.ptr)) +
+                 fp_cuda_row(a.dv, b, seq.k_start + key, kvh);
 #pragma unroll
         for (int j = 0; j < DK / 8; ++j) {
             const int c = 8 * j + 2 * t;
@@ -391,7 +461,13 @@ static flashport_status fp_sm90_bwd_run(const fp_cuda_ctx *ctx, const fp_problem
     fp_sm90_bwd_params prm;
     fp_sm80_args &a = prm.a;
     fp_sm80_fill_args(p, &a);
-    const size_t bytes = fp_cuda_bwd_side_setup(p, &a, DK, query ? NULL : ws);
+    /* the side passes' workspace (always with the dQ accumulator), then the turn counters of the
+     * deterministic mode */
+    const size_t side = fp_cuda_bwd_side_setup(p, &a, DK, 1, query ? NULL : ws);
+    const size_t turns =
+        side && p->deterministic ? (size_t)p->batch * p->heads * (a.nq_pad / CFG::BM) : 0;
+    const size_t bytes = side ? fp_cuda_ws_round(side) + turns * sizeof(int) : 0;
+    prm.dq_turn = turns && !query ? (int *)((char *)ws + fp_cuda_ws_round(side)) : NULL;
     if (query)
         *query = bytes;
     const int64_t bq = p->varlen ? 1 : p->batch;
@@ -411,8 +487,10 @@ static flashport_status fp_sm90_bwd_run(const fp_cuda_ctx *ctx, const fp_problem
 
     const cudaStream_t stream = ctx->stream;
     void (*kernel)(const fp_sm90_bwd_params) = fp_sm90_bwd_kernel<T, CFG>;
-    cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                         (int)CFG::SMEM);
+    cudaError_t e =
+        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)CFG::SMEM);
+    if (e == cudaSuccess && prm.dq_turn)
+        e = cudaMemsetAsync(prm.dq_turn, 0, turns * sizeof(int), stream);
     if (e == cudaSuccess)
         e = fp_cuda_bwd_side_pre(p, a, DK, stream);
     const dim3 grid((unsigned)((a.nk + CFG::BN - 1) / CFG::BN), (unsigned)p->kv_heads,
@@ -422,8 +500,9 @@ static flashport_status fp_sm90_bwd_run(const fp_cuda_ctx *ctx, const fp_problem
         e = cudaGetLastError();
     }
     fp_cuda_log("backward: sm90 D%d kernel (TMA + wgmma, BN %d, BM %d, %d stages, 2 consumer "
-                "warpgroups) for D=%lld, grid %ux%ux%u; %s",
-                DK, CFG::BN, CFG::BM, CFG::ST, (long long)p->head_dim, grid.x, grid.y, grid.z, why);
+                "warpgroups, dQ by bulk reductions%s) for D=%lld, grid %ux%ux%u; %s",
+                DK, CFG::BN, CFG::BM, CFG::ST, prm.dq_turn ? " in key-block order" : "",
+                (long long)p->head_dim, grid.x, grid.y, grid.z, why);
     if (e == cudaSuccess)
         e = fp_cuda_bwd_side_dq(p, a, DK, stream);
     if (e != cudaSuccess) {
@@ -444,8 +523,8 @@ static flashport_status fp_sm90_bwd_dispatch(const fp_cuda_ctx *ctx, const fp_pr
 }
 
 extern "C" flashport_status fp_cuda_sm90_backward(const fp_cuda_ctx *ctx, const fp_problem *p,
-                                                  const char *why, const char **declined,
-                                                  void *ws, size_t *query)
+                                                  const char *why, const char **declined, void *ws,
+                                                  size_t *query)
 {
     *declined = NULL;
     if (query)
@@ -456,8 +535,6 @@ extern "C" flashport_status fp_cuda_sm90_backward(const fp_cuda_ctx *ctx, const 
         *declined = "the driver has no cuTensorMapEncodeTiled";
     else if (p->head_dim > 128)
         *declined = "the sm90 backward has kernels for head dims up to 128";
-    else if (p->deterministic)
-        *declined = "the deterministic backward runs on the sm80 path";
     else if (ctx->smem_optin < fp_sm90_bwd_cfg<128>::SMEM ||
              ctx->smem_optin < fp_sm90_bwd_cfg<64>::SMEM)
         *declined = "the sm90 kernels need more shared memory per block than this device allows";

@@ -168,7 +168,9 @@ __global__ void __launch_bounds__(FP_SM90B_THREADS, 1)
 
     if (wg == 0) {
         /* ---- producer warpgroup: thread 0 issues every load, thread 32 writes dQ ---- */
-        fp_setmaxnreg_dec<32>(); /* 128 x 32 + 256 x 240 = 64 K registers */
+        /* the 168 registers a thread starts with: 128 x (168 - 24) given up, 256 x (240 - 168)
+         * taken */
+        fp_setmaxnreg_dec<24>();
         if (wtid == 32 && steps > 0) {
             /* The consumers leave each step's dQ tile in shared memory in the accumulator's
              * order; one bulk reduction adds it to the BM contiguous rows of the accumulator.

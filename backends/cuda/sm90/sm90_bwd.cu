@@ -428,26 +428,34 @@ __global__ void __launch_bounds__(FP_SM90B_THREADS, 1)
         }
     }
 
-    /* dK (times the softmax scale) and dV of this thread's keys */
+    /* dK (times the softmax scale) and dV, staged in this warpgroup's rows of the K and V tiles
+     * (free once both warpgroups' last dQ product, which reads all of K, has landed), then
+     * written as 16-byte rows */
+    fp_named_bar_sync(1, FP_SM90B_CONSUMER_THREADS);
 #pragma unroll
-    for (int r = 0; r < 2; ++r) {
-        const int key = n0 + kr + 8 * r;
-        if (key >= nk)
-            continue;
-        T *dkg = reinterpret_cast<T *>(const_cast<void *>(a.dk.ptr)) +
-                 fp_cuda_row(a.dk, b, seq.k_start + key, kvh);
-        T *dvg = reinterpret_cast<T *>(const_cast<void *>(a.dv.ptr)) +
-                 fp_cuda_row(a.dv, b, seq.k_start + key, kvh);
+    for (int j = 0; j < DK / 8; ++j)
 #pragma unroll
-        for (int j = 0; j < DK / 8; ++j) {
-            const int c = 8 * j + 2 * t;
-            if (c < a.d) {
-                *reinterpret_cast<uint32_t *>(dkg + c) =
-                    fp_pack2<T>(dk[4 * j + 2 * r] * a.scale, dk[4 * j + 2 * r + 1] * a.scale);
-                *reinterpret_cast<uint32_t *>(dvg + c) =
-                    fp_pack2<T>(dv[4 * j + 2 * r], dv[4 * j + 2 * r + 1]);
-            }
+        for (int r = 0; r < 2; ++r) {
+            const uint32_t off = fp_swz128<BN>(kr + 8 * r, 8 * j + 2 * t);
+            *reinterpret_cast<uint32_t *>(gbase + off) =
+                fp_pack2<T>(dk[4 * j + 2 * r] * a.scale, dk[4 * j + 2 * r + 1] * a.scale);
+            *reinterpret_cast<uint32_t *>(gbase + (sv - sk) + off) =
+                fp_pack2<T>(dv[4 * j + 2 * r], dv[4 * j + 2 * r + 1]);
         }
+    fp_named_bar_sync(2 + w, 128);
+    constexpr int CH = DK / 8; /* 16-byte chunks of a row */
+    T *dkg = reinterpret_cast<T *>(const_cast<void *>(a.dk.ptr));
+    T *dvg = reinterpret_cast<T *>(const_cast<void *>(a.dv.ptr));
+#pragma unroll 4
+    for (int idx = wtid; idx < 64 * CH; idx += 128) {
+        const int row = 64 * w + idx / CH, c = idx % CH, key = n0 + row;
+        if (key >= nk || 8 * c >= a.d)
+            continue;
+        const uint32_t off = fp_swz128<BN>(row, 8 * c);
+        *reinterpret_cast<uint4 *>(dkg + fp_cuda_row(a.dk, b, seq.k_start + key, kvh) + 8 * c) =
+            *reinterpret_cast<const uint4 *>(gbase + off);
+        *reinterpret_cast<uint4 *>(dvg + fp_cuda_row(a.dv, b, seq.k_start + key, kvh) + 8 * c) =
+            *reinterpret_cast<const uint4 *>(gbase + (sv - sk) + off);
     }
 #endif
 }

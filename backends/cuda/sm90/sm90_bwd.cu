@@ -26,11 +26,14 @@
  *            dQ to a shared tile in the accumulator's order (the sm80 path's fp_dq_frag_off, so
  *            that the conversion pass is shared), handed to the writer through mbarriers.
  *   3. fp_cuda_bwd_side_dq: the accumulator scaled into dq.
+ * Query blocks are walked from the last to the first: every key block of a causal mask then
+ * reaches a query block at the same step (the last query blocks see every key block).
  * Deterministic mode: a counter per (batch, head, query block) makes the key blocks that see the
  * query block add their dQ tiles one after another in key-block order (the writer waits for its
  * turn, adds, waits for the add to complete, passes the turn on). Blocks are launched in
- * key-block order, so a turn's owner has always started. Every sum then has a fixed order:
- * bitwise identical run to run.
+ * key-block order, so a turn's owner has always started; with the walk above, the key blocks
+ * arrive at a query block together and the turns cost a chain of reductions, not a wavefront of
+ * steps. Every sum then has a fixed order: bitwise identical run to run.
  * Masking mirrors the forward: only query blocks that see the key block are visited
  * (fp_geom_query_blocks), fp_mask_block_full picks the steps that need no per-element mask, and
  * the others select (never multiply) P and dS to 0 for keys a row cannot see. Softcap
@@ -175,7 +178,7 @@ __global__ void __launch_bounds__(FP_SM90B_THREADS, 1)
             /* The consumers leave each step's dQ tile in shared memory in the accumulator's
              * order; one bulk reduction adds it to the BM contiguous rows of the accumulator.
              * Deterministic mode: each query block's counter says whose turn it is. */
-            int h = kvh * a.group, mb = mb_lo;
+            int h = kvh * a.group, mb = mb_end - 1;
             for (int it = 0; it < steps; ++it) {
                 const int u = it % DQB, m0 = mb * BM;
                 fp_mbar_wait(dq_full(u), (it / DQB) & 1);
@@ -200,8 +203,8 @@ __global__ void __launch_bounds__(FP_SM90B_THREADS, 1)
                     fp_bulk_wait_read();
                 }
                 fp_mbar_arrive(dq_empty(u));
-                if (++mb == mb_end) {
-                    mb = mb_lo;
+                if (--mb < mb_lo) {
+                    mb = mb_end - 1;
                     ++h;
                 }
             }
@@ -219,7 +222,7 @@ __global__ void __launch_bounds__(FP_SM90B_THREADS, 1)
                 fp_tma_load_4d(sk + p * BN * 128, &prm.tk, kv_full, 64 * p, k_row, kvh, cb);
                 fp_tma_load_4d(sv + p * BN * 128, &prm.tv, kv_full, 64 * p, k_row, kvh, cb);
             }
-            int h = kvh * a.group, mb = mb_lo;
+            int h = kvh * a.group, mb = mb_end - 1;
             for (int it = 0; it < steps; ++it) {
                 const int s = it % ST;
                 fp_mbar_wait(empty(s), ((it / ST) & 1) ^ 1);
@@ -235,8 +238,8 @@ __global__ void __launch_bounds__(FP_SM90B_THREADS, 1)
                 const int64_t w = fp_bwd_ws_row(a, b, h, (int64_t)mb * BM);
                 fp_bulk_load(srow + s * ROW_BYTES, a.ws_lse2 + w, ROW_BYTES, full(s));
                 fp_bulk_load(srow + (ST + s) * ROW_BYTES, a.ws_dsum + w, ROW_BYTES, full(s));
-                if (++mb == mb_end) {
-                    mb = mb_lo;
+                if (--mb < mb_lo) {
+                    mb = mb_end - 1;
                     ++h;
                 }
             }
@@ -259,7 +262,7 @@ __global__ void __launch_bounds__(FP_SM90B_THREADS, 1)
     if (steps > 0) {
         const fp_mask32 mk = fp_mask32_make(nq, nk, a.left, a.right);
         fp_mbar_wait(kv_full, 0);
-        int h = kvh * a.group, mb = mb_lo;
+        int h = kvh * a.group, mb = mb_end - 1;
         for (int it = 0; it < steps; ++it) {
             const int s = it % ST, m0 = mb * BM;
             const uint32_t qs = sq + s * Q_BYTES, dos = sdo + s * Q_BYTES;
@@ -421,8 +424,8 @@ __global__ void __launch_bounds__(FP_SM90B_THREADS, 1)
                         make_float2(dq[4 * j + 2 * r], dq[4 * j + 2 * r + 1]);
             fp_fence_proxy_async_smem();
             fp_mbar_arrive(dq_full(u));
-            if (++mb == mb_end) {
-                mb = mb_lo;
+            if (--mb < mb_lo) {
+                mb = mb_end - 1;
                 ++h;
             }
         }

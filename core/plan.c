@@ -109,3 +109,39 @@ fp_plan_task fp_plan_task_at(const fp_plan *p, const fp_plan_shape *s, int64_t t
     out.q_block = p->heavy_first ? p->num_q_blocks - 1 - rank : rank;
     return out;
 }
+
+int32_t fp_plan_backward_group_splits(const fp_plan_shape *s, int64_t workers, int32_t block_k)
+{
+    const int64_t kv = s->kv_heads > 0 ? s->kv_heads : s->heads;
+    if (kv <= 0 || s->heads % kv != 0 || workers <= 0 || block_k <= 0 || s->batch <= 0 ||
+        s->seqlen_q <= 0 || s->seqlen_k <= 0)
+        return 1;
+    const int64_t group = s->heads / kv;
+    const int64_t k_blocks = ceil_div(s->seqlen_k, block_k);
+    const int64_t blocks = k_blocks * kv * s->batch;
+    const int64_t target = workers * FP_PLAN_BWD_GROUP_WAVES;
+    if (group <= 1 || blocks >= target)
+        return 1;
+    /* Query blocks per head that the key blocks visit, summed: a split's steps are this times
+     * its heads, over the key blocks. */
+    int64_t visits = 0;
+    for (int64_t kb = 0; kb < k_blocks; kb++) {
+        const int64_t j1 = (kb + 1) * block_k < s->seqlen_k ? (kb + 1) * block_k : s->seqlen_k;
+        int mb0, mb1;
+        fp_geom_query_blocks(kb * block_k, j1, s->seqlen_q, s->seqlen_k, s->window_left,
+                             s->window_right, block_k, &mb0, &mb1);
+        visits += mb1 - mb0;
+    }
+    int32_t best = 1;
+    for (int64_t n = 2; n <= group; n++) {
+        if (group % n != 0)
+            continue;
+        /* average steps of a block: (group / n) heads x visits / k_blocks query blocks */
+        if ((group / n) * visits < FP_PLAN_BWD_MIN_STEPS * k_blocks)
+            break;
+        best = (int32_t)n;
+        if (blocks * n >= target)
+            break;
+    }
+    return best;
+}

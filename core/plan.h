@@ -78,13 +78,14 @@ int32_t fp_plan_heavy_first(const fp_plan_shape *shape);
 fp_plan_task fp_plan_task_at(const fp_plan *plan, const fp_plan_shape *shape, int64_t task);
 
 /* Backward dK/dV under GQA/MQA: into how many contiguous slices of equal size (a divisor of the
- * group, heads / kv_heads) to cut each kv head's query heads, so that a grid of
- * key blocks x kv_heads x batch x splits blocks, one block per worker at a time, fills `workers`
- * at least FP_PLAN_BWD_GROUP_WAVES times, while each block still walks at least
- * FP_PLAN_BWD_MIN_STEPS (query head, query block) steps on average (block_k stands for the query
- * block too). The smallest such divisor wins: each split adds a partial dK/dV to write and sum.
- * When no divisor fills the machine that often, the largest that keeps the steps. 1 (no split)
- * without a group, for empty shapes and when the unsplit grid already fills the machine. */
+ * group, heads / kv_heads) to cut each kv head's query heads, so that the grid of
+ * key blocks x kv_heads x batch x splits blocks, one block per worker at a time, gives each of
+ * `workers` at least FP_PLAN_BWD_GROUP_WAVES times the heaviest block's work (for equal blocks:
+ * that many waves; a causal mask's first key blocks cost twice the average), while each block
+ * still walks at least FP_PLAN_BWD_MIN_STEPS (query head, query block) steps on average (block_k
+ * stands for the query block too). The smallest such divisor wins: each split adds a partial
+ * dK/dV to write and sum. When no divisor gets there, the largest that keeps the steps. 1 (no
+ * split) without a group, for empty shapes and when the unsplit grid is enough. */
 enum { FP_PLAN_BWD_GROUP_WAVES = 2, FP_PLAN_BWD_MIN_STEPS = 8 };
 int32_t fp_plan_backward_group_splits(const fp_plan_shape *shape, int64_t workers, int32_t block_k);
 

@@ -16,7 +16,8 @@
  *     (MQA 64:1 at B = 4, N = 1024 splits 16 ways; GQA 8:1 at B = 4, N = 4096 and every shape
  *     without a group do not split); over random shapes the result divides the group, keeps each
  *     block's average steps (counted by brute force over fp_mask_visible) at or above the minimum,
- *     and is the smallest divisor reaching the target grid, or the largest allowed when none does.
+ *     and is the smallest divisor that gives each worker the target multiple of the heaviest
+ *     block's steps, or the largest allowed when none does.
  */
 #include "core/mask.h"
 #include "core/plan.h"
@@ -325,9 +326,16 @@ static void test_group_splits(void)
     CHECK_MSG(fp_plan_backward_group_splits(&mqa, 132, 128) == 16, "MQA 64:1 B4 N1024: %d",
               (int)fp_plan_backward_group_splits(&mqa, 132, 128));
     /* GQA 8:1 at B = 4, N = 4096: 512 blocks unsplit, enough. */
-    fp_plan_shape gqa = make_gqa(4, 32, 4, 4096, 4096, 1);
+    fp_plan_shape gqa = make_gqa(4, 32, 4, 4096, 4096, 0);
     CHECK_MSG(fp_plan_backward_group_splits(&gqa, 132, 128) == 1, "GQA 8:1 B4 N4096: %d",
               (int)fp_plan_backward_group_splits(&gqa, 132, 128));
+    /* ... at B = 3 with a causal mask: 384 blocks are 2.9 waves, but the first key blocks see 32
+     * query blocks and the average 16.5, so a worker's share (16.5 x 384 / 132 = 48 block
+     * visits) is under twice the heaviest (32): 2 splits. */
+    fp_plan_shape gqa_causal = make_gqa(3, 32, 4, 4096, 4096, 1);
+    CHECK_MSG(fp_plan_backward_group_splits(&gqa_causal, 132, 128) == 2,
+              "GQA 8:1 B3 N4096 causal: %d",
+              (int)fp_plan_backward_group_splits(&gqa_causal, 132, 128));
     /* GQA 8:1 at B = 1, N = 1024: 32 blocks; no divisor of 8 reaches 264, the whole group does. */
     fp_plan_shape gqa1 = make_gqa(1, 32, 4, 1024, 1024, 0);
     CHECK_MSG(fp_plan_backward_group_splits(&gqa1, 132, 128) == 8, "GQA 8:1 B1 N1024: %d",
@@ -359,10 +367,15 @@ static void test_group_splits(void)
         fp_plan_shape s = make_shape(b, hkv * group, nq, nk, 64, left, right);
         s.kv_heads = hkv;
         const int32_t got = fp_plan_backward_group_splits(&s, workers, bk);
-        const int64_t kblocks = (nk + bk - 1) / bk, blocks = kblocks * hkv * b;
-        int64_t visits = 0;
-        for (int64_t kb = 0; kb < kblocks; kb++)
-            visits += brute_visits(&s, bk, kb);
+        const int64_t kblocks = (nk + bk - 1) / bk;
+        int64_t visits = 0, most = 0;
+        for (int64_t kb = 0; kb < kblocks; kb++) {
+            const int64_t v = brute_visits(&s, bk, kb);
+            visits += v;
+            most = v > most ? v : most;
+        }
+        /* enough: each worker's share of the steps at least the waves times the heaviest block */
+        const int64_t have = visits * hkv * b, need = FP_PLAN_BWD_GROUP_WAVES * workers * most;
         char what[160];
         snprintf(what, sizeof what,
                  "B%lld H%lld Hkv%lld Nq%lld Nk%lld window (%lld, %lld) bk%d "
@@ -372,12 +385,12 @@ static void test_group_splits(void)
                  (int)got);
         /* allowed: a divisor of the group whose blocks keep the minimum average steps */
         int64_t want = 1;
-        int reached = blocks >= FP_PLAN_BWD_GROUP_WAVES * workers;
+        int reached = visits == 0 || have >= need;
         for (int64_t n = 2; n <= group && !reached; n++) {
             if (group % n || (group / n) * visits < FP_PLAN_BWD_MIN_STEPS * kblocks)
                 continue;
             want = n;
-            reached = blocks * n >= FP_PLAN_BWD_GROUP_WAVES * workers;
+            reached = have * n >= need;
         }
         if (!CHECK_MSG(got == want && group % got == 0, "%s, expected %lld", what, (long long)want))
             break;

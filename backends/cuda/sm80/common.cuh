@@ -60,6 +60,12 @@ typedef struct fp_sm80_args {
     float *dq_accum; /* [B, H, nq_pad, DK] f32 (DK: the kernel's head dim), atomic mode only */
     int nq_pad;
     int dq_atomic; /* the dK/dV kernel also accumulates dQ (atomic mode) */
+    /* GQA group splits: each kv head's query heads in group_splits contiguous slices, one dK/dV
+     * block per (key block, slice); with more than one, each block writes its f32 sums to
+     * dkv_part, [2 (dV, dK), group_splits, B, Hkv, nk_pad, DK], and a second kernel adds them */
+    int group_splits;
+    int nk_pad;
+    float *dkv_part;
 } fp_sm80_args;
 
 static inline fp_cuda_view fp_cuda_view_of(const fp_tensor_view &t)
@@ -104,6 +110,7 @@ static inline void fp_sm80_fill_args(const fp_problem *p, fp_sm80_args *a)
     a->dk = fp_cuda_view_of(p->dk);
     a->dv = fp_cuda_view_of(p->dv);
     a->splits = 1;
+    a->group_splits = 1;
 }
 
 /* Launches the split-KV combine of the forward (sm80/fwd.cu) on a's partials: every path's

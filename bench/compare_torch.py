@@ -15,6 +15,13 @@ a laptop-sized grid (B*N = 4096, H*D = 512, D in {64, 128}, N in {512, 2048}, fp
 --tokens / --hd change either grid. FLOPs by the FlashAttention convention: forward 4*B*H*N*N*D,
 halved for causal; backward 2.5x forward.
 
+GQA/MQA: --heads H:HKV,... runs the grid once per entry with H query heads and HKV kv heads
+(B = tokens / N; --hd is then unused), SDPA with enable_gqa=True (an SDPA backend that refuses
+GQA gets an empty time). Issue 16's GQA 8:1 and MQA 64:1 backward cases:
+
+    python3 bench/compare_torch.py --dtypes bf16 --dims 128 --seqlens 2048,8192 \
+        --heads 32:4,64:1 --impls fa2 --bwd-env FLASHPORT_CUDA_GROUP_SPLITS=auto,1
+
 Before timing, every shape checks that our O, dQ, dK, dV agree with SDPA flash (relative L2 of the
 difference; bf16 <= 2e-2, fp16 <= 5e-3, fp32 <= 1e-4 counts as agreement: both sides round P to
 the dtype).
@@ -134,14 +141,18 @@ def variant_label(env, n):
     return label if env[1][n] not in env[1][:n] else f"{label}#{n}"
 
 
-def run_shape(fp, dtype, D, N, causal, args, bwd_env, fwd_env=None):
-    B, H = max(1, args.tokens // N), max(1, args.hd // D)
+def run_shape(fp, dtype, D, N, causal, args, bwd_env, fwd_env=None, heads=None):
+    """heads: (H, HKV) of a GQA/MQA shape, else H = hd / D query and kv heads."""
+    B = max(1, args.tokens // N)
+    H, HKV = heads if heads else (max(1, args.hd // D),) * 2
     dev = DEV
     torch.manual_seed(N * 7 + D + causal)
     # Our layout is (B, N, H, D); SDPA reads the same memory as (B, H, N, D) views.
     q = torch.randn(B, N, H, D, device=dev, dtype=dtype)
-    k = torch.randn(B, N, H, D, device=dev, dtype=dtype)
-    v = torch.randn(B, N, H, D, device=dev, dtype=dtype)
+    k = torch.randn(B, N, HKV, D, device=dev, dtype=dtype)
+    v = torch.randn(B, N, HKV, D, device=dev, dtype=dtype)
+    # enable_gqa only where the heads differ (older torch has no such argument)
+    gqa = {"enable_gqa": True} if HKV != H else {}
     do = torch.randn(B, N, H, D, device=dev, dtype=dtype)
     o = torch.empty_like(q)
     lse = torch.empty(B, H, N, device=dev, dtype=torch.float32)
@@ -154,7 +165,7 @@ def run_shape(fp, dtype, D, N, causal, args, bwd_env, fwd_env=None):
 
     def record(impl, direction, ms, extra=""):
         flops = fwd_flops if direction == "fwd" else bwd_flops
-        rows.append(dict(dtype=str(dtype).replace("torch.", ""), D=D, N=N, B=B, H=H,
+        rows.append(dict(dtype=str(dtype).replace("torch.", ""), D=D, N=N, B=B, H=H, HKV=HKV,
                          causal=int(causal), impl=impl, direction=direction, ms=ms,
                          tflops=(flops / ms / 1e9) if ms == ms else float("nan"), note=extra))
 
@@ -192,7 +203,7 @@ def run_shape(fp, dtype, D, N, causal, args, bwd_env, fwd_env=None):
         forward and backward times in ms if it is timed (else None)."""
         nonlocal agree
         with sdpa_kernel([backend]):
-            out = F.scaled_dot_product_attention(qt, kt, vt, is_causal=bool(causal))
+            out = F.scaled_dot_product_attention(qt, kt, vt, is_causal=bool(causal), **gqa)
             out.backward(do.transpose(1, 2), retain_graph=True)
             synchronize()
             if impl == REF and not agree:
@@ -213,7 +224,7 @@ def run_shape(fp, dtype, D, N, causal, args, bwd_env, fwd_env=None):
             times = None
             if impl in args.impls:
                 times = (bench_ms(lambda: F.scaled_dot_product_attention(
-                    qt, kt, vt, is_causal=bool(causal)), rep=args.rep),
+                    qt, kt, vt, is_causal=bool(causal), **gqa), rep=args.rep),
                     bench_ms(lambda: out.backward(do.transpose(1, 2), retain_graph=True),
                              grad_to_none=[qt, kt, vt], rep=args.rep))
             del out
@@ -303,6 +314,9 @@ def main():
                     help="B*N of every shape; default 16384 (cuda), 4096 (cpu)")
     ap.add_argument("--hd", type=int, default=None,
                     help="H*D of every shape; default 2048 (cuda), 512 (cpu)")
+    ap.add_argument("--heads", default="",
+                    help="H:HKV,...: GQA/MQA shapes, the grid once per entry with H query and "
+                    "HKV kv heads (e.g. 32:4,64:1), instead of H = hd / D = HKV")
     ap.add_argument("--rep", type=int, default=60, help="timing repetition time per call, ms")
     ap.add_argument("--det", action="store_true", help="also time our deterministic backward")
     ap.add_argument("--rounds", type=int, default=2,
@@ -325,6 +339,12 @@ def main():
     args.tokens = args.tokens or (16384 if cuda else 4096)
     args.hd = args.hd or (2048 if cuda else 512)
     args.impls = (args.impls or ",".join(SDPA)).split(",")
+    head_sets = [None]
+    if args.heads:
+        head_sets = [tuple(int(x) for x in e.split(":")) for e in args.heads.split(",")]
+        for h, hkv in head_sets:
+            if hkv < 1 or h % hkv:
+                raise SystemExit(f"--heads {h}:{hkv}: H must be a multiple of HKV")
     bwd_env = None
     if args.bwd_env:
         var, values = args.bwd_env.split("=", 1)
@@ -359,22 +379,24 @@ def main():
     all_rows, table = [], []
     for dname in args.dtypes.split(","):
         for D in [int(x) for x in args.dims.split(",")]:
-            for N in [int(x) for x in args.seqlens.split(",")]:
-                for causal in (0, 1):
-                    rows, agree, ok = run_shape(fp, dtypes[dname], D, N, causal, args, bwd_env,
-                                                fwd_env)
-                    all_rows += rows
-                    t = collections.defaultdict(lambda: float("nan"))
-                    t.update({(r["impl"], r["direction"]): r["tflops"] for r in rows})
-                    table.append((dname, D, N, rows[0]["B"], rows[0]["H"], causal, t, agree, ok))
-                    alt = "".join(f"  {i} {t[(i, d)]:{FMT}}" for i, d in sorted(
-                        {(r["impl"], r["direction"]) for r in rows
-                         if r["impl"].startswith("ours:")}))
-                    theirs = "".join(f"  {i} {t[(i, 'fwd')]:{FMT}}/{t[(i, 'bwd')]:{FMT}}"
-                                     for i in impls[:2])
-                    print(f"{dname} D{D} N{N} causal={causal}: ours {t[('ours', 'fwd')]:{FMT}}/"
-                          f"{t[('ours', 'bwd')]:{FMT}}{theirs}{alt}  agree {'yes' if ok else 'NO'} "
-                          + " ".join(f"{k}={v:.1e}" for k, v in agree.items()), flush=True)
+            for N, heads, causal in [(int(n), hs, c) for hs in head_sets
+                                     for n in args.seqlens.split(",") for c in (0, 1)]:
+                rows, agree, ok = run_shape(fp, dtypes[dname], D, N, causal, args, bwd_env,
+                                            fwd_env, heads)
+                all_rows += rows
+                t = collections.defaultdict(lambda: float("nan"))
+                t.update({(r["impl"], r["direction"]): r["tflops"] for r in rows})
+                H = rows[0]["H"] if rows[0]["H"] == rows[0]["HKV"] else \
+                    f"{rows[0]['H']}/{rows[0]['HKV']}"
+                table.append((dname, D, N, rows[0]["B"], H, causal, t, agree, ok))
+                alt = "".join(f"  {i} {t[(i, d)]:{FMT}}" for i, d in sorted(
+                    {(r["impl"], r["direction"]) for r in rows
+                     if r["impl"].startswith("ours:")}))
+                theirs = "".join(f"  {i} {t[(i, 'fwd')]:{FMT}}/{t[(i, 'bwd')]:{FMT}}"
+                                 for i in impls[:2])
+                print(f"{dname} D{D} N{N} H{H} causal={causal}: ours {t[('ours', 'fwd')]:{FMT}}/"
+                      f"{t[('ours', 'bwd')]:{FMT}}{theirs}{alt}  agree {'yes' if ok else 'NO'} "
+                      + " ".join(f"{k}={v:.1e}" for k, v in agree.items()), flush=True)
 
     with open(os.path.join(args.out, "compare_torch.csv"), "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=list(all_rows[0].keys()))
@@ -411,13 +433,13 @@ def main():
         alts = [variant_label(env, n) for n in range(1, len(env[1]))]
         lines += ["", f"A/B of our {name} ({env[0]}; 'ours' is {env[0]}="
                   f"{env[1][0]}): TFLOP/s and ratio to {LABELS[REF]}", "",
-                  f"| dtype | D | N | causal | {LABELS[REF]} | ours | " + " | ".join(alts) + " |",
-                  "|---|---|---|---|---|---|" + "---|" * len(alts)]
+                  f"| dtype | D | N | B x H | causal | {LABELS[REF]} | ours | " + " | ".join(alts)
+                  + " |", "|---|---|---|---|---|---|---|" + "---|" * len(alts)]
         for dname, D, N, B, H, causal, t, agree, ok in table:
             fa2 = t[(REF, direction)]
             cells = [f"{t[(i, direction)]:{FMT}} ({ratio(t[(i, direction)], fa2):.2f})"
                      for i in ["ours"] + alts]
-            lines.append(f"| {dname} | {D} | {N} | {'yes' if causal else 'no'} | "
+            lines.append(f"| {dname} | {D} | {N} | {B} x {H} | {'yes' if causal else 'no'} | "
                          f"{fa2:{FMT}} | " + " | ".join(cells) + " |")
     if args.det:
         lines += ["", "Deterministic backward (no atomics), TFLOP/s: " + ", ".join(
@@ -435,6 +457,7 @@ def main():
         fig, axes = plt.subplots(2, len(dims), figsize=(5 * len(dims), 8), squeeze=False)
         styles = dict(zip(["ours"] + impls, ["-o", "--s", ":^", "-.v"]))
         plot_dtype = str(dtypes[args.dtypes.split(",")[0]]).replace("torch.", "")
+        plot_heads = head_sets[0]  # with --heads, the first entry's shapes only
         for col, D in enumerate(dims):
             for row, direction in enumerate(("fwd", "bwd")):
                 ax = axes[row][col]
@@ -443,7 +466,8 @@ def main():
                         pts = sorted((r["N"], r["tflops"]) for r in all_rows
                                      if r["D"] == D and r["impl"] == impl and r["dtype"] ==
                                      plot_dtype and r["direction"] == direction and
-                                     r["causal"] == causal)
+                                     r["causal"] == causal and
+                                     (plot_heads is None or (r["H"], r["HKV"]) == plot_heads))
                         if pts:
                             ax.plot([p[0] for p in pts], [p[1] for p in pts], st,
                                     alpha=1.0 if causal == 0 else 0.5,

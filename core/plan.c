@@ -109,3 +109,44 @@ fp_plan_task fp_plan_task_at(const fp_plan *p, const fp_plan_shape *s, int64_t t
     out.q_block = p->heavy_first ? p->num_q_blocks - 1 - rank : rank;
     return out;
 }
+
+int32_t fp_plan_backward_group_splits(const fp_plan_shape *s, int64_t workers, int32_t block_k)
+{
+    const int64_t kv = s->kv_heads > 0 ? s->kv_heads : s->heads;
+    if (kv <= 0 || s->heads % kv != 0 || workers <= 0 || block_k <= 0 || s->batch <= 0 ||
+        s->seqlen_q <= 0 || s->seqlen_k <= 0)
+        return 1;
+    const int64_t group = s->heads / kv;
+    if (group <= 1)
+        return 1;
+    /* Query blocks (per head) that the key blocks visit: in all, and the most of one key block.
+     * A block of a slice of g heads walks g times its key block's visits. */
+    const int64_t k_blocks = ceil_div(s->seqlen_k, block_k);
+    int64_t visits = 0, most = 0;
+    for (int64_t kb = 0; kb < k_blocks; kb++) {
+        const int64_t j1 = (kb + 1) * block_k < s->seqlen_k ? (kb + 1) * block_k : s->seqlen_k;
+        int mb0, mb1;
+        fp_geom_query_blocks(kb * block_k, j1, s->seqlen_q, s->seqlen_k, s->window_left,
+                             s->window_right, block_k, &mb0, &mb1);
+        visits += mb1 - mb0;
+        most = mb1 - mb0 > most ? mb1 - mb0 : most;
+    }
+    /* n splits: each worker's share, group * visits * kv * batch / workers steps, against the
+     * heaviest block's group / n * most: enough when visits * kv * batch * n >= waves * workers *
+     * most */
+    const int64_t have = visits * kv * s->batch, need = FP_PLAN_BWD_GROUP_WAVES * workers * most;
+    if (visits == 0 || have >= need)
+        return 1;
+    int32_t best = 1;
+    for (int64_t n = 2; n <= group; n++) {
+        if (group % n != 0)
+            continue;
+        /* average steps of a block: (group / n) heads x visits / k_blocks query blocks */
+        if ((group / n) * visits < FP_PLAN_BWD_MIN_STEPS * k_blocks)
+            break;
+        best = (int32_t)n;
+        if (have * n >= need)
+            break;
+    }
+    return best;
+}

@@ -12,7 +12,11 @@
  *     dispatcher) from ending on one long straggler. The target says how tasks are grouped:
  *     FP_PLAN_ORDER_GRID runs one query block of every (batch, head) before the next (a GPU grid,
  *     where all run at once), FP_PLAN_ORDER_LOCALITY keeps the query blocks of one (batch, head)
- *     adjacent (a CPU, whose few threads then stream the same K and V and share them in cache).
+ *     adjacent (a CPU, whose few threads then stream the same K and V and share them in cache);
+ *   - group splits for the backward's dK/dV under GQA/MQA: a GPU block that owns a key block of
+ *     a kv head walks the query heads of its group; when (key blocks x kv heads x batch) is too
+ *     small a grid, the group is cut into contiguous slices of heads, each slice summed by its own
+ *     block and the slices' partial dK/dV added afterwards.
  */
 #ifndef FLASHPORT_CORE_PLAN_H
 #define FLASHPORT_CORE_PLAN_H
@@ -28,6 +32,7 @@ typedef struct fp_plan_shape {
     int64_t seqlen_q, seqlen_k; /* dense lengths, or varlen maxima */
     int64_t head_dim;
     int64_t window_left, window_right; /* -1 = unbounded; causal is right = 0 */
+    int64_t kv_heads; /* GQA/MQA: heads % kv_heads == 0; 0 means kv_heads = heads */
 } fp_plan_shape;
 
 enum {
@@ -71,6 +76,18 @@ int32_t fp_plan_heavy_first(const fp_plan_shape *shape);
  * are adjacent; FP_PLAN_ORDER_LOCALITY: the query blocks (and splits) of one (batch, head) are
  * adjacent. */
 fp_plan_task fp_plan_task_at(const fp_plan *plan, const fp_plan_shape *shape, int64_t task);
+
+/* Backward dK/dV under GQA/MQA: into how many contiguous slices of equal size (a divisor of the
+ * group, heads / kv_heads) to cut each kv head's query heads, so that the grid of
+ * key blocks x kv_heads x batch x splits blocks, one block per worker at a time, gives each of
+ * `workers` at least FP_PLAN_BWD_GROUP_WAVES times the heaviest block's work (for equal blocks:
+ * that many waves; a causal mask's first key blocks cost twice the average), while each block
+ * still walks at least FP_PLAN_BWD_MIN_STEPS (query head, query block) steps on average (block_k
+ * stands for the query block too). The smallest such divisor wins: each split adds a partial
+ * dK/dV to write and sum. When no divisor gets there, the largest that keeps the steps. 1 (no
+ * split) without a group, for empty shapes and when the unsplit grid is enough. */
+enum { FP_PLAN_BWD_GROUP_WAVES = 2, FP_PLAN_BWD_MIN_STEPS = 8 };
+int32_t fp_plan_backward_group_splits(const fp_plan_shape *shape, int64_t workers, int32_t block_k);
 
 /* Number of key blocks that query block q_block must visit (its cost), for a dense problem. */
 int64_t fp_plan_block_cost(const fp_plan *plan, const fp_plan_shape *shape, int64_t q_block);

@@ -43,8 +43,8 @@ static inline int64_t fp_kv_head(const fp_problem *p, int64_t h)
 /* The problem as core/plan.h sees it (for varlen problems seqlen_q / seqlen_k are the maxima). */
 static inline fp_plan_shape fp_problem_plan_shape(const fp_problem *p)
 {
-    const fp_plan_shape s = {p->batch,    p->heads,       p->seqlen_q,    p->seqlen_k,
-                             p->head_dim, p->window_left, p->window_right};
+    const fp_plan_shape s = {p->batch,    p->heads,       p->seqlen_q,     p->seqlen_k,
+                             p->head_dim, p->window_left, p->window_right, p->kv_heads};
     return s;
 }
 

@@ -344,7 +344,8 @@ FLASHPORT_API flashport_status flashport_attention_supported(
     const flashport_tensor *dv);
 
 /* *bytes: the device memory the call needs as scratch (split-KV partials, backward row
- * statistics and dQ accumulator, staging of unaligned tensors), 0 when none. Host backends
+ * statistics and dQ accumulator, the backward's GQA group-split dK/dV partials, staging of
+ * unaligned tensors), 0 when none. Host backends
  * report 0 (the CPU backend's per-thread tiles are host memory it manages itself). On failure
  * the status is what the call would return and *bytes is 0. */
 FLASHPORT_API flashport_status flashport_attention_workspace_size(

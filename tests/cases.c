@@ -72,6 +72,12 @@ static const tc_case table[] = {
     {DENSE(F16, 2, 8, 1, 63, 65, 64), .causal = 1, .deterministic = 1},
     {DENSE(BF16, 1, 16, 2, 65, 65, 128), .causal = 1},
     {DENSE(F32, 2, 4, 1, 7, 63, 32), .deterministic = 1, .quick = 1},
+    /* ... long groups over few key blocks: GPU backends cut the group into slices whose partial
+     * dK/dV they add afterwards (fp_plan_backward_group_splits on a 132-SM device: 4 slices of
+     * 4 heads, 2 of 4), in both dQ modes */
+    {DENSE(F16, 1, 16, 1, 300, 300, 64), .quick = 1},
+    {DENSE(BF16, 1, 8, 1, 260, 260, 128), .causal = 1, .deterministic = 1},
+    {DENSE(F16, 1, 8, 2, 200, 129, 64), .deterministic = 1},
     /* varlen batches, with empty sequences (no queries, no keys, or neither) */
     {VARLEN(F32, 4, 4, 2, 32), .causal = 1, .seqlens_q = {5, 0, 17, 33}, .seqlens_k = {9, 3, 0, 33},
      .quick = 1},

@@ -202,7 +202,7 @@ static void test_exp_base(void)
 
 static void check_order(int32_t order, int64_t batch, int64_t heads, int64_t nq)
 {
-    const fp_plan_shape sh = {batch, heads, nq, nq, 64, -1, 0};
+    const fp_plan_shape sh = {batch, heads, nq, nq, 64, -1, 0, heads};
     const fp_plan_target t = {8, 16, 16, 1, order};
     const fp_plan p = fp_plan_forward(&sh, &t);
     CHECK(p.order == order && p.heavy_first == fp_plan_heavy_first(&sh) && p.heavy_first);
@@ -233,7 +233,7 @@ static void test_orders(void)
     check_order(FP_PLAN_ORDER_GRID, 2, 3, 100);
     check_order(FP_PLAN_ORDER_LOCALITY, 2, 3, 100);
     check_order(FP_PLAN_ORDER_LOCALITY, 1, 1, 16);
-    const fp_plan_shape window = {1, 1, 64, 64, 64, 8, 8};
+    const fp_plan_shape window = {1, 1, 64, 64, 64, 8, 8, 1};
     CHECK(!fp_plan_heavy_first(&window));
 }
 

@@ -11,7 +11,13 @@
  *   - heavy_first: for causal masks the first task's query block is the costliest, and costs never
  *     rise along the task order;
  *   - fp_plan_block_cost equals a brute-force count of key blocks holding at least one visible
- *     (row, key) pair under fp_mask_visible (core/mask.h), for random windows and shapes.
+ *     (row, key) pair under fp_mask_visible (core/mask.h), for random windows and shapes;
+ *   - backward group splits: fixed GQA/MQA shapes on 132 workers give the expected split counts
+ *     (MQA 64:1 at B = 4, N = 1024 splits 16 ways; GQA 8:1 at B = 4, N = 4096 and every shape
+ *     without a group do not split); over random shapes the result divides the group, keeps each
+ *     block's average steps (counted by brute force over fp_mask_visible) at or above the minimum,
+ *     and is the smallest divisor that gives each worker the target multiple of the heaviest
+ *     block's steps, or the largest allowed when none does.
  */
 #include "core/mask.h"
 #include "core/plan.h"
@@ -37,6 +43,7 @@ static fp_plan_shape make_shape(int64_t b, int64_t h, int64_t nq, int64_t nk, in
     s.head_dim = d;
     s.window_left = left;
     s.window_right = right;
+    s.kv_heads = h;
     return s;
 }
 
@@ -289,6 +296,107 @@ static void test_block_cost(void)
     }
 }
 
+/* Query blocks of block_k rows that see key block kb: brute force over fp_mask_visible. */
+static int64_t brute_visits(const fp_plan_shape *s, int32_t bk, int64_t kb)
+{
+    int64_t n = 0;
+    for (int64_t mb = 0; mb * bk < s->seqlen_q; mb++) {
+        int seen = 0;
+        for (int64_t i = mb * bk; i < (mb + 1) * bk && i < s->seqlen_q && !seen; i++)
+            for (int64_t j = kb * bk; j < (kb + 1) * bk && j < s->seqlen_k && !seen; j++)
+                seen = fp_mask_visible(i, j, s->seqlen_q, s->seqlen_k, s->window_left,
+                                       s->window_right);
+        n += seen;
+    }
+    return n;
+}
+
+static fp_plan_shape make_gqa(int64_t b, int64_t h, int64_t hkv, int64_t nq, int64_t nk, int causal)
+{
+    fp_plan_shape s = make_shape(b, h, nq, nk, 128, -1, causal ? 0 : -1);
+    s.kv_heads = hkv;
+    return s;
+}
+
+static void test_group_splits(void)
+{
+    /* MQA 64:1, B = 4, N = 1024, key blocks of 128: 32 blocks unsplit; 16 splits (512 blocks)
+     * is the first divisor past two waves of 132, and each block keeps 4 heads x 8 blocks. */
+    fp_plan_shape mqa = make_gqa(4, 64, 1, 1024, 1024, 0);
+    CHECK_MSG(fp_plan_backward_group_splits(&mqa, 132, 128) == 16, "MQA 64:1 B4 N1024: %d",
+              (int)fp_plan_backward_group_splits(&mqa, 132, 128));
+    /* GQA 8:1 at B = 4, N = 4096: 512 blocks unsplit, enough. */
+    fp_plan_shape gqa = make_gqa(4, 32, 4, 4096, 4096, 0);
+    CHECK_MSG(fp_plan_backward_group_splits(&gqa, 132, 128) == 1, "GQA 8:1 B4 N4096: %d",
+              (int)fp_plan_backward_group_splits(&gqa, 132, 128));
+    /* ... at B = 3 with a causal mask: 384 blocks are 2.9 waves, but the first key blocks see 32
+     * query blocks and the average 16.5, so a worker's share (16.5 x 384 / 132 = 48 block
+     * visits) is under twice the heaviest (32): 2 splits. */
+    fp_plan_shape gqa_causal = make_gqa(3, 32, 4, 4096, 4096, 1);
+    CHECK_MSG(fp_plan_backward_group_splits(&gqa_causal, 132, 128) == 2,
+              "GQA 8:1 B3 N4096 causal: %d",
+              (int)fp_plan_backward_group_splits(&gqa_causal, 132, 128));
+    /* GQA 8:1 at B = 1, N = 1024: 32 blocks; no divisor of 8 reaches 264, the whole group does. */
+    fp_plan_shape gqa1 = make_gqa(1, 32, 4, 1024, 1024, 0);
+    CHECK_MSG(fp_plan_backward_group_splits(&gqa1, 132, 128) == 8, "GQA 8:1 B1 N1024: %d",
+              (int)fp_plan_backward_group_splits(&gqa1, 132, 128));
+    /* Short sequences: 2 key blocks that each see 2 query blocks; 16 heads allow 4 splits of 4
+     * heads (8 steps), not 8 splits of 2 (4 steps). */
+    fp_plan_shape tiny = make_gqa(1, 16, 1, 200, 200, 0);
+    CHECK_MSG(fp_plan_backward_group_splits(&tiny, 132, 128) == 4, "MQA 16:1 N200: %d",
+              (int)fp_plan_backward_group_splits(&tiny, 132, 128));
+    /* No group, kv_heads 0 (= heads), empty shapes: no split. */
+    fp_plan_shape mha = make_gqa(1, 16, 16, 1024, 1024, 0);
+    CHECK(fp_plan_backward_group_splits(&mha, 132, 128) == 1);
+    mha.kv_heads = 0;
+    CHECK(fp_plan_backward_group_splits(&mha, 132, 128) == 1);
+    fp_plan_shape none = make_gqa(1, 16, 1, 0, 1024, 0);
+    CHECK(fp_plan_backward_group_splits(&none, 132, 128) == 1);
+    none = make_gqa(1, 16, 1, 1024, 0, 0);
+    CHECK(fp_plan_backward_group_splits(&none, 132, 128) == 1);
+
+    tu_rng r = tu_rng_seed(4321);
+    for (int it = 0; it < 300; it++) {
+        const int64_t hkv = 1 + tu_rng_u32(&r) % 3, group = 1 + tu_rng_u32(&r) % 24;
+        const int64_t b = 1 + tu_rng_u32(&r) % 3;
+        const int64_t nq = 1 + tu_rng_u32(&r) % 400, nk = 1 + tu_rng_u32(&r) % 400;
+        const int32_t bk = (int32_t)(32 << (tu_rng_u32(&r) % 3));
+        const int64_t workers = 1 + tu_rng_u32(&r) % 160;
+        const int64_t left = (int64_t)(tu_rng_u32(&r) % 4) * 40 - 1;
+        const int64_t right = (int64_t)(tu_rng_u32(&r) % 3) - 1;
+        fp_plan_shape s = make_shape(b, hkv * group, nq, nk, 64, left, right);
+        s.kv_heads = hkv;
+        const int32_t got = fp_plan_backward_group_splits(&s, workers, bk);
+        const int64_t kblocks = (nk + bk - 1) / bk;
+        int64_t visits = 0, most = 0;
+        for (int64_t kb = 0; kb < kblocks; kb++) {
+            const int64_t v = brute_visits(&s, bk, kb);
+            visits += v;
+            most = v > most ? v : most;
+        }
+        /* enough: each worker's share of the steps at least the waves times the heaviest block */
+        const int64_t have = visits * hkv * b, need = FP_PLAN_BWD_GROUP_WAVES * workers * most;
+        char what[160];
+        snprintf(what, sizeof what,
+                 "B%lld H%lld Hkv%lld Nq%lld Nk%lld window (%lld, %lld) bk%d "
+                 "workers%lld: %d splits",
+                 (long long)b, (long long)(hkv * group), (long long)hkv, (long long)nq,
+                 (long long)nk, (long long)left, (long long)right, (int)bk, (long long)workers,
+                 (int)got);
+        /* allowed: a divisor of the group whose blocks keep the minimum average steps */
+        int64_t want = 1;
+        int reached = visits == 0 || have >= need;
+        for (int64_t n = 2; n <= group && !reached; n++) {
+            if (group % n || (group / n) * visits < FP_PLAN_BWD_MIN_STEPS * kblocks)
+                continue;
+            want = n;
+            reached = have * n >= need;
+        }
+        if (!CHECK_MSG(got == want && group % got == 0, "%s, expected %lld", what, (long long)want))
+            break;
+    }
+}
+
 int main(void)
 {
     test_q_blocks();
@@ -296,6 +404,7 @@ int main(void)
     test_random_plans();
     test_task_order();
     test_block_cost();
+    test_group_splits();
     if (tu_failures) {
         fprintf(stderr, "test_plan: %d check(s) failed\n", tu_failures);
         return 1;

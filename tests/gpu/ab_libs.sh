@@ -29,11 +29,13 @@ out = sys.argv[1]
 def ratios(run):
     t = {}
     for r in csv.DictReader(open(f"{out}/{run}/compare_torch.csv")):
-        t[(r["dtype"], r["D"], r["N"], r["causal"], r["direction"], r["impl"])] = float(r["tflops"])
-    return {k[:5]: v / t[k[:5] + ("fa2",)] for k, v in t.items() if k[5] == "ours"}
+        # heads in the key: --heads runs several head counts per (dtype, D, N)
+        t[(r["dtype"], r["D"], r["N"], r["H"], r.get("HKV", r["H"]), r["causal"], r["direction"],
+           r["impl"])] = float(r["tflops"])
+    return {k[:7]: v / t[k[:7] + ("fa2",)] for k, v in t.items() if k[7] == "ours"}
 r = {run: ratios(run) for run in ("old1", "new1", "old2", "new2")}
 for d in ("fwd", "bwd"):
-    keys = sorted(k for k in r["old1"] if k[4] == d)
+    keys = sorted(k for k in r["old1"] if k[6] == d)
     def span(xs):
         return f"{min(xs):.3f} .. {max(xs):.3f} (median {statistics.median(xs):.3f})"
     ab = [(r["new1"][k] + r["new2"][k]) / (r["old1"][k] + r["old2"][k]) for k in keys]

@@ -4,7 +4,8 @@
 # and mma fragments against a plain loop), then the shared test table on backend "cudaemu" once
 # per emulated device: FP_CUDA_EMU_SMEM_KIB=227 (sm_90-like: the largest tile configurations)
 # and 163 (sm_80-like), and once more at the first with the forward's ping-pong kernel forced
-# (FLASHPORT_CUDA_FWD_PINGPONG=1). <build> is any configured flashport build folder; its
+# (FLASHPORT_CUDA_FWD_PINGPONG=1) and once with the backward's GQA group splits forced
+# (FLASHPORT_CUDA_GROUP_SPLITS=4). <build> is any configured flashport build folder; its
 # test_backends is built if missing.
 #
 #   backends/cuda/emu/run_emu.sh <build> [test_backends options, e.g. --quick or --filter D128]
@@ -78,5 +79,11 @@ kib=${FP_CUDA_EMU_SMEM_LIST:-227 163}
 kib=${kib%% *}
 echo "== cudaemu, FP_CUDA_EMU_SMEM_KIB=$kib, FLASHPORT_CUDA_FWD_PINGPONG=1"
 FP_CUDA_EMU_SMEM_KIB=$kib FLASHPORT_CUDA_FWD_PINGPONG=1 FLASHPORT_PLUGIN_PATH=$out \
+    "$build/bin/test_backends" cudaemu "$@" || status=1
+# The backward's GQA group splits (fp_plan_backward_group_splits) run by shape for a few cases
+# only: once more with 4 forced (each group cut into its largest divisor up to 4 slices), at the
+# first size.
+echo "== cudaemu, FP_CUDA_EMU_SMEM_KIB=$kib, FLASHPORT_CUDA_GROUP_SPLITS=4"
+FP_CUDA_EMU_SMEM_KIB=$kib FLASHPORT_CUDA_GROUP_SPLITS=4 FLASHPORT_PLUGIN_PATH=$out \
     "$build/bin/test_backends" cudaemu "$@" || status=1
 exit "$status"

@@ -7,8 +7,12 @@
  *      the dQ accumulator (atomic mode).
  *   2. fp_sm80_bwd_dkdv: one thread block per (key block of BN keys, kv head, batch); its dK and
  *      dV accumulate in f32 registers across every query block that sees the key block, for every
- *      query head of the GQA group (so the group sum needs no extra memory and no atomics). Per
- *      query block of BM rows (Q, dO, LSE and Dsum double-buffered through cp.async), each product
+ *      query head of the GQA group (so the group sum needs no extra memory and no atomics). Where
+ *      that grid is too small for the device (long groups, few key blocks: MQA),
+ *      fp_plan_backward_group_splits cuts each group into slices of heads, one block per (key
+ *      block, slice); the slices' f32 dK/dV go to a workspace and fp_sm80_bwd_dkdv_sum adds them
+ *      in slice order (deterministic in both modes; FLASHPORT_CUDA_GROUP_SPLITS forces a count).
+ * Per query block of BM rows (Q, dO, LSE and Dsum double-buffered through cp.async), each product
  *      is cut into a 2-D grid of warp tiles (FlashAttention-2's layout):
  *        S = Q K^T and dP = dO V^T (BM x BN): SM_Q warps along the queries x NW / SM_Q along the
  *          keys; P = exp2(S * scale * log2 e - LSE2) and dS = P (dP - Dsum), rounded to the input
@@ -59,6 +63,8 @@
 #include "core/problem.h"
 
 #include <math.h>
+#include <stdlib.h>
+#include <string.h>
 
 #include <type_traits>
 
@@ -290,7 +296,8 @@ template <int DK, int ALT> constexpr size_t fp_dkdv_smem()
 template <bool B> using fp_flag = std::bool_constant<B>;
 template <int I> using fp_int = std::integral_constant<int, I>;
 
-// q, dout: (B, Nq, H, D); k, v, dk, dv: (B, Nk, Hkv, D); grid (key blocks, Hkv, B).
+// q, dout: (B, Nq, H, D); k, v, dk, dv: (B, Nk, Hkv, D); grid (key blocks, Hkv x group splits,
+// B), blockIdx.y = kv head x group_splits + slice.
 template <typename T, int DK, int ALT>
 __global__ void __launch_bounds__(fp_bwd_cfg<DK, ALT>::NW * 32, 1)
     fp_sm80_bwd_dkdv(const fp_sm80_args a)
@@ -318,7 +325,10 @@ __global__ void __launch_bounds__(fp_bwd_cfg<DK, ALT>::NW * 32, 1)
 
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
     const int g = lane >> 2, t = lane & 3;
-    const int kb = blockIdx.x, kvh = blockIdx.y, b = blockIdx.z;
+    const int kb = blockIdx.x, b = blockIdx.z;
+    /* this block's slice of the kv head's query heads (all of them without group splits) */
+    const int kvh = blockIdx.y / a.group_splits, split = blockIdx.y % a.group_splits;
+    const int slice = a.group / a.group_splits, h_first = kvh * a.group + split * slice;
     const fp_cuda_seq sq_ = fp_cuda_seq_of(a, b);
     const int nq = sq_.nq, nk = sq_.nk;
     const int n0 = kb * BN;
@@ -329,14 +339,14 @@ __global__ void __launch_bounds__(fp_bwd_cfg<DK, ALT>::NW * 32, 1)
     int mb_lo, mb_end;
     fp_geom_query_blocks(n0, min(n0 + BN, nk), nq, nk, a.left, a.right, BM, &mb_lo, &mb_end);
     const int nmb = mb_end - mb_lo;
-    const int iters = a.group * nmb;
+    const int iters = slice * nmb;
 
     const T *kg = reinterpret_cast<const T *>(a.k.ptr) + fp_cuda_row(a.k, b, sq_.k_start + n0, kvh);
     const T *vg = reinterpret_cast<const T *>(a.v.ptr) + fp_cuda_row(a.v, b, sq_.k_start + n0, kvh);
     fp_load_tile<BN, DK, NT>(sk, kg, a.k.ss, nk - n0, nchunks, tid);
     fp_load_tile<BN, DK, NT>(sv, vg, a.v.ss, nk - n0, nchunks, tid);
     if (iters > 0)
-        fp_bwd_load_step<T, DK, NT, BM>(a, sq, sdo, slse, sdsum, b, kvh * a.group, sq_.q_start, nq,
+        fp_bwd_load_step<T, DK, NT, BM>(a, sq, sdo, slse, sdsum, b, h_first, sq_.q_start, nq,
                                         mb_lo * BM, nchunks, 0);
     fp_cp_async_commit();
 
@@ -438,7 +448,7 @@ __global__ void __launch_bounds__(fp_bwd_cfg<DK, ALT>::NW * 32, 1)
         }
     };
 
-    int h = kvh * a.group, mb = mb_lo - 1; /* the step's query head and block, advanced first */
+    int h = h_first, mb = mb_lo - 1; /* the step's query head and block, advanced first */
     for (int it = 0; it < iters; ++it) {
         const int buf = QB == 2 ? it & 1 : 0;
         const int ph = h, pm0 = mb * BM; /* the last step's */
@@ -625,8 +635,29 @@ __global__ void __launch_bounds__(fp_bwd_cfg<DK, ALT>::NW * 32, 1)
     if (DQ_LAG && iters > 0)
         dq_product(mb * BM, h, ((iters - 1) & 1) * TILE_BYTES);
 
-    /* dV, then dK * scale, staged through sk */
     fp_cp_async_wait<0>();
+    if (a.dkv_part) {
+        /* a slice of the group: its f32 sums, which fp_sm80_bwd_dkdv_sum adds in slice order
+         * (rows n0 + kv_k0 + 16 mi + g + 8 r, columns kv_d0 + 8 j + 2 t, two at a time) */
+        float *pv =
+            a.dkv_part + fp_bwd_part_row(a, 0, split, b, kvh, n0 + kv_k0 + g) * DK + kv_d0 + 2 * t;
+        float *pk =
+            a.dkv_part + fp_bwd_part_row(a, 1, split, b, kvh, n0 + kv_k0 + g) * DK + kv_d0 + 2 * t;
+#pragma unroll
+        for (int mi = 0; mi < KV_MT; ++mi)
+#pragma unroll
+            for (int j = 0; j < 2 * KV_NP; ++j)
+#pragma unroll
+                for (int r = 0; r < 2; ++r) {
+                    const int off = (16 * mi + 8 * r) * DK + 8 * j;
+                    *reinterpret_cast<float2 *>(pv + off) =
+                        make_float2(dv[mi][j][2 * r], dv[mi][j][2 * r + 1]);
+                    *reinterpret_cast<float2 *>(pk + off) =
+                        make_float2(dk[mi][j][2 * r], dk[mi][j][2 * r + 1]);
+                }
+        return;
+    }
+    /* dV, then dK * scale, staged through sk */
     __syncthreads();
     T *dv_g = reinterpret_cast<T *>(const_cast<void *>(a.dv.ptr)) +
               fp_cuda_row(a.dv, b, sq_.k_start + n0, kvh);
@@ -824,6 +855,50 @@ __global__ void __launch_bounds__(128) fp_sm80_bwd_dq_convert(const fp_sm80_args
     }
 }
 
+// dkv_part (2, group_splits, B, Hkv, nk_pad, DK) f32 -> dv, dk * scale (B, Nk, Hkv, D).
+// grid (ceil(nk / 16), Hkv, B), 128 threads: 16 key rows per block, 8 columns per item; the
+// slices are added in order (bitwise identical run to run).
+template <typename T, int DK>
+__global__ void __launch_bounds__(128) fp_sm80_bwd_dkdv_sum(const fp_sm80_args a)
+{
+    constexpr int CH = DK / 8, NI = FP_BWD_BAND * CH / 128; /* (row, 8 columns) items a thread */
+    const int n0 = blockIdx.x * FP_BWD_BAND, kvh = blockIdx.y, b = blockIdx.z;
+    const fp_cuda_seq sq_ = fp_cuda_seq_of(a, b);
+    if (n0 >= sq_.nk)
+        return;
+    const int64_t split_stride = (int64_t)a.batch * (a.heads / a.group) * a.nk_pad * DK;
+#pragma unroll
+    for (int n = 0; n < NI; ++n) {
+        const int k = threadIdx.x + 128 * n, r = k / CH, c = 8 * (k % CH);
+        if (n0 + r >= sq_.nk || c >= a.d)
+            continue;
+#pragma unroll
+        for (int which = 0; which < 2; ++which) {
+            const float *src0 = a.dkv_part + fp_bwd_part_row(a, which, 0, b, kvh, n0 + r) * DK + c;
+            float acc[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
+            for (int split = 0; split < a.group_splits; ++split) {
+                const float4 *src = reinterpret_cast<const float4 *>(src0 + split * split_stride);
+                const float4 x = src[0], y = src[1];
+                acc[0] += x.x;
+                acc[1] += x.y;
+                acc[2] += x.z;
+                acc[3] += x.w;
+                acc[4] += y.x;
+                acc[5] += y.y;
+                acc[6] += y.z;
+                acc[7] += y.w;
+            }
+            const fp_cuda_view &out = which ? a.dk : a.dv;
+            const float f = which ? a.scale : 1.0f;
+            T *dst = reinterpret_cast<T *>(const_cast<void *>(out.ptr)) +
+                     fp_cuda_row(out, b, sq_.k_start + n0 + r, kvh) + c;
+            *reinterpret_cast<uint4 *>(dst) = make_uint4(
+                fp_pack2<T>(acc[0] * f, acc[1] * f), fp_pack2<T>(acc[2] * f, acc[3] * f),
+                fp_pack2<T>(acc[4] * f, acc[5] * f), fp_pack2<T>(acc[6] * f, acc[7] * f));
+        }
+    }
+}
+
 /* Lets `kernel` use `smem` bytes of dynamic shared memory. A refusal is returned and also
  * cleared from the runtime's last error, so that the next launch check does not see it. */
 template <typename F> static cudaError_t fp_set_smem(F kernel, size_t smem)
@@ -891,7 +966,8 @@ static cudaError_t fp_dkdv_launch(const fp_cuda_ctx *ctx, const fp_problem *p,
 {
     constexpr size_t smem = fp_dkdv_smem<DK, ALT>();
     constexpr int BN = fp_bwd_cfg<DK, ALT>::BN;
-    dim3 grid((unsigned)((a.nk + BN - 1) / BN), (unsigned)p->kv_heads, (unsigned)p->batch);
+    dim3 grid((unsigned)((a.nk + BN - 1) / BN), (unsigned)(p->kv_heads * a.group_splits),
+              (unsigned)p->batch);
     if (grid.x == 0)
         return cudaSuccess;
     void (*kernel)(const fp_sm80_args) = fp_sm80_bwd_dkdv<T, DK, ALT>;
@@ -899,31 +975,67 @@ static cudaError_t fp_dkdv_launch(const fp_cuda_ctx *ctx, const fp_problem *p,
     if (e != cudaSuccess)
         return e;
     kernel<<<grid, fp_bwd_cfg<DK, ALT>::NW * 32, smem, ctx->stream>>>(a);
-    fp_cuda_log("backward: sm80 dK/dV D%d kernel (BN %d, BM %d%s), grid %ux%ux%u", DK, BN,
-                fp_bwd_cfg<DK, ALT>::BM, fp_bwd_dq_lag<DK, ALT>::value ? ", dQ one step late" : "",
-                grid.x, grid.y, grid.z);
+    fp_cuda_log("backward: sm80 dK/dV D%d kernel (BN %d, BM %d%s), grid %ux%ux%u, group of %d "
+                "query heads in %d split(s)",
+                DK, BN, fp_bwd_cfg<DK, ALT>::BM,
+                fp_bwd_dq_lag<DK, ALT>::value ? ", dQ one step late" : "", grid.x, grid.y, grid.z,
+                a.group, a.group_splits);
     return cudaGetLastError();
+}
+
+/* Keys per block of the dK/dV configuration `alt` of head dim DK. */
+template <int DK> static int fp_bwd_block_k(int alt)
+{
+    if constexpr (fp_bwd_alts<DK>() > 2)
+        if (alt == 2)
+            return fp_bwd_cfg<DK, 2>::BN;
+    return alt == 0 ? (int)fp_bwd_cfg<DK, 0>::BN : (int)fp_bwd_cfg<DK, 1>::BN;
+}
+
+/* Group splits of a dK/dV kernel (one block per SM): fp_plan_backward_group_splits (core/plan.h)
+ * for the kernel's key block. FLASHPORT_CUDA_GROUP_SPLITS (read at each call, for tests
+ * and A/B timings) forces a count, the largest divisor of the group not above it; unset, empty
+ * or "auto" leaves the choice to the planner. */
+int fp_cuda_bwd_group_splits(const fp_cuda_ctx *ctx, const fp_problem *p, int block_k)
+{
+    const int group = (int)(p->heads / p->kv_heads);
+    const char *force = getenv("FLASHPORT_CUDA_GROUP_SPLITS");
+    if (force && *force && strcmp(force, "auto") != 0) {
+        int n = atoi(force);
+        n = n < 1 ? 1 : n > group ? group : n;
+        while (group % n != 0)
+            --n;
+        return n;
+    }
+    const fp_plan_shape shape = fp_problem_plan_shape(p);
+    return fp_plan_backward_group_splits(&shape, ctx->sm_count, block_k);
 }
 
 /* ---- the side passes, shared with the sm90 path (common.cuh declares them) ---------------- */
 
 size_t fp_cuda_bwd_side_setup(const fp_problem *p, fp_sm80_args *a, int dk, int accumulate,
-                              void *ws)
+                              int group_splits, void *ws)
 {
     if (p->batch == 0 || p->heads == 0)
         return 0;
     /* Empty sequences still get their outputs written (zeros); only empty grids are skipped. */
     a->nq_pad = (max(a->nq, 1) + FP_BWD_ROW_PAD - 1) / FP_BWD_ROW_PAD * FP_BWD_ROW_PAD;
+    a->nk_pad = (max(a->nk, 1) + FP_BWD_ROW_PAD - 1) / FP_BWD_ROW_PAD * FP_BWD_ROW_PAD;
     a->dq_atomic = accumulate;
-    /* scratch: LSE * log2(e) and Dsum per row, and the f32 dQ accumulator in atomic mode */
+    a->group_splits = group_splits;
+    /* scratch: LSE * log2(e) and Dsum per row, the f32 dQ accumulator in atomic mode, and with
+     * group splits each slice's f32 dV and dK */
     const size_t rows = (size_t)p->batch * p->heads * a->nq_pad;
     const size_t accum = a->dq_atomic ? rows * dk : 0;
+    const size_t part =
+        group_splits > 1 ? 2 * (size_t)group_splits * p->batch * p->kv_heads * a->nk_pad * dk : 0;
     if (ws) {
         a->ws_lse2 = (float *)ws;
         a->ws_dsum = a->ws_lse2 + rows;
         a->dq_accum = a->dq_atomic ? a->ws_dsum + rows : NULL;
+        a->dkv_part = part ? a->ws_dsum + rows + accum : NULL;
     }
-    return (2 * rows + accum) * sizeof(float);
+    return (2 * rows + accum + part) * sizeof(float);
 }
 
 template <typename T, int DK>
@@ -967,6 +1079,25 @@ cudaError_t fp_cuda_bwd_side_dq(const fp_problem *p, const fp_sm80_args &a, int 
 }
 
 template <typename T, int DK>
+static cudaError_t fp_side_dkdv_sum(const fp_problem *p, const fp_sm80_args &a, cudaStream_t stream)
+{
+    const dim3 grid((unsigned)((a.nk + FP_BWD_BAND - 1) / FP_BWD_BAND), (unsigned)p->kv_heads,
+                    (unsigned)p->batch);
+    fp_sm80_bwd_dkdv_sum<T, DK><<<grid, 128, 0, stream>>>(a);
+    fp_cuda_log("backward: dK/dV of %d group splits summed in order, grid %ux%ux%u", a.group_splits,
+                grid.x, grid.y, grid.z);
+    return cudaGetLastError();
+}
+
+cudaError_t fp_cuda_bwd_side_dkdv_sum(const fp_problem *p, const fp_sm80_args &a, int dk,
+                                      cudaStream_t stream)
+{
+    if (a.group_splits <= 1 || a.nk == 0)
+        return cudaSuccess;
+    return FP_SIDE_DISPATCH(fp_side_dkdv_sum, p, a, dk, stream);
+}
+
+template <typename T, int DK>
 static flashport_status fp_bwd_launch(const fp_cuda_ctx *ctx, const fp_problem *p, fp_sm80_args a,
                                       void *ws, size_t *query)
 {
@@ -979,7 +1110,11 @@ static flashport_status fp_bwd_launch(const fp_cuda_ctx *ctx, const fp_problem *
                               (long long)p->head_dim,
                               fp_dkdv_smem<DK, fp_bwd_alts<DK>() - 1>() / 1024,
                               ctx->smem_optin / 1024);
-    const size_t bytes = fp_cuda_bwd_side_setup(p, &a, DK, !p->deterministic, query ? NULL : ws);
+    const int splits = p->batch == 0 || p->heads == 0
+                           ? 1
+                           : fp_cuda_bwd_group_splits(ctx, p, fp_bwd_block_k<DK>(alt));
+    const size_t bytes =
+        fp_cuda_bwd_side_setup(p, &a, DK, !p->deterministic, splits, query ? NULL : ws);
     if (query) {
         *query = bytes;
         return FLASHPORT_OK;
@@ -997,6 +1132,8 @@ static flashport_status fp_bwd_launch(const fp_cuda_ctx *ctx, const fp_problem *
         else if constexpr (fp_bwd_alts<DK>() > 2)
             e = fp_dkdv_launch<T, DK, 2>(ctx, p, a);
     }
+    if (e == cudaSuccess)
+        e = fp_cuda_bwd_side_dkdv_sum(p, a, DK, stream);
     if (e == cudaSuccess && a.dq_atomic)
         e = fp_cuda_bwd_side_dq(p, a, DK, stream);
     else if (e == cudaSuccess && !a.dq_atomic && a.nq > 0) {

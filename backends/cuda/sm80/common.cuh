@@ -18,6 +18,7 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "backends/cuda/cuda_internal.h"
 #include "backends/cuda/ptx/sm80.cuh"
 #include "core/backend.h"
 #include "core/geometry.h"
@@ -60,6 +61,12 @@ typedef struct fp_sm80_args {
     float *dq_accum; /* [B, H, nq_pad, DK] f32 (DK: the kernel's head dim), atomic mode only */
     int nq_pad;
     int dq_atomic; /* the dK/dV kernel also accumulates dQ (atomic mode) */
+    /* GQA group splits: each kv head's query heads in group_splits contiguous slices, one dK/dV
+     * block per (key block, slice); with more than one, each block writes its f32 sums to
+     * dkv_part, [2 (dV, dK), group_splits, B, Hkv, nk_pad, DK], and a second kernel adds them */
+    int group_splits;
+    int nk_pad;
+    float *dkv_part;
 } fp_sm80_args;
 
 static inline fp_cuda_view fp_cuda_view_of(const fp_tensor_view &t)
@@ -104,6 +111,7 @@ static inline void fp_sm80_fill_args(const fp_problem *p, fp_sm80_args *a)
     a->dk = fp_cuda_view_of(p->dk);
     a->dv = fp_cuda_view_of(p->dv);
     a->splits = 1;
+    a->group_splits = 1;
 }
 
 /* Launches the split-KV combine of the forward (sm80/fwd.cu) on a's partials: every path's
@@ -361,7 +369,8 @@ template <typename T> FP_DEV void fp_acc_to_a(uint32_t a[4], const float c0[4], 
     a[3] = fp_pack2<T>(c1[2], c1[3]);
 }
 
-/* Rows are padded to this in the workspaces, a multiple of every kernel's query block. */
+/* Rows (and keys, in the group-split partials) are padded to this in the workspaces, a multiple
+ * of every kernel's query and key block. */
 #define FP_BWD_ROW_PAD 128
 
 /* Index of row i of (batch b, head h) in the [B, H, nq_pad] workspaces (a row of dq_accum is
@@ -369,6 +378,14 @@ template <typename T> FP_DEV void fp_acc_to_a(uint32_t a[4], const float c0[4], 
 FP_DEV int64_t fp_bwd_ws_row(const fp_sm80_args &a, int b, int h, int64_t i)
 {
     return ((int64_t)b * a.heads + h) * a.nq_pad + i;
+}
+
+/* Row n (a key of sequence b) of kv head kvh in slice `split`'s partial dV (c = 0) or dK (c = 1)
+ * of the group-split workspace (a row is DK floats). */
+FP_DEV int64_t fp_bwd_part_row(const fp_sm80_args &a, int c, int split, int b, int kvh, int n)
+{
+    const int kv_heads = a.heads / a.group;
+    return ((((int64_t)c * a.group_splits + split) * a.batch + b) * kv_heads + kvh) * a.nk_pad + n;
 }
 
 /* The dQ accumulator is stored in mma fragment order, so that each warp's atomics are
@@ -397,16 +414,22 @@ FP_DEV void fp_red_add2(float *dst, float x, float y)
 }
 
 /* The backward's side passes (sm80/bwd.cu), which the sm90 backward shares: the workspace
- * ([B, H, nq_pad] LSE * log2(e) and Dsum, and in atomic mode the [B, H, nq_pad, dk] f32 dQ
- * accumulator in fp_dq_frag_off's order), the pass that fills it (and zeroes the accumulator), and
- * the pass that scales the accumulator into dq. dk is the kernel's head dim (64, 128 or 256).
- * fp_cuda_bwd_side_setup sets a's nq_pad, dq_atomic (= accumulate: dQ goes through the
- * accumulator) and (ws != NULL) the workspace pointers, and returns the bytes (0: nothing to do).
- */
+ * ([B, H, nq_pad] LSE * log2(e) and Dsum; in atomic mode the [B, H, nq_pad, dk] f32 dQ
+ * accumulator in fp_dq_frag_off's order; with GQA group splits each slice's f32 dV and dK,
+ * fp_bwd_part_row), the pass that fills it (and zeroes the accumulator), the pass that adds the
+ * slices' dK/dV in slice order into dk and dv, and the pass that scales the accumulator into dq.
+ * dk is the kernel's head dim (64, 128 or 256). fp_cuda_bwd_side_setup sets a's nq_pad, nk_pad,
+ * dq_atomic (= accumulate: dQ goes through the accumulator), group_splits and (ws != NULL) the
+ * workspace pointers, and returns the bytes (0: nothing to do). fp_cuda_bwd_group_splits: the
+ * planner's group splits (core/plan.h) for a kernel of block_k keys a block, or the count that
+ * FLASHPORT_CUDA_GROUP_SPLITS forces. */
 size_t fp_cuda_bwd_side_setup(const fp_problem *p, fp_sm80_args *a, int dk, int accumulate,
-                              void *ws);
+                              int group_splits, void *ws);
+int fp_cuda_bwd_group_splits(const fp_cuda_ctx *ctx, const fp_problem *p, int block_k);
 cudaError_t fp_cuda_bwd_side_pre(const fp_problem *p, const fp_sm80_args &a, int dk,
                                  cudaStream_t stream);
+cudaError_t fp_cuda_bwd_side_dkdv_sum(const fp_problem *p, const fp_sm80_args &a, int dk,
+                                      cudaStream_t stream);
 cudaError_t fp_cuda_bwd_side_dq(const fp_problem *p, const fp_sm80_args &a, int dk,
                                 cudaStream_t stream);
 

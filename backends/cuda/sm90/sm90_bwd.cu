@@ -7,7 +7,9 @@
  *      per query row into the [B, H, nq_pad] workspace; the f32 dQ accumulator zeroed.
  *   2. fp_sm90_bwd_kernel: one thread block of three warpgroups per (key block of BN = 128
  *      keys, kv head, batch); its dK and dV accumulate in registers over every query block that
- *      sees the key block, for every query head of the GQA group.
+ *      sees the key block, for every query head of the GQA group, or of its slice of the group
+ *      where the grid would be too small (fp_cuda_bwd_group_splits; the slices' f32 partials are
+ *      then added in slice order by the sm80 path's fp_cuda_bwd_side_dkdv_sum).
  *        producer warpgroup (setmaxnreg gives its registers away): thread 0 issues TMA loads
  *          of the K and V tiles once, then per step (query head, query block of BM rows) the Q
  *          and dO tiles (tensor maps) and the rows' LSE2 and Dsum (bulk copies) into a ring of
@@ -146,14 +148,17 @@ __global__ void __launch_bounds__(FP_SM90B_THREADS, 1)
     };
 
     const int tid = threadIdx.x, wg = tid >> 7, wtid = tid & 127;
-    const int kb = blockIdx.x, kvh = blockIdx.y, b = blockIdx.z;
+    const int kb = blockIdx.x, b = blockIdx.z;
+    /* this block's slice of the kv head's query heads (all of them without group splits) */
+    const int kvh = blockIdx.y / a.group_splits, split = blockIdx.y % a.group_splits;
+    const int slice = a.group / a.group_splits, h_first = kvh * a.group + split * slice;
     const fp_cuda_seq seq = fp_cuda_seq_of(a, b);
     const int nq = seq.nq, nk = seq.nk, n0 = kb * BN;
     if (n0 >= nk)
         return;
     int mb_lo, mb_end;
     fp_geom_query_blocks(n0, min(n0 + BN, nk), nq, nk, a.left, a.right, BM, &mb_lo, &mb_end);
-    const int steps = a.group * (mb_end - mb_lo);
+    const int steps = slice * (mb_end - mb_lo);
 
     if (tid == 0) {
         fp_mbar_init(kv_full, 1);
@@ -178,7 +183,7 @@ __global__ void __launch_bounds__(FP_SM90B_THREADS, 1)
             /* The consumers leave each step's dQ tile in shared memory in the accumulator's
              * order; one bulk reduction adds it to the BM contiguous rows of the accumulator.
              * Deterministic mode: each query block's counter says whose turn it is. */
-            int h = kvh * a.group, mb = mb_end - 1;
+            int h = h_first, mb = mb_end - 1;
             for (int it = 0; it < steps; ++it) {
                 const int u = it % DQB, m0 = mb * BM;
                 fp_mbar_wait(dq_full(u), (it / DQB) & 1);
@@ -222,7 +227,7 @@ __global__ void __launch_bounds__(FP_SM90B_THREADS, 1)
                 fp_tma_load_4d(sk + p * BN * 128, &prm.tk, kv_full, 64 * p, k_row, kvh, cb);
                 fp_tma_load_4d(sv + p * BN * 128, &prm.tv, kv_full, 64 * p, k_row, kvh, cb);
             }
-            int h = kvh * a.group, mb = mb_end - 1;
+            int h = h_first, mb = mb_end - 1;
             for (int it = 0; it < steps; ++it) {
                 const int s = it % ST;
                 fp_mbar_wait(empty(s), ((it / ST) & 1) ^ 1);
@@ -262,7 +267,7 @@ __global__ void __launch_bounds__(FP_SM90B_THREADS, 1)
     if (steps > 0) {
         const fp_mask32 mk = fp_mask32_make(nq, nk, a.left, a.right);
         fp_mbar_wait(kv_full, 0);
-        int h = kvh * a.group, mb = mb_end - 1;
+        int h = h_first, mb = mb_end - 1;
         for (int it = 0; it < steps; ++it) {
             const int s = it % ST, m0 = mb * BM;
             const uint32_t qs = sq + s * Q_BYTES, dos = sdo + s * Q_BYTES;
@@ -431,6 +436,23 @@ __global__ void __launch_bounds__(FP_SM90B_THREADS, 1)
         }
     }
 
+    if (a.dkv_part) {
+        /* a slice of the group: its f32 sums, which fp_cuda_bwd_side_dkdv_sum adds in slice order
+         * (element 4 j + 2 r + e is key n0 + kr + 8 r, column 8 j + 2 t + e) */
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+            float *pv = a.dkv_part + fp_bwd_part_row(a, 0, split, b, kvh, n0 + kr + 8 * r) * DK;
+            float *pk = a.dkv_part + fp_bwd_part_row(a, 1, split, b, kvh, n0 + kr + 8 * r) * DK;
+#pragma unroll
+            for (int j = 0; j < DK / 8; ++j) {
+                *reinterpret_cast<float2 *>(pv + 8 * j + 2 * t) =
+                    make_float2(dv[4 * j + 2 * r], dv[4 * j + 2 * r + 1]);
+                *reinterpret_cast<float2 *>(pk + 8 * j + 2 * t) =
+                    make_float2(dk[4 * j + 2 * r], dk[4 * j + 2 * r + 1]);
+            }
+        }
+        return;
+    }
     /* dK (times the softmax scale) and dV, staged in this warpgroup's rows of the K and V tiles
      * (free once both warpgroups' last dQ product, which reads all of K, has landed), then
      * written as 16-byte rows */
@@ -476,7 +498,9 @@ static flashport_status fp_sm90_bwd_run(const fp_cuda_ctx *ctx, const fp_problem
     fp_sm80_fill_args(p, &a);
     /* the side passes' workspace (always with the dQ accumulator), then the turn counters of the
      * deterministic mode */
-    const size_t side = fp_cuda_bwd_side_setup(p, &a, DK, 1, query ? NULL : ws);
+    const int splits =
+        p->batch == 0 || p->heads == 0 ? 1 : fp_cuda_bwd_group_splits(ctx, p, CFG::BN);
+    const size_t side = fp_cuda_bwd_side_setup(p, &a, DK, 1, splits, query ? NULL : ws);
     const size_t turns =
         side && p->deterministic ? (size_t)p->batch * p->heads * (a.nq_pad / CFG::BM) : 0;
     const size_t bytes = side ? fp_cuda_ws_round(side) + turns * sizeof(int) : 0;
@@ -506,16 +530,19 @@ static flashport_status fp_sm90_bwd_run(const fp_cuda_ctx *ctx, const fp_problem
         e = cudaMemsetAsync(prm.dq_turn, 0, turns * sizeof(int), stream);
     if (e == cudaSuccess)
         e = fp_cuda_bwd_side_pre(p, a, DK, stream);
-    const dim3 grid((unsigned)((a.nk + CFG::BN - 1) / CFG::BN), (unsigned)p->kv_heads,
-                    (unsigned)p->batch);
+    const dim3 grid((unsigned)((a.nk + CFG::BN - 1) / CFG::BN),
+                    (unsigned)(p->kv_heads * a.group_splits), (unsigned)p->batch);
     if (e == cudaSuccess && grid.x > 0) {
         kernel<<<grid, FP_SM90B_THREADS, CFG::SMEM, stream>>>(prm);
         e = cudaGetLastError();
     }
     fp_cuda_log("backward: sm90 D%d kernel (TMA + wgmma, BN %d, BM %d, %d stages, 2 consumer "
-                "warpgroups, dQ by bulk reductions%s) for D=%lld, grid %ux%ux%u; %s",
+                "warpgroups, dQ by bulk reductions%s) for D=%lld, grid %ux%ux%u, group of %d "
+                "query heads in %d split(s); %s",
                 DK, CFG::BN, CFG::BM, CFG::ST, prm.dq_turn ? " in key-block order" : "",
-                (long long)p->head_dim, grid.x, grid.y, grid.z, why);
+                (long long)p->head_dim, grid.x, grid.y, grid.z, a.group, a.group_splits, why);
+    if (e == cudaSuccess)
+        e = fp_cuda_bwd_side_dkdv_sum(p, a, DK, stream);
     if (e == cudaSuccess)
         e = fp_cuda_bwd_side_dq(p, a, DK, stream);
     if (e != cudaSuccess) {

@@ -126,7 +126,32 @@ static inline uint8_t fp_f32_to_fp8(float f, int e4m3)
     return (uint8_t)(sign | (out > max_finite ? max_finite : out));
 }
 
-/* Element i (in elements, not bytes) of a buffer of `dtype`, as f32. f32/f16/bf16 only. */
+/* x rounded to the nearest e4m3 value (ties to even) and back to f32, as
+ * fp_fp8_to_f32(fp_f32_to_fp8(x, 1), 1) gives it, without a branch per exponent: the P rounding of
+ * the fp8 forward (docs/semantics.md). NaN stays NaN; beyond 448 saturates to +-448. Below 2^-6
+ * (the e4m3 subnormals, multiples of 2^-9) the addition of 2^14 rounds to a multiple of 2^-9 in
+ * the current (nearest-even) rounding mode; above it, the mantissa is rounded to 3 bits. */
+static inline float fp_round_e4m3(float x)
+{
+    const uint32_t u = fp_f32_bits(x), sign = u & 0x80000000u;
+    uint32_t a = u & 0x7fffffffu;
+    if (a > 0x7f800000u)
+        return x;
+    if (a < 0x3c800000u) {                                      /* |x| < 2^-6 */
+        const float r = (fp_bits_f32(a) + 16384.0f) - 16384.0f; /* IEEE: not folded away */
+        return fp_bits_f32(sign | fp_f32_bits(r));
+    }
+    a = (a + 0x7ffffu + ((a >> 20) & 1u)) & 0xfff00000u;
+    return fp_bits_f32(sign | (a > 0x43e00000u ? 0x43e00000u : a));
+}
+
+/* Whether a dtype is one of the two fp8 formats. */
+static inline int fp_is_fp8(flashport_dtype dtype)
+{
+    return dtype == FLASHPORT_FP8_E4M3 || dtype == FLASHPORT_FP8_E5M2;
+}
+
+/* Element i (in elements, not bytes) of a buffer of `dtype`, as f32 (exact for every dtype). */
 static inline float fp_load(const void *base, int64_t i, flashport_dtype dtype)
 {
     switch (dtype) {
@@ -134,6 +159,10 @@ static inline float fp_load(const void *base, int64_t i, flashport_dtype dtype)
         return fp_f16_to_f32(((const uint16_t *)base)[i]);
     case FLASHPORT_BF16:
         return fp_bf16_to_f32(((const uint16_t *)base)[i]);
+    case FLASHPORT_FP8_E4M3:
+        return fp_fp8_to_f32(((const uint8_t *)base)[i], 1);
+    case FLASHPORT_FP8_E5M2:
+        return fp_fp8_to_f32(((const uint8_t *)base)[i], 0);
     default:
         return ((const float *)base)[i];
     }
@@ -147,6 +176,12 @@ static inline void fp_store(void *base, int64_t i, flashport_dtype dtype, float 
         break;
     case FLASHPORT_BF16:
         ((uint16_t *)base)[i] = fp_f32_to_bf16(x);
+        break;
+    case FLASHPORT_FP8_E4M3:
+        ((uint8_t *)base)[i] = fp_f32_to_fp8(x, 1);
+        break;
+    case FLASHPORT_FP8_E5M2:
+        ((uint8_t *)base)[i] = fp_f32_to_fp8(x, 0);
         break;
     default:
         ((float *)base)[i] = x;

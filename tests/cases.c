@@ -5,7 +5,9 @@
  * ways; head dims 1, 16, 32, 40, 64, 72, 80, 96, 128, 160, 192, 256; GQA 8:1 and MQA; varlen
  * batches with empty sequences; causal, sliding and two-sided windows; softcap; ALiBi; rows that
  * see no key (Nq > Nk with causal, windows that miss every key, empty key sequences); f32, f16
- * and bf16; packed-qkv, permuted and padded, and head-dim-strided layouts. The four N = 1000
+ * and bf16; fp8 e4m3 / e5m2 forward with o in bf16 / f16 and descales (forward only: every
+ * backend must refuse their backward); packed-qkv, permuted and padded, and head-dim-strided
+ * layouts. The four N = 1000
  * cases dominate the run time; keep big cases rare.
  */
 #include "tests/cases.h"

@@ -11,7 +11,8 @@
  *     nearest-value search over the e4m3 codes written here, and shown to differ from the formula
  *     without that rounding (so the rounding is checked, not only tolerated); the CPU flash
  *     forward against the oracle where it rounds against the final maximum too (one key block),
- *     to o's precision; fp_round_e4m3 (core/dtype.h) against fp_f32_to_fp8 and back.
+ *     to o's precision; fp_round_e4m3 (core/dtype.h) against fp_f32_to_fp8 and back, and
+ *     fp_fp8_to_f32_vec against fp_fp8_to_f32 on every code.
  * fp_reference_forward/backward are called directly with fp_problem filled in here.
  */
 #include "backends/cpu/cpu_internal.h"
@@ -543,6 +544,15 @@ static void check_round_e4m3(void)
     }
     CHECK_MSG(bad == 0, "fp_round_e4m3: %lld of %lld values differ from fp_f32_to_fp8",
               (long long)bad, (long long)n);
+    /* fp_fp8_to_f32_vec, the CPU kernel's conversion, against fp_fp8_to_f32: every code */
+    for (int e4m3 = 0; e4m3 <= 1; e4m3++)
+        for (int code = 0; code < 256; code++) {
+            const float want = fp_fp8_to_f32((uint8_t)code, e4m3);
+            const float got = fp_fp8_to_f32_vec((uint8_t)code, e4m3);
+            CHECK_MSG(isnan(want) ? isnan(got) : fp_f32_bits(got) == fp_f32_bits(want),
+                      "fp_fp8_to_f32_vec(0x%02x, %s) = %g, fp_fp8_to_f32 %g", code,
+                      e4m3 ? "e4m3" : "e5m2", (double)got, (double)want);
+        }
     printf("fp_round_e4m3: %lld values checked\n", (long long)n);
 }
 

@@ -23,21 +23,19 @@
  * key a row cannot see never reaches it; a NaN score a row sees makes its l, O and LSE NaN.
  * bf16 inputs on a CPU with AVX512_BF16 stay bf16: Q^T and V as bf16 pairs, K in place, S^T and
  * P V by vdpbf16ps with P rounded to bf16 (ukernel_avx512bf16.c). Other dtypes convert to f32.
- * fp8 inputs (forward only, docs/semantics.md) convert to f32 tiles through a 256-entry code
- * table; the scale folds in descale_q * descale_k, P is rounded to e4m3 after its unrounded sum
- * went into l (against the running maximum, as a GPU kernel does: the tests' fp8 tolerance covers
- * it), O is scaled by descale_v and stored in o's dtype.
- * Extra memory: the per-thread tiles of fwd_layout only.
- * Tile shape: BLOCK_Q = 64 queries (one 4-register column block of the AVX-512 kernel) x
- * BLOCK_K = 64 keys.
- * Known differences from the reference: f32 accumulation, the polynomial exp2 (ukernel.h); the
- * scale is applied to the f32 scores (Q is not pre-scaled); bf16 path: P in bf16 for P V.
- * Measured (docs/bench/cpu.md, bench/cpu_targets.sh; 2 threads of the 2-core Zen 4 development
- * machine, FMA peak measured in the same runs ~234 GFLOP/s; B = 1, D = 64 H = 8 / D = 128 H = 4,
- * N = 1024..8192, causal and not; medians of 3 runs, 2026-11-30 13:01): f32 168..197 GFLOP/s,
- * 72..84% of the peak (B=1 H=4 N=2048 D=128: 197 GFLOP/s, 84%); bf16 271..361 GFLOP/s,
- * 1.62..1.94x f32; 1.16..1.48x (unmasked) and 2.07..2.80x (causal) the BLAS-materialized
- * baseline (--baseline blas).
+ * fp8 inputs (forward only, docs/semantics.md) convert to f32 tiles (fp_fp8_to_f32_vec, a
+ * loop the compiler vectorizes); the scale folds in descale_q * descale_k, P is rounded to e4m3
+ * after its unrounded sum went into l (against the running maximum, as a GPU kernel does: the
+ * tests' fp8 tolerance covers it), O is scaled by descale_v and stored in o's dtype. Extra memory:
+ * the per-thread tiles of fwd_layout only. Tile shape: BLOCK_Q = 64 queries (one 4-register column
+ * block of the AVX-512 kernel) x BLOCK_K = 64 keys. Known differences from the reference: f32
+ * accumulation, the polynomial exp2 (ukernel.h); the scale is applied to the f32 scores (Q is not
+ * pre-scaled); bf16 path: P in bf16 for P V. Measured (docs/bench/cpu.md, bench/cpu_targets.sh; 2
+ * threads of the 2-core Zen 4 development machine, FMA peak measured in the same runs ~234 GFLOP/s;
+ * B = 1, D = 64 H = 8 / D = 128 H = 4, N = 1024..8192, causal and not; medians of 3 runs,
+ * 2026-11-30 13:01): f32 168..197 GFLOP/s, 72..84% of the peak (B=1 H=4 N=2048 D=128: 197 GFLOP/s,
+ * 84%); bf16 271..361 GFLOP/s, 1.62..1.94x f32; 1.16..1.48x (unmasked) and 2.07..2.80x (causal) the
+ * BLAS-materialized baseline (--baseline blas).
  */
 #include "backends/cpu/cpu_internal.h"
 #include "backends/cpu/flash_tile.h"
@@ -98,32 +96,42 @@ typedef struct fwd_ctx {
     int bf16;     /* bf16 dot products (gemm_bf16) */
     int k_direct; /* K read in place by the product */
     int v_direct; /* V read in place (f32 only) */
-    int fp8;      /* fp8 inputs: converted to f32 tiles through lut, P rounded to e4m3 */
+    int fp8;      /* fp8 inputs: converted to f32 tiles, P rounded to e4m3 */
     float scale;  /* of the raw q . k: scale, times descale_q * descale_k for fp8 */
     fwd_layout L;
-    float lut[256]; /* fp8 only: the f32 value of every code of the input format */
 } fwd_ctx;
 
-/* fp8 rows into an f32 row tile, dst[r * ld + c] = x(r, c), through the code table. */
-static void fp8_tile_load(float *dst, int ld, const fp_block *x, int rows, int d, const float *lut)
+/* fp8 rows into an f32 row tile, dst[r * ld + c] = x(r, c); contiguous rows in a loop the
+ * compiler vectorizes (fp_fp8_to_f32_vec). */
+static void fp8_tile_load(float *dst, int ld, const fp_block *x, int rows, int d)
 {
+    const int e4m3 = x->dtype == FLASHPORT_FP8_E4M3;
     for (int r = 0; r < rows; r++) {
         const uint8_t *row = (const uint8_t *)x->data + x->off + r * x->rs;
         float *restrict out = dst + (ptrdiff_t)r * ld;
-        for (int c = 0; c < d; c++)
-            out[c] = lut[row[c * x->cs]];
+        if (x->cs == 1) {
+            if (e4m3)
+                for (int c = 0; c < d; c++)
+                    out[c] = fp_fp8_to_f32_vec(row[c], 1);
+            else
+                for (int c = 0; c < d; c++)
+                    out[c] = fp_fp8_to_f32_vec(row[c], 0);
+        } else {
+            for (int c = 0; c < d; c++)
+                out[c] = fp_fp8_to_f32(row[c * x->cs], e4m3);
+        }
     }
 }
 
 /* fp8 rows into a transposed f32 tile, dst[c * ld + r] = x(r, c), the padding columns rows ..
- * ld - 1 set to 0 (fp_tile_load_t's contract). */
-static void fp8_tile_load_t(float *dst, int ld, const fp_block *x, int rows, int d,
-                            const float *lut)
+ * ld - 1 set to 0 (fp_tile_load_t's contract). Once per query block: plain loads. */
+static void fp8_tile_load_t(float *dst, int ld, const fp_block *x, int rows, int d)
 {
+    const int e4m3 = x->dtype == FLASHPORT_FP8_E4M3;
     for (int r = 0; r < rows; r++) {
         const uint8_t *row = (const uint8_t *)x->data + x->off + r * x->rs;
         for (int c = 0; c < d; c++)
-            dst[(ptrdiff_t)c * ld + r] = lut[row[c * x->cs]];
+            dst[(ptrdiff_t)c * ld + r] = fp_fp8_to_f32(row[c * x->cs], e4m3);
     }
     for (int c = 0; c < d; c++)
         memset(dst + (ptrdiff_t)c * ld + rows, 0, sizeof(float) * (size_t)(ld - rows));
@@ -134,7 +142,7 @@ static void fp8_tile_load_t(float *dst, int ld, const fp_block *x, int rows, int
 static void round_p_e4m3(float *s, int ld, int n, int m)
 {
     for (int r = 0; r < n; r++) {
-        float *row = s + (ptrdiff_t)r * ld;
+        float *restrict row = s + (ptrdiff_t)r * ld;
         for (int c = 0; c < m; c++)
             row[c] = fp_round_e4m3(row[c]);
     }
@@ -219,7 +227,7 @@ static void fwd_block(const fwd_ctx *c, float *scratch, int64_t b, int64_t h, in
     if (c->bf16)
         fp_tile_pairs_t((uint32_t *)qt, L->ldq, &qb, m, d, uk);
     else if (c->fp8)
-        fp8_tile_load_t(qt, L->ldq, &qb, m, d, c->lut);
+        fp8_tile_load_t(qt, L->ldq, &qb, m, d);
     else
         fp_tile_load_t(qt, L->ldq, &qb, m, d, uk);
     for (int x = 0; x < mp; x++) {
@@ -259,7 +267,7 @@ static void fwd_block(const fwd_ctx *c, float *scratch, int64_t b, int64_t h, in
             uk->gemm_bf16(n, mp, (d + 1) / 2, ka, krs, 2, (const uint32_t *)qt, L->ldq, s, L->ldq,
                           0);
         } else if (c->fp8) {
-            fp8_tile_load(scratch + L->kt, L->ldd, &kb, n, d, c->lut);
+            fp8_tile_load(scratch + L->kt, L->ldd, &kb, n, d);
             uk->gemm(n, mp, d, scratch + L->kt, L->ldd, 1, qt, L->ldq, s, L->ldq, 0);
         } else if (c->k_direct) {
             uk->gemm(n, mp, d, (const float *)kb.data + kb.off, kb.rs, kb.cs, qt, L->ldq, s, L->ldq,
@@ -302,7 +310,7 @@ static void fwd_block(const fwd_ctx *c, float *scratch, int64_t b, int64_t h, in
         /* P and O += P V. fp8: V converted to an f32 tile first, P rounded to e4m3. */
         if (c->fp8) {
             float *vt = scratch + L->vt;
-            fp8_tile_load(vt, L->ldd, &vb, n, d, c->lut);
+            fp8_tile_load(vt, L->ldd, &vb, n, d);
             const fp_block vf = {vt, FLASHPORT_F32, 0, L->ldd, 1};
             uk->exp2_cols(n, mp, s, L->ldq, mul, sub, bsum);
             round_p_e4m3(s, L->ldq, n, m);
@@ -370,8 +378,6 @@ flashport_status fp_cpu_flash_forward(const fp_problem *p)
     c.L = fwd_layout_of(d);
     c.fp8 = fp_is_fp8(p->dtype);
     c.scale = c.fp8 ? p->scale * p->descale_q * p->descale_k : p->scale;
-    for (int code = 0; c.fp8 && code < 256; code++)
-        c.lut[code] = fp_fp8_to_f32((uint8_t)code, p->dtype == FLASHPORT_FP8_E4M3);
     if (fp_host()->log_enabled())
         fp_host()->log("cpu: flash forward (tiled, online softmax), %s micro-kernels: %s%s%s; "
                        "block_q=%d block_k=%d, %d threads",

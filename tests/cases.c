@@ -7,8 +7,7 @@
  * see no key (Nq > Nk with causal, windows that miss every key, empty key sequences); f32, f16
  * and bf16; fp8 e4m3 / e5m2 forward with o in bf16 / f16 and descales (forward only: every
  * backend must refuse their backward); packed-qkv, permuted and padded, and head-dim-strided
- * layouts. The four N = 1000
- * cases dominate the run time; keep big cases rare.
+ * layouts. The four N = 1000 cases dominate the run time; keep big cases rare.
  */
 #include "tests/cases.h"
 

@@ -23,19 +23,21 @@
  * key a row cannot see never reaches it; a NaN score a row sees makes its l, O and LSE NaN.
  * bf16 inputs on a CPU with AVX512_BF16 stay bf16: Q^T and V as bf16 pairs, K in place, S^T and
  * P V by vdpbf16ps with P rounded to bf16 (ukernel_avx512bf16.c). Other dtypes convert to f32.
- * fp8 inputs (forward only, docs/semantics.md) convert to f32 tiles (fp_fp8_to_f32_vec, a
- * loop the compiler vectorizes); the scale folds in descale_q * descale_k, P is rounded to e4m3
- * after its unrounded sum went into l (against the running maximum, as a GPU kernel does: the
- * tests' fp8 tolerance covers it), O is scaled by descale_v and stored in o's dtype. Extra memory:
- * the per-thread tiles of fwd_layout only. Tile shape: BLOCK_Q = 64 queries (one 4-register column
- * block of the AVX-512 kernel) x BLOCK_K = 64 keys. Known differences from the reference: f32
- * accumulation, the polynomial exp2 (ukernel.h); the scale is applied to the f32 scores (Q is not
- * pre-scaled); bf16 path: P in bf16 for P V. Measured (docs/bench/cpu.md, bench/cpu_targets.sh; 2
- * threads of the 2-core Zen 4 development machine, FMA peak measured in the same runs ~234 GFLOP/s;
- * B = 1, D = 64 H = 8 / D = 128 H = 4, N = 1024..8192, causal and not; medians of 3 runs,
- * 2026-11-30 13:01): f32 168..197 GFLOP/s, 72..84% of the peak (B=1 H=4 N=2048 D=128: 197 GFLOP/s,
- * 84%); bf16 271..361 GFLOP/s, 1.62..1.94x f32; 1.16..1.48x (unmasked) and 2.07..2.80x (causal) the
- * BLAS-materialized baseline (--baseline blas).
+ * fp8 inputs (forward only, docs/semantics.md) convert to f32 tiles (fp_fp8_to_f32_vec, in a
+ * loop the compiler vectorizes); the scale folds in descale_q * descale_k; P is rounded to e4m3
+ * after its unrounded sum went into l, against the running maximum as a GPU kernel does (the
+ * tests' fp8 tolerance covers that); O is scaled by descale_v and stored in o's dtype.
+ * Extra memory: the per-thread tiles of fwd_layout only.
+ * Tile shape: BLOCK_Q = 64 queries (one 4-register column block of the AVX-512 kernel) x
+ * BLOCK_K = 64 keys.
+ * Known differences from the reference: f32 accumulation, the polynomial exp2 (ukernel.h); the
+ * scale is applied to the f32 scores (Q is not pre-scaled); bf16 path: P in bf16 for P V.
+ * Measured (docs/bench/cpu.md, bench/cpu_targets.sh; 2 threads of the 2-core Zen 4 development
+ * machine, FMA peak measured in the same runs ~234 GFLOP/s; B = 1, D = 64 H = 8 / D = 128 H = 4,
+ * N = 1024..8192, causal and not; medians of 3 runs, 2026-11-30 13:01): f32 168..197 GFLOP/s,
+ * 72..84% of the peak (B=1 H=4 N=2048 D=128: 197 GFLOP/s, 84%); bf16 271..361 GFLOP/s,
+ * 1.62..1.94x f32; 1.16..1.48x (unmasked) and 2.07..2.80x (causal) the BLAS-materialized
+ * baseline (--baseline blas).
  */
 #include "backends/cpu/cpu_internal.h"
 #include "backends/cpu/flash_tile.h"

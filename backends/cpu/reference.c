@@ -3,13 +3,13 @@
  *
  * Algorithm: one query row at a time. Forward computes every visible score of the row, its
  * maximum, the sum of exponentials and O = sum_j p_j V_j in double; the row's LSE is
- * max + log(sum). fp8 inputs (forward only) follow docs/semantics.md: scores scaled by
- * descale_q * descale_k, each p_j = exp(s_j - max) rounded to e4m3 before it multiplies V_j (the
- * sum stays unrounded), O times descale_v, O stored in o's dtype. Backward recomputes p_j = exp(s_j
- * - LSE) from the given LSE, and with Delta_i = dO_i . O_i:  dS_ij = p_ij (dO_i . V_j - Delta_i),
- * times the softcap derivative; dQ_i = scale sum_j dS_ij K_j, dK_j += scale dS_ij Q_i, dV_j += p_ij
- * dO_i. dK/dV of one kv head are accumulated in double over every query head of its group and
- * written once at the end.
+ * max + log(sum). Backward recomputes p_j = exp(s_j - LSE) from the given LSE, and with
+ * Delta_i = dO_i . O_i:  dS_ij = p_ij (dO_i . V_j - Delta_i), times the softcap derivative;
+ * dQ_i = scale sum_j dS_ij K_j, dK_j += scale dS_ij Q_i, dV_j += p_ij dO_i. dK/dV of one kv head
+ * are accumulated in double over every query head of its group and written once at the end.
+ * fp8 inputs (forward only) follow docs/semantics.md: scores scaled by descale_q * descale_k,
+ * each p_j = exp(s_j - max) rounded to e4m3 before it multiplies V_j (the sum stays unrounded),
+ * O times descale_v and stored in o's dtype.
  *
  * Target: any host; serial and deterministic. Speed does not matter, only being obviously right.
  * Extra memory: O(Nk) scores per call in forward, O(Nk * D) accumulators per call in backward.

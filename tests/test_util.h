@@ -103,6 +103,10 @@ int tu_within(tu_err e, tu_tol t);
  * P to e4m3, against different maxima, and each rounding moves it by at most one unit roundoff
  * relative (normal range); both sums of P stay unrounded. */
 #define TU_FP8_P_ALLOWANCE 0.125
+/* The LSE of an fp8 case: its floor is 2 units of 2^-12 (not f32's 2^-24) relative to the
+ * largest |LSE|: fp8 tensor-core products are reported to accumulate with about 14 bits on
+ * Hopper (DeepSeek-V3's report, H800), and the scores, hence the LSE, carry that. */
+#define TU_FP8_LSE_ROUNDOFF (1.0 / 4096.0)
 tu_tol tu_tolerance_fp8(tu_err naive, double roundoff, double pv_bound);
 
 /* ---- strided views ------------------------------------------------------------------------- */

@@ -46,7 +46,18 @@ backends that are timed (SDPA flash is always run once, for the agreement check)
 Order per shape: SDPA flash and ours alternate --rounds times (default 2) and each keeps its
 fastest round (the median of a timing within a round); then our deterministic backward and the
 other SDPA backends, timed once.
+
+fp8 (--dtypes fp8_e4m3 or fp8_e5m2, forward only): q, k, v drawn in float32 and quantized per
+tensor (scale amax / 448, e5m2 amax / 57344; torch float8_e4m3fn / float8_e5m2 tensors, the
+scales passed as descales); our fp8 forward (o in bf16) is timed beside our bf16 forward and the
+SDPA backends on the dequantized inputs rounded to bf16, and each O's relative L2 error against
+the float32 attention of the dequantized inputs (its last --ref-rows query rows against all keys,
+an exact sub-problem under bottom-right masks) is reported: the fp8 issue's accuracy target
+compares ours fp8 with ours bf16. A backend without an fp8 kernel gets an empty cell and a note.
+
+    python3 bench/compare_torch.py --dtypes fp8_e4m3 --dims 128,256 --seqlens 4096,16384 --out out/
 """
+import math
 import argparse
 import collections
 import csv
@@ -167,7 +178,8 @@ def run_shape(fp, dtype, D, N, causal, args, bwd_env, fwd_env=None, heads=None):
         flops = fwd_flops if direction == "fwd" else bwd_flops
         rows.append(dict(dtype=str(dtype).replace("torch.", ""), D=D, N=N, B=B, H=H, HKV=HKV,
                          causal=int(causal), impl=impl, direction=direction, ms=ms,
-                         tflops=(flops / ms / 1e9) if ms == ms else float("nan"), note=extra))
+                         tflops=(flops / ms / 1e9) if ms == ms else float("nan"), note=extra,
+                         o_rel_l2=float("nan")))
 
     def set_env(value):
         if bwd_env:
@@ -290,6 +302,93 @@ def run_shape(fp, dtype, D, N, causal, args, bwd_env, fwd_env=None, heads=None):
     return rows, agree, ok
 
 
+# fp8 --dtypes: the torch dtype and the largest finite value of each format
+FP8_FORMATS = {"fp8_e4m3": ("float8_e4m3fn", 448.0), "fp8_e5m2": ("float8_e5m2", 57344.0)}
+
+
+def quantize(x, name):
+    """x (float32) as float8 codes with one scale, amax / the format's largest finite value."""
+    tname, fmax = FP8_FORMATS[name]
+    scale = max(x.abs().max().item() / fmax, 1e-30)
+    return (x / scale).to(getattr(torch, tname)), scale
+
+
+def reference_rows(q, k, v, causal, rows):
+    """float32 attention of the last `rows` query rows against every key, (B, rows, H, D): with
+    Nq = Nk the bottom-right causal mask of those rows is exact without the other rows."""
+    N, D = q.shape[1], q.shape[3]
+    qs = q[:, N - rows:].float().transpose(1, 2)
+    ks, vs = k.float().transpose(1, 2), v.float().transpose(1, 2)
+    S = (qs @ ks.transpose(-1, -2)) / math.sqrt(D)
+    if causal:
+        i = torch.arange(N - rows, N, device=q.device)[:, None]
+        j = torch.arange(N, device=q.device)[None, :]
+        S = S.masked_fill(j > i, float("-inf"))
+    return (torch.softmax(S, -1) @ vs).transpose(1, 2)
+
+
+def run_fp8_shape(fp, name, D, N, causal, args):
+    """fp8 forward timing and errors (see the top): rows (impl 'ours-fp8', 'ours' and the SDPA
+    backends, forward only, each with o_rel_l2), {impl: error}."""
+    B, H = max(1, args.tokens // N), max(1, args.hd // D)
+    dev = DEV
+    torch.manual_seed(N * 7 + D + causal)
+    x = [torch.randn(B, N, H, D, device=dev) for _ in range(3)]
+    (q8, sq), (k8, sk), (v8, sv) = (quantize(t, name) for t in x)
+    del x
+    deq = [t.float() * s for t, s in ((q8, sq), (k8, sk), (v8, sv))]
+    bf = [t.to(torch.bfloat16) for t in deq]
+    R = min(N, args.ref_rows)
+    ref = reference_rows(*deq, causal, R)
+    del deq
+    o8 = torch.empty(B, N, H, D, device=dev, dtype=torch.bfloat16)
+    ob = torch.empty_like(o8)
+    lse = torch.empty(B, H, N, device=dev, dtype=torch.float32)
+    flops = 4.0 * B * H * N * N * D / (2.0 if causal else 1.0)
+    rows, errs = [], {}
+
+    def record(impl, ms, err, note=""):
+        errs[impl] = err
+        rows.append(dict(dtype=name, D=D, N=N, B=B, H=H, causal=int(causal), impl=impl,
+                         direction="fwd", ms=ms,
+                         tflops=(flops / ms / 1e9) if ms == ms else float("nan"), note=note,
+                         o_rel_l2=err))
+
+    def ours_fp8():
+        flashport.attention(q8, k8, v8, causal=bool(causal), return_lse=True, out=(o8, lse),
+                            descale=(sq, sk, sv), backend=fp.backend)
+
+    def ours_bf16():
+        flashport.attention(*bf, causal=bool(causal), return_lse=True, out=(ob, lse),
+                            backend=fp.backend)
+
+    try:
+        ours_fp8()
+        synchronize()
+        record("ours-fp8", bench_ms(ours_fp8, rep=args.rep), rel_l2(o8[:, N - R:], ref))
+    except flashport.Error as e:
+        record("ours-fp8", float("nan"), float("nan"), str(e)[:100])
+    ours_bf16()
+    synchronize()
+    record("ours", bench_ms(ours_bf16, rep=args.rep), rel_l2(ob[:, N - R:], ref))
+    qt, kt, vt = (t.transpose(1, 2) for t in bf)
+    for impl, backend in SDPA.items():
+        if impl not in args.impls:
+            continue
+        try:
+            with sdpa_kernel([backend]):
+                out = F.scaled_dot_product_attention(qt, kt, vt, is_causal=bool(causal))
+                synchronize()
+                err = rel_l2(out.transpose(1, 2)[:, N - R:], ref)
+                del out
+                ms = bench_ms(lambda: F.scaled_dot_product_attention(
+                    qt, kt, vt, is_causal=bool(causal)), rep=args.rep)
+            record(impl, ms, err)
+        except RuntimeError as e:  # a backend that refuses the shape
+            record(impl, float("nan"), float("nan"), str(e).splitlines()[0][:80])
+    return rows, errs
+
+
 def gemm_tflops():
     a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
     b = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
@@ -328,6 +427,8 @@ def main():
                     help="VAR=A,B,...: time our backward once per value of VAR (A/B runs)")
     ap.add_argument("--fwd-env", default="",
                     help="VAR=A,B,...: time our forward once per value of VAR (A/B runs)")
+    ap.add_argument("--ref-rows", type=int, default=256,
+                    help="fp8 dtypes: query rows of the float32 reference (the last ones)")
     args = ap.parse_args()
     cuda = args.backend == "cuda"
     FMT = ".0f" if cuda else ".3f"  # TFLOP/s: a CPU's are fractions
@@ -376,11 +477,23 @@ def main():
     print(header, flush=True)
 
     dtypes = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
-    all_rows, table = [], []
+    all_rows, table, fp8_table = [], [], []
     for dname in args.dtypes.split(","):
         for D in [int(x) for x in args.dims.split(",")]:
             for N, heads, causal in [(int(n), hs, c) for hs in head_sets
                                      for n in args.seqlens.split(",") for c in (0, 1)]:
+                if dname in FP8_FORMATS:
+                    rows, errs = run_fp8_shape(fp, dname, D, N, causal, args)
+                    all_rows += rows
+                    t = collections.defaultdict(lambda: float("nan"))
+                    t.update({r["impl"]: r["tflops"] for r in rows})
+                    notes = "; ".join(f"{r['impl']}: {r['note']}" for r in rows if r["note"])
+                    fp8_table.append((dname, D, N, rows[0]["B"], rows[0]["H"], causal, t, errs,
+                                      notes))
+                    print(f"{dname} D{D} N{N} causal={causal}: "
+                          + "  ".join(f"{i} {t[i]:{FMT}} (err {errs[i]:.2e})" for i in t)
+                          + (f"  [{notes}]" if notes else ""), flush=True)
+                    continue
                 rows, agree, ok = run_shape(fp, dtypes[dname], D, N, causal, args, bwd_env,
                                             fwd_env, heads)
                 all_rows += rows
@@ -398,6 +511,8 @@ def main():
                       f"{t[('ours', 'bwd')]:{FMT}}{theirs}{alt}  agree {'yes' if ok else 'NO'} "
                       + " ".join(f"{k}={v:.1e}" for k, v in agree.items()), flush=True)
 
+    if not all_rows:
+        raise SystemExit("no shape ran")
     with open(os.path.join(args.out, "compare_torch.csv"), "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=list(all_rows[0].keys()))
         w.writeheader()
@@ -441,6 +556,28 @@ def main():
                      for i in ["ours"] + alts]
             lines.append(f"| {dname} | {D} | {N} | {B} x {H} | {'yes' if causal else 'no'} | "
                          f"{fa2:{FMT}} | " + " | ".join(cells) + " |")
+    if fp8_table:
+        fp8_impls = ["ours-fp8", "ours"] + [i for i in impls if i in args.impls]
+        names = {"ours-fp8": "ours fp8", "ours": "ours bf16"}
+        head = [names.get(i, LABELS.get(i, i)) for i in fp8_impls]
+        lines += ["", "fp8 forward: TFLOP/s, and in parentheses O's relative L2 error against the "
+                  "float32 attention of the dequantized inputs (last "
+                  f"{args.ref_rows} query rows); 'ours bf16' and SDPA run on those inputs rounded "
+                  "to bf16. fp8/x: ours fp8 over x (>= 1.00: fp8 is faster); err x: error ratio "
+                  "ours fp8 / x.", "",
+                  "| dtype | D | N | B x H | causal | " + " | ".join(head) + " | "
+                  + " | ".join(f"fp8/{h}" for h in head[1:]) + " | err / ours bf16 |",
+                  "|---|---|---|---|---|" + "---|" * (2 * len(head))]
+        for dname, D, N, B, H, causal, t, errs, notes in fp8_table:
+            cells = [f"{t[i]:{FMT}} ({errs.get(i, float('nan')):.1e})" for i in fp8_impls]
+            ratios = [f"{ratio(t['ours-fp8'], t[i]):.2f}" for i in fp8_impls[1:]]
+            err_ratio = ratio(errs.get("ours-fp8", float("nan")), errs.get("ours", float("nan")))
+            lines.append(f"| {dname} | {D} | {N} | {B} x {H} | {'yes' if causal else 'no'} | "
+                         + " | ".join(cells) + " | " + " | ".join(ratios)
+                         + f" | {err_ratio:.2f} |")
+        notes = sorted({n for *_, n in fp8_table if n})
+        if notes:
+            lines += [""] + [f"Note: {n}" for n in notes]
     if args.det:
         lines += ["", "Deterministic backward (no atomics), TFLOP/s: " + ", ".join(
             f"{r['dtype']} D{r['D']} N{r['N']}{' causal' if r['causal'] else ''} "
@@ -456,7 +593,8 @@ def main():
         dims = sorted({r["D"] for r in all_rows})
         fig, axes = plt.subplots(2, len(dims), figsize=(5 * len(dims), 8), squeeze=False)
         styles = dict(zip(["ours"] + impls, ["-o", "--s", ":^", "-.v"]))
-        plot_dtype = str(dtypes[args.dtypes.split(",")[0]]).replace("torch.", "")
+        first = args.dtypes.split(",")[0]
+        plot_dtype = first if first in FP8_FORMATS else str(dtypes[first]).replace("torch.", "")
         plot_heads = head_sets[0]  # with --heads, the first entry's shapes only
         for col, D in enumerate(dims):
             for row, direction in enumerate(("fwd", "bwd")):
@@ -467,7 +605,7 @@ def main():
                                      if r["D"] == D and r["impl"] == impl and r["dtype"] ==
                                      plot_dtype and r["direction"] == direction and
                                      r["causal"] == causal and
-                                     (plot_heads is None or (r["H"], r["HKV"]) == plot_heads))
+                                     (plot_heads is None or (r["H"], r.get("HKV", r["H"])) == plot_heads))
                         if pts:
                             ax.plot([p[0] for p in pts], [p[1] for p in pts], st,
                                     alpha=1.0 if causal == 0 else 0.5,
@@ -485,7 +623,10 @@ def main():
         print("matplotlib missing: no plot", file=sys.stderr)
 
     print(md)
-    return 0 if all(row[8] for row in table) else 1
+    # fp8 rows fail only where our fp8 forward ran and gave no finite error
+    fp8_ok = all(e.get("ours-fp8") == e.get("ours-fp8") or "ours-fp8:" in n
+                 for *_, e, n in fp8_table)
+    return 0 if all(row[8] for row in table) and fp8_ok else 1
 
 
 if __name__ == "__main__":

@@ -35,6 +35,15 @@
  * max_abs_err <= tol(dtype) * max(1, max |reference|), tol = 1e-4 (f32), 5e-3 (f16), 4e-2 (bf16):
  * a few output roundings for the 16-bit types, loose enough for any correct f32 summation order.
  *
+ * fp8 (--dtype fp8_e4m3 / fp8_e5m2; forward only, o in bf16): the f32 inputs of the same seed
+ * are quantized per tensor, scale amax / 448 (e4m3) or amax / 57344 (e5m2) passed as descale_q/k/v.
+ * --check runs the reference on the dequantized inputs in f32 (the exact attention of what the
+ * fp8 kernel is given, P unrounded) and passes when O is within 0.125 x max(1, max |ref|) (two
+ * e4m3 roundings of P, docs/semantics.md) and the LSE within bf16's tolerance. It also reports
+ * the relative L2 error of O beside that of the tested backend's bf16 forward on the same
+ * dequantized inputs rounded to bf16, against the same reference (o_rel_l2, o_rel_l2_bf16 in the
+ * CSV and JSON; the fp8 issue's accuracy target compares the two).
+ *
  * Baseline (--baseline blas, f32 forward): the same inputs through sgemm + softmax + sgemm
  * (bench/baseline_blas.c), as a "blas" row after the backend's, with the backend's speedup over it;
  * its O must agree with the backend's (f32 tolerance) or the run fails.
@@ -128,7 +137,19 @@ typedef struct bench_tensors {
     void *q, *k, *v, *o, *lse, *dout, *dq, *dk, *dv;
     void *hq, *hk, *hv, *hdout;
     flashport_tensor tq, tk, tv, to, tlse, tdout, tdq, tdk, tdv;
+    float descale[3]; /* fp8: the per-tensor dequantization factors of q, k, v; else 1 */
 } bench_tensors;
+
+static int bench_is_fp8(flashport_dtype dtype)
+{
+    return dtype == FLASHPORT_FP8_E4M3 || dtype == FLASHPORT_FP8_E5M2;
+}
+
+/* The dtype of o (and dO and the gradients): the input dtype, bf16 for fp8 inputs. */
+static flashport_dtype bench_out_dtype(flashport_dtype dtype)
+{
+    return bench_is_fp8(dtype) ? FLASHPORT_BF16 : dtype;
+}
 
 /* The part of a shape the reference recomputes: the last nb batches, the last ng kv heads with
  * their ng * G query heads, the last rows query rows, all keys. */
@@ -147,8 +168,9 @@ typedef struct bench_refdata {
 typedef struct bench_row {
     const char *direction;
     double ms_median, ms_min, tflops, pct_peak, max_abs_err;
-    double kv_gbs;     /* K/V bytes per second (forward), NaN otherwise */
-    const char *check; /* "ok", "FAIL" or "off" */
+    double rel_l2, rel_l2_bf16; /* fp8 forward with --check: O's errors (see top); else NaN */
+    double kv_gbs;              /* K/V bytes per second (forward), NaN otherwise */
+    const char *check;          /* "ok", "FAIL" or "off" */
     const char *scope;
 } bench_row;
 
@@ -198,7 +220,9 @@ static void bench_usage(FILE *f)
         "\n"
         "  -b, --backend NAME     cpu, reference, cuda, hip, opencl or auto\n"
         "                         (default: $FLASHPORT_BACKEND, else auto)\n"
-        "  -t, --dtype LIST       f32, f16, bf16 (default f32)\n"
+        "  -t, --dtype LIST       f32, f16, bf16, fp8_e4m3, fp8_e5m2 (default f32); fp8: forward\n"
+        "                         only, inputs quantized per tensor (amax / max finite), o in\n"
+        "                         bf16\n"
         "  -B, --batch LIST       B (default 1; with --sweep: %d / seqlen)\n"
         "  -H, --heads LIST       H (default 8; with --sweep: %d / hdim)\n"
         "  -K, --kv-heads LIST    Hkv (default: H)\n"
@@ -303,6 +327,10 @@ static int bench_dtype_from_name(const char *s)
         return FLASHPORT_F16;
     if (strcmp(s, "bf16") == 0)
         return FLASHPORT_BF16;
+    if (strcmp(s, "fp8_e4m3") == 0)
+        return FLASHPORT_FP8_E4M3;
+    if (strcmp(s, "fp8_e5m2") == 0)
+        return FLASHPORT_FP8_E5M2;
     return -1;
 }
 
@@ -320,7 +348,7 @@ static void bench_parse_dtypes(const char *s, bench_list *out)
         item[len] = '\0';
         int dt = bench_dtype_from_name(item);
         if (dt < 0)
-            bench_bad_arg("--dtype", item, "expected f32, f16 or bf16");
+            bench_bad_arg("--dtype", item, "expected f32, f16, bf16, fp8_e4m3 or fp8_e5m2");
         out->v[out->n++] = dt;
         if (!comma)
             break;
@@ -646,6 +674,9 @@ static double bench_tolerance(flashport_dtype dtype)
         return 1e-4;
     case FLASHPORT_F16:
         return 5e-3;
+    case FLASHPORT_FP8_E4M3:
+    case FLASHPORT_FP8_E5M2:
+        return 0.125; /* O: two e4m3 roundings of P (the LSE is judged with bf16's) */
     default:
         return 4e-2;
     }
@@ -698,10 +729,34 @@ static void *bench_random_input(bench_ctx *c, void *dev, flashport_dtype dtype, 
     return h;
 }
 
+/* fp8: n random f32 values (the draws the other dtypes make) quantized with one scale,
+ * amax / the format's largest finite value; the host copy holds the codes, *descale the scale. */
+static void *bench_quantized_input(bench_ctx *c, void *dev, flashport_dtype dtype, size_t n,
+                                   uint64_t *rng, float *descale)
+{
+    float *x = bench_host_alloc(n * sizeof(float));
+    float amax = 0.0f;
+    for (size_t i = 0; i < n; i++) {
+        x[i] = bench_rng_uniform(rng);
+        amax = fabsf(x[i]) > amax ? fabsf(x[i]) : amax;
+    }
+    const float fmax = dtype == FLASHPORT_FP8_E4M3 ? 448.0f : 57344.0f;
+    *descale = amax > 0.0f ? amax / fmax : 1.0f;
+    for (size_t i = 0; i < n; i++)
+        x[i] /= *descale;
+    void *h = bench_host_alloc(n);
+    bench_ok(flashport_convert(h, dtype, x, FLASHPORT_F32, n), "flashport_convert");
+    bench_ok(flashport_memcpy_to_device(c->be, dev, h, n), "flashport_memcpy_to_device");
+    free(x);
+    return h;
+}
+
 static void bench_tensors_create(bench_ctx *c, const bench_shape *s, bench_tensors *t)
 {
     memset(t, 0, sizeof *t);
     size_t es = flashport_dtype_size(s->dtype);
+    const flashport_dtype odt = bench_out_dtype(s->dtype);
+    size_t eo = flashport_dtype_size(odt);
     size_t nq = (size_t)(s->b * s->nq * s->h * s->d);
     size_t nk = (size_t)(s->b * s->nk * s->hkv * s->d);
     size_t nl = (size_t)(s->b * s->h * s->nq);
@@ -713,19 +768,26 @@ static void bench_tensors_create(bench_ctx *c, const bench_shape *s, bench_tenso
     t->q = bench_device_alloc(c, nq * es);
     t->k = bench_device_alloc(c, nk * es);
     t->v = bench_device_alloc(c, nk * es);
-    t->o = bench_device_alloc(c, nq * es);
+    t->o = bench_device_alloc(c, nq * eo);
     t->lse = bench_device_alloc(c, nl * sizeof(float));
-    t->hq = bench_random_input(c, t->q, s->dtype, nq, &rng);
-    t->hk = bench_random_input(c, t->k, s->dtype, nk, &rng);
-    t->hv = bench_random_input(c, t->v, s->dtype, nk, &rng);
-    bench_fill_nan(c, t->o, s->dtype, nq);
+    t->descale[0] = t->descale[1] = t->descale[2] = 1.0f;
+    if (bench_is_fp8(s->dtype)) {
+        t->hq = bench_quantized_input(c, t->q, s->dtype, nq, &rng, &t->descale[0]);
+        t->hk = bench_quantized_input(c, t->k, s->dtype, nk, &rng, &t->descale[1]);
+        t->hv = bench_quantized_input(c, t->v, s->dtype, nk, &rng, &t->descale[2]);
+    } else {
+        t->hq = bench_random_input(c, t->q, s->dtype, nq, &rng);
+        t->hk = bench_random_input(c, t->k, s->dtype, nk, &rng);
+        t->hv = bench_random_input(c, t->v, s->dtype, nk, &rng);
+    }
+    bench_fill_nan(c, t->o, odt, nq);
     bench_fill_nan(c, t->lse, FLASHPORT_F32, nl);
     t->tq = flashport_tensor_contiguous(t->q, s->dtype, 4, qshape);
     t->tk = flashport_tensor_contiguous(t->k, s->dtype, 4, kshape);
     t->tv = flashport_tensor_contiguous(t->v, s->dtype, 4, kshape);
-    t->to = flashport_tensor_contiguous(t->o, s->dtype, 4, qshape);
+    t->to = flashport_tensor_contiguous(t->o, odt, 4, qshape);
     t->tlse = flashport_tensor_contiguous(t->lse, FLASHPORT_F32, 3, lshape);
-    if (!c->opt->bwd)
+    if (!c->opt->bwd || bench_is_fp8(s->dtype)) /* fp8: forward only */
         return;
     t->dout = bench_device_alloc(c, nq * es);
     t->dq = bench_device_alloc(c, nq * es);
@@ -801,6 +863,7 @@ static float *bench_gather_f32(const void *src, flashport_dtype dtype, const ben
 typedef struct bench_err {
     double max_abs; /* infinity when a NaN or a misplaced infinity shows up */
     double max_ref; /* largest finite |reference| */
+    double rel_l2;  /* ||test - ref|| / ||ref|| over finite refs (infinity with a NaN) */
 } bench_err;
 
 /* Compares the block of `test` (dtype, contiguous with extents blk->full) with ref, the block
@@ -808,7 +871,8 @@ typedef struct bench_err {
 static bench_err bench_compare(const void *test, flashport_dtype dtype, const bench_block *blk,
                                const float *ref)
 {
-    bench_err e = {0.0, 0.0};
+    bench_err e = {0.0, 0.0, 0.0};
+    double diff2 = 0.0, ref2 = 0.0;
     size_t n = 0;
     for (int64_t i0 = 0; i0 < blk->ext[0]; i0++)
         for (int64_t i1 = 0; i1 < blk->ext[1]; i1++)
@@ -828,8 +892,13 @@ static bench_err bench_compare(const void *test, flashport_dtype dtype, const be
                         e.max_abs = d;
                     if (isfinite(r) && fabs(r) > e.max_ref)
                         e.max_ref = fabs(r);
+                    if (isfinite(r)) {
+                        diff2 += d * d;
+                        ref2 += r * r;
+                    }
                 }
             }
+    e.rel_l2 = ref2 > 0.0 ? sqrt(diff2 / ref2) : sqrt(diff2);
     return e;
 }
 
@@ -948,11 +1017,60 @@ static int bench_judge(const char *name, bench_err e, double tol, double *max_ab
     return bad;
 }
 
+static void bench_scale(float *x, size_t n, float factor)
+{
+    for (size_t i = 0; i < n; i++)
+        x[i] *= factor;
+}
+
+/* fp8 check: the tested backend's bf16 forward on the subset's dequantized inputs (r's f32
+ * copies) rounded to bf16, as its own contiguous tensors; O's relative L2 error against r->o. */
+static double bench_bf16_rel_l2(bench_ctx *c, const flashport_attention_params *params,
+                                const bench_refdata *r, const bench_block *qb,
+                                const bench_block *kb, const bench_block *lb)
+{
+    const float *src[3] = {r->q, r->k, r->v};
+    const bench_block *blk[3] = {qb, kb, kb};
+    flashport_tensor tin[3];
+    void *dev[5];
+    for (int i = 0; i < 3; i++) {
+        const size_t n = bench_block_count(blk[i]);
+        void *h = bench_host_alloc(n * 2);
+        bench_ok(flashport_convert(h, FLASHPORT_BF16, src[i], FLASHPORT_F32, n),
+                 "flashport_convert");
+        dev[i] = bench_device_alloc(c, n * 2);
+        bench_ok(flashport_memcpy_to_device(c->be, dev[i], h, n * 2), "flashport_memcpy_to_device");
+        free(h);
+        tin[i] = flashport_tensor_contiguous(dev[i], FLASHPORT_BF16, 4, blk[i]->ext);
+    }
+    const size_t no = bench_block_count(qb), nl = bench_block_count(lb);
+    dev[3] = bench_device_alloc(c, no * 2);
+    dev[4] = bench_device_alloc(c, nl * sizeof(float));
+    flashport_tensor to = flashport_tensor_contiguous(dev[3], FLASHPORT_BF16, 4, qb->ext);
+    flashport_tensor tl = flashport_tensor_contiguous(dev[4], FLASHPORT_F32, 3, lb->ext);
+    bench_ok(flashport_attention_forward(c->be, params, &tin[0], &tin[1], &tin[2], &to, &tl),
+             "flashport_attention_forward (bf16 on the dequantized fp8 inputs)");
+    bench_ok(flashport_synchronize(c->be), "flashport_synchronize");
+    void *o = bench_to_host(c, dev[3], no * 2);
+    bench_block ob = *qb;
+    for (int i = 0; i < 4; i++) {
+        ob.full[i] = ob.ext[i];
+        ob.start[i] = 0;
+    }
+    const double rel = bench_compare(o, FLASHPORT_BF16, &ob, r->o).rel_l2;
+    free(o);
+    for (int i = 0; i < 5; i++)
+        bench_ok(flashport_free(c->be, dev[i]), "flashport_free");
+    return rel;
+}
+
 /* Runs the reference forward on the subset (kept in r for the backward check) and compares the
- * tested forward's O and LSE with it. Returns nonzero on failure; *max_abs gets the error. */
+ * tested forward's O and LSE with it. Returns nonzero on failure; *max_abs gets the error.
+ * fp8 (rel_l2 not NULL): the reference takes the dequantized inputs, and rel_l2[0], rel_l2[1]
+ * get O's relative L2 error and that of the bf16 forward on the same data (see the top). */
 static int bench_check_forward(bench_ctx *c, const bench_shape *s,
                                const flashport_attention_params *params, const bench_tensors *t,
-                               bench_refdata *r, double *max_abs)
+                               bench_refdata *r, double *max_abs, double *rel_l2)
 {
     r->sub = bench_plan_subset(s, c->opt);
     bench_block qb = bench_qblock(s, &r->sub), kb = bench_kvblock(s, &r->sub);
@@ -960,6 +1078,12 @@ static int bench_check_forward(bench_ctx *c, const bench_shape *s,
     r->q = bench_gather_f32(t->hq, s->dtype, &qb);
     r->k = bench_gather_f32(t->hk, s->dtype, &kb);
     r->v = bench_gather_f32(t->hv, s->dtype, &kb);
+    const int fp8 = bench_is_fp8(s->dtype);
+    if (fp8) { /* dequantized: the f32 problem the reference solves exactly */
+        bench_scale(r->q, bench_block_count(&qb), t->descale[0]);
+        bench_scale(r->k, bench_block_count(&kb), t->descale[1]);
+        bench_scale(r->v, bench_block_count(&kb), t->descale[2]);
+    }
     r->o = bench_host_alloc(bench_block_count(&qb) * sizeof(float));
     r->lse = bench_host_alloc(bench_block_count(&lb) * sizeof(float));
     flashport_tensor rq = bench_f32_tensor(r->q, &qb, 4), rk = bench_f32_tensor(r->k, &kb, 4);
@@ -968,15 +1092,30 @@ static int bench_check_forward(bench_ctx *c, const bench_shape *s,
     bench_ok(flashport_attention_forward(c->ref, params, &rq, &rk, &rv, &ro, &rl),
              "reference flashport_attention_forward");
 
-    size_t es = flashport_dtype_size(s->dtype);
-    void *o = bench_to_host(c, t->o, (size_t)(s->b * s->nq * s->h * s->d) * es);
+    const flashport_dtype odt = bench_out_dtype(s->dtype);
+    size_t eo = flashport_dtype_size(odt);
+    void *o = bench_to_host(c, t->o, (size_t)(s->b * s->nq * s->h * s->d) * eo);
     void *lse = bench_to_host(c, t->lse, (size_t)(s->b * s->h * s->nq) * sizeof(float));
-    double tol = bench_tolerance(s->dtype);
+    double tol = bench_tolerance(s->dtype), tol_lse = bench_tolerance(odt);
     *max_abs = 0.0;
     fprintf(stderr, "check fwd (%s):", r->sub.scope);
-    int bad = bench_judge("o", bench_compare(o, s->dtype, &qb, r->o), tol, max_abs);
-    bad |= bench_judge("lse", bench_compare(lse, FLASHPORT_F32, &lb, r->lse), tol, max_abs);
-    fprintf(stderr, "; tol %.1e x max(1, max|ref|)%s\n", tol, bad ? ": FAILED" : "");
+    const bench_err eo_err = bench_compare(o, odt, &qb, r->o);
+    int bad = bench_judge("o", eo_err, tol, max_abs);
+    bad |= bench_judge("lse", bench_compare(lse, FLASHPORT_F32, &lb, r->lse), tol_lse, max_abs);
+    if (fp8)
+        fprintf(stderr, "; tol o %.1e, lse %.1e x max(1, max|ref|)%s\n", tol, tol_lse,
+                bad ? ": FAILED" : "");
+    else
+        fprintf(stderr, "; tol %.1e x max(1, max|ref|)%s\n", tol, bad ? ": FAILED" : "");
+    if (fp8 && rel_l2) {
+        rel_l2[0] = eo_err.rel_l2;
+        rel_l2[1] = bench_bf16_rel_l2(c, params, r, &qb, &kb, &lb);
+        fprintf(stderr,
+                "fp8 error (%s): O relative L2 vs f32 attention of the dequantized inputs: %s "
+                "%.3e, bf16 forward on them %.3e (ratio %.2f)\n",
+                r->sub.scope, flashport_dtype_name(s->dtype), rel_l2[0], rel_l2[1],
+                rel_l2[0] / rel_l2[1]);
+    }
     free(o);
     free(lse);
     return bad;
@@ -1127,7 +1266,7 @@ static void bench_time(bench_ctx *c, const flashport_attention_params *p, const 
 static const char *bench_csv_header =
     "backend,variant,dtype,batch,heads,kv_heads,seqlen_q,seqlen_k,hdim,causal,window_left,"
     "window_right,softcap,direction,iters,ms_median,ms_min,tflops,peak_tflops,pct_peak,"
-    "max_abs_err,check,check_scope,kv_gbs,mem_gbs,pct_mem\n";
+    "max_abs_err,check,check_scope,kv_gbs,mem_gbs,pct_mem,o_rel_l2,o_rel_l2_bf16\n";
 
 /* A number for the CSV; NaN (unknown) is left empty. */
 static void bench_csv_num(FILE *f, double x)
@@ -1183,10 +1322,13 @@ static void bench_emit(bench_ctx *c, const bench_shape *s, const bench_row *r)
     fprintf(c->csv, "%s,%s,", r->check, r->scope);
     bench_csv_num(c->csv, r->kv_gbs);
     bench_csv_num(c->csv, c->mem_gbs);
-    if (isnan(r->kv_gbs) || isnan(c->mem_gbs))
-        fputc('\n', c->csv);
-    else
-        fprintf(c->csv, "%.6g\n", 100.0 * r->kv_gbs / c->mem_gbs);
+    if (!isnan(r->kv_gbs) && !isnan(c->mem_gbs))
+        fprintf(c->csv, "%.6g", 100.0 * r->kv_gbs / c->mem_gbs);
+    fputc(',', c->csv);
+    bench_csv_num(c->csv, r->rel_l2);
+    if (!isnan(r->rel_l2_bf16))
+        fprintf(c->csv, "%.6g", r->rel_l2_bf16);
+    fputc('\n', c->csv);
     fflush(c->csv);
 }
 
@@ -1220,6 +1362,8 @@ static void bench_emit_json(bench_ctx *c, const bench_shape *s, const bench_row 
     bench_json_num(f, "peak_tflops", c->peak_tflops);
     bench_json_num(f, "pct_peak", r->pct_peak);
     bench_json_num(f, "max_abs_err", r->max_abs_err);
+    bench_json_num(f, "o_rel_l2", r->rel_l2);
+    bench_json_num(f, "o_rel_l2_bf16", r->rel_l2_bf16);
     fprintf(f, ", \"check\": \"%s\", \"check_scope\": \"%s\"}", r->check, r->scope);
     fflush(f);
 }
@@ -1227,10 +1371,13 @@ static void bench_emit_json(bench_ctx *c, const bench_shape *s, const bench_row 
 /* Times one direction and emits its row; returns the median in ms. */
 static double bench_direction(bench_ctx *c, const bench_shape *s,
                               const flashport_attention_params *p, const bench_tensors *t,
-                              int backward, double max_abs, int bad, const char *scope)
+                              int backward, double max_abs, int bad, const char *scope,
+                              const double *rel_l2)
 {
     bench_row r;
     r.direction = backward ? "bwd" : "fwd";
+    r.rel_l2 = rel_l2 ? rel_l2[0] : NAN;
+    r.rel_l2_bf16 = rel_l2 ? rel_l2[1] : NAN;
     r.max_abs_err = max_abs;
     r.check = !c->opt->check ? "off" : bad ? "FAIL" : "ok";
     r.scope = c->opt->check ? scope : "";
@@ -1239,7 +1386,7 @@ static double bench_direction(bench_ctx *c, const bench_shape *s,
     r.tflops = flops / (r.ms_median * 1e-3) * 1e-12;
     r.pct_peak = 100.0 * r.tflops / c->peak_tflops;
     const double kv_bytes =
-        2.0 * (double)(s->b * s->nk * s->hkv * s->d) * (s->dtype == FLASHPORT_F32 ? 4.0 : 2.0);
+        2.0 * (double)(s->b * s->nk * s->hkv * s->d) * (double)flashport_dtype_size(s->dtype);
     r.kv_gbs = backward ? NAN : kv_bytes / (r.ms_median * 1e-3) * 1e-9;
     bench_emit(c, s, &r);
     if (!backward && !isnan(c->mem_gbs) && s->nq <= 16)
@@ -1279,6 +1426,7 @@ static void bench_baseline_blas(bench_ctx *c, const bench_shape *s, const bench_
     r.direction = "fwd";
     r.scope = "backend's O";
     r.kv_gbs = NAN;
+    r.rel_l2 = r.rel_l2_bf16 = NAN;
     bench_blas_time(&bp, scores, threads, o->warmup, o->iters, &r.ms_median, &r.ms_min);
     r.tflops = bench_forward_flops(s, o) / (r.ms_median * 1e-3) * 1e-12;
     r.pct_peak = 100.0 * r.tflops / c->peak_tflops;
@@ -1317,26 +1465,33 @@ static void bench_shape_run(bench_ctx *c, const bench_shape *s)
 
     bench_tensors t;
     bench_tensors_create(c, s, &t);
+    params.descale_q = t.descale[0]; /* fp8 only; ignored for other dtypes */
+    params.descale_k = t.descale[1];
+    params.descale_v = t.descale[2];
     bench_refdata ref;
     memset(&ref, 0, sizeof ref);
-    double err_fwd = NAN, err_bwd = NAN;
+    double err_fwd = NAN, err_bwd = NAN, rel_l2[2] = {NAN, NAN};
+    const int fp8 = bench_is_fp8(s->dtype);
     int bad_fwd = 0, bad_bwd = 0;
 
     bench_run_once(c, &params, &t, 0);
     bench_ok(flashport_synchronize(c->be), "flashport_synchronize");
     if (o->check)
-        bad_fwd = bench_check_forward(c, s, &params, &t, &ref, &err_fwd);
+        bad_fwd = bench_check_forward(c, s, &params, &t, &ref, &err_fwd, fp8 ? rel_l2 : NULL);
     if (o->fwd) {
-        const double ms = bench_direction(c, s, &params, &t, 0, err_fwd, bad_fwd, ref.sub.scope);
+        const double ms = bench_direction(c, s, &params, &t, 0, err_fwd, bad_fwd, ref.sub.scope,
+                                          fp8 && o->check ? rel_l2 : NULL);
         if (o->baseline_blas)
             bench_baseline_blas(c, s, &t, ms);
     }
-    if (o->bwd) {
+    if (o->bwd && fp8)
+        printf("# %s: forward only, no backward row\n", flashport_dtype_name(s->dtype));
+    if (o->bwd && !fp8) {
         bench_run_once(c, &params, &t, 1);
         bench_ok(flashport_synchronize(c->be), "flashport_synchronize");
         if (o->check)
             bad_bwd = bench_check_backward(c, s, &params, &t, &ref, &err_bwd);
-        bench_direction(c, s, &params, &t, 1, err_bwd, bad_bwd | bad_fwd, ref.sub.scope);
+        bench_direction(c, s, &params, &t, 1, err_bwd, bad_bwd | bad_fwd, ref.sub.scope, NULL);
     }
     c->failures += bad_fwd + bad_bwd;
     bench_refdata_free(&ref);

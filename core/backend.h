@@ -23,7 +23,7 @@ extern "C" {
 #endif
 
 /* Bumped whenever fp_problem, fp_backend_ops or fp_host_api change layout or meaning. */
-#define FP_PLUGIN_API_VERSION  3
+#define FP_PLUGIN_API_VERSION  4
 #define FP_PLUGIN_ENTRY_SYMBOL "flashport_plugin_entry"
 
 /* Stride order of every fp_problem tensor: [batch, seq, head, dim]. For varlen problems the batch
@@ -37,7 +37,8 @@ typedef struct fp_tensor_view {
 } fp_tensor_view;
 
 typedef struct fp_problem {
-    flashport_dtype dtype;
+    flashport_dtype dtype;   /* q, k, v (and every tensor of a backward) */
+    flashport_dtype o_dtype; /* o: dtype, or bf16 / f16 when dtype is fp8 (forward only) */
     int64_t batch;
     int64_t seqlen_q; /* dense: Nq; varlen: max_seqlen_q */
     int64_t seqlen_k; /* dense: Nk; varlen: max_seqlen_k */
@@ -57,7 +58,7 @@ typedef struct fp_problem {
     const int32_t *cu_seqlens_q; /* backend memory, B + 1 entries (varlen only) */
     const int32_t *cu_seqlens_k;
     int deterministic;
-    float descale_q, descale_k, descale_v; /* fp8 only; 1 otherwise */
+    float descale_q, descale_k, descale_v; /* resolved (0 -> 1); 1 unless dtype is fp8 */
 
     fp_tensor_view q, k, v, o;
     fp_tensor_view lse; /* f32, strides [batch, head, seq] in stride[0..2]; data may be NULL fwd */

@@ -9,43 +9,6 @@
 
 #include <string.h>
 
-static float load_any(const void *base, size_t i, flashport_dtype dtype)
-{
-    switch (dtype) {
-    case FLASHPORT_F16:
-        return fp_f16_to_f32(((const uint16_t *)base)[i]);
-    case FLASHPORT_BF16:
-        return fp_bf16_to_f32(((const uint16_t *)base)[i]);
-    case FLASHPORT_FP8_E4M3:
-        return fp_fp8_to_f32(((const uint8_t *)base)[i], 1);
-    case FLASHPORT_FP8_E5M2:
-        return fp_fp8_to_f32(((const uint8_t *)base)[i], 0);
-    default:
-        return ((const float *)base)[i];
-    }
-}
-
-static void store_any(void *base, size_t i, flashport_dtype dtype, float x)
-{
-    switch (dtype) {
-    case FLASHPORT_F16:
-        ((uint16_t *)base)[i] = fp_f32_to_f16(x);
-        break;
-    case FLASHPORT_BF16:
-        ((uint16_t *)base)[i] = fp_f32_to_bf16(x);
-        break;
-    case FLASHPORT_FP8_E4M3:
-        ((uint8_t *)base)[i] = fp_f32_to_fp8(x, 1);
-        break;
-    case FLASHPORT_FP8_E5M2:
-        ((uint8_t *)base)[i] = fp_f32_to_fp8(x, 0);
-        break;
-    default:
-        ((float *)base)[i] = x;
-        break;
-    }
-}
-
 flashport_status flashport_convert(void *dst, flashport_dtype dst_dtype, const void *src,
                                    flashport_dtype src_dtype, size_t count)
 {
@@ -71,6 +34,6 @@ flashport_status flashport_convert(void *dst, flashport_dtype dst_dtype, const v
         return FLASHPORT_OK;
     }
     for (size_t i = 0; i < count; i++)
-        store_any(dst, i, dst_dtype, load_any(src, i, src_dtype));
+        fp_store(dst, (int64_t)i, dst_dtype, fp_load(src, (int64_t)i, src_dtype));
     return FLASHPORT_OK;
 }

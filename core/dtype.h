@@ -126,7 +126,54 @@ static inline uint8_t fp_f32_to_fp8(float f, int e4m3)
     return (uint8_t)(sign | (out > max_finite ? max_finite : out));
 }
 
-/* Element i (in elements, not bytes) of a buffer of `dtype`, as f32. f32/f16/bf16 only. */
+/* x rounded to the nearest e4m3 value (ties to even) and back to f32, as
+ * fp_fp8_to_f32(fp_f32_to_fp8(x, 1), 1) gives it: the P rounding of the fp8 forward
+ * (docs/semantics.md). NaN stays NaN; beyond 448 saturates to +-448. Written without branches so
+ * that a loop over it vectorizes: below 2^-6 (the e4m3 subnormals, multiples of 2^-9) the
+ * addition of 2^14 rounds to a multiple of 2^-9 in the current (nearest-even) rounding mode;
+ * above, the f32 mantissa is rounded to 3 bits. */
+static inline float fp_round_e4m3(float x)
+{
+    const uint32_t u = fp_f32_bits(x), sign = u & 0x80000000u, a = u & 0x7fffffffu;
+    const uint32_t sub = fp_f32_bits((fp_bits_f32(a) + 16384.0f) - 16384.0f); /* IEEE: kept */
+    uint32_t nrm = (a + 0x7ffffu + ((a >> 20) & 1u)) & 0xfff00000u;
+    /* all-ones masks instead of branches, so the compiler's if-conversion is not needed */
+    const uint32_t big = 0u - (uint32_t)(nrm > 0x43e00000u);
+    nrm = (nrm & ~big) | (0x43e00000u & big);
+    const uint32_t small = 0u - (uint32_t)(a < 0x3c800000u);
+    const uint32_t nan = 0u - (uint32_t)(a > 0x7f800000u);
+    const uint32_t r = sign | (sub & small) | (nrm & ~small);
+    return fp_bits_f32((u & nan) | (r & ~nan));
+}
+
+/* fp_fp8_to_f32 without branches or a table, for loops that should vectorize (the CPU kernel's
+ * fp8 tiles); bit for bit the same value (any NaN for a NaN code). A normal code's magnitude bits
+ * shifted to the top of an f32 mantissa, plus the bias difference in the exponent field, are its
+ * f32; a subnormal one (exponent field 0) is its mantissa times the smallest subnormal, computed
+ * in float so that no f32 subnormal is involved (a caller's flush-to-zero mode cannot bite). */
+static inline float fp_fp8_to_f32_vec(uint8_t h, int e4m3)
+{
+    const int man_bits = e4m3 ? 3 : 2;
+    const uint32_t mag = h & 0x7fu, sign = (uint32_t)(h & 0x80u) << 24;
+    const uint32_t nrm = (mag << (23 - man_bits)) + ((e4m3 ? 120u : 112u) << 23);
+    const float subf =
+        (float)(int)(mag & ((1u << man_bits) - 1u)) * (e4m3 ? 0.001953125f : 1.52587890625e-05f);
+    /* all-ones masks instead of branches, so the compiler's if-conversion is not needed */
+    const uint32_t is_sub = 0u - (uint32_t)((mag >> man_bits) == 0);
+    uint32_t bits = (nrm & ~is_sub) | (fp_f32_bits(subf) & is_sub);
+    const uint32_t special = 0u - (uint32_t)(e4m3 ? mag == 0x7fu : mag >= 0x7cu);
+    const uint32_t inf_nan = e4m3 ? 0x7fc00000u : (mag == 0x7cu ? 0x7f800000u : 0x7fc00000u);
+    bits = (bits & ~special) | (inf_nan & special);
+    return fp_bits_f32(sign | bits);
+}
+
+/* Whether a dtype is one of the two fp8 formats. */
+static inline int fp_is_fp8(flashport_dtype dtype)
+{
+    return dtype == FLASHPORT_FP8_E4M3 || dtype == FLASHPORT_FP8_E5M2;
+}
+
+/* Element i (in elements, not bytes) of a buffer of `dtype`, as f32 (exact for every dtype). */
 static inline float fp_load(const void *base, int64_t i, flashport_dtype dtype)
 {
     switch (dtype) {
@@ -134,6 +181,10 @@ static inline float fp_load(const void *base, int64_t i, flashport_dtype dtype)
         return fp_f16_to_f32(((const uint16_t *)base)[i]);
     case FLASHPORT_BF16:
         return fp_bf16_to_f32(((const uint16_t *)base)[i]);
+    case FLASHPORT_FP8_E4M3:
+        return fp_fp8_to_f32(((const uint8_t *)base)[i], 1);
+    case FLASHPORT_FP8_E5M2:
+        return fp_fp8_to_f32(((const uint8_t *)base)[i], 0);
     default:
         return ((const float *)base)[i];
     }
@@ -147,6 +198,12 @@ static inline void fp_store(void *base, int64_t i, flashport_dtype dtype, float 
         break;
     case FLASHPORT_BF16:
         ((uint16_t *)base)[i] = fp_f32_to_bf16(x);
+        break;
+    case FLASHPORT_FP8_E4M3:
+        ((uint8_t *)base)[i] = fp_f32_to_fp8(x, 1);
+        break;
+    case FLASHPORT_FP8_E5M2:
+        ((uint8_t *)base)[i] = fp_f32_to_fp8(x, 0);
         break;
     default:
         ((float *)base)[i] = x;

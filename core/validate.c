@@ -8,6 +8,8 @@
  */
 #include "core/validate.h"
 
+#include "core/dtype.h"
+
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -252,11 +254,13 @@ static flashport_status check_params(const flashport_attention_params *p)
         return fp_set_error(FLASHPORT_ERR_BAD_SIZE,
                             "varlen batch %d, max_seqlen_q %d, max_seqlen_k %d must be >= 0",
                             (int)p->batch, (int)p->max_seqlen_q, (int)p->max_seqlen_k);
-    float ds[3] = {p->descale_q, p->descale_k, p->descale_v};
+    const float ds[3] = {p->descale_q, p->descale_k, p->descale_v};
+    const char *dsn[3] = {"descale_q", "descale_k", "descale_v"};
     for (int i = 0; i < 3; i++)
         if (!isfinite(ds[i]) || ds[i] < 0.0f)
             return fp_set_error(FLASHPORT_ERR_INVALID_VALUE,
-                                "fp8 descale factors must be finite and >= 0 (0 = 1)");
+                                "%s is %g: fp8 descale factors must be finite and >= 0 (0 = 1)",
+                                dsn[i], (double)ds[i]);
     return FLASHPORT_OK;
 }
 
@@ -441,9 +445,26 @@ flashport_status fp_validate_call(flashport_backend *be, const flashport_attenti
             return fp_set_error(FLASHPORT_ERR_SHAPE_MISMATCH, "lse must have shape %s",
                                 varlen ? "[H, total_q]" : "[B, H, Nq]");
     }
-    for (int i = 1; i < ntensors; i++)
-        if (i != 4 && (st = check_dtype(names[i], all[i], q->dtype)) != FLASHPORT_OK)
+    /* q, k, v share one dtype; o (and every tensor of a backward) equals it, except that fp8
+     * inputs give o in bf16 or f16 (docs/semantics.md). fp8 has no backward on any backend. */
+    const int fp8 = fp_is_fp8(q->dtype);
+    if (fp8 && backward)
+        return fp_set_error(FLASHPORT_ERR_UNSUPPORTED_DTYPE,
+                            "fp8 (%s) inputs are forward only: no backend has an fp8 backward",
+                            flashport_dtype_name(q->dtype));
+    for (int i = 1; i < ntensors; i++) {
+        if (i == 4)
+            continue;
+        if (i == 3 && fp8) {
+            if (o->dtype != FLASHPORT_BF16 && o->dtype != FLASHPORT_F16)
+                return fp_set_error(FLASHPORT_ERR_DTYPE_MISMATCH,
+                                    "o has dtype %s; with %s inputs o must be bf16 or f16",
+                                    flashport_dtype_name(o->dtype), flashport_dtype_name(q->dtype));
+            continue;
+        }
+        if ((st = check_dtype(names[i], all[i], q->dtype)) != FLASHPORT_OK)
             return st;
+    }
     if (lse && (st = check_dtype("lse", lse, FLASHPORT_F32)) != FLASHPORT_OK)
         return st;
     if (dm.h % dm.hkv != 0)
@@ -488,6 +509,7 @@ flashport_status fp_validate_call(flashport_backend *be, const flashport_attenti
 
     memset(out, 0, sizeof *out);
     out->dtype = q->dtype;
+    out->o_dtype = o->dtype;
     out->batch = dm.b;
     out->seqlen_q = dm.nq;
     out->seqlen_k = dm.nk;
@@ -505,9 +527,9 @@ flashport_status fp_validate_call(flashport_backend *be, const flashport_attenti
     out->cu_seqlens_q = p->cu_seqlens_q;
     out->cu_seqlens_k = p->cu_seqlens_k;
     out->deterministic = p->deterministic != 0;
-    out->descale_q = p->descale_q > 0.0f ? p->descale_q : 1.0f;
-    out->descale_k = p->descale_k > 0.0f ? p->descale_k : 1.0f;
-    out->descale_v = p->descale_v > 0.0f ? p->descale_v : 1.0f;
+    out->descale_q = fp8 && p->descale_q > 0.0f ? p->descale_q : 1.0f;
+    out->descale_k = fp8 && p->descale_k > 0.0f ? p->descale_k : 1.0f;
+    out->descale_v = fp8 && p->descale_v > 0.0f ? p->descale_v : 1.0f;
     view(&out->q, q, varlen);
     view(&out->k, k, varlen);
     view(&out->v, v, varlen);

@@ -127,8 +127,8 @@ typedef enum flashport_dtype {
     FLASHPORT_F32 = 0,
     FLASHPORT_F16 = 1,      /* IEEE binary16 */
     FLASHPORT_BF16 = 2,     /* bfloat16      */
-    FLASHPORT_FP8_E4M3 = 3, /* reserved: Hopper forward with per-tensor descale (not yet served) */
-    FLASHPORT_FP8_E5M2 = 4, /* reserved */
+    FLASHPORT_FP8_E4M3 = 3, /* OCP E4M3FN; q, k, v of a forward only (see descale_q below) */
+    FLASHPORT_FP8_E5M2 = 4, /* OCP E5M2; likewise */
     FLASHPORT_DTYPE_COUNT
 } flashport_dtype;
 
@@ -285,7 +285,16 @@ typedef struct flashport_attention_params {
      * whose order varies). */
     int32_t deterministic;
 
-    /* fp8 inputs only (reserved): per-tensor dequantization factors; 0 means 1. */
+    /* fp8 inputs only (other dtypes ignore them): per-tensor dequantization factors of q, k, v;
+     * 0 means 1; negative, infinite or NaN is FLASHPORT_ERR_INVALID_VALUE. With fp8 q, k, v
+     * (e4m3 or e5m2, all three alike; o in bf16 or f16; forward only, a backward is
+     * FLASHPORT_ERR_UNSUPPORTED_DTYPE):
+     *   S = scale * descale_q * descale_k * Q K^T (then softcap, ALiBi, mask),
+     *   p_ij = exp(S_ij - m_i) (m_i: the row maximum), l_i = sum_j p_ij (unrounded),
+     *   O_i = descale_v * sum_j e4m3(p_ij) V_j / l_i, e4m3() rounding to nearest even e4m3,
+     *   LSE_i = m_i + log(l_i).
+     * docs/semantics.md ("fp8 forward") says how a kernel's running maximum moves the rounding
+     * of P and what the tests allow for it. */
     float descale_q;
     float descale_k;
     float descale_v;
@@ -305,7 +314,8 @@ FLASHPORT_API void flashport_attention_params_init_sized(flashport_attention_par
     flashport_attention_params_init_sized((params), sizeof *(params))
 
 /* O = attention(Q, K, V). lse may be NULL; if given it receives the row log-sum-exp (f32) that
- * the backward pass needs. q, k, v, o must share one dtype. */
+ * the backward pass needs. q, k, v must share one dtype, and o has it too, except that fp8 q, k,
+ * v give o in bf16 or f16 (o's descriptor chooses; see descale_q above). */
 FLASHPORT_API flashport_status flashport_attention_forward(
     flashport_backend *backend, const flashport_attention_params *params, const flashport_tensor *q,
     const flashport_tensor *k, const flashport_tensor *v, const flashport_tensor *o,

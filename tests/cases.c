@@ -5,8 +5,9 @@
  * ways; head dims 1, 16, 32, 40, 64, 72, 80, 96, 128, 160, 192, 256; GQA 8:1 and MQA; varlen
  * batches with empty sequences; causal, sliding and two-sided windows; softcap; ALiBi; rows that
  * see no key (Nq > Nk with causal, windows that miss every key, empty key sequences); f32, f16
- * and bf16; packed-qkv, permuted and padded, and head-dim-strided layouts. The four N = 1000
- * cases dominate the run time; keep big cases rare.
+ * and bf16; fp8 e4m3 / e5m2 forward with o in bf16 / f16 and descales (forward only: every
+ * backend must refuse their backward); packed-qkv, permuted and padded, and head-dim-strided
+ * layouts. The four N = 1000 cases dominate the run time; keep big cases rare.
  */
 #include "tests/cases.h"
 
@@ -21,6 +22,11 @@
 #define VARLEN(dt, B, H, HKV, D)                                                                   \
     .dtype = FLASHPORT_##dt, .batch = B, .heads = H, .kv_heads = HKV, .head_dim = D, .varlen = 1
 #define WINDOW(L, R) .window = 1, .window_left = L, .window_right = R
+/* fp8 inputs (FP8_E4M3 / FP8_E5M2) with o in odt (BF16 / F16): forward only */
+#define FP8(dt, odt, B, H, HKV, NQ, NK, D)                                                         \
+    DENSE(dt, B, H, HKV, NQ, NK, D), .odtype = FLASHPORT_##odt
+#define FP8_VARLEN(dt, odt, B, H, HKV, D) VARLEN(dt, B, H, HKV, D), .odtype = FLASHPORT_##odt
+#define DESCALE(Q, K, V)                  .descale = {Q, K, V}
 
 static const tc_case table[] = {
     /* head dims, f32 */
@@ -125,6 +131,25 @@ static const tc_case table[] = {
     {DENSE(F16, 1, 4, 2, 65, 63, 64), .layout = TC_HEAD_MAJOR, .alibi = 1, .deterministic = 1},
     {DENSE(F32, 1, 2, 2, 63, 65, 16), .layout = TC_DIM_STRIDED, .causal = 1},
     {DENSE(BF16, 1, 2, 1, 65, 63, 64), .layout = TC_DIM_STRIDED},
+    /* fp8 forward (docs/semantics.md, "fp8"): e4m3 and e5m2 inputs, o in bf16 and f16, descales
+     * != 1, masks, softcap, ALiBi, GQA, varlen, several key blocks (the running maximum moves
+     * P's rounding), a key block of one (the CPU rounds against the final maximum there) */
+    {FP8(FP8_E4M3, BF16, 1, 2, 2, 65, 63, 64), .quick = 1},
+    {FP8(FP8_E4M3, F16, 2, 4, 2, 129, 129, 128), DESCALE(0.5f, 4.0f, 0.25f), .causal = 1},
+    {FP8(FP8_E5M2, BF16, 1, 2, 2, 63, 65, 64), DESCALE(2.0f, 0.125f, 8.0f), .quick = 1},
+    {FP8(FP8_E5M2, F16, 1, 4, 1, 65, 129, 96), .causal = 1},
+    {FP8(FP8_E4M3, BF16, 1, 8, 1, 129, 300, 128), DESCALE(0.25f, 0.5f, 3.0f), .scale = 1.0f,
+     .range = 3.0f},
+    {FP8(FP8_E4M3, F16, 1, 2, 2, 129, 129, 256), .causal = 1, WINDOW(32, 0)},
+    {FP8(FP8_E4M3, BF16, 1, 4, 2, 65, 63, 40), .softcap = 5.0f, .alibi = 1, WINDOW(16, 4)},
+    {FP8(FP8_E5M2, BF16, 1, 2, 2, 129, 7, 64), .causal = 1},
+    {FP8(FP8_E4M3, BF16, 2, 4, 2, 65, 65, 64), .layout = TC_PACKED_QKV, DESCALE(0, 2.0f, 0)},
+    {FP8(FP8_E5M2, F16, 1, 4, 2, 63, 65, 32), .layout = TC_HEAD_MAJOR, .alibi = 1},
+    {FP8(FP8_E4M3, F16, 1, 2, 1, 63, 65, 16), .layout = TC_DIM_STRIDED, .causal = 1},
+    {FP8_VARLEN(FP8_E4M3, BF16, 4, 4, 2, 64), .causal = 1, DESCALE(1.5f, 0.75f, 2.0f),
+     .seqlens_q = {5, 0, 17, 130}, .seqlens_k = {9, 3, 0, 140}, .quick = 1},
+    {FP8_VARLEN(FP8_E5M2, F16, 3, 8, 1, 128), .softcap = 5.0f, WINDOW(32, 0),
+     .seqlens_q = {65, 0, 1}, .seqlens_k = {200, 2, 1}},
 };
 
 const tc_case *tc_table(int *count)
@@ -136,8 +161,16 @@ const tc_case *tc_table(int *count)
 void tc_case_name(const tc_case *c, char *buf, size_t size)
 {
     static const char *layouts[TC_LAYOUT_COUNT] = {"", " packed", " headmajor", " dimstride"};
-    static const char *dtypes[] = {"f32", "f16", "bf16"};
-    char seq[96] = "", win[32] = "", cap[24] = "", scale[24] = "";
+    static const char *dtypes[] = {"f32", "f16", "bf16", "e4m3", "e5m2"};
+    char seq[96] = "", win[32] = "", cap[24] = "", scale[24] = "", dt[16], ds[48] = "";
+    if (c->dtype == FLASHPORT_FP8_E4M3 || c->dtype == FLASHPORT_FP8_E5M2) {
+        snprintf(dt, sizeof dt, "%s>%s", dtypes[c->dtype], dtypes[c->odtype]);
+        if (c->descale[0] > 0.0f || c->descale[1] > 0.0f || c->descale[2] > 0.0f)
+            snprintf(ds, sizeof ds, " ds(%g,%g,%g)", (double)c->descale[0], (double)c->descale[1],
+                     (double)c->descale[2]);
+    } else {
+        snprintf(dt, sizeof dt, "%s", dtypes[c->dtype]);
+    }
     if (c->varlen) {
         int n = snprintf(seq, sizeof seq, "varlen");
         for (int b = 0; b < c->batch && n < (int)sizeof seq; b++)
@@ -152,15 +185,17 @@ void tc_case_name(const tc_case *c, char *buf, size_t size)
         snprintf(cap, sizeof cap, " cap%g", c->softcap);
     if (c->scale > 0.0f)
         snprintf(scale, sizeof scale, " scale%g", c->scale);
-    snprintf(buf, size, "%s B%d H%d/%d %s D%d%s%s%s%s%s%s%s", dtypes[c->dtype], c->batch, c->heads,
-             c->kv_heads, seq, c->head_dim, c->causal ? " causal" : "", win, cap,
-             c->alibi ? " alibi" : "", scale, c->deterministic ? " det" : "", layouts[c->layout]);
+    snprintf(buf, size, "%s B%d H%d/%d %s D%d%s%s%s%s%s%s%s%s", dt, c->batch, c->heads, c->kv_heads,
+             seq, c->head_dim, c->causal ? " causal" : "", win, cap, c->alibi ? " alibi" : "",
+             scale, ds, c->deterministic ? " det" : "", layouts[c->layout]);
 }
 
 int tc_required(const tc_case *c, const char *backend_name)
 {
     if (!strcmp(backend_name, "cpu") || !strcmp(backend_name, "reference"))
         return 1;
+    if (tc_fp8(c))
+        return 0; /* no GPU backend serves fp8 yet */
     /* FLASHPORT_CUDA_PATH=sm90 forces one path for tests and A/B runs: it serves what that path
      * serves (the sm90 backward: head dims up to 128), and refuses the rest */
     const char *path = getenv("FLASHPORT_CUDA_PATH");
@@ -205,7 +240,7 @@ int tc_data_make(const tc_case *c, int index, tc_data *d)
     d->q = random_values(d->total_q * H * D, range, c->dtype, &r);
     d->k = random_values(d->total_k * Hkv * D, range, c->dtype, &r);
     d->v = random_values(d->total_k * Hkv * D, 1.0f, c->dtype, &r);
-    d->dout = random_values(d->total_q * H * D, 1.0f, c->dtype, &r);
+    d->dout = random_values(d->total_q * H * D, 1.0f, tc_out_dtype(c), &r);
     if (c->alibi) {
         d->alibi = malloc((size_t)H * sizeof(float));
         for (int64_t h = 0; d->alibi && h < H; h++)
@@ -226,6 +261,9 @@ int tc_data_make(const tc_case *c, int index, tc_data *d)
     d->params.softcap = c->softcap;
     d->params.alibi_slopes = d->alibi;
     d->params.deterministic = c->deterministic;
+    d->params.descale_q = c->descale[0];
+    d->params.descale_k = c->descale[1];
+    d->params.descale_v = c->descale[2];
     if (c->varlen) {
         d->params.cu_seqlens_q = d->cu_q;
         d->params.cu_seqlens_k = d->cu_k;
@@ -236,6 +274,10 @@ int tc_data_make(const tc_case *c, int index, tc_data *d)
 
     tu_problem *p = &d->prob;
     p->dtype = c->dtype;
+    p->o_dtype = tc_out_dtype(c);
+    p->descale_q = c->descale[0];
+    p->descale_k = c->descale[1];
+    p->descale_v = c->descale[2];
     p->batch = B;
     p->heads = H;
     p->kv_heads = Hkv;

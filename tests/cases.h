@@ -25,7 +25,9 @@ typedef enum tc_layout {
 } tc_layout;
 
 typedef struct tc_case {
-    flashport_dtype dtype;
+    flashport_dtype dtype;  /* q, k, v */
+    flashport_dtype odtype; /* fp8 cases: o's dtype, bf16 or f16 (others: o is in dtype) */
+    float descale[3];       /* fp8 cases: descale_q, descale_k, descale_v (0 = 1) */
     int batch, heads, kv_heads;
     int seqlen_q, seqlen_k; /* dense only */
     int head_dim;
@@ -43,17 +45,28 @@ typedef struct tc_case {
     int quick; /* part of the --quick subset (sanitizer runs) */
 } tc_case;
 
+/* Whether a case has fp8 inputs, and the dtype of its o (and dout, and the gradients). */
+static inline int tc_fp8(const tc_case *c)
+{
+    return c->dtype == FLASHPORT_FP8_E4M3 || c->dtype == FLASHPORT_FP8_E5M2;
+}
+static inline flashport_dtype tc_out_dtype(const tc_case *c)
+{
+    return tc_fp8(c) ? c->odtype : c->dtype;
+}
+
 /* The table. */
 const tc_case *tc_table(int *count);
 
 /* A one-line description ("f16 B2 H8/1 N65x63 D64 causal win(16,0) cap30 alibi varlen det
- * packed"), also what --filter matches. */
+ * packed"; fp8 cases "e4m3>bf16 ... ds(0.5,4,0.25)"), also what --filter matches. */
 void tc_case_name(const tc_case *c, char *buf, size_t size);
 
 /* Whether a backend of this name must run the case (docs/semantics.md): host backends run
  * everything; GPU backends must run f16/bf16 with D a multiple of 8 up to 256 and a contiguous
- * head dim (not with FLASHPORT_CUDA_PATH=sm90, which forces a path that serves less). A backend
- * that answers FLASHPORT_ERR_UNSUPPORTED_* for a required case fails it. */
+ * head dim (not with FLASHPORT_CUDA_PATH=sm90, which forces a path that serves less). fp8 cases
+ * are forward only and required of the host backends only (no GPU backend serves fp8 yet). A
+ * backend that answers FLASHPORT_ERR_UNSUPPORTED_* for a required case fails it. */
 int tc_required(const tc_case *c, const char *backend_name);
 
 /* The inputs of a case, on the host, in logical layout (see tu_problem). */
@@ -61,7 +74,8 @@ typedef struct tc_data {
     tu_problem prob; /* points into the arrays below; what the naive computation reads */
     int64_t total_q, total_k, max_q, max_k;
     int32_t *cu_q, *cu_k;    /* batch + 1 offsets (dense: b * N) */
-    float *q, *k, *v, *dout; /* logical [tokens, heads, D], values representable in the dtype */
+    float *q, *k, *v, *dout; /* logical [tokens, heads, D], values representable in the dtype
+                                (dout: in o's dtype) */
     float *alibi;            /* [heads] or NULL */
     /* The API parameters. alibi_slopes and cu_seqlens point at the host arrays above; a test of a
      * device backend replaces them with device copies. */

@@ -43,7 +43,8 @@ typedef struct outputs {
 /* One case staged on one backend: host copies of every buffer and their device twins. */
 typedef struct staged {
     flashport_backend *be;
-    flashport_dtype dtype;
+    flashport_dtype dtype[TC_TENSORS]; /* per tensor: q, k, v in the input dtype, the rest in o's */
+    flashport_dtype bdtype[TC_TENSORS]; /* per buffer: the dtype of the tensors it holds */
     tc_plan plan;
     void *host[TC_TENSORS], *dev[TC_TENSORS];
     uint8_t *covered[TC_TENSORS]; /* per buffer: elements that belong to some view */
@@ -96,35 +97,38 @@ static void unstage(staged *st)
     memset(st, 0, sizeof *st);
 }
 
-/* Copies the case's inputs to the backend in `layout`, outputs poisoned. */
+/* Copies the case's inputs to the backend in `layout`, outputs poisoned: q, k, v in `dtype`,
+ * o, dout and the gradients in `odtype` (a buffer holds tensors of one dtype in every layout). */
 static flashport_status stage(staged *st, flashport_backend *be, const tc_case *c, const tc_data *d,
-                              flashport_dtype dtype, tc_layout layout)
+                              flashport_dtype dtype, flashport_dtype odtype, tc_layout layout)
 {
     static const int is_input[TC_TENSORS] = {1, 1, 1, 0, 1, 0, 0, 0};
     const float *logical[TC_TENSORS] = {d->q, d->k, d->v, NULL, d->dout, NULL, NULL, NULL};
-    const size_t esz = tu_dtype_size(dtype);
     flashport_status s = FLASHPORT_OK;
     memset(st, 0, sizeof *st);
     st->be = be;
-    st->dtype = dtype;
+    for (int t = 0; t < TC_TENSORS; t++)
+        st->dtype[t] = t <= TC_V ? dtype : odtype;
     if (tc_plan_make(c, d, layout, &st->plan) != 0) {
         fprintf(stderr, "  case table bug: layout %d cannot hold this case\n", (int)layout);
         return FLASHPORT_ERR_INTERNAL;
     }
+    for (int t = TC_TENSORS - 1; t >= 0; t--)
+        st->bdtype[st->plan.buffer[t]] = st->dtype[t];
     for (int b = 0; b < st->plan.buffers; b++) {
         int64_t n = st->plan.buffer_elems[b];
-        st->bytes[b] = (size_t)n * esz;
+        st->bytes[b] = (size_t)n * tu_dtype_size(st->bdtype[b]);
         st->host[b] = malloc(st->bytes[b] ? st->bytes[b] : 1);
         st->covered[b] = calloc((size_t)(n ? n : 1), 1);
         if (!st->host[b] || !st->covered[b])
             return FLASHPORT_ERR_OUT_OF_MEMORY;
-        tu_poison(st->host[b], n, dtype);
+        tu_poison(st->host[b], n, st->bdtype[b]);
     }
     for (int t = 0; t < TC_TENSORS; t++) {
         int b = st->plan.buffer[t];
         tu_view_mark(&st->plan.view[t], st->covered[b]);
         if (is_input[t])
-            tu_scatter(&st->plan.view[t], logical[t], st->host[b], dtype);
+            tu_scatter(&st->plan.view[t], logical[t], st->host[b], st->dtype[t]);
     }
     int64_t lse_n = tc_lse_elems(d);
     st->lse_host = malloc((size_t)(lse_n ? lse_n : 1) * sizeof(float));
@@ -154,7 +158,7 @@ static flashport_status stage(staged *st, flashport_backend *be, const tc_case *
         return s;
     }
     for (int t = 0; t < TC_TENSORS; t++)
-        st->t[t] = tu_view_tensor(&st->plan.view[t], st->dev[st->plan.buffer[t]], dtype);
+        st->t[t] = tu_view_tensor(&st->plan.view[t], st->dev[st->plan.buffer[t]], st->dtype[t]);
     st->lse = tc_lse_tensor(c, d, st->lse_dev);
     return FLASHPORT_OK;
 }
@@ -168,7 +172,7 @@ static int fetch(staged *st, int b, const char *what)
         return -1;
     int64_t n = st->plan.buffer_elems[b], clobbered = 0;
     for (int64_t i = 0; i < n; i++)
-        clobbered += !st->covered[b][i] && !tu_is_poison(st->host[b], i, st->dtype);
+        clobbered += !st->covered[b][i] && !tu_is_poison(st->host[b], i, st->bdtype[b]);
     CHECK_MSG(clobbered == 0, "%s: %lld elements outside the tensor view were written", what,
               (long long)clobbered);
     return 0;
@@ -176,7 +180,7 @@ static int fetch(staged *st, int b, const char *what)
 
 static int repoison(staged *st, int b)
 {
-    tu_poison(st->host[b], st->plan.buffer_elems[b], st->dtype);
+    tu_poison(st->host[b], st->plan.buffer_elems[b], st->bdtype[b]);
     return flashport_memcpy_to_device(st->be, st->dev[b], st->host[b], st->bytes[b]) == FLASHPORT_OK
                ? 0
                : -1;
@@ -243,7 +247,7 @@ static flashport_status run_forward(staged *st, const tc_case *c, const tc_data 
         flashport_memcpy_to_host(st->be, st->lse_host, st->lse_dev,
                                  (size_t)tc_lse_elems(d) * sizeof(float)) != FLASHPORT_OK)
         return FLASHPORT_ERR_INTERNAL;
-    tu_gather(&st->plan.view[TC_O], st->host[bo], st->dtype, out->o);
+    tu_gather(&st->plan.view[TC_O], st->host[bo], st->dtype[TC_O], out->o);
     tc_lse_to_logical(c, d, st->lse_host, out->lse);
     return FLASHPORT_OK;
 }
@@ -282,7 +286,8 @@ static flashport_status run_backward(staged *st, int twice, outputs *out)
         return s;
     float *dst[3] = {out->dq, out->dk, out->dv};
     for (int g = 0; g < 3; g++)
-        tu_gather(&st->plan.view[grads[g]], st->host[st->plan.buffer[grads[g]]], st->dtype, dst[g]);
+        tu_gather(&st->plan.view[grads[g]], st->host[st->plan.buffer[grads[g]]],
+                  st->dtype[grads[g]], dst[g]);
     if (!twice)
         return FLASHPORT_OK;
     void *first[3] = {NULL, NULL, NULL};
@@ -345,13 +350,16 @@ static void outputs_free(outputs *o)
     free(o->dv);
 }
 
-/* Compares tensor `what` of the backend with the oracle, the naive result setting the bar.
+/* Compares tensor `what` of the backend with the oracle, the naive result setting the bar; the
+ * O of an fp8 case (pv_bound >= 0) gets the P-rounding allowance of tu_tolerance_fp8.
  * Appends "what max a/tol rel r/tol" to line; returns 1 when within tolerance. */
 static int compare(const char *what, const float *x, const float *naive, const float *oracle,
-                   int64_t n, double roundoff, char *line, size_t size)
+                   int64_t n, double roundoff, double pv_bound, char *line, size_t size)
 {
     tu_err e = tu_error(x, oracle, n);
-    tu_tol tol = tu_tolerance(tu_error(naive, oracle, n), roundoff);
+    tu_err en = tu_error(naive, oracle, n);
+    tu_tol tol =
+        pv_bound >= 0.0 ? tu_tolerance_fp8(en, roundoff, pv_bound) : tu_tolerance(en, roundoff);
     int ok = tu_within(e, tol);
     size_t len = strlen(line);
     snprintf(line + len, size - len, "  %s max %.2e/%.2e rel %.2e/%.2e%s", what, e.max_abs,
@@ -404,21 +412,24 @@ static void run_case(flashport_backend *be, flashport_backend *ref, const tc_cas
                outputs_alloc(&got, &d) == 0))
         goto done;
 
-    /* The oracle: reference backend, f32, contiguous. */
-    flashport_status s = stage(&so, ref, c, &d, FLASHPORT_F32, TC_CONTIGUOUS);
+    /* The oracle: reference backend, f32, contiguous. fp8 cases (forward only): the fp8 inputs
+     * themselves (P's rounding is part of the result), o in f16, the finer of its two dtypes. */
+    const int fp8 = tc_fp8(c);
+    flashport_status s = fp8 ? stage(&so, ref, c, &d, c->dtype, FLASHPORT_F16, TC_CONTIGUOUS)
+                             : stage(&so, ref, c, &d, FLASHPORT_F32, FLASHPORT_F32, TC_CONTIGUOUS);
     if (s == FLASHPORT_OK)
         s = run_forward(&so, c, &d, &oracle);
-    if (s == FLASHPORT_OK)
+    if (s == FLASHPORT_OK && !fp8)
         s = run_backward(&so, 0, &oracle);
     if (!CHECK_MSG(s == FLASHPORT_OK, "oracle failed on %s: %s", name, flashport_last_error()))
         goto done;
     if (!CHECK(tu_naive_forward(&d.prob, naive.o, naive.lse) == 0 &&
-               tu_naive_backward(&d.prob, naive.o, naive.lse, d.dout, naive.dq, naive.dk,
-                                 naive.dv) == 0))
+               (fp8 || tu_naive_backward(&d.prob, naive.o, naive.lse, d.dout, naive.dq, naive.dk,
+                                         naive.dv) == 0)))
         goto done;
 
     int required = tc_required(c, flashport_backend_name(be));
-    s = stage(&sb, be, c, &d, c->dtype, c->layout);
+    s = stage(&sb, be, c, &d, c->dtype, tc_out_dtype(c), c->layout);
     if (s != FLASHPORT_OK)
         goto done;
     double t0 = now_ms();
@@ -426,12 +437,14 @@ static void run_case(flashport_backend *be, flashport_backend *ref, const tc_cas
     t_fwd = now_ms() - t0;
     fwd = verdict_of(s, required, "forward");
     if (fwd == PASS) {
-        double u = tu_unit_roundoff(c->dtype), u32 = tu_unit_roundoff(FLASHPORT_F32);
+        double u = tu_unit_roundoff(tc_out_dtype(c)), u32 = tu_unit_roundoff(FLASHPORT_F32);
         int64_t nq = d.total_q * c->heads * c->head_dim;
+        /* fp8: descale_v max |V| bounds sum_j p_ij |V_jd| (tu_tolerance_fp8); V is in [-1, 1] */
+        double pv_bound = fp8 ? (c->descale[2] > 0.0f ? c->descale[2] : 1.0) : -1.0;
         line[0] = '\0';
-        int ok = compare("O", got.o, naive.o, oracle.o, nq, u, line, sizeof line);
-        ok &= compare("LSE", got.lse, naive.lse, oracle.lse, tc_lse_elems(&d), u32, line,
-                      sizeof line);
+        int ok = compare("O", got.o, naive.o, oracle.o, nq, u, pv_bound, line, sizeof line);
+        ok &= compare("LSE", got.lse, naive.lse, oracle.lse, tc_lse_elems(&d),
+                      fp8 ? TU_FP8_LSE_ROUNDOFF : u32, -1.0, line, sizeof line);
         fwd = ok && tu_failures == failures_before ? PASS : FAIL;
         printf("fwd %-60s %7.1f ms%s  %s\n", name, t_fwd, line, verdict_name[fwd]);
     } else {
@@ -444,6 +457,17 @@ static void run_case(flashport_backend *be, flashport_backend *ref, const tc_cas
         goto done;
     }
     int before_bwd = tu_failures;
+    if (fp8) { /* forward only: every backend must refuse the backward, by dtype */
+        s = call_backward(&sb);
+        CHECK_MSG(s == FLASHPORT_ERR_UNSUPPORTED_DTYPE,
+                  "fp8 backward returned %s, not FLASHPORT_ERR_UNSUPPORTED_DTYPE",
+                  flashport_status_string(s));
+        bwd = tu_failures == before_bwd ? UNSUPPORTED : FAIL;
+        printf("bwd %-60s %s (fp8 is forward only: %s)\n", name, verdict_name[bwd],
+               flashport_status_string(s));
+        check_inputs_intact(&sb);
+        goto done;
+    }
     t0 = now_ms();
     s = run_backward(&sb, c->deterministic, &got);
     t_bwd = now_ms() - t0;
@@ -453,9 +477,9 @@ static void run_case(flashport_backend *be, flashport_backend *ref, const tc_cas
         int64_t nq = d.total_q * c->heads * c->head_dim;
         int64_t nk = d.total_k * c->kv_heads * c->head_dim;
         line[0] = '\0';
-        int ok = compare("dQ", got.dq, naive.dq, oracle.dq, nq, u, line, sizeof line);
-        ok &= compare("dK", got.dk, naive.dk, oracle.dk, nk, u, line, sizeof line);
-        ok &= compare("dV", got.dv, naive.dv, oracle.dv, nk, u, line, sizeof line);
+        int ok = compare("dQ", got.dq, naive.dq, oracle.dq, nq, u, -1.0, line, sizeof line);
+        ok &= compare("dK", got.dk, naive.dk, oracle.dk, nk, u, -1.0, line, sizeof line);
+        ok &= compare("dV", got.dv, naive.dv, oracle.dv, nk, u, -1.0, line, sizeof line);
         bwd = ok && tu_failures == before_bwd ? PASS : FAIL;
         printf("bwd %-60s %7.1f ms%s  %s\n", name, t_bwd, line, verdict_name[bwd]);
     } else {

@@ -6,10 +6,17 @@
  *     strided layouts, rows that see no key (O must be exactly 0, LSE -inf);
  *   - backward vs central finite differences (Richardson-extrapolated) of L = sum(dO * O),
  *     with L evaluated through the reference forward, for every element of q, k and v;
- *   - the float score helpers of core/mask.h vs the double formulas the oracle uses.
+ *   - the float score helpers of core/mask.h vs the double formulas the oracle uses;
+ *   - the fp8 forward (docs/semantics.md, "fp8") vs the formula with P rounded to e4m3 by a
+ *     nearest-value search over the e4m3 codes written here, and shown to differ from the formula
+ *     without that rounding (so the rounding is checked, not only tolerated); the CPU flash
+ *     forward against the oracle where it rounds against the final maximum too (one key block),
+ *     to o's precision; fp_round_e4m3 (core/dtype.h) against fp_f32_to_fp8 and back, and
+ *     fp_fp8_to_f32_vec against fp_fp8_to_f32 on every code.
  * fp_reference_forward/backward are called directly with fp_problem filled in here.
  */
 #include "backends/cpu/cpu_internal.h"
+#include "core/dtype.h"
 #include "core/mask.h"
 #include "tests/cases.h"
 
@@ -28,11 +35,18 @@ typedef struct host_case {
     fp_problem p;
 } host_case;
 
+/* q, k, v in the case's dtype; o, dout and the gradients in o's (they differ for fp8 only). */
+static flashport_dtype dtype_of(const host_case *hc, int t)
+{
+    return t <= TC_V ? hc->c.dtype : tc_out_dtype(&hc->c);
+}
+
 static fp_tensor_view view_of(const host_case *hc, int t)
 {
     const tu_view *v = &hc->plan.view[t];
     fp_tensor_view fv;
-    fv.data = (char *)hc->buf[hc->plan.buffer[t]] + v->offset * (int64_t)tu_dtype_size(hc->c.dtype);
+    fv.data =
+        (char *)hc->buf[hc->plan.buffer[t]] + v->offset * (int64_t)tu_dtype_size(dtype_of(hc, t));
     for (int i = 0; i < 4; i++)
         fv.stride[i] = v->stride[i];
     if (v->varlen)
@@ -57,15 +71,18 @@ static int host_case_make(host_case *hc, const tc_case *c, int seed)
         return -1;
     const tc_data *d = &hc->d;
     const float *inputs[TC_TENSORS] = {d->q, d->k, d->v, NULL, d->dout, NULL, NULL, NULL};
+    flashport_dtype bdtype[TC_TENSORS] = {FLASHPORT_F32};
+    for (int t = TC_TENSORS - 1; t >= 0; t--) /* a buffer holds tensors of one dtype */
+        bdtype[hc->plan.buffer[t]] = dtype_of(hc, t);
     for (int b = 0; b < hc->plan.buffers; b++) {
-        hc->buf[b] = malloc((size_t)hc->plan.buffer_elems[b] * tu_dtype_size(c->dtype));
+        hc->buf[b] = malloc((size_t)hc->plan.buffer_elems[b] * tu_dtype_size(bdtype[b]));
         if (!hc->buf[b])
             return -1;
-        tu_poison(hc->buf[b], hc->plan.buffer_elems[b], c->dtype);
+        tu_poison(hc->buf[b], hc->plan.buffer_elems[b], bdtype[b]);
     }
     for (int t = 0; t < TC_TENSORS; t++)
         if (inputs[t])
-            tu_scatter(&hc->plan.view[t], inputs[t], hc->buf[hc->plan.buffer[t]], c->dtype);
+            tu_scatter(&hc->plan.view[t], inputs[t], hc->buf[hc->plan.buffer[t]], dtype_of(hc, t));
     hc->lse = malloc((size_t)tc_lse_elems(d) * sizeof(float));
     if (!hc->lse)
         return -1;
@@ -73,6 +90,7 @@ static int host_case_make(host_case *hc, const tc_case *c, int seed)
 
     fp_problem *p = &hc->p;
     p->dtype = c->dtype;
+    p->o_dtype = tc_out_dtype(c);
     p->batch = c->batch;
     p->seqlen_q = c->varlen ? d->max_q : c->seqlen_q;
     p->seqlen_k = c->varlen ? d->max_k : c->seqlen_k;
@@ -89,7 +107,9 @@ static int host_case_make(host_case *hc, const tc_case *c, int seed)
     p->varlen = c->varlen;
     p->cu_seqlens_q = c->varlen ? d->cu_q : NULL;
     p->cu_seqlens_k = c->varlen ? d->cu_k : NULL;
-    p->descale_q = p->descale_k = p->descale_v = 1.0f;
+    p->descale_q = c->descale[0] > 0.0f ? c->descale[0] : 1.0f; /* as the core resolves them */
+    p->descale_k = c->descale[1] > 0.0f ? c->descale[1] : 1.0f;
+    p->descale_v = c->descale[2] > 0.0f ? c->descale[2] : 1.0f;
     p->q = view_of(hc, TC_Q);
     p->k = view_of(hc, TC_K);
     p->v = view_of(hc, TC_V);
@@ -107,12 +127,37 @@ static int host_case_make(host_case *hc, const tc_case *c, int seed)
 
 /* ---- forward vs the formula -------------------------------------------------------------- */
 
-/* Attention from docs/semantics.md, in double, over logical [tokens, heads, D] arrays; Nk <= 64. */
-static void formula(const tc_case *c, const tc_data *d, double *o, double *lse)
+/* The e4m3 value nearest x >= 0, ties to the even code, by a search over the codes as the OCP
+ * format defines them: code e << 3 | m is m 2^-9 (e = 0) or (1 + m / 8) 2^(e - 7); 0x7f is NaN. */
+static double nearest_e4m3(double x)
+{
+    double best = 0.0, best_err = INFINITY;
+    int best_code = 0;
+    for (int code = 0; code < 0x7f; code++) {
+        const int e = code >> 3, m = code & 7;
+        const double v = e == 0 ? m * ldexp(1.0, -9) : (1.0 + m / 8.0) * ldexp(1.0, e - 7);
+        const double err = fabs(v - x);
+        if (err < best_err || (err == best_err && code % 2 == 0 && best_code % 2 != 0)) {
+            best = v;
+            best_err = err;
+            best_code = code;
+        }
+    }
+    return best;
+}
+
+/* Attention from docs/semantics.md, in double, over logical [tokens, heads, D] arrays; Nk <= 64.
+ * fp8 cases: descales applied, and each P rounded to e4m3 when round_p (the semantics) or left
+ * unrounded (what the rounding must visibly change). */
+static void formula_p(const tc_case *c, const tc_data *d, int round_p, double *o, double *lse)
 {
     const int64_t H = c->heads, Hkv = c->kv_heads, D = c->head_dim;
+    const int fp8 = tc_fp8(c);
+    const double dsq = fp8 && c->descale[0] > 0.0f ? c->descale[0] : 1.0;
+    const double dsk = fp8 && c->descale[1] > 0.0f ? c->descale[1] : 1.0;
+    const double dsv = fp8 && c->descale[2] > 0.0f ? c->descale[2] : 1.0;
     /* The scale is an f32 parameter of the API; its default is 1/sqrt(D) rounded to f32. */
-    const double scale = c->scale > 0.0f ? c->scale : 1.0f / sqrtf((float)D);
+    const double scale = (c->scale > 0.0f ? c->scale : 1.0f / sqrtf((float)D)) * dsq * dsk;
     for (int64_t b = 0; b < c->batch; b++) {
         int64_t q0 = d->cu_q[b], nq = d->cu_q[b + 1] - q0;
         int64_t k0 = d->cu_k[b], nk = d->cu_k[b + 1] - k0;
@@ -147,15 +192,22 @@ static void formula(const tc_case *c, const tc_data *d, double *o, double *lse)
                         continue;
                     double w = exp(s[j] - m);
                     l += w;
+                    if (fp8 && round_p)
+                        w = nearest_e4m3(w);
                     for (int64_t x = 0; x < D; x++)
                         orow[x] += w * d->v[((k0 + j) * Hkv + kvh) * D + x];
                 }
                 for (int64_t x = 0; l > 0.0 && x < D; x++)
-                    orow[x] /= l;
+                    orow[x] = orow[x] * dsv / l;
                 lse[h * d->total_q + q0 + i] = l > 0.0 ? m + log(l) : -INFINITY;
             }
         }
     }
+}
+
+static void formula(const tc_case *c, const tc_data *d, double *o, double *lse)
+{
+    formula_p(c, d, 1, o, lse);
 }
 
 static void check_forward(const tc_case *c, int seed, int with_lse)
@@ -179,12 +231,13 @@ static void check_forward(const tc_case *c, int seed, int with_lse)
         hc.p.lse.data = NULL;
     if (!CHECK_MSG(fp_reference_forward(&hc.p) == FLASHPORT_OK, "%s: forward failed", name))
         goto out;
-    tu_gather(&hc.plan.view[TC_O], hc.buf[hc.plan.buffer[TC_O]], c->dtype, o);
+    tu_gather(&hc.plan.view[TC_O], hc.buf[hc.plan.buffer[TC_O]], tc_out_dtype(c), o);
     tc_lse_to_logical(c, d, hc.lse, lse);
 
     /* One rounding of the true value to the storage dtype (and f32 for the LSE). */
-    double u = tu_unit_roundoff(c->dtype), worst = 0.0;
-    double floor = c->dtype == FLASHPORT_F16 ? ldexp(1.0, -25) : 1e-12; /* f16 subnormals */
+    const flashport_dtype odt = tc_out_dtype(c);
+    double u = tu_unit_roundoff(odt), worst = 0.0;
+    double floor = odt == FLASHPORT_F16 ? ldexp(1.0, -25) : 1e-12; /* f16 subnormals */
     for (int64_t x = 0; x < no; x++) {
         double err = fabs(o[x] - o_ref[x]);
         worst = err > worst ? err : worst;
@@ -204,6 +257,19 @@ static void check_forward(const tc_case *c, int seed, int with_lse)
     }
     if (!with_lse)
         CHECK_MSG(tu_is_poison(hc.lse, 0, FLASHPORT_F32), "%s: LSE written though absent", name);
+    if (tc_fp8(c)) {
+        /* Without P's rounding the result must be far from O: its relative L2 distance well
+         * above the one rounding to o's dtype that the check above allows. */
+        double diff2 = 0.0, ref2 = 0.0;
+        formula_p(c, d, 0, o_ref, lse_ref);
+        for (int64_t x = 0; x < no; x++) {
+            diff2 += (o[x] - o_ref[x]) * (o[x] - o_ref[x]);
+            ref2 += o_ref[x] * o_ref[x];
+        }
+        CHECK_MSG(sqrt(diff2) > 4.0 * u * sqrt(ref2),
+                  "%s: O is within %.2e (relative L2) of unrounded P: P's rounding not seen", name,
+                  sqrt(diff2 / ref2));
+    }
     printf("forward  %-58s max |O - formula| %.2e, %lld masked rows%s\n", name, worst,
            (long long)masked, with_lse ? "" : ", no LSE");
 out:
@@ -406,6 +472,90 @@ static const tc_case forward_cases[] = {
     {DENSE(F32, 1, 1, 1, 1, 1, 1)},
 };
 
+/* fp8 forward cases: Nk <= 64 (formula's limit and one CPU key block), o in f16 for the
+ * tightest comparison, bf16 once. */
+#define FP8(dt, odt, B, H, HKV, NQ, NK, D)                                                         \
+    DENSE(dt, B, H, HKV, NQ, NK, D), .odtype = FLASHPORT_##odt
+static const tc_case fp8_cases[] = {
+    {FP8(FP8_E4M3, F16, 2, 4, 2, 9, 40, 16), .descale = {0.5f, 4.0f, 0.25f}},
+    {FP8(FP8_E5M2, F16, 1, 2, 1, 7, 33, 8), .causal = 1, .softcap = 3.0f, .alibi = 1,
+     .descale = {2.0f, 0.125f, 8.0f}},
+    {FP8(FP8_E4M3, BF16, 1, 2, 2, 5, 64, 32), WINDOW(20, 3), .scale = 0.1f,
+     .layout = TC_HEAD_MAJOR},
+    {FP8(FP8_E4M3, F16, 1, 4, 2, 64, 64, 64), .causal = 1, .layout = TC_PACKED_QKV},
+};
+
+/* The CPU flash forward against the oracle on an fp8 case of one key block: both round each P
+ * against the row's final maximum, so they agree to o's precision (P's polynomial exp2 and f32
+ * sums move an e4m3 rounding only in the rare case of a near tie). */
+static void check_cpu_fp8(const tc_case *c, int seed)
+{
+    char name[200];
+    tc_case_name(c, name, sizeof name);
+    host_case hr, hf;
+    const int ok_r = host_case_make(&hr, c, seed) == 0, ok_f = host_case_make(&hf, c, seed) == 0;
+    int64_t no = hr.d.total_q * c->heads * c->head_dim;
+    float *o_r = malloc((size_t)no * sizeof(float)), *o_f = malloc((size_t)no * sizeof(float));
+    if (CHECK(ok_r && ok_f && o_r && o_f) && CHECK(fp_reference_forward(&hr.p) == FLASHPORT_OK) &&
+        CHECK(fp_cpu_flash_forward(&hf.p) == FLASHPORT_OK)) {
+        tu_gather(&hr.plan.view[TC_O], hr.buf[hr.plan.buffer[TC_O]], tc_out_dtype(c), o_r);
+        tu_gather(&hf.plan.view[TC_O], hf.buf[hf.plan.buffer[TC_O]], tc_out_dtype(c), o_f);
+        tu_err e = tu_error(o_f, o_r, no);
+        const double u = tu_unit_roundoff(tc_out_dtype(c));
+        CHECK_MSG(e.rel_l2 <= 2.0 * u && e.max_abs <= 4.0 * u * e.ref_max,
+                  "%s: cpu vs oracle rel %.2e max %.2e (o's unit roundoff %.2e)", name, e.rel_l2,
+                  e.max_abs, u);
+        printf("cpu fp8  %-58s rel %.2e max %.2e vs oracle\n", name, e.rel_l2, e.max_abs);
+    }
+    free(o_r);
+    free(o_f);
+    host_case_free(&hr);
+    host_case_free(&hf);
+}
+
+/* fp_round_e4m3 against the definition through fp_f32_to_fp8 / fp_fp8_to_f32: a sweep of f32
+ * patterns of both signs up to past 448, every pattern next to a rounding tie of every
+ * exponent, infinities and NaN. */
+static void check_round_e4m3(void)
+{
+    int64_t bad = 0, n = 0;
+    for (int neg = 0; neg < 2; neg++) {
+        for (uint64_t a = 0; a <= 0x44000000u; a += 4099) {
+            for (int64_t t = -2; t <= 2; t++) {
+                /* a near pattern and, per exponent, the patterns around its e4m3 tie */
+                const uint32_t tie = (uint32_t)((a & 0xfff80000u) | 0x80000u);
+                const uint32_t bits[2] = {(uint32_t)a, (uint32_t)((int64_t)tie + t)};
+                for (int k = 0; k < 2; k++) {
+                    const float x = fp_bits_f32(bits[k] | (neg ? 0x80000000u : 0u));
+                    const float want = fp_fp8_to_f32(fp_f32_to_fp8(x, 1), 1);
+                    const float got = fp_round_e4m3(x);
+                    bad += fp_f32_bits(got) != fp_f32_bits(want);
+                    n++;
+                }
+            }
+        }
+    }
+    const float special[] = {INFINITY, -INFINITY, NAN, 448.0f, 464.0f, 1e30f, 0.0f, -0.0f};
+    for (int i = 0; i < 8; i++) {
+        const float want = fp_fp8_to_f32(fp_f32_to_fp8(special[i], 1), 1);
+        const float got = fp_round_e4m3(special[i]);
+        bad += isnan(want) ? !isnan(got) : fp_f32_bits(got) != fp_f32_bits(want);
+        n++;
+    }
+    CHECK_MSG(bad == 0, "fp_round_e4m3: %lld of %lld values differ from fp_f32_to_fp8",
+              (long long)bad, (long long)n);
+    /* fp_fp8_to_f32_vec, the CPU kernel's conversion, against fp_fp8_to_f32: every code */
+    for (int e4m3 = 0; e4m3 <= 1; e4m3++)
+        for (int code = 0; code < 256; code++) {
+            const float want = fp_fp8_to_f32((uint8_t)code, e4m3);
+            const float got = fp_fp8_to_f32_vec((uint8_t)code, e4m3);
+            CHECK_MSG(isnan(want) ? isnan(got) : fp_f32_bits(got) == fp_f32_bits(want),
+                      "fp_fp8_to_f32_vec(0x%02x, %s) = %g, fp_fp8_to_f32 %g", code,
+                      e4m3 ? "e4m3" : "e5m2", (double)got, (double)want);
+        }
+    printf("fp_round_e4m3: %lld values checked\n", (long long)n);
+}
+
 static const tc_case backward_cases[] = {
     {DENSE(F32, 1, 2, 1, 5, 6, 4), .causal = 1, .softcap = 1.5f, .alibi = 1},
     {DENSE(F32, 2, 4, 2, 4, 3, 3), WINDOW(1, 2)},
@@ -434,6 +584,12 @@ int main(void)
     for (int i = 0; i < nm; i++)
         check_backward_masked(&masked_cases[i], 300 + i);
     check_score_helpers();
+    const int n8 = (int)(sizeof fp8_cases / sizeof fp8_cases[0]);
+    for (int i = 0; i < n8; i++) {
+        check_forward(&fp8_cases[i], 400 + i, 1);
+        check_cpu_fp8(&fp8_cases[i], 400 + i);
+    }
+    check_round_e4m3();
     if (tu_failures) {
         printf("test_reference: %d checks failed\n", tu_failures);
         return 1;

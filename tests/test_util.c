@@ -69,7 +69,7 @@ float tu_rng_uniform(tu_rng *r, float lo, float hi)
 
 size_t tu_dtype_size(flashport_dtype dtype)
 {
-    return dtype == FLASHPORT_F32 ? 4 : 2;
+    return dtype == FLASHPORT_F32 ? 4 : fp_is_fp8(dtype) ? 1 : 2;
 }
 
 double tu_unit_roundoff(flashport_dtype dtype)
@@ -79,6 +79,10 @@ double tu_unit_roundoff(flashport_dtype dtype)
         return ldexp(1.0, -11);
     case FLASHPORT_BF16:
         return ldexp(1.0, -8);
+    case FLASHPORT_FP8_E4M3:
+        return ldexp(1.0, -4);
+    case FLASHPORT_FP8_E5M2:
+        return ldexp(1.0, -3);
     default:
         return ldexp(1.0, -24);
     }
@@ -91,6 +95,10 @@ float tu_round(float x, flashport_dtype dtype)
         return fp_f16_to_f32(fp_f32_to_f16(x));
     case FLASHPORT_BF16:
         return fp_bf16_to_f32(fp_f32_to_bf16(x));
+    case FLASHPORT_FP8_E4M3:
+        return fp_fp8_to_f32(fp_f32_to_fp8(x, 1), 1);
+    case FLASHPORT_FP8_E5M2:
+        return fp_fp8_to_f32(fp_f32_to_fp8(x, 0), 0);
     default:
         return x;
     }
@@ -117,11 +125,14 @@ void tu_fill_uniform(void *buf, int64_t n, flashport_dtype dtype, float lo, floa
 static const uint32_t poison_f32 = 0x7fc0dead;
 static const uint16_t poison_f16 = 0x7e5a;
 static const uint16_t poison_bf16 = 0x7fda;
+static const uint8_t poison_fp8 = 0x7f; /* NaN in both fp8 formats */
 
 void tu_poison(void *buf, int64_t n, flashport_dtype dtype)
 {
     for (int64_t i = 0; i < n; i++) {
-        if (dtype == FLASHPORT_F32)
+        if (fp_is_fp8(dtype))
+            ((uint8_t *)buf)[i] = poison_fp8;
+        else if (dtype == FLASHPORT_F32)
             ((uint32_t *)buf)[i] = poison_f32;
         else
             ((uint16_t *)buf)[i] = dtype == FLASHPORT_F16 ? poison_f16 : poison_bf16;
@@ -130,6 +141,8 @@ void tu_poison(void *buf, int64_t n, flashport_dtype dtype)
 
 int tu_is_poison(const void *buf, int64_t i, flashport_dtype dtype)
 {
+    if (fp_is_fp8(dtype))
+        return ((const uint8_t *)buf)[i] == poison_fp8;
     if (dtype == FLASHPORT_F32)
         return ((const uint32_t *)buf)[i] == poison_f32;
     return ((const uint16_t *)buf)[i] == (dtype == FLASHPORT_F16 ? poison_f16 : poison_bf16);
@@ -169,6 +182,14 @@ tu_tol tu_tolerance(tu_err naive, double roundoff)
     t.max_abs = TU_TOL_FACTOR * naive.max_abs +
                 2.0 * roundoff * (naive.ref_max > 0.0 ? naive.ref_max : 1.0);
     t.rel_l2 = TU_TOL_FACTOR * naive.rel_l2 + 2.0 * roundoff;
+    return t;
+}
+
+tu_tol tu_tolerance_fp8(tu_err naive, double roundoff, double pv_bound)
+{
+    tu_tol t = tu_tolerance(naive, roundoff);
+    t.max_abs += TU_FP8_P_ALLOWANCE * pv_bound;
+    t.rel_l2 += TU_FP8_P_ALLOWANCE;
     return t;
 }
 
@@ -254,6 +275,11 @@ static float dot_f(const float *a, const float *b, int64_t n)
     return acc;
 }
 
+static float descale_or_1(float x)
+{
+    return x > 0.0f ? x : 1.0f;
+}
+
 /* The score of (i, j) of one sequence as a float kernel computes it; *capped gets the softcapped
  * score before ALiBi. -INFINITY when masked. */
 static float naive_score(const tu_problem *p, int64_t h, int64_t i, int64_t j, int64_t nq,
@@ -261,7 +287,10 @@ static float naive_score(const tu_problem *p, int64_t h, int64_t i, int64_t j, i
 {
     if (!fp_mask_visible(i, j, nq, nk, p->window_left, p->window_right))
         return -INFINITY;
-    float s = p->scale * dot_f(qrow, krow, p->head_dim);
+    const int fp8 = fp_is_fp8(p->dtype);
+    const float scale =
+        fp8 ? p->scale * descale_or_1(p->descale_q) * descale_or_1(p->descale_k) : p->scale;
+    float s = scale * dot_f(qrow, krow, p->head_dim);
     *capped = fp_score_transform(s, p->softcap, 0.0f, 0.0f);
     float slope = p->alibi ? p->alibi[h] : 0.0f;
     return *capped - slope * fp_alibi_distance(i, j, nq, nk);
@@ -282,6 +311,9 @@ int tu_naive_forward(const tu_problem *p, float *o, float *lse)
         free(acc);
         return -1;
     }
+    const int fp8 = fp_is_fp8(p->dtype);
+    const flashport_dtype odt = fp8 ? p->o_dtype : p->dtype;
+    const float dv = fp8 ? descale_or_1(p->descale_v) : 1.0f;
     for (int64_t b = 0; b < p->batch; b++) {
         int64_t q0 = p->cu_q[b], nq = p->cu_q[b + 1] - q0;
         int64_t k0 = p->cu_k[b], nk = p->cu_k[b + 1] - k0;
@@ -301,7 +333,8 @@ int tu_naive_forward(const tu_problem *p, float *o, float *lse)
                     if (s[j] == -INFINITY)
                         continue;
                     float w = expf(s[j] - m);
-                    float wr = tu_round(w, p->dtype); /* P enters P V in the storage dtype */
+                    /* P enters P V in the storage dtype; fp8: always e4m3 */
+                    float wr = tu_round(w, fp8 ? FLASHPORT_FP8_E4M3 : p->dtype);
                     const float *vrow = p->v + ((k0 + j) * Hkv + kvh) * D;
                     l += w;
                     for (int64_t d = 0; d < D; d++)
@@ -309,7 +342,7 @@ int tu_naive_forward(const tu_problem *p, float *o, float *lse)
                 }
                 float *orow = o + ((q0 + i) * H + h) * D;
                 for (int64_t d = 0; d < D; d++)
-                    orow[d] = tu_round(l > 0.0f ? acc[d] / l : 0.0f, p->dtype);
+                    orow[d] = tu_round(l > 0.0f ? acc[d] * dv / l : 0.0f, odt);
                 lse[h * total_q + q0 + i] = l > 0.0f ? m + logf(l) : -INFINITY;
             }
         }

@@ -8,7 +8,10 @@
  * couple of units of the storage dtype's roundoff. For f16/bf16 the naive computation mimics a
  * GPU kernel: f32 math on the stored values, P (and dS in the backward) rounded to the storage
  * dtype before the matrix products, outputs rounded to the dtype. For f32 it is plain float
- * arithmetic with sequential accumulation.
+ * arithmetic with sequential accumulation. fp8 inputs (forward only): the naive computation
+ * rounds P to e4m3 against the row's final maximum, like the oracle; a kernel rounds it against
+ * its running maximum, which moves each rounding by up to one e4m3 unit, so O gets the extra
+ * allowance of tu_tolerance_fp8 (docs/semantics.md, "fp8").
  *
  * Nothing here calls into libflashport, so the helpers link with the shared library and with the
  * internal static one alike.
@@ -56,7 +59,8 @@ float tu_rng_uniform(tu_rng *r, float lo, float hi);
 /* ---- dtypes -------------------------------------------------------------------------------- */
 
 size_t tu_dtype_size(flashport_dtype dtype);
-/* Unit roundoff of the storage dtype: 2^-24 (f32), 2^-11 (f16), 2^-8 (bf16). */
+/* Unit roundoff of the storage dtype: 2^-24 (f32), 2^-11 (f16), 2^-8 (bf16), 2^-4 (e4m3),
+ * 2^-3 (e5m2). */
 double tu_unit_roundoff(flashport_dtype dtype);
 /* x rounded to the nearest value the dtype can store, as f32. */
 float tu_round(float x, flashport_dtype dtype);
@@ -93,6 +97,18 @@ typedef struct tu_tol {
 tu_tol tu_tolerance(tu_err naive, double roundoff);
 int tu_within(tu_err e, tu_tol t);
 
+/* The fp8 forward's O: tu_tolerance plus TU_FP8_P_ALLOWANCE on rel_l2 and TU_FP8_P_ALLOWANCE x
+ * pv_bound on max_abs, pv_bound bounding descale_v * sum_j p_ij |V_jd| (descale_v max |V|).
+ * The allowance is two e4m3 unit roundoffs (2 x 2^-4): the oracle and the kernel each round every
+ * P to e4m3, against different maxima, and each rounding moves it by at most one unit roundoff
+ * relative (normal range); both sums of P stay unrounded. */
+#define TU_FP8_P_ALLOWANCE 0.125
+/* The LSE of an fp8 case: its floor is 2 units of 2^-12 (not f32's 2^-24) relative to the
+ * largest |LSE|: fp8 tensor-core products are reported to accumulate with about 14 bits on
+ * Hopper (DeepSeek-V3's report, H800), and the scores, hence the LSE, carry that. */
+#define TU_FP8_LSE_ROUNDOFF (1.0 / 4096.0)
+tu_tol tu_tolerance_fp8(tu_err naive, double roundoff, double pv_bound);
+
 /* ---- strided views ------------------------------------------------------------------------- */
 
 /* Where the elements of one q/k/v/o-shaped tensor live inside a buffer. Dense tensors are
@@ -120,7 +136,9 @@ void tu_view_mark(const tu_view *v, uint8_t *covered);
 /* A problem in logical layout: sequences b = 0..batch-1 of tokens [cu_q[b], cu_q[b+1]) (dense
  * batches are sequences of equal length). Values are f32 numbers representable in `dtype`. */
 typedef struct tu_problem {
-    flashport_dtype dtype;
+    flashport_dtype dtype;   /* q, k, v */
+    flashport_dtype o_dtype; /* o when dtype is fp8 (bf16 or f16); otherwise o is in dtype */
+    float descale_q, descale_k, descale_v; /* fp8 only; 0 means 1 */
     int64_t batch, heads, kv_heads, head_dim;
     const int32_t *cu_q, *cu_k;        /* batch + 1 offsets */
     float scale, softcap;              /* scale resolved (never 0); softcap 0 = off */

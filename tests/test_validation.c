@@ -246,7 +246,14 @@ typedef enum mutation {
     M_CU_K_ONLY,       /* cu_seqlens_q NULL */
     M_CU_Q_ONLY,       /* cu_seqlens_k NULL */
     M_VARLEN_NEG_BATCH,
-    M_WINDOW_CAUSAL, /* valid masking parameters: causal with a left window, softcap, scale */
+    M_WINDOW_CAUSAL,   /* valid masking parameters: causal with a left window, softcap, scale */
+    M_FP8,             /* q, k, v in fp8 e4m3, o (and the rest) stay in the base dtype */
+    M_FP8_E5M2,        /* the same in e5m2, with descales */
+    M_FP8_K_E5M2,      /* M_FP8, then k in e5m2 */
+    M_FP8_O,           /* M_FP8, then the tensor (o) in f32 */
+    M_FP8_O_FP8,       /* M_FP8, then o in fp8 too */
+    M_FP8_DESCALE_V,   /* M_FP8 with descale_v = -inf */
+    M_DESCALE_NOT_FP8, /* descales != 1 on f16 inputs: ignored */
 } mutation;
 
 static void packed_slices(fixture *f, int64_t hkv)
@@ -434,6 +441,31 @@ static void apply(fixture *f, mutation m, int ti, int other)
     case M_VARLEN_NEG_BATCH:
         f->params.batch = -1;
         break;
+    case M_FP8:
+    case M_FP8_K_E5M2:
+    case M_FP8_O:
+    case M_FP8_O_FP8:
+    case M_FP8_DESCALE_V:
+        f->t[T_Q].dtype = f->t[T_K].dtype = f->t[T_V].dtype = FLASHPORT_FP8_E4M3;
+        if (m == M_FP8_K_E5M2)
+            f->t[T_K].dtype = FLASHPORT_FP8_E5M2;
+        if (m == M_FP8_O)
+            t->dtype = FLASHPORT_F32;
+        if (m == M_FP8_O_FP8)
+            t->dtype = FLASHPORT_FP8_E4M3;
+        if (m == M_FP8_DESCALE_V)
+            f->params.descale_v = -INFINITY;
+        break;
+    case M_FP8_E5M2:
+        f->t[T_Q].dtype = f->t[T_K].dtype = f->t[T_V].dtype = FLASHPORT_FP8_E5M2;
+        f->params.descale_q = 0.5f;
+        f->params.descale_k = 0.0f; /* 0 means 1 */
+        f->params.descale_v = 4.0f;
+        break;
+    case M_DESCALE_NOT_FP8:
+        f->params.descale_q = 3.0f;
+        f->params.descale_v = 0.5f;
+        break;
     case M_WINDOW_CAUSAL:
         f->params.causal = 1;
         f->params.window_left = 2;
@@ -573,8 +605,24 @@ static const vcase cases[] = {
     FWD(M_SOFTCAP_NAN, 0, 0, ERR_INVALID_VALUE, "softcap nan"),
     FWD(M_WINDOW_LEFT, 0, 0, ERR_INVALID_VALUE, "window (-2, -1)"),
     BWD(M_WINDOW_RIGHT, 0, 0, ERR_INVALID_VALUE, "window (-1, -5)"),
-    FWD(M_DESCALE_NEG, 0, 0, ERR_INVALID_VALUE, "descale"),
-    FWD(M_DESCALE_NAN, 0, 0, ERR_INVALID_VALUE, "descale"),
+    FWD(M_DESCALE_NEG, 0, 0, ERR_INVALID_VALUE, "descale_k is -1: fp8 descale factors must be"),
+    FWD(M_DESCALE_NAN, 0, 0, ERR_INVALID_VALUE, "descale_q is nan"),
+    FWD(M_DESCALE_NOT_FP8, 0, 0, OK, NULL),
+    /* fp8 (docs/semantics.md, "fp8"): inputs share one fp8 dtype, o is bf16 or f16, forward only */
+    FWD(M_FP8, 0, 0, OK, NULL),
+    FWD(M_FP8_E5M2, 0, 0, OK, NULL),
+    {"cpu", FLASHPORT_BF16, 8, 0, 0, M_FP8, 0, 0, FLASHPORT_OK, NULL},
+    VFWD(M_FP8, 0, 0, OK, NULL),
+    FWD(M_FP8_K_E5M2, 0, 0, ERR_DTYPE_MISMATCH, "k has dtype fp8_e5m2; expected fp8_e4m3"),
+    FWD(M_FP8_O, T_O, 0, ERR_DTYPE_MISMATCH,
+        "o has dtype f32; with fp8_e4m3 inputs o must be bf16 or f16"),
+    FWD(M_FP8_O_FP8, T_O, 0, ERR_DTYPE_MISMATCH, "o has dtype fp8_e4m3; with fp8_e4m3 inputs"),
+    FWD(M_FP8_DESCALE_V, 0, 0, ERR_INVALID_VALUE, "descale_v is -inf"),
+    BWD(M_FP8, 0, 0, ERR_UNSUPPORTED_DTYPE,
+        "fp8 (fp8_e4m3) inputs are forward only: no backend has an fp8 backward"),
+    VBWD(M_FP8_E5M2, 0, 0, ERR_UNSUPPORTED_DTYPE, "fp8 (fp8_e5m2) inputs are forward only"),
+    {"testdev", F16, 8, 0, 0, M_FP8, 0, 0, FLASHPORT_ERR_UNSUPPORTED_DTYPE,
+     "backend 'testdev' has no forward kernel for dtype fp8_e4m3"},
     /* varlen offsets */
     VFWD(M_CU_Q_START, 0, 0, ERR_BAD_SEQLENS, "cu_seqlens_q[0] is 1; it must be 0"),
     VFWD(M_CU_K_DECREASING, 0, 0, ERR_BAD_SEQLENS,

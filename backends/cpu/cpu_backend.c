@@ -2,7 +2,8 @@
  * The built-in host backends: "cpu" (tiled flash kernels, flash_fwd.c / flash_bwd.c, on the
  * micro-kernels isa.c picks for this CPU) and "reference" (the naive double-accumulating oracle,
  * reference.c). Tensors live in host memory, so the memory helpers are plain allocations and
- * copies. Both take any D in 1..256 and f32, f16 and bf16, with any strides.
+ * copies. Both take any D in 1..256 and f32, f16 and bf16, with any strides, and the fp8 forward
+ * (e4m3 and e5m2 inputs, o in bf16 or f16).
  */
 #include "backends/cpu/cpu_internal.h"
 #include "backends/cpu/ukernel.h"
@@ -83,8 +84,8 @@ static void host_caps(void *ctx, fp_backend_caps *caps)
 {
     (void)ctx;
     uint32_t all = (1u << FLASHPORT_F32) | (1u << FLASHPORT_F16) | (1u << FLASHPORT_BF16);
-    caps->dtypes_fwd = all;
-    caps->dtypes_bwd = all;
+    caps->dtypes_fwd = all | (1u << FLASHPORT_FP8_E4M3) | (1u << FLASHPORT_FP8_E5M2);
+    caps->dtypes_bwd = all; /* fp8 is forward only (the core refuses an fp8 backward first) */
     caps->max_head_dim = CPU_MAX_HEAD_DIM;
     caps->head_dim_multiple = 1;
     caps->needs_contiguous_dim = 0;

@@ -23,6 +23,10 @@
  * key a row cannot see never reaches it; a NaN score a row sees makes its l, O and LSE NaN.
  * bf16 inputs on a CPU with AVX512_BF16 stay bf16: Q^T and V as bf16 pairs, K in place, S^T and
  * P V by vdpbf16ps with P rounded to bf16 (ukernel_avx512bf16.c). Other dtypes convert to f32.
+ * fp8 inputs (forward only, docs/semantics.md) convert to f32 tiles (fp_fp8_to_f32_vec, in a
+ * loop the compiler vectorizes); the scale folds in descale_q * descale_k; P is rounded to e4m3
+ * after its unrounded sum went into l, against the running maximum as a GPU kernel does (the
+ * tests' fp8 tolerance covers that); O is scaled by descale_v and stored in o's dtype.
  * Extra memory: the per-thread tiles of fwd_layout only.
  * Tile shape: BLOCK_Q = 64 queries (one 4-register column block of the AVX-512 kernel) x
  * BLOCK_K = 64 keys.
@@ -94,19 +98,68 @@ typedef struct fwd_ctx {
     int bf16;     /* bf16 dot products (gemm_bf16) */
     int k_direct; /* K read in place by the product */
     int v_direct; /* V read in place (f32 only) */
+    int fp8;      /* fp8 inputs: converted to f32 tiles, P rounded to e4m3 */
+    float scale;  /* of the raw q . k: scale, times descale_q * descale_k for fp8 */
     fwd_layout L;
 } fwd_ctx;
+
+/* fp8 rows into an f32 row tile, dst[r * ld + c] = x(r, c); contiguous rows in a loop the
+ * compiler vectorizes (fp_fp8_to_f32_vec). */
+static void fp8_tile_load(float *dst, int ld, const fp_block *x, int rows, int d)
+{
+    const int e4m3 = x->dtype == FLASHPORT_FP8_E4M3;
+    for (int r = 0; r < rows; r++) {
+        const uint8_t *row = (const uint8_t *)x->data + x->off + r * x->rs;
+        float *restrict out = dst + (ptrdiff_t)r * ld;
+        if (x->cs == 1) {
+            if (e4m3)
+                for (int c = 0; c < d; c++)
+                    out[c] = fp_fp8_to_f32_vec(row[c], 1);
+            else
+                for (int c = 0; c < d; c++)
+                    out[c] = fp_fp8_to_f32_vec(row[c], 0);
+        } else {
+            for (int c = 0; c < d; c++)
+                out[c] = fp_fp8_to_f32(row[c * x->cs], e4m3);
+        }
+    }
+}
+
+/* fp8 rows into a transposed f32 tile, dst[c * ld + r] = x(r, c), the padding columns rows ..
+ * ld - 1 set to 0 (fp_tile_load_t's contract). Once per query block: plain loads. */
+static void fp8_tile_load_t(float *dst, int ld, const fp_block *x, int rows, int d)
+{
+    const int e4m3 = x->dtype == FLASHPORT_FP8_E4M3;
+    for (int r = 0; r < rows; r++) {
+        const uint8_t *row = (const uint8_t *)x->data + x->off + r * x->rs;
+        for (int c = 0; c < d; c++)
+            dst[(ptrdiff_t)c * ld + r] = fp_fp8_to_f32(row[c * x->cs], e4m3);
+    }
+    for (int c = 0; c < d; c++)
+        memset(dst + (ptrdiff_t)c * ld + rows, 0, sizeof(float) * (size_t)(ld - rows));
+}
+
+/* The fp8 forward's P rounding (docs/semantics.md): every P of the n x m tile to the nearest e4m3
+ * value, after its unrounded sum went into the row's l. */
+static void round_p_e4m3(float *s, int ld, int n, int m)
+{
+    for (int r = 0; r < n; r++) {
+        float *restrict row = s + (ptrdiff_t)r * ld;
+        for (int c = 0; c < m; c++)
+            row[c] = fp_round_e4m3(row[c]);
+    }
+}
 
 /* Softcap and ALiBi on a transposed score tile (raw q . k in, log2 units out), keys j0 + r down
  * the rows, queries i0 + c across. */
 static void transform_tile(float *s, int ld, int n, int m, int64_t i0, int64_t j0,
-                           const fp_seq *seq, const fp_problem *p, float slope)
+                           const fp_seq *seq, const fp_problem *p, float scale, float slope)
 {
     for (int r = 0; r < n; r++)
         for (int c = 0; c < m; c++) {
             float *x = s + (ptrdiff_t)r * ld + c;
             const float dist = fp_alibi_distance(i0 + c, j0 + r, seq->nq, seq->nk);
-            *x = fp_score_transform(*x * p->scale, p->softcap, slope, dist) * FP_LOG2E;
+            *x = fp_score_transform(*x * scale, p->softcap, slope, dist) * FP_LOG2E;
         }
 }
 
@@ -175,6 +228,8 @@ static void fwd_block(const fwd_ctx *c, float *scratch, int64_t b, int64_t h, in
                          p->q.stride[FP_S], p->q.stride[FP_D]};
     if (c->bf16)
         fp_tile_pairs_t((uint32_t *)qt, L->ldq, &qb, m, d, uk);
+    else if (c->fp8)
+        fp8_tile_load_t(qt, L->ldq, &qb, m, d);
     else
         fp_tile_load_t(qt, L->ldq, &qb, m, d, uk);
     for (int x = 0; x < mp; x++) {
@@ -183,7 +238,7 @@ static void fwd_block(const fwd_ctx *c, float *scratch, int64_t b, int64_t h, in
     }
     memset(o, 0, sizeof(float) * (size_t)m * (size_t)L->ldd);
 
-    const float log2_scale = p->scale * FP_LOG2E;
+    const float log2_scale = c->scale * FP_LOG2E;
     int64_t lo, hi;
     fp_mask_block_range(i0, i0 + m, seq.nq, seq.nk, p->window_left, p->window_right, &lo, &hi);
     for (int64_t j0 = lo; j0 < hi; j0 += BLOCK_K) {
@@ -213,6 +268,9 @@ static void fwd_block(const fwd_ctx *c, float *scratch, int64_t b, int64_t h, in
             }
             uk->gemm_bf16(n, mp, (d + 1) / 2, ka, krs, 2, (const uint32_t *)qt, L->ldq, s, L->ldq,
                           0);
+        } else if (c->fp8) {
+            fp8_tile_load(scratch + L->kt, L->ldd, &kb, n, d);
+            uk->gemm(n, mp, d, scratch + L->kt, L->ldd, 1, qt, L->ldq, s, L->ldq, 0);
         } else if (c->k_direct) {
             uk->gemm(n, mp, d, (const float *)kb.data + kb.off, kb.rs, kb.cs, qt, L->ldq, s, L->ldq,
                      0);
@@ -223,7 +281,7 @@ static void fwd_block(const fwd_ctx *c, float *scratch, int64_t b, int64_t h, in
 
         float mul = log2_scale;
         if (transform) {
-            transform_tile(s, L->ldq, n, m, i0, j0, &seq, p, slope);
+            transform_tile(s, L->ldq, n, m, i0, j0, &seq, p, c->scale, slope);
             mul = 1.0f;
         }
         const int full = fp_mask_block_full(i0, i0 + m, j0, j0 + n, seq.nq, seq.nk, p->window_left,
@@ -251,8 +309,18 @@ static void fwd_block(const fwd_ctx *c, float *scratch, int64_t b, int64_t h, in
         if (rescale)
             uk->scale_rows(m, d, o, L->ldd, alpha);
 
-        /* P and O += P V. */
-        if (!full && !fp_block_finite(&vb, n, d)) {
+        /* P and O += P V. fp8: V converted to an f32 tile first, P rounded to e4m3. */
+        if (c->fp8) {
+            float *vt = scratch + L->vt;
+            fp8_tile_load(vt, L->ldd, &vb, n, d);
+            const fp_block vf = {vt, FLASHPORT_F32, 0, L->ldd, 1};
+            uk->exp2_cols(n, mp, s, L->ldq, mul, sub, bsum);
+            round_p_e4m3(s, L->ldq, n, m);
+            if (!full && !fp_block_finite(&vf, n, d))
+                pv_visible(o, L->ldd, s, L->ldq, &vf, n, m, d, i0, j0, &seq, p);
+            else
+                uk->gemm(m, d, n, s, 1, L->ldq, vt, L->ldd, o, L->ldd, 1);
+        } else if (!full && !fp_block_finite(&vb, n, d)) {
             uk->exp2_cols(n, mp, s, L->ldq, mul, sub, bsum);
             pv_visible(o, L->ldd, s, L->ldq, &vb, n, m, d, i0, j0, &seq, p);
         } else if (c->bf16) {
@@ -278,14 +346,14 @@ static void fwd_block(const fwd_ctx *c, float *scratch, int64_t b, int64_t h, in
 
     for (int r = 0; r < m; r++) {
         float *orow = o + (size_t)r * L->ldd;
-        float f = fp_softmax_out_scale(&st[r]);
-        if (f == 0.0f) /* no visible key: O = 0 */
+        float f = fp_softmax_out_scale(&st[r]) * p->descale_v; /* descale_v: 1 unless fp8 */
+        if (f == 0.0f)                                         /* no visible key: O = 0 */
             memset(orow, 0, sizeof(float) * (size_t)d);
         else
             for (int x = 0; x < d; x++)
                 orow[x] *= f;
     }
-    const fp_block ob = {p->o.data, p->dtype, fp_row_offset(&p->o, b, seq.q_start + i0, h),
+    const fp_block ob = {p->o.data, p->o_dtype, fp_row_offset(&p->o, b, seq.q_start + i0, h),
                          p->o.stride[FP_S], p->o.stride[FP_D]};
     fp_tile_store(&ob, o, L->ldd, m, d, 1.0f, uk);
     if (p->lse.data) {
@@ -310,11 +378,14 @@ flashport_status fp_cpu_flash_forward(const fp_problem *p)
     c.v_direct =
         !c.bf16 && p->dtype == FLASHPORT_F32 && p->v.stride[FP_D] == 1 && d % FP_TILE_COLS == 0;
     c.L = fwd_layout_of(d);
+    c.fp8 = fp_is_fp8(p->dtype);
+    c.scale = c.fp8 ? p->scale * p->descale_q * p->descale_k : p->scale;
     if (fp_host()->log_enabled())
         fp_host()->log("cpu: flash forward (tiled, online softmax), %s micro-kernels: %s%s%s; "
                        "block_q=%d block_k=%d, %d threads",
                        c.uk->name,
-                       c.bf16                      ? "bf16 dot products (vdpbf16ps), P in bf16"
+                       c.bf16  ? "bf16 dot products (vdpbf16ps), P in bf16"
+                       : c.fp8 ? "f32 products on fp8 inputs converted to f32, P rounded to e4m3"
                        : p->dtype == FLASHPORT_F32 ? "f32 products"
                                                    : "f32 products on inputs converted to f32",
                        c.k_direct ? ", K read in place" : "", c.v_direct ? ", V read in place" : "",

@@ -164,7 +164,7 @@ void fp_block_prefetch(const fp_block *x, int rows, int d)
 {
     if (x->cs != 1)
         return;
-    const size_t es = x->dtype == FLASHPORT_F32 ? 4 : 2;
+    const size_t es = flashport_dtype_size(x->dtype);
     const char *base = (const char *)x->data + (size_t)x->off * es;
     for (int r = 0; r < rows; r++) {
         const char *row = base + (ptrdiff_t)(r * x->rs) * (ptrdiff_t)es;

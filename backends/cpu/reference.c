@@ -7,6 +7,9 @@
  * Delta_i = dO_i . O_i:  dS_ij = p_ij (dO_i . V_j - Delta_i), times the softcap derivative;
  * dQ_i = scale sum_j dS_ij K_j, dK_j += scale dS_ij Q_i, dV_j += p_ij dO_i. dK/dV of one kv head
  * are accumulated in double over every query head of its group and written once at the end.
+ * fp8 inputs (forward only) follow docs/semantics.md: scores scaled by descale_q * descale_k,
+ * each p_j = exp(s_j - max) rounded to e4m3 before it multiplies V_j (the sum stays unrounded),
+ * O times descale_v and stored in o's dtype.
  *
  * Target: any host; serial and deterministic. Speed does not matter, only being obviously right.
  * Extra memory: O(Nk) scores per call in forward, O(Nk * D) accumulators per call in backward.
@@ -59,10 +62,26 @@ static void load_row(const fp_problem *p, const fp_tensor_view *t, int64_t off, 
         row[d] = fp_load(t->data, off + d * t->stride[FP_D], p->dtype);
 }
 
-static void store_row(const fp_problem *p, const fp_tensor_view *t, int64_t off, const double *row)
+static void store_row(const fp_problem *p, const fp_tensor_view *t, flashport_dtype dtype,
+                      int64_t off, const double *row)
 {
     for (int64_t d = 0; d < p->head_dim; d++)
-        fp_store(t->data, off + d * t->stride[FP_D], p->dtype, (float)row[d]);
+        fp_store(t->data, off + d * t->stride[FP_D], dtype, (float)row[d]);
+}
+
+/* x >= 0 (or NaN) rounded to the nearest e4m3 value, ties to even, computed on the double: the
+ * P rounding of the fp8 forward (docs/semantics.md). Values in [0, 1] only ever reach it, so
+ * there is no saturation. Below 2^-6 e4m3 has subnormals, multiples of 2^-9; above, 4
+ * significant bits. nearbyint rounds to even in the default rounding mode. */
+static double round_e4m3_d(double x)
+{
+    if (!(x > 0.0))
+        return x; /* 0 and NaN */
+    if (x < 0.015625)
+        return nearbyint(x * 512.0) / 512.0;
+    int e;
+    const double f = frexp(x, &e); /* x = f 2^e, f in [0.5, 1) */
+    return ldexp(nearbyint(ldexp(f, 4)), e - 4);
 }
 
 static double dot_row(const fp_problem *p, const double *a, const fp_tensor_view *t, int64_t off)
@@ -81,7 +100,9 @@ static double score(const fp_problem *p, const fp_seq *s, int64_t b, int64_t h, 
     if (!fp_mask_visible(i, j, s->nq, s->nk, p->window_left, p->window_right))
         return -INFINITY;
     int64_t koff = fp_row_offset(&p->k, b, s->k_start + j, fp_kv_head(p, h));
-    *capped = softcap_d((double)p->scale * dot_row(p, qrow, &p->k, koff), p->softcap);
+    const double scale =
+        (double)p->scale * p->descale_q * p->descale_k; /* descales: 1 unless fp8 */
+    *capped = softcap_d(scale * dot_row(p, qrow, &p->k, koff), p->softcap);
     double slope = p->alibi_slopes ? p->alibi_slopes[h] : 0.0;
     return *capped - slope * fp_alibi_distance(i, j, s->nq, s->nk);
 }
@@ -108,6 +129,7 @@ flashport_status fp_reference_forward(const fp_problem *p)
                                     (long long)p->seqlen_k);
     }
     double *qrow = row, *orow = row + D;
+    const int fp8 = fp_is_fp8(p->dtype);
     for (int64_t b = 0; b < p->batch; b++) {
         fp_seq s = fp_problem_seq(p, b);
         for (int64_t h = 0; h < p->heads; h++) {
@@ -131,15 +153,17 @@ flashport_status fp_reference_forward(const fp_problem *p)
                             continue;
                         double w = exp(scores[j] - m);
                         int64_t voff = fp_row_offset(&p->v, b, s.k_start + j, kvh);
-                        l += w;
+                        l += w; /* fp8: l sums the unrounded P */
+                        if (fp8)
+                            w = round_e4m3_d(w);
                         for (int64_t d = 0; d < D; d++)
                             orow[d] +=
                                 w * fp_load(p->v.data, voff + d * p->v.stride[FP_D], p->dtype);
                     }
                     for (int64_t d = 0; d < D; d++)
-                        orow[d] /= l;
+                        orow[d] = orow[d] * p->descale_v / l;
                 }
-                store_row(p, &p->o, fp_row_offset(&p->o, b, s.q_start + i, h), orow);
+                store_row(p, &p->o, p->o_dtype, fp_row_offset(&p->o, b, s.q_start + i, h), orow);
                 if (p->lse.data) {
                     float lse = m != -INFINITY ? (float)(m + log(l)) : -INFINITY;
                     ((float *)p->lse.data)[fp_lse_offset(&p->lse, b, h, s.q_start + i)] = lse;
@@ -208,12 +232,15 @@ flashport_status fp_reference_backward(const fp_problem *p)
                             dv_acc[j * D + d] += pij * dorow[d];
                         }
                     }
-                    store_row(p, &p->dq, fp_row_offset(&p->dq, b, s.q_start + i, h), dqrow);
+                    store_row(p, &p->dq, p->dtype, fp_row_offset(&p->dq, b, s.q_start + i, h),
+                              dqrow);
                 }
             }
             for (int64_t j = 0; j < s.nk; j++) {
-                store_row(p, &p->dk, fp_row_offset(&p->dk, b, s.k_start + j, kvh), dk_acc + j * D);
-                store_row(p, &p->dv, fp_row_offset(&p->dv, b, s.k_start + j, kvh), dv_acc + j * D);
+                store_row(p, &p->dk, p->dtype, fp_row_offset(&p->dk, b, s.k_start + j, kvh),
+                          dk_acc + j * D);
+                store_row(p, &p->dv, p->dtype, fp_row_offset(&p->dv, b, s.k_start + j, kvh),
+                          dv_acc + j * D);
             }
         }
     }

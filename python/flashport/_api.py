@@ -1,6 +1,22 @@
 """flashport.attention and flashport.attention_backward on any DLPack tensor."""
 from . import _C
+from ._errors import error
 from ._frontends import frontend
+
+# fp8 formats by name (attention(fp8=...)) and torch dtype, as flashport_dtype codes
+_FP8_NAMES = {"e4m3": 3, "e5m2": 4}
+_FP8_TORCH = {"torch.float8_e4m3fn": 3, "torch.float8_e5m2": 4}
+
+
+def _fp8_code(q, fp8):
+    """0, or the flashport dtype of fp8 q, k, v: named by fp8 (uint8 arrays holding the codes),
+    or read from a torch float8 dtype."""
+    if fp8 is not None:
+        if fp8 not in _FP8_NAMES:
+            raise error("FLASHPORT_ERR_INVALID_VALUE",
+                        f"fp8 = {fp8!r}: expected None, 'e4m3' or 'e5m2'")
+        return _FP8_NAMES[fp8]
+    return _FP8_TORCH.get(str(getattr(q, "dtype", "")), 0)
 
 
 def _lse_shape(q, varlen):
@@ -28,7 +44,8 @@ def _opt(ex, x):
 
 def attention(q, k, v, *, causal=False, window=(-1, -1), softcap=0.0, alibi_slopes=None,
               scale=None, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None,
-              max_seqlen_k=None, return_lse=False, backend=None, out=None):
+              max_seqlen_k=None, return_lse=False, backend=None, out=None, descale=None,
+              fp8=None):
     """Exact attention O = softmax(scale * Q K^T + masks) V, on the backend where q lives.
 
     q [B, Nq, H, D], k and v [B, Nk, Hkv, D] (H % Hkv == 0: GQA/MQA); varlen: [tokens, heads, D]
@@ -44,14 +61,20 @@ def attention(q, k, v, *, causal=False, window=(-1, -1), softcap=0.0, alibi_slop
     "reference", "cuda", "hip" or a plugin's name; None picks the backend of q's memory.
     out: outputs to write instead of new ones: o, or (o, lse) with return_lse.
 
+    fp8 inputs (forward only, docs/semantics.md "fp8 forward"): torch float8_e4m3fn /
+    float8_e5m2 q, k, v, or uint8 arrays of fp8 codes with fp8="e4m3" / "e5m2" (for frameworks
+    without fp8 dtypes). descale=(dq, dk, dv): their per-tensor dequantization factors (default
+    1). o is bfloat16 (torch) or float16 (NumPy, CuPy, others), or out's dtype (bf16 or f16).
+
     GPU work is enqueued on the caller's current stream (torch's or CuPy's) and not waited for.
     Raises flashport.Error (status name and the library's message) on bad input.
     """
     fe = frontend(q)
+    code = _fp8_code(q, fp8)
     if out is not None:
         o, lse = out if return_lse else (out, None)
     else:
-        o = fe.empty_like(q)
+        o = fe.empty_fp8_out(q) if code else fe.empty_like(q)
         lse = None
         if return_lse:
             shape = _lse_shape(q, cu_seqlens_q is not None)
@@ -62,7 +85,7 @@ def attention(q, k, v, *, causal=False, window=(-1, -1), softcap=0.0, alibi_slop
     _C.forward(backend, fe.stream(q), ex(q), ex(k), ex(v), ex(o), _opt(ex, lse),
                _opt(ex, alibi_slopes), _opt(ex, cu_seqlens_q), _opt(ex, cu_seqlens_k),
                0.0 if scale is None else scale, window[0], window[1], causal, softcap, max_q,
-               max_k, False)
+               max_k, False, *(descale or (0.0, 0.0, 0.0)), code)
     return (o, lse) if return_lse else o
 
 
@@ -87,5 +110,5 @@ def attention_backward(dout, q, k, v, o, lse, *, causal=False, window=(-1, -1), 
     _C.backward(backend, fe.stream(q), ex(q), ex(k), ex(v), ex(o), ex(lse), ex(dout), ex(dq),
                 ex(dk), ex(dv), _opt(ex, alibi_slopes), _opt(ex, cu_seqlens_q),
                 _opt(ex, cu_seqlens_k), 0.0 if scale is None else scale, window[0], window[1],
-                causal, softcap, max_q, max_k, deterministic)
+                causal, softcap, max_q, max_k, deterministic, 0.0, 0.0, 0.0, _fp8_code(q, None))
     return dq, dk, dv

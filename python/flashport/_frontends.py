@@ -45,6 +45,9 @@ class _NumPy:
     def empty_f32(self, shape, like):
         return self.np.empty(shape, self.np.float32)
 
+    def empty_fp8_out(self, x):
+        return self.np.empty(x.shape, self.np.float16)  # NumPy has no bfloat16
+
     def export(self, x):
         return x
 
@@ -74,9 +77,16 @@ class _Torch:
     def empty_f32(self, shape, like):
         return like.new_empty(shape, dtype=self.torch.float32)
 
+    def empty_fp8_out(self, x):
+        return x.new_empty(x.shape, dtype=self.torch.bfloat16)
+
     def export(self, x):
         if not isinstance(x, self.torch.Tensor):
             return x
+        if x.element_size() == 1 and x.dtype.is_floating_point:
+            # float8: as a uint8 view, which every torch exports through DLPack; the call says
+            # which fp8 format the codes are (attention(fp8=...), set from the dtype).
+            x = x.view(self.torch.uint8)
         if self._to_dlpack is not None:
             return self._to_dlpack(x)
         return x.detach().__dlpack__()
@@ -108,6 +118,10 @@ class _CuPy:
         with like.device:
             return self.cp.empty(shape, self.cp.float32)
 
+    def empty_fp8_out(self, x):
+        with x.device:
+            return self.cp.empty(x.shape, self.cp.float16)
+
     def export(self, x):
         if not isinstance(x, self.cp.ndarray):
             return x
@@ -136,6 +150,9 @@ class _ArrayAPI:
     def empty_f32(self, shape, like):
         return self.xp.empty(shape, dtype=self.xp.float32, device=like.device)
 
+    def empty_fp8_out(self, x):
+        return self.xp.empty(x.shape, dtype=self.xp.float16, device=x.device)
+
     def export(self, x):
         dev_type, _ = x.__dlpack_device__()
         return x.__dlpack__(stream=1) if dev_type in (2, 10, 13) else x
@@ -163,6 +180,9 @@ class _Unknown:
 
     def empty_f32(self, shape, like):
         return self.empty_like(like)
+
+    def empty_fp8_out(self, x):
+        return self.empty_like(x)
 
     def export(self, x):
         return x

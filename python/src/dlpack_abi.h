@@ -24,6 +24,8 @@ enum {
     FP_DL_UINT = 1,
     FP_DL_FLOAT = 2,
     FP_DL_BFLOAT = 4,
+    FP_DL_FLOAT8_E4M3FN = 10, /* DLPack >= 1.1 */
+    FP_DL_FLOAT8_E5M2 = 12,
 };
 
 /* DLPack 1.x flags of DLManagedTensorVersioned. */

@@ -159,6 +159,10 @@ static int dl_dtype(const fp_dl_dtype *t, flashport_dtype *out)
         *out = FLASHPORT_F16;
     else if (t->code == FP_DL_BFLOAT && t->bits == 16)
         *out = FLASHPORT_BF16;
+    else if (t->code == FP_DL_FLOAT8_E4M3FN && t->bits == 8)
+        *out = FLASHPORT_FP8_E4M3;
+    else if (t->code == FP_DL_FLOAT8_E5M2 && t->bits == 8)
+        *out = FLASHPORT_FP8_E5M2;
     else
         return -1;
     return 0;
@@ -180,8 +184,11 @@ static const char *dl_code_name(uint8_t code)
     }
 }
 
-/* The descriptor of an imported attention tensor (rank <= 4, f32/f16/bf16). */
-static int to_descriptor(const char *what, const imported *t, int is_output, flashport_tensor *d)
+/* The descriptor of an imported attention tensor (rank <= 4, f32/f16/bf16/fp8). uint8_as: an fp8
+ * dtype that a uint8 tensor's codes are taken as (frameworks without fp8 dtypes, and fp8 torch
+ * tensors exported as uint8 views), or FLASHPORT_DTYPE_COUNT for none. */
+static int to_descriptor(const char *what, const imported *t, int is_output,
+                         flashport_dtype uint8_as, flashport_tensor *d)
 {
     const fp_dl_tensor *dl = t->dl;
     memset(d, 0, sizeof *d);
@@ -192,9 +199,13 @@ static int to_descriptor(const char *what, const imported *t, int is_output, fla
                      what, (int)dl->ndim);
         return -1;
     }
-    if (dl_dtype(&dl->dtype, &d->dtype) != 0) {
+    if (uint8_as != FLASHPORT_DTYPE_COUNT && dl->dtype.code == FP_DL_UINT &&
+        dl->dtype.bits == 8 && dl->dtype.lanes == 1) {
+        d->dtype = uint8_as;
+    } else if (dl_dtype(&dl->dtype, &d->dtype) != 0) {
         raise_status(FLASHPORT_ERR_UNSUPPORTED_DTYPE,
-                     "%s has dtype %s%u (lanes %u); flashport takes float32, float16 and bfloat16",
+                     "%s has dtype %s%u (lanes %u); flashport takes float32, float16, bfloat16 "
+                     "and (q, k, v of a forward) float8 e4m3fn / e5m2",
                      what, dl_code_name(dl->dtype.code), (unsigned)dl->dtype.bits,
                      (unsigned)dl->dtype.lanes);
         return -1;
@@ -396,16 +407,35 @@ static int as_float(PyObject *o, float *out)
 
 /* args[0] backend, args[1] stream, args[2 .. 2+ntensors) tensors (None allowed where `optional`
  * says), then alibi, cu_seqlens_q, cu_seqlens_k, scale, window_left, window_right, causal,
- * softcap, max_seqlen_q, max_seqlen_k, deterministic. */
+ * softcap, max_seqlen_q, max_seqlen_k, deterministic, and optionally (all four or none)
+ * descale_q, descale_k, descale_v and fp8: 0, or the flashport dtype (3 e4m3, 4 e5m2) that
+ * uint8 q, k, v hold. */
 static int prepare(call *c, PyObject *const *args, Py_ssize_t nargs, int ntensors,
                    const char *const *names, unsigned optional)
 {
-    const int nparams = 11;
+    const int nparams = 11, nfp8 = 4;
     memset(c, 0, sizeof *c);
-    if (nargs != 2 + ntensors + nparams) {
-        PyErr_Format(PyExc_TypeError, "expected %d arguments, got %zd", 2 + ntensors + nparams,
-                     nargs);
+    if (nargs != 2 + ntensors + nparams && nargs != 2 + ntensors + nparams + nfp8) {
+        PyErr_Format(PyExc_TypeError, "expected %d or %d arguments, got %zd",
+                     2 + ntensors + nparams, 2 + ntensors + nparams + nfp8, nargs);
         return -1;
+    }
+    const int has_fp8 = nargs == 2 + ntensors + nparams + nfp8;
+    PyObject *const *p8 = args + 2 + ntensors + nparams;
+    flashport_dtype uint8_as = FLASHPORT_DTYPE_COUNT;
+    float descale[3] = {0.0f, 0.0f, 0.0f};
+    if (has_fp8) {
+        int32_t code = 0;
+        if (as_float(p8[0], &descale[0]) != 0 || as_float(p8[1], &descale[1]) != 0 ||
+            as_float(p8[2], &descale[2]) != 0 || as_int(p8[3], "fp8", &code) != 0)
+            return -1;
+        if (code != 0 && code != FLASHPORT_FP8_E4M3 && code != FLASHPORT_FP8_E5M2) {
+            raise_status(FLASHPORT_ERR_INVALID_VALUE, "fp8 = %d: expected 0, %d (e4m3) or %d (e5m2)",
+                         (int)code, (int)FLASHPORT_FP8_E4M3, (int)FLASHPORT_FP8_E5M2);
+            return -1;
+        }
+        if (code != 0)
+            uint8_as = (flashport_dtype)code;
     }
     for (int i = 0; i < ntensors; i++) {
         PyObject *o = args[2 + i];
@@ -418,7 +448,8 @@ static int prepare(call *c, PyObject *const *args, Py_ssize_t nargs, int ntensor
             return -1;
         /* Outputs follow the inputs: the backward's dq, dk, dv, the forward's o and lse. */
         int is_output = ntensors == 5 ? i >= 3 : i >= 6;
-        if (to_descriptor(names[i], &c->t[i], is_output, &c->d[i]) != 0)
+        if (to_descriptor(names[i], &c->t[i], is_output, i < 3 ? uint8_as : FLASHPORT_DTYPE_COUNT,
+                          &c->d[i]) != 0)
             return -1;
     }
     const fp_dl_device *dev = &c->t[0].dl->device;
@@ -485,6 +516,9 @@ static int prepare(call *c, PyObject *const *args, Py_ssize_t nargs, int ntensor
         return -1;
     pr->causal = causal;
     pr->deterministic = deterministic;
+    pr->descale_q = descale[0];
+    pr->descale_k = descale[1];
+    pr->descale_v = descale[2];
 
     c->be = backend_for(args[0], dev, &c->is_host);
     if (!c->be)

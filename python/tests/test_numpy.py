@@ -178,3 +178,43 @@ def test_package_ships_its_library():
     assert os.path.dirname(lib) == os.path.dirname(flashport.__file__)
     assert "cpu" in flashport.available_backends()
     assert flashport.version() == flashport.__version__
+
+
+@pytest.mark.parametrize("fmt", ["e4m3", "e5m2"])
+def test_fp8_forward_codes_as_uint8(fmt):
+    """fp8 q, k, v as uint8 codes (NumPy has no fp8 dtype) with fp8=..., descales, GQA, causal:
+    O (float16 by default) and LSE against the float64 semantics, P rounded to e4m3. Nk <= 64
+    (one CPU key block: the kernel rounds P against the row's final maximum, as the reference
+    does), so the bound is f16's; the same computation without P's rounding is out of it."""
+    rng = np.random.default_rng(8)
+    top = 0x7E if fmt == "e4m3" else 0x7B  # the largest finite code
+    B, Nq, Nk, H, Hkv, D = 2, 21, 48, 4, 2, 32
+    codes = [(rng.integers(0, top - 0x30, size=s) | (rng.integers(0, 2, size=s) << 7))
+             .astype(np.uint8) for s in ((B, Nq, H, D), (B, Nk, Hkv, D), (B, Nk, Hkv, D))]
+    vals = [ref.fp8_values(c, fmt) for c in codes]
+    descale = (0.05, 0.5, 0.25) if fmt == "e4m3" else (0.02, 0.5, 0.1)
+    o, lse = flashport.attention(*codes, causal=True, return_lse=True, descale=descale, fp8=fmt)
+    assert o.dtype == np.float16
+    r_o, r_lse = ref.forward_fp8(*vals, descale=descale, causal=True)
+    _close(o, r_o, TOL[np.float16], "O")
+    _close(lse, r_lse, TOL[np.float32], "LSE")
+    unrounded, _ = ref.forward_fp8(*vals, descale=descale, causal=True, round_p=False)
+    assert np.abs(o - unrounded).max() > 4 * TOL[np.float16] * np.abs(unrounded).max(), \
+        "O does not show P's rounding to e4m3"
+
+
+def test_fp8_errors():
+    """fp8 is forward only; o must be bf16 or f16; an unknown fp8 name is refused."""
+    q = np.zeros((1, 4, 2, 8), np.uint8)
+    with pytest.raises(flashport.Error) as e:
+        flashport.attention(q, q, q, fp8="e3m4")
+    assert e.value.status_name == "FLASHPORT_ERR_INVALID_VALUE"
+    with pytest.raises(flashport.Error) as e:
+        flashport.attention(q, q, q, fp8="e4m3", out=np.empty((1, 4, 2, 8), np.float32))
+    assert e.value.status_name == "FLASHPORT_ERR_DTYPE_MISMATCH"
+    with pytest.raises(flashport.Error) as e:
+        flashport.attention(q, q, q, fp8="e4m3", descale=(1.0, -2.0, 1.0))
+    assert e.value.status_name == "FLASHPORT_ERR_INVALID_VALUE" and "descale_k" in str(e.value)
+    with pytest.raises(flashport.Error) as e:  # uint8 without fp8=: not an attention dtype
+        flashport.attention(q, q, q)
+    assert e.value.status_name == "FLASHPORT_ERR_UNSUPPORTED_DTYPE"

@@ -15,7 +15,8 @@
 # shorter quicktest (test_backends cuda, the whole table, once per TEST_ENVS entry, and
 # test_cuda_large --quick) and events (one flashport-bench --backend cuda run: CUDA-event timing).
 # Environment: BUILD (build folder, default build-gpu), ARCHS (CUDA architectures, default
-# "80;90a"), BENCH_ARGS (extra compare_torch.py arguments), EVENT_ARGS (flashport-bench arguments
+# "80;90a"), BENCH_ARGS (extra compare_torch.py arguments; "--dtypes fp8_e4m3 --dims 128,256
+# --seqlens 4096,16384" times the fp8 forward, issue 17), EVENT_ARGS (flashport-bench arguments
 # of the events stage), TEST_ENVS (space-separated VAR=VALUE settings, each a quicktest run of the
 # table; default: one run as is), TEST_TIMEOUT (seconds per quicktest run, default 600), JOBS
 # (build parallelism, default: all cores), SAN_TIMEOUT (seconds per sanitizer run, default 240),
@@ -103,7 +104,7 @@ if has bench; then
     } >"$OUT/bench.log" 2>&1
     rc=$?
     note "bench: rc=$rc in $(($(date +%s) - start)) s"
-    grep -E '^\| (bf16|fp16)' "$OUT/compare_torch.md" 2>/dev/null | tee -a "$SUMMARY" || tail -20 "$OUT/bench.log"
+    grep -E '^\| (bf16|fp16|fp8_e4m3|fp8_e5m2) ' "$OUT/compare_torch.md" 2>/dev/null | tee -a "$SUMMARY" || tail -20 "$OUT/bench.log"
 fi
 
 if has python; then

@@ -102,12 +102,28 @@ template <> struct fp_fwd_cfg<256, 2> {
  * At D = 128 (key blocks of 64, so that O, S and the rest fit) ptxas spills heavily and it lost
  * everywhere; at D = 256 it gained nothing: only D = 64 has it (A/B: docs/bench/archive/, s5).
  */
-FP_DEV void fp_pp_bar()
+/* The barrier between two halves, as two one-way named barriers: group grp arrives at barrier
+ * 1 + grp and waits at barrier 2 - grp, which the other group arrives at; each waits until the
+ * other has arrived, as one block-wide barrier would. Not one bar.sync of all 256 threads: the
+ * groups reach it from different instructions, and bar.sync (the aligned form) requires every
+ * thread it waits for to execute the same one (compute-sanitizer's synccheck reports the
+ * block-wide form as a divergent barrier); here the waiting threads of a generation, one group,
+ * always run the same instruction. The unaligned barrier.sync would do too, but made ptxas
+ * allocate this kernel's registers differently, with three times the spill instructions. */
+FP_DEV void fp_pp_bar(int grp)
 {
 #ifdef FP_CUDA_EMU
+    (void)grp;
     __syncthreads();
 #else
-    asm volatile("bar.sync 1, 256;\n" ::: "memory");
+    if (grp == 0)
+        asm volatile("bar.arrive 1, 256;\n"
+                     "bar.sync 2, 256;\n" ::
+                         : "memory");
+    else
+        asm volatile("bar.arrive 2, 256;\n"
+                     "bar.sync 1, 256;\n" ::
+                         : "memory");
 #endif
 }
 
@@ -419,27 +435,27 @@ __global__ void __launch_bounds__(fp_fwd_cfg<DK, ALT>::NW * 32)
                 pack_p(pa, s);
                 if (grp == 0)
                     fp_cp_async_wait<0>();
-                fp_pp_bar();
+                fp_pp_bar(grp);
             };
             if (grp == 1)
-                fp_pp_bar();
+                fp_pp_bar(grp);
             if (grp == 0)
                 load_step(nb_begin);
             qk(s, nb_begin);
-            fp_pp_bar();
+            fp_pp_bar(grp);
             softmax_half(nb_begin);
             for (int nb = nb_begin + 1; nb < nb_end; ++nb) { /* mma half, then softmax half */
                 if (grp == 0)
                     load_step(nb);
                 pv(pa, nb - 1);
                 qk(s, nb);
-                fp_pp_bar();
+                fp_pp_bar(grp);
                 softmax_half(nb);
             }
             pv(pa, nb_end - 1);
-            fp_pp_bar();
+            fp_pp_bar(grp);
             if (grp == 0)
-                fp_pp_bar();
+                fp_pp_bar(grp);
         }
     } else if constexpr (ST == 1) {
         /* One K and one V buffer: V(nb) loads during S(nb) and its row maxima, K(nb + 1) during

@@ -83,5 +83,6 @@ echo "== cudaemu, FP_CUDA_EMU_SMEM_KIB=$kib, FLASHPORT_CUDA_FWD_PINGPONG=1"
 FP_CUDA_EMU_SMEM_KIB=$kib FLASHPORT_CUDA_FWD_PINGPONG=1 FLASHPORT_PLUGIN_PATH=$out \
     "$build/bin/test_backends" cudaemu "$@" || status=1
 FP_CUDA_EMU_SMEM_KIB=$kib FLASHPORT_CUDA_FWD_PINGPONG=1 FLASHPORT_PLUGIN_PATH=$out \
-    "$build/bin/test_reliability" cudaemu --masked-keys | grep -E 'CHECK failed|checks failed' || status=1
+    "$build/bin/test_reliability" cudaemu --masked-keys | grep -E 'CHECK failed|checks failed' ||
+    status=1
 exit "$status"

@@ -127,7 +127,7 @@ FP_DEV void fp_bwd_elem(const fp_sm80_args &a, const fp_mask32 &mk, float &x, fl
     }
     if constexpr (MODE != FP_SCORES_FULL) {
         const bool vis = fp_mask32_visible(mk, i, j);
-        p = vis ? (bad ? NAN : p) : 0.0f;
+        p = vis ? (bad ? NAN : p) : -0.0f; /* -0: masked, for a dS computed later (P_FIRST) */
         x = p;
         if constexpr (WANT_DS)
             dp = vis ? p * (dp - dsum) * grad : 0.0f;
@@ -673,9 +673,22 @@ __global__ void __launch_bounds__(fp_bwd_cfg<DK, ALT>::NW * 32, 1)
              * dP products are called in each branch so that they share a basic block with the
              * exp2s, which the scheduler then interleaves (after the branch they would not). */
             sdp_products(fp_flag<true>(), fp_flag<false>());
-            if (!full) { /* edge steps: P and dS with the mask's selects, after both products */
+            if (!full) {
+                /* edge steps: a masked pair's P is -0 (fp_bwd_elem), and its dS is selected to
+                 * 0 by that sign: its dP or Dsum may be NaN */
+                elementwise(fp_int<FP_SCORES_MASK>(), fp_flag<false>());
                 sdp_products(fp_flag<false>(), fp_flag<true>());
-                elementwise(fp_int<FP_SCORES_MASK>(), fp_flag<true>());
+#pragma unroll
+                for (int mi = 0; mi < S_MT; ++mi) {
+                    const float ds[2] = {dsum_b[16 * mi], dsum_b[16 * mi + 8]};
+#pragma unroll
+                    for (int j = 0; j < 2 * S_NP; ++j)
+#pragma unroll
+                        for (int e = 0; e < 4; ++e)
+                            dp[mi][j][e] = s[mi][j][e] == 0.0f && signbit(s[mi][j][e])
+                                               ? 0.0f
+                                               : s[mi][j][e] * (dp[mi][j][e] - ds[e >> 1]);
+                }
             } else {
                 elementwise(fp_int<FP_SCORES_FULL>(), fp_flag<false>());
                 sdp_products(fp_flag<false>(), fp_flag<true>());

@@ -336,8 +336,8 @@ __global__ void __launch_bounds__(fp_fwd_cfg<DK, ALT>::NW * 32)
         fp_fwd_guard<T, BN, DK, NT, BM, PP>(sv + ((nb - nb_begin) & (ST - 1)) * BN * DK, vflag,
                                             rowbad, mk, m0, nb * BN, grp_);
     };
-    /* The one-schedule loops: after P is packed (S's registers are free again; V(nb) has
-     * landed and passed a barrier by then), right before P V. */
+    /* The one-schedule loops: right after the barrier that follows V(nb)'s landing (placed
+     * after P is packed instead, it made ptxas spill more at D = 128). */
     auto guard_v = [&](int nb) {
         if (edge_block(nb)) {
             scrub_v(nb, 0);
@@ -546,10 +546,10 @@ __global__ void __launch_bounds__(fp_fwd_cfg<DK, ALT>::NW * 32)
             if (nb + 1 < nb_end)
                 load_k(nb + 1);
             fp_cp_async_commit();
+            guard_v(nb);
             softmax_exp(s);
             uint32_t pa[BN / 16][MT][4];
             pack_p(pa, s);
-            guard_v(nb);
             pv(pa, nb);
         }
     } else {
@@ -569,6 +569,7 @@ __global__ void __launch_bounds__(fp_fwd_cfg<DK, ALT>::NW * 32)
                 if (nb + 2 < nb_end)
                     load_k(nb + 2);
                 fp_cp_async_commit();
+                guard_v(nb);
             };
             softmax_max(s, nb, m0, min(m0 + BM, nq));
             if constexpr (EARLY_V)
@@ -578,7 +579,6 @@ __global__ void __launch_bounds__(fp_fwd_cfg<DK, ALT>::NW * 32)
                 wait_v();
             uint32_t pa[BN / 16][MT][4];
             pack_p(pa, s);
-            guard_v(nb);
             pv(pa, nb);
         }
     }

@@ -36,7 +36,8 @@ cmake --build "$build" --target test_backends test_reliability >/dev/null
 status=0
 echo "== hipemu, CDNA path (MFMA emulated)"
 FLASHPORT_PLUGIN_PATH=$out "$build/bin/test_backends" hipemu "$@" || status=1
-FLASHPORT_PLUGIN_PATH=$out "$build/bin/test_reliability" hipemu --masked-keys | grep -E 'CHECK failed|checks failed' || status=1
+FLASHPORT_PLUGIN_PATH=$out "$build/bin/test_reliability" hipemu --masked-keys |
+    grep -E 'CHECK failed|checks failed' || status=1
 echo "== hipemu, generic path"
 FLASHPORT_HIP_KERNEL=generic FLASHPORT_PLUGIN_PATH=$out "$build/bin/test_backends" hipemu "$@" ||
     status=1

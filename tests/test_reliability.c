@@ -4,7 +4,9 @@
  *
  *   test_reliability BACKEND                (cpu or reference: everything below)
  *   test_reliability BACKEND --masked-keys  (any backend, GPU ones too: the masked-key checks in
- *                                           f16 and bf16, through the backend's memory)
+ *                                           f16 and bf16, through the backend's memory, at
+ *                                           head dims up to 200; --quick after it: the
+ *                                           problems' own head dims only)
  *
  *   masked keys    NaN or inf in the K / V of keys a row cannot see (causal, bottom-right, a
  *                  window that hides the first keys, rows that see nothing) never reaches that
@@ -679,9 +681,12 @@ int main(int argc, char **argv)
         /* The GPU kernels' half: NaN / inf in keys a row cannot see, f16 and bf16 only, every
          * tensor in the backend's memory (e.g. test_reliability cudaemu --masked-keys). */
         /* head dims 16 .. 40 (each problem's own), 96 and 200: the GPU backends' kernels for
-         * head dims 64, 128 and 256; the last also with the deterministic backward */
+         * head dims 64, 128 and 256; the last also with the deterministic backward. --quick
+         * (after --masked-keys): the first only, for backends with one kernel for every head
+         * dim whose emulation is slow (hipemu). */
         static const int dims[][2] = {{0, 0}, {96, 0}, {200, 0}, {40, 1}};
-        for (int i = 0; i < 4; i++) {
+        const int runs = argc > 3 && strcmp(argv[3], "--quick") == 0 ? 1 : 4;
+        for (int i = 0; i < runs; i++) {
             override_d = dims[i][0], force_deterministic = dims[i][1];
             test_masked_keys(FLASHPORT_F16);
             test_masked_keys(FLASHPORT_BF16);

@@ -141,12 +141,13 @@ FP_DEV void fp_bwd_elem(const fp_sm80_args &a, const fp_mask32 &mk, float &x, fl
 /* P (and with WANT_DS dS) of a 16 x NJ x 8 tile of scores in mma accumulator layout: 16 queries
  * (rows, from row0) x NJ x 8 keys (columns, from j0); lse2 and dsum per row. With `guard` (an
  * edge block whose operands were scrubbed), rbad[r]: row r's Q or dO held a non-finite element,
- * kfl[c]: key j0 + c's K did (shared memory); without it neither is read. */
+ * bit 2 j + e of kbits: key j0 + 8 j + 2 t + e's K did (fp_key_bits); without it neither is
+ * read. */
 template <int MODE, int NJ, bool WANT_DS = true>
 FP_DEV void fp_bwd_tile(const fp_sm80_args &a, const fp_mask32 &mk, float (*s)[4], float (*dp)[4],
                         int row0, int j0, int nq, int nk, const float lse2[2], const float dsum[2],
                         float slope, int lane, bool guard = false, const bool rbad[2] = nullptr,
-                        const uint8_t *kfl = nullptr)
+                        uint32_t kbits = 0u)
 {
     const int g = lane >> 2, t = lane & 3;
 #pragma unroll
@@ -158,11 +159,27 @@ FP_DEV void fp_bwd_tile(const fp_sm80_args &a, const fp_mask32 &mk, float (*s)[4
                 const int c = 8 * j + 2 * t + e;
                 bool bad = false;
                 if constexpr (MODE != FP_SCORES_FULL)
-                    bad = guard && (rbad[r] || kfl[c] != 0);
+                    bad = guard && (rbad[r] || ((kbits >> (2 * j + e)) & 1u) != 0u);
                 fp_bwd_elem<MODE, WANT_DS>(a, mk, s[j][2 * r + e], dp[j][2 * r + e],
                                            row0 + g + 8 * r, j0 + c, nq, nk, lse2[r], dsum[r],
                                            slope, bad);
             }
+}
+
+/* The guard's flags (fp_scrub_tile) of the keys whose scores this thread holds in an mma
+ * accumulator tile of NJ x 8 keys (flags of its first key at kfl): bit 2 j + e for key
+ * 8 j + 2 t + e, so that the per-element test is a shift of one register, not a load. */
+template <int NJ> FP_DEV uint32_t fp_key_bits(const uint8_t *kfl, int lane)
+{
+    static_assert(2 * NJ <= 32, "one bit per key of the thread's");
+    const int t = lane & 3;
+    uint32_t bits = 0u;
+#pragma unroll
+    for (int j = 0; j < NJ; ++j)
+#pragma unroll
+        for (int e = 0; e < 2; ++e)
+            bits |= (kfl[8 * j + 2 * t + e] != 0 ? 1u : 0u) << (2 * j + e);
+    return bits;
 }
 
 /* The masked-key guard of the dK/dV kernel's edge steps (fp_sm80_bwd_dkdv): the Q and dO tiles
@@ -621,8 +638,13 @@ __global__ void __launch_bounds__(fp_bwd_cfg<DK, ALT>::NW * 32, 1)
                 const float l2[2] = {lse_b[16 * mi], lse_b[16 * mi + 8]};
                 const float ds[2] = {dsum_b[16 * mi], dsum_b[16 * mi + 8]};
                 bool rbad[2] = {false, false};
+                uint32_t kbits = 0u;
                 if constexpr (MODE != FP_SCORES_FULL) {
                     if (!full) {
+                        /* per step, not carried through the loop (a register there cost more
+                         * spills than these loads) */
+                        if (kbad)
+                            kbits = fp_key_bits<2 * S_NP>(kfl + s_k0, lane);
 #pragma unroll
                         for (int r = 0; r < 2; ++r) {
                             const int row = s_q0 + 16 * mi + g + 8 * r;
@@ -632,7 +654,7 @@ __global__ void __launch_bounds__(fp_bwd_cfg<DK, ALT>::NW * 32, 1)
                 }
                 fp_bwd_tile<MODE, 2 * S_NP, decltype(want_ds)::value>(
                     a, mk, s[mi], dp[mi], m0 + s_q0 + 16 * mi, n0 + s_k0, nq, nk, l2, ds, slope,
-                    lane, !full, rbad, kfl + s_k0);
+                    lane, !full, rbad, kbits);
             }
         };
         /* P or dS of the warp's tile (f32 in acc) to shared memory at byte offset `off` */
@@ -888,12 +910,13 @@ __global__ void __launch_bounds__(fp_dq_cfg<DK, ALT>::NW * 32) fp_sm80_bwd_dq(co
         }
 
         const bool no_rbad[2] = {false, false};
+        const uint32_t kbits = full ? 0u : fp_key_bits<NB8>(kfl[buf], lane);
         if (a.transform)
             fp_bwd_tile<FP_SCORES_TRANSFORM, NB8>(a, mk, s, dp, m0 + wrow, j0, nq, nk, lse2, dsum,
-                                                  slope, lane, !full, no_rbad, kfl[buf]);
+                                                  slope, lane, !full, no_rbad, kbits);
         else if (!full)
             fp_bwd_tile<FP_SCORES_MASK, NB8>(a, mk, s, dp, m0 + wrow, j0, nq, nk, lse2, dsum, slope,
-                                             lane, true, no_rbad, kfl[buf]);
+                                             lane, true, no_rbad, kbits);
         else
             fp_bwd_tile<FP_SCORES_FULL, NB8>(a, mk, s, dp, m0 + wrow, j0, nq, nk, lse2, dsum, slope,
                                              lane);

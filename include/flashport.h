@@ -17,7 +17,8 @@
  *   tile padding) never affect that row, even when their K or V hold NaN or inf: its O, LSE and
  *   dQ are those of the same call with those keys clean, and likewise queries a key cannot see
  *   never affect its dK and dV. A NaN in a score or a value a row can see propagates to that
- *   row: a NaN score makes its O and LSE NaN, a NaN V element the matching O element.
+ *   row: a NaN score makes its O and LSE NaN, a NaN V element the matching O element (on the
+ *   GPU backends the whole O row: their tensor-core products cannot keep it per element).
  *   GQA/MQA: H % Hkv == 0; query head h reads kv head h / (H / Hkv).
  *
  * Every function returns a flashport_status; on failure flashport_last_error() gives a message

@@ -4,7 +4,9 @@
  *
  *   test_reliability BACKEND                (cpu or reference: everything below)
  *   test_reliability BACKEND --masked-keys  (any backend, GPU ones too: the masked-key checks in
- *                                           f16 and bf16, through the backend's memory)
+ *                                           f16 and bf16, through the backend's memory, at
+ *                                           head dims up to 200; --quick after it: the
+ *                                           problems' own head dims only)
  *
  *   masked keys    NaN or inf in the K / V of keys a row cannot see (causal, bottom-right, a
  *                  window that hides the first keys, rows that see nothing) never reaches that
@@ -44,6 +46,10 @@
 #endif
 
 static const char *backend_name;
+/* --masked-keys runs its problems again at other head dims and in deterministic mode, so that
+ * every kernel family of a GPU backend meets them: when nonzero, the head dim of every problem
+ * (prob_make), and the deterministic flag. */
+static int override_d, force_deterministic;
 
 /* A dense problem: q, o [B, Nq, H, D]; k, v [B, Nk, Hkv, D]; lse [B, H, Nq]. */
 typedef struct prob {
@@ -56,8 +62,10 @@ static prob prob_make(flashport_dtype dt, int b, int nq, int nk, int h, int hkv,
 {
     prob pr;
     memset(&pr, 0, sizeof pr);
-    pr.dt = dt, pr.b = b, pr.nq = nq, pr.nk = nk, pr.h = h, pr.hkv = hkv, pr.d = d;
+    pr.dt = dt, pr.b = b, pr.nq = nq, pr.nk = nk, pr.h = h, pr.hkv = hkv;
+    pr.d = override_d ? override_d : d;
     flashport_attention_params_init(&pr.p);
+    pr.p.deterministic = force_deterministic;
     return pr;
 }
 
@@ -267,7 +275,9 @@ static void run_scenario(const scenario *sc, const prob *pr, const float *q, con
         run(backend_name, pr, pq, pk, pv, dout, bad.o, bad.lse, bad.dq, bad.dk, bad.dv);
     if (CHECK_MSG(s1 == FLASHPORT_OK && s2 == FLASHPORT_OK, "%s (%s): runs failed", sc->name,
                   flashport_dtype_name(pr->dt))) {
-        const char *dn = flashport_dtype_name(pr->dt);
+        char dn[48]; /* dtype, head dim, deterministic */
+        snprintf(dn, sizeof dn, "%s D%d%s", flashport_dtype_name(pr->dt), pr->d,
+                 pr->p.deterministic ? " det" : "");
         snprintf(what, sizeof what, "%s %s O", sc->name, dn);
         check_rows(what, bad.o, clean.o, pr->b, pr->nq, pr->h, pr->d, 0, rows_rule, &sc->o_rows,
                    tol);
@@ -331,7 +341,7 @@ static void test_masked_keys(flashport_dtype dt)
     prob pr = prob_make(dt, 1, 100, 100, 2, 1, 40);
     pr.p.causal = 1;
     if (CHECK(inputs_make(&in, &pr, 1))) {
-        set_token(in.pv, 1, 40, 70, 0, NAN);
+        set_token(in.pv, 1, pr.d, 70, 0, NAN);
         const scenario sc = {"causal, NaN V at key 70",
                              {70, 100, ALL_NAN, CLOSE, 0, 0},
                              {0, 0, CLOSE, CLOSE, 0, 0},
@@ -341,7 +351,7 @@ static void test_masked_keys(flashport_dtype dt)
                              0};
         run_scenario(&sc, &pr, in.q, in.k, in.v, in.dout, in.pq, in.pk, in.pv);
         /* The same key's K NaN too: rows >= 70 see a NaN score, so their LSE is NaN. */
-        set_token(in.pk, 1, 40, 70, 0, NAN);
+        set_token(in.pk, 1, pr.d, 70, 0, NAN);
         const scenario sk = {"causal, NaN K and V at key 70",
                              {70, 100, ALL_NAN, CLOSE, 0, 0},
                              {70, 100, ALL_NAN, CLOSE, 0, 0},
@@ -359,8 +369,8 @@ static void test_masked_keys(flashport_dtype dt)
     pr.p.causal = 1;
     if (CHECK(inputs_make(&in, &pr, 2))) {
         for (int h = 0; h < 2; h++) {
-            set_token(in.pv, 2, 24, 79, h, h ? INFINITY : NAN);
-            set_token(in.pk, 2, 24, 79, h, NAN);
+            set_token(in.pv, 2, pr.d, 79, h, h ? INFINITY : NAN);
+            set_token(in.pk, 2, pr.d, 79, h, NAN);
         }
         const scenario sc = {"causal Nq > Nk, garbage at the last key",
                              {99, 100, ANY, CLOSE, 20, ZERO},
@@ -381,8 +391,8 @@ static void test_masked_keys(flashport_dtype dt)
     pr.p.window_right = 0;
     if (CHECK(inputs_make(&in, &pr, 3))) {
         for (int t = 0; t < 106; t++) {
-            set_token(in.pk, 1, 32, t, 0, NAN);
-            set_token(in.pv, 1, 32, t, 0, t % 2 ? NAN : -INFINITY);
+            set_token(in.pk, 1, pr.d, t, 0, NAN);
+            set_token(in.pv, 1, pr.d, t, 0, t % 2 ? NAN : -INFINITY);
         }
         const scenario sc = {"window, NaN in unseen keys",
                              {0, 0, CLOSE, CLOSE, 0, 0},
@@ -400,7 +410,7 @@ static void test_masked_keys(flashport_dtype dt)
     pr = prob_make(dt, 1, 100, 100, 2, 1, 16);
     pr.p.causal = 1;
     if (CHECK(inputs_make(&in, &pr, 4))) {
-        set_token(in.pq, 2, 16, 3, 0, NAN);
+        set_token(in.pq, 2, pr.d, 3, 0, NAN);
         const scenario sc = {"causal, NaN query row 3",
                              {3, 4, ANY, CLOSE, 0, 0},
                              {3, 4, ANY, CLOSE, 0, 0},
@@ -670,8 +680,17 @@ int main(int argc, char **argv)
     if (argc > 2 && strcmp(argv[2], "--masked-keys") == 0) {
         /* The GPU kernels' half: NaN / inf in keys a row cannot see, f16 and bf16 only, every
          * tensor in the backend's memory (e.g. test_reliability cudaemu --masked-keys). */
-        test_masked_keys(FLASHPORT_F16);
-        test_masked_keys(FLASHPORT_BF16);
+        /* head dims 16 .. 40 (each problem's own), 96 and 200: the GPU backends' kernels for
+         * head dims 64, 128 and 256; the last also with the deterministic backward. --quick
+         * (after --masked-keys): the first only, for backends with one kernel for every head
+         * dim whose emulation is slow (hipemu). */
+        static const int dims[][2] = {{0, 0}, {96, 0}, {200, 0}, {40, 1}};
+        const int runs = argc > 3 && strcmp(argv[3], "--quick") == 0 ? 1 : 4;
+        for (int i = 0; i < runs; i++) {
+            override_d = dims[i][0], force_deterministic = dims[i][1];
+            test_masked_keys(FLASHPORT_F16);
+            test_masked_keys(FLASHPORT_BF16);
+        }
         printf("test_reliability %s --masked-keys: %d checks failed\n", backend_name, tu_failures);
         return tu_failures != 0;
     }

@@ -49,6 +49,7 @@
 /* ---- storage dtypes ------------------------------------------------------------------------ */
 
 struct fp_hip_f16 {
+    static constexpr uint16_t EXP_MASK = 0x7c00u; /* all ones: inf or NaN */
     static __device__ __forceinline__ float load(uint16_t bits)
     {
         return __half2float(__ushort_as_half(bits));
@@ -61,6 +62,7 @@ struct fp_hip_f16 {
 
 /* Round to nearest even, NaN kept quiet (the rule of core/dtype.h). */
 struct fp_hip_bf16 {
+    static constexpr uint16_t EXP_MASK = 0x7f80u;
     static __device__ __forceinline__ float load(uint16_t bits)
     {
         return __uint_as_float((uint32_t)bits << 16);
@@ -148,6 +150,28 @@ __device__ __forceinline__ void fp_hip_load_tile(uint16_t (*dst)[LD], const uint
     }
 }
 
+/* The masked-key guard (docs/reliability.md, "the NaN rule"): a matrix product multiplies a
+ * masked pair's P or dS of exactly 0 by its operand, and 0 x NaN or 0 x inf is NaN, so in tiles
+ * that hold masked pairs the operands that meet those zeros are scrubbed: every infinite or NaN
+ * element becomes 0 and flags[r] says whether row r held one (rows < ROWS of an LDS tile, head
+ * dim padded to dpad; one thread per row, as only such tiles pay for it). The score steps then
+ * give a visible pair whose row was scrubbed the NaN it would have had. */
+template <class T, int ROWS, int LD>
+__device__ __forceinline__ void fp_hip_scrub_tile(uint16_t (*tile)[LD], uint8_t *flags, int dpad)
+{
+    for (int r = threadIdx.x; r < ROWS; r += FP_HIP_THREADS) {
+        int bad = 0;
+        for (int c = 0; c < dpad; c++) {
+            const uint16_t x = tile[r][c];
+            if ((x & T::EXP_MASK) == T::EXP_MASK) {
+                tile[r][c] = 0;
+                bad = 1;
+            }
+        }
+        flags[r] = (uint8_t)bad;
+    }
+}
+
 /* out[(row0 + r) * rs + c] = acc(r, c) * (row_scale ? row_scale[r] : scale), for rows inside the
  * sequence (n) and columns inside the head dim (d). */
 template <class T, class ACC>
@@ -216,7 +240,8 @@ __device__ __forceinline__ void fp_hip_row_range(const fp_hip_score &sc, int64_t
 template <class T, int BQ, int BK>
 __device__ __forceinline__ void fp_hip_softmax_tile(float (*s)[BK + FP_HIP_SPAD], float *row_alpha,
                                                     fp_softmax_state *st, const fp_hip_score &sc,
-                                                    int64_t i0, int64_t j0, int full)
+                                                    int64_t i0, int64_t j0, int full,
+                                                    const uint8_t *vflag, int *vbad)
 {
     constexpr int TPR = FP_HIP_THREADS / BQ; /* threads per row */
     constexpr int CPT = BK / TPR;            /* columns per thread */
@@ -233,10 +258,13 @@ __device__ __forceinline__ void fp_hip_softmax_tile(float (*s)[BK + FP_HIP_SPAD]
         const int col = part + c * TPR;
         const int64_t j = j0 + col;
         x[c] = -INFINITY;
-        if (full || (j >= lo && j < hi))
+        if (full || (j >= lo && j < hi)) {
             x[c] = fp_score_transform(s[r][col] * sc.scale, sc.softcap, sc.slope,
                                       fp_alibi_distance(i, j, sc.nq, sc.nk)) *
                    FP_LOG2E;
+            if (!full && vflag[col])
+                *vbad = 1; /* this row sees a key whose V was scrubbed */
+        }
         mx = fmaxf(mx, x[c]);
     }
 #pragma unroll
@@ -266,7 +294,8 @@ __device__ __forceinline__ void fp_hip_softmax_tile(float (*s)[BK + FP_HIP_SPAD]
 template <class T, int BQ, int BK>
 __device__ __forceinline__ void
 fp_hip_grad_tile(float (*s)[BK + FP_HIP_SPAD], float (*dp)[BK + FP_HIP_SPAD], const float *lse2,
-                 const float *delta, const fp_hip_score &sc, int64_t i0, int64_t j0, int full)
+                 const float *delta, const fp_hip_score &sc, int64_t i0, int64_t j0, int full,
+                 const uint8_t *rflag, const uint8_t *kflag)
 {
     constexpr int TPR = FP_HIP_THREADS / BQ;
     constexpr int CPT = BK / TPR;
@@ -290,6 +319,9 @@ fp_hip_grad_tile(float (*s)[BK + FP_HIP_SPAD], float (*dp)[BK + FP_HIP_SPAD], co
                 fp_score_transform(capped, 0.0f, sc.slope, fp_alibi_distance(i, j, sc.nq, sc.nk));
             p = fp_softmax_weight_exp2(&st, t * FP_LOG2E);
             ds = p * (dp[r][col] - delta[r]) * fp_softcap_grad(capped, sc.softcap);
+            /* the guard's flags (edge tiles only): a scrubbed Q / dO row or K row */
+            if (!full && ((rflag && rflag[r]) || (kflag && kflag[col])))
+                p = ds = NAN;
         }
         s[r][col] = fp_hip_round<T>(p);
         dp[r][col] = fp_hip_round<T>(ds);
@@ -305,6 +337,7 @@ template <int DMAX, int BQ, int BK> struct fp_hip_fwd_smem {
     alignas(16) float s[BQ][BK + FP_HIP_SPAD];
     float alpha[BQ];
     float oscale[BQ];
+    uint8_t vflag[BK]; /* the guard's flags of the V tile */
 };
 
 template <class T, int DMAX, class MMA> __device__ void fp_hip_forward_tile(const fp_hip_args &a)
@@ -340,16 +373,19 @@ template <class T, int DMAX, class MMA> __device__ void fp_hip_forward_tile(cons
     o.zero();
     fp_softmax_state st;
     fp_softmax_init(&st);
+    int vbad = 0; /* this thread's part of its row saw a scrubbed V row */
 
     for (int64_t j0 = (int64_t)nb0 * BK; j0 < (int64_t)nb1 * BK; j0 += BK) {
         __syncthreads(); /* the previous block's readers of k, v and s are done */
         fp_hip_load_tile<BK>(sm.k, kp, a.k.ss, j0, sq.nk, d, dpad, a.vec_ok);
         fp_hip_load_tile<BK>(sm.v, vp, a.v.ss, j0, sq.nk, d, dpad, a.vec_ok);
         __syncthreads();
+        const int full = fp_hip_tile_full<BQ, BK>(sc, i0, j0);
+        if (!full) /* masked P = 0 meets V in O += P V: V finite (the guard, above) */
+            fp_hip_scrub_tile<T, BK>(sm.v, sm.vflag, dpad);
         MMA::template mm_abt<T, BQ, BK>(sm.q, sm.k, d, sm.s);
         __syncthreads();
-        fp_hip_softmax_tile<T, BQ, BK>(sm.s, sm.alpha, &st, sc, i0, j0,
-                                       fp_hip_tile_full<BQ, BK>(sc, i0, j0));
+        fp_hip_softmax_tile<T, BQ, BK>(sm.s, sm.alpha, &st, sc, i0, j0, full, sm.vflag, &vbad);
         __syncthreads();
 #pragma unroll
         for (int i = 0; i < o.N; i++)
@@ -359,8 +395,13 @@ template <class T, int DMAX, class MMA> __device__ void fp_hip_forward_tile(cons
 
     const int r = threadIdx.x / TPR;
     const int64_t i = i0 + r;
+    float seen = vbad ? 1.0f : 0.0f; /* any part of the row's */
+#pragma unroll
+    for (int o_ = TPR / 2; o_ > 0; o_ >>= 1)
+        seen = fmaxf(seen, __shfl_xor(seen, o_, TPR));
     if (threadIdx.x % TPR == 0) {
-        sm.oscale[r] = fp_softmax_out_scale(&st);
+        /* a row that saw a non-finite V element: O NaN (the CPU backend: only those elements) */
+        sm.oscale[r] = seen != 0.0f ? NAN : fp_softmax_out_scale(&st);
         if (i < sq.nq) {
             if (a.num_splits > 1)
                 a.part_lse[((int64_t)split * a.heads + h) * a.total_q + sq.tok0 + i] =
@@ -433,6 +474,7 @@ template <int DMAX, int BQ, int BK> struct fp_hip_bwd_smem {
     alignas(16) float dp[BQ][BK + FP_HIP_SPAD];
     float lse2[BQ];
     float delta[BQ];
+    uint8_t qflag[BQ], dflag[BQ], kflag[BK]; /* the guard's flags of Q, dO, K rows */
 };
 
 /* Q and dO rows [i0, i0 + BQ) of head h, with their LSE (log2 units) and delta. */
@@ -458,17 +500,33 @@ __device__ __forceinline__ void fp_hip_load_query_side(fp_hip_bwd_smem<DMAX, BQ,
     }
 }
 
-/* With Q, dO (rows i0..) and K, V (keys j0..) in LDS: P into sm.s and dS into sm.dp. */
-template <class T, int DMAX, int BQ, int BK, class MMA>
+/* With Q, dO (rows i0..) and K, V (keys j0..) in LDS: P into sm.s and dS into sm.dp. The guard:
+ * in a tile that holds masked pairs, DKDV (the dK/dV kernel, whose products meet Q and dO)
+ * scrubs Q and dO, else (the dQ kernel, whose product meets K) K; S and dP are computed from the
+ * scrubbed tiles, and the flags make the visible pairs of a scrubbed row NaN. dP's masked
+ * entries are dropped by the mask's branch in fp_hip_grad_tile. */
+template <class T, int DMAX, int BQ, int BK, class MMA, bool DKDV>
 __device__ __forceinline__ void fp_hip_grad_scores(fp_hip_bwd_smem<DMAX, BQ, BK> &sm,
                                                    const fp_hip_score &sc, int64_t i0, int64_t j0,
-                                                   int d)
+                                                   int d, int dpad)
 {
+    const int full = fp_hip_tile_full<BQ, BK>(sc, i0, j0);
+    if (!full) {
+        if (DKDV) {
+            fp_hip_scrub_tile<T, BQ>(sm.q, sm.qflag, dpad);
+            fp_hip_scrub_tile<T, BQ>(sm.dout, sm.dflag, dpad);
+            for (int r = threadIdx.x; r < BQ; r += FP_HIP_THREADS)
+                sm.qflag[r] |= sm.dflag[r];
+        } else {
+            fp_hip_scrub_tile<T, BK>(sm.k, sm.kflag, dpad);
+        }
+        __syncthreads();
+    }
     MMA::template mm_abt<T, BQ, BK>(sm.q, sm.k, d, sm.s);
     MMA::template mm_abt<T, BQ, BK>(sm.dout, sm.v, d, sm.dp);
     __syncthreads();
-    fp_hip_grad_tile<T, BQ, BK>(sm.s, sm.dp, sm.lse2, sm.delta, sc, i0, j0,
-                                fp_hip_tile_full<BQ, BK>(sc, i0, j0));
+    fp_hip_grad_tile<T, BQ, BK>(sm.s, sm.dp, sm.lse2, sm.delta, sc, i0, j0, full,
+                                DKDV ? sm.qflag : NULL, DKDV ? NULL : sm.kflag);
     __syncthreads();
 }
 
@@ -504,7 +562,7 @@ template <class T, int DMAX, class MMA> __device__ void fp_hip_bwd_dkdv_tile(con
             __syncthreads(); /* the previous pair's readers of q, dout, s, dp are done */
             fp_hip_load_query_side(sm, a, b, h, sq, i0, dpad);
             __syncthreads();
-            fp_hip_grad_scores<T, DMAX, BQ, BK, MMA>(sm, sc, i0, j0, d);
+            fp_hip_grad_scores<T, DMAX, BQ, BK, MMA, true>(sm, sc, i0, j0, d, dpad);
             /* A(m = key, k = query row) = P[row][key]: the transposed score tile. */
             MMA::template mm_acc<T, BQ>(dv, &sm.s[0][0], 1, BK + FP_HIP_SPAD, sm.dout, d);
             MMA::template mm_acc<T, BQ>(dk, &sm.dp[0][0], 1, BK + FP_HIP_SPAD, sm.q, d);
@@ -542,7 +600,7 @@ template <class T, int DMAX, class MMA> __device__ void fp_hip_bwd_dq_tile(const
         fp_hip_load_tile<BK>(sm.k, kp, a.k.ss, j0, sq.nk, d, dpad, a.vec_ok);
         fp_hip_load_tile<BK>(sm.v, vp, a.v.ss, j0, sq.nk, d, dpad, a.vec_ok);
         __syncthreads();
-        fp_hip_grad_scores<T, DMAX, BQ, BK, MMA>(sm, sc, i0, j0, d);
+        fp_hip_grad_scores<T, DMAX, BQ, BK, MMA, false>(sm, sc, i0, j0, d, dpad);
         MMA::template mm_acc<T, BK>(dq, &sm.dp[0][0], BK + FP_HIP_SPAD, 1, sm.k, d);
     }
     fp_hip_store_acc<T>(dq, fp_hip_row0(a.dq, b, sq.q_off, h), a.dq.ss, i0, sq.nq, d, NULL,

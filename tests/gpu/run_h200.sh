@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The CUDA backend's whole check on a GPU machine (written for the H200 lease; any sm_80+ GPU):
-# configure for sm_80 and sm_90a, build, run the GPU tests (the shared case table and
-# tests/gpu/test_cuda_large.c), compute-sanitizer memcheck and racecheck on the quick cases, and
+# configure for sm_80 and sm_90a, build, run the GPU tests (the shared case table,
+# tests/gpu/test_cuda_large.c and test_reliability --masked-keys on each forward path),
+# compute-sanitizer memcheck and racecheck on the quick cases, and
 # the PyTorch SDPA comparison (bench/compare_torch.py), and an Nsight Compute profile of the main
 # kernels. Logs go to $OUT (8 files at most: summary.txt, build.log, checks.log, profile.txt,
 # bench.log, compare_torch.{md,csv,png}; the quick stages write events.log instead of
@@ -67,6 +68,17 @@ if has test; then
     rc=$?
     note "ctest -L gpu: rc=$rc in $(($(date +%s) - start)) s: $(grep -E 'tests passed|tests failed' "$OUT/checks.log")"
     grep -E 'FAIL|UNSUPPORTED| passed, |long N|memory N|stream:|determinism:|device:' "$OUT/checks.log" | grep -vE '(fwd|bwd) f32 .*UNSUPPORTED|FLASHPORT_ERR_UNSUPPORTED_DTYPE' | tail -40 | tee -a "$SUMMARY"
+    # The masked-key guard (docs/reliability.md): NaN and inf in keys that rows cannot see, on
+    # the auto path (the sm90 forward on Hopper), the sm80 path and its ping-pong forward.
+    for setting in FLASHPORT_NOTHING= FLASHPORT_CUDA_PATH=sm80 \
+        FLASHPORT_CUDA_PATH=sm80,FLASHPORT_CUDA_FWD_PINGPONG=1; do
+        echo "### test_reliability cuda --masked-keys ($setting)"
+        # shellcheck disable=SC2046
+        env $(tr ',' ' ' <<<"$setting") timeout 600 "$BUILD/bin/test_reliability" cuda \
+            --masked-keys 2>&1 | grep -E 'CHECK failed|checks failed'
+        echo "rc=$?"
+    done >>"$OUT/checks.log" 2>&1
+    note "masked keys: $(grep -E 'masked-keys: ' "$OUT/checks.log" | tr '\n' ' ')"
 fi
 
 if has quicktest; then

@@ -5,8 +5,10 @@
 # per emulated device: FP_CUDA_EMU_SMEM_KIB=227 (sm_90-like: the largest tile configurations)
 # and 163 (sm_80-like), and once more at the first with the forward's ping-pong kernel forced
 # (FLASHPORT_CUDA_FWD_PINGPONG=1) and once with the backward's GQA group splits forced
-# (FLASHPORT_CUDA_GROUP_SPLITS=4). <build> is any configured flashport build folder; its
-# test_backends is built if missing.
+# (FLASHPORT_CUDA_GROUP_SPLITS=4); each size and the ping-pong pass also run `test_reliability
+# cudaemu --masked-keys` (NaN and inf in keys that rows cannot see: docs/reliability.md). <build>
+# is any configured flashport build folder; its test_backends and test_reliability are built if
+# missing.
 #
 #   backends/cuda/emu/run_emu.sh <build> [test_backends options, e.g. --quick or --filter D128]
 #
@@ -60,7 +62,7 @@ if [ ! -e "$lib" ] || [ -n "$(find "$root/backends/cuda" "$root/core" "$root/inc
     -type f | head -1)" ]; then
     build_lib
 fi
-cmake --build "$build" --target test_backends >/dev/null
+cmake --build "$build" --target test_backends test_reliability >/dev/null
 
 echo "== cudaemu self-test (ldmatrix, mma, shfl against plain loops)"
 "$out/selftest"
@@ -71,6 +73,8 @@ for kib in ${FP_CUDA_EMU_SMEM_LIST:-227 163}; do
     t0=$(date +%s)
     FP_CUDA_EMU_SMEM_KIB=$kib FLASHPORT_PLUGIN_PATH=$out "$build/bin/test_backends" cudaemu "$@" ||
         status=1
+    FP_CUDA_EMU_SMEM_KIB=$kib FLASHPORT_PLUGIN_PATH=$out "$build/bin/test_reliability" cudaemu \
+        --masked-keys | grep -E 'CHECK failed|checks failed' || status=1
     echo "== cudaemu, FP_CUDA_EMU_SMEM_KIB=$kib: $(($(date +%s) - t0)) s"
 done
 # The D <= 64 forward's ping-pong kernel runs by shape only for long key loops, which the table
@@ -80,6 +84,9 @@ kib=${kib%% *}
 echo "== cudaemu, FP_CUDA_EMU_SMEM_KIB=$kib, FLASHPORT_CUDA_FWD_PINGPONG=1"
 FP_CUDA_EMU_SMEM_KIB=$kib FLASHPORT_CUDA_FWD_PINGPONG=1 FLASHPORT_PLUGIN_PATH=$out \
     "$build/bin/test_backends" cudaemu "$@" || status=1
+FP_CUDA_EMU_SMEM_KIB=$kib FLASHPORT_CUDA_FWD_PINGPONG=1 FLASHPORT_PLUGIN_PATH=$out \
+    "$build/bin/test_reliability" cudaemu --masked-keys | grep -E 'CHECK failed|checks failed' ||
+    status=1
 # The backward's GQA group splits (fp_plan_backward_group_splits) run by shape for a few cases
 # only: once more with 4 forced (each group cut into its largest divisor up to 4 slices), at the
 # first size.

@@ -25,6 +25,13 @@
 #include <stdint.h>
 
 #define FP_DEV static __device__ __forceinline__
+/* A device function kept out of line (the emulator compiles as plain C++, where the CUDA
+ * keyword is not defined). */
+#ifdef FP_CUDA_EMU
+#define FP_DEV_NOINLINE static __attribute__((noinline))
+#else
+#define FP_DEV_NOINLINE static __device__ __noinline__
+#endif
 
 /* ---- element types ------------------------------------------------------------------------- */
 

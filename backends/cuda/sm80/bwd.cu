@@ -81,10 +81,12 @@ template <int DK, int ALT> constexpr size_t fp_dq_smem()
 }
 
 /* P (and dS) of one score, MODE as in FP_SCORES_*: x raw q.k in, P out; dp dP in, dS out
- * (WANT_DS). Row i, key j. */
+ * (WANT_DS). Row i, key j. The masked modes select (never multiply) the 0 of a masked pair, as
+ * its dP or Dsum may be NaN; `bad`: the pair's Q, dO or K row held a non-finite element that the
+ * masked-key guard scrubbed (common.cuh), so a visible pair gets the NaN it would have had. */
 template <int MODE, bool WANT_DS>
 FP_DEV void fp_bwd_elem(const fp_sm80_args &a, const fp_mask32 &mk, float &x, float &dp, int i,
-                        int j, int nq, int nk, float lse2, float dsum, float slope)
+                        int j, int nq, int nk, float lse2, float dsum, float slope, bool bad)
 {
     float p, grad = 1.0f;
     if constexpr (MODE == FP_SCORES_TRANSFORM) {
@@ -94,19 +96,29 @@ FP_DEV void fp_bwd_elem(const fp_sm80_args &a, const fp_mask32 &mk, float &x, fl
     } else {
         p = fp_exp2(fmaf(x, a.scale_log2, -lse2));
     }
-    if constexpr (MODE != FP_SCORES_FULL)
-        p = fp_mask32_visible(mk, i, j) ? p : 0.0f;
-    x = p;
-    if constexpr (WANT_DS)
-        dp = p * (dp - dsum) * grad;
+    if constexpr (MODE != FP_SCORES_FULL) {
+        const bool vis = fp_mask32_visible(mk, i, j);
+        p = vis ? (bad ? NAN : p) : -0.0f; /* -0: masked, for a dS computed later (P_FIRST) */
+        x = p;
+        if constexpr (WANT_DS)
+            dp = vis ? p * (dp - dsum) * grad : 0.0f;
+    } else {
+        x = p;
+        if constexpr (WANT_DS)
+            dp = p * (dp - dsum) * grad;
+    }
 }
 
 /* P (and with WANT_DS dS) of a 16 x NJ x 8 tile of scores in mma accumulator layout: 16 queries
- * (rows, from row0) x NJ x 8 keys (columns, from j0); lse2 and dsum per row. */
+ * (rows, from row0) x NJ x 8 keys (columns, from j0); lse2 and dsum per row. With `guard` (an
+ * edge block whose operands were scrubbed), rbad[r]: row r's Q or dO held a non-finite element,
+ * bit 2 j + e of kbits: key j0 + 8 j + 2 t + e's K did (fp_key_bits); without it neither is
+ * read. */
 template <int MODE, int NJ, bool WANT_DS = true>
 FP_DEV void fp_bwd_tile(const fp_sm80_args &a, const fp_mask32 &mk, float (*s)[4], float (*dp)[4],
                         int row0, int j0, int nq, int nk, const float lse2[2], const float dsum[2],
-                        float slope, int lane)
+                        float slope, int lane, bool guard = false, const bool rbad[2] = nullptr,
+                        uint32_t kbits = 0u)
 {
     const int g = lane >> 2, t = lane & 3;
 #pragma unroll
@@ -114,10 +126,50 @@ FP_DEV void fp_bwd_tile(const fp_sm80_args &a, const fp_mask32 &mk, float (*s)[4
 #pragma unroll
         for (int r = 0; r < 2; ++r)
 #pragma unroll
-            for (int e = 0; e < 2; ++e)
+            for (int e = 0; e < 2; ++e) {
+                const int c = 8 * j + 2 * t + e;
+                bool bad = false;
+                if constexpr (MODE != FP_SCORES_FULL)
+                    bad = guard && (rbad[r] || ((kbits >> (2 * j + e)) & 1u) != 0u);
                 fp_bwd_elem<MODE, WANT_DS>(a, mk, s[j][2 * r + e], dp[j][2 * r + e],
-                                           row0 + g + 8 * r, j0 + 8 * j + 2 * t + e, nq, nk,
-                                           lse2[r], dsum[r], slope);
+                                           row0 + g + 8 * r, j0 + c, nq, nk, lse2[r], dsum[r],
+                                           slope, bad);
+            }
+}
+
+/* The guard's flags (fp_scrub_tile) of the keys whose scores this thread holds in an mma
+ * accumulator tile of NJ x 8 keys (flags of its first key at kfl): bit 2 j + e for key
+ * 8 j + 2 t + e, so that the per-element test is a shift of one register, not a load. */
+template <int NJ> FP_DEV uint32_t fp_key_bits(const uint8_t *kfl, int lane)
+{
+    static_assert(2 * NJ <= 32, "one bit per key of the thread's");
+    const int t = lane & 3;
+    uint32_t bits = 0u;
+#pragma unroll
+    for (int j = 0; j < NJ; ++j)
+#pragma unroll
+        for (int e = 0; e < 2; ++e)
+            bits |= (kfl[8 * j + 2 * t + e] != 0 ? 1u : 0u) << (2 * j + e);
+    return bits;
+}
+
+/* The masked-key guard of the dK/dV kernel's edge steps (fp_sm80_bwd_dkdv): the Q and dO tiles
+ * of one step (ROWS rows) scrubbed, flags[r] = 1 where row r of either held a non-finite element.
+ * Not inlined: it runs where the kernel holds its dK and dV accumulators, and as a call its
+ * registers are its own, so the register allocation of the steps that never call it stays. */
+template <typename T, int ROWS, int DK, int NT>
+FP_DEV_NOINLINE void fp_bwd_guard_rows(T *q, T *dout, uint8_t *qflags, uint8_t *dflags)
+{
+    const int tid = threadIdx.x;
+    fp_scrub_tile<ROWS, DK, NT, T>(q, qflags, tid);
+    fp_scrub_tile<ROWS, DK, NT, T>(dout, dflags, tid);
+}
+
+/* The same for one K tile (ROWS keys) of the dQ kernels. */
+template <typename T, int ROWS, int DK, int NT>
+FP_DEV_NOINLINE void fp_bwd_guard_k(T *k, uint8_t *kflags)
+{
+    fp_scrub_tile<ROWS, DK, NT, T>(k, kflags, threadIdx.x);
 }
 
 /* Rows of the preprocessing and dQ conversion kernels' blocks: one band of the dQ accumulator
@@ -350,6 +402,33 @@ __global__ void __launch_bounds__(fp_bwd_cfg<DK, ALT>::NW * 32, 1)
                                         mb_lo * BM, nchunks, 0);
     fp_cp_async_commit();
 
+    /* The masked-key guard (common.cuh). A masked pair's P and dS are 0 (selected); they meet
+     * K in dQ += dS K, Q in dK += dS^T Q and dO in dV += P^T dO, so in a step that holds masked
+     * pairs (an edge step) those operands must be finite. K stays for every step: where some
+     * step of this block is an edge step (the first or the last query block: the steps between
+     * them are fully visible when those two are), K is scrubbed once and its non-finite keys
+     * flagged (kfl); if it had any (kbad), every step takes the guarded path, whose flags give
+     * the visible pairs their NaN back. Q and dO are scrubbed in each edge step (qfl). V meets
+     * only dO in dP = dO V^T, whose masked entries the dS select drops. */
+    __shared__ __align__(16) uint8_t kfl[BN];
+    __shared__ uint8_t qfl[QB][2][BM]; /* Q's, dO's row flags per buffer */
+    auto step_full = [&](int mb_) {
+        return fp_mask_block_full(mb_ * BM, min(mb_ * BM + BM, nq), n0, n0 + BN, nq, nk, a.left,
+                                  a.right);
+    };
+    bool kbad = false;
+    if (iters > 0 && !(step_full(mb_lo) && step_full(mb_end - 1))) {
+        fp_cp_async_wait<0>();
+        __syncthreads();
+        fp_bwd_guard_k<T, BN, DK, NT>(sk, kfl);
+        __syncthreads();
+        uint32_t any = 0u;
+#pragma unroll
+        for (int c = 0; c < BN / 4; ++c)
+            any |= reinterpret_cast<const uint32_t *>(kfl)[c];
+        kbad = any != 0u;
+    }
+
     float dv[KV_MT][2 * KV_NP][4], dk[KV_MT][2 * KV_NP][4];
 #pragma unroll
     for (int mi = 0; mi < KV_MT; ++mi)
@@ -467,6 +546,12 @@ __global__ void __launch_bounds__(fp_bwd_cfg<DK, ALT>::NW * 32, 1)
                                                 mb1 * BM, nchunks, buf ^ 1);
             fp_cp_async_commit();
         }
+        const bool full = !kbad && step_full(mb);
+        if (!full) { /* an edge step: Q and dO of this buffer scrubbed */
+            fp_bwd_guard_rows<T, BM, DK, NT>(sq + buf * BM * DK, sdo + buf * BM * DK, qfl[buf][0],
+                                             qfl[buf][1]);
+            __syncthreads();
+        }
         if (DQ_LAG && it > 0)
             dq_product(pm0, ph, ds_off ^ TILE_BYTES);
         const uint32_t qt = sq_a + buf * BM * DK * 2, dot = sdo_a + buf * BM * DK * 2;
@@ -518,8 +603,6 @@ __global__ void __launch_bounds__(fp_bwd_cfg<DK, ALT>::NW * 32, 1)
         };
 
         /* P and dS (f32 in s and dp), then to shared memory */
-        const bool full =
-            fp_mask_block_full(m0, min(m0 + BM, nq), n0, n0 + BN, nq, nk, a.left, a.right);
         const float slope = a.alibi ? a.alibi[h] : 0.0f;
         const float *lse_b = slse + buf * BM + s_q0 + g, *dsum_b = sdsum + buf * BM + s_q0 + g;
         /* mode-specific P (and dS for softcaps, whose gradient needs the raw score) */
@@ -529,9 +612,24 @@ __global__ void __launch_bounds__(fp_bwd_cfg<DK, ALT>::NW * 32, 1)
             for (int mi = 0; mi < S_MT; ++mi) {
                 const float l2[2] = {lse_b[16 * mi], lse_b[16 * mi + 8]};
                 const float ds[2] = {dsum_b[16 * mi], dsum_b[16 * mi + 8]};
+                bool rbad[2] = {false, false};
+                uint32_t kbits = 0u;
+                if constexpr (MODE != FP_SCORES_FULL) {
+                    if (!full) {
+                        /* per step, not carried through the loop (a register there cost more
+                         * spills than these loads) */
+                        if (kbad)
+                            kbits = fp_key_bits<2 * S_NP>(kfl + s_k0, lane);
+#pragma unroll
+                        for (int r = 0; r < 2; ++r) {
+                            const int row = s_q0 + 16 * mi + g + 8 * r;
+                            rbad[r] = (qfl[buf][0][row] | qfl[buf][1][row]) != 0;
+                        }
+                    }
+                }
                 fp_bwd_tile<MODE, 2 * S_NP, decltype(want_ds)::value>(
                     a, mk, s[mi], dp[mi], m0 + s_q0 + 16 * mi, n0 + s_k0, nq, nk, l2, ds, slope,
-                    lane);
+                    lane, !full, rbad, kbits);
             }
         };
         /* P or dS of the warp's tile (f32 in acc) to shared memory at byte offset `off` */
@@ -573,20 +671,33 @@ __global__ void __launch_bounds__(fp_bwd_cfg<DK, ALT>::NW * 32, 1)
              * exp2s, which the scheduler then interleaves (after the branch they would not). */
             sdp_products(fp_flag<true>(), fp_flag<false>());
             if (!full) {
+                /* edge steps: a masked pair's P is -0 (fp_bwd_elem), and its dS is selected to
+                 * 0 by that sign: its dP or Dsum may be NaN */
                 elementwise(fp_int<FP_SCORES_MASK>(), fp_flag<false>());
                 sdp_products(fp_flag<false>(), fp_flag<true>());
+#pragma unroll
+                for (int mi = 0; mi < S_MT; ++mi) {
+                    const float ds[2] = {dsum_b[16 * mi], dsum_b[16 * mi + 8]};
+#pragma unroll
+                    for (int j = 0; j < 2 * S_NP; ++j)
+#pragma unroll
+                        for (int e = 0; e < 4; ++e)
+                            dp[mi][j][e] = s[mi][j][e] == 0.0f && signbit(s[mi][j][e])
+                                               ? 0.0f
+                                               : s[mi][j][e] * (dp[mi][j][e] - ds[e >> 1]);
+                }
             } else {
                 elementwise(fp_int<FP_SCORES_FULL>(), fp_flag<false>());
                 sdp_products(fp_flag<false>(), fp_flag<true>());
-            }
 #pragma unroll
-            for (int mi = 0; mi < S_MT; ++mi) {
-                const float ds[2] = {dsum_b[16 * mi], dsum_b[16 * mi + 8]};
+                for (int mi = 0; mi < S_MT; ++mi) {
+                    const float ds[2] = {dsum_b[16 * mi], dsum_b[16 * mi + 8]};
 #pragma unroll
-                for (int j = 0; j < 2 * S_NP; ++j)
+                    for (int j = 0; j < 2 * S_NP; ++j)
 #pragma unroll
-                    for (int e = 0; e < 4; ++e)
-                        dp[mi][j][e] = s[mi][j][e] * (dp[mi][j][e] - ds[e >> 1]);
+                        for (int e = 0; e < 4; ++e)
+                            dp[mi][j][e] = s[mi][j][e] * (dp[mi][j][e] - ds[e >> 1]);
+                }
             }
             store_tile(s, 0);
             store_tile(dp, TILE_BYTES + ds_off);
@@ -745,6 +856,10 @@ __global__ void __launch_bounds__(fp_dq_cfg<DK, ALT>::NW * 32) fp_sm80_bwd_dq(co
     const fp_ldsm_lane la = fp_lane_a<DK>(wrow, lane), lb = fp_lane_b<DK>(0, lane);
     const fp_ldsm_lane lbt = fp_lane_bt<DK>(0, lane);
 
+    /* The masked-key guard (common.cuh): in an edge block K, which masked pairs' dS = 0 meet in
+     * dQ += dS K, is scrubbed and its non-finite keys flagged (per K buffer); Q and dO meet only
+     * visible pairs here (dQ is per row), and dP's masked entries are dropped by the dS select. */
+    __shared__ uint8_t kfl[2][BN];
     for (int nb = nb_begin; nb < nb_end; ++nb) {
         const int buf = (nb - nb_begin) & 1;
         const int j0 = nb * BN;
@@ -757,6 +872,12 @@ __global__ void __launch_bounds__(fp_dq_cfg<DK, ALT>::NW * 32) fp_sm80_bwd_dq(co
                                      a.v.ss, nk - (nb + 1) * BN, nchunks, tid);
         }
         fp_cp_async_commit();
+        const bool full =
+            fp_mask_block_full(m0, min(m0 + BM, nq), j0, j0 + BN, nq, nk, a.left, a.right);
+        if (!full) {
+            fp_bwd_guard_k<T, BN, DK, NT>(sk + buf * BN * DK, kfl[buf]);
+            __syncthreads();
+        }
 
         float s[NB8][4], dp[NB8][4];
 #pragma unroll
@@ -784,14 +905,14 @@ __global__ void __launch_bounds__(fp_dq_cfg<DK, ALT>::NW * 32) fp_sm80_bwd_dq(co
             }
         }
 
-        const bool full =
-            fp_mask_block_full(m0, min(m0 + BM, nq), j0, j0 + BN, nq, nk, a.left, a.right);
+        const bool no_rbad[2] = {false, false};
+        const uint32_t kbits = full ? 0u : fp_key_bits<NB8>(kfl[buf], lane);
         if (a.transform)
             fp_bwd_tile<FP_SCORES_TRANSFORM, NB8>(a, mk, s, dp, m0 + wrow, j0, nq, nk, lse2, dsum,
-                                                  slope, lane);
+                                                  slope, lane, !full, no_rbad, kbits);
         else if (!full)
             fp_bwd_tile<FP_SCORES_MASK, NB8>(a, mk, s, dp, m0 + wrow, j0, nq, nk, lse2, dsum, slope,
-                                             lane);
+                                             lane, true, no_rbad, kbits);
         else
             fp_bwd_tile<FP_SCORES_FULL, NB8>(a, mk, s, dp, m0 + wrow, j0, nq, nk, lse2, dsum, slope,
                                              lane);

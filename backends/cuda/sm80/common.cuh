@@ -18,6 +18,8 @@
 #include <stdint.h>
 #include <string.h>
 
+#include <type_traits>
+
 #include "backends/cuda/cuda_internal.h"
 #include "backends/cuda/ptx/sm80.cuh"
 #include "core/backend.h"
@@ -325,6 +327,59 @@ FP_DEV void fp_load_tile(T *tile, const T *src, int64_t stride, int nrows, int n
         fp_cp_async16(dst0 + 2u * fp_swz<COLS>(r, c), ok ? (const void *)from : (const void *)src,
                       ok ? 16 : 0);
         from += step;
+    }
+}
+
+/* ---- the masked-key guard (docs/reliability.md, "the NaN rule") ----------------------------
+ * A tensor-core product multiplies a masked P or dS of exactly 0 by its operand, and 0 x NaN and
+ * 0 x inf are NaN: a key (or query) that a row cannot see would reach it through a non-finite
+ * operand. In the blocks that hold masked pairs, the kernels therefore scrub the operands that
+ * meet masked zeros (fp_scrub_tile) and put the NaN back, by a select, where a visible pair met a
+ * scrubbed row. Blocks that every row sees whole never call these. */
+
+/* w (two 16-bit T values) with its infinite and NaN halves set to 0; bad |= it had one. */
+template <typename T> FP_DEV uint32_t fp_scrub_word(uint32_t w, bool &bad)
+{
+    constexpr uint32_t E = std::is_same<T, __half>::value ? 0x7c00u : 0x7f80u; /* exponent */
+    uint32_t keep = 0u;
+    if ((w & E) != E)
+        keep |= 0x0000ffffu;
+    if (((w >> 16) & E) != E)
+        keep |= 0xffff0000u;
+    bad |= keep != 0xffffffffu;
+    return w & keep;
+}
+
+/* Replaces every infinite or NaN element of a swizzled shared tile [ROWS][COLS] by 0 and sets
+ * flags[r] to 1 for each row r that held one, 0 for the others. All NT threads of the block call
+ * it (the row's CH chunk owners are consecutive lanes of one warp, which OR their findings with
+ * shuffles); the caller's barriers order it after the tile landed and before its readers. */
+template <int ROWS, int COLS, int NT, typename T>
+FP_DEV void fp_scrub_tile(T *tile, uint8_t *flags, int tid)
+{
+    constexpr int CH = COLS / 8;
+    static_assert(32 % CH == 0 && (ROWS * CH) % NT == 0 && NT % 32 == 0,
+                  "a row's chunks lie in one warp, and the tile splits evenly");
+    /* not unrolled: it runs where the kernels hold their accumulators, and should take as few
+     * registers as it can */
+#pragma unroll 1
+    for (int it = 0; it < ROWS * CH / NT; ++it) {
+        const int idx = tid + it * NT, r = idx / CH, c = idx % CH;
+        uint4 *p = reinterpret_cast<uint4 *>(tile + fp_swz<COLS>(r, c));
+        uint4 v = *p;
+        bool bad = false;
+        v.x = fp_scrub_word<T>(v.x, bad);
+        v.y = fp_scrub_word<T>(v.y, bad);
+        v.z = fp_scrub_word<T>(v.z, bad);
+        v.w = fp_scrub_word<T>(v.w, bad);
+        if (bad)
+            *p = v;
+        uint32_t any = bad ? 1u : 0u;
+#pragma unroll
+        for (int off = 1; off < CH; off <<= 1)
+            any |= __shfl_xor_sync(0xffffffffu, any, off);
+        if (c == 0)
+            flags[r] = (uint8_t)any;
     }
 }
 

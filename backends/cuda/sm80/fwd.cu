@@ -102,13 +102,55 @@ template <> struct fp_fwd_cfg<256, 2> {
  * At D = 128 (key blocks of 64, so that O, S and the rest fit) ptxas spills heavily and it lost
  * everywhere; at D = 256 it gained nothing: only D = 64 has it (A/B: docs/bench/archive/, s5).
  */
-FP_DEV void fp_pp_bar()
+/* The barrier between two halves, as two one-way named barriers: group grp arrives at barrier
+ * 1 + grp and waits at barrier 2 - grp, which the other group arrives at; each waits until the
+ * other has arrived, as one block-wide barrier would. Not one bar.sync of all 256 threads: the
+ * groups reach it from different instructions, and bar.sync (the aligned form) requires every
+ * thread it waits for to execute the same one (compute-sanitizer's synccheck reports the
+ * block-wide form as a divergent barrier); here the waiting threads of a generation, one group,
+ * always run the same instruction. The unaligned barrier.sync would do too, but made ptxas
+ * allocate this kernel's registers differently, with three times the spill instructions. */
+FP_DEV void fp_pp_bar(int grp)
 {
 #ifdef FP_CUDA_EMU
+    (void)grp;
     __syncthreads();
 #else
-    asm volatile("bar.sync 1, 256;\n" ::: "memory");
+    if (grp == 0)
+        asm volatile("bar.arrive 1, 256;\n"
+                     "bar.sync 2, 256;\n" ::
+                         : "memory");
+    else
+        asm volatile("bar.arrive 2, 256;\n"
+                     "bar.sync 1, 256;\n" ::
+                         : "memory");
 #endif
+}
+
+/* The masked-key guard of one edge block (common.cuh; its use in the kernel below): V's tile of
+ * BN keys scrubbed and its keys flagged (vflag), a barrier of the whole block (PP: fp_pp_bar),
+ * then rowbad[r] = 1 for each row r of the block (BM rows from m0) that sees a flagged key of
+ * the block (keys from j0). Not inlined: it runs at a point where the kernel holds its S and O
+ * accumulators, and as a call its registers are its own, so the kernel's register allocation on
+ * the path that never calls it (blocks that every row sees whole) stays as it was. */
+template <typename T, int BN, int DK, int NT, int BM, bool PP>
+FP_DEV_NOINLINE void fp_fwd_guard(T *vtile, uint8_t *vflag, uint8_t *rowbad, fp_mask32 mk, int m0,
+                                  int j0, int grp)
+{
+    const int tid = threadIdx.x;
+    fp_scrub_tile<BN, DK, NT, T>(vtile, vflag, tid);
+    if constexpr (PP)
+        fp_pp_bar(grp);
+    else
+        __syncthreads();
+    for (int r = tid; r < BM; r += NT) {
+        const fp_mask_row mr = fp_mask32_row(mk, m0 + r, j0);
+        bool bad = false;
+        for (int c = max(mr.lo, 0); c < min(mr.hi, BN); ++c)
+            bad |= vflag[c] != 0;
+        if (bad)
+            rowbad[r] = 1;
+    }
 }
 
 /* LAZY: the O accumulator and l are rescaled only when some row of the warp sees a block maximum
@@ -274,6 +316,35 @@ __global__ void __launch_bounds__(fp_fwd_cfg<DK, ALT>::NW * 32)
     const float slope = a.alibi ? a.alibi[h] : 0.0f;
     const fp_mask32 mk = fp_mask32_make(nq, nk, a.left, a.right);
 
+    /* The masked-key guard (common.cuh): in a key block that some row of this block sees only in
+     * part (an edge block), V's infinite and NaN elements become 0 once the tile has landed, and
+     * their keys are flagged (vflag); then each row of the block that sees a flagged key is
+     * marked (rowbad, in shared memory so that the key loop carries no registers for it) and
+     * ends with O = NaN, the value a non-finite V element gives the rows that see it (the CPU
+     * backend makes only the matching elements NaN). Blocks that every row sees whole skip it. */
+    __shared__ uint8_t vflag[BN], rowbad[BM];
+    for (int r = tid; r < BM; r += NT) /* ordered before the marks by the loop's barriers */
+        rowbad[r] = 0;
+    auto edge_block = [&](int nb) {
+        return !fp_mask_block_full(m0, min(m0 + BM, nq), nb * BN, nb * BN + BN, nq, nk, a.left,
+                                   a.right);
+    };
+    /* By every thread of the block, after the barrier that follows V(nb)'s landing (fp_fwd_guard);
+     * the caller's next barrier orders the marks before P V and the flags' next scrub after
+     * them. grp: the ping-pong group (PP), else 0. */
+    auto scrub_v = [&](int nb, int grp_) {
+        fp_fwd_guard<T, BN, DK, NT, BM, PP>(sv + ((nb - nb_begin) & (ST - 1)) * BN * DK, vflag,
+                                            rowbad, mk, m0, nb * BN, grp_);
+    };
+    /* The one-schedule loops: right after the barrier that follows V(nb)'s landing (placed
+     * after P is packed instead, it made ptxas spill more at D = 128). */
+    auto guard_v = [&](int nb) {
+        if (edge_block(nb)) {
+            scrub_v(nb, 0);
+            __syncthreads();
+        }
+    };
+
     /* The steps of one key block nb, shared by the schedules below. K(nb) and V(nb) sit in
      * buffer (nb - nb_begin) % ST. */
     /* S = Q K^T */
@@ -419,27 +490,45 @@ __global__ void __launch_bounds__(fp_fwd_cfg<DK, ALT>::NW * 32)
                 pack_p(pa, s);
                 if (grp == 0)
                     fp_cp_async_wait<0>();
-                fp_pp_bar();
+                fp_pp_bar(grp);
+            };
+            /* The guard of an edge block's V(nb), between the barrier that ends slot 2 m + 1
+             * (V(nb) has landed) and group 0's P V(nb) in slot 2 m + 2: both groups scrub it
+             * there (group 0 before its mma half, group 1 before its softmax half), then pass one
+             * more barrier. */
+            auto scrub_pp = [&](int nb) {
+                if (edge_block(nb)) {
+                    scrub_v(nb, grp);
+                    fp_pp_bar(grp);
+                }
             };
             if (grp == 1)
-                fp_pp_bar();
+                fp_pp_bar(grp);
             if (grp == 0)
                 load_step(nb_begin);
             qk(s, nb_begin);
-            fp_pp_bar();
+            fp_pp_bar(grp);
+            if (grp == 1)
+                scrub_pp(nb_begin);
             softmax_half(nb_begin);
             for (int nb = nb_begin + 1; nb < nb_end; ++nb) { /* mma half, then softmax half */
-                if (grp == 0)
+                if (grp == 0) {
+                    scrub_pp(nb - 1);
                     load_step(nb);
+                }
                 pv(pa, nb - 1);
                 qk(s, nb);
-                fp_pp_bar();
+                fp_pp_bar(grp);
+                if (grp == 1)
+                    scrub_pp(nb);
                 softmax_half(nb);
             }
-            pv(pa, nb_end - 1);
-            fp_pp_bar();
             if (grp == 0)
-                fp_pp_bar();
+                scrub_pp(nb_end - 1);
+            pv(pa, nb_end - 1);
+            fp_pp_bar(grp);
+            if (grp == 0)
+                fp_pp_bar(grp);
         }
     } else if constexpr (ST == 1) {
         /* One K and one V buffer: V(nb) loads during S(nb) and its row maxima, K(nb + 1) during
@@ -457,6 +546,7 @@ __global__ void __launch_bounds__(fp_fwd_cfg<DK, ALT>::NW * 32)
             if (nb + 1 < nb_end)
                 load_k(nb + 1);
             fp_cp_async_commit();
+            guard_v(nb);
             softmax_exp(s);
             uint32_t pa[BN / 16][MT][4];
             pack_p(pa, s);
@@ -479,6 +569,7 @@ __global__ void __launch_bounds__(fp_fwd_cfg<DK, ALT>::NW * 32)
                 if (nb + 2 < nb_end)
                     load_k(nb + 2);
                 fp_cp_async_commit();
+                guard_v(nb);
             };
             softmax_max(s, nb, m0, min(m0 + BM, nq));
             if constexpr (EARLY_V)
@@ -493,19 +584,20 @@ __global__ void __launch_bounds__(fp_fwd_cfg<DK, ALT>::NW * 32)
     }
     fp_cp_async_wait<0>();
 
-    /* Finalize: O = acc / l, LSE = m + log l (natural log); rows that saw nothing: 0, -inf. */
+    /* Finalize: O = acc / l, LSE = m + log l (natural log); rows that saw nothing: 0, -inf;
+     * rows that saw a non-finite V element: O NaN (the guard above). */
+    __syncthreads(); /* every warp is done reading sq, and every mark is made */
     float fac[MT][2], lse[MT][2];
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
         for (int r = 0; r < 2; ++r) {
             st[mt][r].l = fp_quad_sum(st[mt][r].l);
-            fac[mt][r] = fp_cuda_out_scale(&st[mt][r]);
+            fac[mt][r] = rowbad[wrow + mt * 16 + g + 8 * r] ? NAN : fp_cuda_out_scale(&st[mt][r]);
             lse[mt][r] = fp_cuda_lse_exp2(&st[mt][r]);
         }
 
     if (a.splits == 1) {
-        __syncthreads(); /* every warp is done reading sq */
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt)
             fp_stage_acc<DK, DT8, T>(sq, wrow + mt * 16, 0, o[mt], fac[mt][0], fac[mt][1], lane);

@@ -164,6 +164,40 @@ FP_DEV void fp_sm90_transform(float (&s)[BN / 2], const fp_sm90_xform &x, int i_
     }
 }
 
+/* The masked-key guard (sm80/common.cuh, fp_scrub_tile) on a V stage at generic address v (NP
+ * panels of BN rows x 128 bytes; a row's 16-byte chunks stay in its 128-byte row whatever the
+ * swizzle): every infinite or NaN element becomes 0, flags[r] says whether row r held one. By
+ * the 128 threads of one warpgroup (wtid); a row's 8 chunks of a panel are 8 consecutive lanes. */
+template <typename T, int BN, int NP>
+FP_DEV void fp_sm90_scrub_v(unsigned char *v, uint8_t *flags, int wtid)
+{
+    static_assert((BN * 8) % 128 == 0, "the stage splits evenly over a warpgroup");
+#pragma unroll 1
+    for (int it = 0; it < BN * 8 / 128; ++it) {
+        const int idx = it * 128 + wtid; /* row idx / 8, chunk idx % 8 */
+        bool bad = false;
+#pragma unroll
+        for (int p = 0; p < NP; ++p) {
+            uint4 *q = reinterpret_cast<uint4 *>(v + p * BN * 128 + idx * 16);
+            uint4 x = *q;
+            bool b = false;
+            x.x = fp_scrub_word<T>(x.x, b);
+            x.y = fp_scrub_word<T>(x.y, b);
+            x.z = fp_scrub_word<T>(x.z, b);
+            x.w = fp_scrub_word<T>(x.w, b);
+            if (b)
+                *q = x;
+            bad |= b;
+        }
+        uint32_t any = bad ? 1u : 0u;
+        any |= __shfl_xor_sync(0xffffffffu, any, 1);
+        any |= __shfl_xor_sync(0xffffffffu, any, 2);
+        any |= __shfl_xor_sync(0xffffffffu, any, 4);
+        if ((idx & 7) == 0)
+            flags[idx / 8] = (uint8_t)any;
+    }
+}
+
 // q, o: (B, Nq, H, D); k, v: (B, Nk, Hkv, D); lse: (B, H, Nq); grid (q blocks, H, B * splits)
 template <typename T, typename CFG>
 __global__ void __launch_bounds__(FP_SM90_THREADS, 1)
@@ -320,6 +354,39 @@ __global__ void __launch_bounds__(FP_SM90_THREADS, 1)
             fp_softmax_init(&st[0]);
             fp_softmax_init(&st[1]);
 
+            /* The masked-key guard (sm80/common.cuh). In a key block that some row of this
+             * query block sees only in part (an edge block: the diagonal of a causal mask, a
+             * sequence's last block, whose tail TMA fills with the next varlen sequence's
+             * tokens), a masked P of 0 would meet that key's V row in P V, and 0 x NaN is NaN.
+             * There warpgroup 0, whose turn comes first, scrubs the V stage in its turn before
+             * its P V (generic writes, then fence.proxy.async for the wgmma reads of both
+             * warpgroups; warpgroup 1's turn begins after it) and flags the keys (vflag);
+             * in its own turn each warpgroup marks its rows that see a flagged key (rowbad,
+             * one thread per row), and those rows end with O = NaN, the value a non-finite V
+             * element gives the rows that see it. Other blocks skip it. */
+            __shared__ uint8_t vflag[BN], rowbad[FP_SM90_BM];
+            unsigned char *const gv = gq + (sv - sq); /* generic pointer to the V stages */
+            if (wtid < 64)
+                rowbad[64 * w + wtid] = 0;
+            auto guard_v = [&](int it_) {
+                const int nb = nb_end - 1 - it_, j0 = nb * BN;
+                if (fp_mask_block_full(m0, rows_end, j0, j0 + BN, nq, nk, a.left, a.right))
+                    return;
+                if (w == 0) {
+                    fp_sm90_scrub_v<T, BN, NP>(gv + (it_ % ST) * KV_BYTES, vflag, wtid);
+                    fp_fence_proxy_async_smem();
+                    fp_named_bar_sync(1, 128);
+                }
+                if (wtid < 64) {
+                    const fp_mask_row mr = fp_mask32_row(mk, m0 + 64 * w + wtid, j0);
+                    bool bad = false;
+                    for (int c = max(mr.lo, 0); c < min(mr.hi, BN); ++c)
+                        bad |= vflag[c] != 0;
+                    if (bad)
+                        rowbad[64 * w + wtid] = 1;
+                }
+            };
+
             /* Mask / transform, row maxima, online-softmax update; S becomes the unrounded P
              * and l grows by this thread's part of the row sums. alpha: the rows' rescale
              * factors; returns whether O must be rescaled (always, unless LAZY). */
@@ -381,6 +448,7 @@ __global__ void __launch_bounds__(FP_SM90_THREADS, 1)
                     fp_mbar_wait(k_full(cur % ST), (cur / ST) & 1);
                     qk(s, cur % ST);
                     fp_mbar_wait(v_full(prev % ST), (prev / ST) & 1);
+                    guard_v(prev);
                     pv(o, pa, prev % ST);
                     turn_end(false);
                     fp_wgmma_wait<1>(); /* S (it) has landed; P V (it - 1) may still run */
@@ -405,6 +473,7 @@ __global__ void __launch_bounds__(FP_SM90_THREADS, 1)
                 const int last = n - 1;
                 turn_begin();
                 fp_mbar_wait(v_full(last % ST), (last / ST) & 1);
+                guard_v(last);
                 pv(o, pa, last % ST);
                 turn_end(true);
                 fp_wgmma_wait<0>();
@@ -413,12 +482,13 @@ __global__ void __launch_bounds__(FP_SM90_THREADS, 1)
             }
 
             /* Finalize: O = acc / l, LSE = m + log l (natural log); rows that saw nothing: 0,
-             * -inf. */
+             * -inf; rows that saw a non-finite V element: O NaN (the guard). */
+            fp_named_bar_sync(1 + w, 128); /* the warpgroup's marks are made */
             float fac[2], lse[2];
 #pragma unroll
             for (int r = 0; r < 2; ++r) {
                 st[r].l = fp_quad_sum(st[r].l);
-                fac[r] = fp_cuda_out_scale(&st[r]);
+                fac[r] = rowbad[row_in + 8 * r] ? NAN : fp_cuda_out_scale(&st[r]);
                 lse[r] = fp_cuda_lse_exp2(&st[r]);
             }
             const int r0 = m0 + 64 * w, nrows = min(64, nq - r0), nch = a.d / 8;

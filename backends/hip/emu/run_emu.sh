@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Builds the HIP backend's sources for a CPU (hip_emu.h, hip_emu.cpp) into
 # <build>/hipemu/libflashport_hipemu.so and runs the shared test table on it twice: the CDNA path
-# (MFMA emulated per AMD's documented layout) and the generic path (FLASHPORT_HIP_KERNEL=generic).
+# (MFMA emulated per AMD's documented layout) and the generic path (FLASHPORT_HIP_KERNEL=generic),
+# each followed by `test_reliability hipemu --masked-keys --quick` (docs/reliability.md; the HIP
+# kernels are one template for every head dim, so the problems' own head dims only).
 # <build> is any configured flashport build folder; its test_backends is built if missing.
 #
 #   backends/hip/emu/run_emu.sh <build> [test_backends options, e.g. --quick or --filter D128]
@@ -30,12 +32,16 @@ done
     -o "$out/obj/plan.o"
 for p in "${pids[@]}"; do wait "$p"; done
 "$cxx" -shared -o "$out/libflashport_hipemu.so" "$out"/obj/*.o -lpthread
-cmake --build "$build" --target test_backends >/dev/null
+cmake --build "$build" --target test_backends test_reliability >/dev/null
 
 status=0
 echo "== hipemu, CDNA path (MFMA emulated)"
 FLASHPORT_PLUGIN_PATH=$out "$build/bin/test_backends" hipemu "$@" || status=1
+FLASHPORT_PLUGIN_PATH=$out "$build/bin/test_reliability" hipemu --masked-keys --quick |
+    grep -E 'CHECK failed|checks failed' || status=1
 echo "== hipemu, generic path"
 FLASHPORT_HIP_KERNEL=generic FLASHPORT_PLUGIN_PATH=$out "$build/bin/test_backends" hipemu "$@" ||
     status=1
+FLASHPORT_HIP_KERNEL=generic FLASHPORT_PLUGIN_PATH=$out "$build/bin/test_reliability" hipemu \
+    --masked-keys --quick | grep -E 'CHECK failed|checks failed' || status=1
 exit "$status"

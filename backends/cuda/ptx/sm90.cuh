@@ -204,13 +204,6 @@ template <int N> FP_DEV void fp_setmaxnreg_dec()
     FP_SM90_ASM("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(N));
 }
 
-/* Orders this thread's generic-proxy writes to shared memory before later async-proxy reads of
- * it (wgmma operands, TMA stores), once a barrier has passed them on to the reading threads. */
-FP_DEV void fp_fence_proxy_async_smem()
-{
-    FP_SM90_ASM("fence.proxy.async.shared::cta;\n" ::: "memory");
-}
-
 /* Barrier `id` (1..15; 0 is __syncthreads) among `threads` threads (a multiple of 32). */
 FP_DEV void fp_named_bar_sync(int id, int threads)
 {

@@ -89,11 +89,11 @@ template <int DK_> struct fp_sm90_bwd_cfg {
                               DS_BYTES = BM * BN * 2, DQ_BYTES = BM * DK * 4;
     static_assert(DK == 64 || DK == 128, "the sm90 backward's head dims");
     static_assert((DQ_BY_ROWS ? DK : DK / 2) == 64, "dQ products are m64n64");
-    /* K, V, the stages, two dS buffers, the dQ tiles, the barriers, and 1024 bytes to align
-     * to the swizzle atom */
+    /* K, V, the stages, two dS buffers, the dQ tiles, the masked-key guard's row flags (K, and
+     * Q and dO of each stage), the barriers, and 1024 bytes to align to the swizzle atom */
     static constexpr size_t SMEM = 2 * KV_BYTES + ST * (2 * Q_BYTES + 2 * ROW_BYTES) +
-                                   2 * DS_BYTES + DQB * DQ_BYTES + (1 + 2 * ST + 2 * DQB) * 8 +
-                                   1024;
+                                   2 * DS_BYTES + DQB * DQ_BYTES + BN + ST * 2 * BM +
+                                   (1 + 2 * ST + 2 * DQB) * 8 + 1024;
     static_assert(SMEM <= 227 * 1024, "one block per SM");
 };
 
@@ -111,6 +111,30 @@ template <int ROWS> FP_DEV uint32_t fp_swz128(int row, int c)
 {
     return (uint32_t)((c / 64) * ROWS * 128 + row * 128 + ((((c % 64) / 8) ^ (row & 7)) << 4) +
                       (c % 8) * 2);
+}
+
+/* The masked-key guard (docs/reliability.md): row `row` of a shared tile stored as TMA writes it
+ * (ROWS-row panels of 64 columns, 128-byte rows) with its infinite and NaN elements set to 0
+ * (fp_scrub_word); returns whether it had one. The swizzle only permutes a row's 16-byte
+ * chunks, so they are visited in storage order. */
+template <typename T, int ROWS, int DK> FP_DEV bool fp_sm90_scrub_row(unsigned char *tile, int row)
+{
+    bool bad = false;
+#pragma unroll 1
+    for (int c = 0; c < DK / 8; ++c) {
+        uint4 *p =
+            reinterpret_cast<uint4 *>(tile + (c / 8) * ROWS * 128 + row * 128 + (c % 8) * 16);
+        uint4 v = *p;
+        bool b = false;
+        v.x = fp_scrub_word<T>(v.x, b);
+        v.y = fp_scrub_word<T>(v.y, b);
+        v.z = fp_scrub_word<T>(v.z, b);
+        v.w = fp_scrub_word<T>(v.w, b);
+        if (b)
+            *p = v;
+        bad |= b;
+    }
+    return bad;
 }
 
 // q, dout, dq: (B, Nq, H, D); k, v, dk, dv: (B, Nk, Hkv, D); grid (key blocks, Hkv, B).
@@ -133,7 +157,9 @@ __global__ void __launch_bounds__(FP_SM90B_THREADS, 1)
     constexpr uint32_t DQ_BYTES = CFG::DQ_BYTES;
     const uint32_t sds = sdo + ST * Q_BYTES, sdq = sds + 2 * DS_BYTES;
     const uint32_t srow = sdq + DQB * DQ_BYTES;
-    const uint32_t bars = srow + 2 * ST * ROW_BYTES;
+    const uint32_t sflags = srow + 2 * ST * ROW_BYTES; /* K's row flags, then each stage's */
+    uint8_t *const kflag = gbase + (sflags - sk);
+    const uint32_t bars = sflags + BN + ST * 2 * BM;
     const uint32_t kv_full = bars;
     auto full = [&](int s) { return bars + 8u * (1 + s); };
     auto empty = [&](int s) { return bars + 8u * (1 + ST + s); };
@@ -267,14 +293,39 @@ __global__ void __launch_bounds__(FP_SM90B_THREADS, 1)
     if (steps > 0) {
         const fp_mask32 mk = fp_mask32_make(nq, nk, a.left, a.right);
         fp_mbar_wait(kv_full, 0);
+        /* The guard's K part: the warpgroup's 64 K rows scrubbed once (dQ = dS K would meet a
+         * non-finite K row with the masked zeros of dS), kbad[r]: this thread's key row had one;
+         * the other warpgroup's rows are scrubbed before the first dQ product's barrier. */
+        if (wtid < 64)
+            kflag[64 * w + wtid] = fp_sm90_scrub_row<T, BN, DK>(gbase, 64 * w + wtid) ? 1 : 0;
+        fp_fence_proxy_async_smem();
+        fp_named_bar_sync(2 + w, 128);
+        const bool kbad[2] = {kflag[kr] != 0, kflag[kr + 8] != 0};
+        const bool kany = kbad[0] || kbad[1];
         int h = h_first, mb = mb_end - 1;
         for (int it = 0; it < steps; ++it) {
             const int s = it % ST, m0 = mb * BM;
             const uint32_t qs = sq + s * Q_BYTES, dos = sdo + s * Q_BYTES;
             float sacc[BM / 2], dpacc[BM / 2];
 
-            /* S^T = K Q^T and dP^T = V dO^T, issued together */
+            /* Edge steps (pairs a row cannot see, or rows past the sequence) scrub the stage's Q
+             * and dO rows, one (tensor, row) a thread, for dK = dS^T Q and dV = P^T dO */
             fp_mbar_wait(full(s), (it / ST) & 1);
+            const bool edge = m0 + BM > nq || !fp_mask_block_full(m0, min(m0 + BM, nq), n0, n0 + BN,
+                                                                  nq, nk, a.left, a.right);
+            uint8_t *const rflag = kflag + BN + s * 2 * BM; /* Q rows, then dO rows */
+            if (edge) {
+                const int ct = tid - 128;
+                if (ct < 2 * BM)
+                    rflag[ct] =
+                        fp_sm90_scrub_row<T, BM, DK>(gbase + ((ct < BM ? qs : dos) - sk), ct % BM)
+                            ? 1
+                            : 0;
+                fp_fence_proxy_async_smem();
+                fp_named_bar_sync(1, FP_SM90B_CONSUMER_THREADS);
+            }
+
+            /* S^T = K Q^T and dP^T = V dO^T, issued together */
             fp_wgmma_fence();
 #pragma unroll
             for (int kk = 0; kk < DK / 16; ++kk) {
@@ -346,18 +397,21 @@ __global__ void __launch_bounds__(FP_SM90B_THREADS, 1)
                                        fp_softcap_grad(capped, a.softcap);
                         }
             }
-            if (!fp_mask_block_full(m0, min(m0 + BM, nq), n0, n0 + BN, nq, nk, a.left, a.right)) {
+            if (edge || kany) {
+                /* masked pairs get 0 by a select (their dP or Dsum may be NaN); a visible pair
+                 * whose K, Q or dO row the guard scrubbed gets the NaN it would have had */
 #pragma unroll
                 for (int j = 0; j < BM / 8; ++j)
 #pragma unroll
                     for (int r = 0; r < 2; ++r)
 #pragma unroll
                         for (int e = 0; e < 2; ++e) {
-                            const int k = 4 * j + 2 * r + e;
-                            const bool vis =
-                                fp_mask32_visible(mk, m0 + 8 * j + 2 * t + e, n0 + kr + 8 * r);
-                            sacc[k] = vis ? sacc[k] : 0.0f;
-                            dpacc[k] = vis ? dpacc[k] : 0.0f;
+                            const int k = 4 * j + 2 * r + e, c = 8 * j + 2 * t + e, i = m0 + c;
+                            const bool vis = i < nq && fp_mask32_visible(mk, i, n0 + kr + 8 * r);
+                            const bool bad =
+                                kbad[r] || (edge && (rflag[c] != 0 || rflag[BM + c] != 0));
+                            sacc[k] = vis ? (bad ? NAN : sacc[k]) : 0.0f;
+                            dpacc[k] = vis ? (bad ? NAN : dpacc[k]) : 0.0f;
                         }
             }
 

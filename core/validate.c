@@ -344,10 +344,6 @@ static flashport_status check_kv_cache_caps(const flashport_attention_params *p,
                                             const fp_backend_caps *caps, const char *backend,
                                             int backward, int64_t page_size)
 {
-    if (p->block_table && backward)
-        return fp_set_error(FLASHPORT_ERR_UNSUPPORTED_FEATURE,
-                            "a paged KV cache (block_table) is forward only; backward needs dense "
-                            "or varlen k and v");
     if (p->block_table && caps->paged_kv_page_multiple <= 0)
         return fp_set_error(FLASHPORT_ERR_UNSUPPORTED_FEATURE,
                             "backend '%s' does not serve a paged KV cache (block_table)", backend);
@@ -453,6 +449,11 @@ flashport_status fp_validate_call(flashport_backend *be, const flashport_attenti
     }
     if ((st = check_params(p)) != FLASHPORT_OK)
         return st;
+    /* Before the shapes: a paged backward has no gradient layout to check against. */
+    if (p->block_table && backward)
+        return fp_set_error(FLASHPORT_ERR_UNSUPPORTED_FEATURE,
+                            "a paged KV cache (block_table) is forward only; backward needs dense "
+                            "or varlen k and v");
 
     const int varlen = p->cu_seqlens_q != NULL;
     const int rank = varlen ? 3 : 4;

@@ -99,8 +99,8 @@ int fp_cpu_decode_eligible(const fp_problem *p)
 
 /* Pointer to the f32 row of key j (of sequence b, kv head kvh) in view t: in place when the
  * tensor is f32 with a contiguous head dim, else converted into dst. */
-static const float *key_row(const dec_ctx *c, const fp_tensor_view *t, int64_t b,
-                            const fp_seq *seq, int64_t j, int64_t kvh, float *dst)
+static const float *key_row(const dec_ctx *c, const fp_tensor_view *t, int64_t b, const fp_seq *seq,
+                            int64_t j, int64_t kvh, float *dst)
 {
     const fp_problem *p = c->p;
     const int64_t off = fp_key_offset(p, t, b, seq, j, kvh);
@@ -147,8 +147,10 @@ static void prefetch_keys(const dec_ctx *c, int64_t b, const fp_seq *seq, int64_
     if (p->k.stride[FP_D] != 1 || p->v.stride[FP_D] != 1)
         return;
     for (int x = 0; x < n; x++) {
-        const char *k = (const char *)p->k.data + (size_t)fp_key_offset(p, &p->k, b, seq, j0 + x, kvh) * es;
-        const char *v = (const char *)p->v.data + (size_t)fp_key_offset(p, &p->v, b, seq, j0 + x, kvh) * es;
+        const char *k =
+            (const char *)p->k.data + (size_t)fp_key_offset(p, &p->k, b, seq, j0 + x, kvh) * es;
+        const char *v =
+            (const char *)p->v.data + (size_t)fp_key_offset(p, &p->v, b, seq, j0 + x, kvh) * es;
         for (size_t at = 0; at < bytes; at += 64) {
             __builtin_prefetch(k + at, 0, 2);
             __builtin_prefetch(v + at, 0, 2);
@@ -234,14 +236,14 @@ static void dec_task(const dec_ctx *c, float *scratch, int64_t b, int64_t kvh, i
                 if (src != dst)
                     memcpy(dst, src, sizeof(float) * (size_t)d);
             }
-            uk->transpose32(n, d, kf, (ptrdiff_t)L->ldd * (ptrdiff_t)sizeof(float),
-                            (uint32_t *)kt, L->ldk);
+            uk->transpose32(n, d, kf, (ptrdiff_t)L->ldd * (ptrdiff_t)sizeof(float), (uint32_t *)kt,
+                            L->ldk);
         }
         /* S = Q K^T, raw dot products, rows x n */
         uk->gemm(rows, n, d, q, L->ldd, 1, kt, L->ldk, s, L->ldk, 0);
 
-        const int full = fp_mask_block_full(0, nq, j0, j0 + n, seq.nq, seq.nk, p->window_left,
-                                            p->window_right);
+        const int full =
+            fp_mask_block_full(0, nq, j0, j0 + n, seq.nq, seq.nk, p->window_left, p->window_right);
         int rescale = 0;
         for (int r = 0; r < rows; r++) {
             const int64_t i = r % nq, h = h0 + r / nq;
@@ -251,8 +253,8 @@ static void dec_task(const dec_ctx *c, float *scratch, int64_t b, int64_t kvh, i
             if (p->softcap > 0.0f || slope != 0.0f) {
                 for (int x = 0; x < n; x++) {
                     const float dist = fp_alibi_distance(i, j0 + x, seq.nq, seq.nk);
-                    srow[x] = fp_score_transform(srow[x] * p->scale, p->softcap, slope, dist) *
-                              FP_LOG2E;
+                    srow[x] =
+                        fp_score_transform(srow[x] * p->scale, p->softcap, slope, dist) * FP_LOG2E;
                 }
                 mul = 1.0f;
             }
@@ -401,8 +403,8 @@ flashport_status fp_cpu_decode_forward(const fp_problem *p, const fp_ukernels *u
     c.chunks = c.group / c.chunk_heads;
 
     const int workers = fp_cpu_threads();
-    const fp_plan_shape shape = {p->batch, p->kv_heads * c.chunks, 1, p->seqlen_k,
-                                 p->head_dim, -1, -1};
+    const fp_plan_shape shape = {p->batch, p->kv_heads * c.chunks, 1, p->seqlen_k, p->head_dim, -1,
+                                 -1};
     const fp_plan_target target = {workers, 1, BLOCK_K, MAX_SPLITS, FP_PLAN_ORDER_LOCALITY};
     c.shape = shape;
     c.plan = fp_plan_forward(&shape, &target);
@@ -420,9 +422,8 @@ flashport_status fp_cpu_decode_forward(const fp_problem *p, const fp_ukernels *u
 
     size_t slice;
     float *scratch = fp_scratch_alloc(threads, c.L.total, &slice);
-    const size_t part = c.plan.num_splits > 1
-                            ? (size_t)c.plan.num_tasks * DECODE_ROWS * (size_t)p->head_dim
-                            : 0;
+    const size_t part =
+        c.plan.num_splits > 1 ? (size_t)c.plan.num_tasks * DECODE_ROWS * (size_t)p->head_dim : 0;
     if (part) {
         c.part_o = malloc(sizeof(float) * part);
         c.part_lse = malloc(sizeof(float) * (size_t)c.plan.num_tasks * DECODE_ROWS);

@@ -197,6 +197,11 @@ int tc_required(const tc_case *c, const char *backend_name)
      * unsupported, and one that serves them must pass them. */
     if (c->use_seqused)
         return 0;
+    /* FLASHPORT_CUDA_PATH=sm90 forces one path for tests and A/B runs: it serves what that path
+     * serves (the sm90 backward: head dims up to 128), and refuses the rest */
+    const char *path = getenv("FLASHPORT_CUDA_PATH");
+    if (!strcmp(backend_name, "cuda") && path && !strcmp(path, "sm90"))
+        return 0;
     return (c->dtype == FLASHPORT_F16 || c->dtype == FLASHPORT_BF16) && c->head_dim % 8 == 0 &&
            c->head_dim <= 256 && c->layout != TC_DIM_STRIDED;
 }

@@ -19,8 +19,9 @@
  * cudaMallocAsync on the handle's stream, freed on the stream after the kernels.
  *
  * Kernels: sm80 path (sm80/fwd.cu, sm80/bwd.cu) on compute capability 8.0 and later, f16 and
- * bf16, head dims that are multiples of 8 up to 256; the forward runs on the sm90 path
- * (sm90/sm90_fwd.cu: TMA + wgmma) on compute capability 9.0 where TMA can read the tensors.
+ * bf16, head dims that are multiples of 8 up to 256; on compute capability 9.0 the forward
+ * (sm90/sm90_fwd.cu: TMA + wgmma) and the backward up to head dim 128, not deterministic
+ * (sm90/sm90_bwd.cu) run on the sm90 path where TMA can read the tensors.
  * FLASHPORT_CUDA_PATH (sm80, sm90, auto; read at each call, for tests and A/B runs) forces a
  * path. f32 is not served (the caps leave it out, so the core answers
  * FLASHPORT_ERR_UNSUPPORTED_DTYPE).
@@ -315,56 +316,64 @@ static flashport_status cuda_path(fp_cuda_path *path)
     return FLASHPORT_OK;
 }
 
-/* The forward's path: sm90 where it runs (auto or forced), else sm80 (auto or forced); forcing
- * sm90 where it declines is an error that says why. query != NULL: the scratch bytes of the
- * chosen path (or its refusal), launching nothing. */
-static flashport_status cuda_forward_path(const fp_cuda_ctx *ctx, const fp_problem *p, void *ws,
-                                          size_t *query)
+/* A call's path: sm90 where it runs (auto or forced), else sm80 (auto or forced); forcing sm90
+ * where it declines is an error that says why. query != NULL: the scratch bytes of the chosen
+ * path (or its refusal), launching nothing. */
+static flashport_status cuda_call_path(const fp_cuda_ctx *ctx, const fp_problem *p, int backward,
+                                       void *ws, size_t *query)
 {
     fp_cuda_path path;
     flashport_status st = cuda_path(&path);
     if (st != FLASHPORT_OK)
         return st;
+    const char *dir = backward ? "backward" : "forward";
     if (path != FP_CUDA_PATH_SM80) {
         const char *declined = NULL;
-        st = fp_cuda_sm90_forward(ctx, p,
-                                  path == FP_CUDA_PATH_SM90 ? "FLASHPORT_CUDA_PATH=sm90"
-                                                            : "auto: compute capability 9.0",
-                                  &declined, ws, query);
+        const char *why =
+            path == FP_CUDA_PATH_SM90 ? "FLASHPORT_CUDA_PATH=sm90" : "auto: compute capability 9.0";
+        st = backward ? fp_cuda_sm90_backward(ctx, p, why, &declined, ws, query)
+                      : fp_cuda_sm90_forward(ctx, p, why, &declined, ws, query);
         if (!declined)
             return st;
         if (path == FP_CUDA_PATH_SM90)
             return fp_cuda_refuse(FLASHPORT_ERR_UNSUPPORTED_FEATURE,
                                   "FLASHPORT_CUDA_PATH=sm90, but the sm90 path cannot run this "
-                                  "call: %s",
-                                  declined);
+                                  "%s: %s",
+                                  dir, declined);
         if (!query)
-            fp_cuda_log("forward: sm80 path (auto; the sm90 path declined: %s)", declined);
+            fp_cuda_log("%s: sm80 path (auto; the sm90 path declined: %s)", dir, declined);
     }
-    return fp_cuda_sm80_forward(ctx, p, ws, query);
+    return backward ? fp_cuda_sm80_backward(ctx, p, ws, query)
+                    : fp_cuda_sm80_forward(ctx, p, ws, query);
 }
 
 /* Scratch bytes of a call: layout staging first, then the kernels' part (the device current),
- * sized on p itself: staging changes strides, never the sizes. A forward gets room for either
- * path, since whether the sm90 path declines is decided on the staged layout. refuse: also
- * return the refusal the call would give (flashport_attention_supported / _workspace_size); a
- * run gets it from the launch itself. */
+ * sized on p itself: staging changes strides, never the sizes. A call gets room for either
+ * path, since whether the sm90 path declines is decided on the staged layout. backward or
+ * refuse: also return the refusal the call would give (flashport_attention_supported /
+ * _workspace_size), decided on the staged layout as the run decides it. */
 static flashport_status scratch_bytes(const fp_cuda_ctx *ctx, const fp_problem *p, int backward,
                                       int refuse, size_t *layout, size_t *kernels)
 {
     *layout = fp_cuda_layout_bytes(p, backward);
     size_t k = 0;
     flashport_status st = FLASHPORT_OK;
-    if (backward)
-        st = fp_cuda_sm80_backward(ctx, p, NULL, &k);
-    else if (refuse)
-        st = cuda_forward_path(ctx, p, NULL, &k);
-    if (st == FLASHPORT_OK && !backward) {
+    if (backward || refuse) {
+        fp_problem staged;
+        fp_cuda_layout_shape(p, backward, &staged);
+        st = cuda_call_path(ctx, &staged, backward, NULL, &k);
+    }
+    if (st == FLASHPORT_OK) {
         size_t k90 = 0, k80 = 0;
         const char *declined;
-        if (fp_cuda_sm90_forward(ctx, p, "query", &declined, NULL, &k90) == FLASHPORT_OK && k90 > k)
+        if ((backward
+                 ? fp_cuda_sm90_backward(ctx, p, "query", &declined, NULL, &k90)
+                 : fp_cuda_sm90_forward(ctx, p, "query", &declined, NULL, &k90)) == FLASHPORT_OK &&
+            k90 > k)
             k = k90;
-        if (fp_cuda_sm80_forward(ctx, p, NULL, &k80) == FLASHPORT_OK && k80 > k)
+        if ((backward ? fp_cuda_sm80_backward(ctx, p, NULL, &k80)
+                      : fp_cuda_sm80_forward(ctx, p, NULL, &k80)) == FLASHPORT_OK &&
+            k80 > k)
             k = k80;
     }
     *kernels = fp_cuda_ws_round(k);
@@ -386,8 +395,7 @@ static flashport_status cuda_workspace_size(void *vctx, const fp_problem *p, int
 }
 
 /* Forward and backward alike: enter the device, size and take the scratch, stage tensors the
- * kernels cannot read in place (layout.cu), run the kernels (the forward on the sm90 or sm80
- * path, the backward on the sm80 path on every device: there is no sm90 backward yet), copy
+ * kernels cannot read in place (layout.cu), run the kernels (on the sm90 or sm80 path), copy
  * staged outputs back, release the scratch (when it is ours), leave the device. */
 static flashport_status cuda_run(void *vctx, const fp_problem *p, int backward)
 {
@@ -417,8 +425,7 @@ static flashport_status cuda_run(void *vctx, const fp_problem *p, int backward)
         st = fp_cuda_layout_begin(ctx, p, backward, &work, ws);
     if (st == FLASHPORT_OK) {
         void *kernel_ws = kernels ? (char *)ws + layout : NULL;
-        flashport_status run = backward ? fp_cuda_sm80_backward(ctx, &work, kernel_ws, NULL)
-                                        : cuda_forward_path(ctx, &work, kernel_ws, NULL);
+        flashport_status run = cuda_call_path(ctx, &work, backward, kernel_ws, NULL);
         st = fp_cuda_layout_end(ctx, p, &work, backward, run);
     }
     if (owned) {

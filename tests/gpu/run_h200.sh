@@ -19,6 +19,9 @@
 # of the events stage), TEST_ENVS (space-separated VAR=VALUE settings, each a quicktest run of the
 # table; default: one run as is), TEST_TIMEOUT (seconds per quicktest run, default 600), JOBS
 # (build parallelism, default: all cores), SAN_TIMEOUT (seconds per sanitizer run, default 240),
+# SAN_SETTINGS (space-separated VAR=VALUE[,VAR=VALUE] settings, one sanitizer pass each; default:
+# the sm90 path, and the sm80 path with its ping-pong forward), SAN_FILTER (the test_backends
+# --filter of the sanitizer runs, default "f16", which matches bf16 too),
 # PROFILE_SHAPES (profile_one.py argument sets separated by ';', default "--dim 128 --seqlen
 # 8192").
 set -uo pipefail
@@ -134,12 +137,12 @@ if has sanitize; then
         # and on the sm80 path with its ping-pong forward forced (chosen by shape only for long
         # key loops), then the quick long checks
         T=${SAN_TIMEOUT:-240}
-        for setting in FLASHPORT_CUDA_PATH=sm90 FLASHPORT_CUDA_PATH=sm80,FLASHPORT_CUDA_FWD_PINGPONG=1; do
+        for setting in ${SAN_SETTINGS:-FLASHPORT_CUDA_PATH=sm90 FLASHPORT_CUDA_PATH=sm80,FLASHPORT_CUDA_FWD_PINGPONG=1}; do
             for tool in memcheck racecheck synccheck; do
-                echo "### $tool: test_backends cuda --filter f16 ($setting)"
+                echo "### $tool: test_backends cuda --filter ${SAN_FILTER:-f16} ($setting)"
                 # shellcheck disable=SC2046
                 env $(tr ',' ' ' <<<"$setting") timeout "$T" compute-sanitizer --tool $tool \
-                    --error-exitcode 99 "$BUILD/bin/test_backends" cuda --filter f16 |
+                    --error-exitcode 99 "$BUILD/bin/test_backends" cuda --filter "${SAN_FILTER:-f16}" |
                     grep -vE '^(fwd|bwd) .*PASS$'
                 echo "rc=$?"
             done

@@ -154,6 +154,42 @@ static const tc_case table[] = {
      .seqlens_q = {5, 0, 17, 130}, .seqlens_k = {9, 3, 0, 140}, .quick = 1},
     {FP8_VARLEN(FP8_E5M2, F16, 3, 8, 1, 128), .softcap = 5.0f, WINDOW(32, 0),
      .seqlens_q = {65, 0, 1}, .seqlens_k = {200, 2, 1}},
+    /* KV cache, dense with seqused_k: forward and backward, keys past seqused_k are NaN */
+    {DENSE(F32, 3, 4, 2, 5, 100, 64), .causal = 1, .use_seqused = 1, .seqused = {100, 37, 0},
+     .deterministic = 1, .quick = 1},
+    {DENSE(BF16, 2, 8, 2, 1, 200, 128), .use_seqused = 1, .seqused = {150, 200}},
+    {DENSE(F16, 2, 4, 1, 37, 129, 64), WINDOW(32, 0), .alibi = 1, .use_seqused = 1,
+     .seqused = {129, 64}},
+    {VARLEN(F16, 3, 4, 2, 64), .causal = 1, .seqlens_q = {1, 4, 0}, .seqlens_k = {65, 30, 10},
+     .use_seqused = 1, .seqused = {40, 30, 0}},
+    /* KV cache, paged (shuffled pages, forward only): decode Nq = 1, 4, 8, a prefill chunk of 37,
+     * GQA 4:1 (the 32:8 of serving models scaled down), page sizes 16, 64 and 1 (host only) */
+    {DENSE(F16, 3, 8, 2, 1, 200, 64), .page_size = 16, .use_seqused = 1, .seqused = {200, 77, 0},
+     .quick = 1},
+    {DENSE(BF16, 2, 8, 2, 4, 300, 128), .page_size = 64, .causal = 1, .use_seqused = 1,
+     .seqused = {300, 129}},
+    {DENSE(F32, 2, 4, 1, 8, 40, 32), .page_size = 1, .causal = 1, .softcap = 5.0f, .alibi = 1,
+     .use_seqused = 1, .seqused = {40, 5}},
+    {DENSE(F16, 2, 4, 2, 37, 160, 64), .page_size = 16, .causal = 1, .use_seqused = 1,
+     .seqused = {160, 50}},
+    {DENSE(BF16, 1, 8, 1, 8, 256, 64), .page_size = 64, WINDOW(100, 0), .use_seqused = 1,
+     .seqused = {250}},
+    {DENSE(F16, 2, 4, 4, 1, 129, 128), .page_size = 16, .alibi = 1, .softcap = 30.0f,
+     .use_seqused = 1, .seqused = {129, 1}},
+    {DENSE(F32, 2, 4, 2, 8, 100, 16), .page_size = 7, .use_seqused = 1, .seqused = {99, 12}},
+    /* the CPU decode path's split-KV plan (one (batch, kv head) task for several threads) and
+     * its chunks of a group of more than 64 query rows (32 heads x 4 rows on one kv head) */
+    {DENSE(BF16, 1, 8, 1, 4, 700, 64), .causal = 1, .use_seqused = 1, .seqused = {650}},
+    {DENSE(F16, 1, 4, 1, 1, 1000, 128), .page_size = 16, .use_seqused = 1, .seqused = {999}},
+    {DENSE(F32, 1, 32, 1, 4, 300, 32), .alibi = 1, .softcap = 5.0f},
+    /* fp8 against a KV cache: decode rows (the CPU's flash path, not its decode path), dense with
+     * seqused_k and paged with pages that a key block spans */
+    {FP8(FP8_E4M3, BF16, 2, 8, 2, 4, 200, 64), DESCALE(0.5f, 2.0f, 1.5f), .causal = 1,
+     .use_seqused = 1, .seqused = {200, 77}, .quick = 1},
+    {FP8(FP8_E5M2, F16, 2, 4, 1, 1, 150, 64), .page_size = 16, .use_seqused = 1,
+     .seqused = {150, 33}},
+    {FP8(FP8_E4M3, BF16, 1, 4, 2, 37, 160, 128), .page_size = 7, .causal = 1, .use_seqused = 1,
+     .seqused = {121}},
 };
 
 const tc_case *tc_table(int *count)
@@ -189,9 +225,18 @@ void tc_case_name(const tc_case *c, char *buf, size_t size)
         snprintf(cap, sizeof cap, " cap%g", c->softcap);
     if (c->scale > 0.0f)
         snprintf(scale, sizeof scale, " scale%g", c->scale);
-    snprintf(buf, size, "%s B%d H%d/%d %s D%d%s%s%s%s%s%s%s%s", dt, c->batch, c->heads, c->kv_heads,
-             seq, c->head_dim, c->causal ? " causal" : "", win, cap, c->alibi ? " alibi" : "",
-             scale, ds, c->deterministic ? " det" : "", layouts[c->layout]);
+    char kv[96] = "";
+    if (c->use_seqused) {
+        int n = snprintf(kv, sizeof kv, " used");
+        for (int b = 0; b < c->batch && n < (int)sizeof kv; b++)
+            n += snprintf(kv + n, sizeof kv - (size_t)n, "%s%d", b ? "," : " ", c->seqused[b]);
+        if (c->page_size > 0 && n < (int)sizeof kv)
+            snprintf(kv + n, sizeof kv - (size_t)n, " paged%d", c->page_size);
+    }
+    snprintf(buf, size, "%s B%d H%d/%d %s D%d%s%s%s%s%s%s%s%s%s", dt, c->batch, c->heads,
+             c->kv_heads, seq, c->head_dim, c->causal ? " causal" : "", win, cap,
+             c->alibi ? " alibi" : "", scale, ds, c->deterministic ? " det" : "", kv,
+             layouts[c->layout]);
 }
 
 int tc_required(const tc_case *c, const char *backend_name)
@@ -200,6 +245,11 @@ int tc_required(const tc_case *c, const char *backend_name)
         return 1;
     if (tc_fp8(c))
         return 0; /* no GPU backend serves fp8 yet */
+    /* The KV-cache cases (seqused_k, paged) are required of the host backends only: a GPU backend
+     * that refuses them (opencl; cuda and hip before they serve the API) counts them as
+     * unsupported, and one that serves them must pass them. */
+    if (c->use_seqused)
+        return 0;
     /* FLASHPORT_CUDA_PATH=sm90 forces one path for tests and A/B runs: it serves what that path
      * serves (the sm90 backward: head dims up to 128), and refuses the rest */
     const char *path = getenv("FLASHPORT_CUDA_PATH");
@@ -250,7 +300,18 @@ int tc_data_make(const tc_case *c, int index, tc_data *d)
         for (int64_t h = 0; d->alibi && h < H; h++)
             d->alibi[h] = exp2f(-8.0f * (float)(h + 1) / (float)H);
     }
-    if (!d->q || !d->k || !d->v || !d->dout || (c->alibi && !d->alibi)) {
+    if (c->use_seqused) {
+        d->used = malloc((size_t)B * sizeof(int32_t));
+        for (int64_t b = 0; d->used && b < B; b++) {
+            d->used[b] = c->seqused[b];
+            /* Unused keys hold NaN: a backend that reads them fails the case. */
+            for (int64_t j = d->cu_k[b] + c->seqused[b]; d->k && d->v && j < d->cu_k[b + 1]; j++)
+                for (int64_t x = 0; x < Hkv * D; x++)
+                    d->k[j * Hkv * D + x] = d->v[j * Hkv * D + x] = NAN;
+        }
+    }
+    if (!d->q || !d->k || !d->v || !d->dout || (c->alibi && !d->alibi) ||
+        (c->use_seqused && !d->used)) {
         tc_data_free(d);
         return -1;
     }
@@ -268,6 +329,7 @@ int tc_data_make(const tc_case *c, int index, tc_data *d)
     d->params.descale_q = c->descale[0];
     d->params.descale_k = c->descale[1];
     d->params.descale_v = c->descale[2];
+    d->params.seqused_k = d->used;
     if (c->varlen) {
         d->params.cu_seqlens_q = d->cu_q;
         d->params.cu_seqlens_k = d->cu_k;
@@ -296,6 +358,7 @@ int tc_data_make(const tc_case *c, int index, tc_data *d)
     p->q = d->q;
     p->k = d->k;
     p->v = d->v;
+    p->used_k = d->used;
     return 0;
 }
 
@@ -308,6 +371,7 @@ void tc_data_free(tc_data *d)
     free(d->v);
     free(d->dout);
     free(d->alibi);
+    free(d->used);
     memset(d, 0, sizeof *d);
 }
 

@@ -41,6 +41,13 @@ typedef struct tc_case {
     int varlen;    /* nonzero: sequence lengths below, batch entries each */
     int seqlens_q[TC_MAX_BATCH], seqlens_k[TC_MAX_BATCH];
     int deterministic; /* backward runs twice and must be bitwise identical */
+    /* KV cache: nonzero use_seqused passes seqused_k = seqused[b] (keys past it hold NaN in the
+     * inputs: they must never be read); page_size > 0 hands the backend under test k and v as a
+     * paged cache of that page size with shuffled physical pages (forward only: its backward
+     * must be refused), the oracle the dense ones. Dense problems only for paged cases. */
+    int use_seqused;
+    int seqused[TC_MAX_BATCH];
+    int page_size;
     tc_layout layout;
     int quick; /* part of the --quick subset (sanitizer runs) */
 } tc_case;
@@ -64,9 +71,11 @@ void tc_case_name(const tc_case *c, char *buf, size_t size);
 
 /* Whether a backend of this name must run the case (docs/semantics.md): host backends run
  * everything; GPU backends must run f16/bf16 with D a multiple of 8 up to 256 and a contiguous
- * head dim (not with FLASHPORT_CUDA_PATH=sm90, which forces a path that serves less). fp8 cases
- * are forward only and required of the host backends only (no GPU backend serves fp8 yet). A
- * backend that answers FLASHPORT_ERR_UNSUPPORTED_* for a required case fails it. */
+ * head dim (not with FLASHPORT_CUDA_PATH=sm90, which forces a path that serves less), except the
+ * KV-cache cases (seqused_k, paged), which they may refuse (counted as unsupported) but must pass
+ * when they run them. fp8 cases are forward only and required of the host backends only (no GPU
+ * backend serves fp8 yet). A backend that answers FLASHPORT_ERR_UNSUPPORTED_* for a required case
+ * fails it. */
 int tc_required(const tc_case *c, const char *backend_name);
 
 /* The inputs of a case, on the host, in logical layout (see tu_problem). */
@@ -77,6 +86,7 @@ typedef struct tc_data {
     float *q, *k, *v, *dout; /* logical [tokens, heads, D], values representable in the dtype
                                 (dout: in o's dtype) */
     float *alibi;            /* [heads] or NULL */
+    int32_t *used;           /* [batch] seqused_k of the case, or NULL */
     /* The API parameters. alibi_slopes and cu_seqlens point at the host arrays above; a test of a
      * device backend replaces them with device copies. */
     flashport_attention_params params;

@@ -99,7 +99,7 @@ static double score(const fp_problem *p, const fp_seq *s, int64_t b, int64_t h, 
 {
     if (!fp_mask_visible(i, j, s->nq, s->nk, p->window_left, p->window_right))
         return -INFINITY;
-    int64_t koff = fp_row_offset(&p->k, b, s->k_start + j, fp_kv_head(p, h));
+    int64_t koff = fp_key_offset(p, &p->k, b, s, j, fp_kv_head(p, h));
     const double scale =
         (double)p->scale * p->descale_q * p->descale_k; /* descales: 1 unless fp8 */
     *capped = softcap_d(scale * dot_row(p, qrow, &p->k, koff), p->softcap);
@@ -152,7 +152,7 @@ flashport_status fp_reference_forward(const fp_problem *p)
                         if (scores[j] == -INFINITY)
                             continue;
                         double w = exp(scores[j] - m);
-                        int64_t voff = fp_row_offset(&p->v, b, s.k_start + j, kvh);
+                        int64_t voff = fp_key_offset(p, &p->v, b, &s, j, kvh);
                         l += w; /* fp8: l sums the unrounded P */
                         if (fp8)
                             w = round_e4m3_d(w);
@@ -219,8 +219,8 @@ flashport_status fp_reference_backward(const fp_problem *p)
                         double capped, t = score(p, &s, b, h, i, j, qrow, &capped);
                         if (t == -INFINITY)
                             continue;
-                        int64_t koff = fp_row_offset(&p->k, b, s.k_start + j, kvh);
-                        int64_t voff = fp_row_offset(&p->v, b, s.k_start + j, kvh);
+                        int64_t koff = fp_key_offset(p, &p->k, b, &s, j, kvh);
+                        int64_t voff = fp_key_offset(p, &p->v, b, &s, j, kvh);
                         double pij = exp(t - lse);
                         double dp = dot_row(p, dorow, &p->v, voff);
                         double ds = pij * (dp - delta) * softcap_grad_d(capped, p->softcap) *
@@ -236,7 +236,11 @@ flashport_status fp_reference_backward(const fp_problem *p)
                               dqrow);
                 }
             }
-            for (int64_t j = 0; j < s.nk; j++) {
+            /* Keys past seqused_k get no gradient: their rows are written as zeros. */
+            const int64_t cap = fp_problem_key_capacity(p, b);
+            for (int64_t x = s.nk * D; x < cap * D; x++)
+                dk_acc[x] = dv_acc[x] = 0.0;
+            for (int64_t j = 0; j < cap; j++) {
                 store_row(p, &p->dk, p->dtype, fp_row_offset(&p->dk, b, s.k_start + j, kvh),
                           dk_acc + j * D);
                 store_row(p, &p->dv, p->dtype, fp_row_offset(&p->dv, b, s.k_start + j, kvh),

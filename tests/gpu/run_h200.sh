@@ -11,7 +11,9 @@
 #   OUT=/tmp/out tests/gpu/run_h200.sh [stages]
 #
 # stages: any of build test bench sanitize profile (default: all, in that order), python (the
-# package's pytest suite on CUDA tensors), opencl (the OpenCL backend through NVIDIA's driver:
+# package's pytest suite on CUDA tensors), decode (issue 18: flashport-bench --decode dense and
+# paged, checked, then compare_torch.py --decode into decode.log and compare_torch_decode.{md,
+# csv}; DECODE_ARGS narrows its grid), opencl (the OpenCL backend through NVIDIA's driver:
 # tests/gpu/run_opencl_h200.sh on this build), and the
 # shorter quicktest (test_backends cuda, the whole table, once per TEST_ENVS entry, and
 # test_cuda_large --quick) and events (one flashport-bench --backend cuda run: CUDA-event timing).
@@ -117,6 +119,29 @@ if has bench; then
     rc=$?
     note "bench: rc=$rc in $(($(date +%s) - start)) s"
     grep -E '^\| (bf16|fp16|fp8_e4m3|fp8_e5m2) ' "$OUT/compare_torch.md" 2>/dev/null | tee -a "$SUMMARY" || tail -20 "$OUT/bench.log"
+fi
+
+if has decode; then
+    # Issue 18's decode grid against SDPA (compare_torch.py --decode; DECODE_ARGS narrow it), after
+    # a checked flashport-bench decode run on a dense and a paged cache (the paged rows need the
+    # CUDA plugin to serve block_table; until it does, that run reports the refusal).
+    start=$(date +%s)
+    {
+        for paged in "" "--paged 16" "--paged 256"; do
+            # shellcheck disable=SC2086
+            "$BUILD/bin/flashport-bench" --backend cuda --decode --dtype bf16 --batch 16 \
+                --heads 32 --kv-heads 8 --seqlen-q 1,4,8 --seqlen-k 32768 --check $paged
+        done
+        [ -d "$BUILD/py/flashport" ] ||
+            python3 -m pip install -q --no-build-isolation --no-deps --target "$BUILD/py" \
+                -C cmake.define.FLASHPORT_CUDA=OFF -C cmake.define.FLASHPORT_HIP=OFF .
+        # shellcheck disable=SC2086
+        PYTHONPATH="$BUILD/py" PYTHONUNBUFFERED=1 python3 bench/compare_torch.py --decode \
+            --lib "$BUILD/lib/libflashport.so" --out "$OUT" ${DECODE_ARGS:-}
+    } >"$OUT/decode.log" 2>&1
+    note "decode: rc=$? in $(($(date +%s) - start)) s"
+    grep -E '^\| (bf16|fp16)' "$OUT/compare_torch_decode.md" 2>/dev/null | tee -a "$SUMMARY" ||
+        tail -20 "$OUT/decode.log"
 fi
 
 if has python; then

@@ -23,7 +23,7 @@ extern "C" {
 #endif
 
 /* Bumped whenever fp_problem, fp_backend_ops or fp_host_api change layout or meaning. */
-#define FP_PLUGIN_API_VERSION  3
+#define FP_PLUGIN_API_VERSION  4
 #define FP_PLUGIN_ENTRY_SYMBOL "flashport_plugin_entry"
 
 /* Stride order of every fp_problem tensor: [batch, seq, head, dim]. For varlen problems the batch
@@ -59,6 +59,21 @@ typedef struct fp_problem {
     int deterministic;
     float descale_q, descale_k, descale_v; /* fp8 only; 1 otherwise */
 
+    /* KV cache (include/flashport.h, flashport_attention_params). seqused_k: [B] int32 in
+     * backend memory or NULL; host backends get values core/validate.c checked, GPU kernels
+     * clamp them (fp_seq_used_keys, core/geometry.h). Paged (block_table != NULL): k, v (and
+     * their views below) are [num_pages, page_size, Hkv, D], their view's stride[FP_B] is the
+     * page stride and stride[FP_S] the row stride within a page; seqlen_k is the per-sequence
+     * capacity block_table_stride * page_size, total_k = num_pages * page_size; q/o/lse are
+     * dense and seqused_k is set. Host backends get a table whose used entries are in
+     * [0, num_pages); GPU kernels mask the keys of any other entry (fp_paged_page). Address a
+     * key through fp_key_offset (core/problem.h) or fp_paged_page (core/geometry.h). */
+    const int32_t *seqused_k;
+    const int32_t *block_table; /* [B, block_table_stride] or NULL */
+    int64_t block_table_stride; /* 0 when not paged */
+    int64_t page_size;          /* k's dim 1 when paged, 0 otherwise */
+    int64_t num_pages;          /* k's dim 0 when paged, 0 otherwise */
+
     fp_tensor_view q, k, v, o;
     fp_tensor_view lse; /* f32, strides [batch, head, seq] in stride[0..2]; data may be NULL fwd */
     /* backward only */
@@ -80,7 +95,14 @@ typedef struct fp_backend_caps {
     int32_t head_dim_multiple;    /* ... and a multiple of this (1 = any) */
     int32_t needs_contiguous_dim; /* stride 1 on the last dimension required */
     int32_t is_host;              /* tensors live in host memory */
+    /* KV cache features; 0 (the value a backend that does not set them leaves) means refused
+     * by the core with FLASHPORT_ERR_UNSUPPORTED_FEATURE before the backend is called. */
+    int32_t paged_kv_page_multiple; /* paged forward served when page_size % this == 0; 0: no */
+    uint32_t seqused_k_dirs;        /* seqused_k served: bit 0 forward, bit 1 backward */
 } fp_backend_caps;
+
+#define FP_SEQUSED_FWD 1u
+#define FP_SEQUSED_BWD 2u
 
 /* Services the core offers a backend. Errors set through set_error land in the calling thread's
  * flashport_last_error(); log writes only when FLASHPORT_LOG is on. */

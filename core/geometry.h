@@ -47,6 +47,40 @@ FP_INLINE fp_seq fp_seq_lookup(const int32_t *cu_q, const int32_t *cu_k, int64_t
     return s;
 }
 
+/* The keys sequence b uses: seqused_k[b] clamped to [0, nk], nk being the sequence's key
+ * capacity (dense: Nk; varlen: its cu_seqlens_k length; paged: block_table_stride * page_size);
+ * nk itself when seqused_k is NULL. Host backends get values that core/validate.c has checked;
+ * GPU kernels never read seqused_k back on the host, so the clamp is what keeps a bad value from
+ * reading past the cache (include/flashport.h). */
+FP_INLINE int64_t fp_seq_used_keys(const int32_t *seqused_k, int b, int64_t nk)
+{
+    if (!seqused_k)
+        return nk;
+    const int64_t u = seqused_k[b];
+    return u < 0 ? 0 : (u > nk ? nk : u);
+}
+
+/* fp_seq_lookup, then the sequence's key count cut to the keys it uses (fp_seq_used_keys). The
+ * window, causal mask and ALiBi then align to the used keys (bottom-right). */
+FP_INLINE fp_seq fp_seq_lookup_used(const int32_t *cu_q, const int32_t *cu_k,
+                                    const int32_t *seqused_k, int64_t nq, int64_t nk, int b)
+{
+    fp_seq s = fp_seq_lookup(cu_q, cu_k, nq, nk, b);
+    s.nk = fp_seq_used_keys(seqused_k, b, s.nk);
+    return s;
+}
+
+/* Paged KV cache: the physical page that holds logical key t of sequence b, or -1 when the
+ * block-table entry lies outside [0, num_pages) (GPU kernels then treat that page's keys as
+ * masked and never dereference it; host backends have refused such a table). The key is row
+ * t % page_size of that page. */
+FP_INLINE int64_t fp_paged_page(const int32_t *block_table, int64_t bt_stride, int64_t page_size,
+                                int64_t num_pages, int b, int64_t t)
+{
+    const int64_t e = block_table[(int64_t)b * bt_stride + t / page_size];
+    return (e < 0 || e >= num_pages) ? -1 : e;
+}
+
 /* Key blocks [*nb0, *nb1) of bn keys that query rows [i0, i1) see: fp_mask_block_range rounded
  * out to whole blocks; empty (0, 0) when the rows see no key. Block indices are ints (a
  * sequence has fewer than 2^31 blocks): the GPU kernels keep them in 32-bit registers. */

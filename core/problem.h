@@ -14,11 +14,37 @@
 #include "core/geometry.h"
 #include "core/plan.h"
 
-/* Host backends only: reads cu_seqlens directly (fp_seq_lookup, core/geometry.h). */
+/* Host backends only: reads cu_seqlens and seqused_k directly (fp_seq_lookup_used,
+ * core/geometry.h). s.nk is the number of keys sequence b uses: the window aligns to it. For a
+ * paged problem k_start is 0 and keys are addressed through fp_key_offset. */
 static inline fp_seq fp_problem_seq(const fp_problem *p, int64_t b)
 {
+    return fp_seq_lookup_used(p->varlen ? p->cu_seqlens_q : NULL,
+                              p->varlen ? p->cu_seqlens_k : NULL, p->seqused_k, p->seqlen_q,
+                              p->seqlen_k, (int)b);
+}
+
+/* The key capacity of sequence b before seqused_k (what dK / dV rows exist for it): dense Nk,
+ * varlen its cu_seqlens_k length, paged block_table_stride * page_size. */
+static inline int64_t fp_problem_key_capacity(const fp_problem *p, int64_t b)
+{
     return fp_seq_lookup(p->varlen ? p->cu_seqlens_q : NULL, p->varlen ? p->cu_seqlens_k : NULL,
-                         p->seqlen_q, p->seqlen_k, (int)b);
+                         p->seqlen_q, p->seqlen_k, (int)b)
+        .nk;
+}
+
+/* Element offset of (logical key `key` of sequence b, kv head h, 0) in a k/v-shaped view (k, v,
+ * dk, dv) of p: dense and varlen through fp_row_offset at seq.k_start + key, paged through the
+ * block table. Host backends only (reads the block table; validated, so the page is in range). */
+static inline int64_t fp_key_offset(const fp_problem *p, const fp_tensor_view *t, int64_t b,
+                                    const fp_seq *seq, int64_t key, int64_t h)
+{
+    if (p->block_table) {
+        const int64_t page = p->block_table[b * p->block_table_stride + key / p->page_size];
+        return page * t->stride[FP_B] + (key % p->page_size) * t->stride[FP_S] +
+               h * t->stride[FP_H];
+    }
+    return b * t->stride[FP_B] + (seq->k_start + key) * t->stride[FP_S] + h * t->stride[FP_H];
 }
 
 /* Element offset of (b, token, h, 0) in a q/k/v/o-shaped view; token is the packed index

@@ -3,7 +3,8 @@
  *
  * Order of checks: pointers, enum values and parameter ranges, ranks, sizes and strides
  * (overflow), shapes against each other, head ratio, varlen offsets, what the backend can run
- * (dtype, head dim, layout), and last aliasing of outputs. The first failure wins; its message
+ * (dtype, head dim, layout, KV-cache features), on host backends seqused_k and the block table,
+ * and last aliasing of outputs. The first failure wins; its message
  * names the tensor and dimension.
  */
 #include "core/validate.h"
@@ -252,6 +253,18 @@ static flashport_status check_params(const flashport_attention_params *p)
         return fp_set_error(FLASHPORT_ERR_BAD_SIZE,
                             "varlen batch %d, max_seqlen_q %d, max_seqlen_k %d must be >= 0",
                             (int)p->batch, (int)p->max_seqlen_q, (int)p->max_seqlen_k);
+    if (p->block_table && p->cu_seqlens_q)
+        return fp_set_error(FLASHPORT_ERR_UNSUPPORTED_FEATURE,
+                            "a paged KV cache (block_table) takes dense q and o: cu_seqlens must "
+                            "be NULL");
+    if (p->block_table && !p->seqused_k)
+        return fp_set_error(FLASHPORT_ERR_NULL_POINTER,
+                            "a paged KV cache (block_table) needs seqused_k, the key count of "
+                            "each sequence (it is NULL)");
+    if (p->block_table && p->block_table_stride < 1)
+        return fp_set_error(FLASHPORT_ERR_BAD_SIZE,
+                            "block_table_stride %d must be >= 1 (entries per sequence)",
+                            (int)p->block_table_stride);
     float ds[3] = {p->descale_q, p->descale_k, p->descale_v};
     for (int i = 0; i < 3; i++)
         if (!isfinite(ds[i]) || ds[i] < 0.0f)
@@ -292,6 +305,59 @@ static flashport_status check_seqlens(flashport_backend *be, const char *name, c
     if (host != stack_buf)
         free(host);
     return st;
+}
+
+/* Host backends: reads seqused_k (and cu_seqlens_k, for varlen capacities) and the used
+ * block-table entries, which live in host memory; GPU backends never get here (their kernels
+ * clamp and mask, include/flashport.h). */
+static flashport_status check_kv_cache_host(const flashport_attention_params *p, int64_t batch,
+                                            int64_t nk, int64_t page_size, int64_t num_pages)
+{
+    for (int64_t b = 0; b < batch; b++) {
+        const int64_t cap =
+            p->cu_seqlens_k ? (int64_t)p->cu_seqlens_k[b + 1] - p->cu_seqlens_k[b] : nk;
+        const int64_t used = p->seqused_k[b];
+        if (used < 0 || used > cap)
+            return fp_set_error(FLASHPORT_ERR_BAD_SEQLENS,
+                                "seqused_k[%lld] = %lld is outside [0, %lld], the keys sequence "
+                                "%lld holds%s",
+                                (long long)b, (long long)used, (long long)cap, (long long)b,
+                                p->block_table ? " (block_table_stride * page_size)" : "");
+        if (!p->block_table)
+            continue;
+        const int64_t pages = (used + page_size - 1) / page_size;
+        for (int64_t i = 0; i < pages; i++) {
+            const int64_t e = p->block_table[b * p->block_table_stride + i];
+            if (e < 0 || e >= num_pages)
+                return fp_set_error(FLASHPORT_ERR_INVALID_VALUE,
+                                    "block_table[%lld][%lld] = %lld is not a page of the cache "
+                                    "(0 .. %lld)",
+                                    (long long)b, (long long)i, (long long)e,
+                                    (long long)num_pages - 1);
+        }
+    }
+    return FLASHPORT_OK;
+}
+
+/* The KV-cache features against what the backend serves (fp_backend_caps). */
+static flashport_status check_kv_cache_caps(const flashport_attention_params *p,
+                                            const fp_backend_caps *caps, const char *backend,
+                                            int backward, int64_t page_size)
+{
+    if (p->block_table && caps->paged_kv_page_multiple <= 0)
+        return fp_set_error(FLASHPORT_ERR_UNSUPPORTED_FEATURE,
+                            "backend '%s' does not serve a paged KV cache (block_table)", backend);
+    if (p->block_table && page_size % caps->paged_kv_page_multiple != 0)
+        return fp_set_error(FLASHPORT_ERR_UNSUPPORTED_FEATURE,
+                            "backend '%s' needs page_size (k's dimension 1) a multiple of %d; got "
+                            "%lld",
+                            backend, (int)caps->paged_kv_page_multiple, (long long)page_size);
+    const uint32_t dir = backward ? FP_SEQUSED_BWD : FP_SEQUSED_FWD;
+    if (p->seqused_k && !(caps->seqused_k_dirs & dir))
+        return fp_set_error(FLASHPORT_ERR_UNSUPPORTED_FEATURE,
+                            "backend '%s' does not serve seqused_k in %s", backend,
+                            backward ? "backward" : "forward");
+    return FLASHPORT_OK;
 }
 
 static flashport_status check_caps(const fp_backend_caps *caps, const char *backend,
@@ -383,6 +449,11 @@ flashport_status fp_validate_call(flashport_backend *be, const flashport_attenti
     }
     if ((st = check_params(p)) != FLASHPORT_OK)
         return st;
+    /* Before the shapes: a paged backward has no gradient layout to check against. */
+    if (p->block_table && backward)
+        return fp_set_error(FLASHPORT_ERR_UNSUPPORTED_FEATURE,
+                            "a paged KV cache (block_table) is forward only; backward needs dense "
+                            "or varlen k and v");
 
     const int varlen = p->cu_seqlens_q != NULL;
     const int rank = varlen ? 3 : 4;
@@ -393,7 +464,27 @@ flashport_status fp_validate_call(flashport_backend *be, const flashport_attenti
 
     dims dm;
     memset(&dm, 0, sizeof dm);
-    if (varlen) {
+    const int paged = p->block_table != NULL;
+    int64_t page_size = 0, num_pages = 0;
+    if (paged) { /* k, v: [num_pages, page_size, Hkv, D]; q, o dense */
+        dm.b = q->shape[0];
+        dm.nq = q->shape[1];
+        dm.h = q->shape[2];
+        dm.hkv = k->shape[2];
+        dm.d = q->shape[3];
+        num_pages = k->shape[0];
+        page_size = k->shape[1];
+        if (page_size < 1)
+            return fp_set_error(FLASHPORT_ERR_BAD_SIZE,
+                                "paged k has page_size (dimension 1) %lld; it must be >= 1",
+                                (long long)page_size);
+        if (__builtin_mul_overflow(page_size, (int64_t)p->block_table_stride, &dm.nk) ||
+            dm.nk > INT32_MAX)
+            return fp_set_error(FLASHPORT_ERR_BAD_SIZE,
+                                "block_table_stride %d * page_size %lld (keys per sequence) must "
+                                "fit in 31 bits",
+                                (int)p->block_table_stride, (long long)page_size);
+    } else if (varlen) {
         dm.b = p->batch;
         dm.nq = p->max_seqlen_q;
         dm.nk = p->max_seqlen_k;
@@ -419,11 +510,12 @@ flashport_status fp_validate_call(flashport_backend *be, const flashport_attenti
                             "batch, sequence lengths and heads must each fit in 31 bits");
     if (!varlen) { /* after the 31-bit check: the products cannot overflow */
         dm.total_q = dm.b * dm.nq;
-        dm.total_k = dm.b * dm.nk;
+        dm.total_k = paged ? num_pages * page_size : dm.b * dm.nk;
     }
     const int64_t qn = varlen ? dm.total_q : dm.nq, kn = varlen ? dm.total_k : dm.nk;
-    if ((st = check_shape("k", k, varlen, dm.b, kn, dm.hkv, dm.d)) ||
-        (st = check_shape("v", v, varlen, dm.b, kn, dm.hkv, dm.d)) ||
+    const int64_t kb = paged ? num_pages : dm.b, kr = paged ? page_size : kn;
+    if ((st = check_shape("k", k, varlen, kb, kr, dm.hkv, dm.d)) ||
+        (st = check_shape("v", v, varlen, kb, kr, dm.hkv, dm.d)) ||
         (st = check_shape("o", o, varlen, dm.b, qn, dm.h, dm.d)))
         return st;
     if (backward && ((st = check_shape("dout", t->dout, varlen, dm.b, qn, dm.h, dm.d)) ||
@@ -468,6 +560,12 @@ flashport_status fp_validate_call(flashport_backend *be, const flashport_attenti
                             be->ops->name);
     if ((st = check_caps(&be->caps, be->ops->name, q->dtype, dm.d, backward, t)) != FLASHPORT_OK)
         return st;
+    if ((st = check_kv_cache_caps(p, &be->caps, be->ops->name, backward, page_size)) !=
+        FLASHPORT_OK)
+        return st;
+    if (p->seqused_k && be->caps.is_host &&
+        (st = check_kv_cache_host(p, dm.b, dm.nk, page_size, num_pages)) != FLASHPORT_OK)
+        return st;
 
     /* Outputs: each must not overlap itself, another output, or an input. */
     int first_out = backward ? 6 : 3;
@@ -508,6 +606,13 @@ flashport_status fp_validate_call(flashport_backend *be, const flashport_attenti
     out->descale_q = p->descale_q > 0.0f ? p->descale_q : 1.0f;
     out->descale_k = p->descale_k > 0.0f ? p->descale_k : 1.0f;
     out->descale_v = p->descale_v > 0.0f ? p->descale_v : 1.0f;
+    out->seqused_k = p->seqused_k;
+    if (paged) {
+        out->block_table = p->block_table;
+        out->block_table_stride = p->block_table_stride;
+        out->page_size = page_size;
+        out->num_pages = num_pages;
+    }
     view(&out->q, q, varlen);
     view(&out->k, k, varlen);
     view(&out->v, v, varlen);

@@ -19,6 +19,8 @@
  *   never affect its dK and dV. A NaN in a score or a value a row can see propagates to that
  *   row: a NaN score makes its O and LSE NaN, a NaN V element the matching O element.
  *   GQA/MQA: H % Hkv == 0; query head h reads kv head h / (H / Hkv).
+ *   Nk is the key count of the sequence: seqused_k[b] when params.seqused_k is set (a KV cache,
+ *   dense or paged through params.block_table; see flashport_attention_params).
  *
  * Every function returns a flashport_status; on failure flashport_last_error() gives a message
  * for the calling thread. The library never prints (unless FLASHPORT_LOG is set), never exits and
@@ -146,6 +148,7 @@ FLASHPORT_API const char *flashport_dtype_name(flashport_dtype dtype);
  *
  *   dense q/k/v/o/dq/dk/dv:  rank 4, [B, N, heads, D]
  *   varlen q/k/v/o/...:      rank 3, [total_tokens, heads, D]   (with params.cu_seqlens_*)
+ *   paged k/v:               rank 4, [num_pages, page_size, Hkv, D] (with params.block_table)
  *   lse (f32):               rank 3, [B, H, Nq]; varlen: rank 2, [H, total_q]              */
 typedef struct flashport_tensor {
     void *data;
@@ -289,16 +292,49 @@ typedef struct flashport_attention_params {
     float descale_q;
     float descale_k;
     float descale_v;
+
+    /* KV cache (docs/semantics.md, "KV cache"): fields after the fp8 descales; a caller built
+     * against an older header gets NULL / 0 here.
+     *
+     * seqused_k: int32 [B] in the backend's memory, or NULL (every key is used). Sequence b uses
+     * keys 0 .. seqused_k[b] - 1 only (dense, varlen or paged k/v); keys past them are never
+     * read, even to multiply by zero, and their NaN or inf never reach an output. Causal, window
+     * and ALiBi alignment (bottom-right) take seqused_k[b] as that sequence's Nk. Forward and
+     * backward; in backward the dK and dV rows of unused keys are written as zeros. Each value
+     * must lie in [0, capacity of its sequence] (dense: Nk; varlen: its cu_seqlens_k length;
+     * paged: block_table_stride * page_size). Host backends read the values and refuse one
+     * outside that range with FLASHPORT_ERR_BAD_SEQLENS, writing nothing; GPU backends do not
+     * read them back (that would synchronize the stream) and clamp each to [0, capacity].
+     *
+     * block_table: int32 [B, block_table_stride] in the backend's memory, or NULL (no paging).
+     * When set, k and v are rank 4 [num_pages, page_size, Hkv, D] (both of one shape; page_size
+     * is k's dimension 1, >= 1, and a multiple of 16 on the GPU backends), q, o and lse are dense
+     * ([B, Nq, H, D], B from q; cu_seqlens must be NULL), seqused_k is required, and logical key
+     * t of sequence b is row t % page_size of page block_table[b * block_table_stride +
+     * t / page_size]. Only the first ceil(seqused_k[b] / page_size) entries of a row are read.
+     * Forward only: a backward call with a block table gets FLASHPORT_ERR_UNSUPPORTED_FEATURE.
+     * An entry outside [0, num_pages) must never make a kernel read outside the cache:
+     *   - host backends ("cpu", "reference") read the table and refuse such an entry with
+     *     FLASHPORT_ERR_INVALID_VALUE (the message names b and the entry), writing nothing;
+     *   - GPU backends cannot return a status from a kernel without synchronizing the stream, so
+     *     a kernel never dereferences an entry outside [0, num_pages): it treats the keys of
+     *     that page as masked (they take part in no softmax), and the call still returns
+     *     FLASHPORT_OK. A row whose used keys all lie in such pages gives O = 0, LSE = -inf.
+     * block_table_stride: entries per sequence, >= 1 when block_table is set (ignored when it is
+     * NULL); a sequence holds at most block_table_stride * page_size keys. */
+    const int32_t *seqused_k;
+    const int32_t *block_table;
+    int32_t block_table_stride;
 } flashport_attention_params;
 
 #define FLASHPORT_PARAMS_MAGIC 0x46505031u /* "FPP1" */
 
 /* Defaults: scale 1/sqrt(D), no window, not causal, no softcap, no ALiBi, dense, not
- * deterministic. Always start from this so fields added later keep their defaults.
- * flashport_attention_params_init is a macro that passes sizeof the caller's struct, so a
- * program built against this header and run with a newer library (whose struct is larger) has
- * only its own `size` bytes written. NULL, or a size smaller than the first versioned struct,
- * writes nothing. */
+ * deterministic, every key used, no block table. Always start from this so fields added later keep
+ * their defaults. flashport_attention_params_init is a macro that passes sizeof the caller's
+ * struct, so a program built against this header and run with a newer library (whose struct is
+ * larger) has only its own `size` bytes written. NULL, or a size smaller than the first versioned
+ * struct, writes nothing. */
 FLASHPORT_API void flashport_attention_params_init_sized(flashport_attention_params *params,
                                                          size_t size);
 #define flashport_attention_params_init(params)                                                    \
@@ -327,7 +363,8 @@ FLASHPORT_API flashport_status flashport_attention_backward(
  * dk, dv are ignored and may be NULL) or of flashport_attention_backward (FLASHPORT_BACKWARD),
  * validate them exactly as the call would, ask the backend (dtype, head dim, the kernel it would
  * pick and whether this device can run it), and run nothing, write nothing. They read
- * cu_seqlens (B + 1 ints) as the call does.
+ * cu_seqlens (B + 1 ints) as the call does, and on host backends seqused_k and the used
+ * block-table entries.
  * ------------------------------------------------------------------------------------------- */
 typedef enum flashport_direction {
     FLASHPORT_FORWARD = 0,

@@ -119,6 +119,29 @@ static const tc_case table[] = {
     {DENSE(F16, 1, 4, 2, 65, 63, 64), .layout = TC_HEAD_MAJOR, .alibi = 1, .deterministic = 1},
     {DENSE(F32, 1, 2, 2, 63, 65, 16), .layout = TC_DIM_STRIDED, .causal = 1},
     {DENSE(BF16, 1, 2, 1, 65, 63, 64), .layout = TC_DIM_STRIDED},
+    /* KV cache, dense with seqused_k: forward and backward, keys past seqused_k are NaN */
+    {DENSE(F32, 3, 4, 2, 5, 100, 64), .causal = 1, .use_seqused = 1, .seqused = {100, 37, 0},
+     .deterministic = 1, .quick = 1},
+    {DENSE(BF16, 2, 8, 2, 1, 200, 128), .use_seqused = 1, .seqused = {150, 200}},
+    {DENSE(F16, 2, 4, 1, 37, 129, 64), WINDOW(32, 0), .alibi = 1, .use_seqused = 1,
+     .seqused = {129, 64}},
+    {VARLEN(F16, 3, 4, 2, 64), .causal = 1, .seqlens_q = {1, 4, 0}, .seqlens_k = {65, 30, 10},
+     .use_seqused = 1, .seqused = {40, 30, 0}},
+    /* KV cache, paged (shuffled pages, forward only): decode Nq = 1, 4, 8, a prefill chunk of 37,
+     * GQA 4:1 (the 32:8 of serving models scaled down), page sizes 16, 64 and 1 (host only) */
+    {DENSE(F16, 3, 8, 2, 1, 200, 64), .page_size = 16, .use_seqused = 1, .seqused = {200, 77, 0},
+     .quick = 1},
+    {DENSE(BF16, 2, 8, 2, 4, 300, 128), .page_size = 64, .causal = 1, .use_seqused = 1,
+     .seqused = {300, 129}},
+    {DENSE(F32, 2, 4, 1, 8, 40, 32), .page_size = 1, .causal = 1, .softcap = 5.0f, .alibi = 1,
+     .use_seqused = 1, .seqused = {40, 5}},
+    {DENSE(F16, 2, 4, 2, 37, 160, 64), .page_size = 16, .causal = 1, .use_seqused = 1,
+     .seqused = {160, 50}},
+    {DENSE(BF16, 1, 8, 1, 8, 256, 64), .page_size = 64, WINDOW(100, 0), .use_seqused = 1,
+     .seqused = {250}},
+    {DENSE(F16, 2, 4, 4, 1, 129, 128), .page_size = 16, .alibi = 1, .softcap = 30.0f,
+     .use_seqused = 1, .seqused = {129, 1}},
+    {DENSE(F32, 2, 4, 2, 8, 100, 16), .page_size = 7, .use_seqused = 1, .seqused = {99, 12}},
 };
 
 const tc_case *tc_table(int *count)
@@ -146,15 +169,28 @@ void tc_case_name(const tc_case *c, char *buf, size_t size)
         snprintf(cap, sizeof cap, " cap%g", c->softcap);
     if (c->scale > 0.0f)
         snprintf(scale, sizeof scale, " scale%g", c->scale);
-    snprintf(buf, size, "%s B%d H%d/%d %s D%d%s%s%s%s%s%s%s", dtypes[c->dtype], c->batch, c->heads,
-             c->kv_heads, seq, c->head_dim, c->causal ? " causal" : "", win, cap,
-             c->alibi ? " alibi" : "", scale, c->deterministic ? " det" : "", layouts[c->layout]);
+    char kv[96] = "";
+    if (c->use_seqused) {
+        int n = snprintf(kv, sizeof kv, " used");
+        for (int b = 0; b < c->batch && n < (int)sizeof kv; b++)
+            n += snprintf(kv + n, sizeof kv - (size_t)n, "%s%d", b ? "," : " ", c->seqused[b]);
+        if (c->page_size > 0 && n < (int)sizeof kv)
+            snprintf(kv + n, sizeof kv - (size_t)n, " paged%d", c->page_size);
+    }
+    snprintf(buf, size, "%s B%d H%d/%d %s D%d%s%s%s%s%s%s%s%s", dtypes[c->dtype], c->batch,
+             c->heads, c->kv_heads, seq, c->head_dim, c->causal ? " causal" : "", win, cap,
+             c->alibi ? " alibi" : "", scale, c->deterministic ? " det" : "", kv,
+             layouts[c->layout]);
 }
 
 int tc_required(const tc_case *c, const char *backend_name)
 {
     if (!strcmp(backend_name, "cpu") || !strcmp(backend_name, "reference"))
         return 1;
+    if (c->use_seqused && !strcmp(backend_name, "opencl"))
+        return 0;
+    if (c->page_size % 16 != 0)
+        return 0;
     return (c->dtype == FLASHPORT_F16 || c->dtype == FLASHPORT_BF16) && c->head_dim % 8 == 0 &&
            c->head_dim <= 256 && c->layout != TC_DIM_STRIDED;
 }
@@ -200,7 +236,18 @@ int tc_data_make(const tc_case *c, int index, tc_data *d)
         for (int64_t h = 0; d->alibi && h < H; h++)
             d->alibi[h] = exp2f(-8.0f * (float)(h + 1) / (float)H);
     }
-    if (!d->q || !d->k || !d->v || !d->dout || (c->alibi && !d->alibi)) {
+    if (c->use_seqused) {
+        d->used = malloc((size_t)B * sizeof(int32_t));
+        for (int64_t b = 0; d->used && b < B; b++) {
+            d->used[b] = c->seqused[b];
+            /* Unused keys hold NaN: a backend that reads them fails the case. */
+            for (int64_t j = d->cu_k[b] + c->seqused[b]; d->k && d->v && j < d->cu_k[b + 1]; j++)
+                for (int64_t x = 0; x < Hkv * D; x++)
+                    d->k[j * Hkv * D + x] = d->v[j * Hkv * D + x] = NAN;
+        }
+    }
+    if (!d->q || !d->k || !d->v || !d->dout || (c->alibi && !d->alibi) ||
+        (c->use_seqused && !d->used)) {
         tc_data_free(d);
         return -1;
     }
@@ -215,6 +262,7 @@ int tc_data_make(const tc_case *c, int index, tc_data *d)
     d->params.softcap = c->softcap;
     d->params.alibi_slopes = d->alibi;
     d->params.deterministic = c->deterministic;
+    d->params.seqused_k = d->used;
     if (c->varlen) {
         d->params.cu_seqlens_q = d->cu_q;
         d->params.cu_seqlens_k = d->cu_k;
@@ -239,6 +287,7 @@ int tc_data_make(const tc_case *c, int index, tc_data *d)
     p->q = d->q;
     p->k = d->k;
     p->v = d->v;
+    p->used_k = d->used;
     return 0;
 }
 
@@ -251,6 +300,7 @@ void tc_data_free(tc_data *d)
     free(d->v);
     free(d->dout);
     free(d->alibi);
+    free(d->used);
     memset(d, 0, sizeof *d);
 }
 

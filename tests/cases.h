@@ -39,6 +39,13 @@ typedef struct tc_case {
     int varlen;    /* nonzero: sequence lengths below, batch entries each */
     int seqlens_q[TC_MAX_BATCH], seqlens_k[TC_MAX_BATCH];
     int deterministic; /* backward runs twice and must be bitwise identical */
+    /* KV cache: nonzero use_seqused passes seqused_k = seqused[b] (keys past it hold NaN in the
+     * inputs: they must never be read); page_size > 0 hands the backend under test k and v as a
+     * paged cache of that page size with shuffled physical pages (forward only: its backward
+     * must be refused), the oracle the dense ones. Dense problems only for paged cases. */
+    int use_seqused;
+    int seqused[TC_MAX_BATCH];
+    int page_size;
     tc_layout layout;
     int quick; /* part of the --quick subset (sanitizer runs) */
 } tc_case;
@@ -52,7 +59,9 @@ void tc_case_name(const tc_case *c, char *buf, size_t size);
 
 /* Whether a backend of this name must run the case (docs/semantics.md): host backends run
  * everything; GPU backends must run f16/bf16 with D a multiple of 8 up to 256 and a contiguous
- * head dim. A backend that answers FLASHPORT_ERR_UNSUPPORTED_* for a required case fails it. */
+ * head dim, and the KV-cache cases (seqused_k, paged with a page size that is a multiple of 16)
+ * on "cuda" and "hip" ("opencl" serves no KV cache). A backend that answers
+ * FLASHPORT_ERR_UNSUPPORTED_* for a required case fails it. */
 int tc_required(const tc_case *c, const char *backend_name);
 
 /* The inputs of a case, on the host, in logical layout (see tu_problem). */
@@ -62,6 +71,7 @@ typedef struct tc_data {
     int32_t *cu_q, *cu_k;    /* batch + 1 offsets (dense: b * N) */
     float *q, *k, *v, *dout; /* logical [tokens, heads, D], values representable in the dtype */
     float *alibi;            /* [heads] or NULL */
+    int32_t *used;           /* [batch] seqused_k of the case, or NULL */
     /* The API parameters. alibi_slopes and cu_seqlens point at the host arrays above; a test of a
      * device backend replaces them with device copies. */
     flashport_attention_params params;

@@ -27,6 +27,7 @@
 
 #include "tests/cases.h"
 
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -50,6 +51,7 @@ typedef struct staged {
     size_t bytes[TC_TENSORS];
     float *lse_host;
     void *lse_dev, *cu_q_dev, *cu_k_dev, *alibi_dev;
+    void *used_dev, *bt_dev, *kpages_dev, *vpages_dev; /* KV cache (paged: under test only) */
     flashport_attention_params params;
     flashport_tensor t[TC_TENSORS], lse;
 } staged;
@@ -88,17 +90,92 @@ static void unstage(staged *st)
         free(st->host[b]);
         free(st->covered[b]);
     }
-    void *small[] = {st->lse_dev, st->cu_q_dev, st->cu_k_dev, st->alibi_dev};
-    for (int i = 0; i < 4; i++)
+    void *small[] = {st->lse_dev,  st->cu_q_dev, st->cu_k_dev,   st->alibi_dev,
+                     st->used_dev, st->bt_dev,   st->kpages_dev, st->vpages_dev};
+    for (int i = 0; i < 8; i++)
         if (small[i])
             flashport_free(st->be, small[i]);
     free(st->lse_host);
     memset(st, 0, sizeof *st);
 }
 
-/* Copies the case's inputs to the backend in `layout`, outputs poisoned. */
+/* A paged copy of the case's logical K and V for the backend under test: sequence b's used keys
+ * in ceil(seqused[b] / page_size) pages, numbered in a shuffled order, plus two spare pages; the
+ * rows of a page past the used keys, and the spare pages, hold NaN; block-table entries past the
+ * used pages hold an out-of-range page (never read). */
+static flashport_status stage_paged(staged *st, const tc_case *c, const tc_data *d,
+                                    flashport_dtype dtype, int index)
+{
+    const int64_t ps = c->page_size, Hkv = c->kv_heads, D = c->head_dim, row = Hkv * D;
+    const int64_t stride = (c->seqlen_k + ps - 1) / ps;
+    const size_t esz = tu_dtype_size(dtype);
+    int64_t pages = 2;
+    for (int b = 0; b < c->batch; b++)
+        pages += (c->seqused[b] + ps - 1) / ps;
+    int32_t *perm = malloc((size_t)pages * sizeof(int32_t));
+    int32_t *bt = malloc((size_t)(c->batch * stride) * sizeof(int32_t) + 1);
+    void *kp = malloc((size_t)(pages * ps * row) * esz),
+         *vp = malloc((size_t)(pages * ps * row) * esz);
+    float *nan_row = malloc((size_t)row * sizeof(float));
+    flashport_status s = FLASHPORT_ERR_OUT_OF_MEMORY;
+    if (!perm || !bt || !kp || !vp || !nan_row)
+        goto out;
+    tu_rng r = tu_rng_seed(0x9a9e5ull + (uint64_t)index);
+    for (int64_t i = 0; i < pages; i++)
+        perm[i] = (int32_t)i;
+    for (int64_t i = pages - 1; i > 0; i--) {
+        int64_t j = tu_rng_u32(&r) % (uint64_t)(i + 1), t = perm[i];
+        perm[i] = perm[j];
+        perm[j] = (int32_t)t;
+    }
+    tu_poison(kp, pages * ps * row, dtype);
+    tu_poison(vp, pages * ps * row, dtype);
+    for (int64_t x = 0; x < row; x++)
+        nan_row[x] = NAN;
+    int64_t next = 0;
+    tu_view rv; /* one [1, 1, Hkv, D] row, placed by its offset */
+    memset(&rv, 0, sizeof rv);
+    rv.nb = rv.n = 1;
+    rv.heads = Hkv;
+    rv.dim = D;
+    rv.stride[2] = D;
+    rv.stride[3] = 1;
+    for (int b = 0; b < c->batch; b++) {
+        const int64_t used = c->seqused[b], np = (used + ps - 1) / ps;
+        for (int64_t i = 0; i < stride; i++)
+            bt[b * stride + i] = i < np ? perm[next + i] : INT32_MAX - (int32_t)i;
+        for (int64_t i = 0; i < np * ps; i++) {
+            rv.offset = ((int64_t)perm[next + i / ps] * ps + i % ps) * row;
+            const int64_t tok = d->cu_k[b] + i;
+            tu_scatter(&rv, i < used ? d->k + tok * row : nan_row, kp, dtype);
+            tu_scatter(&rv, i < used ? d->v + tok * row : nan_row, vp, dtype);
+        }
+        next += np;
+    }
+    const size_t bytes = (size_t)(pages * ps * row) * esz;
+    if ((s = upload(st, &st->kpages_dev, kp, bytes)) == FLASHPORT_OK &&
+        (s = upload(st, &st->vpages_dev, vp, bytes)) == FLASHPORT_OK)
+        s = upload(st, &st->bt_dev, bt, (size_t)(c->batch * stride) * sizeof(int32_t));
+    if (s == FLASHPORT_OK) {
+        const int64_t shape[4] = {pages, ps, Hkv, D};
+        st->t[TC_K] = flashport_tensor_contiguous(st->kpages_dev, dtype, 4, shape);
+        st->t[TC_V] = flashport_tensor_contiguous(st->vpages_dev, dtype, 4, shape);
+        st->params.block_table = st->bt_dev;
+        st->params.block_table_stride = (int32_t)stride;
+    }
+out:
+    free(perm);
+    free(bt);
+    free(kp);
+    free(vp);
+    free(nan_row);
+    return s;
+}
+
+/* Copies the case's inputs to the backend in `layout`, outputs poisoned; paged (the backend
+ * under test of a paged case): k and v as a paged cache (stage_paged). */
 static flashport_status stage(staged *st, flashport_backend *be, const tc_case *c, const tc_data *d,
-                              flashport_dtype dtype, tc_layout layout)
+                              flashport_dtype dtype, tc_layout layout, int paged, int index)
 {
     static const int is_input[TC_TENSORS] = {1, 1, 1, 0, 1, 0, 0, 0};
     const float *logical[TC_TENSORS] = {d->q, d->k, d->v, NULL, d->dout, NULL, NULL, NULL};
@@ -149,12 +226,18 @@ static flashport_status stage(staged *st, flashport_backend *be, const tc_case *
         s = upload(st, &st->alibi_dev, d->alibi, (size_t)c->heads * sizeof(float));
         st->params.alibi_slopes = st->alibi_dev;
     }
+    if (s == FLASHPORT_OK && c->use_seqused) {
+        s = upload(st, &st->used_dev, d->used, (size_t)c->batch * sizeof(int32_t));
+        st->params.seqused_k = st->used_dev;
+    }
+    for (int t = 0; t < TC_TENSORS; t++)
+        st->t[t] = tu_view_tensor(&st->plan.view[t], st->dev[st->plan.buffer[t]], dtype);
+    if (s == FLASHPORT_OK && paged)
+        s = stage_paged(st, c, d, dtype, index);
     if (s != FLASHPORT_OK) {
         report_status("staging", s);
         return s;
     }
-    for (int t = 0; t < TC_TENSORS; t++)
-        st->t[t] = tu_view_tensor(&st->plan.view[t], st->dev[st->plan.buffer[t]], dtype);
     st->lse = tc_lse_tensor(c, d, st->lse_dev);
     return FLASHPORT_OK;
 }
@@ -405,7 +488,7 @@ static void run_case(flashport_backend *be, flashport_backend *ref, const tc_cas
         goto done;
 
     /* The oracle: reference backend, f32, contiguous. */
-    flashport_status s = stage(&so, ref, c, &d, FLASHPORT_F32, TC_CONTIGUOUS);
+    flashport_status s = stage(&so, ref, c, &d, FLASHPORT_F32, TC_CONTIGUOUS, 0, index);
     if (s == FLASHPORT_OK)
         s = run_forward(&so, c, &d, &oracle);
     if (s == FLASHPORT_OK)
@@ -418,7 +501,7 @@ static void run_case(flashport_backend *be, flashport_backend *ref, const tc_cas
         goto done;
 
     int required = tc_required(c, flashport_backend_name(be));
-    s = stage(&sb, be, c, &d, c->dtype, c->layout);
+    s = stage(&sb, be, c, &d, c->dtype, c->layout, c->page_size > 0, index);
     if (s != FLASHPORT_OK)
         goto done;
     double t0 = now_ms();
@@ -441,6 +524,17 @@ static void run_case(flashport_backend *be, flashport_backend *ref, const tc_cas
     if (s != FLASHPORT_OK) { /* the backward needs this forward's O and LSE */
         bwd = fwd;
         printf("bwd %-60s %s (not run: forward did not run)\n", name, verdict_name[bwd]);
+        goto done;
+    }
+    if (c->page_size > 0) { /* paged caches are forward only: the backward must be refused */
+        s = call_backward(&sb);
+        bwd = CHECK_MSG(s == FLASHPORT_ERR_UNSUPPORTED_FEATURE,
+                        "paged backward returned %s; expected FLASHPORT_ERR_UNSUPPORTED_FEATURE",
+                        flashport_status_string(s))
+                  ? PASS
+                  : FAIL;
+        printf("bwd %-60s refused (paged caches are forward only)  %s\n", name, verdict_name[bwd]);
+        check_inputs_intact(&sb);
         goto done;
     }
     int before_bwd = tu_failures;

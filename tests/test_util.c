@@ -284,7 +284,7 @@ int tu_naive_forward(const tu_problem *p, float *o, float *lse)
     }
     for (int64_t b = 0; b < p->batch; b++) {
         int64_t q0 = p->cu_q[b], nq = p->cu_q[b + 1] - q0;
-        int64_t k0 = p->cu_k[b], nk = p->cu_k[b + 1] - k0;
+        int64_t k0 = p->cu_k[b], nk = p->used_k ? p->used_k[b] : p->cu_k[b + 1] - k0;
         for (int64_t h = 0; h < H; h++) {
             int64_t kvh = h / group;
             for (int64_t i = 0; i < nq; i++) {
@@ -339,10 +339,11 @@ int tu_naive_backward(const tu_problem *p, const float *o, const float *lse, con
     }
     for (int64_t b = 0; b < p->batch; b++) {
         int64_t q0 = p->cu_q[b], nq = p->cu_q[b + 1] - q0;
-        int64_t k0 = p->cu_k[b], nk = p->cu_k[b + 1] - k0;
+        /* Keys past used_k get no gradient: their dK and dV rows are zeros. */
+        int64_t k0 = p->cu_k[b], cap = p->cu_k[b + 1] - k0, nk = p->used_k ? p->used_k[b] : cap;
         for (int64_t kvh = 0; kvh < Hkv; kvh++) {
-            memset(dk_acc, 0, (size_t)(nk * D) * sizeof(float));
-            memset(dv_acc, 0, (size_t)(nk * D) * sizeof(float));
+            memset(dk_acc, 0, (size_t)(cap * D) * sizeof(float));
+            memset(dv_acc, 0, (size_t)(cap * D) * sizeof(float));
             for (int64_t h = kvh * group; h < (kvh + 1) * group; h++) {
                 for (int64_t i = 0; i < nq; i++) {
                     int64_t row = (q0 + i) * H + h;
@@ -371,7 +372,7 @@ int tu_naive_backward(const tu_problem *p, const float *o, const float *lse, con
                         dq[row * D + d] = tu_round(p->scale * dq_acc[d], p->dtype);
                 }
             }
-            for (int64_t j = 0; j < nk; j++)
+            for (int64_t j = 0; j < cap; j++)
                 for (int64_t d = 0; d < D; d++) {
                     int64_t x = ((k0 + j) * Hkv + kvh) * D + d;
                     dk[x] = tu_round(p->scale * dk_acc[j * D + d], p->dtype);

@@ -127,6 +127,7 @@ typedef struct tu_problem {
     int64_t window_left, window_right; /* -1 = unbounded; causal folded in */
     const float *alibi;                /* [heads] or NULL */
     const float *q, *k, *v;            /* [total_q, H, D], [total_k, Hkv, D], [total_k, Hkv, D] */
+    const int32_t *used_k; /* [batch] keys each sequence uses (seqused_k), or NULL: all */
 } tu_problem;
 
 /* o: [total_q, H, D]; lse: [H, total_q]. Returns 0, or -1 when out of memory. */

@@ -980,6 +980,127 @@ static void test_layout_helpers(void)
               disjoint_found);
 }
 
+/* The KV cache (seqused_k, block_table) on the host backends: every bad input its own status and
+ * message, o untouched; the fields' defaults for a caller built before they existed; a backend
+ * whose caps do not serve them (the test plugin) refuses them. */
+static void test_kv_cache(void)
+{
+    enum { KB = 2, KNQ = 1, KH = 4, KHKV = 2, KD = 8, PS = 4, PAGES = 5, STRIDE = 3 };
+    static float q[KB * KNQ * KH * KD], kp[PAGES * PS * KHKV * KD], vp[PAGES * PS * KHKV * KD];
+    static float o[KB * KNQ * KH * KD];
+    for (int i = 0; i < PAGES * PS * KHKV * KD; i++)
+        kp[i] = vp[i] = (float)(i % 7) * 0.125f;
+    for (int i = 0; i < KB * KNQ * KH * KD; i++)
+        q[i] = (float)(i % 5) * 0.25f;
+    const int64_t qs[4] = {KB, KNQ, KH, KD}, ks[4] = {PAGES, PS, KHKV, KD};
+    flashport_tensor tq = flashport_tensor_contiguous(q, FLASHPORT_F32, 4, qs);
+    flashport_tensor to = flashport_tensor_contiguous(o, FLASHPORT_F32, 4, qs);
+    flashport_tensor tk = flashport_tensor_contiguous(kp, FLASHPORT_F32, 4, ks);
+    flashport_tensor tv = flashport_tensor_contiguous(vp, FLASHPORT_F32, 4, ks);
+    int32_t used[KB] = {10, 3};
+    int32_t bt[KB * STRIDE] = {4, 0, 2, 1, -7, 99}; /* entries past the used pages are not read */
+    flashport_attention_params p;
+    flashport_attention_params_init(&p);
+    p.seqused_k = used;
+    p.block_table = bt;
+    p.block_table_stride = STRIDE;
+
+#define KV_FWD(params) flashport_attention_forward(cpu_backend, (params), &tq, &tk, &tv, &to, NULL)
+#define EXPECT_UNWRITTEN(what)                                                                     \
+    do {                                                                                           \
+        int w_ = 0;                                                                                \
+        for (int i = 0; i < KB * KNQ * KH * KD; i++)                                               \
+            w_ |= o[i] != -1.0f;                                                                   \
+        CHECK_MSG(!w_, "%s: o was written by a refused call", what);                               \
+    } while (0)
+    for (int i = 0; i < KB * KNQ * KH * KD; i++)
+        o[i] = -1.0f;
+    CHECK_STATUS(KV_FWD(&p), FLASHPORT_OK, "");
+    int written = 1;
+    for (int i = 0; i < KB * KNQ * KH * KD; i++)
+        written &= o[i] != -1.0f && isfinite(o[i]);
+    CHECK_MSG(written, "paged forward left o unwritten or not finite");
+
+    flashport_attention_params bad = p;
+    for (int i = 0; i < KB * KNQ * KH * KD; i++)
+        o[i] = -1.0f;
+    bt[1] = PAGES; /* a used entry past the cache */
+    CHECK_STATUS(KV_FWD(&bad), FLASHPORT_ERR_INVALID_VALUE, "block_table[0][1] = 5");
+    EXPECT_UNWRITTEN("block table entry 5");
+    bt[1] = -1;
+    CHECK_STATUS(KV_FWD(&bad), FLASHPORT_ERR_INVALID_VALUE, "is not a page of the cache");
+    EXPECT_UNWRITTEN("block table entry -1");
+    bt[1] = 0;
+    used[1] = STRIDE * PS + 1; /* past the capacity of a row of the table */
+    CHECK_STATUS(KV_FWD(&bad), FLASHPORT_ERR_BAD_SEQLENS, "seqused_k[1] = 13 is outside [0, 12]");
+    used[1] = -1;
+    CHECK_STATUS(KV_FWD(&bad), FLASHPORT_ERR_BAD_SEQLENS, "seqused_k[1] = -1");
+    EXPECT_UNWRITTEN("bad seqused_k");
+    used[1] = 3;
+    bad.seqused_k = NULL;
+    CHECK_STATUS(KV_FWD(&bad), FLASHPORT_ERR_NULL_POINTER, "needs seqused_k");
+    bad = p;
+    bad.block_table_stride = 0;
+    CHECK_STATUS(KV_FWD(&bad), FLASHPORT_ERR_BAD_SIZE, "block_table_stride 0");
+    bad = p;
+    int32_t cu[KB + 1] = {0, 1, 2};
+    bad.cu_seqlens_q = bad.cu_seqlens_k = cu;
+    bad.batch = KB;
+    bad.max_seqlen_q = bad.max_seqlen_k = 1;
+    CHECK_STATUS(KV_FWD(&bad), FLASHPORT_ERR_UNSUPPORTED_FEATURE, "cu_seqlens must be NULL");
+    /* k and v of different page shapes; a page size of 0 */
+    const int64_t ks2[4] = {PAGES - 1, PS, KHKV, KD}, ks0[4] = {PAGES, 0, KHKV, KD};
+    flashport_tensor tv2 = flashport_tensor_contiguous(vp, FLASHPORT_F32, 4, ks2);
+    CHECK_STATUS(flashport_attention_forward(cpu_backend, &p, &tq, &tk, &tv2, &to, NULL),
+                 FLASHPORT_ERR_SHAPE_MISMATCH, "v has shape [4, 4, 2, 8]");
+    flashport_tensor tk0 = flashport_tensor_contiguous(kp, FLASHPORT_F32, 4, ks0);
+    CHECK_STATUS(flashport_attention_forward(cpu_backend, &p, &tq, &tk0, &tk0, &to, NULL),
+                 FLASHPORT_ERR_BAD_SIZE, "page_size (dimension 1) 0");
+    EXPECT_UNWRITTEN("bad paged shapes");
+    /* Paged backward is refused before its gradient shapes are looked at. */
+    static float lse_buf[KB * KH * KNQ];
+    const int64_t ls[3] = {KB, KH, KNQ};
+    flashport_tensor lse = flashport_tensor_contiguous(lse_buf, FLASHPORT_F32, 3, ls);
+    CHECK_STATUS(
+        flashport_attention_backward(cpu_backend, &p, &tq, &tk, &tv, &to, &lse, &to, &to, &tk, &tv),
+        FLASHPORT_ERR_UNSUPPORTED_FEATURE, "forward only");
+    /* A backend whose caps leave the KV cache at 0 refuses it, paged or not. */
+    if (testdev_backend) { /* it serves f16 (its memory is never read: not a host backend) */
+        flashport_tensor hq = tq, hk = tk, hv = tv, ho = to;
+        hq.dtype = hk.dtype = hv.dtype = ho.dtype = FLASHPORT_F16;
+        CHECK_STATUS(flashport_attention_supported(testdev_backend, FLASHPORT_FORWARD, &p, &hq, &hk,
+                                                   &hv, &ho, NULL, NULL, NULL, NULL, NULL),
+                     FLASHPORT_ERR_UNSUPPORTED_FEATURE, "does not serve a paged KV cache");
+        flashport_attention_params used_only;
+        flashport_attention_params_init(&used_only);
+        used_only.seqused_k = used;
+        hk.shape[0] = hv.shape[0] = KB; /* a dense [B, Nk = PS, Hkv, D] cache */
+        CHECK_STATUS(flashport_attention_supported(testdev_backend, FLASHPORT_FORWARD, &used_only,
+                                                   &hq, &hk, &hv, &ho, NULL, NULL, NULL, NULL,
+                                                   NULL),
+                     FLASHPORT_ERR_UNSUPPORTED_FEATURE, "does not serve seqused_k in forward");
+    }
+    /* A struct from before these fields (struct_size ends at descale_v) gets NULL / 0: dense. */
+    flashport_attention_params old;
+    flashport_attention_params_init_sized(&old, offsetof(flashport_attention_params, seqused_k));
+    old.seqused_k = used; /* past the caller's struct: must be ignored */
+    old.block_table = bt;
+    const int64_t dks[4] = {KB, 5, KHKV, KD};
+    flashport_tensor dk = flashport_tensor_contiguous(kp, FLASHPORT_F32, 4, dks);
+    flashport_tensor dv = flashport_tensor_contiguous(vp, FLASHPORT_F32, 4, dks);
+    CHECK_STATUS(flashport_attention_forward(cpu_backend, &old, &tq, &dk, &dv, &to, NULL),
+                 FLASHPORT_OK, "");
+    /* seqused_k on a dense cache: capacity Nk = 5. */
+    flashport_attention_params dense;
+    flashport_attention_params_init(&dense);
+    int32_t dused[KB] = {5, 6};
+    dense.seqused_k = dused;
+    CHECK_STATUS(flashport_attention_forward(cpu_backend, &dense, &tq, &dk, &dv, &to, NULL),
+                 FLASHPORT_ERR_BAD_SEQLENS, "seqused_k[1] = 6 is outside [0, 5]");
+#undef KV_FWD
+#undef EXPECT_UNWRITTEN
+}
+
 int main(void)
 {
     if (!getenv("FLASHPORT_PLUGIN_PATH"))
@@ -999,6 +1120,7 @@ int main(void)
     test_backend_statuses();
     test_status_strings();
     test_layout_helpers();
+    test_kv_cache();
 
     flashport_backend_close(testdev_backend);
     flashport_backend_close(cpu_backend);

@@ -89,6 +89,8 @@ static void host_caps(void *ctx, fp_backend_caps *caps)
     caps->head_dim_multiple = 1;
     caps->needs_contiguous_dim = 0;
     caps->is_host = 1;
+    caps->paged_kv_page_multiple = 1; /* any page size, forward */
+    caps->seqused_k_dirs = FP_SEQUSED_FWD | FP_SEQUSED_BWD;
 }
 
 static flashport_status host_malloc(void *ctx, size_t bytes, void **ptr)

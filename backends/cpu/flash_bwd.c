@@ -576,6 +576,26 @@ static void dq_task(const bwd_ctx *c, float *scratch, int64_t b, int64_t h, int6
     store_dq(c, scratch, &seq, b, h, i0, m);
 }
 
+/* seqused_k: the dK and dV rows of keys past a sequence's used ones get no gradient and are
+ * written as zeros (docs/semantics.md). */
+static void zero_unused_keys(const fp_problem *p)
+{
+    const int64_t d = p->head_dim;
+    for (int64_t b = 0; b < p->batch; b++) {
+        const fp_seq seq = fp_problem_seq(p, b);
+        const int64_t cap = fp_problem_key_capacity(p, b);
+        for (int64_t kvh = 0; kvh < p->kv_heads; kvh++)
+            for (int64_t j = seq.nk; j < cap; j++) {
+                const int64_t ok = fp_row_offset(&p->dk, b, seq.k_start + j, kvh);
+                const int64_t ov = fp_row_offset(&p->dv, b, seq.k_start + j, kvh);
+                for (int64_t e = 0; e < d; e++) {
+                    fp_store(p->dk.data, ok + e * p->dk.stride[FP_D], p->dtype, 0.0f);
+                    fp_store(p->dv.data, ov + e * p->dv.stride[FP_D], p->dtype, 0.0f);
+                }
+            }
+    }
+}
+
 flashport_status fp_cpu_flash_backward(const fp_problem *p)
 {
     bwd_ctx c;
@@ -678,5 +698,7 @@ flashport_status fp_cpu_flash_backward(const fp_problem *p)
     fp_scratch_free(scratch);
     fp_scratch_free(c.big);
     free(c.di);
+    if (p->seqused_k)
+        zero_unused_keys(p);
     return FLASHPORT_OK;
 }

@@ -65,6 +65,7 @@ typedef struct fwd_layout {
     size_t bm, sub; /* per query: block maximum; subtrahend of the exponent */
     size_t alpha;   /* per query: rescale factor of O */
     size_t bsum;    /* per query: the block's sum of P */
+    size_t gk, gv;  /* paged K and V rows of a block spanning pages, gathered: BLOCK_K x d */
     size_t total;
 } fwd_layout;
 
@@ -84,7 +85,9 @@ static fwd_layout fwd_layout_of(int64_t d)
     L.sub = L.bm + (size_t)L.ldq;
     L.alpha = L.sub + (size_t)L.ldq;
     L.bsum = L.alpha + (size_t)L.ldq;
-    L.total = L.bsum + (size_t)L.ldq;
+    L.gk = L.bsum + (size_t)L.ldq;
+    L.gv = L.gk + (size_t)BLOCK_K * L.ldd;
+    L.total = L.gv + (size_t)BLOCK_K * L.ldd;
     return L;
 }
 
@@ -150,6 +153,35 @@ static void pv_visible(float *o, int ldo, const float *pt, int ldp, const fp_blo
     }
 }
 
+/* Keys [j0, j0 + n) of kv head kvh of sequence b from the k-shaped view t: dense and varlen rows
+ * in place; paged rows in place when they lie in one page, else copied (in their dtype, d
+ * contiguous elements per row) to buf, BLOCK_K x d. */
+static fp_block key_block(const fp_problem *p, const fp_tensor_view *t, int64_t b,
+                          const fp_seq *seq, int64_t j0, int n, int64_t kvh, void *buf)
+{
+    fp_block x = {t->data, p->dtype, fp_key_offset(p, t, b, seq, j0, kvh), t->stride[FP_S],
+                  t->stride[FP_D]};
+    if (!p->block_table || j0 / p->page_size == (j0 + n - 1) / p->page_size)
+        return x;
+    const size_t es = flashport_dtype_size(p->dtype);
+    const int64_t d = p->head_dim;
+    for (int r = 0; r < n; r++) {
+        const int64_t off = fp_key_offset(p, t, b, seq, j0 + r, kvh);
+        char *dst = (char *)buf + (size_t)r * (size_t)d * es;
+        if (t->stride[FP_D] == 1)
+            memcpy(dst, (const char *)t->data + (size_t)off * es, (size_t)d * es);
+        else
+            for (int64_t e = 0; e < d; e++)
+                memcpy(dst + (size_t)e * es,
+                       (const char *)t->data + (size_t)(off + e * t->stride[FP_D]) * es, es);
+    }
+    x.data = buf;
+    x.off = 0;
+    x.rs = d;
+    x.cs = 1;
+    return x;
+}
+
 /* One task: query rows [i0, i0 + m) of (b, h). */
 static void fwd_block(const fwd_ctx *c, float *scratch, int64_t b, int64_t h, int64_t i0)
 {
@@ -188,11 +220,9 @@ static void fwd_block(const fwd_ctx *c, float *scratch, int64_t b, int64_t h, in
     fp_mask_block_range(i0, i0 + m, seq.nq, seq.nk, p->window_left, p->window_right, &lo, &hi);
     for (int64_t j0 = lo; j0 < hi; j0 += BLOCK_K) {
         const int n = (int)(hi - j0 < BLOCK_K ? hi - j0 : BLOCK_K);
-        const fp_block kb = {p->k.data, p->dtype, fp_row_offset(&p->k, b, seq.k_start + j0, kvh),
-                             p->k.stride[FP_S], p->k.stride[FP_D]};
-        const fp_block vb = {p->v.data, p->dtype, fp_row_offset(&p->v, b, seq.k_start + j0, kvh),
-                             p->v.stride[FP_S], p->v.stride[FP_D]};
-        if (j0 + BLOCK_K < hi) {
+        const fp_block kb = key_block(p, &p->k, b, &seq, j0, n, kvh, scratch + L->gk);
+        const fp_block vb = key_block(p, &p->v, b, &seq, j0, n, kvh, scratch + L->gv);
+        if (j0 + BLOCK_K < hi && !p->block_table) {
             const int n_next = (int)(hi - j0 - BLOCK_K < BLOCK_K ? hi - j0 - BLOCK_K : BLOCK_K);
             fp_block next = kb;
             next.off += BLOCK_K * kb.rs;

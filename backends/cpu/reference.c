@@ -80,7 +80,7 @@ static double score(const fp_problem *p, const fp_seq *s, int64_t b, int64_t h, 
 {
     if (!fp_mask_visible(i, j, s->nq, s->nk, p->window_left, p->window_right))
         return -INFINITY;
-    int64_t koff = fp_row_offset(&p->k, b, s->k_start + j, fp_kv_head(p, h));
+    int64_t koff = fp_key_offset(p, &p->k, b, s, j, fp_kv_head(p, h));
     *capped = softcap_d((double)p->scale * dot_row(p, qrow, &p->k, koff), p->softcap);
     double slope = p->alibi_slopes ? p->alibi_slopes[h] : 0.0;
     return *capped - slope * fp_alibi_distance(i, j, s->nq, s->nk);
@@ -130,7 +130,7 @@ flashport_status fp_reference_forward(const fp_problem *p)
                         if (scores[j] == -INFINITY)
                             continue;
                         double w = exp(scores[j] - m);
-                        int64_t voff = fp_row_offset(&p->v, b, s.k_start + j, kvh);
+                        int64_t voff = fp_key_offset(p, &p->v, b, &s, j, kvh);
                         l += w;
                         for (int64_t d = 0; d < D; d++)
                             orow[d] +=
@@ -195,8 +195,8 @@ flashport_status fp_reference_backward(const fp_problem *p)
                         double capped, t = score(p, &s, b, h, i, j, qrow, &capped);
                         if (t == -INFINITY)
                             continue;
-                        int64_t koff = fp_row_offset(&p->k, b, s.k_start + j, kvh);
-                        int64_t voff = fp_row_offset(&p->v, b, s.k_start + j, kvh);
+                        int64_t koff = fp_key_offset(p, &p->k, b, &s, j, kvh);
+                        int64_t voff = fp_key_offset(p, &p->v, b, &s, j, kvh);
                         double pij = exp(t - lse);
                         double dp = dot_row(p, dorow, &p->v, voff);
                         double ds = pij * (dp - delta) * softcap_grad_d(capped, p->softcap) *
@@ -211,7 +211,11 @@ flashport_status fp_reference_backward(const fp_problem *p)
                     store_row(p, &p->dq, fp_row_offset(&p->dq, b, s.q_start + i, h), dqrow);
                 }
             }
-            for (int64_t j = 0; j < s.nk; j++) {
+            /* Keys past seqused_k get no gradient: their rows are written as zeros. */
+            const int64_t cap = fp_problem_key_capacity(p, b);
+            for (int64_t x = s.nk * D; x < cap * D; x++)
+                dk_acc[x] = dv_acc[x] = 0.0;
+            for (int64_t j = 0; j < cap; j++) {
                 store_row(p, &p->dk, fp_row_offset(&p->dk, b, s.k_start + j, kvh), dk_acc + j * D);
                 store_row(p, &p->dv, fp_row_offset(&p->dv, b, s.k_start + j, kvh), dv_acc + j * D);
             }

@@ -158,6 +158,9 @@ static void cuda_caps(void *ctx, fp_backend_caps *caps)
     caps->head_dim_multiple = 8;
     caps->needs_contiguous_dim = 1;
     caps->is_host = 0;
+    /* Paged caches: the decode kernel (decode/fwd.cu), whose warps read 16 keys of one page. */
+    caps->paged_kv_page_multiple = 16;
+    caps->seqused_k_dirs = FP_SEQUSED_FWD | FP_SEQUSED_BWD;
 }
 
 static flashport_status cuda_malloc(void *vctx, size_t bytes, void **ptr)
@@ -315,9 +318,10 @@ static flashport_status cuda_path(fp_cuda_path *path)
     return FLASHPORT_OK;
 }
 
-/* The forward's path: sm90 where it runs (auto or forced), else sm80 (auto or forced); forcing
- * sm90 where it declines is an error that says why. query != NULL: the scratch bytes of the
- * chosen path (or its refusal), launching nothing. */
+/* The forward's path: the decode kernel for paged caches and decode shapes (every device;
+ * fp_cuda_decode_wanted), else sm90 where it runs (auto or forced), else sm80 (auto or forced);
+ * forcing sm90 where it declines is an error that says why. query != NULL: the scratch bytes of
+ * the chosen path (or its refusal), launching nothing. */
 static flashport_status cuda_forward_path(const fp_cuda_ctx *ctx, const fp_problem *p, void *ws,
                                           size_t *query)
 {
@@ -325,6 +329,14 @@ static flashport_status cuda_forward_path(const fp_cuda_ctx *ctx, const fp_probl
     flashport_status st = cuda_path(&path);
     if (st != FLASHPORT_OK)
         return st;
+    if (fp_cuda_decode_wanted(p)) {
+        if (path == FP_CUDA_PATH_SM90)
+            return fp_cuda_refuse(FLASHPORT_ERR_UNSUPPORTED_FEATURE,
+                                  "FLASHPORT_CUDA_PATH=sm90, but this call is served by the decode "
+                                  "kernel (%s)",
+                                  p->block_table ? "a paged KV cache" : "a decode shape");
+        return fp_cuda_decode_forward(ctx, p, ws, query);
+    }
     if (path != FP_CUDA_PATH_SM80) {
         const char *declined = NULL;
         st = fp_cuda_sm90_forward(ctx, p,
@@ -359,7 +371,10 @@ static flashport_status scratch_bytes(const fp_cuda_ctx *ctx, const fp_problem *
         st = fp_cuda_sm80_backward(ctx, p, NULL, &k);
     else if (refuse)
         st = cuda_forward_path(ctx, p, NULL, &k);
-    if (st == FLASHPORT_OK && !backward) {
+    if (st == FLASHPORT_OK && !backward && fp_cuda_decode_wanted(p)) {
+        /* The decode kernel's choice does not depend on the staged layout. */
+        st = fp_cuda_decode_forward(ctx, p, NULL, &k);
+    } else if (st == FLASHPORT_OK && !backward) {
         size_t k90 = 0, k80 = 0;
         const char *declined;
         if (fp_cuda_sm90_forward(ctx, p, "query", &declined, NULL, &k90) == FLASHPORT_OK && k90 > k)

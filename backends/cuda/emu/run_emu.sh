@@ -28,13 +28,13 @@ base=(-std=c++17 -O2 -g -fPIC -Wall -Wno-unknown-pragmas -Wno-pass-failed -DFP_C
 # A .cu file as C++: the launch syntax rewritten, line numbers kept.
 compile_cu() {
     local src=$1 obj=$2 tmp
-    tmp=$out/src/$(basename "$src").cpp
+    tmp=$out/src/$(basename "$obj" .o).cpp
     { printf '#line 1 "%s"\n' "$src"; sed -E 's/<<<(.*)>>>/ << fp_emu_cfg(\1)/' "$src"; } >"$tmp"
     "$cxx" "${base[@]}" -include "$emu/cuda_emu.h" -x c++ -c "$tmp" -o "$obj"
 }
 build_lib() {
     pids=()
-    for f in sm80/fwd sm80/bwd sm90/sm90_fwd layout; do
+    for f in sm80/fwd sm80/bwd sm90/sm90_fwd decode/fwd layout; do
         compile_cu "$root/backends/cuda/$f.cu" "$out/obj/${f//\//_}.o" &
         pids+=($!)
     done

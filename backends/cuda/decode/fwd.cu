@@ -126,7 +126,8 @@ FP_DEV void fp_dec_load_kv(T *stage, const T *base, int64_t sb, int64_t ss, cons
 
 // q, o: (B, Nq, H, D); k, v: (B, Nk, Hkv, D) or paged (pages, page_size, Hkv, D); lse: (B, H, Nq)
 // grid (row tiles, Hkv, B * splits)
-template <typename T, int DK> __global__ void __launch_bounds__(fp_dec_cfg<DK>::NW * 32)
+template <typename T, int DK>
+__global__ void __launch_bounds__(fp_dec_cfg<DK>::NW * 32)
     fp_decode_fwd_kernel(const fp_sm80_args a)
 {
     constexpr int NW = fp_dec_cfg<DK>::NW, ST = fp_dec_cfg<DK>::ST;
@@ -252,11 +253,11 @@ template <typename T, int DK> __global__ void __launch_bounds__(fp_dec_cfg<DK>::
                 for (int e = 0; e < 2; ++e) {
                     const int kj = j0 + 8 * j + 2 * t + e;
                     float &x = s[j][2 * r + e];
-                    const float v = a.transform
-                                        ? fp_score_transform(x * a.scale, a.softcap, slope[r],
-                                                             fp_alibi_distance(tok[r], kj, nq, nk)) *
-                                              FP_LOG2E
-                                        : x * a.scale_log2;
+                    const float v =
+                        a.transform ? fp_score_transform(x * a.scale, a.softcap, slope[r],
+                                                         fp_alibi_distance(tok[r], kj, nq, nk)) *
+                                          FP_LOG2E
+                                    : x * a.scale_log2;
                     x = page_ok && fp_mask32_visible(mk, tok[r], kj) ? v : -INFINITY;
                     mx = fmaxf(mx, x);
                 }
@@ -423,8 +424,7 @@ static flashport_status fp_decode_launch(const fp_cuda_ctx *ctx, const fp_proble
     const bool empty = tiles == 0;
     const size_t part_rows = (size_t)plan.num_splits * p->batch * p->heads * a.nq;
     if (query) {
-        *query =
-            empty || plan.num_splits <= 1 ? 0 : part_rows * (size_t)(a.d + 1) * sizeof(float);
+        *query = empty || plan.num_splits <= 1 ? 0 : part_rows * (size_t)(a.d + 1) * sizeof(float);
         return FLASHPORT_OK;
     }
     if (empty)

@@ -4,7 +4,8 @@
 # and mma fragments against a plain loop), then the shared test table on backend "cudaemu" once
 # per emulated device: FP_CUDA_EMU_SMEM_KIB=227 (sm_90-like: the largest tile configurations)
 # and 163 (sm_80-like), and once more at the first with the forward's ping-pong kernel forced
-# (FLASHPORT_CUDA_FWD_PINGPONG=1). <build> is any configured flashport build folder; its
+# (FLASHPORT_CUDA_FWD_PINGPONG=1) and once with every forward on the decode kernel, split three
+# ways (FLASHPORT_CUDA_DECODE=1, FLASHPORT_CUDA_DECODE_SPLITS=3). <build> is any configured flashport build folder; its
 # test_backends is built if missing.
 #
 #   backends/cuda/emu/run_emu.sh <build> [test_backends options, e.g. --quick or --filter D128]
@@ -79,4 +80,9 @@ kib=${kib%% *}
 echo "== cudaemu, FP_CUDA_EMU_SMEM_KIB=$kib, FLASHPORT_CUDA_FWD_PINGPONG=1"
 FP_CUDA_EMU_SMEM_KIB=$kib FLASHPORT_CUDA_FWD_PINGPONG=1 FLASHPORT_PLUGIN_PATH=$out \
     "$build/bin/test_backends" cudaemu "$@" || status=1
+# Every forward through the decode kernel (decode/fwd.cu), its keys in 3 splits where they have
+# 3 key blocks: GQA packing, masks, varlen and the combine on every case of the table.
+echo "== cudaemu, FP_CUDA_EMU_SMEM_KIB=$kib, FLASHPORT_CUDA_DECODE=1, FLASHPORT_CUDA_DECODE_SPLITS=3"
+FP_CUDA_EMU_SMEM_KIB=$kib FLASHPORT_CUDA_DECODE=1 FLASHPORT_CUDA_DECODE_SPLITS=3 \
+    FLASHPORT_PLUGIN_PATH=$out "$build/bin/test_backends" cudaemu "$@" || status=1
 exit "$status"

@@ -22,6 +22,15 @@ the dtype).
 Writes into --out: compare_torch.md (table and ratios), compare_torch.csv (every timing),
 compare_torch.png (TFLOP/s against N), and prints the markdown last.
 
+--decode runs the KV-cache decode grid of issue 18 instead: B in {1, 16, 128}, Nk in {8192,
+32768}, H:Hkv in {32:8, 64:8, 32:32, 32:1}, D in {128, 64}, Nq in {1, 4, 8} (no mask: SDPA's
+is_causal is top-left aligned, ours bottom-right), our dense cache and paged caches (page 16 and
+256, shuffled pages, seqused_k = Nk) against SDPA flash and cuDNN with enable_gqa (a backend that
+refuses GQA gets K and V expanded to H heads, marked "expanded"), and a device-copy bandwidth
+(a 4 GiB tensor copied, bytes read + written). Writes compare_torch_decode.{md,csv}: time, K/V
+GB/s (the cache's bytes once), % of the copy. --decode-batches/-seqlens/-nq/-heads/-pages narrow
+the grid.
+
     python3 bench/compare_torch.py --out out/                     # the installed package
     python3 bench/compare_torch.py --lib build/lib/libflashport.so --out out/
     python3 bench/compare_torch.py --backend cpu --out out/
@@ -286,6 +295,163 @@ def gemm_tflops():
     return 2 * 8192 ** 3 / ms / 1e9
 
 
+
+# ---------------------------------------------------------------------------------------------
+# --decode: the KV-cache decode grid of issue 18.
+# ---------------------------------------------------------------------------------------------
+DECODE_HEADS = ((32, 8), (64, 8), (32, 32), (32, 1))
+
+
+def copy_gbs(rep):
+    """Device copy bandwidth: a 4 GiB (CUDA; 256 MiB on the CPU) tensor copied into another,
+    bytes read + written per second (STREAM's Copy convention), GB/s."""
+    n = (4 << 30) if DEV == "cuda" else (256 << 20)
+    x = torch.empty(n, dtype=torch.uint8, device=DEV)
+    y = torch.empty_like(x)
+    x.fill_(1)
+    ms = bench_ms(lambda: y.copy_(x), rep=rep)
+    del x, y
+    return 2.0 * n / (ms * 1e-3) * 1e-9
+
+
+def paged_cache(k, v, page, gen):
+    """k, v [B, Nk, Hkv, D] -> [pages, page, Hkv, D] caches in a shuffled page order, the block
+    table [B, ceil(Nk / page)] and seqused_k = Nk."""
+    B, Nk, Hkv, D = k.shape
+    per = (Nk + page - 1) // page
+    pad = per * page - Nk
+    perm = torch.randperm(B * per, generator=gen).to(k.device)
+    table = perm.view(B, per).to(torch.int32).contiguous()
+    kp, vp = (torch.empty(B * per, page, Hkv, D, dtype=k.dtype, device=k.device) for _ in "kv")
+    for src, dst in ((k, kp), (v, vp)):
+        padded = F.pad(src, (0, 0, 0, 0, 0, pad)) if pad else src
+        dst[perm] = padded.reshape(B * per, page, Hkv, D)
+    used = torch.full((B,), Nk, dtype=torch.int32, device=k.device)
+    return kp, vp, table, used
+
+
+def run_decode(fp, args, copy):
+    """Every shape of the decode grid: ours dense and paged, SDPA flash and cuDNN (enable_gqa;
+    where a backend refuses GQA, K and V expanded to H heads, marked 'expanded'). Returns CSV rows:
+    milliseconds, K/V GB/s (K and V bytes of the cache counted once) and % of the copy."""
+    dtypes = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+    impls = [i for i in args.impls if i in SDPA]
+    gen = torch.Generator().manual_seed(18)
+    rows = []
+    for dname in args.dtypes.split(","):
+        dt = dtypes[dname]
+        for D in (int(x) for x in args.dims.split(",")):
+            for H, Hkv in args.decode_heads:
+                for B in args.decode_batches:
+                    for Nk in args.decode_seqlens:
+                        for Nq in args.decode_nq:
+                            shape = dict(dtype=dname, B=B, H=H, Hkv=Hkv, Nq=Nq, Nk=Nk, D=D)
+                            kv_bytes = 2 * B * Nk * Hkv * D * torch.finfo(dt).bits // 8
+                            try:
+                                q = torch.randn(B, Nq, H, D, dtype=dt, device=DEV)
+                                k = torch.randn(B, Nk, Hkv, D, dtype=dt, device=DEV)
+                                v = torch.randn(B, Nk, Hkv, D, dtype=dt, device=DEV)
+                            except RuntimeError as e:  # out of memory (torch.cuda's is one)
+                                print(f"decode {shape}: {str(e).splitlines()[0]}, skipped",
+                                      flush=True)
+                                continue
+                            o = torch.empty_like(q)
+                            lse = torch.empty(B, H, Nq, dtype=torch.float32, device=DEV)
+
+                            def row(impl, ms, note=""):
+                                gbs = kv_bytes / (ms * 1e-3) * 1e-9
+                                rows.append(dict(shape, impl=impl, ms=ms, kv_gbs=gbs,
+                                                 pct_copy=100.0 * gbs / copy, note=note))
+                                print(f"decode {dname} B{B} H{H}/{Hkv} Nq{Nq} Nk{Nk} D{D} "
+                                      f"{impl:>10}: {ms:8.3f} ms {gbs:8.1f} GB/s "
+                                      f"{100.0 * gbs / copy:5.1f}% of copy {note}", flush=True)
+
+                            fwd = lambda kk=k, vv=v, **kw: flashport.attention(
+                                q, kk, vv, return_lse=True, out=(o, lse), backend=fp.backend, **kw)
+                            fwd()
+                            ref = o.clone()
+                            row("ours", bench_ms(fwd, rep=args.rep))
+                            for page in args.decode_pages:
+                                try:
+                                    kp, vp, table, used = paged_cache(k, v, page, gen)
+                                except RuntimeError as e:  # out of memory
+                                    print(f"  paged {page}: {str(e).splitlines()[0]}", flush=True)
+                                    continue
+                                pfwd = lambda: fwd(kp, vp, seqused_k=used, block_table=table)
+                                try:
+                                    pfwd()
+                                except flashport.Error as e:
+                                    print(f"  paged {page}: {e}", flush=True)
+                                    del kp, vp
+                                    continue
+                                err = rel_l2(o, ref)
+                                row(f"ours:p{page}", bench_ms(pfwd, rep=args.rep),
+                                    f"rel_l2 vs dense {err:.1e}")
+                                del kp, vp
+                            qt, kt, vt = (x.transpose(1, 2) for x in (q, k, v))
+                            for impl in impls:
+                                note = ""
+                                try:
+                                    with sdpa_kernel(SDPA[impl]):
+                                        call = lambda: F.scaled_dot_product_attention(
+                                            qt, kt, vt, enable_gqa=True)
+                                        out = call()
+                                except RuntimeError:
+                                    note = "expanded"
+                                    try:
+                                        ke = kt.repeat_interleave(H // Hkv, dim=1)
+                                        ve = vt.repeat_interleave(H // Hkv, dim=1)
+                                        with sdpa_kernel(SDPA[impl]):
+                                            call = lambda: F.scaled_dot_product_attention(qt, ke, ve)
+                                            out = call()
+                                    except RuntimeError as e:  # out of memory too
+                                        print(f"  {impl}: {str(e).splitlines()[0]}", flush=True)
+                                        continue
+                                err = rel_l2(ref, out.transpose(1, 2))
+                                with sdpa_kernel(SDPA[impl]):
+                                    ms = bench_ms(call, rep=args.rep)
+                                row(impl, ms, f"{note} ours vs it rel_l2 {err:.1e}".strip())
+                            del q, k, v, o, lse, ref
+                            if DEV == "cuda":
+                                torch.cuda.empty_cache()
+    return rows
+
+
+def write_decode(rows, copy, header, out):
+    """compare_torch_decode.csv (every row) and compare_torch_decode.md (per shape: our dense and
+    paged GB/s, % of copy, and SDPA's times against ours)."""
+    keys = ["dtype", "B", "H", "Hkv", "Nq", "Nk", "D", "impl", "ms", "kv_gbs", "pct_copy", "note"]
+    with open(os.path.join(out, "compare_torch_decode.csv"), "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=keys)
+        w.writeheader()
+        w.writerows(rows)
+    by = collections.OrderedDict()
+    for r in rows:
+        by.setdefault(tuple(r[k] for k in keys[:7]), {})[r["impl"]] = r
+    impls = sorted({r["impl"] for r in rows}, key=lambda i: (not i.startswith("ours"), i))
+    lines = [f"# Decode: flashport vs SDPA\n", f"{header}; device copy {copy:.0f} GB/s "
+             f"(read + written). GB/s: the cache's K and V bytes once per call.\n",
+             "| dtype | B | H:Hkv | Nq | Nk | D | " + " | ".join(
+                 f"{i} ms (GB/s, % copy)" for i in impls) + " | SDPA / ours |",
+             "|" + "---|" * (7 + len(impls))]
+    for key, got in by.items():
+        dt, B, H, Hkv, Nq, Nk, D = key
+        cells = []
+        for i in impls:
+            r = got.get(i)
+            cells.append("-" if r is None else
+                         f"{r['ms']:.3f} ({r['kv_gbs']:.0f}, {r['pct_copy']:.0f}%)")
+        ours = got.get("ours")
+        best = min((r["ms"] for i, r in got.items() if not i.startswith("ours")), default=None)
+        ratio = "-" if ours is None or best is None else f"{best / ours['ms']:.2f}x"
+        lines.append(f"| {dt} | {B} | {H}:{Hkv} | {Nq} | {Nk} | {D} | " + " | ".join(cells)
+                     + f" | {ratio} |")
+    md = "\n".join(lines) + "\n"
+    with open(os.path.join(out, "compare_torch_decode.md"), "w") as f:
+        f.write(md)
+    print(md)
+
+
 def main():
     global SDPA, DEV, REF
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -314,6 +480,15 @@ def main():
                     help="VAR=A,B,...: time our backward once per value of VAR (A/B runs)")
     ap.add_argument("--fwd-env", default="",
                     help="VAR=A,B,...: time our forward once per value of VAR (A/B runs)")
+    ap.add_argument("--decode", action="store_true",
+                    help="the decode grid instead (issue 18): B 1,16,128 x Nk 8192,32768 x H:Hkv "
+                    "32:8,64:8,32:32,32:1 x Nq 1,4,8, dense and paged (16, 256) against SDPA, "
+                    "with a device-copy bandwidth")
+    ap.add_argument("--decode-batches", default="1,16,128")
+    ap.add_argument("--decode-seqlens", default="8192,32768")
+    ap.add_argument("--decode-nq", default="1,4,8")
+    ap.add_argument("--decode-heads", default=",".join(f"{h}:{k}" for h, k in DECODE_HEADS))
+    ap.add_argument("--decode-pages", default="16,256")
     args = ap.parse_args()
     cuda = args.backend == "cuda"
     FMT = ".0f" if cuda else ".3f"  # TFLOP/s: a CPU's are fractions
@@ -354,6 +529,19 @@ def main():
                   f"(FLASHPORT_NUM_THREADS: {threads}); {now}; host-clock median, rep "
                   f"{args.rep} ms; SDPA flash and ours: best of {args.rounds} alternating rounds")
     print(header, flush=True)
+    if args.decode:
+        ints = lambda x: [int(y) for y in x.split(",") if y]
+        args.dims = args.dims if args.dims != "64,128,256" else "128,64"
+        args.decode_batches, args.decode_seqlens = ints(args.decode_batches), ints(
+            args.decode_seqlens)
+        args.decode_nq, args.decode_pages = ints(args.decode_nq), ints(args.decode_pages)
+        args.decode_heads = [tuple(int(y) for y in x.split(":"))
+                             for x in args.decode_heads.split(",")]
+        copy = copy_gbs(args.rep)
+        print(f"device copy: {copy:.0f} GB/s (read + written)", flush=True)
+        rows = run_decode(fp, args, copy)
+        write_decode(rows, copy, header, args.out)
+        return
 
     dtypes = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
     all_rows, table = [], []

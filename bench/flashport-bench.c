@@ -101,6 +101,8 @@ typedef struct bench_options {
     double peak_tflops; /* 0: measure on host backends, unknown on others */
     double mem_gbs;     /* 0: measure on host backends for decode shapes */
     uint64_t seed;
+    int decode;        /* --decode */
+    int64_t page_size; /* --paged PAGE_SIZE; 0: dense K/V */
 } bench_options;
 
 typedef struct bench_shape {
@@ -117,6 +119,7 @@ typedef struct bench_ctx {
     const char *variant;
     double peak_tflops; /* NaN when unknown */
     double mem_gbs;     /* NaN when unknown */
+    double copy_gbs;    /* memcpy bandwidth (read + write bytes), NaN when unknown */
     FILE *csv;
     FILE *json;
     int json_rows;
@@ -128,6 +131,10 @@ typedef struct bench_tensors {
     void *q, *k, *v, *o, *lse, *dout, *dq, *dk, *dv;
     void *hq, *hk, *hv, *hdout;
     flashport_tensor tq, tk, tv, to, tlse, tdout, tdq, tdk, tdv;
+    /* --paged: tk and tv are [pages, page_size, Hkv, D] caches in pk, pv; bt the [B, stride] block
+     * table of shuffled pages; used = Nk per sequence (seqused_k). NULL otherwise. */
+    void *pk, *pv, *bt, *used;
+    int32_t bt_stride;
 } bench_tensors;
 
 /* The part of a shape the reference recomputes: the last nb batches, the last ng kv heads with
@@ -233,6 +240,11 @@ static void bench_usage(FILE *f)
         "                         threads (shared machines; set OMP_WAIT_POLICY=passive)\n"
         "      --mem-gbs X        memory bandwidth for pct_mem, GB/s (default: measured on host\n"
         "                         backends when a shape has at most 16 query rows)\n"
+        "      --decode           decode shapes: Nq = 1,2,4,8,16 unless --seqlen-q says, Nk 8192\n"
+        "                         unless --seqlen-k / --seqlen says; host backends also print\n"
+        "                         a memcpy bandwidth (K/V read %% of it)\n"
+        "      --paged PAGE_SIZE  K and V in a paged cache of that page size (shuffled pages,\n"
+        "                         seqused_k = Nk; forward only)\n"
         "      --baseline blas    also time sgemm + softmax + sgemm through the BLAS on the same\n"
         "                         inputs (f32 forward; bench/baseline_blas.c) and print the\n"
         "                         backend's speedup over it\n"
@@ -349,7 +361,9 @@ static void bench_parse_args(int argc, char **argv, bench_options *o)
         OPT_BASELINE,
         OPT_PEAK_GFLOPS,
         OPT_MEM_GBS,
-        OPT_CLOCK
+        OPT_CLOCK,
+        OPT_DECODE,
+        OPT_PAGED
     };
     static const struct option longopts[] = {
         {"backend", required_argument, NULL, 'b'},
@@ -376,6 +390,8 @@ static void bench_parse_args(int argc, char **argv, bench_options *o)
         {"peak-gflops", required_argument, NULL, OPT_PEAK_GFLOPS},
         {"mem-gbs", required_argument, NULL, OPT_MEM_GBS},
         {"clock", required_argument, NULL, OPT_CLOCK},
+        {"decode", no_argument, NULL, OPT_DECODE},
+        {"paged", required_argument, NULL, OPT_PAGED},
         {"baseline", required_argument, NULL, OPT_BASELINE},
         {"seed", required_argument, NULL, 'r'},
         {"help", no_argument, NULL, 'h'},
@@ -479,6 +495,12 @@ static void bench_parse_args(int argc, char **argv, bench_options *o)
         case OPT_MEM_GBS:
             o->mem_gbs = bench_parse_double(opt, val, 0.0);
             break;
+        case OPT_DECODE:
+            o->decode = 1;
+            break;
+        case OPT_PAGED:
+            o->page_size = bench_parse_int(opt, val, 1, big);
+            break;
         case OPT_CLOCK:
             if (strcmp(val, "cpu") != 0 && strcmp(val, "wall") != 0)
                 bench_bad_arg(opt, val, "expected wall or cpu");
@@ -525,6 +547,13 @@ static void bench_parse_args(int argc, char **argv, bench_options *o)
             o->hdim.v[o->hdim.n++] = 128;
         }
     }
+    if (o->decode && o->seqlen_q.n == 0)
+        for (int64_t n = 1; n <= 16; n *= 2)
+            o->seqlen_q.v[o->seqlen_q.n++] = n;
+    if (o->decode && o->seqlen_k.n == 0 && o->seqlen.n == 0)
+        o->seqlen_k.v[o->seqlen_k.n++] = 8192;
+    if (o->page_size && o->bwd)
+        bench_bad_arg("--paged", NULL, "a paged KV cache is forward only (--direction fwd)");
     if (o->seqlen.n == 0) {
         if (o->sweep) {
             for (int64_t n = 512; n <= 4096; n *= 2)
@@ -698,6 +727,59 @@ static void *bench_random_input(bench_ctx *c, void *dev, flashport_dtype dtype, 
     return h;
 }
 
+/* --paged: K and V copied into a cache of ceil(Nk / page_size) pages per sequence, the pages of
+ * all sequences in a shuffled order; the dense device K and V are released. */
+static void bench_make_paged(bench_ctx *c, const bench_shape *s, bench_tensors *t, uint64_t *rng)
+{
+    const int64_t ps = c->opt->page_size, stride = (s->nk + ps - 1) / ps;
+    const int64_t pages = s->b * stride, row = s->hkv * s->d;
+    const size_t es = flashport_dtype_size(s->dtype), bytes = (size_t)(pages * ps * row) * es;
+    int32_t *bt = bench_host_alloc((size_t)(pages > 0 ? pages : 1) * sizeof(int32_t));
+    int32_t *used = bench_host_alloc((size_t)s->b * sizeof(int32_t));
+    for (int64_t i = 0; i < pages; i++)
+        bt[i] = (int32_t)i;
+    for (int64_t i = pages - 1; i > 0; i--) {
+        const int64_t j = (int64_t)(bench_rng_next(rng) % (uint64_t)(i + 1));
+        const int32_t x = bt[i];
+        bt[i] = bt[j];
+        bt[j] = x;
+    }
+    char *hk = bench_host_alloc(bytes > 0 ? bytes : 1),
+         *hv = bench_host_alloc(bytes > 0 ? bytes : 1);
+    memset(hk, 0, bytes);
+    memset(hv, 0, bytes);
+    for (int64_t b = 0; b < s->b; b++) {
+        used[b] = (int32_t)s->nk;
+        for (int64_t j = 0; j < s->nk; j++) {
+            const size_t to = (size_t)((bt[b * stride + j / ps] * ps + j % ps) * row) * es;
+            const size_t from = (size_t)((b * s->nk + j) * row) * es;
+            memcpy(hk + to, (const char *)t->hk + from, (size_t)row * es);
+            memcpy(hv + to, (const char *)t->hv + from, (size_t)row * es);
+        }
+    }
+    t->pk = bench_device_alloc(c, bytes);
+    t->pv = bench_device_alloc(c, bytes);
+    t->bt = bench_device_alloc(c, (size_t)(pages > 0 ? pages : 1) * sizeof(int32_t));
+    t->used = bench_device_alloc(c, (size_t)s->b * sizeof(int32_t));
+    bench_ok(flashport_memcpy_to_device(c->be, t->pk, hk, bytes), "flashport_memcpy_to_device");
+    bench_ok(flashport_memcpy_to_device(c->be, t->pv, hv, bytes), "flashport_memcpy_to_device");
+    bench_ok(flashport_memcpy_to_device(c->be, t->bt, bt, (size_t)pages * sizeof(int32_t)),
+             "flashport_memcpy_to_device");
+    bench_ok(flashport_memcpy_to_device(c->be, t->used, used, (size_t)s->b * sizeof(int32_t)),
+             "flashport_memcpy_to_device");
+    const int64_t shape[4] = {pages, ps, s->hkv, s->d};
+    t->tk = flashport_tensor_contiguous(t->pk, s->dtype, 4, shape);
+    t->tv = flashport_tensor_contiguous(t->pv, s->dtype, 4, shape);
+    t->bt_stride = (int32_t)stride;
+    bench_ok(flashport_free(c->be, t->k), "flashport_free");
+    bench_ok(flashport_free(c->be, t->v), "flashport_free");
+    t->k = t->v = NULL;
+    free(bt);
+    free(used);
+    free(hk);
+    free(hv);
+}
+
 static void bench_tensors_create(bench_ctx *c, const bench_shape *s, bench_tensors *t)
 {
     memset(t, 0, sizeof *t);
@@ -725,6 +807,8 @@ static void bench_tensors_create(bench_ctx *c, const bench_shape *s, bench_tenso
     t->tv = flashport_tensor_contiguous(t->v, s->dtype, 4, kshape);
     t->to = flashport_tensor_contiguous(t->o, s->dtype, 4, qshape);
     t->tlse = flashport_tensor_contiguous(t->lse, FLASHPORT_F32, 3, lshape);
+    if (c->opt->page_size)
+        bench_make_paged(c, s, t, &rng);
     if (!c->opt->bwd)
         return;
     t->dout = bench_device_alloc(c, nq * es);
@@ -743,7 +827,8 @@ static void bench_tensors_create(bench_ctx *c, const bench_shape *s, bench_tenso
 
 static void bench_tensors_destroy(bench_ctx *c, bench_tensors *t)
 {
-    void *dev[] = {t->q, t->k, t->v, t->o, t->lse, t->dout, t->dq, t->dk, t->dv};
+    void *dev[] = {t->q,  t->k,  t->v,  t->o,  t->lse, t->dout, t->dq,
+                   t->dk, t->dv, t->pk, t->pv, t->bt,  t->used};
     for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++)
         if (dev[i])
             bench_ok(flashport_free(c->be, dev[i]), "flashport_free");
@@ -965,7 +1050,11 @@ static int bench_check_forward(bench_ctx *c, const bench_shape *s,
     flashport_tensor rq = bench_f32_tensor(r->q, &qb, 4), rk = bench_f32_tensor(r->k, &kb, 4);
     flashport_tensor rv = bench_f32_tensor(r->v, &kb, 4), ro = bench_f32_tensor(r->o, &qb, 4);
     flashport_tensor rl = bench_f32_tensor(r->lse, &lb, 3);
-    bench_ok(flashport_attention_forward(c->ref, params, &rq, &rk, &rv, &ro, &rl),
+    flashport_attention_params dense = *params; /* the reference reads the dense host copies */
+    dense.block_table = NULL;
+    dense.block_table_stride = 0;
+    dense.seqused_k = NULL;
+    bench_ok(flashport_attention_forward(c->ref, &dense, &rq, &rk, &rv, &ro, &rl),
              "reference flashport_attention_forward");
 
     size_t es = flashport_dtype_size(s->dtype);
@@ -1242,9 +1331,13 @@ static double bench_direction(bench_ctx *c, const bench_shape *s,
         2.0 * (double)(s->b * s->nk * s->hkv * s->d) * (s->dtype == FLASHPORT_F32 ? 4.0 : 2.0);
     r.kv_gbs = backward ? NAN : kv_bytes / (r.ms_median * 1e-3) * 1e-9;
     bench_emit(c, s, &r);
-    if (!backward && !isnan(c->mem_gbs) && s->nq <= 16)
-        printf("# decode: K/V read at %.1f GB/s, %.0f%% of the %.1f GB/s bandwidth\n", r.kv_gbs,
+    if (!backward && !isnan(c->mem_gbs) && s->nq <= 16) {
+        printf("# decode: K/V read at %.1f GB/s, %.0f%% of the %.1f GB/s bandwidth", r.kv_gbs,
                100.0 * r.kv_gbs / c->mem_gbs, c->mem_gbs);
+        if (!isnan(c->copy_gbs))
+            printf(", %.0f%% of the %.1f GB/s memcpy", 100.0 * r.kv_gbs / c->copy_gbs, c->copy_gbs);
+        printf("\n");
+    }
     return r.ms_median;
 }
 
@@ -1317,6 +1410,11 @@ static void bench_shape_run(bench_ctx *c, const bench_shape *s)
 
     bench_tensors t;
     bench_tensors_create(c, s, &t);
+    if (t.bt) {
+        params.block_table = t.bt;
+        params.block_table_stride = t.bt_stride;
+        params.seqused_k = t.used;
+    }
     bench_refdata ref;
     memset(&ref, 0, sizeof ref);
     double err_fwd = NAN, err_bwd = NAN;
@@ -1375,6 +1473,18 @@ static void bench_set_peak(bench_ctx *c)
 static void bench_set_bandwidth(bench_ctx *c, const bench_shape *shapes, int nshapes)
 {
     c->mem_gbs = NAN;
+    c->copy_gbs = NAN;
+    if (c->opt->decode && bench_is_host_backend(c->name)) {
+        bench_bandwidth cp = bench_measure_copy_bandwidth(bench_host_threads());
+        c->copy_gbs = cp.gbs > 0.0 ? cp.gbs : NAN;
+        printf("# copy: %.1f GB/s memcpy, measured here (%d thread%s; bytes read + written, as "
+               "STREAM's Copy counts them)\n",
+               cp.gbs, cp.threads, cp.threads == 1 ? "" : "s");
+    } else if (c->opt->decode) {
+        printf("# copy: not measured for backend %s (bench/compare_torch.py --decode times a "
+               "device copy)\n",
+               c->name);
+    }
     if (c->opt->mem_gbs > 0.0) {
         c->mem_gbs = c->opt->mem_gbs;
         printf("# memory: %.4g GB/s (given with --mem-gbs)\n", c->mem_gbs);
@@ -1439,6 +1549,9 @@ int main(int argc, char **argv)
            (unsigned long long)opt.seed, (double)opt.softcap);
     bench_set_peak(&c);
     bench_set_bandwidth(&c, shapes, nshapes);
+    if (opt.page_size)
+        printf("# paged: K and V in pages of %lld keys, shuffled, seqused_k = Nk\n",
+               (long long)opt.page_size);
     if (opt.clock_cpu)
         printf("# clock: CPU time of the process / %d threads (--clock cpu)\n",
                bench_host_threads());

@@ -23,6 +23,10 @@
  * we use) with 16 independent lanes, so the loop is vectorized without reassociation; pages are
  * touched first, one untimed pass warms the same way, and the best of PEAK_REPS passes counts.
  *
+ * Copy method (STREAM's "Copy", for comparison with GPU device copies): each thread memcpy's its
+ * slice of a BW_BYTES buffer into another; the rate counts the bytes read plus the bytes
+ * written, as STREAM does. Best of PEAK_REPS after one untimed pass.
+ *
  * Threads: as many as the CPU backend uses (bench_host_threads), through OpenMP, released
  * together; each times its own loop and the rates are summed (see peak_run).
  *
@@ -284,6 +288,59 @@ static double bw_run(const float *buf, size_t per_thread, int threads, int *ran,
 #endif
     *sink += total;
     return rate;
+}
+
+static double copy_run(const char *src, char *dst, size_t per_thread, int threads, int *ran)
+{
+    double rate = 0.0;
+#ifdef _OPENMP
+#pragma omp parallel num_threads(threads) reduction(+ : rate)
+    {
+        const size_t me = (size_t)omp_get_thread_num();
+#pragma omp single
+        *ran = omp_get_num_threads();
+        double t0 = peak_now();
+        memcpy(dst + per_thread * me, src + per_thread * me, per_thread);
+        rate += 2.0 * (double)per_thread / (peak_now() - t0);
+    }
+#else
+    (void)threads;
+    *ran = 1;
+    double t0 = peak_now();
+    memcpy(dst, src, per_thread);
+    rate = 2.0 * (double)per_thread / (peak_now() - t0);
+#endif
+    return rate;
+}
+
+bench_bandwidth bench_measure_copy_bandwidth(int threads)
+{
+    bench_bandwidth result = {0.0, threads};
+    const size_t per_thread = BW_BYTES / (size_t)threads / 64 * 64;
+    char *src = malloc(per_thread * (size_t)threads), *dst = malloc(per_thread * (size_t)threads);
+    if (!src || !dst) {
+        free(src);
+        free(dst);
+        return result;
+    }
+#ifdef _OPENMP
+#pragma omp parallel for num_threads(threads) schedule(static)
+#endif
+    for (long t = 0; t < threads; t++) { /* first touch by the thread that copies the slice */
+        memset(src + (size_t)t * per_thread, 1, per_thread);
+        memset(dst + (size_t)t * per_thread, 0, per_thread);
+    }
+    int ran = 1;
+    copy_run(src, dst, per_thread, threads, &ran);
+    for (int rep = 0; rep < PEAK_REPS; rep++) {
+        const double gbs = copy_run(src, dst, per_thread, threads, &ran) * 1e-9;
+        if (gbs > result.gbs)
+            result.gbs = gbs;
+        result.threads = ran;
+    }
+    free(src);
+    free(dst);
+    return result;
 }
 
 bench_bandwidth bench_measure_read_bandwidth(int threads)

@@ -29,4 +29,8 @@ bench_peak bench_measure_f32_peak(int threads, double seconds);
 /* Reads a buffer much larger than the caches on `threads` threads, STREAM-like. */
 bench_bandwidth bench_measure_read_bandwidth(int threads);
 
+/* Copies a buffer much larger than the caches with memcpy on `threads` threads (each its own
+ * slice), STREAM's "Copy": gbs counts the bytes read plus the bytes written. */
+bench_bandwidth bench_measure_copy_bandwidth(int threads);
+
 #endif /* FLASHPORT_BENCH_PEAK_H */

@@ -142,6 +142,11 @@ static const tc_case table[] = {
     {DENSE(F16, 2, 4, 4, 1, 129, 128), .page_size = 16, .alibi = 1, .softcap = 30.0f,
      .use_seqused = 1, .seqused = {129, 1}},
     {DENSE(F32, 2, 4, 2, 8, 100, 16), .page_size = 7, .use_seqused = 1, .seqused = {99, 12}},
+    /* the CPU decode path's split-KV plan (one (batch, kv head) task for several threads) and
+     * its chunks of a group of more than 64 query rows (32 heads x 4 rows on one kv head) */
+    {DENSE(BF16, 1, 8, 1, 4, 700, 64), .causal = 1, .use_seqused = 1, .seqused = {650}},
+    {DENSE(F16, 1, 4, 1, 1, 1000, 128), .page_size = 16, .use_seqused = 1, .seqused = {999}},
+    {DENSE(F32, 1, 32, 1, 4, 300, 32), .alibi = 1, .softcap = 5.0f},
     /* Decode kernels (backends/cuda/decode/fwd.cu, the HIP kernels' GQA packing): a group of 32
      * (two 16-row tiles of one kv head) on 256-key pages, long enough to split on an emulated
      * H200; speculative decoding Nq = 4 with a group of 8 (32 packed rows, causal); D = 256 on

@@ -332,6 +332,8 @@ flashport_status fp_cpu_flash_forward(const fp_problem *p)
     flashport_status status = fp_cpu_ukernels(&c.uk, NULL);
     if (status != FLASHPORT_OK)
         return status;
+    if (fp_cpu_decode_eligible(p))
+        return fp_cpu_decode_forward(p, c.uk); /* logs its plan itself */
     const int64_t d = p->head_dim;
     c.bf16 = p->dtype == FLASHPORT_BF16 && c.uk->gemm_bf16 != NULL;
     /* In place: f32 K with any strides; bf16 K whose pairs are contiguous and never run past a

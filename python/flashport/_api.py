@@ -28,7 +28,8 @@ def _opt(ex, x):
 
 def attention(q, k, v, *, causal=False, window=(-1, -1), softcap=0.0, alibi_slopes=None,
               scale=None, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None,
-              max_seqlen_k=None, return_lse=False, backend=None, out=None):
+              max_seqlen_k=None, return_lse=False, backend=None, out=None, seqused_k=None,
+              block_table=None):
     """Exact attention O = softmax(scale * Q K^T + masks) V, on the backend where q lives.
 
     q [B, Nq, H, D], k and v [B, Nk, Hkv, D] (H % Hkv == 0: GQA/MQA); varlen: [tokens, heads, D]
@@ -43,6 +44,11 @@ def attention(q, k, v, *, causal=False, window=(-1, -1), softcap=0.0, alibi_slop
     [B, H, Nq] (varlen [H, total_q]), which attention_backward needs. backend: "cpu",
     "reference", "cuda", "hip" or a plugin's name; None picks the backend of q's memory.
     out: outputs to write instead of new ones: o, or (o, lse) with return_lse.
+
+    KV cache: seqused_k, int32 [B]: sequence b uses keys 0 .. seqused_k[b] - 1 only (the masks
+    align to that count). block_table, int32 [B, pages per sequence], contiguous: k and v are a
+    paged cache [num_pages, page_size, Hkv, D], key t of sequence b in row t % page_size of page
+    block_table[b, t // page_size]; needs seqused_k and dense q; forward only.
 
     GPU work is enqueued on the caller's current stream (torch's or CuPy's) and not waited for.
     Raises flashport.Error (status name and the library's message) on bad input.
@@ -62,20 +68,21 @@ def attention(q, k, v, *, causal=False, window=(-1, -1), softcap=0.0, alibi_slop
     _C.forward(backend, fe.stream(q), ex(q), ex(k), ex(v), ex(o), _opt(ex, lse),
                _opt(ex, alibi_slopes), _opt(ex, cu_seqlens_q), _opt(ex, cu_seqlens_k),
                0.0 if scale is None else scale, window[0], window[1], causal, softcap, max_q,
-               max_k, False)
+               max_k, False, _opt(ex, seqused_k), _opt(ex, block_table))
     return (o, lse) if return_lse else o
 
 
 def attention_backward(dout, q, k, v, o, lse, *, causal=False, window=(-1, -1), softcap=0.0,
                        alibi_slopes=None, scale=None, cu_seqlens_q=None, cu_seqlens_k=None,
                        max_seqlen_q=None, max_seqlen_k=None, deterministic=False, backend=None,
-                       out=None):
+                       out=None, seqused_k=None):
     """dq, dk, dv of attention(q, k, v, ...) for the output gradient dout.
 
     o and lse are the forward's (attention(..., return_lse=True)); the keyword arguments must be
     those of the forward. dk and dv are summed over the query heads that share a kv head.
     deterministic: bitwise identical gradients run after run. out: (dq, dk, dv) to write instead
-    of new ones. Returns (dq, dk, dv) in q's type.
+    of new ones. seqused_k as in attention (the dk, dv rows of unused keys are zeros). Returns
+    (dq, dk, dv) in q's type.
     """
     fe = frontend(q)
     if out is not None:
@@ -87,5 +94,5 @@ def attention_backward(dout, q, k, v, o, lse, *, causal=False, window=(-1, -1), 
     _C.backward(backend, fe.stream(q), ex(q), ex(k), ex(v), ex(o), ex(lse), ex(dout), ex(dq),
                 ex(dk), ex(dv), _opt(ex, alibi_slopes), _opt(ex, cu_seqlens_q),
                 _opt(ex, cu_seqlens_k), 0.0 if scale is None else scale, window[0], window[1],
-                causal, softcap, max_q, max_k, deterministic)
+                causal, softcap, max_q, max_k, deterministic, _opt(ex, seqused_k), None)
     return dq, dk, dv

@@ -50,7 +50,7 @@ def _forward(q: Tensor, k: Tensor, v: Tensor, alibi_slopes: Optional[Tensor],
     ex = _fe.export
     _C.forward(None, _fe.stream(q), ex(q), ex(k), ex(v), ex(o), ex(lse), _opt(alibi_slopes),
                _opt(cu_seqlens_q), _opt(cu_seqlens_k), scale, window_left, window_right, causal,
-               softcap, max_seqlen_q, max_seqlen_k, deterministic)
+               softcap, max_seqlen_q, max_seqlen_k, deterministic, None, None)
     return o, lse
 
 
@@ -72,7 +72,7 @@ def _backward(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, o: Tensor, lse: Ten
     _C.backward(None, _fe.stream(q), ex(q), ex(k), ex(v), ex(o), ex(lse), ex(dout), ex(dq),
                 ex(dk), ex(dv), _opt(alibi_slopes), _opt(cu_seqlens_q), _opt(cu_seqlens_k), scale,
                 window_left, window_right, causal, softcap, max_seqlen_q, max_seqlen_k,
-                deterministic)
+                deterministic, None, None)
     return dq, dk, dv
 
 

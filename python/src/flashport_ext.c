@@ -347,7 +347,7 @@ typedef struct call {
     imported t[MAX_TENSORS];
     flashport_tensor d[MAX_TENSORS];
     int n;
-    imported alibi, cu_q, cu_k;
+    imported alibi, cu_q, cu_k, used_k, table;
     flashport_attention_params params;
     flashport_backend *be;
     int is_host;
@@ -360,6 +360,8 @@ static void call_release(call *c)
     release(&c->alibi);
     release(&c->cu_q);
     release(&c->cu_k);
+    release(&c->used_k);
+    release(&c->table);
 }
 
 static int same_device(const char *what, const fp_dl_device *a, const fp_dl_device *q)
@@ -396,11 +398,11 @@ static int as_float(PyObject *o, float *out)
 
 /* args[0] backend, args[1] stream, args[2 .. 2+ntensors) tensors (None allowed where `optional`
  * says), then alibi, cu_seqlens_q, cu_seqlens_k, scale, window_left, window_right, causal,
- * softcap, max_seqlen_q, max_seqlen_k, deterministic. */
+ * softcap, max_seqlen_q, max_seqlen_k, deterministic, seqused_k, block_table. */
 static int prepare(call *c, PyObject *const *args, Py_ssize_t nargs, int ntensors,
                    const char *const *names, unsigned optional)
 {
-    const int nparams = 11;
+    const int nparams = 13;
     memset(c, 0, sizeof *c);
     if (nargs != 2 + ntensors + nparams) {
         PyErr_Format(PyExc_TypeError, "expected %d arguments, got %zd", 2 + ntensors + nparams,
@@ -429,17 +431,19 @@ static int prepare(call *c, PyObject *const *args, Py_ssize_t nargs, int ntensor
         const char *name;
         PyObject *obj;
         imported *t;
-    } side[3] = {{"alibi_slopes", p[0], &c->alibi},
+    } side[5] = {{"alibi_slopes", p[0], &c->alibi},
                  {"cu_seqlens_q", p[1], &c->cu_q},
-                 {"cu_seqlens_k", p[2], &c->cu_k}};
-    for (int i = 0; i < 3; i++) {
+                 {"cu_seqlens_k", p[2], &c->cu_k},
+                 {"seqused_k", p[11], &c->used_k},
+                 {"block_table", p[12], &c->table}};
+    for (int i = 0; i < 5; i++) {
         if (side[i].obj == Py_None)
             continue;
         if (import_tensor(side[i].name, side[i].obj, side[i].t) != 0 ||
             same_device(side[i].name, &side[i].t->dl->device, dev) != 0)
             return -1;
     }
-    int64_t len;
+    int64_t len = 0;
     if (c->alibi.dl) {
         if (side_array("alibi_slopes", &c->alibi, FP_DL_FLOAT, "float32",
                        (const void **)&pr->alibi_slopes, &len) != 0)
@@ -474,6 +478,40 @@ static int prepare(call *c, PyObject *const *args, Py_ssize_t nargs, int ntensor
                          (long long)len);
             return -1;
         }
+    }
+    /* The library reads seqused_k[0 .. B) and block_table rows 0 .. B - 1: check the sizes here,
+     * where they are known. */
+    const int64_t batch = c->cu_q.dl ? len - 1 : (c->d[0].rank == 4 ? c->d[0].shape[0] : 0);
+    if (c->used_k.dl) {
+        int64_t n_used;
+        if (side_array("seqused_k", &c->used_k, FP_DL_INT, "int32",
+                       (const void **)&pr->seqused_k, &n_used) != 0)
+            return -1;
+        if (n_used != batch) {
+            raise_status(FLASHPORT_ERR_SHAPE_MISMATCH, "seqused_k has %lld entries; B is %lld",
+                         (long long)n_used, (long long)batch);
+            return -1;
+        }
+    }
+    if (c->table.dl) {
+        const fp_dl_tensor *dl = c->table.dl;
+        if (dl->dtype.code != FP_DL_INT || dl->dtype.bits != 32 || dl->dtype.lanes != 1) {
+            raise_status(FLASHPORT_ERR_DTYPE_MISMATCH, "block_table must be int32");
+            return -1;
+        }
+        if (dl->ndim != 2 || dl->shape[0] != batch || dl->shape[1] < 1 ||
+            dl->shape[1] > INT32_MAX) {
+            raise_status(FLASHPORT_ERR_SHAPE_MISMATCH,
+                         "block_table must be [B = %lld, pages per sequence >= 1]", (long long)batch);
+            return -1;
+        }
+        if (dl->strides && ((dl->shape[1] > 1 && dl->strides[1] != 1) ||
+                            (dl->shape[0] > 1 && dl->strides[0] != dl->shape[1]))) {
+            raise_status(FLASHPORT_ERR_UNSUPPORTED_LAYOUT, "block_table must be contiguous");
+            return -1;
+        }
+        pr->block_table = (const int32_t *)((const char *)dl->data + dl->byte_offset);
+        pr->block_table_stride = (int32_t)dl->shape[1];
     }
     int32_t causal = 0, deterministic = 0;
     if (as_float(p[3], &pr->scale) != 0 || as_int(p[4], "window_left", &pr->window_left) != 0 ||
@@ -511,7 +549,7 @@ static const flashport_tensor *opt(const call *c, int i)
 }
 
 /* forward(backend, stream, q, k, v, o, lse, alibi, cu_q, cu_k, scale, wl, wr, causal, softcap,
- *         max_q, max_k, deterministic) -> None; lse may be None. */
+ *         max_q, max_k, deterministic, seqused_k, block_table) -> None; lse may be None. */
 static PyObject *py_forward(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
     static const char *const names[] = {"q", "k", "v", "o", "lse"};
@@ -537,7 +575,7 @@ static PyObject *py_forward(PyObject *self, PyObject *const *args, Py_ssize_t na
 }
 
 /* backward(backend, stream, q, k, v, o, lse, dout, dq, dk, dv, alibi, cu_q, cu_k, scale, wl, wr,
- *          causal, softcap, max_q, max_k, deterministic) -> None. */
+ *          causal, softcap, max_q, max_k, deterministic, seqused_k, block_table) -> None. */
 static PyObject *py_backward(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
     static const char *const names[] = {"q", "k", "v", "o", "lse", "dout", "dq", "dk", "dv"};
@@ -645,10 +683,10 @@ static PyObject *py_open_backend(PyObject *self, PyObject *const *args, Py_ssize
 static PyMethodDef methods[] = {
     {"forward", (PyCFunction)(void (*)(void))py_forward, METH_FASTCALL,
      "forward(backend, stream, q, k, v, o, lse, alibi, cu_q, cu_k, scale, window_left, "
-     "window_right, causal, softcap, max_seqlen_q, max_seqlen_k, deterministic)"},
+     "window_right, causal, softcap, max_seqlen_q, max_seqlen_k, deterministic, seqused_k, block_table)"},
     {"backward", (PyCFunction)(void (*)(void))py_backward, METH_FASTCALL,
      "backward(backend, stream, q, k, v, o, lse, dout, dq, dk, dv, alibi, cu_q, cu_k, scale, "
-     "window_left, window_right, causal, softcap, max_seqlen_q, max_seqlen_k, deterministic)"},
+     "window_left, window_right, causal, softcap, max_seqlen_q, max_seqlen_k, deterministic, seqused_k, block_table)"},
     {"open_backend", (PyCFunction)(void (*)(void))py_open_backend, METH_FASTCALL,
      "open_backend(name, device) -> name"},
     {"_set_error_type", py_set_error_type, METH_O, "the exception type raised on failure"},

@@ -178,3 +178,37 @@ def test_package_ships_its_library():
     assert os.path.dirname(lib) == os.path.dirname(flashport.__file__)
     assert "cpu" in flashport.available_backends()
     assert flashport.version() == flashport.__version__
+
+
+def test_kv_cache_seqused_and_paged():
+    """seqused_k on a dense cache equals attention over each sequence's used keys alone; a paged
+    cache with shuffled pages (the unused rows NaN) gives the same O and LSE; its backward is
+    refused."""
+    rng = np.random.default_rng(18)
+    B, Nq, Nk, H, Hkv, D, ps = 3, 4, 70, 8, 2, 32, 16
+    q, k, v, _ = _inputs(rng, B, Nq, Nk, H, Hkv, D, np.float32)
+    used = np.array([70, 23, 0], np.int32)
+    o, lse = flashport.attention(q, k, v, causal=True, return_lse=True, seqused_k=used)
+    for b in range(B):
+        n = int(used[b])
+        ob, lb = flashport.attention(q[b:b + 1], k[b:b + 1, :n], v[b:b + 1, :n], causal=True,
+                                     return_lse=True)
+        _close(o[b:b + 1], np.asarray(ob, np.float64), TOL[np.float32], f"O of sequence {b}")
+        _close(lse[b:b + 1], np.asarray(lb, np.float64), TOL[np.float32], f"LSE of sequence {b}")
+    stride = (Nk + ps - 1) // ps
+    pages = rng.permutation(B * stride).astype(np.int32)
+    table = pages.reshape(B, stride)
+    kp = np.full((B * stride, ps, Hkv, D), np.nan, np.float32)
+    vp = np.full_like(kp, np.nan)
+    for b in range(B):
+        for t in range(int(used[b])):
+            kp[table[b, t // ps], t % ps] = k[b, t]
+            vp[table[b, t // ps], t % ps] = v[b, t]
+    op, lp = flashport.attention(q, kp, vp, causal=True, return_lse=True, seqused_k=used,
+                                 block_table=table)
+    _close(op, np.asarray(o, np.float64), TOL[np.float32], "paged O")
+    _close(lp, np.asarray(lse, np.float64), TOL[np.float32], "paged LSE")
+    with pytest.raises(flashport.Error, match="FLASHPORT_ERR_BAD_SEQLENS"):
+        flashport.attention(q, k, v, seqused_k=np.array([71, 0, 0], np.int32))
+    with pytest.raises(flashport.Error, match="FLASHPORT_ERR_SHAPE_MISMATCH"):
+        flashport.attention(q, kp, vp, seqused_k=used, block_table=table[:2])

@@ -318,6 +318,13 @@ static flashport_status cuda_path(fp_cuda_path *path)
     return FLASHPORT_OK;
 }
 
+/* Whether a forward runs on the decode kernel: every paged call (no other kernel reads a paged
+ * cache), and the decode shapes fp_cuda_decode_wanted picks unless FLASHPORT_CUDA_PATH=sm80. */
+static int decode_path(const fp_problem *p, fp_cuda_path path)
+{
+    return p->block_table || (path != FP_CUDA_PATH_SM80 && fp_cuda_decode_wanted(p));
+}
+
 /* The forward's path: the decode kernel for paged caches and decode shapes (every device;
  * fp_cuda_decode_wanted), else sm90 where it runs (auto or forced), else sm80 (auto or forced);
  * forcing sm90 where it declines is an error that says why. query != NULL: the scratch bytes of
@@ -325,16 +332,18 @@ static flashport_status cuda_path(fp_cuda_path *path)
 static flashport_status cuda_forward_path(const fp_cuda_ctx *ctx, const fp_problem *p, void *ws,
                                           size_t *query)
 {
-    fp_cuda_path path;
+    fp_cuda_path path = FP_CUDA_PATH_AUTO;
     flashport_status st = cuda_path(&path);
     if (st != FLASHPORT_OK)
         return st;
-    if (fp_cuda_decode_wanted(p)) {
+    if (decode_path(p, path)) {
         if (path == FP_CUDA_PATH_SM90)
             return fp_cuda_refuse(FLASHPORT_ERR_UNSUPPORTED_FEATURE,
                                   "FLASHPORT_CUDA_PATH=sm90, but this call is served by the decode "
                                   "kernel (%s)",
-                                  p->block_table ? "a paged KV cache" : "a decode shape");
+                                  p->block_table ? "a paged KV cache"
+                                                 : "a decode shape; FLASHPORT_CUDA_DECODE=0 "
+                                                   "leaves it to the other paths");
         return fp_cuda_decode_forward(ctx, p, ws, query);
     }
     if (path != FP_CUDA_PATH_SM80) {
@@ -371,7 +380,10 @@ static flashport_status scratch_bytes(const fp_cuda_ctx *ctx, const fp_problem *
         st = fp_cuda_sm80_backward(ctx, p, NULL, &k);
     else if (refuse)
         st = cuda_forward_path(ctx, p, NULL, &k);
-    if (st == FLASHPORT_OK && !backward && fp_cuda_decode_wanted(p)) {
+    fp_cuda_path path = FP_CUDA_PATH_AUTO;
+    if (!backward && cuda_path(&path) != FLASHPORT_OK)
+        path = FP_CUDA_PATH_AUTO; /* the call itself reports the bad setting */
+    if (st == FLASHPORT_OK && !backward && decode_path(p, path)) {
         /* The decode kernel's choice does not depend on the staged layout. */
         st = fp_cuda_decode_forward(ctx, p, NULL, &k);
     } else if (st == FLASHPORT_OK && !backward) {

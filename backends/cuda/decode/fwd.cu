@@ -34,7 +34,7 @@
  * timed against alternatives on a GPU.
  *
  * Differences from the reference: P is rounded to f16/bf16 before P V; exp2, 1/l and log2 are
- * the hardware approximations. Numbers: docs/performance.md#decode.
+ * the hardware approximations. Numbers: docs/performance.md#decode-h200.
  */
 #include "backends/cuda/cuda_internal.h"
 #include "backends/cuda/sm80/common.cuh"

@@ -326,9 +326,12 @@ static int decode_path(const fp_problem *p, fp_cuda_path path)
 }
 
 /* The forward's path: the decode kernel for paged caches and decode shapes (every device;
- * fp_cuda_decode_wanted), else sm90 where it runs (auto or forced), else sm80 (auto or forced);
- * forcing sm90 where it declines is an error that says why. query != NULL: the scratch bytes of
- * the chosen path (or its refusal), launching nothing. */
+ * decode_path), else sm90 where it runs (auto or forced), else sm80 (auto or forced); forcing
+ * sm90 where it declines is an error that says why. The KV-cache calls are outside the sm90
+ * path's scope rather than refused by it: with sm90 forced, paged calls and decode shapes still
+ * run on the decode kernel and seqused_k calls on sm80 (logged), so that a run of the table with
+ * sm90 forced checks sm90 on everything it serves. query != NULL: the scratch bytes of the
+ * chosen path (or its refusal), launching nothing. */
 static flashport_status cuda_forward_path(const fp_cuda_ctx *ctx, const fp_problem *p, void *ws,
                                           size_t *query)
 {
@@ -337,14 +340,17 @@ static flashport_status cuda_forward_path(const fp_cuda_ctx *ctx, const fp_probl
     if (st != FLASHPORT_OK)
         return st;
     if (decode_path(p, path)) {
-        if (path == FP_CUDA_PATH_SM90)
-            return fp_cuda_refuse(FLASHPORT_ERR_UNSUPPORTED_FEATURE,
-                                  "FLASHPORT_CUDA_PATH=sm90, but this call is served by the decode "
-                                  "kernel (%s)",
-                                  p->block_table ? "a paged KV cache"
-                                                 : "a decode shape; FLASHPORT_CUDA_DECODE=0 "
-                                                   "leaves it to the other paths");
+        if (path == FP_CUDA_PATH_SM90 && !query)
+            fp_cuda_log("forward: decode kernel (FLASHPORT_CUDA_PATH=sm90, but %s: outside the "
+                        "sm90 path)",
+                        p->block_table ? "a paged KV cache" : "a decode shape");
         return fp_cuda_decode_forward(ctx, p, ws, query);
+    }
+    if (path == FP_CUDA_PATH_SM90 && p->seqused_k) {
+        if (!query)
+            fp_cuda_log("forward: sm80 path (FLASHPORT_CUDA_PATH=sm90, but seqused_k: outside "
+                        "the sm90 path)");
+        return fp_cuda_sm80_forward(ctx, p, ws, query);
     }
     if (path != FP_CUDA_PATH_SM80) {
         const char *declined = NULL;

@@ -65,9 +65,10 @@ void tc_case_name(const tc_case *c, char *buf, size_t size);
 
 /* Whether a backend of this name must run the case (docs/semantics.md): host backends run
  * everything; GPU backends must run f16/bf16 with D a multiple of 8 up to 256 and a contiguous
- * head dim, and the KV-cache cases (seqused_k, paged with a page size that is a multiple of 16)
- * on "cuda" and "hip" ("opencl" serves no KV cache). A backend that answers
- * FLASHPORT_ERR_UNSUPPORTED_* for a required case fails it. */
+ * head dim (not with FLASHPORT_CUDA_PATH=sm90, which forces a path that serves less), except the
+ * KV-cache cases (seqused_k, paged), which they may refuse (counted as unsupported) but must pass
+ * when they run them. A backend that answers FLASHPORT_ERR_UNSUPPORTED_* for a required case
+ * fails it. */
 int tc_required(const tc_case *c, const char *backend_name);
 
 /* The inputs of a case, on the host, in logical layout (see tu_problem). */

@@ -512,7 +512,7 @@ static void test_logging(const char *self)
                   foreign);
         const char *expect[] = {"opened backend 'cpu' on device 0",
                                 "forward on 'cpu': f16 B=2 Nq=3 Nk=4 H=4 Hkv=2 D=8",
-                                "cpu: flash forward",
+                                "cpu: decode forward (GQA packing", /* Nq = 3: decode */
                                 "reference: naive forward",
                                 "opened backend 'testdev' on device 0",
                                 "testdev: opened device 0",

@@ -8,15 +8,17 @@
  * once per kv head instead of once per query head. A group of more than DECODE_ROWS rows is cut
  * into chunks of whole heads (then K and V are read once per chunk).
  *
- * Per key block of at most BLOCK_K keys: K^T as an f32 tile (transpose32 of the keys' f32 rows:
- * in place for f32 rows, else after converting each row with the table's cvt_f16 / cvt_bf16; the
- * rows of a paged block are found through the block table one by one), S = Q K^T by the table's
+ * Per key block of at most BLOCK_K keys: K^T as a tile (transpose32 of the keys' rows in place, in
+ * runs that end at a page's end: f32 elements, or bf16 pairs on a CPU with AVX512_BF16; f16 rows
+ * are converted to f32 first), S = Q K^T by the table's
  * gemm with the packed rows as its A operand and the keys across the columns (no padding of a
  * one-row query tile to FP_TILE_COLS columns), softcap / ALiBi / the window per row (core/mask.h,
  * Nq > 1 rows see different keys), the online softmax per row (core/online_softmax.h, exp2 form,
  * the table's exp2), O += P V by gemm with V's f32 rows (in place when f32 with contiguous rows of
  * a multiple of FP_TILE_COLS, else converted). All products and exponentials run in the
- * micro-kernel table chosen at run time (ukernel.h, isa.c: AVX-512, AVX2, NEON or plain C).
+ * micro-kernel table chosen at run time (ukernel.h, isa.c: AVX-512, AVX2, NEON or plain C); bf16
+ * inputs on the avx512bf16 table stay bf16: S and P V by gemm_bf16 (vdpbf16ps) with P rounded
+ * to bf16, V as pairs of rows (interleave_bf16), as flash_fwd.c's bf16 path.
  *
  * Split-KV: core/plan.h's fp_plan_forward, with (batch, kv head, head chunk) as its "heads" and
  * the CPU's threads as workers, splits the keys when there are fewer tasks than threads; each
@@ -83,6 +85,7 @@ typedef struct dec_ctx {
     const fp_problem *p;
     const fp_ukernels *uk;
     dec_layout L;
+    int bf16;            /* bf16 dot products (gemm_bf16) on K, V and Q in place */
     int64_t group;       /* query heads per kv head */
     int64_t chunk_heads; /* query heads per task */
     int64_t chunks;      /* tasks per (batch, kv head) */
@@ -158,6 +161,50 @@ static void prefetch_keys(const dec_ctx *c, int64_t b, const fp_seq *seq, int64_
     }
 }
 
+/* K^T from the caller's rows of keys [j0, j0 + n), in place: kt[c * ldk + x] = 32-bit word c of
+ * key j0 + x's row (an f32 element, or a pair of bf16 ones), `words` words per row, in runs of rows
+ * a uniform stride apart (the whole block when dense; up to a page's end when paged). */
+static void transpose_keys(const dec_ctx *c, int64_t b, const fp_seq *seq, int64_t kvh, int64_t j0,
+                           int n, int words, uint32_t *kt)
+{
+    const fp_problem *p = c->p;
+    const size_t es = flashport_dtype_size(p->dtype);
+    for (int x = 0; x < n;) {
+        int run = n - x;
+        if (p->block_table) {
+            const int64_t left = p->page_size - (j0 + x) % p->page_size;
+            run = left < run ? (int)left : run;
+        }
+        const char *src =
+            (const char *)p->k.data + (size_t)fp_key_offset(p, &p->k, b, seq, j0 + x, kvh) * es;
+        c->uk->transpose32(run, words, src, (ptrdiff_t)p->k.stride[FP_S] * (ptrdiff_t)es, kt + x,
+                           c->L.ldk);
+        x += run;
+    }
+}
+
+/* bf16 V rows as pairs down the rows for gemm_bf16: vp[r2 * ldd + e] = V[2 r2][e] | V[2 r2 + 1][e]
+ * << 16 (a missing odd row is 0). Returns 0 when a row holds an infinity or NaN and the caller
+ * asked (check), else 1. */
+static int pair_values(const dec_ctx *c, int64_t b, const fp_seq *seq, int64_t kvh, int64_t j0,
+                       int n, uint32_t *vp, int check)
+{
+    const fp_problem *p = c->p;
+    const int d = (int)p->head_dim;
+    int finite = 1;
+    for (int x = 0; x < n; x += 2) {
+        const uint16_t *even =
+            (const uint16_t *)p->v.data + fp_key_offset(p, &p->v, b, seq, j0 + x, kvh);
+        const uint16_t *odd = x + 1 < n ? (const uint16_t *)p->v.data +
+                                              fp_key_offset(p, &p->v, b, seq, j0 + x + 1, kvh)
+                                        : NULL;
+        c->uk->interleave_bf16(d, even, odd, vp + (size_t)(x / 2) * (size_t)c->L.ldd);
+        for (int e = 0; check && e < d; e++) /* an all-ones exponent: inf or NaN */
+            finite &= (even[e] & 0x7f80u) != 0x7f80u && (!odd || (odd[e] & 0x7f80u) != 0x7f80u);
+    }
+    return finite;
+}
+
 /* O += P V over the visible (row, key) pairs only, V read element by element: for a block that
  * not every row sees whole and whose V holds an infinite or NaN element. */
 static void pv_visible(const dec_ctx *c, float *o, const float *s, const fp_seq *seq,
@@ -204,7 +251,13 @@ static void dec_task(const dec_ctx *c, float *scratch, int64_t b, int64_t kvh, i
     for (int64_t g = 0; g < nh; g++) {
         const fp_block qb = {p->q.data, p->dtype, fp_row_offset(&p->q, b, seq.q_start, h0 + g),
                              p->q.stride[FP_S], p->q.stride[FP_D]};
-        fp_tile_load(q + (size_t)(g * nq) * L->ldd, L->ldd, &qb, (int)nq, d, uk);
+        if (c->bf16) /* bf16 rows, 2 ldd elements apart */
+            for (int64_t i = 0; i < nq; i++)
+                memcpy((uint16_t *)q + (size_t)(g * nq + i) * 2 * (size_t)L->ldd,
+                       (const uint16_t *)qb.data + qb.off + i * qb.rs,
+                       sizeof(uint16_t) * (size_t)d);
+        else
+            fp_tile_load(q + (size_t)(g * nq) * L->ldd, L->ldd, &qb, (int)nq, d, uk);
     }
     for (int r = 0; r < rows; r++)
         fp_softmax_init(&st[r]);
@@ -224,8 +277,14 @@ static void dec_task(const dec_ctx *c, float *scratch, int64_t b, int64_t kvh, i
         if (j0 + BLOCK_K < hi)
             prefetch_keys(c, b, &seq, kvh, j0 + BLOCK_K,
                           (int)(hi - j0 - BLOCK_K < BLOCK_K ? hi - j0 - BLOCK_K : BLOCK_K));
-        /* K^T (d x n) */
-        if (rows_in_place(c, &p->k, j0, n)) {
+        /* K^T (d x n; bf16: d / 2 x n pairs), then S = Q K^T, raw dot products, rows x n */
+        if (c->bf16) {
+            transpose_keys(c, b, &seq, kvh, j0, n, d / 2, (uint32_t *)kt);
+            uk->gemm_bf16(rows, n, d / 2, (const uint16_t *)q, 2 * L->ldd, 2, (const uint32_t *)kt,
+                          L->ldk, s, L->ldk, 0);
+        } else if (p->dtype == FLASHPORT_F32 && p->k.stride[FP_D] == 1) {
+            transpose_keys(c, b, &seq, kvh, j0, n, d, (uint32_t *)kt);
+        } else if (rows_in_place(c, &p->k, j0, n)) {
             const float *k = (const float *)p->k.data + fp_key_offset(p, &p->k, b, &seq, j0, kvh);
             uk->transpose32(n, d, k, (ptrdiff_t)p->k.stride[FP_S] * (ptrdiff_t)sizeof(float),
                             (uint32_t *)kt, L->ldk);
@@ -239,8 +298,8 @@ static void dec_task(const dec_ctx *c, float *scratch, int64_t b, int64_t kvh, i
             uk->transpose32(n, d, kf, (ptrdiff_t)L->ldd * (ptrdiff_t)sizeof(float), (uint32_t *)kt,
                             L->ldk);
         }
-        /* S = Q K^T, raw dot products, rows x n */
-        uk->gemm(rows, n, d, q, L->ldd, 1, kt, L->ldk, s, L->ldk, 0);
+        if (!c->bf16)
+            uk->gemm(rows, n, d, q, L->ldd, 1, kt, L->ldk, s, L->ldk, 0);
 
         const int full =
             fp_mask_block_full(0, nq, j0, j0 + n, seq.nq, seq.nk, p->window_left, p->window_right);
@@ -295,7 +354,21 @@ static void dec_task(const dec_ctx *c, float *scratch, int64_t b, int64_t kvh, i
         if (rescale)
             uk->scale_rows(rows, d, o, L->ldd, alpha);
 
-        /* O += P V */
+        /* O += P V; bf16: P rounded to bf16 (as flash_fwd.c's bf16 path does), V as pairs */
+        if (c->bf16) {
+            uint16_t *pb = (uint16_t *)kf; /* rows x ldk bf16 */
+            uk->round_bf16(rows, n, s, L->ldk, pb, L->ldk, NULL, 0);
+            if (pair_values(c, b, &seq, kvh, j0, n, (uint32_t *)vf, !full)) {
+                uk->gemm_bf16(rows, d, (n + 1) / 2, pb, L->ldk, 2, (const uint32_t *)vf, L->ldd, o,
+                              L->ldd, 1);
+                continue;
+            }
+            /* an infinite or NaN V in a block not every row sees whole: f32, visible pairs */
+            for (int x = 0; x < n; x++)
+                vrows[x] = key_row(c, &p->v, b, &seq, j0 + x, kvh, vf + (size_t)x * L->ldd);
+            pv_visible(c, o, s, &seq, vrows, j0, n, rows, nq);
+            continue;
+        }
         const float *vt;
         ptrdiff_t ldv;
         int finite = 1;
@@ -395,6 +468,8 @@ flashport_status fp_cpu_decode_forward(const fp_problem *p, const fp_ukernels *u
     c.uk = uk;
     c.L = dec_layout_of(p->head_dim);
     c.group = p->heads / p->kv_heads;
+    c.bf16 = p->dtype == FLASHPORT_BF16 && uk->gemm_bf16 && p->head_dim % 2 == 0 &&
+             p->q.stride[FP_D] == 1 && p->k.stride[FP_D] == 1 && p->v.stride[FP_D] == 1;
     /* Whole heads per task, at most DECODE_ROWS rows, the group cut into equal chunks. */
     int64_t per = DECODE_ROWS / p->seqlen_q;
     c.chunk_heads = c.group;
@@ -410,10 +485,13 @@ flashport_status fp_cpu_decode_forward(const fp_problem *p, const fp_ukernels *u
     c.plan = fp_plan_forward(&shape, &target);
     if (fp_host()->log_enabled())
         fp_host()->log("cpu: decode forward (GQA packing: %lld query heads x %lld rows per kv-head "
-                       "task, %lld task(s) per kv head), %s micro-kernels, f32 products%s%s; "
+                       "task, %lld task(s) per kv head), %s micro-kernels, %s%s; "
                        "split-KV plan: %d split(s) of %lld keys, %lld tasks for %d threads",
                        (long long)c.chunk_heads, (long long)p->seqlen_q, (long long)c.chunks,
-                       uk->name, p->dtype == FLASHPORT_F32 ? "" : " on K/V rows converted to f32",
+                       uk->name,
+                       c.bf16                      ? "bf16 dot products (vdpbf16ps), P in bf16"
+                       : p->dtype == FLASHPORT_F32 ? "f32 products"
+                                                   : "f32 products on K/V rows converted to f32",
                        p->block_table ? ", paged K/V" : "", (int)c.plan.num_splits,
                        (long long)c.plan.keys_per_split, (long long)c.plan.num_tasks, workers);
     if (c.plan.num_tasks == 0)

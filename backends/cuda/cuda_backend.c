@@ -19,8 +19,9 @@
  * cudaMallocAsync on the handle's stream, freed on the stream after the kernels.
  *
  * Kernels: sm80 path (sm80/fwd.cu, sm80/bwd.cu) on compute capability 8.0 and later, f16 and
- * bf16, head dims that are multiples of 8 up to 256; the forward runs on the sm90 path
- * (sm90/sm90_fwd.cu: TMA + wgmma) on compute capability 9.0 where TMA can read the tensors.
+ * bf16, head dims that are multiples of 8 up to 256; on compute capability 9.0 the forward
+ * (sm90/sm90_fwd.cu: TMA + wgmma) and the backward up to head dim 128, not deterministic
+ * (sm90/sm90_bwd.cu) run on the sm90 path where TMA can read the tensors.
  * FLASHPORT_CUDA_PATH (sm80, sm90, auto; read at each call, for tests and A/B runs) forces a
  * path. f32 is not served (the caps leave it out, so the core answers
  * FLASHPORT_ERR_UNSUPPORTED_DTYPE).
@@ -325,79 +326,90 @@ static int decode_path(const fp_problem *p, fp_cuda_path path)
     return p->block_table || (path != FP_CUDA_PATH_SM80 && fp_cuda_decode_wanted(p));
 }
 
-/* The forward's path: the decode kernel for paged caches and decode shapes (every device;
- * decode_path), else sm90 where it runs (auto or forced), else sm80 (auto or forced); forcing
- * sm90 where it declines is an error that says why. The KV-cache calls are outside the sm90
- * path's scope rather than refused by it: with sm90 forced, paged calls and decode shapes still
- * run on the decode kernel and seqused_k calls on sm80 (logged), so that a run of the table with
- * sm90 forced checks sm90 on everything it serves. query != NULL: the scratch bytes of the
- * chosen path (or its refusal), launching nothing. */
-static flashport_status cuda_forward_path(const fp_cuda_ctx *ctx, const fp_problem *p, void *ws,
-                                          size_t *query)
+/* A call's path: a forward on the decode kernel for paged caches and decode shapes (every
+ * device; decode_path), else sm90 where it runs (auto or forced), else sm80 (auto or forced);
+ * forcing sm90 where it declines is an error that says why. The KV-cache calls are outside the
+ * sm90 path's scope rather than refused by it: with sm90 forced, paged calls and decode shapes
+ * still run on the decode kernel and seqused_k calls (forward and backward) on sm80, logged, so
+ * that a run of the table with sm90 forced checks sm90 on everything it serves. query != NULL:
+ * the scratch bytes of the chosen path (or its refusal), launching nothing. */
+static flashport_status cuda_call_path(const fp_cuda_ctx *ctx, const fp_problem *p, int backward,
+                                       void *ws, size_t *query)
 {
     fp_cuda_path path = FP_CUDA_PATH_AUTO;
     flashport_status st = cuda_path(&path);
     if (st != FLASHPORT_OK)
         return st;
-    if (decode_path(p, path)) {
+    const char *dir = backward ? "backward" : "forward";
+    if (!backward && decode_path(p, path)) {
         if (path == FP_CUDA_PATH_SM90 && !query)
             fp_cuda_log("forward: decode kernel (FLASHPORT_CUDA_PATH=sm90, but %s: outside the "
                         "sm90 path)",
                         p->block_table ? "a paged KV cache" : "a decode shape");
         return fp_cuda_decode_forward(ctx, p, ws, query);
     }
-    if (path == FP_CUDA_PATH_SM90 && p->seqused_k) {
+    if (path != FP_CUDA_PATH_SM80 && p->seqused_k) {
         if (!query)
-            fp_cuda_log("forward: sm80 path (FLASHPORT_CUDA_PATH=sm90, but seqused_k: outside "
-                        "the sm90 path)");
-        return fp_cuda_sm80_forward(ctx, p, ws, query);
+            fp_cuda_log("%s: sm80 path (%s, but seqused_k: outside the sm90 path)", dir,
+                        path == FP_CUDA_PATH_SM90 ? "FLASHPORT_CUDA_PATH=sm90" : "auto");
+        path = FP_CUDA_PATH_SM80;
     }
     if (path != FP_CUDA_PATH_SM80) {
         const char *declined = NULL;
-        st = fp_cuda_sm90_forward(ctx, p,
-                                  path == FP_CUDA_PATH_SM90 ? "FLASHPORT_CUDA_PATH=sm90"
-                                                            : "auto: compute capability 9.0",
-                                  &declined, ws, query);
+        const char *why =
+            path == FP_CUDA_PATH_SM90 ? "FLASHPORT_CUDA_PATH=sm90" : "auto: compute capability 9.0";
+        st = backward ? fp_cuda_sm90_backward(ctx, p, why, &declined, ws, query)
+                      : fp_cuda_sm90_forward(ctx, p, why, &declined, ws, query);
         if (!declined)
             return st;
         if (path == FP_CUDA_PATH_SM90)
             return fp_cuda_refuse(FLASHPORT_ERR_UNSUPPORTED_FEATURE,
                                   "FLASHPORT_CUDA_PATH=sm90, but the sm90 path cannot run this "
-                                  "call: %s",
-                                  declined);
+                                  "%s: %s",
+                                  dir, declined);
         if (!query)
-            fp_cuda_log("forward: sm80 path (auto; the sm90 path declined: %s)", declined);
+            fp_cuda_log("%s: sm80 path (auto; the sm90 path declined: %s)", dir, declined);
     }
-    return fp_cuda_sm80_forward(ctx, p, ws, query);
+    return backward ? fp_cuda_sm80_backward(ctx, p, ws, query)
+                    : fp_cuda_sm80_forward(ctx, p, ws, query);
 }
 
 /* Scratch bytes of a call: layout staging first, then the kernels' part (the device current),
- * sized on p itself: staging changes strides, never the sizes. A forward gets room for either
- * path, since whether the sm90 path declines is decided on the staged layout. refuse: also
- * return the refusal the call would give (flashport_attention_supported / _workspace_size); a
- * run gets it from the launch itself. */
+ * sized on p itself: staging changes strides, never the sizes. A call gets room for either
+ * path, since whether the sm90 path declines is decided on the staged layout. backward or
+ * refuse: also return the refusal the call would give (flashport_attention_supported /
+ * _workspace_size), decided on the staged layout as the run decides it. */
 static flashport_status scratch_bytes(const fp_cuda_ctx *ctx, const fp_problem *p, int backward,
                                       int refuse, size_t *layout, size_t *kernels)
 {
     *layout = fp_cuda_layout_bytes(p, backward);
     size_t k = 0;
     flashport_status st = FLASHPORT_OK;
-    if (backward)
-        st = fp_cuda_sm80_backward(ctx, p, NULL, &k);
-    else if (refuse)
-        st = cuda_forward_path(ctx, p, NULL, &k);
     fp_cuda_path path = FP_CUDA_PATH_AUTO;
-    if (!backward && cuda_path(&path) != FLASHPORT_OK)
+    if (cuda_path(&path) != FLASHPORT_OK)
         path = FP_CUDA_PATH_AUTO; /* the call itself reports the bad setting */
-    if (st == FLASHPORT_OK && !backward && decode_path(p, path)) {
+    if (!backward && decode_path(p, path)) {
         /* The decode kernel's choice does not depend on the staged layout. */
         st = fp_cuda_decode_forward(ctx, p, NULL, &k);
-    } else if (st == FLASHPORT_OK && !backward) {
+        *kernels = fp_cuda_ws_round(k);
+        return st;
+    }
+    if (backward || refuse) {
+        fp_problem staged;
+        fp_cuda_layout_shape(p, backward, &staged);
+        st = cuda_call_path(ctx, &staged, backward, NULL, &k);
+    }
+    if (st == FLASHPORT_OK) {
         size_t k90 = 0, k80 = 0;
         const char *declined;
-        if (fp_cuda_sm90_forward(ctx, p, "query", &declined, NULL, &k90) == FLASHPORT_OK && k90 > k)
+        if ((backward
+                 ? fp_cuda_sm90_backward(ctx, p, "query", &declined, NULL, &k90)
+                 : fp_cuda_sm90_forward(ctx, p, "query", &declined, NULL, &k90)) == FLASHPORT_OK &&
+            k90 > k)
             k = k90;
-        if (fp_cuda_sm80_forward(ctx, p, NULL, &k80) == FLASHPORT_OK && k80 > k)
+        if ((backward ? fp_cuda_sm80_backward(ctx, p, NULL, &k80)
+                      : fp_cuda_sm80_forward(ctx, p, NULL, &k80)) == FLASHPORT_OK &&
+            k80 > k)
             k = k80;
     }
     *kernels = fp_cuda_ws_round(k);
@@ -419,8 +431,7 @@ static flashport_status cuda_workspace_size(void *vctx, const fp_problem *p, int
 }
 
 /* Forward and backward alike: enter the device, size and take the scratch, stage tensors the
- * kernels cannot read in place (layout.cu), run the kernels (the forward on the sm90 or sm80
- * path, the backward on the sm80 path on every device: there is no sm90 backward yet), copy
+ * kernels cannot read in place (layout.cu), run the kernels (on the sm90 or sm80 path), copy
  * staged outputs back, release the scratch (when it is ours), leave the device. */
 static flashport_status cuda_run(void *vctx, const fp_problem *p, int backward)
 {
@@ -450,8 +461,7 @@ static flashport_status cuda_run(void *vctx, const fp_problem *p, int backward)
         st = fp_cuda_layout_begin(ctx, p, backward, &work, ws);
     if (st == FLASHPORT_OK) {
         void *kernel_ws = kernels ? (char *)ws + layout : NULL;
-        flashport_status run = backward ? fp_cuda_sm80_backward(ctx, &work, kernel_ws, NULL)
-                                        : cuda_forward_path(ctx, &work, kernel_ws, NULL);
+        flashport_status run = cuda_call_path(ctx, &work, backward, kernel_ws, NULL);
         st = fp_cuda_layout_end(ctx, p, &work, backward, run);
     }
     if (owned) {

@@ -7,6 +7,7 @@
  *   sm80/fwd.cu      forward (+ split-KV combine), mma.sync / ldmatrix / cp.async
  *   sm80/bwd.cu      backward: preprocess, dK/dV (+ atomic dQ), deterministic dQ, dQ convert
  *   sm90/sm90_fwd.cu forward on sm_90a: TMA + wgmma + warp specialization
+ *   sm90/sm90_bwd.cu backward on sm_90a, the same way
  *   decode/fwd.cu    decode forward (GQA-packed rows, split-KV, paged caches), every cc >= 8.0
  *   layout.cu        staging of tensors whose rows are not 16-byte aligned
  */
@@ -62,6 +63,9 @@ static inline size_t fp_cuda_ws_round(size_t bytes)
  * aligned (0 for the common layouts). backward: 0 forward, 1 backward. */
 size_t fp_cuda_layout_bytes(const fp_problem *p, int backward);
 
+/* The problem the kernels would see after staging (twins at a placeholder aligned address): for
+ * choosing a path without a workspace. */
+void fp_cuda_layout_shape(const fp_problem *p, int backward, fp_problem *work);
 /* Gives every such tensor its twin in ws (fp_cuda_layout_bytes of it), copying inputs in; *work
  * is p with those tensors replaced. fp_cuda_layout_end copies the outputs back when st is OK
  * and returns st (or the error of the copy). */
@@ -93,6 +97,9 @@ flashport_status fp_cuda_decode_forward(const fp_cuda_ctx *ctx, const fp_problem
 void fp_cuda_sm90_init(fp_cuda_ctx *ctx);
 flashport_status fp_cuda_sm90_forward(const fp_cuda_ctx *ctx, const fp_problem *p, const char *why,
                                       const char **declined, void *ws, size_t *query);
+/* The sm90 backward, on the same terms (ws and query as for fp_cuda_sm80_backward). */
+flashport_status fp_cuda_sm90_backward(const fp_cuda_ctx *ctx, const fp_problem *p, const char *why,
+                                       const char **declined, void *ws, size_t *query);
 
 #ifdef __cplusplus
 }

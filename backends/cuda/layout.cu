@@ -97,30 +97,47 @@ extern "C" size_t fp_cuda_layout_bytes(const fp_problem *p, int backward)
     return layout_offsets(p, backward, offset);
 }
 
-extern "C" flashport_status fp_cuda_layout_begin(const fp_cuda_ctx *ctx, const fp_problem *p,
-                                                 int backward, fp_problem *work, void *ws)
+/* *work = p with every unaligned tensor replaced by its twin at ws + its offset; copies nothing.
+ * Returns the staging bytes. */
+static size_t layout_views(const fp_problem *p, int backward, fp_problem *work, void *ws)
 {
     *work = *p;
     size_t offset[8];
     const size_t bytes = layout_offsets(p, backward, offset);
-    if (bytes == 0)
-        return FLASHPORT_OK;
-    cudaError_t e = cudaSuccess;
-    for (int i = 0; i < tensor_count(backward) && e == cudaSuccess; i++) {
+    for (int i = 0; bytes > 0 && i < tensor_count(backward); i++) {
         fp_tensor_view *t = tensor_at(work, i);
         if (view_aligned(t))
             continue;
         int64_t nb, ns, nh;
         tensor_shape(p, i, &nb, &ns, &nh);
-        fp_tensor_view twin;
-        twin.data = (char *)ws + offset[i];
-        twin.stride[FP_D] = 1;
-        twin.stride[FP_H] = p->head_dim;
-        twin.stride[FP_S] = nh * p->head_dim;
-        twin.stride[FP_B] = p->varlen ? 0 : ns * nh * p->head_dim;
-        if (!is_output(backward, i))
-            e = repack(ctx, &twin, t, nb, ns, nh, (int)p->head_dim);
-        *t = twin;
+        t->data = (char *)ws + offset[i];
+        t->stride[FP_D] = 1;
+        t->stride[FP_H] = p->head_dim;
+        t->stride[FP_S] = nh * p->head_dim;
+        t->stride[FP_B] = p->varlen ? 0 : ns * nh * p->head_dim;
+    }
+    return bytes;
+}
+
+extern "C" void fp_cuda_layout_shape(const fp_problem *p, int backward, fp_problem *work)
+{
+    layout_views(p, backward, work, (void *)(uintptr_t)FP_CUDA_WS_ALIGN);
+}
+
+extern "C" flashport_status fp_cuda_layout_begin(const fp_cuda_ctx *ctx, const fp_problem *p,
+                                                 int backward, fp_problem *work, void *ws)
+{
+    const size_t bytes = layout_views(p, backward, work, ws);
+    if (bytes == 0)
+        return FLASHPORT_OK;
+    cudaError_t e = cudaSuccess;
+    for (int i = 0; i < tensor_count(backward) && e == cudaSuccess; i++) {
+        const fp_tensor_view *src = tensor_at((fp_problem *)p, i);
+        if (view_aligned(src) || is_output(backward, i))
+            continue;
+        int64_t nb, ns, nh;
+        tensor_shape(p, i, &nb, &ns, &nh);
+        e = repack(ctx, tensor_at(work, i), src, nb, ns, nh, (int)p->head_dim);
     }
     fp_cuda_log("staged the unaligned tensors of this %s in %zu bytes of workspace",
                 backward ? "backward" : "forward", bytes);

@@ -129,6 +129,7 @@ typedef struct call {
     int b, nq, nk, h, hkv, d;
     int64_t total_q, total_k;
     int32_t cu_q[5], cu_k[5];
+    int32_t used[5]; /* seqused_k, when set */
     float slopes[8];
     flashport_attention_params p;
     tensor t[T_N];
@@ -509,6 +510,20 @@ static int decode(call *c, reader *r)
             continue;
         for (int64_t x = 0; x < c->t[i].elems; x++)
             fp_store(c->t[i].buf, x, c->dt, value(&rng, range, c->finite));
+    }
+    /* seqused_k, decoded last so that inputs written before it decode as they did (an exhausted
+     * input reads 0: off): each sequence's used keys, now and then one past its capacity, which
+     * both backends must refuse alike. */
+    if (below(r, 4) == 3) {
+        for (int b = 0; b < c->b; b++) {
+            const int cap = c->varlen ? c->cu_k[b + 1] - c->cu_k[b] : c->nk;
+            c->used[b] = cap <= 0 ? 0 : (int32_t)below(r, (unsigned)cap + 1);
+        }
+        if (c->b > 0 && below(r, 8) == 7) {
+            const int b = (int)below(r, (unsigned)c->b);
+            c->used[b] = (c->varlen ? c->cu_k[b + 1] - c->cu_k[b] : c->nk) + 1;
+        }
+        c->p.seqused_k = c->used;
     }
     return 1;
 }

@@ -10,7 +10,9 @@
 #   OUT=/tmp/out tests/gpu/run_h200.sh [stages]
 #
 # stages: any of build test bench sanitize profile (default: all, in that order), python (the
-# package's pytest suite on CUDA tensors), opencl (the OpenCL backend through NVIDIA's driver:
+# package's pytest suite on CUDA tensors), decode (issue 18: flashport-bench --decode dense and
+# paged, checked, then compare_torch.py --decode into decode.log and compare_torch_decode.{md,
+# csv}; DECODE_ARGS narrows its grid), opencl (the OpenCL backend through NVIDIA's driver:
 # tests/gpu/run_opencl_h200.sh on this build), and the
 # shorter quicktest (test_backends cuda, the whole table, once per TEST_ENVS entry, and
 # test_cuda_large --quick) and events (one flashport-bench --backend cuda run: CUDA-event timing).
@@ -19,6 +21,9 @@
 # of the events stage), TEST_ENVS (space-separated VAR=VALUE settings, each a quicktest run of the
 # table; default: one run as is), TEST_TIMEOUT (seconds per quicktest run, default 600), JOBS
 # (build parallelism, default: all cores), SAN_TIMEOUT (seconds per sanitizer run, default 240),
+# SAN_SETTINGS (space-separated VAR=VALUE[,VAR=VALUE] settings, one sanitizer pass each; default:
+# the sm90 path, and the sm80 path with its ping-pong forward), SAN_FILTER (the test_backends
+# --filter of the sanitizer runs, default "f16", which matches bf16 too),
 # PROFILE_SHAPES (profile_one.py argument sets separated by ';', default "--dim 128 --seqlen
 # 8192").
 set -uo pipefail
@@ -103,6 +108,29 @@ if has bench; then
     grep -E '^\| (bf16|fp16)' "$OUT/compare_torch.md" 2>/dev/null | tee -a "$SUMMARY" || tail -20 "$OUT/bench.log"
 fi
 
+if has decode; then
+    # Issue 18's decode grid against SDPA (compare_torch.py --decode; DECODE_ARGS narrow it), after
+    # a checked flashport-bench decode run on a dense and a paged cache (the paged rows need the
+    # CUDA plugin to serve block_table; until it does, that run reports the refusal).
+    start=$(date +%s)
+    {
+        for paged in "" "--paged 16" "--paged 256"; do
+            # shellcheck disable=SC2086
+            "$BUILD/bin/flashport-bench" --backend cuda --decode --dtype bf16 --batch 16 \
+                --heads 32 --kv-heads 8 --seqlen-q 1,4,8 --seqlen-k 32768 --check $paged
+        done
+        [ -d "$BUILD/py/flashport" ] ||
+            python3 -m pip install -q --no-build-isolation --no-deps --target "$BUILD/py" \
+                -C cmake.define.FLASHPORT_CUDA=OFF -C cmake.define.FLASHPORT_HIP=OFF .
+        # shellcheck disable=SC2086
+        PYTHONPATH="$BUILD/py" PYTHONUNBUFFERED=1 python3 bench/compare_torch.py --decode \
+            --lib "$BUILD/lib/libflashport.so" --out "$OUT" ${DECODE_ARGS:-}
+    } >"$OUT/decode.log" 2>&1
+    note "decode: rc=$? in $(($(date +%s) - start)) s"
+    grep -E '^\| (bf16|fp16)' "$OUT/compare_torch_decode.md" 2>/dev/null | tee -a "$SUMMARY" ||
+        tail -20 "$OUT/decode.log"
+fi
+
 if has python; then
     # The Python package's tests with CUDA tensors: the package built without GPU plugins (as in
     # the bench stage), the build folder's CUDA plugin through FLASHPORT_PLUGIN_PATH.
@@ -134,12 +162,12 @@ if has sanitize; then
         # and on the sm80 path with its ping-pong forward forced (chosen by shape only for long
         # key loops), then the quick long checks
         T=${SAN_TIMEOUT:-240}
-        for setting in FLASHPORT_CUDA_PATH=sm90 FLASHPORT_CUDA_PATH=sm80,FLASHPORT_CUDA_FWD_PINGPONG=1; do
+        for setting in ${SAN_SETTINGS:-FLASHPORT_CUDA_PATH=sm90 FLASHPORT_CUDA_PATH=sm80,FLASHPORT_CUDA_FWD_PINGPONG=1}; do
             for tool in memcheck racecheck synccheck; do
-                echo "### $tool: test_backends cuda --filter f16 ($setting)"
+                echo "### $tool: test_backends cuda --filter ${SAN_FILTER:-f16} ($setting)"
                 # shellcheck disable=SC2046
                 env $(tr ',' ' ' <<<"$setting") timeout "$T" compute-sanitizer --tool $tool \
-                    --error-exitcode 99 "$BUILD/bin/test_backends" cuda --filter f16 |
+                    --error-exitcode 99 "$BUILD/bin/test_backends" cuda --filter "${SAN_FILTER:-f16}" |
                     grep -vE '^(fwd|bwd) .*PASS$'
                 echo "rc=$?"
             done

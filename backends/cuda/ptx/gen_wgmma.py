@@ -7,6 +7,7 @@ which inline PTX cannot take as an array.
 """
 
 NS = (64, 80, 96, 128, 192, 256)
+NS_TT = (64,)  # both operands MN-major: the backward's dQ = dS K
 DTYPES = (("bf16", "bf16"), ("f16", "f16"))
 
 
@@ -14,19 +15,21 @@ def acc_list(n, first):
     return ", ".join("%%%d" % (first + i) for i in range(n // 2))
 
 
-def fn_ss(n, tname, ptx):
+def fn_ss(n, tname, ptx, tt=False):
     regs = n // 2
+    major = "MN-major (transpose immediates 1)" if tt else "K-major (transpose immediates 0)"
+    suffix = "_tt" if tt else ""
     lines = [
         "/* d (+)= A B, m64n%dk16, A and B from shared memory (descriptors), f32 accumulate;" % n,
-        " * accumulate = 0 overwrites d. A and B K-major (transpose immediates 0). */",
-        "FP_DEV void fp_wgmma_ss_m64n%dk16_%s(float (&d)[%d], uint64_t a_desc, uint64_t b_desc,"
-        % (n, tname, regs),
+        " * accumulate = 0 overwrites d. A and B %s. */" % major,
+        "FP_DEV void fp_wgmma_ss%s_m64n%dk16_%s(float (&d)[%d], uint64_t a_desc, uint64_t b_desc,"
+        % (suffix, n, tname, regs),
         "                                     int accumulate)",
         "{",
         "    asm volatile(\"{\\n.reg .pred p;\\nsetp.ne.b32 p, %%%d, 0;\\n\"" % (regs + 2),
         "                 \"wgmma.mma_async.sync.aligned.m64n%dk16.f32.%s.%s \"" % (n, ptx, ptx),
         "                 \"{%s}, \"" % acc_list(n, 0),
-        "                 \"%%%d, %%%d, p, 1, 1, 0, 0;\\n}\\n\"" % (regs, regs + 1),
+        "                 \"%%%d, %%%d, p, 1, 1, %d, %d;\\n}\\n\"" % (regs, regs + 1, tt, tt),
         "                 : " + ", ".join('"+f"(d[%d])' % i for i in range(regs)),
         "                 : \"l\"(a_desc), \"l\"(b_desc), \"r\"(accumulate));",
         "}",
@@ -69,6 +72,8 @@ def main():
         for n in NS:
             out.append(fn_ss(n, tname, ptx))
             out.append(fn_rs(n, tname, ptx))
+        for n in NS_TT:
+            out.append(fn_ss(n, tname, ptx, tt=True))
     out += ["/* clang-format on */", "", "#endif /* FLASHPORT_BACKENDS_CUDA_PTX_WGMMA_GEN_CUH */", ""]
     print("\n".join(out), end="")
 

@@ -87,6 +87,70 @@ FP_DEV void fp_tma_load_4d(uint32_t dst, const void *tmap, uint32_t bar, int c0,
                 : "memory");
 }
 
+/* `bytes` (a multiple of 16, both addresses 16-byte aligned) from global memory at src -> shared
+ * memory at dst, landing on barrier `bar` (which must expect them): a TMA copy without a map. */
+FP_DEV void fp_bulk_load(uint32_t dst, const void *src, uint32_t bytes, uint32_t bar)
+{
+    FP_SM90_ASM("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes"
+                " [%0], [%1], %2, [%3];\n" ::"r"(dst),
+                "l"(src), "r"(bytes), "r"(bar)
+                : "memory");
+}
+
+/* dst[i] += src[i] for `bytes` / 4 floats: shared memory at src (16-byte aligned) reduced into
+ * global memory at dst (16-byte aligned), `bytes` a multiple of 16; asynchronous, in this
+ * thread's bulk group (fp_bulk_commit, fp_bulk_wait_read / fp_bulk_wait). */
+FP_DEV void fp_bulk_reduce_add_f32(float *dst, uint32_t src, uint32_t bytes)
+{
+    FP_SM90_ASM(
+        "cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;\n" ::"l"(dst),
+        "r"(src), "r"(bytes)
+        : "memory");
+}
+
+FP_DEV void fp_bulk_commit()
+{
+    FP_SM90_ASM("cp.async.bulk.commit_group;\n" ::: "memory");
+}
+
+/* Waits until this thread's bulk groups have read their shared-memory sources. */
+FP_DEV void fp_bulk_wait_read()
+{
+    FP_SM90_ASM("cp.async.bulk.wait_group.read 0;\n" ::: "memory");
+}
+
+/* Waits until this thread's bulk groups have completed (their global writes made). */
+FP_DEV void fp_bulk_wait()
+{
+    FP_SM90_ASM("cp.async.bulk.wait_group 0;\n" ::: "memory");
+}
+
+/* Orders this thread's generic-proxy global accesses with its async-proxy ones (bulk copies). */
+FP_DEV void fp_fence_proxy_async_global()
+{
+    FP_SM90_ASM("fence.proxy.async.global;\n" ::: "memory");
+}
+
+/* A flag in global memory: load with acquire, add with release (GPU scope). */
+FP_DEV int fp_ld_acquire_gpu(const int *p)
+{
+    int v = 0;
+    FP_SM90_ASM("ld.acquire.gpu.global.b32 %0, [%1];\n" : "=r"(v) : "l"(p) : "memory");
+    return v;
+}
+
+FP_DEV void fp_red_release_gpu(int *p, int v)
+{
+    FP_SM90_ASM("red.release.gpu.global.add.s32 [%0], %1;\n" ::"l"(p), "r"(v) : "memory");
+}
+
+/* Makes this thread's ordinary shared-memory writes visible to the async proxy (wgmma operands
+ * read from shared memory, TMA stores) that runs after the next barrier. */
+FP_DEV void fp_fence_proxy_async_smem()
+{
+    FP_SM90_ASM("fence.proxy.async.shared::cta;\n" ::: "memory");
+}
+
 /* ---- wgmma ---------------------------------------------------------------------------------- */
 
 /* Orders this thread's register writes (accumulators, A fragments) before the next wgmma. */

@@ -68,45 +68,10 @@ template <int DK, int ALT> struct fp_dq_cfg {
     enum { NW = ALT ? 2 : 4, BN = DK == 256 ? 32 : 64 };
 };
 
-/* Rows are padded to this in the workspaces, a multiple of every kernel's query block. */
-#define FP_BWD_ROW_PAD 128
-
-/* Index of row i of (batch b, head h) in the [B, H, nq_pad] workspaces (a row of dq_accum is
- * DK floats). */
-FP_DEV int64_t fp_bwd_ws_row(const fp_sm80_args &a, int b, int h, int64_t i)
-{
-    return ((int64_t)b * a.heads + h) * a.nq_pad + i;
-}
-
-/* The dQ accumulator is stored in mma fragment order, so that each warp's atomics are
- * coalesced: every band of 16 rows (16 x DK floats, where rows 16 R .. 16 R + 15 would be) holds
- * its 16 x 8 pieces one after another, column piece C at 128 C, and within a piece the lane that
- * owns an element in the m16n8 accumulator layout comes first: row 8 r + g, columns 2 t and
- * 2 t + 1 (lane 4 g + t) at 64 r + 2 (4 g + t). A warp's 8-byte reduction then covers 256
- * contiguous bytes, two cache lines, instead of eight rows of 32 bytes: the dQ reductions are a
- * bottleneck of the backward (A/B: docs/bench/archive/, pfirst). Returns the offset of row i's
- * column c from the start of row i's band (c even: c and c + 1 are adjacent). */
-FP_DEV int fp_dq_frag_off(int i, int c)
-{
-    return (c / 8) * 128 + ((i % 16) / 8) * 64 + (i % 8) * 8 + (c % 8);
-}
-
 template <int DK, int ALT> constexpr size_t fp_dq_smem()
 {
     constexpr int BM = 16 * fp_dq_cfg<DK, ALT>::NW, BN = fp_dq_cfg<DK, ALT>::BN;
     return (size_t)(2 * BM * DK + 4 * BN * DK) * 2;
-}
-
-/* dst[0..1] += (x, y) in global memory: one 8-byte vector reduction on sm_90, two scalar ones
- * before it. */
-FP_DEV void fp_red_add2(float *dst, float x, float y)
-{
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    atomicAdd(reinterpret_cast<float2 *>(dst), make_float2(x, y));
-#else
-    atomicAdd(dst, x);
-    atomicAdd(dst + 1, y);
-#endif
 }
 
 /* P (and dS) of one score, MODE as in FP_SCORES_*: x raw q.k in, P out; dp dP in, dS out
@@ -966,6 +931,67 @@ static cudaError_t fp_dkdv_launch(const fp_cuda_ctx *ctx, const fp_problem *p,
     return cudaGetLastError();
 }
 
+/* ---- the side passes, shared with the sm90 path (common.cuh declares them) ---------------- */
+
+size_t fp_cuda_bwd_side_setup(const fp_problem *p, fp_sm80_args *a, int dk, int accumulate,
+                              void *ws)
+{
+    if (p->batch == 0 || p->heads == 0)
+        return 0;
+    /* Empty sequences still get their outputs written (zeros); only empty grids are skipped. */
+    a->nq_pad = (max(a->nq, 1) + FP_BWD_ROW_PAD - 1) / FP_BWD_ROW_PAD * FP_BWD_ROW_PAD;
+    a->dq_atomic = accumulate;
+    /* scratch: LSE * log2(e) and Dsum per row, and the f32 dQ accumulator in atomic mode */
+    const size_t rows = (size_t)p->batch * p->heads * a->nq_pad;
+    const size_t accum = a->dq_atomic ? rows * dk : 0;
+    if (ws) {
+        a->ws_lse2 = (float *)ws;
+        a->ws_dsum = a->ws_lse2 + rows;
+        a->dq_accum = a->dq_atomic ? a->ws_dsum + rows : NULL;
+    }
+    return (2 * rows + accum) * sizeof(float);
+}
+
+template <typename T, int DK>
+static cudaError_t fp_side_pre(const fp_problem *p, const fp_sm80_args &a, cudaStream_t stream)
+{
+    const dim3 grid((unsigned)(a.nq_pad / FP_BWD_BAND), (unsigned)p->heads, (unsigned)p->batch);
+    fp_sm80_bwd_pre<T, DK><<<grid, 128, 0, stream>>>(a);
+    return cudaGetLastError();
+}
+
+template <typename T, int DK>
+static cudaError_t fp_side_dq(const fp_problem *p, const fp_sm80_args &a, cudaStream_t stream)
+{
+    const dim3 grid((unsigned)((a.nq + FP_BWD_BAND - 1) / FP_BWD_BAND), (unsigned)p->heads,
+                    (unsigned)p->batch);
+    fp_sm80_bwd_dq_convert<T, DK><<<grid, 128, 0, stream>>>(a);
+    return cudaGetLastError();
+}
+
+/* The kernel of a pass by dtype and the accumulator's head dim (64, 128 or 256). */
+#define FP_SIDE_DISPATCH(fn, p, a, dk, stream)                                                     \
+    ((p)->dtype == FLASHPORT_F16 ? ((dk) == 64    ? fn<__half, 64>(p, a, stream)                   \
+                                    : (dk) == 128 ? fn<__half, 128>(p, a, stream)                  \
+                                                  : fn<__half, 256>(p, a, stream))                 \
+                                 : ((dk) == 64    ? fn<__nv_bfloat16, 64>(p, a, stream)            \
+                                    : (dk) == 128 ? fn<__nv_bfloat16, 128>(p, a, stream)           \
+                                                  : fn<__nv_bfloat16, 256>(p, a, stream)))
+
+cudaError_t fp_cuda_bwd_side_pre(const fp_problem *p, const fp_sm80_args &a, int dk,
+                                 cudaStream_t stream)
+{
+    return FP_SIDE_DISPATCH(fp_side_pre, p, a, dk, stream);
+}
+
+cudaError_t fp_cuda_bwd_side_dq(const fp_problem *p, const fp_sm80_args &a, int dk,
+                                cudaStream_t stream)
+{
+    if (!a.dq_atomic || a.nq == 0)
+        return cudaSuccess;
+    return FP_SIDE_DISPATCH(fp_side_dq, p, a, dk, stream);
+}
+
 template <typename T, int DK>
 static flashport_status fp_bwd_launch(const fp_cuda_ctx *ctx, const fp_problem *p, fp_sm80_args a,
                                       void *ws, size_t *query)
@@ -979,29 +1005,16 @@ static flashport_status fp_bwd_launch(const fp_cuda_ctx *ctx, const fp_problem *
                               (long long)p->head_dim,
                               fp_dkdv_smem<DK, fp_bwd_alts<DK>() - 1>() / 1024,
                               ctx->smem_optin / 1024);
-    const bool empty = p->batch == 0 || p->heads == 0;
-    /* Empty sequences still get their outputs written (zeros); only empty grids are skipped. */
-    a.nq_pad = (max(a.nq, 1) + FP_BWD_ROW_PAD - 1) / FP_BWD_ROW_PAD * FP_BWD_ROW_PAD;
-    a.dq_atomic = !p->deterministic;
-    const fp_plan_shape shape = fp_problem_plan_shape(p);
-    a.reverse = fp_plan_heavy_first(&shape);
-    /* scratch: LSE * log2(e) and Dsum per row, and the f32 dQ accumulator in atomic mode */
-    const size_t rows = (size_t)p->batch * p->heads * a.nq_pad;
-    const size_t accum = a.dq_atomic ? rows * DK : 0;
+    const size_t bytes = fp_cuda_bwd_side_setup(p, &a, DK, !p->deterministic, query ? NULL : ws);
     if (query) {
-        *query = empty ? 0 : (2 * rows + accum) * sizeof(float);
+        *query = bytes;
         return FLASHPORT_OK;
     }
-    if (empty)
+    if (bytes == 0)
         return FLASHPORT_OK;
-    cudaError_t e = cudaSuccess;
-    a.ws_lse2 = (float *)ws;
-    a.ws_dsum = a.ws_lse2 + rows;
-    a.dq_accum = a.dq_atomic ? a.ws_dsum + rows : NULL;
-
-    const dim3 pre_grid((unsigned)(a.nq_pad / FP_BWD_BAND), (unsigned)p->heads, (unsigned)p->batch);
-    fp_sm80_bwd_pre<T, DK><<<pre_grid, 128, 0, stream>>>(a);
-    e = cudaGetLastError();
+    const fp_plan_shape shape = fp_problem_plan_shape(p);
+    a.reverse = fp_plan_heavy_first(&shape);
+    cudaError_t e = fp_cuda_bwd_side_pre(p, a, DK, stream);
     if (e == cudaSuccess) {
         if (alt == 0)
             e = fp_dkdv_launch<T, DK, 0>(ctx, p, a);
@@ -1010,12 +1023,9 @@ static flashport_status fp_bwd_launch(const fp_cuda_ctx *ctx, const fp_problem *
         else if constexpr (fp_bwd_alts<DK>() > 2)
             e = fp_dkdv_launch<T, DK, 2>(ctx, p, a);
     }
-    if (e == cudaSuccess && a.dq_atomic && a.nq > 0) {
-        dim3 grid((unsigned)((a.nq + FP_BWD_BAND - 1) / FP_BWD_BAND), (unsigned)p->heads,
-                  (unsigned)p->batch);
-        fp_sm80_bwd_dq_convert<T, DK><<<grid, 128, 0, stream>>>(a);
-        e = cudaGetLastError();
-    } else if (e == cudaSuccess && !a.dq_atomic && a.nq > 0) {
+    if (e == cudaSuccess && a.dq_atomic)
+        e = fp_cuda_bwd_side_dq(p, a, DK, stream);
+    else if (e == cudaSuccess && !a.dq_atomic && a.nq > 0) {
         if (fp_dq_pick<DK>(ctx) == 0)
             e = fp_dq_launch<T, DK, 0>(ctx, p, a);
         else if constexpr (DK == 256)

@@ -376,4 +376,53 @@ template <typename T> FP_DEV void fp_acc_to_a(uint32_t a[4], const float c0[4], 
     a[3] = fp_pack2<T>(c1[2], c1[3]);
 }
 
+/* Rows are padded to this in the workspaces, a multiple of every kernel's query block. */
+#define FP_BWD_ROW_PAD 128
+
+/* Index of row i of (batch b, head h) in the [B, H, nq_pad] workspaces (a row of dq_accum is
+ * DK floats). */
+FP_DEV int64_t fp_bwd_ws_row(const fp_sm80_args &a, int b, int h, int64_t i)
+{
+    return ((int64_t)b * a.heads + h) * a.nq_pad + i;
+}
+
+/* The dQ accumulator is stored in mma fragment order, so that each warp's atomics are
+ * coalesced: every band of 16 rows (16 x DK floats, where rows 16 R .. 16 R + 15 would be) holds
+ * its 16 x 8 pieces one after another, column piece C at 128 C, and within a piece the lane that
+ * owns an element in the m16n8 accumulator layout comes first: row 8 r + g, columns 2 t and
+ * 2 t + 1 (lane 4 g + t) at 64 r + 2 (4 g + t). A warp's 8-byte reduction then covers 256
+ * contiguous bytes, two cache lines, instead of eight rows of 32 bytes: the dQ reductions are a
+ * bottleneck of the backward (A/B: docs/bench/archive/, pfirst). Returns the offset of row i's
+ * column c from the start of row i's band (c even: c and c + 1 are adjacent). */
+FP_DEV int fp_dq_frag_off(int i, int c)
+{
+    return (c / 8) * 128 + ((i % 16) / 8) * 64 + (i % 8) * 8 + (c % 8);
+}
+
+/* dst[0..1] += (x, y) in global memory: one 8-byte vector reduction on sm_90, two scalar ones
+ * before it. */
+FP_DEV void fp_red_add2(float *dst, float x, float y)
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    atomicAdd(reinterpret_cast<float2 *>(dst), make_float2(x, y));
+#else
+    atomicAdd(dst, x);
+    atomicAdd(dst + 1, y);
+#endif
+}
+
+/* The backward's side passes (sm80/bwd.cu), which the sm90 backward shares: the workspace
+ * ([B, H, nq_pad] LSE * log2(e) and Dsum, and in atomic mode the [B, H, nq_pad, dk] f32 dQ
+ * accumulator in fp_dq_frag_off's order), the pass that fills it (and zeroes the accumulator), and
+ * the pass that scales the accumulator into dq. dk is the kernel's head dim (64, 128 or 256).
+ * fp_cuda_bwd_side_setup sets a's nq_pad, dq_atomic (= accumulate: dQ goes through the
+ * accumulator) and (ws != NULL) the workspace pointers, and returns the bytes (0: nothing to do).
+ */
+size_t fp_cuda_bwd_side_setup(const fp_problem *p, fp_sm80_args *a, int dk, int accumulate,
+                              void *ws);
+cudaError_t fp_cuda_bwd_side_pre(const fp_problem *p, const fp_sm80_args &a, int dk,
+                                 cudaStream_t stream);
+cudaError_t fp_cuda_bwd_side_dq(const fp_problem *p, const fp_sm80_args &a, int dk,
+                                cudaStream_t stream);
+
 #endif /* FLASHPORT_BACKENDS_CUDA_SM80_COMMON_CUH */

@@ -66,11 +66,11 @@ extern "C" flashport_status fp_cuda_sm90_forward(const fp_cuda_ctx *ctx, const f
 
 #include "backends/cuda/sm80/common.cuh"
 #include "backends/cuda/ptx/sm90.cuh"
+#include "backends/cuda/sm90/common.cuh"
 
 #include "core/plan.h"
 #include "core/problem.h"
 
-#include <cuda.h> /* CUtensorMap and its enums only: the driver is reached through ctx->encode */
 #include <math.h>
 #include <stdlib.h>
 
@@ -106,47 +106,6 @@ typedef struct fp_sm90_fwd_params {
     CUtensorMap tq, tk, tv; /* 4-d maps (D, tokens, heads, batch); boxes of 64 x rows */
     fp_sm80_args a;
 } fp_sm90_fwd_params;
-
-/* wgmma of one dtype and N: ss (A, B from shared memory) and rs (A from registers). */
-template <typename T, int N> struct fp_wgmma;
-#define FP_SM90_WGMMA(T, TN, N)                                                                    \
-    template <> struct fp_wgmma<T, N> {                                                            \
-        static __device__ __forceinline__ void ss(float (&d)[N / 2], uint64_t a, uint64_t b,       \
-                                                  int acc)                                         \
-        {                                                                                          \
-            if (FP_SM90_DEVICE)                                                                    \
-                fp_wgmma_ss_m64n##N##k16_##TN(d, a, b, acc);                                       \
-        }                                                                                          \
-        static __device__ __forceinline__ void rs(float (&d)[N / 2], const uint32_t (&a)[4],       \
-                                                  uint64_t b)                                      \
-        {                                                                                          \
-            if (FP_SM90_DEVICE)                                                                    \
-                fp_wgmma_rs_m64n##N##k16_##TN(d, a, b);                                            \
-        }                                                                                          \
-    }
-#if FP_SM90_DEVICE
-FP_SM90_WGMMA(__nv_bfloat16, bf16, 80);
-FP_SM90_WGMMA(__nv_bfloat16, bf16, 96);
-FP_SM90_WGMMA(__nv_bfloat16, bf16, 128);
-FP_SM90_WGMMA(__nv_bfloat16, bf16, 192);
-FP_SM90_WGMMA(__nv_bfloat16, bf16, 64);
-FP_SM90_WGMMA(__nv_bfloat16, bf16, 256);
-FP_SM90_WGMMA(__half, f16, 80);
-FP_SM90_WGMMA(__half, f16, 96);
-FP_SM90_WGMMA(__half, f16, 128);
-FP_SM90_WGMMA(__half, f16, 192);
-FP_SM90_WGMMA(__half, f16, 64);
-FP_SM90_WGMMA(__half, f16, 256);
-#endif
-
-template <int N> FP_DEV void fp_fence_u32(uint32_t (&r)[N][4])
-{
-#pragma unroll
-    for (int i = 0; i < N; ++i)
-#pragma unroll
-        for (int e = 0; e < 4; ++e)
-            asm volatile("" : "+r"(r[i][e])::"memory");
-}
 
 /* Masks one thread's part of a warpgroup's 64 x BN score tile: rows i_lo and i_lo + 8 of the
  * sequence, keys j0 + 8 j + 2 t + e; s[4 j + 2 r + e] is (row r, key 8 j + 2 t + e). Masked
@@ -531,52 +490,6 @@ __global__ void __launch_bounds__(FP_SM90_THREADS, 1)
 }
 
 /* ---- host ---------------------------------------------------------------------------------- */
-
-typedef CUresult (*fp_encode_tiled_fn)(CUtensorMap *, CUtensorMapDataType, cuuint32_t, void *,
-                                       const cuuint64_t *, const cuuint64_t *, const cuuint32_t *,
-                                       const cuuint32_t *, CUtensorMapInterleave,
-                                       CUtensorMapSwizzle, CUtensorMapL2promotion,
-                                       CUtensorMapFloatOOBfill);
-
-/* A TMA map of a q/k/v-shaped view: (D, tokens, heads, batch), boxes of 64 x box_rows. TMA
- * needs a 16-byte-aligned base and strides that are positive multiples of 16 bytes below 2^40;
- * a dimension of extent 1 never moves, so its stride is replaced by a valid one. */
-static bool fp_sm90_tmap(const fp_cuda_ctx *ctx, CUtensorMap *map, const fp_tensor_view &v,
-                         flashport_dtype dt, int64_t d, int64_t tokens, int64_t heads,
-                         int64_t batch, int box_rows, const char **why)
-{
-    const cuuint64_t dims[4] = {(cuuint64_t)d, (cuuint64_t)tokens, (cuuint64_t)heads,
-                                (cuuint64_t)batch};
-    const int64_t st[3] = {v.stride[FP_S], v.stride[FP_H], v.stride[FP_B]};
-    cuuint64_t strides[3];
-    for (int i = 0; i < 3; ++i) {
-        int64_t bytes = st[i] * 2;
-        if (dims[i + 1] <= 1)
-            bytes = 16;
-        if (bytes <= 0 || bytes % 16 != 0 || bytes >= ((int64_t)1 << 40)) {
-            *why = "a stride of q, k or v is not a positive multiple of 16 bytes";
-            return false;
-        }
-        strides[i] = (cuuint64_t)bytes;
-    }
-    if (((uintptr_t)v.data & 15) != 0) {
-        *why = "q, k or v is not 16-byte aligned";
-        return false;
-    }
-    const cuuint32_t box[4] = {64, (cuuint32_t)box_rows, 1, 1};
-    const cuuint32_t estr[4] = {1, 1, 1, 1};
-    const fp_encode_tiled_fn encode = (fp_encode_tiled_fn)ctx->encode_tiled;
-    const CUresult r = encode(
-        map,
-        dt == FLASHPORT_F16 ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 4,
-        v.data, dims, strides, box, estr, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
-        CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-    if (r != CUDA_SUCCESS) {
-        *why = "the driver refused a TMA descriptor (cuTensorMapEncodeTiled)";
-        return false;
-    }
-    return true;
-}
 
 template <typename T, typename CFG>
 static flashport_status fp_sm90_launch(const fp_cuda_ctx *ctx, const fp_problem *p,

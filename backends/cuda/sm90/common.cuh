@@ -1,0 +1,116 @@
+/*
+ * What the sm90 kernels (sm90_fwd.cu, sm90_bwd.cu) share: the wgmma instructions by dtype and N,
+ * a register fence, and the TMA descriptors of q/k/v-shaped tensors (host).
+ */
+#ifndef FLASHPORT_BACKENDS_CUDA_SM90_COMMON_CUH
+#define FLASHPORT_BACKENDS_CUDA_SM90_COMMON_CUH
+
+#include "backends/cuda/cuda_internal.h"
+#include "backends/cuda/ptx/sm90.cuh"
+
+#include <cuda.h> /* CUtensorMap and its enums only: the driver is reached through ctx->encode */
+
+/* wgmma of one dtype and N: ss (A, B from shared memory, K-major) and rs (A from registers, B
+ * MN-major). */
+template <typename T, int N> struct fp_wgmma;
+#define FP_SM90_WGMMA(T, TN, N)                                                                    \
+    template <> struct fp_wgmma<T, N> {                                                            \
+        static __device__ __forceinline__ void ss(float (&d)[N / 2], uint64_t a, uint64_t b,       \
+                                                  int acc)                                         \
+        {                                                                                          \
+            if (FP_SM90_DEVICE)                                                                    \
+                fp_wgmma_ss_m64n##N##k16_##TN(d, a, b, acc);                                       \
+        }                                                                                          \
+        static __device__ __forceinline__ void rs(float (&d)[N / 2], const uint32_t (&a)[4],       \
+                                                  uint64_t b)                                      \
+        {                                                                                          \
+            if (FP_SM90_DEVICE)                                                                    \
+                fp_wgmma_rs_m64n##N##k16_##TN(d, a, b);                                            \
+        }                                                                                          \
+    }
+#if FP_SM90_DEVICE
+FP_SM90_WGMMA(__nv_bfloat16, bf16, 80);
+FP_SM90_WGMMA(__nv_bfloat16, bf16, 96);
+FP_SM90_WGMMA(__nv_bfloat16, bf16, 128);
+FP_SM90_WGMMA(__nv_bfloat16, bf16, 192);
+FP_SM90_WGMMA(__nv_bfloat16, bf16, 64);
+FP_SM90_WGMMA(__nv_bfloat16, bf16, 256);
+FP_SM90_WGMMA(__half, f16, 80);
+FP_SM90_WGMMA(__half, f16, 96);
+FP_SM90_WGMMA(__half, f16, 128);
+FP_SM90_WGMMA(__half, f16, 192);
+FP_SM90_WGMMA(__half, f16, 64);
+FP_SM90_WGMMA(__half, f16, 256);
+#endif
+
+/* wgmma m64n64k16 with A and B from shared memory, both MN-major (the backward's dQ = dS K). */
+template <typename T> FP_DEV void fp_wgmma_ss_tt64(float (&d)[32], uint64_t a, uint64_t b, int acc)
+{
+#if FP_SM90_DEVICE
+    if constexpr (__is_same(T, __half))
+        fp_wgmma_ss_tt_m64n64k16_f16(d, a, b, acc);
+    else
+        fp_wgmma_ss_tt_m64n64k16_bf16(d, a, b, acc);
+#else
+    (void)d, (void)a, (void)b, (void)acc;
+#endif
+}
+
+template <int N> FP_DEV void fp_fence_u32(uint32_t (&r)[N][4])
+{
+#pragma unroll
+    for (int i = 0; i < N; ++i)
+#pragma unroll
+        for (int e = 0; e < 4; ++e)
+            asm volatile("" : "+r"(r[i][e])::"memory");
+}
+
+/* ---- host ---------------------------------------------------------------------------------- */
+
+typedef CUresult (*fp_encode_tiled_fn)(CUtensorMap *, CUtensorMapDataType, cuuint32_t, void *,
+                                       const cuuint64_t *, const cuuint64_t *, const cuuint32_t *,
+                                       const cuuint32_t *, CUtensorMapInterleave,
+                                       CUtensorMapSwizzle, CUtensorMapL2promotion,
+                                       CUtensorMapFloatOOBfill);
+
+/* A TMA map of a q/k/v-shaped view: (D, tokens, heads, batch), boxes of 64 x box_rows. TMA
+ * needs a 16-byte-aligned base and strides that are positive multiples of 16 bytes below 2^40;
+ * a dimension of extent 1 never moves, so its stride is replaced by a valid one. */
+static inline bool fp_sm90_tmap(const fp_cuda_ctx *ctx, CUtensorMap *map, const fp_tensor_view &v,
+                                flashport_dtype dt, int64_t d, int64_t tokens, int64_t heads,
+                                int64_t batch, int box_rows, const char **why)
+{
+    const cuuint64_t dims[4] = {(cuuint64_t)d, (cuuint64_t)tokens, (cuuint64_t)heads,
+                                (cuuint64_t)batch};
+    const int64_t st[3] = {v.stride[FP_S], v.stride[FP_H], v.stride[FP_B]};
+    cuuint64_t strides[3];
+    for (int i = 0; i < 3; ++i) {
+        int64_t bytes = st[i] * 2;
+        if (dims[i + 1] <= 1)
+            bytes = 16;
+        if (bytes <= 0 || bytes % 16 != 0 || bytes >= ((int64_t)1 << 40)) {
+            *why = "a stride of q, k, v or dO is not a positive multiple of 16 bytes";
+            return false;
+        }
+        strides[i] = (cuuint64_t)bytes;
+    }
+    if (((uintptr_t)v.data & 15) != 0) {
+        *why = "q, k, v or dO is not 16-byte aligned";
+        return false;
+    }
+    const cuuint32_t box[4] = {64, (cuuint32_t)box_rows, 1, 1};
+    const cuuint32_t estr[4] = {1, 1, 1, 1};
+    const fp_encode_tiled_fn encode = (fp_encode_tiled_fn)ctx->encode_tiled;
+    const CUresult r = encode(
+        map,
+        dt == FLASHPORT_F16 ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 4,
+        v.data, dims, strides, box, estr, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+        CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+    if (r != CUDA_SUCCESS) {
+        *why = "the driver refused a TMA descriptor (cuTensorMapEncodeTiled)";
+        return false;
+    }
+    return true;
+}
+
+#endif /* FLASHPORT_BACKENDS_CUDA_SM90_COMMON_CUH */

@@ -290,29 +290,6 @@ template <int DK, int ALT> constexpr size_t fp_dkdv_smem()
 template <bool B> using fp_flag = std::bool_constant<B>;
 template <int I> using fp_int = std::integral_constant<int, I>;
 
-/* With seqused_k, keys [nk, the tensor's length) of a sequence take no part in the attention:
- * their dK and dV are 0. Rows of key block n0 .. n0 + BN in that range are zeroed. */
-template <int BN, int DK, int NT, typename T>
-FP_DEV void fp_bwd_zero_unused_keys(const fp_sm80_args &a, int b, int kvh, const fp_cuda_seq &sq_,
-                                    int n0, int nchunks, int tid)
-{
-    if (!a.seqused_k)
-        return;
-    const int all = (int)fp_seq_lookup(a.cu_q, a.cu_k, a.nq, a.nk, b).nk;
-    const int r_begin = max(n0, sq_.nk), r_end = min(n0 + BN, all);
-    constexpr int CH = DK / 8;
-    T *dk = reinterpret_cast<T *>(const_cast<void *>(a.dk.ptr));
-    T *dv = reinterpret_cast<T *>(const_cast<void *>(a.dv.ptr));
-    const uint4 zero = make_uint4(0u, 0u, 0u, 0u);
-    for (int idx = tid; idx < (r_end - r_begin) * CH; idx += NT) {
-        const int r = r_begin + idx / CH, c = idx % CH;
-        if (c >= nchunks)
-            continue;
-        *reinterpret_cast<uint4 *>(dk + fp_cuda_row(a.dk, b, sq_.k_start + r, kvh) + 8 * c) = zero;
-        *reinterpret_cast<uint4 *>(dv + fp_cuda_row(a.dv, b, sq_.k_start + r, kvh) + 8 * c) = zero;
-    }
-}
-
 // q, dout: (B, Nq, H, D); k, v, dk, dv: (B, Nk, Hkv, D); grid (key blocks, Hkv, B).
 template <typename T, int DK, int ALT>
 __global__ void __launch_bounds__(fp_bwd_cfg<DK, ALT>::NW * 32, 1)
@@ -345,11 +322,9 @@ __global__ void __launch_bounds__(fp_bwd_cfg<DK, ALT>::NW * 32, 1)
     const fp_cuda_seq sq_ = fp_cuda_seq_of(a, b);
     const int nq = sq_.nq, nk = sq_.nk;
     const int n0 = kb * BN;
-    const int nchunks = a.d / 8;
-    if (n0 >= nk) {
-        fp_bwd_zero_unused_keys<BN, DK, NT, T>(a, b, kvh, sq_, n0, nchunks, tid);
+    if (n0 >= nk)
         return;
-    }
+    const int nchunks = a.d / 8;
 
     int mb_lo, mb_end;
     fp_geom_query_blocks(n0, min(n0 + BN, nk), nq, nk, a.left, a.right, BM, &mb_lo, &mb_end);
@@ -669,7 +644,27 @@ __global__ void __launch_bounds__(fp_bwd_cfg<DK, ALT>::NW * 32, 1)
                                        lane);
     __syncthreads();
     fp_store_tile<BN, DK, NT>(dk_g, a.dk.ss, sk, nk - n0, nchunks, tid);
-    fp_bwd_zero_unused_keys<BN, DK, NT, T>(a, b, kvh, sq_, n0, nchunks, tid);
+}
+
+/* With seqused_k, keys [nk, capacity) of a sequence take no part in the attention: their dK and
+ * dV rows are 0. A kernel of its own, launched only for seqused_k calls, so that the dK/dV
+ * kernel's registers do not pay for it. grid (ceil(capacity / 64), Hkv, B), 128 threads. */
+__global__ void __launch_bounds__(128) fp_sm80_bwd_zero_unused(const fp_sm80_args a)
+{
+    const int kvh = blockIdx.y, b = blockIdx.z;
+    const fp_cuda_seq sq_ = fp_cuda_seq_of(a, b);
+    const int cap = (int)fp_seq_lookup(a.cu_q, a.cu_k, a.nq, a.nk, b).nk;
+    const int r_begin = max((int)blockIdx.x * 64, sq_.nk),
+              r_end = min((int)blockIdx.x * 64 + 64, cap);
+    const int ch = a.d / 8;
+    uint16_t *dk = reinterpret_cast<uint16_t *>(const_cast<void *>(a.dk.ptr));
+    uint16_t *dv = reinterpret_cast<uint16_t *>(const_cast<void *>(a.dv.ptr));
+    const uint4 zero = make_uint4(0u, 0u, 0u, 0u);
+    for (int idx = threadIdx.x; idx < (r_end - r_begin) * ch; idx += 128) {
+        const int r = r_begin + idx / ch, c = idx % ch;
+        *reinterpret_cast<uint4 *>(dk + fp_cuda_row(a.dk, b, sq_.k_start + r, kvh) + 8 * c) = zero;
+        *reinterpret_cast<uint4 *>(dv + fp_cuda_row(a.dv, b, sq_.k_start + r, kvh) + 8 * c) = zero;
+    }
 }
 
 // Deterministic dQ. q, dout, dq: (B, Nq, H, D); k, v: (B, Nk, Hkv, D); grid (q blocks, H, B).
@@ -928,6 +923,10 @@ static cudaError_t fp_dkdv_launch(const fp_cuda_ctx *ctx, const fp_problem *p,
     fp_cuda_log("backward: sm80 dK/dV D%d kernel (BN %d, BM %d%s), grid %ux%ux%u", DK, BN,
                 fp_bwd_cfg<DK, ALT>::BM, fp_bwd_dq_lag<DK, ALT>::value ? ", dQ one step late" : "",
                 grid.x, grid.y, grid.z);
+    if (a.seqused_k) {
+        const dim3 zgrid((unsigned)((a.nk + 63) / 64), (unsigned)p->kv_heads, (unsigned)p->batch);
+        fp_sm80_bwd_zero_unused<<<zgrid, 128, 0, ctx->stream>>>(a);
+    }
     return cudaGetLastError();
 }
 

@@ -84,6 +84,37 @@ fp_plan fp_plan_forward(const fp_plan_shape *s, const fp_plan_target *t)
     return p;
 }
 
+fp_decode_plan fp_plan_decode(int64_t tiles, int64_t seqlen_k, const fp_decode_target *t)
+{
+    fp_decode_plan p;
+    const int64_t k_blocks = seqlen_k > 0 ? ceil_div(seqlen_k, t->block_k) : 0;
+    int64_t cap = t->min_split_blocks > 0 ? k_blocks / t->min_split_blocks : k_blocks;
+    if (cap > t->max_splits)
+        cap = t->max_splits;
+    int64_t splits = 1;
+    if (tiles > 0 && t->workers > 0 && cap > 1) {
+        /* The fewest splits whose waves are 90 % busy; failing that, the busiest. A grid of
+         * less than one wave counts its idle slots, so a small grid always splits. */
+        double best = wave_efficiency(tiles, t->workers);
+        for (int64_t n = 1; n <= cap; n++) {
+            const double e = wave_efficiency(tiles * n, t->workers);
+            if (e >= 0.9) {
+                splits = n;
+                break;
+            }
+            if (e > best + 1e-9) {
+                best = e;
+                splits = n;
+            }
+        }
+    }
+    p.keys_per_split = k_blocks > 0 ? ceil_div(k_blocks, splits) * t->block_k : t->block_k;
+    /* Recount: rounding keys_per_split up can leave trailing splits empty. */
+    p.num_splits = k_blocks > 0 ? (int32_t)ceil_div(seqlen_k, p.keys_per_split) : 1;
+    p.num_tasks = tiles * p.num_splits;
+    return p;
+}
+
 fp_plan_task fp_plan_task_at(const fp_plan *p, const fp_plan_shape *s, int64_t task)
 {
     fp_plan_task out;

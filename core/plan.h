@@ -89,6 +89,27 @@ fp_plan_task fp_plan_task_at(const fp_plan *plan, const fp_plan_shape *shape, in
 enum { FP_PLAN_BWD_GROUP_WAVES = 2, FP_PLAN_BWD_MIN_STEPS = 8 };
 int32_t fp_plan_backward_group_splits(const fp_plan_shape *shape, int64_t workers, int32_t block_k);
 
+/* Split-KV for the decode kernels (few query rows per kv head, a long cache): `tiles` independent
+ * blocks of work (batch x kv heads x query-row tiles) each stream their keys, so the time is the
+ * bytes read over the bandwidth the blocks in flight draw. The keys are split until the grid
+ * fills the machine's resident block slots (`workers`) in waves that are at least 90 % busy,
+ * never below min_split_blocks key blocks per split (the combine then reads at most a few percent
+ * of what the splits read) and never above max_splits. */
+typedef struct fp_decode_target {
+    int64_t workers;          /* resident blocks the device holds at once (SMs x blocks per SM) */
+    int32_t block_k;          /* keys per key block */
+    int32_t min_split_blocks; /* smallest split, in key blocks */
+    int32_t max_splits;       /* 1 disables split-KV */
+} fp_decode_target;
+
+typedef struct fp_decode_plan {
+    int32_t num_splits;     /* 1 = none */
+    int64_t keys_per_split; /* a multiple of block_k; covers seqlen_k in num_splits pieces */
+    int64_t num_tasks;      /* tiles * num_splits */
+} fp_decode_plan;
+
+fp_decode_plan fp_plan_decode(int64_t tiles, int64_t seqlen_k, const fp_decode_target *target);
+
 /* Number of key blocks that query block q_block must visit (its cost), for a dense problem. */
 int64_t fp_plan_block_cost(const fp_plan *plan, const fp_plan_shape *shape, int64_t q_block);
 

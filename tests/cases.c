@@ -190,6 +190,19 @@ static const tc_case table[] = {
      .seqused = {150, 33}},
     {FP8(FP8_E4M3, BF16, 1, 4, 2, 37, 160, 128), .page_size = 7, .causal = 1, .use_seqused = 1,
      .seqused = {121}},
+    /* Decode kernels (backends/cuda/decode/fwd.cu, the HIP kernels' GQA packing): a group of 32
+     * (two 16-row tiles of one kv head) on 256-key pages, long enough to split on an emulated
+     * H200; speculative decoding Nq = 4 with a group of 8 (32 packed rows, causal); D = 256 on
+     * 32-key pages (its 32-key blocks: one page each); D = 72 on the D = 128 kernel, seqused 1
+     * and 0; an out-of-range block-table entry inside the used pages (GPU backends: masked). */
+    {DENSE(BF16, 2, 32, 1, 1, 1000, 128), .page_size = 256, .use_seqused = 1,
+     .seqused = {1000, 700}},
+    {DENSE(F16, 1, 16, 2, 4, 300, 64), .causal = 1, .quick = 1},
+    {DENSE(F16, 1, 8, 8, 1, 513, 256), .page_size = 32, .softcap = 20.0f, .use_seqused = 1,
+     .seqused = {513}},
+    {DENSE(BF16, 3, 8, 1, 1, 400, 72), .alibi = 1, .use_seqused = 1, .seqused = {400, 1, 0}},
+    {DENSE(F16, 2, 8, 2, 1, 300, 64), .page_size = 16, .use_seqused = 1, .seqused = {280, 33},
+     .hole_page = 1, .quick = 1},
 };
 
 const tc_case *tc_table(int *count)
@@ -231,7 +244,8 @@ void tc_case_name(const tc_case *c, char *buf, size_t size)
         for (int b = 0; b < c->batch && n < (int)sizeof kv; b++)
             n += snprintf(kv + n, sizeof kv - (size_t)n, "%s%d", b ? "," : " ", c->seqused[b]);
         if (c->page_size > 0 && n < (int)sizeof kv)
-            snprintf(kv + n, sizeof kv - (size_t)n, " paged%d", c->page_size);
+            snprintf(kv + n, sizeof kv - (size_t)n, " paged%d%s", c->page_size,
+                     c->hole_page ? " hole" : "");
     }
     snprintf(buf, size, "%s B%d H%d/%d %s D%d%s%s%s%s%s%s%s%s%s", dt, c->batch, c->heads,
              c->kv_heads, seq, c->head_dim, c->causal ? " causal" : "", win, cap,

@@ -48,6 +48,12 @@ typedef struct tc_case {
     int use_seqused;
     int seqused[TC_MAX_BATCH];
     int page_size;
+    /* Paged, GPU backends only (host backends refuse such a table): logical page 1 of every
+     * sequence with two used pages or more gets a block-table entry out of range, the pages
+     * after it move up one, and that sequence's seqused_k grows by page_size. GPU kernels mask
+     * the keys of such a page, so without causal, window or ALiBi (whose alignment the extra
+     * keys would shift) the result is the case's own. */
+    int hole_page;
     tc_layout layout;
     int quick; /* part of the --quick subset (sanitizer runs) */
 } tc_case;

@@ -105,10 +105,11 @@ static void unstage(staged *st)
  * rows of a page past the used keys, and the spare pages, hold NaN; block-table entries past the
  * used pages hold an out-of-range page (never read). */
 static flashport_status stage_paged(staged *st, const tc_case *c, const tc_data *d,
-                                    flashport_dtype dtype, int index)
+                                    flashport_dtype dtype, int index, int hole)
 {
     const int64_t ps = c->page_size, Hkv = c->kv_heads, D = c->head_dim, row = Hkv * D;
-    const int64_t stride = (c->seqlen_k + ps - 1) / ps;
+    const int64_t stride = (c->seqlen_k + ps - 1) / ps + (hole ? 1 : 0);
+    int32_t used_hole[TC_MAX_BATCH]; /* hole: the seqused_k the backend gets */
     const size_t esz = tu_dtype_size(dtype);
     int64_t pages = 2;
     for (int b = 0; b < c->batch; b++)
@@ -145,6 +146,13 @@ static flashport_status stage_paged(staged *st, const tc_case *c, const tc_data 
         const int64_t used = c->seqused[b], np = (used + ps - 1) / ps;
         for (int64_t i = 0; i < stride; i++)
             bt[b * stride + i] = i < np ? perm[next + i] : INT32_MAX - (int32_t)i;
+        used_hole[b] = (int32_t)used;
+        if (hole && np >= 2) { /* the out-of-range entry at logical page 1 (cases.h) */
+            for (int64_t i = np; i > 1; i--)
+                bt[b * stride + i] = bt[b * stride + i - 1];
+            bt[b * stride + 1] = (b & 1) ? -1 - (int32_t)b : (int32_t)pages + (int32_t)b;
+            used_hole[b] = (int32_t)(used + ps);
+        }
         for (int64_t i = 0; i < np * ps; i++) {
             rv.offset = ((int64_t)perm[next + i / ps] * ps + i % ps) * row;
             const int64_t tok = d->cu_k[b] + i;
@@ -157,6 +165,9 @@ static flashport_status stage_paged(staged *st, const tc_case *c, const tc_data 
     if ((s = upload(st, &st->kpages_dev, kp, bytes)) == FLASHPORT_OK &&
         (s = upload(st, &st->vpages_dev, vp, bytes)) == FLASHPORT_OK)
         s = upload(st, &st->bt_dev, bt, (size_t)(c->batch * stride) * sizeof(int32_t));
+    if (s == FLASHPORT_OK && hole)
+        s = flashport_memcpy_to_device(st->be, st->used_dev, used_hole,
+                                       (size_t)c->batch * sizeof(int32_t));
     if (s == FLASHPORT_OK) {
         const int64_t shape[4] = {pages, ps, Hkv, D};
         st->t[TC_K] = flashport_tensor_contiguous(st->kpages_dev, dtype, 4, shape);
@@ -238,7 +249,7 @@ static flashport_status stage(staged *st, flashport_backend *be, const tc_case *
     for (int t = 0; t < TC_TENSORS; t++)
         st->t[t] = tu_view_tensor(&st->plan.view[t], st->dev[st->plan.buffer[t]], st->dtype[t]);
     if (s == FLASHPORT_OK && paged)
-        s = stage_paged(st, c, d, dtype, index);
+        s = stage_paged(st, c, d, dtype, index, paged == 2);
     if (s != FLASHPORT_OK) {
         report_status("staging", s);
         return s;
@@ -515,7 +526,16 @@ static void run_case(flashport_backend *be, flashport_backend *ref, const tc_cas
         goto done;
 
     int required = tc_required(c, flashport_backend_name(be));
-    s = stage(&sb, be, c, &d, c->dtype, tc_out_dtype(c), c->layout, c->page_size > 0, index);
+    /* hole_page: GPU backends only (cases.h); host backends refuse the table */
+    const char *be_name = flashport_backend_name(be);
+    const int host_be = !strcmp(be_name, "cpu") || !strcmp(be_name, "reference");
+    if (c->hole_page && host_be) {
+        printf("fwd %-60s skipped (an out-of-range block-table entry: GPU backends only)\n", name);
+        fwd = bwd = UNSUPPORTED;
+        goto done;
+    }
+    s = stage(&sb, be, c, &d, c->dtype, tc_out_dtype(c), c->layout,
+              c->page_size > 0 ? (c->hole_page ? 2 : 1) : 0, index);
     if (s != FLASHPORT_OK)
         goto done;
     double t0 = now_ms();

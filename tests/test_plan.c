@@ -10,6 +10,11 @@
  *     of one query block are adjacent;
  *   - heavy_first: for causal masks the first task's query block is the costliest, and costs never
  *     rise along the task order;
+ *   - decode split-KV (fp_plan_decode): one kv head of a long cache on an H200-sized machine
+ *     splits until the grid's waves are at least 90 % busy; a grid that already fills them does
+ *     not split; a tail wave of 29 % is split away; short caches and max_splits = 1 never split;
+ *     over random shapes the splits respect max_splits and min_split_blocks, cover Nk with a
+ *     multiple of block_k each, and none is empty;
  *   - fp_plan_block_cost equals a brute-force count of key blocks holding at least one visible
  *     (row, key) pair under fp_mask_visible (core/mask.h), for random windows and shapes;
  *   - backward group splits: fixed GQA/MQA shapes on 132 workers give the expected split counts
@@ -397,6 +402,79 @@ static void test_group_splits(void)
     }
 }
 
+/* Busy fraction of the waves of `tasks` on `workers` (the planner's measure, recomputed). */
+static double waves_busy(int64_t tasks, int64_t workers)
+{
+    return (double)tasks / (double)(ceil_div(tasks, workers) * workers);
+}
+
+static void check_decode_invariants(const fp_decode_plan *p, int64_t tiles, int64_t nk,
+                                    const fp_decode_target *t, const char *what)
+{
+    const int64_t k_blocks = ceil_div(nk, t->block_k);
+    CHECK_MSG(p->num_splits >= 1, "%s: num_splits %d < 1", what, (int)p->num_splits);
+    CHECK_MSG(p->num_splits == 1 || p->num_splits <= t->max_splits,
+              "%s: %d splits exceed max_splits %d", what, (int)p->num_splits, (int)t->max_splits);
+    CHECK_MSG(p->num_tasks == tiles * p->num_splits, "%s: num_tasks %lld != tiles * splits", what,
+              (long long)p->num_tasks);
+    CHECK_MSG(p->keys_per_split > 0 && p->keys_per_split % t->block_k == 0,
+              "%s: keys_per_split %lld not a positive multiple of %d", what,
+              (long long)p->keys_per_split, (int)t->block_k);
+    if (nk > 0) {
+        CHECK_MSG(p->keys_per_split * p->num_splits >= nk &&
+                      p->keys_per_split * (p->num_splits - 1) < nk,
+                  "%s: %d splits of %lld keys do not tile Nk = %lld without an empty one", what,
+                  (int)p->num_splits, (long long)p->keys_per_split, (long long)nk);
+        CHECK_MSG(p->num_splits == 1 || p->num_splits <= k_blocks / t->min_split_blocks,
+                  "%s: %d splits of a %lld-block cache, below %d blocks each", what,
+                  (int)p->num_splits, (long long)k_blocks, (int)t->min_split_blocks);
+    }
+}
+
+static void test_decode_splits(void)
+{
+    /* H200: 132 SMs x 3 resident decode blocks; key blocks of 64, splits of 4 blocks or more. */
+    fp_decode_target t = {132 * 3, 64, 4, 128};
+    /* B = 1, Hkv = 8, Nk = 131072: 8 tiles would leave 388 of 396 slots idle. */
+    fp_decode_plan p = fp_plan_decode(8, 131072, &t);
+    check_decode_invariants(&p, 8, 131072, &t, "B1 Hkv8 Nk128k");
+    CHECK_MSG(p.num_splits > 1 && waves_busy(p.num_tasks, t.workers) >= 0.9,
+              "B1 Hkv8: %d splits, waves %.2f busy", (int)p.num_splits,
+              waves_busy(p.num_tasks, t.workers));
+    printf("decode 8 tiles, Nk=131072, 396 workers: %d splits of %lld keys\n", (int)p.num_splits,
+           (long long)p.keys_per_split);
+    /* 792 tiles: two full waves, nothing to gain. */
+    p = fp_plan_decode(792, 8192, &t);
+    check_decode_invariants(&p, 792, 8192, &t, "792 tiles");
+    CHECK_MSG(p.num_splits == 1, "two full waves split into %d", (int)p.num_splits);
+    /* 512 tiles: a second wave 29 % busy; splitting brings the waves to 90 % or more. */
+    p = fp_plan_decode(512, 65536, &t);
+    check_decode_invariants(&p, 512, 65536, &t, "512 tiles");
+    CHECK_MSG(p.num_splits > 1 && waves_busy(p.num_tasks, t.workers) >= 0.9,
+              "512 tiles: %d splits, waves %.2f busy", (int)p.num_splits,
+              waves_busy(p.num_tasks, t.workers));
+    /* A cache of 7 key blocks cannot make two splits of 4. */
+    p = fp_plan_decode(1, 7 * 64, &t);
+    check_decode_invariants(&p, 1, 7 * 64, &t, "7 blocks");
+    CHECK_MSG(p.num_splits == 1, "7 key blocks split into %d", (int)p.num_splits);
+    /* An empty cache: one split, no task of zero keys counted as work. */
+    p = fp_plan_decode(4, 0, &t);
+    CHECK_MSG(p.num_splits == 1 && p.num_tasks == 4, "empty cache: %d splits, %lld tasks",
+              (int)p.num_splits, (long long)p.num_tasks);
+    fp_decode_target one = t;
+    one.max_splits = 1;
+    p = fp_plan_decode(1, 1 << 20, &one);
+    CHECK_MSG(p.num_splits == 1, "max_splits 1 gave %d splits", (int)p.num_splits);
+    srand(18);
+    for (int it = 0; it < 2000; ++it) {
+        fp_decode_target r = {1 + rand() % 1000, 16 << (rand() % 3), 1 + rand() % 8,
+                              1 + rand() % 200};
+        const int64_t tiles = rand() % 3000, nk = rand() % 300000;
+        p = fp_plan_decode(tiles, nk, &r);
+        check_decode_invariants(&p, tiles, nk, &r, "random decode plan");
+    }
+}
+
 int main(void)
 {
     test_q_blocks();
@@ -405,6 +483,7 @@ int main(void)
     test_task_order();
     test_block_cost();
     test_group_splits();
+    test_decode_splits();
     if (tu_failures) {
         fprintf(stderr, "test_plan: %d check(s) failed\n", tu_failures);
         return 1;

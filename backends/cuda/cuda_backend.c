@@ -159,6 +159,9 @@ static void cuda_caps(void *ctx, fp_backend_caps *caps)
     caps->head_dim_multiple = 8;
     caps->needs_contiguous_dim = 1;
     caps->is_host = 0;
+    /* Paged caches: the decode kernel (decode/fwd.cu), whose warps read 16 keys of one page. */
+    caps->paged_kv_page_multiple = 16;
+    caps->seqused_k_dirs = FP_SEQUSED_FWD | FP_SEQUSED_BWD;
 }
 
 static flashport_status cuda_malloc(void *vctx, size_t bytes, void **ptr)
@@ -316,17 +319,41 @@ static flashport_status cuda_path(fp_cuda_path *path)
     return FLASHPORT_OK;
 }
 
-/* A call's path: sm90 where it runs (auto or forced), else sm80 (auto or forced); forcing sm90
- * where it declines is an error that says why. query != NULL: the scratch bytes of the chosen
- * path (or its refusal), launching nothing. */
+/* Whether a forward runs on the decode kernel: every paged call (no other kernel reads a paged
+ * cache), and the decode shapes fp_cuda_decode_wanted picks unless FLASHPORT_CUDA_PATH=sm80. */
+static int decode_path(const fp_problem *p, fp_cuda_path path)
+{
+    return p->block_table || (path != FP_CUDA_PATH_SM80 && fp_cuda_decode_wanted(p));
+}
+
+/* A call's path: a forward on the decode kernel for paged caches and decode shapes (every
+ * device; decode_path), else sm90 where it runs (auto or forced), else sm80 (auto or forced);
+ * forcing sm90 where it declines is an error that says why. The KV-cache calls are outside the
+ * sm90 path's scope rather than refused by it: with sm90 forced, paged calls and decode shapes
+ * still run on the decode kernel and seqused_k calls (forward and backward) on sm80, logged, so
+ * that a run of the table with sm90 forced checks sm90 on everything it serves. query != NULL:
+ * the scratch bytes of the chosen path (or its refusal), launching nothing. */
 static flashport_status cuda_call_path(const fp_cuda_ctx *ctx, const fp_problem *p, int backward,
                                        void *ws, size_t *query)
 {
-    fp_cuda_path path;
+    fp_cuda_path path = FP_CUDA_PATH_AUTO;
     flashport_status st = cuda_path(&path);
     if (st != FLASHPORT_OK)
         return st;
     const char *dir = backward ? "backward" : "forward";
+    if (!backward && decode_path(p, path)) {
+        if (path == FP_CUDA_PATH_SM90 && !query)
+            fp_cuda_log("forward: decode kernel (FLASHPORT_CUDA_PATH=sm90, but %s: outside the "
+                        "sm90 path)",
+                        p->block_table ? "a paged KV cache" : "a decode shape");
+        return fp_cuda_decode_forward(ctx, p, ws, query);
+    }
+    if (path != FP_CUDA_PATH_SM80 && p->seqused_k) {
+        if (!query)
+            fp_cuda_log("%s: sm80 path (%s, but seqused_k: outside the sm90 path)", dir,
+                        path == FP_CUDA_PATH_SM90 ? "FLASHPORT_CUDA_PATH=sm90" : "auto");
+        path = FP_CUDA_PATH_SM80;
+    }
     if (path != FP_CUDA_PATH_SM80) {
         const char *declined = NULL;
         const char *why =
@@ -358,6 +385,15 @@ static flashport_status scratch_bytes(const fp_cuda_ctx *ctx, const fp_problem *
     *layout = fp_cuda_layout_bytes(p, backward);
     size_t k = 0;
     flashport_status st = FLASHPORT_OK;
+    fp_cuda_path path = FP_CUDA_PATH_AUTO;
+    if (cuda_path(&path) != FLASHPORT_OK)
+        path = FP_CUDA_PATH_AUTO; /* the call itself reports the bad setting */
+    if (!backward && decode_path(p, path)) {
+        /* The decode kernel's choice does not depend on the staged layout. */
+        st = fp_cuda_decode_forward(ctx, p, NULL, &k);
+        *kernels = fp_cuda_ws_round(k);
+        return st;
+    }
     if (backward || refuse) {
         fp_problem staged;
         fp_cuda_layout_shape(p, backward, &staged);

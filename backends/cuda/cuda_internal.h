@@ -8,6 +8,7 @@
  *   sm80/bwd.cu      backward: preprocess, dK/dV (+ atomic dQ), deterministic dQ, dQ convert
  *   sm90/sm90_fwd.cu forward on sm_90a: TMA + wgmma + warp specialization
  *   sm90/sm90_bwd.cu backward on sm_90a, the same way
+ *   decode/fwd.cu    decode forward (GQA-packed rows, split-KV, paged caches), every cc >= 8.0
  *   layout.cu        staging of tensors whose rows are not 16-byte aligned
  */
 #ifndef FLASHPORT_BACKENDS_CUDA_INTERNAL_H
@@ -81,6 +82,12 @@ flashport_status fp_cuda_sm80_forward(const fp_cuda_ctx *ctx, const fp_problem *
                                       size_t *query);
 flashport_status fp_cuda_sm80_backward(const fp_cuda_ctx *ctx, const fp_problem *p, void *ws,
                                        size_t *query);
+
+/* Decode path (decode/fwd.cu): fp_cuda_decode_wanted says whether a forward goes there (a paged
+ * cache, or few query rows per kv head); fp_cuda_decode_forward as fp_cuda_sm80_forward. */
+int fp_cuda_decode_wanted(const fp_problem *p);
+flashport_status fp_cuda_decode_forward(const fp_cuda_ctx *ctx, const fp_problem *p, void *ws,
+                                        size_t *query);
 
 /* sm90 path: fp_cuda_sm90_init looks up what it needs from the driver at open. The forward
  * either runs (its status returned, *declined NULL) or declines without touching the device

@@ -39,6 +39,10 @@ static void tensor_shape(const fp_problem *p, int i, int64_t *nb, int64_t *ns, i
     *nb = p->varlen ? 1 : p->batch;
     *ns = p->varlen ? (is_q ? p->total_q : p->total_k) : (is_q ? p->seqlen_q : p->seqlen_k);
     *nh = is_q ? p->heads : p->kv_heads;
+    if (!is_q && p->block_table) { /* a paged cache: [num_pages, page_size, Hkv, D] */
+        *nb = p->num_pages;
+        *ns = p->page_size;
+    }
 }
 
 static fp_tensor_view *tensor_at(fp_problem *p, int i)

@@ -101,8 +101,9 @@ __device__ __forceinline__ int64_t fp_hip_min64(int64_t a, int64_t b)
 
 typedef struct fp_hip_seq {
     int64_t q_off, nq; /* first token of the sequence in q's sequence dimension, and its length */
-    int64_t k_off, nk;
-    int64_t tok0; /* first row of the sequence in the [H, total_q] workspaces */
+    int64_t k_off, nk; /* nk: the keys the sequence uses (seqused_k clamped to its capacity) */
+    int64_t k_cap;     /* the keys it holds: dK / dV rows [nk, k_cap) are zero */
+    int64_t tok0;      /* first row of the sequence in the [H, total_q] workspaces */
 } fp_hip_seq;
 
 __device__ __forceinline__ fp_hip_seq fp_hip_seq_of(const fp_hip_args &a, int b)
@@ -112,7 +113,8 @@ __device__ __forceinline__ fp_hip_seq fp_hip_seq_of(const fp_hip_args &a, int b)
     s.q_off = q.q_start;
     s.nq = q.nq;
     s.k_off = q.k_start;
-    s.nk = q.nk;
+    s.k_cap = q.nk;
+    s.nk = fp_seq_used_keys(a.seqused_k, b, q.nk);
     s.tok0 = a.cu_q ? q.q_start : (int64_t)b * a.seqlen_q;
     return s;
 }
@@ -169,6 +171,39 @@ __device__ __forceinline__ void fp_hip_scrub_tile(uint16_t (*tile)[LD], uint8_t 
             }
         }
         flags[r] = (uint8_t)bad;
+    }
+}
+
+/* Keys row0 .. row0 + ROWS - 1 of a paged sequence b into dst (fp_hip_load_tile's rules): key t
+ * is row t % page_size of page fp_paged_page(...); base is the tensor with the kv head folded
+ * in. ok[r] says whether key row0 + r lies in a page whose block-table entry is in range (an
+ * entry out of range is never dereferenced: its rows are zero and its keys are masked). */
+template <int ROWS, int LD>
+__device__ __forceinline__ void
+fp_hip_load_paged(uint16_t (*dst)[LD], unsigned char *ok, const uint16_t *base, int64_t page_stride,
+                  int64_t rs, const fp_hip_args &a, int b, int64_t row0, int64_t n, int d, int dpad)
+{
+    const int chunks = dpad / 8;
+    for (int c = threadIdx.x; c < ROWS * chunks; c += FP_HIP_THREADS) {
+        const int r = c / chunks, col = (c - r * chunks) * 8;
+        const int64_t t = row0 + r;
+        const int64_t pg =
+            t < n ? fp_paged_page(a.block_table, a.bt_stride, a.page_size, a.num_pages, b, t) : -1;
+        uint4 val = make_uint4(0u, 0u, 0u, 0u);
+        if (pg >= 0 && col < d) {
+            const uint16_t *p = base + pg * page_stride + (t % a.page_size) * rs + col;
+            if (a.vec_ok) {
+                val = *(const uint4 *)p;
+            } else {
+                val.x = p[0] | (uint32_t)p[1] << 16;
+                val.y = p[2] | (uint32_t)p[3] << 16;
+                val.z = p[4] | (uint32_t)p[5] << 16;
+                val.w = p[6] | (uint32_t)p[7] << 16;
+            }
+        }
+        *(uint4 *)&dst[r][col] = val;
+        if (col == 0)
+            ok[r] = t >= n || pg >= 0;
     }
 }
 
@@ -238,16 +273,15 @@ __device__ __forceinline__ void fp_hip_row_range(const fp_hip_score &sc, int64_t
  * thread's row) is updated. The row sum l adds the unrounded weights, so the LSE keeps f32
  * accuracy. */
 template <class T, int BQ, int BK>
-__device__ __forceinline__ void fp_hip_softmax_tile(float (*s)[BK + FP_HIP_SPAD], float *row_alpha,
-                                                    fp_softmax_state *st, const fp_hip_score &sc,
-                                                    int64_t i0, int64_t j0, int full,
-                                                    const uint8_t *vflag, int *vbad)
+__device__ __forceinline__ void
+fp_hip_softmax_tile(float (*s)[BK + FP_HIP_SPAD], float *row_alpha, fp_softmax_state *st,
+                    const fp_hip_score &sc, int64_t i, float slope, int64_t j0, int full,
+                    const unsigned char *key_ok, const uint8_t *vflag, int *vbad)
 {
     constexpr int TPR = FP_HIP_THREADS / BQ; /* threads per row */
     constexpr int CPT = BK / TPR;            /* columns per thread */
     static_assert(TPR * BQ == FP_HIP_THREADS && CPT * TPR == BK && TPR <= 16, "row mapping");
     const int r = threadIdx.x / TPR, part = threadIdx.x % TPR;
-    const int64_t i = i0 + r;
     int64_t lo, hi;
     fp_hip_row_range(sc, i, &lo, &hi);
 
@@ -258,8 +292,8 @@ __device__ __forceinline__ void fp_hip_softmax_tile(float (*s)[BK + FP_HIP_SPAD]
         const int col = part + c * TPR;
         const int64_t j = j0 + col;
         x[c] = -INFINITY;
-        if (full || (j >= lo && j < hi)) {
-            x[c] = fp_score_transform(s[r][col] * sc.scale, sc.softcap, sc.slope,
+        if ((full || (j >= lo && j < hi)) && (!key_ok || key_ok[col])) {
+            x[c] = fp_score_transform(s[r][col] * sc.scale, sc.softcap, slope,
                                       fp_alibi_distance(i, j, sc.nq, sc.nk)) *
                    FP_LOG2E;
             if (!full && vflag[col])
@@ -337,8 +371,51 @@ template <int DMAX, int BQ, int BK> struct fp_hip_fwd_smem {
     alignas(16) float s[BQ][BK + FP_HIP_SPAD];
     float alpha[BQ];
     float oscale[BQ];
-    uint8_t vflag[BK]; /* the guard's flags of the V tile */
+    uint8_t vflag[BK];        /* the guard's flags of the V tile */
+    unsigned char key_ok[BK]; /* paged: the key's page is in range */
 };
+
+/* The forward's query rows: row r of the block is packed row i0 + r of its (batch, head group),
+ * token (i0 + r) / G of head h0 + (i0 + r) % G, G = a.pack_group (1: one head, row = token). */
+typedef struct fp_hip_rows {
+    int64_t i0;
+    int g, h0;
+} fp_hip_rows;
+
+__device__ __forceinline__ int64_t fp_hip_row_token(const fp_hip_rows &w, int r)
+{
+    return (w.i0 + r) / w.g;
+}
+__device__ __forceinline__ int fp_hip_row_head(const fp_hip_rows &w, int r)
+{
+    return w.h0 + (int)((w.i0 + r) % w.g);
+}
+
+/* Q rows of the block (packed: one (token, head) each) into dst, fp_hip_load_tile's rules. */
+template <int ROWS, int LD>
+__device__ __forceinline__ void fp_hip_load_q_rows(uint16_t (*dst)[LD], const fp_hip_args &a,
+                                                   const fp_hip_seq &sq, int b,
+                                                   const fp_hip_rows &w, int d, int dpad)
+{
+    const int chunks = dpad / 8;
+    for (int c = threadIdx.x; c < ROWS * chunks; c += FP_HIP_THREADS) {
+        const int r = c / chunks, col = (c - r * chunks) * 8;
+        const int64_t i = fp_hip_row_token(w, r);
+        uint4 val = make_uint4(0u, 0u, 0u, 0u);
+        if (i < sq.nq && col < d) {
+            const uint16_t *p = fp_hip_row0(a.q, b, sq.q_off + i, fp_hip_row_head(w, r)) + col;
+            if (a.vec_ok) {
+                val = *(const uint4 *)p;
+            } else {
+                val.x = p[0] | (uint32_t)p[1] << 16;
+                val.y = p[2] | (uint32_t)p[3] << 16;
+                val.z = p[4] | (uint32_t)p[5] << 16;
+                val.w = p[6] | (uint32_t)p[7] << 16;
+            }
+        }
+        *(uint4 *)&dst[r][col] = val;
+    }
+}
 
 template <class T, int DMAX, class MMA> __device__ void fp_hip_forward_tile(const fp_hip_args &a)
 {
@@ -347,54 +424,76 @@ template <class T, int DMAX, class MMA> __device__ void fp_hip_forward_tile(cons
     static_assert(sizeof(fp_hip_fwd_smem<DMAX, BQ, BK>) <= 48 * 1024, "LDS budget");
     __shared__ fp_hip_fwd_smem<DMAX, BQ, BK> sm;
 
-    const int b = blockIdx.x / a.heads, h = blockIdx.x % a.heads, split = blockIdx.y;
+    const int groups = a.heads / a.pack_group; /* blocks along x per batch entry */
+    const int b = blockIdx.x / groups, split = blockIdx.y;
     const int64_t qb = a.heavy_first ? a.num_q_blocks - 1 - blockIdx.z : blockIdx.z;
     const fp_hip_seq sq = fp_hip_seq_of(a, b);
-    const int64_t i0 = qb * BQ;
-    if (i0 >= sq.nq)
+    fp_hip_rows w;
+    w.i0 = qb * BQ;
+    w.g = a.pack_group;
+    w.h0 = (blockIdx.x % groups) * a.pack_group;
+    const int64_t rows = sq.nq * w.g;
+    if (w.i0 >= rows)
         return; /* a shorter sequence of a varlen batch */
-    const int kh = h / (a.heads / a.kv_heads);
+    const int kh = w.h0 / (a.heads / a.kv_heads);
     const int d = a.head_dim, dpad = (d + 15) & ~15;
-    const fp_hip_score sc = fp_hip_score_of(a, sq, h);
+    const fp_hip_score sc = fp_hip_score_of(a, sq, w.h0);
+    /* The tokens of the block's rows */
+    const int64_t t0 = w.i0 / w.g, t1 = (fp_hip_min64(w.i0 + BQ, rows) - 1) / w.g + 1;
 
     /* Keys this block visits: those any of its rows sees, within its split. Splits are whole
      * key blocks (keys_per_split is a multiple of BK), so tiles never straddle two splits. */
     int nb0, nb1;
-    fp_geom_key_blocks(i0, fp_hip_min64(i0 + BQ, sq.nq), sq.nq, sq.nk, a.left, a.right, BK, &nb0,
-                       &nb1);
+    fp_geom_key_blocks(t0, t1, sq.nq, sq.nk, a.left, a.right, BK, &nb0, &nb1);
     const int per_split = (int)(a.keys_per_split / BK);
     nb0 = nb0 > split * per_split ? nb0 : split * per_split;
     nb1 = nb1 < (split + 1) * per_split ? nb1 : (split + 1) * per_split;
 
-    fp_hip_load_tile<BQ>(sm.q, fp_hip_row0(a.q, b, sq.q_off, h), a.q.ss, i0, sq.nq, d, dpad,
-                         a.vec_ok);
-    const uint16_t *kp = fp_hip_row0(a.k, b, sq.k_off, kh), *vp = fp_hip_row0(a.v, b, sq.k_off, kh);
+    fp_hip_load_q_rows<BQ>(sm.q, a, sq, b, w, d, dpad);
+    const uint16_t *kp, *vp;
+    if (a.block_table) {
+        kp = (const uint16_t *)a.k.data + kh * a.k.sh;
+        vp = (const uint16_t *)a.v.data + kh * a.v.sh;
+    } else {
+        kp = fp_hip_row0(a.k, b, sq.k_off, kh);
+        vp = fp_hip_row0(a.v, b, sq.k_off, kh);
+    }
     typename MMA::template acc<BQ, DMAX> o;
     o.zero();
     fp_softmax_state st;
     fp_softmax_init(&st);
     int vbad = 0; /* this thread's part of its row saw a scrubbed V row */
+    /* This thread's softmax row: its token and ALiBi slope */
+    const int r = threadIdx.x / TPR;
+    const int64_t i = fp_hip_row_token(w, r);
+    const int hr = fp_hip_row_head(w, r);
+    const float slope = a.alibi && i < sq.nq ? a.alibi[hr] : 0.0f;
 
     for (int64_t j0 = (int64_t)nb0 * BK; j0 < (int64_t)nb1 * BK; j0 += BK) {
         __syncthreads(); /* the previous block's readers of k, v and s are done */
-        fp_hip_load_tile<BK>(sm.k, kp, a.k.ss, j0, sq.nk, d, dpad, a.vec_ok);
-        fp_hip_load_tile<BK>(sm.v, vp, a.v.ss, j0, sq.nk, d, dpad, a.vec_ok);
+        if (a.block_table) {
+            fp_hip_load_paged<BK>(sm.k, sm.key_ok, kp, a.k.sb, a.k.ss, a, b, j0, sq.nk, d, dpad);
+            fp_hip_load_paged<BK>(sm.v, sm.key_ok, vp, a.v.sb, a.v.ss, a, b, j0, sq.nk, d, dpad);
+        } else {
+            fp_hip_load_tile<BK>(sm.k, kp, a.k.ss, j0, sq.nk, d, dpad, a.vec_ok);
+            fp_hip_load_tile<BK>(sm.v, vp, a.v.ss, j0, sq.nk, d, dpad, a.vec_ok);
+        }
         __syncthreads();
-        const int full = fp_hip_tile_full<BQ, BK>(sc, i0, j0);
+        const int full = j0 + BK <= sc.nk &&
+                         fp_mask_block_full(t0, t1, j0, j0 + BK, sc.nq, sc.nk, sc.left, sc.right);
         if (!full) /* masked P = 0 meets V in O += P V: V finite (the guard, above) */
             fp_hip_scrub_tile<T, BK>(sm.v, sm.vflag, dpad);
         MMA::template mm_abt<T, BQ, BK>(sm.q, sm.k, d, sm.s);
         __syncthreads();
-        fp_hip_softmax_tile<T, BQ, BK>(sm.s, sm.alpha, &st, sc, i0, j0, full, sm.vflag, &vbad);
+        fp_hip_softmax_tile<T, BQ, BK>(sm.s, sm.alpha, &st, sc, i, slope, j0, full,
+                                       a.block_table ? sm.key_ok : NULL, sm.vflag, &vbad);
         __syncthreads();
 #pragma unroll
-        for (int i = 0; i < o.N; i++)
-            o.mul(i, sm.alpha[o.row(i)]);
+        for (int e = 0; e < o.N; e++)
+            o.mul(e, sm.alpha[o.row(e)]);
         MMA::template mm_acc<T, BK>(o, &sm.s[0][0], BK + FP_HIP_SPAD, 1, sm.v, d);
     }
 
-    const int r = threadIdx.x / TPR;
-    const int64_t i = i0 + r;
     float seen = vbad ? 1.0f : 0.0f; /* any part of the row's */
 #pragma unroll
     for (int o_ = TPR / 2; o_ > 0; o_ >>= 1)
@@ -404,25 +503,26 @@ template <class T, int DMAX, class MMA> __device__ void fp_hip_forward_tile(cons
         sm.oscale[r] = seen != 0.0f ? NAN : fp_softmax_out_scale(&st);
         if (i < sq.nq) {
             if (a.num_splits > 1)
-                a.part_lse[((int64_t)split * a.heads + h) * a.total_q + sq.tok0 + i] =
+                a.part_lse[((int64_t)split * a.heads + hr) * a.total_q + sq.tok0 + i] =
                     fp_softmax_lse_exp2(&st);
             else if (a.lse)
-                a.lse[b * a.lse_sb + h * a.lse_sh + (sq.q_off + i) * a.lse_ss] =
+                a.lse[b * a.lse_sb + hr * a.lse_sh + (sq.q_off + i) * a.lse_ss] =
                     fp_softmax_lse_exp2(&st);
         }
     }
     __syncthreads();
-    if (a.num_splits > 1) {
-        float *po = a.part_o + (((int64_t)split * a.heads + h) * a.total_q + sq.tok0) * d;
 #pragma unroll
-        for (int e = 0; e < o.N; e++) {
-            const int rr = o.row(e), c = o.col(e);
-            if (i0 + rr < sq.nq && c < d)
-                po[(i0 + rr) * d + c] = o.get(e) * sm.oscale[rr];
-        }
-    } else {
-        fp_hip_store_acc<T>(o, fp_hip_row0(a.o, b, sq.q_off, h), a.o.ss, i0, sq.nq, d, sm.oscale,
-                            1.0f);
+    for (int e = 0; e < o.N; e++) {
+        const int rr = o.row(e), c = o.col(e);
+        const int64_t ie = fp_hip_row_token(w, rr);
+        if (ie >= sq.nq || c >= d)
+            continue;
+        const int he = fp_hip_row_head(w, rr);
+        if (a.num_splits > 1)
+            a.part_o[(((int64_t)split * a.heads + he) * a.total_q + sq.tok0 + ie) * d + c] =
+                o.get(e) * sm.oscale[rr];
+        else
+            fp_hip_row0(a.o, b, sq.q_off + ie, he)[c] = T::store(o.get(e) * sm.oscale[rr]);
     }
 }
 
@@ -539,18 +639,26 @@ template <class T, int DMAX, class MMA> __device__ void fp_hip_bwd_dkdv_tile(con
     const int b = blockIdx.x / a.kv_heads, kh = blockIdx.x % a.kv_heads;
     const fp_hip_seq sq = fp_hip_seq_of(a, b);
     const int64_t j0 = (int64_t)blockIdx.z * BK;
-    if (j0 >= sq.nk)
+    if (j0 >= sq.k_cap)
         return;
-    const int64_t j1 = fp_hip_min64(j0 + BK, sq.nk);
     const int d = a.head_dim, dpad = (d + 15) & ~15, group = a.heads / a.kv_heads;
+    typename MMA::template acc<BK, DMAX> dk, dv;
+    dk.zero();
+    dv.zero();
+    /* Keys past seqused_k take no part: their dK and dV rows (up to k_cap) are stored as 0. */
+    if (j0 >= sq.nk) {
+        fp_hip_store_acc<T>(dk, fp_hip_row0(a.dk, b, sq.k_off, kh), a.dk.ss, j0, sq.k_cap, d, NULL,
+                            1.0f);
+        fp_hip_store_acc<T>(dv, fp_hip_row0(a.dv, b, sq.k_off, kh), a.dv.ss, j0, sq.k_cap, d, NULL,
+                            1.0f);
+        return;
+    }
+    const int64_t j1 = fp_hip_min64(j0 + BK, sq.nk);
 
     fp_hip_load_tile<BK>(sm.k, fp_hip_row0(a.k, b, sq.k_off, kh), a.k.ss, j0, sq.nk, d, dpad,
                          a.vec_ok);
     fp_hip_load_tile<BK>(sm.v, fp_hip_row0(a.v, b, sq.k_off, kh), a.v.ss, j0, sq.nk, d, dpad,
                          a.vec_ok);
-    typename MMA::template acc<BK, DMAX> dk, dv;
-    dk.zero();
-    dv.zero();
 
     /* The query blocks with a row that sees one of these keys. */
     int mb0, mb1;
@@ -568,9 +676,11 @@ template <class T, int DMAX, class MMA> __device__ void fp_hip_bwd_dkdv_tile(con
             MMA::template mm_acc<T, BQ>(dk, &sm.dp[0][0], 1, BK + FP_HIP_SPAD, sm.q, d);
         }
     }
-    fp_hip_store_acc<T>(dk, fp_hip_row0(a.dk, b, sq.k_off, kh), a.dk.ss, j0, sq.nk, d, NULL,
+    /* Rows [nk, k_cap) of this block hold zeros: their keys were zero-filled and masked. */
+    fp_hip_store_acc<T>(dk, fp_hip_row0(a.dk, b, sq.k_off, kh), a.dk.ss, j0, sq.k_cap, d, NULL,
                         a.scale);
-    fp_hip_store_acc<T>(dv, fp_hip_row0(a.dv, b, sq.k_off, kh), a.dv.ss, j0, sq.nk, d, NULL, 1.0f);
+    fp_hip_store_acc<T>(dv, fp_hip_row0(a.dv, b, sq.k_off, kh), a.dv.ss, j0, sq.k_cap, d, NULL,
+                        1.0f);
 }
 
 template <class T, int DMAX, class MMA> __device__ void fp_hip_bwd_dq_tile(const fp_hip_args &a)

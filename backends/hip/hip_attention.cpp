@@ -15,6 +15,7 @@
 #include "core/plan.h"
 #include "core/problem.h"
 
+#include <stdlib.h>
 #include <string.h>
 
 #define FP_HIP_MAX_SPLITS  32
@@ -65,10 +66,34 @@ static void make_args(const fp_problem *p, fp_hip_args *a)
     a->lse_sb = p->lse.stride[0];
     a->lse_sh = p->lse.stride[1];
     a->lse_ss = p->lse.stride[2];
+    a->seqused_k = p->seqused_k;
+    a->block_table = p->block_table;
+    a->bt_stride = p->block_table ? p->block_table_stride : 0;
+    a->page_size = p->block_table ? p->page_size : 0;
+    a->num_pages = p->block_table ? p->num_pages : 0;
+    a->pack_group = 1;
+}
+
+/* GQA packing for the forward (fp_hip_args.pack_group): where the H / Hkv heads of a kv head have
+ * few query rows in all (Nq * H / Hkv <= FP_HIP_PACK_MAX_ROWS: decode and speculative decoding),
+ * one block takes them all, so K and V are read once per kv head instead of once per head, and
+ * the query tile is filled instead of holding Nq rows. FLASHPORT_HIP_PACK_GQA (read at each call,
+ * for tests): 1 packs every GQA forward, 0 none. */
+#define FP_HIP_PACK_MAX_ROWS 64
+
+static int pack_group(const fp_problem *p)
+{
+    const int group = (int)(p->heads / p->kv_heads);
+    if (group == 1)
+        return 1;
+    const char *force = getenv("FLASHPORT_HIP_PACK_GQA");
+    if (force && *force)
+        return atoi(force) ? group : 1;
+    return p->seqlen_q * group <= FP_HIP_PACK_MAX_ROWS ? group : 1;
 }
 
 static fp_plan plan_for(const fp_hip_ctx *ctx, const fp_problem *p, fp_hip_kernel_fn kernel,
-                        int dmax, int backward)
+                        int dmax, int backward, int pack)
 {
     int bq, bk, per_cu = 0;
     fp_hip_tiles(dmax, backward, &bq, &bk);
@@ -78,7 +103,10 @@ static fp_plan plan_for(const fp_hip_ctx *ctx, const fp_problem *p, fp_hip_kerne
         (void)hipGetLastError(); /* the launch reports a real problem; the plan needs an estimate */
         per_cu = 1;
     }
-    const fp_plan_shape shape = fp_problem_plan_shape(p);
+    /* Packed: Hkv head groups of Nq * pack rows each (token major, so the causal order holds) */
+    fp_plan_shape shape = fp_problem_plan_shape(p);
+    shape.heads /= pack;
+    shape.seqlen_q *= pack;
     fp_plan_target target = {(int64_t)ctx->cus * per_cu, bq, bk, backward ? 1 : FP_HIP_MAX_SPLITS,
                              FP_PLAN_ORDER_GRID};
     return fp_plan_forward(&shape, &target);
@@ -166,7 +194,8 @@ static flashport_status run_forward(fp_hip_ctx *ctx, const fp_problem *p, size_t
 
     fp_hip_args a;
     make_args(p, &a);
-    const fp_plan plan = plan_for(ctx, p, kernel, dmax, 0);
+    a.pack_group = pack_group(p);
+    const fp_plan plan = plan_for(ctx, p, kernel, dmax, 0, a.pack_group);
     if (plan.num_q_blocks > FP_HIP_GRID_YZ_MAX)
         return too_many_blocks("the forward's query blocks", plan.num_q_blocks);
     a.num_q_blocks = plan.num_q_blocks;
@@ -184,14 +213,15 @@ static flashport_status run_forward(fp_hip_ctx *ctx, const fp_problem *p, size_t
     if (fp_hip_host()->log_enabled())
         fp_hip_host()->log(
             "%s: forward, %s kernel, %s D=%lld (class %d), tile %dx%d, grid %lldx%dx%lld"
-            " (%s), %d KV split(s), %d threads",
+            " (%s), %d KV split(s), %d threads, %d query head(s) a block%s, %s cache",
             FP_HIP_BACKEND_NAME, path_name(ctx), dtype_name(p->dtype), (long long)p->head_dim, dmax,
-            plan.block_q, plan.block_k, (long long)(p->batch * p->heads), plan.num_splits,
-            (long long)plan.num_q_blocks,
+            plan.block_q, plan.block_k, (long long)(p->batch * p->heads / a.pack_group),
+            plan.num_splits, (long long)plan.num_q_blocks,
             plan.heavy_first ? "heaviest query blocks first" : "natural order", plan.num_splits,
-            FP_HIP_THREADS);
+            FP_HIP_THREADS, a.pack_group, a.pack_group > 1 ? " (GQA packed)" : "",
+            p->block_table ? "paged" : "dense");
 
-    const dim3 grid((unsigned)(p->batch * p->heads), (unsigned)plan.num_splits,
+    const dim3 grid((unsigned)(p->batch * p->heads / a.pack_group), (unsigned)plan.num_splits,
                     (unsigned)plan.num_q_blocks);
     if (plan.num_splits == 1)
         return launch(ctx, kernel, grid, &a, "forward kernel launch");
@@ -234,7 +264,7 @@ static flashport_status run_backward(fp_hip_ctx *ctx, const fp_problem *p, size_
     make_args(p, &a);
     int bq, bk;
     fp_hip_tiles(dmax, 1, &bq, &bk);
-    const fp_plan plan = plan_for(ctx, p, k.dq, dmax, 1);
+    const fp_plan plan = plan_for(ctx, p, k.dq, dmax, 1, 1);
     const int64_t key_blocks = (p->seqlen_k + bk - 1) / bk;
     const int64_t prep_blocks = (p->seqlen_q + FP_HIP_THREADS - 1) / FP_HIP_THREADS;
     if (plan.num_q_blocks > FP_HIP_GRID_YZ_MAX)

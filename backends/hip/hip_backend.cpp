@@ -168,6 +168,9 @@ static void hip_caps(void *ctx, fp_backend_caps *caps)
     caps->head_dim_multiple = FP_HIP_HEAD_DIM_MULTIPLE;
     caps->needs_contiguous_dim = 1;
     caps->is_host = 0;
+    /* Paged caches (forward) and seqused_k: attention_tile.h. */
+    caps->paged_kv_page_multiple = 16;
+    caps->seqused_k_dirs = FP_SEQUSED_FWD | FP_SEQUSED_BWD;
 }
 
 /* Every entry point runs on the handle's device and gives the calling thread its current device

@@ -58,6 +58,16 @@ typedef struct fp_hip_args {
     /* Workspace: split-KV partials [split, H, total_q, D] and [split, H, total_q]; the backward's
      * rowsum(dO * O) as [H, total_q]. */
     float *part_o, *part_lse, *delta;
+    /* KV cache (fp_problem's fields): seqused_k [B] or NULL; block_table [B, bt_stride] or NULL,
+     * k and v then [num_pages, page_size, Hkv, D] (sb the page stride) and seqlen_k the
+     * capacity bt_stride * page_size. */
+    const int32_t *seqused_k;
+    const int32_t *block_table;
+    int64_t bt_stride, page_size, num_pages;
+    /* GQA packing (forward): the query rows of a block are (token, head) pairs of the
+     * pack_group heads that share a kv head, token major, so each K / V tile is read once for
+     * all of them; grid x then runs over B * H / pack_group. 1 = one head per block. */
+    int pack_group;
 } fp_hip_args;
 
 /* Tile shapes per head-dim class DMAX (64, 128, 256) and direction. Each kernel's LDS stays

@@ -20,12 +20,12 @@
 # Environment: BUILD (build folder, default build-gpu), ARCHS (CUDA architectures, default
 # "80;90a"), BENCH_ARGS (extra compare_torch.py arguments; "--dtypes fp8_e4m3 --dims 128,256
 # --seqlens 4096,16384" times the fp8 forward, issue 17), EVENT_ARGS (flashport-bench arguments
-# of the events stage), TEST_ENVS (space-separated VAR=VALUE settings, each a quicktest run of the
-# table; default: one run as is), TEST_TIMEOUT (seconds per quicktest run, default 600), JOBS
-# (build parallelism, default: all cores), SAN_TIMEOUT (seconds per sanitizer run, default 240),
-# SAN_SETTINGS (space-separated VAR=VALUE[,VAR=VALUE] settings, one sanitizer pass each; default:
-# the sm90 path, and the sm80 path with its ping-pong forward), SAN_FILTER (the test_backends
-# --filter of the sanitizer runs, default "f16", which matches bf16 too),
+# of the events stage), TEST_ENVS (space-separated VAR=VALUE[,VAR=VALUE] settings, each a
+# quicktest run of the table; default: one run as is), TEST_TIMEOUT (seconds per quicktest run,
+# default 600), JOBS (build parallelism, default: all cores), SAN_TIMEOUT (seconds per sanitizer
+# run, default 240), SAN_SETTINGS (space-separated VAR=VALUE[,VAR=VALUE] settings, one sanitizer
+# pass each; default: the sm90 path, and the sm80 path with its ping-pong forward), SAN_FILTER
+# (the test_backends --filter of the sanitizer runs, default "f16", which matches bf16 too),
 # PROFILE_SHAPES (profile_one.py argument sets separated by ';', default "--dim 128 --seqlen
 # 8192").
 set -uo pipefail
@@ -87,7 +87,9 @@ if has quicktest; then
     start=$(date +%s)
     for setting in ${TEST_ENVS:-FLASHPORT_NOTHING=}; do
         echo "### test_backends cuda with $setting"
-        env "$setting" timeout "${TEST_TIMEOUT:-600}" "$BUILD/bin/test_backends" cuda
+        # shellcheck disable=SC2046
+        env $(tr ',' ' ' <<<"$setting") timeout "${TEST_TIMEOUT:-600}" "$BUILD/bin/test_backends" \
+            cuda
         echo "rc=$?"
     done >"$OUT/checks.log" 2>&1
     echo "### test_cuda_large --quick" >>"$OUT/checks.log"
@@ -123,8 +125,8 @@ fi
 
 if has decode; then
     # Issue 18's decode grid against SDPA (compare_torch.py --decode; DECODE_ARGS narrow it), after
-    # a checked flashport-bench decode run on a dense and a paged cache (the paged rows need the
-    # CUDA plugin to serve block_table; until it does, that run reports the refusal).
+    # a checked flashport-bench decode run on a dense and a paged cache (both on the CUDA
+    # backend's decode kernel, backends/cuda/decode/fwd.cu).
     start=$(date +%s)
     {
         for paged in "" "--paged 16" "--paged 256"; do

@@ -4,11 +4,12 @@
 # and mma fragments against a plain loop), then the shared test table on backend "cudaemu" once
 # per emulated device: FP_CUDA_EMU_SMEM_KIB=227 (sm_90-like: the largest tile configurations)
 # and 163 (sm_80-like), and once more at the first with the forward's ping-pong kernel forced
-# (FLASHPORT_CUDA_FWD_PINGPONG=1) and once with the backward's GQA group splits forced
-# (FLASHPORT_CUDA_GROUP_SPLITS=4); each size and the ping-pong pass also run `test_reliability
-# cudaemu --masked-keys` (NaN and inf in keys that rows cannot see: docs/reliability.md). <build>
-# is any configured flashport build folder; its test_backends and test_reliability are built if
-# missing.
+# (FLASHPORT_CUDA_FWD_PINGPONG=1), once with the backward's GQA group splits forced
+# (FLASHPORT_CUDA_GROUP_SPLITS=4) and once with every forward on the decode kernel, split three
+# ways (FLASHPORT_CUDA_DECODE=1, FLASHPORT_CUDA_DECODE_SPLITS=3); each size and the ping-pong pass
+# also run `test_reliability cudaemu --masked-keys` (NaN and inf in keys that rows cannot see:
+# docs/reliability.md). <build> is any configured flashport build folder; its test_backends and
+# test_reliability are built if missing.
 #
 #   backends/cuda/emu/run_emu.sh <build> [test_backends options, e.g. --quick or --filter D128]
 #
@@ -31,13 +32,13 @@ base=(-std=c++17 -O2 -g -fPIC -Wall -Wno-unknown-pragmas -Wno-pass-failed -DFP_C
 # A .cu file as C++: the launch syntax rewritten, line numbers kept.
 compile_cu() {
     local src=$1 obj=$2 tmp
-    tmp=$out/src/$(basename "$src").cpp
+    tmp=$out/src/$(basename "$obj" .o).cpp
     { printf '#line 1 "%s"\n' "$src"; sed -E 's/<<<(.*)>>>/ << fp_emu_cfg(\1)/' "$src"; } >"$tmp"
     "$cxx" "${base[@]}" -include "$emu/cuda_emu.h" -x c++ -c "$tmp" -o "$obj"
 }
 build_lib() {
     pids=()
-    for f in sm80/fwd sm80/bwd sm90/sm90_fwd sm90/sm90_bwd layout; do
+    for f in sm80/fwd sm80/bwd sm90/sm90_fwd sm90/sm90_bwd decode/fwd layout; do
         compile_cu "$root/backends/cuda/$f.cu" "$out/obj/${f//\//_}.o" &
         pids+=($!)
     done
@@ -93,4 +94,9 @@ FP_CUDA_EMU_SMEM_KIB=$kib FLASHPORT_CUDA_FWD_PINGPONG=1 FLASHPORT_PLUGIN_PATH=$o
 echo "== cudaemu, FP_CUDA_EMU_SMEM_KIB=$kib, FLASHPORT_CUDA_GROUP_SPLITS=4"
 FP_CUDA_EMU_SMEM_KIB=$kib FLASHPORT_CUDA_GROUP_SPLITS=4 FLASHPORT_PLUGIN_PATH=$out \
     "$build/bin/test_backends" cudaemu "$@" || status=1
+# Every forward through the decode kernel (decode/fwd.cu), its keys in 3 splits where they have
+# 3 key blocks: GQA packing, masks, varlen and the combine on every case of the table.
+echo "== cudaemu, FP_CUDA_EMU_SMEM_KIB=$kib, FLASHPORT_CUDA_DECODE=1, FLASHPORT_CUDA_DECODE_SPLITS=3"
+FP_CUDA_EMU_SMEM_KIB=$kib FLASHPORT_CUDA_DECODE=1 FLASHPORT_CUDA_DECODE_SPLITS=3 \
+    FLASHPORT_PLUGIN_PATH=$out "$build/bin/test_backends" cudaemu "$@" || status=1
 exit "$status"

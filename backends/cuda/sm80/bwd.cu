@@ -788,6 +788,27 @@ __global__ void __launch_bounds__(fp_bwd_cfg<DK, ALT>::NW * 32, 1)
     fp_store_tile<BN, DK, NT>(dk_g, a.dk.ss, sk, nk - n0, nchunks, tid);
 }
 
+/* With seqused_k, keys [nk, capacity) of a sequence take no part in the attention: their dK and
+ * dV rows are 0. A kernel of its own, launched only for seqused_k calls, so that the dK/dV
+ * kernel's registers do not pay for it. grid (ceil(capacity / 64), Hkv, B), 128 threads. */
+__global__ void __launch_bounds__(128) fp_sm80_bwd_zero_unused(const fp_sm80_args a)
+{
+    const int kvh = blockIdx.y, b = blockIdx.z;
+    const fp_cuda_seq sq_ = fp_cuda_seq_of(a, b);
+    const int cap = (int)fp_seq_lookup(a.cu_q, a.cu_k, a.nq, a.nk, b).nk;
+    const int r_begin = max((int)blockIdx.x * 64, sq_.nk),
+              r_end = min((int)blockIdx.x * 64 + 64, cap);
+    const int ch = a.d / 8;
+    uint16_t *dk = reinterpret_cast<uint16_t *>(const_cast<void *>(a.dk.ptr));
+    uint16_t *dv = reinterpret_cast<uint16_t *>(const_cast<void *>(a.dv.ptr));
+    const uint4 zero = make_uint4(0u, 0u, 0u, 0u);
+    for (int idx = threadIdx.x; idx < (r_end - r_begin) * ch; idx += 128) {
+        const int r = r_begin + idx / ch, c = idx % ch;
+        *reinterpret_cast<uint4 *>(dk + fp_cuda_row(a.dk, b, sq_.k_start + r, kvh) + 8 * c) = zero;
+        *reinterpret_cast<uint4 *>(dv + fp_cuda_row(a.dv, b, sq_.k_start + r, kvh) + 8 * c) = zero;
+    }
+}
+
 // Deterministic dQ. q, dout, dq: (B, Nq, H, D); k, v: (B, Nk, Hkv, D); grid (q blocks, H, B).
 template <typename T, int DK, int ALT>
 __global__ void __launch_bounds__(fp_dq_cfg<DK, ALT>::NW * 32) fp_sm80_bwd_dq(const fp_sm80_args a)
@@ -1101,6 +1122,10 @@ static cudaError_t fp_dkdv_launch(const fp_cuda_ctx *ctx, const fp_problem *p,
                 DK, BN, fp_bwd_cfg<DK, ALT>::BM,
                 fp_bwd_dq_lag<DK, ALT>::value ? ", dQ one step late" : "", grid.x, grid.y, grid.z,
                 a.group, a.group_splits);
+    if (a.seqused_k) {
+        const dim3 zgrid((unsigned)((a.nk + 63) / 64), (unsigned)p->kv_heads, (unsigned)p->batch);
+        fp_sm80_bwd_zero_unused<<<zgrid, 128, 0, ctx->stream>>>(a);
+    }
     return cudaGetLastError();
 }
 

@@ -42,14 +42,23 @@ typedef struct fp_sm80_args {
     int64_t lse_sb, lse_sh, lse_ss;
     const int32_t *cu_q, *cu_k; /* varlen: B + 1 offsets in device memory; NULL when dense */
     int nq, nk;                 /* dense lengths, or varlen maxima */
-    int heads, group;           /* query heads, query heads per kv head */
-    int d;                      /* the problem's head dim (<= the kernel's, multiple of 8) */
-    int64_t left, right;        /* window, -1 = unbounded, causal folded in */
-    float scale, scale_log2;    /* scale and scale * log2(e) */
-    float softcap;              /* 0 = off */
-    const float *alibi;         /* [H] or NULL */
-    int transform;              /* softcap or ALiBi: scores go through fp_score_transform */
-    int reverse;                /* launch the last query blocks first (causal: the heaviest) */
+    /* KV cache (fp_problem's fields): seqused_k ([B], device memory, NULL = none) is each
+     * sequence's key count, the mask's Nk. block_table ([B, bt_stride] int32, NULL = dense):
+     * k and v are [num_pages, page_size, Hkv, D], their batch stride the page stride, and nk
+     * the capacity bt_stride * page_size; fp_paged_page (core/geometry.h) finds a key's page.
+     * Only the decode kernel (decode/fwd.cu) reads paged caches. */
+    const int32_t *seqused_k;
+    const int32_t *block_table;
+    int64_t bt_stride;
+    int page_size, num_pages;
+    int heads, group;        /* query heads, query heads per kv head */
+    int d;                   /* the problem's head dim (<= the kernel's, multiple of 8) */
+    int64_t left, right;     /* window, -1 = unbounded, causal folded in */
+    float scale, scale_log2; /* scale and scale * log2(e) */
+    float softcap;           /* 0 = off */
+    const float *alibi;      /* [H] or NULL */
+    int transform;           /* softcap or ALiBi: scores go through fp_score_transform */
+    int reverse;             /* launch the last query blocks first (causal: the heaviest) */
     /* forward split-KV */
     int splits;
     int64_t keys_per_split; /* a multiple of the key block */
@@ -95,6 +104,11 @@ static inline void fp_sm80_fill_args(const fp_problem *p, fp_sm80_args *a)
     a->lse_ss = p->lse.stride[2];
     a->cu_q = p->varlen ? p->cu_seqlens_q : NULL;
     a->cu_k = p->varlen ? p->cu_seqlens_k : NULL;
+    a->seqused_k = p->seqused_k;
+    a->block_table = p->block_table;
+    a->bt_stride = p->block_table ? p->block_table_stride : 0;
+    a->page_size = p->block_table ? (int)p->page_size : 0;
+    a->num_pages = p->block_table ? (int)p->num_pages : 0;
     a->nq = (int)p->seqlen_q;
     a->nk = (int)p->seqlen_k;
     a->batch = (int)p->batch;
@@ -129,7 +143,8 @@ typedef struct fp_cuda_seq {
 
 FP_DEV fp_cuda_seq fp_cuda_seq_of(const fp_sm80_args &a, int b)
 {
-    const fp_seq q = fp_seq_lookup(a.cu_q, a.cu_k, a.nq, a.nk, b);
+    /* nk: the keys the sequence uses (seqused_k, clamped to its capacity) */
+    const fp_seq q = fp_seq_lookup_used(a.cu_q, a.cu_k, a.seqused_k, a.nq, a.nk, b);
     fp_cuda_seq s;
     s.q_start = q.q_start;
     s.k_start = q.k_start;

@@ -629,6 +629,8 @@ extern "C" flashport_status fp_cuda_sm90_backward(const fp_cuda_ctx *ctx, const 
         *declined = "the driver has no cuTensorMapEncodeTiled";
     else if (p->head_dim > 128)
         *declined = "the sm90 backward has kernels for head dims up to 128";
+    else if (p->seqused_k)
+        *declined = "the sm90 path does not read seqused_k";
     else if (ctx->smem_optin < fp_sm90_bwd_cfg<128>::SMEM ||
              ctx->smem_optin < fp_sm90_bwd_cfg<64>::SMEM)
         *declined = "the sm90 kernels need more shared memory per block than this device allows";

@@ -678,6 +678,12 @@ extern "C" flashport_status fp_cuda_sm90_forward(const fp_cuda_ctx *ctx, const f
     *declined = NULL;
     if (query)
         *query = 0;
+    if (p->block_table || p->seqused_k || fp_cuda_decode_wanted(p)) {
+        *declined = p->block_table ? "a paged KV cache runs on the decode kernel"
+                    : p->seqused_k ? "the sm90 path does not read seqused_k"
+                                   : "decode shapes run on the decode kernel";
+        return FLASHPORT_OK;
+    }
     if (ctx->cc_major != 9 || ctx->cc_minor != 0) {
         *declined = "the sm90 path needs compute capability 9.0";
         return FLASHPORT_OK;

@@ -1,0 +1,477 @@
+/*
+ * Decode forward: few query rows per kv head against a long (dense or paged) KV cache; every
+ * CUDA device from compute capability 8.0 (mma.sync + ldmatrix + cp.async, ptx/sm80.cuh).
+ *
+ * Algorithm. Decode is bound by the bytes of K and V, so the kernel is built to read each of
+ * them once and keep many reads in flight:
+ *   - GQA packing: the rows of a query tile are (token, query head) pairs of one kv head, token
+ *     major (row r is token r / G, head kvh * G + r % G, G = H / Hkv), so the G heads that share
+ *     a kv head read its K and V once. A tile has 16 rows (one mma M); more rows (G * Nq > 16)
+ *     take more tiles, numbered fastest in the grid so that they run side by side and their
+ *     second reads of K and V hit L2. Any Nq works (chunked prefill on a paged cache), at the
+ *     cost of one tile per 16 rows.
+ *   - The NW warps of a block share the 16 rows and split each key block of BN = 16 NW keys: warp
+ *     w owns keys 16 w .. 16 w + 15, keeps its own online-softmax state and O, and the warps
+ *     merge through shared memory at the end (fp_softmax_merge's rule, in log2 units).
+ *   - K and V stream through ST shared-memory stages as cp.async groups, ST - 1 key blocks
+ *     ahead; small tiles let two or three blocks share an SM, which keeps more reads in flight.
+ *   - Split-KV from core/plan.c's fp_plan_decode (the SM count, the blocks an SM holds, the
+ *     cache length), merged by the sm80 path's combine kernel (fp_cuda_fwd_combine).
+ *   - Paged caches: key t of sequence b is row t % page_size of page block_table[b, t /
+ *     page_size]. page_size is a multiple of 16, so each warp's 16 keys lie in one page; a
+ *     block-table entry outside [0, num_pages) is never dereferenced: its rows are zero-filled
+ *     and the warp masks its scores (the keys count as masked, include/flashport.h).
+ *   - seqused_k: each sequence's key count (fp_cuda_seq_of), which the bottom-right mask uses.
+ *
+ * Masking, softcap and ALiBi per element (fp_mask32, fp_score_transform), online softmax through
+ * fp_softmax_update_exp2 / fp_softmax_exp_base (core/online_softmax.h) on every key block (no
+ * lazy rescale: the exponentials are not what bounds this kernel), finalize through
+ * fp_cuda_out_scale / fp_cuda_lse_exp2.
+ *
+ * Configurations (head dim DK of the kernel: D <= 64, <= 128, <= 256 with the extra columns
+ * zero-filled): DK 64: 4 warps, BN 64, 4 stages (66 KiB); DK 128: 4 warps, BN 64, 2 stages
+ * (68 KiB); DK 256: 2 warps, BN 32, 2 stages (72 KiB). All fit the 99 KiB of sm_86/89. Not yet
+ * timed against alternatives on a GPU.
+ *
+ * Differences from the reference: P is rounded to f16/bf16 before P V; exp2, 1/l and log2 are
+ * the hardware approximations. Numbers: docs/performance.md#decode-h200.
+ */
+#include "backends/cuda/cuda_internal.h"
+#include "backends/cuda/sm80/common.cuh"
+
+#include "core/plan.h"
+#include "core/problem.h"
+
+#include <math.h>
+#include <stdlib.h>
+
+template <int DK> struct fp_dec_cfg;
+template <> struct fp_dec_cfg<64> {
+    enum { NW = 4, ST = 4, BN = 16 * NW };
+};
+template <> struct fp_dec_cfg<128> {
+    enum { NW = 4, ST = 2, BN = 16 * NW };
+};
+template <> struct fp_dec_cfg<256> {
+    enum { NW = 2, ST = 2, BN = 16 * NW };
+};
+
+enum { FP_DEC_BM = 16 };
+
+/* Q tile, ST stages of K and V; the warps' merge reuses the K / V stages. */
+template <int DK> constexpr size_t fp_dec_smem()
+{
+    return (size_t)(FP_DEC_BM + 2 * fp_dec_cfg<DK>::ST * fp_dec_cfg<DK>::BN) * DK * 2;
+}
+template <int DK> constexpr size_t fp_dec_merge_bytes()
+{
+    return (size_t)fp_dec_cfg<DK>::NW * FP_DEC_BM * (DK + 2) * 4;
+}
+static_assert(fp_dec_smem<64>() <= 99 * 1024 && fp_dec_smem<128>() <= 99 * 1024 &&
+                  fp_dec_smem<256>() <= 99 * 1024,
+              "decode tiles fit the smallest sm_8x shared memory");
+static_assert(fp_dec_merge_bytes<64>() <= fp_dec_smem<64>() - FP_DEC_BM * 64 * 2 &&
+                  fp_dec_merge_bytes<128>() <= fp_dec_smem<128>() - FP_DEC_BM * 128 * 2 &&
+                  fp_dec_merge_bytes<256>() <= fp_dec_smem<256>() - FP_DEC_BM * 256 * 2,
+              "the warps' merge fits in the K / V stages");
+
+/* Where packed row r (token major: token r / group, head kvh * group + r % group) lives. */
+typedef struct fp_dec_row {
+    int token, head;
+} fp_dec_row;
+
+FP_DEV fp_dec_row fp_dec_row_of(int r, int group, int kvh)
+{
+    fp_dec_row x;
+    x.token = r / group;
+    x.head = kvh * group + r % group;
+    return x;
+}
+
+/* The page holding logical key t of sequence b (fp_paged_page), or -1 when its block-table entry
+ * is out of range (then nothing of it is read). t < nk <= bt_stride * page_size. */
+FP_DEV int fp_dec_page(const fp_sm80_args &a, int b, int t)
+{
+    return (int)fp_paged_page(a.block_table, a.bt_stride, a.page_size, a.num_pages, b, t);
+}
+
+/* Key block nb (keys nb * BN ..) of K or V (base: the tensor, kv head kvh folded in) into a
+ * stage, rows past nk and columns past nchunks zero-filled. Dense: row t at base + t * ss (base
+ * at the sequence's first key). Paged: base + page * sb + (t % page_size) * ss. */
+template <int BN, int DK, int NT, typename T>
+FP_DEV void fp_dec_load_kv(T *stage, const T *base, int64_t sb, int64_t ss, const void *tensor,
+                           const fp_sm80_args &a, int b, int nb, int nk, int nchunks, int tid)
+{
+    constexpr int CH = DK / 8;
+    static_assert((BN * CH) % NT == 0 && NT % CH == 0, "tile copy must split evenly");
+    const uint32_t dst0 = fp_smem_addr(stage);
+    const int c = tid % CH;
+#pragma unroll
+    for (int it = 0; it < BN * CH / NT; ++it) {
+        const int r = tid / CH + it * (NT / CH), t = nb * BN + r;
+        const T *src = base;
+        bool ok = t < nk && c < nchunks;
+        if (ok) {
+            if (a.block_table) {
+                const int pg = fp_dec_page(a, b, t);
+                ok = pg >= 0;
+                src = base + (int64_t)pg * sb + (int64_t)(t % a.page_size) * ss + c * 8;
+            } else {
+                src = base + (int64_t)t * ss + c * 8;
+            }
+        }
+        fp_cp_async16(dst0 + 2u * fp_swz<DK>(r, c), ok ? (const void *)src : tensor, ok ? 16 : 0);
+    }
+}
+
+// q, o: (B, Nq, H, D); k, v: (B, Nk, Hkv, D) or paged (pages, page_size, Hkv, D); lse: (B, H, Nq)
+// grid (row tiles, Hkv, B * splits)
+template <typename T, int DK>
+__global__ void __launch_bounds__(fp_dec_cfg<DK>::NW * 32)
+    fp_decode_fwd_kernel(const fp_sm80_args a)
+{
+    constexpr int NW = fp_dec_cfg<DK>::NW, ST = fp_dec_cfg<DK>::ST;
+    constexpr int NT = NW * 32, BM = FP_DEC_BM, BN = fp_dec_cfg<DK>::BN;
+    constexpr int KT = DK / 16, DT8 = DK / 8, CH = DK / 8;
+
+    extern __shared__ __align__(128) unsigned char fp_smem[];
+    T *sq = reinterpret_cast<T *>(fp_smem); /* [BM][DK] */
+    T *sk = sq + BM * DK;                   /* [ST][BN][DK] */
+    T *sv = sk + ST * BN * DK;              /* [ST][BN][DK] */
+
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    const int g = lane >> 2, t = lane & 3;
+    const int kvh = blockIdx.y;
+    const int b = blockIdx.z / a.splits, split = blockIdx.z % a.splits;
+    const fp_cuda_seq sq_ = fp_cuda_seq_of(a, b);
+    const int nq = sq_.nq, nk = sq_.nk, group = a.group;
+    const int rows = nq * group, r0 = blockIdx.x * BM;
+    if (r0 >= rows)
+        return;
+    const int nchunks = a.d / 8;
+
+    /* Key blocks of the tokens of this tile, cut to the split. */
+    const int i0 = r0 / group, i1 = (min(r0 + BM, rows) - 1) / group + 1;
+    int nb_begin, nb_end;
+    fp_geom_key_blocks(i0, i1, nq, nk, a.left, a.right, BN, &nb_begin, &nb_end);
+    if (a.splits > 1) {
+        const int per = (int)(a.keys_per_split / BN);
+        nb_begin = max(nb_begin, split * per);
+        nb_end = min(nb_end, (split + 1) * per);
+    }
+
+    const T *kb = reinterpret_cast<const T *>(a.k.ptr) + (int64_t)kvh * a.k.sh;
+    const T *vb = reinterpret_cast<const T *>(a.v.ptr) + (int64_t)kvh * a.v.sh;
+    if (!a.block_table) {
+        kb += (int64_t)b * a.k.sb + sq_.k_start * a.k.ss;
+        vb += (int64_t)b * a.v.sb + sq_.k_start * a.v.ss;
+    }
+    auto load_stage = [&](int nb) {
+        const int s = (nb - nb_begin) % ST;
+        fp_dec_load_kv<BN, DK, NT>(sk + s * BN * DK, kb, a.k.sb, a.k.ss, a.k.ptr, a, b, nb, nk,
+                                   nchunks, tid);
+        fp_dec_load_kv<BN, DK, NT>(sv + s * BN * DK, vb, a.v.sb, a.v.ss, a.v.ptr, a, b, nb, nk,
+                                   nchunks, tid);
+    };
+
+    /* Q rows: one (token, head) each, rows past the tile's end zero-filled. */
+    {
+        const T *qg = reinterpret_cast<const T *>(a.q.ptr);
+        const uint32_t dst0 = fp_smem_addr(sq);
+        for (int idx = tid; idx < BM * CH; idx += NT) {
+            const int r = idx / CH, c = idx % CH;
+            const bool ok = r0 + r < rows && c < nchunks;
+            const T *src = qg;
+            if (ok) {
+                const fp_dec_row x = fp_dec_row_of(r0 + r, group, kvh);
+                src = qg + fp_cuda_row(a.q, b, sq_.q_start + x.token, x.head) + c * 8;
+            }
+            fp_cp_async16(dst0 + 2u * fp_swz<DK>(r, c), src, ok ? 16 : 0);
+        }
+    }
+    fp_cp_async_commit();
+#pragma unroll
+    for (int s = 0; s < ST - 1; ++s) {
+        if (nb_begin + s < nb_end)
+            load_stage(nb_begin + s);
+        fp_cp_async_commit();
+    }
+
+    const uint32_t sq_a = fp_smem_addr(sq), sk_a = fp_smem_addr(sk), sv_a = fp_smem_addr(sv);
+    const fp_ldsm_lane lq = fp_lane_a<DK>(0, lane), lk = fp_lane_b<DK>(0, lane);
+    const fp_ldsm_lane lv = fp_lane_bt<DK>(0, lane);
+    const int kw = 16 * warp; /* this warp's first key within a key block */
+
+    float o[DT8][4];
+#pragma unroll
+    for (int j = 0; j < DT8; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e)
+            o[j][e] = 0.0f;
+    fp_softmax_state st[2];
+    fp_softmax_init(&st[0]);
+    fp_softmax_init(&st[1]);
+    /* This thread's rows g and g + 8: their token and (for ALiBi) slope. */
+    int tok[2];
+    float slope[2];
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+        const fp_dec_row x = fp_dec_row_of(r0 + g + 8 * r, group, kvh);
+        tok[r] = x.token;
+        slope[r] = a.alibi && r0 + g + 8 * r < rows ? a.alibi[x.head] : 0.0f;
+    }
+    const fp_mask32 mk = fp_mask32_make(nq, nk, a.left, a.right);
+
+    for (int nb = nb_begin; nb < nb_end; ++nb) {
+        if (nb + ST - 1 < nb_end)
+            load_stage(nb + ST - 1);
+        fp_cp_async_commit();
+        fp_cp_async_wait<ST - 1>(); /* Q and key block nb have landed */
+        __syncthreads();
+        const int stage = (nb - nb_begin) % ST;
+        const int j0 = nb * BN + kw; /* the warp's first key */
+        /* S = Q K^T over the warp's 16 keys: n tiles 0 (keys j0 ..) and 1 (j0 + 8 ..) */
+        float s[2][4] = {{0.0f, 0.0f, 0.0f, 0.0f}, {0.0f, 0.0f, 0.0f, 0.0f}};
+        const uint32_t kt = sk_a + stage * BN * DK * 2;
+#pragma unroll
+        for (int kk = 0; kk < KT; ++kk) {
+            uint32_t qa[4], kf[4];
+            fp_ldsm_x4(qa, fp_ldsm_addr<DK>(sq_a, lq, 0, kk));
+            fp_ldsm_x4(kf, fp_ldsm_addr<DK>(kt, lk, kw, kk));
+            fp_mma<T>(s[0], qa, kf[0], kf[1]);
+            fp_mma<T>(s[1], qa, kf[2], kf[3]);
+        }
+        /* A key of a page whose block-table entry is out of range is masked. */
+        const bool page_ok = !a.block_table || j0 >= nk || fp_dec_page(a, b, j0) >= 0;
+        /* Scores in log2 units, masked ones -inf; row maxima; rescale */
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+            float mx = -INFINITY;
+#pragma unroll
+            for (int j = 0; j < 2; ++j)
+#pragma unroll
+                for (int e = 0; e < 2; ++e) {
+                    const int kj = j0 + 8 * j + 2 * t + e;
+                    float &x = s[j][2 * r + e];
+                    const float v =
+                        a.transform ? fp_score_transform(x * a.scale, a.softcap, slope[r],
+                                                         fp_alibi_distance(tok[r], kj, nq, nk)) *
+                                          FP_LOG2E
+                                    : x * a.scale_log2;
+                    x = page_ok && fp_mask32_visible(mk, tok[r], kj) ? v : -INFINITY;
+                    mx = fmaxf(mx, x);
+                }
+            const float alpha = fp_softmax_update_exp2(&st[r], fp_quad_max(mx));
+#pragma unroll
+            for (int j = 0; j < DT8; ++j) {
+                o[j][2 * r] *= alpha;
+                o[j][2 * r + 1] *= alpha;
+            }
+            const float mu = fp_softmax_exp_base(&st[r]);
+            float l = 0.0f;
+#pragma unroll
+            for (int j = 0; j < 2; ++j)
+#pragma unroll
+                for (int e = 0; e < 2; ++e) {
+                    float &x = s[j][2 * r + e];
+                    x = fp_exp2(x - mu);
+                    l += x;
+                }
+            st[r].l += l; /* this thread's columns; the quad's sum is taken at the end */
+        }
+        /* O += P V over the warp's 16 keys */
+        uint32_t pa[4];
+        fp_acc_to_a<T>(pa, s[0], s[1]);
+        const uint32_t vt = sv_a + stage * BN * DK * 2;
+#pragma unroll
+        for (int p = 0; p < DK / 16; ++p) {
+            uint32_t vf[4];
+            fp_ldsm_x4_t(vf, fp_ldsm_addr<DK>(vt, lv, kw, p));
+            fp_mma<T>(o[2 * p], pa, vf[0], vf[1]);
+            fp_mma<T>(o[2 * p + 1], pa, vf[2], vf[3]);
+        }
+        __syncthreads(); /* every warp is done with this stage before it is refilled */
+    }
+    fp_cp_async_wait<0>();
+    __syncthreads();
+
+    /* The warps' partial results, unnormalized, into shared memory: om[w][row][DK] and
+     * ml[w][row] = (m, l), m in log2 units. */
+    float *om = reinterpret_cast<float *>(sk);
+    float *ml = om + NW * BM * DK;
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+        const float l = fp_quad_sum(st[r].l);
+        const int row = g + 8 * r;
+#pragma unroll
+        for (int j = 0; j < DT8; ++j)
+            *reinterpret_cast<float2 *>(om + (warp * BM + row) * DK + 8 * j + 2 * t) =
+                make_float2(o[j][2 * r], o[j][2 * r + 1]);
+        if (t == 0) {
+            ml[2 * (warp * BM + row)] = st[r].m;
+            ml[2 * (warp * BM + row) + 1] = l;
+        }
+    }
+    __syncthreads();
+
+    /* Merge: row maximum M over the warps (0 while no warp saw a key), l = sum l_w 2^(m_w - M),
+     * O = sum O_w 2^(m_w - M) / l; then O and LSE out (or the split's partial). */
+    for (int idx = tid; idx < BM * CH; idx += NT) {
+        const int row = idx / CH, c = idx % CH;
+        if (r0 + row >= rows || c >= nchunks)
+            continue;
+        fp_softmax_state m;
+        fp_softmax_init(&m);
+#pragma unroll
+        for (int w = 0; w < NW; ++w)
+            m.m = fmaxf(m.m, ml[2 * (w * BM + row)]);
+        const float base = fp_softmax_exp_base(&m);
+        float wt[NW];
+        m.l = 0.0f;
+#pragma unroll
+        for (int w = 0; w < NW; ++w) {
+            wt[w] = fp_exp2(ml[2 * (w * BM + row)] - base);
+            m.l += ml[2 * (w * BM + row) + 1] * wt[w];
+        }
+        const float fac = fp_cuda_out_scale(&m);
+        float out[8];
+#pragma unroll
+        for (int e = 0; e < 8; ++e) {
+            float acc = 0.0f;
+#pragma unroll
+            for (int w = 0; w < NW; ++w)
+                acc += om[(w * BM + row) * DK + 8 * c + e] * wt[w];
+            out[e] = acc * fac;
+        }
+        const fp_dec_row x = fp_dec_row_of(r0 + row, group, kvh);
+        const float lse = fp_cuda_lse_exp2(&m);
+        if (a.splits == 1) {
+            T *og = reinterpret_cast<T *>(const_cast<void *>(a.o.ptr)) +
+                    fp_cuda_row(a.o, b, sq_.q_start + x.token, x.head) + 8 * c;
+            uint4 pk;
+            pk.x = fp_pack2<T>(out[0], out[1]);
+            pk.y = fp_pack2<T>(out[2], out[3]);
+            pk.z = fp_pack2<T>(out[4], out[5]);
+            pk.w = fp_pack2<T>(out[6], out[7]);
+            *reinterpret_cast<uint4 *>(og) = pk;
+            if (a.lse && c == 0)
+                a.lse[fp_cuda_lse_off(a, b, sq_.q_start + x.token, x.head)] = lse;
+        } else {
+            /* (split, b, h, token) rows of the combine's layout */
+            const int64_t prow =
+                (((int64_t)split * a.batch + b) * a.heads + x.head) * a.nq + x.token;
+            float *dst = a.o_part + prow * a.d + 8 * c;
+            *reinterpret_cast<float4 *>(dst) = make_float4(out[0], out[1], out[2], out[3]);
+            *reinterpret_cast<float4 *>(dst + 4) = make_float4(out[4], out[5], out[6], out[7]);
+            if (c == 0)
+                a.lse_part[prow] = lse;
+        }
+    }
+}
+
+/* Whether a forward goes to the decode kernel: a paged cache (only it reads one), or few query
+ * rows per kv head (Nq * H / Hkv <= FP_DECODE_MAX_ROWS), where the other kernels' query tiles
+ * would be mostly empty and every query head would re-read its kv head. FLASHPORT_CUDA_DECODE
+ * (read at each call, for tests and A/B timings): 0 never for dense caches, 1 for every call. */
+enum { FP_DECODE_MAX_ROWS = 64 };
+
+extern "C" int fp_cuda_decode_wanted(const fp_problem *p)
+{
+    if (p->block_table)
+        return 1;
+    const char *force = getenv("FLASHPORT_CUDA_DECODE");
+    if (force && *force)
+        return atoi(force) != 0;
+    return p->seqlen_q * (p->heads / p->kv_heads) <= FP_DECODE_MAX_ROWS;
+}
+
+template <typename T, int DK>
+static flashport_status fp_decode_launch(const fp_cuda_ctx *ctx, const fp_problem *p,
+                                         fp_sm80_args a, void *ws, size_t *query)
+{
+    constexpr int NT = fp_dec_cfg<DK>::NW * 32, BN = fp_dec_cfg<DK>::BN;
+    constexpr size_t smem = fp_dec_smem<DK>();
+    void (*kernel)(const fp_sm80_args) = fp_decode_fwd_kernel<T, DK>;
+    cudaError_t e =
+        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+    int resident = 1;
+    if (e == cudaSuccess)
+        e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&resident, kernel, NT, smem);
+    if (e != cudaSuccess) {
+        (void)cudaGetLastError();
+        return fp_cuda_error(FLASHPORT_ERR_DEVICE, e, "decode kernel setup");
+    }
+    const int64_t row_tiles = (p->seqlen_q * a.group + FP_DEC_BM - 1) / FP_DEC_BM;
+    const int64_t tiles = row_tiles * p->kv_heads * p->batch;
+    /* The longest sequence's keys (a paged cache: its capacity); seqused_k only shortens them. */
+    const int64_t keys = p->seqlen_k;
+    fp_decode_target target;
+    target.workers = (int64_t)ctx->sm_count * (resident > 0 ? resident : 1);
+    target.block_k = BN;
+    target.min_split_blocks = 4;
+    target.max_splits = 128;
+    fp_decode_plan plan = fp_plan_decode(tiles, keys, &target);
+    /* FLASHPORT_CUDA_DECODE_SPLITS=n (tests): n splits where the cache has n key blocks. */
+    const char *force = getenv("FLASHPORT_CUDA_DECODE_SPLITS");
+    if (force && *force && keys > 0) {
+        const int64_t k_blocks = (keys + BN - 1) / BN;
+        int64_t n = atoi(force);
+        n = n < 1 ? 1 : n > k_blocks ? k_blocks : n;
+        plan.keys_per_split = (k_blocks + n - 1) / n * BN;
+        plan.num_splits = (int32_t)((keys + plan.keys_per_split - 1) / plan.keys_per_split);
+        plan.num_tasks = tiles * plan.num_splits;
+    }
+    const bool empty = tiles == 0;
+    const size_t part_rows = (size_t)plan.num_splits * p->batch * p->heads * a.nq;
+    if (query) {
+        *query = empty || plan.num_splits <= 1 ? 0 : part_rows * (size_t)(a.d + 1) * sizeof(float);
+        return FLASHPORT_OK;
+    }
+    if (empty)
+        return FLASHPORT_OK;
+    a.splits = plan.num_splits;
+    a.keys_per_split = plan.keys_per_split;
+    if (a.splits > 1) {
+        a.o_part = (float *)ws;
+        a.lse_part = a.o_part + part_rows * a.d;
+    }
+    dim3 grid((unsigned)row_tiles, (unsigned)p->kv_heads, (unsigned)(p->batch * a.splits));
+    kernel<<<grid, NT, smem, ctx->stream>>>(a);
+    e = cudaGetLastError();
+    fp_cuda_log("forward: decode D%d kernel (%d query rows a tile, %d keys a block, %d warps, "
+                "%d stages) for D=%lld, %s cache, grid %ux%ux%u, %d split(s) of %lld keys, "
+                "%d blocks per SM",
+                DK, FP_DEC_BM, BN, NT / 32, fp_dec_cfg<DK>::ST, (long long)p->head_dim,
+                p->block_table ? "paged" : "dense", grid.x, grid.y, grid.z, a.splits,
+                (long long)a.keys_per_split, resident);
+    if (e == cudaSuccess && a.splits > 1)
+        e = fp_cuda_fwd_combine(p, &a, ctx->stream);
+    return e == cudaSuccess ? FLASHPORT_OK
+                            : fp_cuda_error(FLASHPORT_ERR_DEVICE, e, "decode kernel launch");
+}
+
+template <typename T>
+static flashport_status fp_decode_dispatch(const fp_cuda_ctx *ctx, const fp_problem *p,
+                                           const fp_sm80_args &a, void *ws, size_t *query)
+{
+    if (p->head_dim <= 64)
+        return fp_decode_launch<T, 64>(ctx, p, a, ws, query);
+    if (p->head_dim <= 128)
+        return fp_decode_launch<T, 128>(ctx, p, a, ws, query);
+    return fp_decode_launch<T, 256>(ctx, p, a, ws, query);
+}
+
+extern "C" flashport_status fp_cuda_decode_forward(const fp_cuda_ctx *ctx, const fp_problem *p,
+                                                   void *ws, size_t *query)
+{
+    if (p->block_table && p->page_size % 16 != 0)
+        return fp_cuda_refuse(FLASHPORT_ERR_UNSUPPORTED_FEATURE,
+                              "a paged KV cache needs a page size that is a multiple of 16 on "
+                              "CUDA (got %lld)",
+                              (long long)p->page_size);
+    fp_sm80_args a;
+    fp_sm80_fill_args(p, &a);
+    if (p->dtype == FLASHPORT_F16)
+        return fp_decode_dispatch<__half>(ctx, p, a, ws, query);
+    return fp_decode_dispatch<__nv_bfloat16>(ctx, p, a, ws, query);
+}

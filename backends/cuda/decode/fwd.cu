@@ -124,6 +124,35 @@ FP_DEV void fp_dec_load_kv(T *stage, const T *base, int64_t sb, int64_t ss, cons
     }
 }
 
+/* The masked-key guard (docs/reliability.md) for one warp's 16 keys (rows kw .. kw + 15 of a V
+ * stage): their infinite and NaN elements set to 0, so that a masked P of 0 never meets one in
+ * O += P V. Returns a 16-bit mask of the keys that had one, the same in every lane. */
+template <typename T, int DK> FP_DEV uint32_t fp_dec_guard_v(T *stage, int kw, int lane)
+{
+    constexpr int CH = DK / 8;
+    uint32_t bad_keys = 0;
+#pragma unroll 1
+    for (int idx = lane; idx < 16 * CH; idx += 32) {
+        const int r = idx / CH, c = idx % CH;
+        uint4 *p = reinterpret_cast<uint4 *>(stage + fp_swz<DK>(kw + r, c));
+        uint4 v = *p;
+        bool bad = false;
+        v.x = fp_scrub_word<T>(v.x, bad);
+        v.y = fp_scrub_word<T>(v.y, bad);
+        v.z = fp_scrub_word<T>(v.z, bad);
+        v.w = fp_scrub_word<T>(v.w, bad);
+        if (bad) {
+            *p = v;
+            bad_keys |= 1u << r;
+        }
+    }
+#pragma unroll
+    for (int off = 1; off < 32; off <<= 1)
+        bad_keys |= __shfl_xor_sync(0xffffffffu, bad_keys, off);
+    __syncwarp();
+    return bad_keys;
+}
+
 // q, o: (B, Nq, H, D); k, v: (B, Nk, Hkv, D) or paged (pages, page_size, Hkv, D); lse: (B, H, Nq)
 // grid (row tiles, Hkv, B * splits)
 template <typename T, int DK>
@@ -221,6 +250,7 @@ __global__ void __launch_bounds__(fp_dec_cfg<DK>::NW * 32)
         slope[r] = a.alibi && r0 + g + 8 * r < rows ? a.alibi[x.head] : 0.0f;
     }
     const fp_mask32 mk = fp_mask32_make(nq, nk, a.left, a.right);
+    bool rowbad[2] = {false, false}; /* the row saw a key whose V the guard scrubbed */
 
     for (int nb = nb_begin; nb < nb_end; ++nb) {
         if (nb + ST - 1 < nb_end)
@@ -243,6 +273,11 @@ __global__ void __launch_bounds__(fp_dec_cfg<DK>::NW * 32)
         }
         /* A key of a page whose block-table entry is out of range is masked. */
         const bool page_ok = !a.block_table || j0 >= nk || fp_dec_page(a, b, j0) >= 0;
+        /* Blocks with pairs a row of the tile cannot see: the guard */
+        const uint32_t vbad =
+            fp_mask_block_full(i0, i1, nb * BN, nb * BN + BN, nq, nk, a.left, a.right)
+                ? 0u
+                : fp_dec_guard_v<T, DK>(sv + stage * BN * DK, kw, lane);
         /* Scores in log2 units, masked ones -inf; row maxima; rescale */
 #pragma unroll
         for (int r = 0; r < 2; ++r) {
@@ -258,7 +293,9 @@ __global__ void __launch_bounds__(fp_dec_cfg<DK>::NW * 32)
                                                          fp_alibi_distance(tok[r], kj, nq, nk)) *
                                           FP_LOG2E
                                     : x * a.scale_log2;
-                    x = page_ok && fp_mask32_visible(mk, tok[r], kj) ? v : -INFINITY;
+                    const bool vis = page_ok && fp_mask32_visible(mk, tok[r], kj);
+                    x = vis ? v : -INFINITY;
+                    rowbad[r] |= vis && ((vbad >> (8 * j + 2 * t + e)) & 1u);
                     mx = fmaxf(mx, x);
                 }
             const float alpha = fp_softmax_update_exp2(&st[r], fp_quad_max(mx));
@@ -294,6 +331,18 @@ __global__ void __launch_bounds__(fp_dec_cfg<DK>::NW * 32)
     }
     fp_cp_async_wait<0>();
     __syncthreads();
+    /* A row that saw a key whose V held a non-finite element: O NaN (the quad's lanes share the
+     * row; the merge below carries the NaN) */
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+        int bad = rowbad[r] ? 1 : 0;
+        bad |= __shfl_xor_sync(0xffffffffu, bad, 1);
+        bad |= __shfl_xor_sync(0xffffffffu, bad, 2);
+        if (bad)
+#pragma unroll
+            for (int j = 0; j < DT8; ++j)
+                o[j][2 * r] = o[j][2 * r + 1] = NAN;
+    }
 
     /* The warps' partial results, unnormalized, into shared memory: om[w][row][DK] and
      * ml[w][row] = (m, l), m in log2 units. */

@@ -125,6 +125,13 @@ static inline int __any_sync(unsigned mask, int pred)
     return (int)v;
 }
 
+/* Warp barrier: a rendezvous of the warp's lanes (a shuffle), which in the emulator also orders
+ * their shared-memory accesses. */
+static inline void __syncwarp(unsigned mask = 0xffffffffu)
+{
+    (void)fp_emu_shfl_xor(mask, 0u, 1, 32);
+}
+
 /* The instructions of ptx/sm80.cuh's wrappers (#ifdef FP_CUDA_EMU there). */
 void fp_emu_mma_m16n8k16(float c[4], const uint32_t a[4], uint32_t b0, uint32_t b1, int bf16);
 void fp_emu_ldmatrix_x4(uint32_t r[4], uint32_t addr, int trans);

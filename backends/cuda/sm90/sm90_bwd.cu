@@ -92,7 +92,7 @@ template <int DK_> struct fp_sm90_bwd_cfg {
     /* K, V, the stages, two dS buffers, the dQ tiles, the masked-key guard's row flags (K, and
      * Q and dO of each stage), the barriers, and 1024 bytes to align to the swizzle atom */
     static constexpr size_t SMEM = 2 * KV_BYTES + ST * (2 * Q_BYTES + 2 * ROW_BYTES) +
-                                   2 * DS_BYTES + DQB * DQ_BYTES + BN + ST * 2 * BM +
+                                   2 * DS_BYTES + DQB * DQ_BYTES + BN + ST * 2 * BM + 8 +
                                    (1 + 2 * ST + 2 * DQB) * 8 + 1024;
     static_assert(SMEM <= 227 * 1024, "one block per SM");
 };
@@ -120,7 +120,7 @@ template <int ROWS> FP_DEV uint32_t fp_swz128(int row, int c)
 template <typename T, int ROWS, int DK> FP_DEV bool fp_sm90_scrub_row(unsigned char *tile, int row)
 {
     bool bad = false;
-#pragma unroll 1
+#pragma unroll 4
     for (int c = 0; c < DK / 8; ++c) {
         uint4 *p =
             reinterpret_cast<uint4 *>(tile + (c / 8) * ROWS * 128 + row * 128 + (c % 8) * 16);
@@ -159,7 +159,10 @@ __global__ void __launch_bounds__(FP_SM90B_THREADS, 1)
     const uint32_t srow = sdq + DQB * DQ_BYTES;
     const uint32_t sflags = srow + 2 * ST * ROW_BYTES; /* K's row flags, then each stage's */
     uint8_t *const kflag = gbase + (sflags - sk);
-    const uint32_t bars = sflags + BN + ST * 2 * BM;
+    /* Q / dO rows the guard flagged so far, ever growing: a thread that sees no change since its
+     * last look knows this step flagged none */
+    unsigned *const rbad_rows = reinterpret_cast<unsigned *>(kflag + BN + ST * 2 * BM);
+    const uint32_t bars = sflags + BN + ST * 2 * BM + 8;
     const uint32_t kv_full = bars;
     auto full = [&](int s) { return bars + 8u * (1 + s); };
     auto empty = [&](int s) { return bars + 8u * (1 + ST + s); };
@@ -187,6 +190,7 @@ __global__ void __launch_bounds__(FP_SM90B_THREADS, 1)
     const int steps = slice * (mb_end - mb_lo);
 
     if (tid == 0) {
+        *rbad_rows = 0;
         fp_mbar_init(kv_full, 1);
         for (int s = 0; s < ST; ++s) {
             fp_mbar_init(full(s), 1);
@@ -302,6 +306,7 @@ __global__ void __launch_bounds__(FP_SM90B_THREADS, 1)
         fp_named_bar_sync(2 + w, 128);
         const bool kbad[2] = {kflag[kr] != 0, kflag[kr + 8] != 0};
         const bool kany = kbad[0] || kbad[1];
+        unsigned rbad_seen = 0;
         int h = h_first, mb = mb_end - 1;
         for (int it = 0; it < steps; ++it) {
             const int s = it % ST, m0 = mb * BM;
@@ -314,15 +319,21 @@ __global__ void __launch_bounds__(FP_SM90B_THREADS, 1)
             const bool edge = m0 + BM > nq || !fp_mask_block_full(m0, min(m0 + BM, nq), n0, n0 + BN,
                                                                   nq, nk, a.left, a.right);
             uint8_t *const rflag = kflag + BN + s * 2 * BM; /* Q rows, then dO rows */
+            bool rnew = false;                              /* this step flagged a Q or dO row */
             if (edge) {
                 const int ct = tid - 128;
-                if (ct < 2 * BM)
-                    rflag[ct] =
-                        fp_sm90_scrub_row<T, BM, DK>(gbase + ((ct < BM ? qs : dos) - sk), ct % BM)
-                            ? 1
-                            : 0;
+                if (ct < 2 * BM) {
+                    const bool bad =
+                        fp_sm90_scrub_row<T, BM, DK>(gbase + ((ct < BM ? qs : dos) - sk), ct % BM);
+                    rflag[ct] = bad ? 1 : 0;
+                    if (bad)
+                        atomicAdd(rbad_rows, 1u);
+                }
                 fp_fence_proxy_async_smem();
                 fp_named_bar_sync(1, FP_SM90B_CONSUMER_THREADS);
+                const unsigned now = *(volatile unsigned *)rbad_rows;
+                rnew = now != rbad_seen;
+                rbad_seen = now;
             }
 
             /* S^T = K Q^T and dP^T = V dO^T, issued together */
@@ -409,7 +420,7 @@ __global__ void __launch_bounds__(FP_SM90B_THREADS, 1)
                             const int k = 4 * j + 2 * r + e, c = 8 * j + 2 * t + e, i = m0 + c;
                             const bool vis = i < nq && fp_mask32_visible(mk, i, n0 + kr + 8 * r);
                             const bool bad =
-                                kbad[r] || (edge && (rflag[c] != 0 || rflag[BM + c] != 0));
+                                kbad[r] || (rnew && (rflag[c] != 0 || rflag[BM + c] != 0));
                             sacc[k] = vis ? (bad ? NAN : sacc[k]) : 0.0f;
                             dpacc[k] = vis ? (bad ? NAN : dpacc[k]) : 0.0f;
                         }

@@ -167,9 +167,11 @@ FP_DEV void fp_sm90_transform(float (&s)[BN / 2], const fp_sm90_xform &x, int i_
 /* The masked-key guard (sm80/common.cuh, fp_scrub_tile) on a V stage at generic address v (NP
  * panels of BN rows x 128 bytes; a row's 16-byte chunks stay in its 128-byte row whatever the
  * swizzle): every infinite or NaN element becomes 0, flags[r] says whether row r held one. By
- * the 128 threads of one warpgroup (wtid); a row's 8 chunks of a panel are 8 consecutive lanes. */
+ * the 128 threads of one warpgroup (wtid); a row's 8 chunks of a panel are 8 consecutive lanes.
+ * *bad_rows counts the flagged rows, ever growing: a reader that saw no change since its last look
+ * knows no flag is set. */
 template <typename T, int BN, int NP>
-FP_DEV void fp_sm90_scrub_v(unsigned char *v, uint8_t *flags, int wtid)
+FP_DEV void fp_sm90_scrub_v(unsigned char *v, uint8_t *flags, unsigned *bad_rows, int wtid)
 {
     static_assert((BN * 8) % 128 == 0, "the stage splits evenly over a warpgroup");
 #pragma unroll 1
@@ -193,8 +195,11 @@ FP_DEV void fp_sm90_scrub_v(unsigned char *v, uint8_t *flags, int wtid)
         any |= __shfl_xor_sync(0xffffffffu, any, 1);
         any |= __shfl_xor_sync(0xffffffffu, any, 2);
         any |= __shfl_xor_sync(0xffffffffu, any, 4);
-        if ((idx & 7) == 0)
+        if ((idx & 7) == 0) {
             flags[idx / 8] = (uint8_t)any;
+            if (any)
+                atomicAdd(bad_rows, 1u);
+        }
     }
 }
 
@@ -365,19 +370,25 @@ __global__ void __launch_bounds__(FP_SM90_THREADS, 1)
              * one thread per row), and those rows end with O = NaN, the value a non-finite V
              * element gives the rows that see it. Other blocks skip it. */
             __shared__ uint8_t vflag[BN], rowbad[FP_SM90_BM];
+            __shared__ unsigned vbad_rows;            /* flagged V rows so far (fp_sm90_scrub_v) */
+            unsigned vbad_seen = 0;                   /* this thread's last look at it */
             unsigned char *const gv = gq + (sv - sq); /* generic pointer to the V stages */
             if (wtid < 64)
                 rowbad[64 * w + wtid] = 0;
+            if (w == 0 && wtid == 0)
+                vbad_rows = 0;
             auto guard_v = [&](int it_) {
                 const int nb = nb_end - 1 - it_, j0 = nb * BN;
                 if (fp_mask_block_full(m0, rows_end, j0, j0 + BN, nq, nk, a.left, a.right))
                     return;
                 if (w == 0) {
-                    fp_sm90_scrub_v<T, BN, NP>(gv + (it_ % ST) * KV_BYTES, vflag, wtid);
+                    fp_sm90_scrub_v<T, BN, NP>(gv + (it_ % ST) * KV_BYTES, vflag, &vbad_rows, wtid);
                     fp_fence_proxy_async_smem();
                     fp_named_bar_sync(1, 128);
                 }
-                if (wtid < 64) {
+                const unsigned now = *(volatile unsigned *)&vbad_rows;
+                if (wtid < 64 && now != vbad_seen) { /* a row of this block was flagged */
+                    vbad_seen = now;
                     const fp_mask_row mr = fp_mask32_row(mk, m0 + 64 * w + wtid, j0);
                     bool bad = false;
                     for (int c = max(mr.lo, 0); c < min(mr.hi, BN); ++c)

@@ -40,6 +40,10 @@
  * (fp_geom_query_blocks), fp_mask_block_full picks the steps that need no per-element mask, and
  * the others select (never multiply) P and dS to 0 for keys a row cannot see. Softcap
  * multiplies dS by fp_softcap_grad of the capped score; ALiBi adds nothing to the gradient.
+ * The masked-key guard (docs/reliability.md): K rows are scrubbed of non-finite elements once per
+ * block, the Q and dO rows of edge steps (masked pairs, or rows past the sequence) before their
+ * products, so that a masked zero of P or dS never meets a NaN or inf; a visible pair of a
+ * scrubbed row gets its NaN back by a select.
  *
  * Configurations (fp_sm90_bwd_cfg; 384 threads, one block per SM): D = 64: BM 128, D = 128:
  * BM 64; BN 128, 2 stages. Other head dims up to 128 run on the next larger kernel (TMA reads

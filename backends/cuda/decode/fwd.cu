@@ -134,17 +134,8 @@ template <typename T, int DK> FP_DEV uint32_t fp_dec_guard_v(T *stage, int kw, i
 #pragma unroll 1
     for (int idx = lane; idx < 16 * CH; idx += 32) {
         const int r = idx / CH, c = idx % CH;
-        uint4 *p = reinterpret_cast<uint4 *>(stage + fp_swz<DK>(kw + r, c));
-        uint4 v = *p;
-        bool bad = false;
-        v.x = fp_scrub_word<T>(v.x, bad);
-        v.y = fp_scrub_word<T>(v.y, bad);
-        v.z = fp_scrub_word<T>(v.z, bad);
-        v.w = fp_scrub_word<T>(v.w, bad);
-        if (bad) {
-            *p = v;
+        if (fp_scrub_chunk<T>(reinterpret_cast<uint4 *>(stage + fp_swz<DK>(kw + r, c))))
             bad_keys |= 1u << r;
-        }
     }
 #pragma unroll
     for (int off = 1; off < 32; off <<= 1)

@@ -365,6 +365,21 @@ template <typename T> FP_DEV uint32_t fp_scrub_word(uint32_t w, bool &bad)
     return w & keep;
 }
 
+/* The 16 bytes at p (8 T values) with their infinite and NaN elements set to 0 (written back only
+ * if there was one); returns whether there was. */
+template <typename T> FP_DEV bool fp_scrub_chunk(uint4 *p)
+{
+    uint4 v = *p;
+    bool bad = false;
+    v.x = fp_scrub_word<T>(v.x, bad);
+    v.y = fp_scrub_word<T>(v.y, bad);
+    v.z = fp_scrub_word<T>(v.z, bad);
+    v.w = fp_scrub_word<T>(v.w, bad);
+    if (bad)
+        *p = v;
+    return bad;
+}
+
 /* Replaces every infinite or NaN element of a swizzled shared tile [ROWS][COLS] by 0 and sets
  * flags[r] to 1 for each row r that held one, 0 for the others. All NT threads of the block call
  * it (the row's CH chunk owners are consecutive lanes of one warp, which OR their findings with
@@ -380,15 +395,7 @@ FP_DEV void fp_scrub_tile(T *tile, uint8_t *flags, int tid)
 #pragma unroll 1
     for (int it = 0; it < ROWS * CH / NT; ++it) {
         const int idx = tid + it * NT, r = idx / CH, c = idx % CH;
-        uint4 *p = reinterpret_cast<uint4 *>(tile + fp_swz<COLS>(r, c));
-        uint4 v = *p;
-        bool bad = false;
-        v.x = fp_scrub_word<T>(v.x, bad);
-        v.y = fp_scrub_word<T>(v.y, bad);
-        v.z = fp_scrub_word<T>(v.z, bad);
-        v.w = fp_scrub_word<T>(v.w, bad);
-        if (bad)
-            *p = v;
+        const bool bad = fp_scrub_chunk<T>(reinterpret_cast<uint4 *>(tile + fp_swz<COLS>(r, c)));
         uint32_t any = bad ? 1u : 0u;
 #pragma unroll
         for (int off = 1; off < CH; off <<= 1)

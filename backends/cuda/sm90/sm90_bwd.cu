@@ -126,17 +126,8 @@ template <typename T, int ROWS, int DK> FP_DEV bool fp_sm90_scrub_row(unsigned c
     bool bad = false;
 #pragma unroll 4
     for (int c = 0; c < DK / 8; ++c) {
-        uint4 *p =
-            reinterpret_cast<uint4 *>(tile + (c / 8) * ROWS * 128 + row * 128 + (c % 8) * 16);
-        uint4 v = *p;
-        bool b = false;
-        v.x = fp_scrub_word<T>(v.x, b);
-        v.y = fp_scrub_word<T>(v.y, b);
-        v.z = fp_scrub_word<T>(v.z, b);
-        v.w = fp_scrub_word<T>(v.w, b);
-        if (b)
-            *p = v;
-        bad |= b;
+        bad |= fp_scrub_chunk<T>(
+            reinterpret_cast<uint4 *>(tile + (c / 8) * ROWS * 128 + row * 128 + (c % 8) * 16));
     }
     return bad;
 }

@@ -180,16 +180,7 @@ FP_DEV void fp_sm90_scrub_v(unsigned char *v, uint8_t *flags, unsigned *bad_rows
         bool bad = false;
 #pragma unroll
         for (int p = 0; p < NP; ++p) {
-            uint4 *q = reinterpret_cast<uint4 *>(v + p * BN * 128 + idx * 16);
-            uint4 x = *q;
-            bool b = false;
-            x.x = fp_scrub_word<T>(x.x, b);
-            x.y = fp_scrub_word<T>(x.y, b);
-            x.z = fp_scrub_word<T>(x.z, b);
-            x.w = fp_scrub_word<T>(x.w, b);
-            if (b)
-                *q = x;
-            bad |= b;
+            bad |= fp_scrub_chunk<T>(reinterpret_cast<uint4 *>(v + p * BN * 128 + idx * 16));
         }
         uint32_t any = bad ? 1u : 0u;
         any |= __shfl_xor_sync(0xffffffffu, any, 1);

@@ -44,11 +44,21 @@ FP_INLINE void fp_mask_block_range(int64_t i0, int64_t i1, int64_t nq, int64_t n
     *hi = fp_mask_hi(i1 - 1, nq, nk, right);
 }
 
+/* Keys [*lo, *hi) that every row of [i0, i1) sees (*hi <= *lo: none), within [0, Nk]. */
+FP_INLINE void fp_mask_full_range(int64_t i0, int64_t i1, int64_t nq, int64_t nk, int64_t left,
+                                  int64_t right, int64_t *lo, int64_t *hi)
+{
+    *lo = fp_mask_lo(i1 - 1, nq, nk, left);
+    *hi = fp_mask_hi(i0, nq, nk, right);
+}
+
 /* Nonzero when every row of [i0, i1) sees every key of [j0, j1): no per-element mask needed. */
 FP_INLINE int fp_mask_block_full(int64_t i0, int64_t i1, int64_t j0, int64_t j1, int64_t nq,
                                  int64_t nk, int64_t left, int64_t right)
 {
-    return j0 >= fp_mask_lo(i1 - 1, nq, nk, left) && j1 <= fp_mask_hi(i0, nq, nk, right);
+    int64_t lo, hi;
+    fp_mask_full_range(i0, i1, nq, nk, left, right, &lo, &hi);
+    return j0 >= lo && j1 <= hi;
 }
 
 /* ALiBi distance |i + Nk - Nq - j|, as a float. */

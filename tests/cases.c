@@ -253,12 +253,16 @@ void tc_case_name(const tc_case *c, char *buf, size_t size)
              layouts[c->layout]);
 }
 
-int tc_required(const tc_case *c, const char *backend_name)
+int tc_required(const tc_case *c, const char *backend_name, const char *arch)
 {
     if (!strcmp(backend_name, "cpu") || !strcmp(backend_name, "reference"))
         return 1;
+    const char *path = getenv("FLASHPORT_CUDA_PATH");
     if (tc_fp8(c))
-        return 0; /* no GPU backend serves fp8 yet */
+        return !strcmp(backend_name, "cuda") && !strcmp(arch, "sm_90") &&
+               !(path && !strcmp(path, "sm80")) && c->dtype == FLASHPORT_FP8_E4M3 &&
+               !c->use_seqused && c->page_size == 0 && c->head_dim % 8 == 0 &&
+               c->head_dim <= 256 && c->layout != TC_DIM_STRIDED;
     /* The KV-cache cases (seqused_k, paged) are required of the host backends only: a GPU backend
      * that refuses them (opencl; cuda and hip before they serve the API) counts them as
      * unsupported, and one that serves them must pass them. */
@@ -266,7 +270,6 @@ int tc_required(const tc_case *c, const char *backend_name)
         return 0;
     /* FLASHPORT_CUDA_PATH=sm90 forces one path for tests and A/B runs: it serves what that path
      * serves (the sm90 backward: head dims up to 128), and refuses the rest */
-    const char *path = getenv("FLASHPORT_CUDA_PATH");
     if (!strcmp(backend_name, "cuda") && path && !strcmp(path, "sm90"))
         return 0;
     return (c->dtype == FLASHPORT_F16 || c->dtype == FLASHPORT_BF16) && c->head_dim % 8 == 0 &&

@@ -34,6 +34,7 @@
 #include <time.h>
 
 enum { PASS, FAIL, UNSUPPORTED };
+static char be_arch[32]; /* the device's arch (flashport_device_props), "" when unknown */
 static const char *verdict_name[] = {"PASS", "FAIL", "UNSUPPORTED"};
 
 /* The outputs of one backend for one case, in logical order (see tu_view). */
@@ -525,7 +526,7 @@ static void run_case(flashport_backend *be, flashport_backend *ref, const tc_cas
                                          naive.dv) == 0)))
         goto done;
 
-    int required = tc_required(c, flashport_backend_name(be));
+    int required = tc_required(c, flashport_backend_name(be), be_arch);
     /* hole_page: GPU backends only (cases.h); host backends refuse the table */
     const char *be_name = flashport_backend_name(be);
     const int host_be = !strcmp(be_name, "cpu") || !strcmp(be_name, "reference");
@@ -659,6 +660,10 @@ int main(int argc, char **argv)
                 flashport_status_string(s), flashport_last_error());
         return 1;
     }
+    flashport_device_props props;
+    if (flashport_device_properties(backend_name, flashport_backend_device(be), &props) ==
+        FLASHPORT_OK)
+        snprintf(be_arch, sizeof be_arch, "%s", props.arch);
     s = flashport_backend_open("reference", &ref);
     if (s != FLASHPORT_OK) {
         fprintf(stderr, "cannot open the reference backend: %s: %s\n", flashport_status_string(s),

@@ -2,10 +2,11 @@
 # Checks that the CUDA plugin's sm90 kernels really are Hopper kernels: disassembles the sm_90a
 # machine code embedded in libflashport_cuda.so and fails unless
 #   - every sm90 forward kernel (fp_sm90_fwd_kernel: f16 and bf16, head-dim classes 64, 128,
-#     192, 256: 8 kernels) and backward kernel (fp_sm90_bwd_kernel: f16 and bf16, 64 and 128: 4)
-#     is present,
-#   - each holds HGMMA (wgmma) and UTMALDG (TMA tile loads) instructions, and each backward kernel
-#     REDG (the dQ reductions) and UBLKCP (bulk copies of the row statistics),
+#     192, 256: 8 kernels; fp8 e4m3 inputs with f16 and bf16 outputs, 128 and 256: 4) and
+#     backward kernel (fp_sm90_bwd_kernel: f16 and bf16, 64 and 128: 4) is present,
+#   - each holds HGMMA (wgmma; QGMMA, the fp8 wgmma, in the fp8 kernels) and UTMALDG (TMA tile
+#     loads) instructions, and each backward kernel REDG (the dQ reductions) and UBLKCP (bulk
+#     copies of the row statistics),
 #   - and no sm80 kernel holds HGMMA (so the check can tell the paths apart).
 #
 #   backends/cuda/check_sass.sh build/lib/libflashport_cuda.so
@@ -17,6 +18,7 @@ set -euo pipefail
 
 lib=${1:?usage: check_sass.sh path/to/libflashport_cuda.so}
 expected_fwd=8
+expected_fp8=4
 expected_bwd=4
 for dir in "${CUOBJDUMP_DIR:-}" /usr/local/cuda/bin; do
     if [ -n "$dir" ] && [ -x "$dir/cuobjdump" ] && [ -x "$dir/nvdisasm" ]; then
@@ -33,19 +35,28 @@ tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 cuobjdump --dump-sass --gpu-architecture sm_90a "$lib" >"$tmp/sass.txt"
 
-# One line per kernel: name, HGMMA, UTMALDG, REDG and UBLKCP counts.
-awk '/Function : / { name = $3; hg[name] = 0; tma[name] = 0; red[name] = 0; blk[name] = 0 }
+# One line per kernel: name, HGMMA, UTMALDG, REDG, UBLKCP and QGMMA counts.
+awk '/Function : / { name = $3; hg[name] = 0; tma[name] = 0; red[name] = 0; blk[name] = 0; qg[name] = 0 }
      /HGMMA/ { hg[name]++ }
+     /QGMMA/ { qg[name]++ }
      /UTMALDG/ { tma[name]++ }
      /REDG/ { red[name]++ }
      /UBLKCP/ { blk[name]++ }
-     END { for (n in hg) print n, hg[n], tma[n], red[n], blk[n] }' "$tmp/sass.txt" >"$tmp/counts.txt"
+     END { for (n in hg) print n, hg[n], tma[n], red[n], blk[n], qg[n] }' "$tmp/sass.txt" >"$tmp/counts.txt"
 
 status=0
 found=0
+found_fp8=0
 found_bwd=0
-while read -r name hgmma utmaldg redg ublkcp; do
+while read -r name hgmma utmaldg redg ublkcp qgmma; do
     case $name in
+    *fp_sm90_fwd_kernelIh*) # uint8_t inputs: fp8 e4m3
+        found_fp8=$((found_fp8 + 1))
+        if [ "$qgmma" -eq 0 ] || [ "$utmaldg" -eq 0 ]; then
+            echo "check_sass: $name: $qgmma QGMMA, $utmaldg UTMALDG (needs both)" >&2
+            status=1
+        fi
+        ;;
     *fp_sm90_fwd_kernel*)
         found=$((found + 1))
         if [ "$hgmma" -eq 0 ] || [ "$utmaldg" -eq 0 ]; then
@@ -70,11 +81,13 @@ while read -r name hgmma utmaldg redg ublkcp; do
     esac
 done <"$tmp/counts.txt"
 
-if [ "$found" -ne "$expected_fwd" ] || [ "$found_bwd" -ne "$expected_bwd" ]; then
-    echo "check_sass: $found sm90 forward and $found_bwd backward kernels in $lib, expected" \
-        "$expected_fwd and $expected_bwd" >&2
+if [ "$found" -ne "$expected_fwd" ] || [ "$found_fp8" -ne "$expected_fp8" ] ||
+    [ "$found_bwd" -ne "$expected_bwd" ]; then
+    echo "check_sass: $found sm90 forward, $found_fp8 fp8 forward and $found_bwd backward kernels" \
+        "in $lib, expected $expected_fwd, $expected_fp8 and $expected_bwd" >&2
     status=1
 fi
-[ $status -eq 0 ] && echo "check_sass: $found sm90 forward kernels with HGMMA and UTMALDG, $found_bwd" \
-    "backward kernels with HGMMA, UTMALDG, REDG and UBLKCP"
+[ $status -eq 0 ] && echo "check_sass: $found sm90 forward kernels with HGMMA and UTMALDG, $found_fp8" \
+    "fp8 forward kernels with QGMMA and UTMALDG, $found_bwd backward kernels with HGMMA," \
+    "UTMALDG, REDG and UBLKCP"
 exit $status

@@ -27,6 +27,7 @@
  * FLASHPORT_ERR_UNSUPPORTED_DTYPE).
  */
 #include "backends/cuda/cuda_internal.h"
+#include "core/dtype.h"
 
 #include <stdarg.h>
 #include <stdio.h>
@@ -150,11 +151,14 @@ static void cuda_close(void *ctx)
     free(ctx);
 }
 
-static void cuda_caps(void *ctx, fp_backend_caps *caps)
+static void cuda_caps(void *vctx, fp_backend_caps *caps)
 {
-    (void)ctx;
+    const fp_cuda_ctx *ctx = vctx;
     caps->dtypes_fwd = (1u << FLASHPORT_F16) | (1u << FLASHPORT_BF16);
     caps->dtypes_bwd = caps->dtypes_fwd;
+    /* fp8 e4m3 forward: the sm90 path's kernels, on compute capability 9.0 with TMA */
+    if (ctx && ctx->cc_major == 9 && ctx->cc_minor == 0 && ctx->encode_tiled)
+        caps->dtypes_fwd |= 1u << FLASHPORT_FP8_E4M3;
     caps->max_head_dim = 256;
     caps->head_dim_multiple = 8;
     caps->needs_contiguous_dim = 1;
@@ -323,7 +327,32 @@ static flashport_status cuda_path(fp_cuda_path *path)
  * cache), and the decode shapes fp_cuda_decode_wanted picks unless FLASHPORT_CUDA_PATH=sm80. */
 static int decode_path(const fp_problem *p, fp_cuda_path path)
 {
-    return p->block_table || (path != FP_CUDA_PATH_SM80 && fp_cuda_decode_wanted(p));
+    return !fp_is_fp8(p->dtype) &&
+           (p->block_table || (path != FP_CUDA_PATH_SM80 && fp_cuda_decode_wanted(p)));
+}
+
+/* fp8 forwards run on the sm90 path's e4m3 kernels only, whatever the path setting asks; a call
+ * they cannot serve is refused as a dtype this backend has no kernel for. */
+static flashport_status fp8_forward(const fp_cuda_ctx *ctx, const fp_problem *p, fp_cuda_path path,
+                                    void *ws, size_t *query)
+{
+    const char *why = "the sm90 path has no fp8 kernel for this call";
+    if (path == FP_CUDA_PATH_SM80)
+        why = "FLASHPORT_CUDA_PATH=sm80, and only the sm90 path has fp8 kernels";
+    else if (p->block_table || p->seqused_k)
+        why = "no fp8 kernel reads a KV cache (block_table, seqused_k)";
+    else {
+        const char *declined = NULL;
+        flashport_status st = fp_cuda_sm90_forward(
+            ctx, p, path == FP_CUDA_PATH_SM90 ? "FLASHPORT_CUDA_PATH=sm90" : "auto: fp8", &declined,
+            ws, query);
+        if (!declined)
+            return st;
+        why = declined;
+    }
+    return fp_cuda_refuse(FLASHPORT_ERR_UNSUPPORTED_DTYPE,
+                          "no forward kernel for dtype %s for this call: %s",
+                          p->dtype == FLASHPORT_FP8_E4M3 ? "fp8_e4m3" : "fp8_e5m2", why);
 }
 
 /* A call's path: a forward on the decode kernel for paged caches and decode shapes (every
@@ -341,6 +370,8 @@ static flashport_status cuda_call_path(const fp_cuda_ctx *ctx, const fp_problem 
     if (st != FLASHPORT_OK)
         return st;
     const char *dir = backward ? "backward" : "forward";
+    if (fp_is_fp8(p->dtype)) /* forward only (the core refuses fp8 backward calls) */
+        return fp8_forward(ctx, p, path, ws, query);
     if (!backward && decode_path(p, path)) {
         if (path == FP_CUDA_PATH_SM90 && !query)
             fp_cuda_log("forward: decode kernel (FLASHPORT_CUDA_PATH=sm90, but %s: outside the "
@@ -407,7 +438,8 @@ static flashport_status scratch_bytes(const fp_cuda_ctx *ctx, const fp_problem *
                  : fp_cuda_sm90_forward(ctx, p, "query", &declined, NULL, &k90)) == FLASHPORT_OK &&
             k90 > k)
             k = k90;
-        if ((backward ? fp_cuda_sm80_backward(ctx, p, NULL, &k80)
+        if (!fp_is_fp8(p->dtype) &&
+            (backward ? fp_cuda_sm80_backward(ctx, p, NULL, &k80)
                       : fp_cuda_sm80_forward(ctx, p, NULL, &k80)) == FLASHPORT_OK &&
             k80 > k)
             k = k80;

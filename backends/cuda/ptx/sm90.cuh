@@ -192,6 +192,17 @@ FP_DEV uint64_t fp_wgmma_desc(uint32_t smem_addr, uint32_t lbo_bytes, uint32_t s
            ((uint64_t)((sbo_bytes >> 4) & 0x3fffu) << 32) | ((uint64_t)1 << 62);
 }
 
+/* Four e4m3 codes from f32 (round to nearest even, saturating), a in the lowest byte: the
+ * byte order of a wgmma fp8 A fragment register. (cvt's packed form puts its first source in
+ * the upper half.) */
+FP_DEV uint32_t fp_pack4_e4m3(float a, float b, float c, float d)
+{
+    uint16_t lo = 0, hi = 0;
+    FP_SM90_ASM("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;\n" : "=h"(lo) : "f"(b), "f"(a));
+    FP_SM90_ASM("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;\n" : "=h"(hi) : "f"(d), "f"(c));
+    return (uint32_t)lo | ((uint32_t)hi << 16);
+}
+
 /* ---- registers and barriers ------------------------------------------------------------------ */
 
 template <int N> FP_DEV void fp_setmaxnreg_inc()

@@ -680,7 +680,7 @@ __global__ void __launch_bounds__(128) fp_sm80_fwd_combine(const fp_sm80_args a)
 cudaError_t fp_cuda_fwd_combine(const fp_problem *p, const fp_sm80_args *a, cudaStream_t stream)
 {
     dim3 grid((unsigned)((a->nq + 3) / 4), (unsigned)p->heads, (unsigned)p->batch);
-    if (p->dtype == FLASHPORT_F16)
+    if (p->o_dtype == FLASHPORT_F16) /* o's dtype: the sm90 fp8 kernels' output too */
         fp_sm80_fwd_combine<__half><<<grid, 128, 0, stream>>>(*a);
     else
         fp_sm80_fwd_combine<__nv_bfloat16><<<grid, 128, 0, stream>>>(*a);

@@ -43,6 +43,32 @@ FP_SM90_WGMMA(__half, f16, 64);
 FP_SM90_WGMMA(__half, f16, 256);
 #endif
 
+/* e4m3 x e4m3 wgmma (k32) of one N: ss (A, B from shared memory) and rs (A from registers),
+ * both operands K-major: fp8 wgmma has no transpose, so the P V product reads V^T. */
+template <int N> struct fp_wgmma_e4m3;
+#define FP_SM90_WGMMA_E4M3(N)                                                                      \
+    template <> struct fp_wgmma_e4m3<N> {                                                          \
+        static __device__ __forceinline__ void ss(float (&d)[N / 2], uint64_t a, uint64_t b,       \
+                                                  int acc)                                         \
+        {                                                                                          \
+            if (FP_SM90_DEVICE)                                                                    \
+                fp_wgmma_ss_m64n##N##k32_e4m3(d, a, b, acc);                                       \
+        }                                                                                          \
+        static __device__ __forceinline__ void rs(float (&d)[N / 2], const uint32_t (&a)[4],       \
+                                                  uint64_t b)                                      \
+        {                                                                                          \
+            if (FP_SM90_DEVICE)                                                                    \
+                fp_wgmma_rs_m64n##N##k32_e4m3(d, a, b, 1);                                         \
+        }                                                                                          \
+    }
+#if FP_SM90_DEVICE
+FP_SM90_WGMMA_E4M3(96);
+FP_SM90_WGMMA_E4M3(128);
+FP_SM90_WGMMA_E4M3(192);
+FP_SM90_WGMMA_E4M3(224);
+FP_SM90_WGMMA_E4M3(256);
+#endif
+
 /* wgmma m64n64k16 with A and B from shared memory, both MN-major (the backward's dQ = dS K). */
 template <typename T> FP_DEV void fp_wgmma_ss_tt64(float (&d)[32], uint64_t a, uint64_t b, int acc)
 {
@@ -73,9 +99,10 @@ typedef CUresult (*fp_encode_tiled_fn)(CUtensorMap *, CUtensorMapDataType, cuuin
                                        CUtensorMapSwizzle, CUtensorMapL2promotion,
                                        CUtensorMapFloatOOBfill);
 
-/* A TMA map of a q/k/v-shaped view: (D, tokens, heads, batch), boxes of 64 x box_rows. TMA
- * needs a 16-byte-aligned base and strides that are positive multiples of 16 bytes below 2^40;
- * a dimension of extent 1 never moves, so its stride is replaced by a valid one. */
+/* A TMA map of a q/k/v-shaped view: (D, tokens, heads, batch), boxes of 128 bytes (64 f16 /
+ * bf16 or 128 fp8 elements) x box_rows. TMA needs a 16-byte-aligned base and strides that are
+ * positive multiples of 16 bytes below 2^40; a dimension of extent 1 never moves, so its stride
+ * is replaced by a valid one. */
 static inline bool fp_sm90_tmap(const fp_cuda_ctx *ctx, CUtensorMap *map, const fp_tensor_view &v,
                                 flashport_dtype dt, int64_t d, int64_t tokens, int64_t heads,
                                 int64_t batch, int box_rows, const char **why)
@@ -83,9 +110,11 @@ static inline bool fp_sm90_tmap(const fp_cuda_ctx *ctx, CUtensorMap *map, const 
     const cuuint64_t dims[4] = {(cuuint64_t)d, (cuuint64_t)tokens, (cuuint64_t)heads,
                                 (cuuint64_t)batch};
     const int64_t st[3] = {v.stride[FP_S], v.stride[FP_H], v.stride[FP_B]};
+    const bool fp8 = dt == FLASHPORT_FP8_E4M3 || dt == FLASHPORT_FP8_E5M2;
+    const int esize = fp8 ? 1 : 2;
     cuuint64_t strides[3];
     for (int i = 0; i < 3; ++i) {
-        int64_t bytes = st[i] * 2;
+        int64_t bytes = st[i] * esize;
         if (dims[i + 1] <= 1)
             bytes = 16;
         if (bytes <= 0 || bytes % 16 != 0 || bytes >= ((int64_t)1 << 40)) {
@@ -98,13 +127,14 @@ static inline bool fp_sm90_tmap(const fp_cuda_ctx *ctx, CUtensorMap *map, const 
         *why = "q, k, v or dO is not 16-byte aligned";
         return false;
     }
-    const cuuint32_t box[4] = {64, (cuuint32_t)box_rows, 1, 1};
+    const cuuint32_t box[4] = {(cuuint32_t)(128 / esize), (cuuint32_t)box_rows, 1, 1};
     const cuuint32_t estr[4] = {1, 1, 1, 1};
     const fp_encode_tiled_fn encode = (fp_encode_tiled_fn)ctx->encode_tiled;
+    const CUtensorMapDataType type = fp8                   ? CU_TENSOR_MAP_DATA_TYPE_UINT8
+                                     : dt == FLASHPORT_F16 ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16
+                                                           : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16;
     const CUresult r = encode(
-        map,
-        dt == FLASHPORT_F16 ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 4,
-        v.data, dims, strides, box, estr, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+        map, type, 4, v.data, dims, strides, box, estr, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
         CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
     if (r != CUDA_SUCCESS) {
         *why = "the driver refused a TMA descriptor (cuTensorMapEncodeTiled)";

@@ -23,10 +23,18 @@
  * the warpgroup's own rows of the Q tile (dead once its last Q K^T has landed) and written with
  * 16-byte stores, bounded by the sequence.
  *
+ * fp8 (e4m3 q, k, v; docs/semantics.md "fp8 forward"): the same kernel over 1-byte inputs
+ * (128-column panels, wgmma K = 32). fp8 wgmma reads both operands K-major, so P V needs V^T:
+ * the producer warpgroup's warps 1 .. 3 transpose each V stage into a V^T stage in shared memory
+ * (fp_sm90_transpose_v8; they also run the masked-key guard's scrub), and the consumers wait on
+ * the V^T stages instead. P is rounded to e4m3 from registers; descale_q descale_k ride on the
+ * scale, descale_v on the final 1 / l; O (f16 or bf16) is stored from registers.
+ *
  * Configurations (BM x BN, stages; 2 consumer warpgroups in ping-pong, 384 threads, one block
  * per SM; LAZY: O is rescaled only when a row maximum grows by more than 2^8):
  *   DK = 64: 128 x 128, 2;  DK = 128: 128 x 128, 2, LAZY;  DK = 192: 128 x 96, 2, LAZY;
- *   DK = 256: 128 x 80, 2, LAZY.
+ *   DK = 256: 128 x 80, 2, LAZY;  fp8: DK = 128: 128 x 128, 2, LAZY;  DK = 256: 128 x 96, 2,
+ *   LAZY.
  * Head dims that are multiples of 8 run on the next larger DK; TMA reads the columns past D as
  * zeros. Split-KV (chosen by core/plan.h for shapes that leave SMs idle) writes f32 partials
  * that the sm80 path's combine kernel merges.
@@ -74,7 +82,12 @@ extern "C" flashport_status fp_cuda_sm90_forward(const fp_cuda_ctx *ctx, const f
 #include <math.h>
 #include <stdlib.h>
 
-enum { FP_SM90_BM = 128, FP_SM90_THREADS = 384, FP_SM90_CONSUMER_THREADS = 256 };
+enum {
+    FP_SM90_BM = 128,
+    FP_SM90_THREADS = 384,
+    FP_SM90_CONSUMER_THREADS = 256,
+    FP_SM90_PREPARERS = 96 /* the producer warpgroup's warps 1 .. 3 */
+};
 
 /* One kernel configuration: head dim DK (the kernel's; a multiple of 64), key block BN, ST
  * K / V stages, LAZY rescale (see FP_SM90_RESCALE_SLACK). */
@@ -82,10 +95,18 @@ template <int DK_, int BN_, int ST_, bool LAZY_> struct fp_sm90_cfg {
     static constexpr int DK = DK_, BN = BN_, ST = ST_;
     static constexpr bool LAZY = LAZY_;
     static_assert(DK % 64 == 0 && BN % 16 == 0 && BN <= 256, "tile shape");
-    /* Q, ST K stages, ST V stages, the mbarriers, and 1024 bytes of slack to align the tiles
+    static constexpr int VT_PANELS = (BN + 127) / 128; /* fp8: 128-key panels of V^T */
+    /* Shared memory for inputs of eb bytes: Q, ST K stages, ST V stages (fp8: and ST V^T
+     * stages of DK rows x 128 bytes), the mbarriers, and 1024 bytes of slack to align the tiles
      * to the swizzle atom */
-    static constexpr size_t SMEM =
-        (size_t)(FP_SM90_BM + 2 * ST * BN) * DK * 2 + (1 + 4 * ST) * 8 + 1024;
+    static constexpr size_t smem(int eb)
+    {
+        return (size_t)(FP_SM90_BM + 2 * ST * BN) * DK * eb +
+               (eb == 1 ? (size_t)ST * VT_PANELS * DK * 128 + (1 + 6 * ST) * 8
+                        : (1 + 5 * ST) * 8) +
+               1024;
+    }
+    static constexpr size_t SMEM = smem(2);
 };
 
 /* The configurations, by the kernel's head dim. The rest of each choice was timed against
@@ -96,6 +117,10 @@ typedef fp_sm90_cfg<64, 128, 2, false> fp_sm90_fwd_d64;
 typedef fp_sm90_cfg<128, 128, 2, true> fp_sm90_fwd_d128;
 typedef fp_sm90_cfg<192, 96, 2, true> fp_sm90_fwd_d192;
 typedef fp_sm90_cfg<256, 80, 2, true> fp_sm90_fwd_d256;
+/* fp8 (e4m3) inputs: the P V product reads V^T (DK rows of BN keys, one 128-byte panel), so
+ * BN <= 128 and a multiple of 32 (wgmma's fp8 K); head dims up to 128 run on DK = 128. */
+typedef fp_sm90_cfg<128, 128, 2, true> fp_sm90_fwd8_d128;
+typedef fp_sm90_cfg<256, 96, 2, true> fp_sm90_fwd8_d256;
 
 /* LAZY: O and l are rescaled only when a row's block maximum exceeds the maximum its
  * exponentials use by more than this (log2 units; P stays <= 2^8, within f16), as the sm80
@@ -103,9 +128,73 @@ typedef fp_sm90_cfg<256, 80, 2, true> fp_sm90_fwd_d256;
 #define FP_SM90_RESCALE_SLACK 8.0f
 
 typedef struct fp_sm90_fwd_params {
-    CUtensorMap tq, tk, tv; /* 4-d maps (D, tokens, heads, batch); boxes of 64 x rows */
-    fp_sm80_args a;
+    CUtensorMap tq, tk, tv; /* 4-d maps (D, tokens, heads, batch); boxes of 128 bytes x rows */
+    fp_sm80_args a;         /* fp8: scale and scale_log2 carry descale_q descale_k */
+    float descale_v;        /* fp8: O's factor; 1 otherwise */
 } fp_sm90_fwd_params;
+
+/* The fp8 kernel's V^T, made in shared memory by the producer warpgroup's V preparers (ptid):
+ * wgmma's fp8 B operand must be K-major, and V arrives key-major. vt: VT_PANELS panels of DK
+ * rows x 128 keys. The keys of V^T's rows are permuted within each 16 so that the S
+ * accumulator's registers are the P V A fragment's as they stand: A fragment byte 4 t + q of a
+ * 16-key group (lane t of a quad) holds key 2 t + (q & 1) + 8 (q >> 1), which is where the S
+ * accumulator holds P for the thread. One unit, 16 keys x 32 columns of V, by one warp:
+ * ldmatrix.trans of four 8 x 8 b16 matrices (keys 0-7 / 8-15 x two 16-byte column chunks) gives
+ * each thread keys 2 t, 2 t + 1 (and + 8) of two adjacent columns; byte permutes make the 4-key
+ * words of one column; stmatrix writes them as V^T rows. A warp has X units in flight (their
+ * loads issued before the first one's stores: one unit alone waits out ldmatrix's latency).
+ * GUARD (an edge block, the masked-key guard): e4m3 NaN codes (0x7f, 0xff) become 0 and their
+ * keys are flagged in vmask. */
+template <int DK, int BN, int X, bool GUARD>
+FP_DEV void fp_sm90_transpose_v8(uint32_t raw, uint32_t vt, uint32_t *vmask, int ptid)
+{
+    constexpr int GROUPS = BN / 16, UNITS = GROUPS * (DK / 32), WARPS = FP_SM90_PREPARERS / 32;
+    const int lane = ptid & 31, warp = ptid >> 5;
+    const int mi = lane >> 3, ri = lane & 7, t = lane & 3;
+#pragma unroll 1
+    for (int u0 = warp; u0 < UNITS; u0 += X * WARPS) {
+        uint32_t r[X][4];
+#pragma unroll
+        for (int x = 0; x < X; ++x) {
+            const int u = min(u0 + x * WARPS, UNITS - 1); /* past the end: a repeat, harmless */
+            const int g16 = u % GROUPS, dc = 2 * (u / GROUPS); /* 16-byte column chunk pair */
+            const int key = 16 * g16 + (mi & 1) * 8 + ri, chunk = dc + (mi >> 1);
+            fp_ldsm_x4_t(r[x], raw + (chunk / 8) * BN * 128 + key * 128 +
+                                   (((chunk % 8) ^ (key & 7)) << 4));
+        }
+#pragma unroll
+        for (int x = 0; x < X; ++x) {
+            const int u = min(u0 + x * WARPS, UNITS - 1);
+            const int g16 = u % GROUPS, dc = 2 * (u / GROUPS);
+            uint32_t w[4];
+            w[0] = __byte_perm(r[x][0], r[x][1], 0x6420);
+            w[1] = __byte_perm(r[x][0], r[x][1], 0x7531);
+            w[2] = __byte_perm(r[x][2], r[x][3], 0x6420);
+            w[3] = __byte_perm(r[x][2], r[x][3], 0x7531);
+            if (GUARD) {
+                uint32_t bad = 0;
+#pragma unroll
+                for (int i = 0; i < 4; ++i) {
+                    const uint32_t nan = __vcmpeq4(w[i] & 0x7f7f7f7fu, 0x7f7f7f7fu);
+                    w[i] &= ~nan;
+                    bad |= nan;
+                }
+                if (bad) {
+                    const int k0 = 16 * g16 + 2 * t;
+#pragma unroll
+                    for (int q = 0; q < 4; ++q)
+                        if ((bad >> (8 * q)) & 0xffu) {
+                            const int k = k0 + (q & 1) + 8 * (q >> 1);
+                            atomicOr(&vmask[k >> 5], 1u << (k & 31));
+                        }
+                }
+            }
+            const int d = 16 * (dc + (mi >> 1)) + 2 * ri + (mi & 1); /* this lane's V^T row */
+            fp_stsm_x4(vt + (g16 / 8) * DK * 128 + d * 128 + (((g16 % 8) ^ (d & 7)) << 4), w[0],
+                       w[1], w[2], w[3]);
+        }
+    }
+}
 
 /* Masks one thread's part of a warpgroup's 64 x BN score tile: rows i_lo and i_lo + 8 of the
  * sequence, keys j0 + 8 j + 2 t + e; s[4 j + 2 r + e] is (row r, key 8 j + 2 t + e). Masked
@@ -166,57 +255,63 @@ FP_DEV void fp_sm90_transform(float (&s)[BN / 2], const fp_sm90_xform &x, int i_
 
 /* The masked-key guard (sm80/common.cuh, fp_scrub_tile) on a V stage at generic address v (NP
  * panels of BN rows x 128 bytes; a row's 16-byte chunks stay in its 128-byte row whatever the
- * swizzle): every infinite or NaN element becomes 0, flags[r] says whether row r held one. By
- * the 128 threads of one warpgroup (wtid); a row's 8 chunks of a panel are 8 consecutive lanes.
- * *bad_rows counts the flagged rows, ever growing: a reader that saw no change since its last look
- * knows no flag is set. */
+ * swizzle): every infinite or NaN element becomes 0, and the bit of its key is set in vmask. By
+ * the producer warpgroup's 96 V preparers (ptid). */
 template <typename T, int BN, int NP>
-FP_DEV void fp_sm90_scrub_v(unsigned char *v, uint8_t *flags, unsigned *bad_rows, int wtid)
+FP_DEV void fp_sm90_scrub_v(unsigned char *v, uint32_t *vmask, int ptid)
 {
-    static_assert((BN * 8) % 128 == 0, "the stage splits evenly over a warpgroup");
 #pragma unroll 1
-    for (int it = 0; it < BN * 8 / 128; ++it) {
-        const int idx = it * 128 + wtid; /* row idx / 8, chunk idx % 8 */
+    for (int idx = ptid; idx < BN * 8; idx += FP_SM90_PREPARERS) { /* row idx / 8 */
         bool bad = false;
-#pragma unroll
-        for (int p = 0; p < NP; ++p) {
+#pragma unroll 1
+        for (int p = 0; p < NP; ++p)
             bad |= fp_scrub_chunk<T>(reinterpret_cast<uint4 *>(v + p * BN * 128 + idx * 16));
-        }
-        uint32_t any = bad ? 1u : 0u;
-        any |= __shfl_xor_sync(0xffffffffu, any, 1);
-        any |= __shfl_xor_sync(0xffffffffu, any, 2);
-        any |= __shfl_xor_sync(0xffffffffu, any, 4);
-        if ((idx & 7) == 0) {
-            flags[idx / 8] = (uint8_t)any;
-            if (any)
-                atomicAdd(bad_rows, 1u);
-        }
+        if (bad)
+            atomicOr(&vmask[idx / 8 / 32], 1u << (idx / 8 % 32));
     }
 }
 
 // q, o: (B, Nq, H, D); k, v: (B, Nk, Hkv, D); lse: (B, H, Nq); grid (q blocks, H, B * splits)
-template <typename T, typename CFG>
+// TI: the inputs' type (f16, bf16, or e4m3 as uint8_t); TO: o's (f16 or bf16)
+template <typename TI, typename TO, typename CFG>
 __global__ void __launch_bounds__(FP_SM90_THREADS, 1)
     fp_sm90_fwd_kernel(const __grid_constant__ fp_sm90_fwd_params prm)
 {
 #if FP_SM90_DEVICE
     constexpr int BM = FP_SM90_BM, DK = CFG::DK, BN = CFG::BN, ST = CFG::ST;
     constexpr bool LAZY = CFG::LAZY;
-    constexpr int NP = DK / 64;                /* 64-column panels of a tile */
-    constexpr uint32_t KV_BYTES = BN * DK * 2; /* one K or V stage */
+    constexpr int EB = sizeof(TI);                  /* bytes per input element */
+    constexpr bool FP8 = EB == 1;
+    constexpr int NP = DK * EB / 128;               /* 128-byte panels of a tile */
+    constexpr int KSTEPS = DK * EB / 32;            /* Q K^T wgmma steps (32 bytes of K each) */
+    constexpr int PK = FP8 ? 32 : 16;               /* P V wgmma K */
+    constexpr uint32_t KV_BYTES = BN * DK * EB;     /* one K or V stage */
+    constexpr uint32_t VT_BYTES = FP8 ? CFG::VT_PANELS * DK * 128 : 0; /* one V^T stage (fp8) */
+    constexpr int VM_WORDS = (BN + 31) / 32; /* vmask words of a stage */
+    static_assert(!FP8 || BN % 32 == 0, "fp8 tiles: whole wgmma K steps of keys");
     const fp_sm80_args &a = prm.a;
 
     extern __shared__ unsigned char fp_smem_raw[];
     const uint32_t raw = fp_smem_addr(fp_smem_raw);
     const uint32_t sq = (raw + 1023u) & ~1023u;
     unsigned char *const gq = fp_smem_raw + (sq - raw); /* generic pointer to the Q tile */
-    const uint32_t sk = sq + BM * DK * 2, sv = sk + ST * KV_BYTES;
-    const uint32_t bars = sv + ST * KV_BYTES;
+    const uint32_t sk = sq + BM * DK * EB, sv = sk + ST * KV_BYTES, svt = sv + ST * KV_BYTES;
+    const uint32_t bars = svt + ST * VT_BYTES;
     const uint32_t q_full = bars;
     auto k_full = [&](int s) { return bars + 8u * (1 + s); };
     auto v_full = [&](int s) { return bars + 8u * (1 + ST + s); };
     auto k_empty = [&](int s) { return bars + 8u * (1 + 2 * ST + s); };
     auto v_empty = [&](int s) { return bars + 8u * (1 + 3 * ST + s); };
+    /* The V preparers' work on stage s is done: the V^T stage is made (fp8), or the V stage is
+     * scrubbed (f16 / bf16 edge blocks) or looked at (other blocks). Every block passes through
+     * them, so that their waits on v_full follow its phases one by one. */
+    auto pv_ready = [&](int s) { return bars + 8u * (1 + 4 * ST + s); };
+    auto vt_empty = [&](int s) { return bars + 8u * (1 + 5 * ST + s); }; /* fp8 */
+    /* the consumers are done with the P V operand: V (f16 / bf16) or V^T (fp8) */
+    auto pv_empty = [&](int s) { return FP8 ? vt_empty(s) : v_empty(s); };
+    /* The masked-key guard's flags: the keys of a stage's edge block whose V row held a
+     * non-finite element (up to 128 keys, bit k of word k / 32) */
+    __shared__ uint32_t vmask[ST][VM_WORDS];
 
     const int tid = threadIdx.x, wg = tid >> 7, wtid = tid & 127;
     const int qblk = a.reverse ? gridDim.x - 1 - blockIdx.x : blockIdx.x;
@@ -235,6 +330,16 @@ __global__ void __launch_bounds__(FP_SM90_THREADS, 1)
         nb_end = min(nb_end, (split + 1) * per);
     }
     const int n = max(nb_end - nb_begin, 0);
+    /* Key blocks every row of the query block sees whole take no per-element mask and no guard;
+     * the others are its edge blocks. */
+    int full_lo, full_hi;
+    {
+        int64_t lo, hi;
+        fp_mask_full_range(m0, min(m0 + BM, nq), nq, nk, a.left, a.right, &lo, &hi);
+        full_lo = (int)lo;
+        full_hi = (int)max(hi, (int64_t)0);
+    }
+    auto block_full = [&](int j0) { return j0 >= full_lo && j0 + BN <= full_hi; };
 
     if (tid == 0) {
         fp_mbar_init(q_full, 1);
@@ -242,15 +347,61 @@ __global__ void __launch_bounds__(FP_SM90_THREADS, 1)
             fp_mbar_init(k_full(s), 1);
             fp_mbar_init(v_full(s), 1);
             fp_mbar_init(k_empty(s), FP_SM90_CONSUMER_THREADS);
-            fp_mbar_init(v_empty(s), FP_SM90_CONSUMER_THREADS);
+            fp_mbar_init(v_empty(s), FP8 ? FP_SM90_PREPARERS : FP_SM90_CONSUMER_THREADS);
+            fp_mbar_init(pv_ready(s), FP_SM90_PREPARERS);
+            if (FP8)
+                fp_mbar_init(vt_empty(s), FP_SM90_CONSUMER_THREADS);
         }
         fp_mbar_fence_init();
     }
     __syncthreads();
 
     if (wg == 0) {
-        /* ---- producer: one thread issues every TMA load ---- */
-        fp_setmaxnreg_dec<24>();
+        /* ---- producer warpgroup: thread 0 issues every TMA load; warps 1 .. 3 (the V
+         * preparers) make V^T (fp8) and run the masked-key guard's scrub ---- */
+        /* 128 x 24 + 256 x 240 = 128 x 40 + 256 x 232 = the block's 384 x 168 */
+        if (FP8)
+            fp_setmaxnreg_dec<40>(); /* the transposers' registers */
+        else
+            fp_setmaxnreg_dec<24>();
+        if (wtid >= 32 && n > 0) {
+            const int ptid = wtid - 32;
+            for (int it = 0; it < n; ++it) {
+                const int nb = nb_end - 1 - it, s = it % ST, j0 = nb * BN;
+                const uint32_t ph = (it / ST) & 1;
+                /* The masked-key guard (sm80/common.cuh). In a key block that some row of this
+                 * query block sees only in part (an edge block: the diagonal of a causal mask,
+                 * a sequence's last block, whose tail TMA fills with the next varlen sequence's
+                 * tokens), a masked P of 0 would meet that key's V row in P V, and 0 x NaN is
+                 * NaN: there the V operand's non-finite elements become 0 and their keys are
+                 * flagged, and the consumers give the rows that see a flagged key O = NaN, the
+                 * value a non-finite V element gives the rows that see it. */
+                const bool edge = !block_full(j0);
+                fp_mbar_wait(v_full(s), ph);
+                if (FP8)
+                    fp_mbar_wait(vt_empty(s), ph ^ 1);
+                if (edge) { /* the consumers are done with vmask[s] (the waits above) */
+                    if (ptid < VM_WORDS)
+                        vmask[s][ptid] = 0;
+                    fp_named_bar_sync(5, FP_SM90_PREPARERS);
+                }
+                if constexpr (FP8) {
+                    /* units in flight: as many as the producer's 40 registers hold */
+                    if (edge)
+                        fp_sm90_transpose_v8<DK, BN, 2, true>(sv + s * KV_BYTES, svt + s * VT_BYTES,
+                                                              vmask[s], ptid);
+                    else
+                        fp_sm90_transpose_v8<DK, BN, (DK >= 256 ? 4 : 3), false>(
+                            sv + s * KV_BYTES, svt + s * VT_BYTES, vmask[s], ptid);
+                    fp_mbar_arrive(v_empty(s));
+                } else if (edge) {
+                    fp_sm90_scrub_v<TI, BN, NP>(gq + (sv - sq) + s * KV_BYTES, vmask[s], ptid);
+                }
+                if (FP8 || edge)
+                    fp_fence_proxy_async_smem(); /* generic writes, before wgmma reads them */
+                fp_mbar_arrive(pv_ready(s));
+            }
+        }
         if (wtid == 0 && n > 0) {
             fp_tma_prefetch_desc(&prm.tq);
             fp_tma_prefetch_desc(&prm.tk);
@@ -258,10 +409,12 @@ __global__ void __launch_bounds__(FP_SM90_THREADS, 1)
             /* varlen maps are (D, packed tokens, heads, 1): the batch coordinate is 0 */
             const int qb = a.cu_q ? 0 : b, kvh = h / a.group;
             const int q_row = (int)seq.q_start + m0, k_row = (int)seq.k_start;
-            fp_mbar_arrive_expect_tx(q_full, BM * DK * 2);
+            constexpr int PCOLS = 128 / EB; /* columns of a 128-byte panel */
+            fp_mbar_arrive_expect_tx(q_full, BM * DK * EB);
 #pragma unroll
             for (int p = 0; p < NP; ++p)
-                fp_tma_load_4d(sq + p * BM * 128, &prm.tq, q_full, 64 * p, q_row, h, qb);
+                fp_tma_load_4d(sq + p * BM * 128, &prm.tq, q_full, PCOLS * p, q_row, h, qb);
+#pragma unroll 1 /* within the producer's 24 registers */
             for (int it = 0; it < n; ++it) {
                 const int nb = nb_end - 1 - it, s = it % ST;
                 const uint32_t ph = (it / ST) & 1;
@@ -269,19 +422,22 @@ __global__ void __launch_bounds__(FP_SM90_THREADS, 1)
                 fp_mbar_arrive_expect_tx(k_full(s), KV_BYTES);
 #pragma unroll
                 for (int p = 0; p < NP; ++p)
-                    fp_tma_load_4d(sk + s * KV_BYTES + p * BN * 128, &prm.tk, k_full(s), 64 * p,
-                                   k_row + nb * BN, kvh, qb);
+                    fp_tma_load_4d(sk + s * KV_BYTES + p * BN * 128, &prm.tk, k_full(s),
+                                   PCOLS * p, k_row + nb * BN, kvh, qb);
                 fp_mbar_wait(v_empty(s), ph ^ 1);
                 fp_mbar_arrive_expect_tx(v_full(s), KV_BYTES);
 #pragma unroll
                 for (int p = 0; p < NP; ++p)
-                    fp_tma_load_4d(sv + s * KV_BYTES + p * BN * 128, &prm.tv, v_full(s), 64 * p,
-                                   k_row + nb * BN, kvh, qb);
+                    fp_tma_load_4d(sv + s * KV_BYTES + p * BN * 128, &prm.tv, v_full(s),
+                                   PCOLS * p, k_row + nb * BN, kvh, qb);
             }
         }
     } else {
         /* ---- consumers: warpgroup w owns rows 64 w .. 64 w + 63 of each query block ---- */
-        fp_setmaxnreg_inc<240>();
+        if (FP8)
+            fp_setmaxnreg_inc<232>();
+        else
+            fp_setmaxnreg_inc<240>();
         const int w = wg - 1, warp = wtid >> 5, lane = tid & 31;
         const int g = lane >> 2, t = lane & 3;
         const int row_in = 64 * w + 16 * warp + g; /* this thread's rows: row_in, row_in + 8 */
@@ -291,32 +447,52 @@ __global__ void __launch_bounds__(FP_SM90_THREADS, 1)
         auto qk = [&](float(&s)[BN / 2], int stage) {
             fp_wgmma_fence();
 #pragma unroll
-            for (int kk = 0; kk < DK / 16; ++kk) {
-                const uint32_t off = (kk % 4) * 32; /* 16 columns = 32 bytes into the panel */
+            for (int kk = 0; kk < KSTEPS; ++kk) {
+                const uint32_t off = (kk % 4) * 32; /* 32 bytes into the panel */
                 const uint64_t da = fp_wgmma_desc(q_rows + (kk / 4) * BM * 128 + off, 16, 1024);
                 const uint64_t db =
                     fp_wgmma_desc(sk + stage * KV_BYTES + (kk / 4) * BN * 128 + off, 16, 1024);
-                fp_wgmma<T, BN>::ss(s, da, db, kk > 0);
+                if constexpr (FP8)
+                    fp_wgmma_e4m3<BN>::ss(s, da, db, kk > 0);
+                else
+                    fp_wgmma<TI, BN>::ss(s, da, db, kk > 0);
             }
             fp_wgmma_commit();
         };
-        /* O += P V of the V tile in stage s (issued, not waited for) */
-        auto pv = [&](float(&o)[DK / 2], const uint32_t(&pa)[BN / 16][4], int stage) {
+        /* O += P V of the V (V^T) tile in stage s (issued, not waited for) */
+        auto pv = [&](float(&o)[DK / 2], const uint32_t(&pa)[BN / PK][4], int stage) {
             fp_wgmma_fence();
 #pragma unroll
-            for (int kk = 0; kk < BN / 16; ++kk)
-                fp_wgmma<T, DK>::rs(
-                    o, pa[kk],
-                    fp_wgmma_desc(sv + stage * KV_BYTES + kk * 16 * 128, BN * 128, 1024));
+            for (int kk = 0; kk < BN / PK; ++kk) {
+                if constexpr (FP8)
+                    fp_wgmma_e4m3<DK>::rs(
+                        o, pa[kk],
+                        fp_wgmma_desc(svt + stage * VT_BYTES + (kk / 4) * DK * 128 + (kk % 4) * 32,
+                                      16, 1024));
+                else
+                    fp_wgmma<TI, DK>::rs(
+                        o, pa[kk],
+                        fp_wgmma_desc(sv + stage * KV_BYTES + kk * 16 * 128, BN * 128, 1024));
+            }
             fp_wgmma_commit();
         };
-        auto pack_p = [&](uint32_t(&pa)[BN / 16][4], const float(&s)[BN / 2]) {
+        /* P from the S accumulator to the A fragments (fp8: V^T's key order makes the
+         * accumulator's 4 values of a row per 16 keys one register, fp_sm90_transpose_v8) */
+        auto pack_p = [&](uint32_t(&pa)[BN / PK][4], const float(&s)[BN / 2]) {
 #pragma unroll
-            for (int kk = 0; kk < BN / 16; ++kk) {
-                pa[kk][0] = fp_pack2<T>(s[8 * kk + 0], s[8 * kk + 1]);
-                pa[kk][1] = fp_pack2<T>(s[8 * kk + 2], s[8 * kk + 3]);
-                pa[kk][2] = fp_pack2<T>(s[8 * kk + 4], s[8 * kk + 5]);
-                pa[kk][3] = fp_pack2<T>(s[8 * kk + 6], s[8 * kk + 7]);
+            for (int kk = 0; kk < BN / PK; ++kk) {
+                if constexpr (FP8) {
+                    const float *c = s + 16 * kk;
+                    pa[kk][0] = fp_pack4_e4m3(c[0], c[1], c[4], c[5]);
+                    pa[kk][1] = fp_pack4_e4m3(c[2], c[3], c[6], c[7]);
+                    pa[kk][2] = fp_pack4_e4m3(c[8], c[9], c[12], c[13]);
+                    pa[kk][3] = fp_pack4_e4m3(c[10], c[11], c[14], c[15]);
+                } else {
+                    pa[kk][0] = fp_pack2<TI>(s[8 * kk + 0], s[8 * kk + 1]);
+                    pa[kk][1] = fp_pack2<TI>(s[8 * kk + 2], s[8 * kk + 3]);
+                    pa[kk][2] = fp_pack2<TI>(s[8 * kk + 4], s[8 * kk + 5]);
+                    pa[kk][3] = fp_pack2<TI>(s[8 * kk + 6], s[8 * kk + 7]);
+                }
             }
         };
         /* Ping-pong: the two warpgroups take turns issuing their matrix products; each turn
@@ -350,40 +526,27 @@ __global__ void __launch_bounds__(FP_SM90_THREADS, 1)
             fp_softmax_init(&st[0]);
             fp_softmax_init(&st[1]);
 
-            /* The masked-key guard (sm80/common.cuh). In a key block that some row of this
-             * query block sees only in part (an edge block: the diagonal of a causal mask, a
-             * sequence's last block, whose tail TMA fills with the next varlen sequence's
-             * tokens), a masked P of 0 would meet that key's V row in P V, and 0 x NaN is NaN.
-             * There warpgroup 0, whose turn comes first, scrubs the V stage in its turn before
-             * its P V (generic writes, then fence.proxy.async for the wgmma reads of both
-             * warpgroups; warpgroup 1's turn begins after it) and flags the keys (vflag);
-             * in its own turn each warpgroup marks its rows that see a flagged key (rowbad,
-             * one thread per row), and those rows end with O = NaN, the value a non-finite V
-             * element gives the rows that see it. Other blocks skip it. */
-            __shared__ uint8_t vflag[BN], rowbad[FP_SM90_BM];
-            __shared__ unsigned vbad_rows;            /* flagged V rows so far (fp_sm90_scrub_v) */
-            unsigned vbad_seen = 0;                   /* this thread's last look at it */
-            unsigned char *const gv = gq + (sv - sq); /* generic pointer to the V stages */
+            /* Waits until the V preparers are done with the P V operand of block it_ (V^T, or
+             * V, scrubbed in edge blocks). In edge blocks, the rows of this warpgroup that see
+             * a key the guard flagged are marked (rowbad, one thread per row): they end with
+             * O = NaN. */
+            __shared__ uint8_t rowbad[FP_SM90_BM];
             if (wtid < 64)
                 rowbad[64 * w + wtid] = 0;
-            if (w == 0 && wtid == 0)
-                vbad_rows = 0;
-            auto guard_v = [&](int it_) {
-                const int nb = nb_end - 1 - it_, j0 = nb * BN;
-                if (fp_mask_block_full(m0, rows_end, j0, j0 + BN, nq, nk, a.left, a.right))
-                    return;
-                if (w == 0) {
-                    fp_sm90_scrub_v<T, BN, NP>(gv + (it_ % ST) * KV_BYTES, vflag, &vbad_rows, wtid);
-                    fp_fence_proxy_async_smem();
-                    fp_named_bar_sync(1, 128);
-                }
-                const unsigned now = *(volatile unsigned *)&vbad_rows;
-                if (wtid < 64 && now != vbad_seen) { /* a row of this block was flagged */
-                    vbad_seen = now;
+            auto wait_pv = [&](int it_) {
+                const int stage = it_ % ST, j0 = (nb_end - 1 - it_) * BN;
+                fp_mbar_wait(pv_ready(stage), (it_ / ST) & 1);
+                const bool edge = !block_full(j0);
+                const uint32_t *vm = vmask[stage];
+                uint32_t any = 0;
+#pragma unroll
+                for (int i = 0; i < VM_WORDS; ++i)
+                    any |= vm[i];
+                if (edge && wtid < 64 && any) {
                     const fp_mask_row mr = fp_mask32_row(mk, m0 + 64 * w + wtid, j0);
                     bool bad = false;
                     for (int c = max(mr.lo, 0); c < min(mr.hi, BN); ++c)
-                        bad |= vflag[c] != 0;
+                        bad |= ((vm[c >> 5] >> (c & 31)) & 1u) != 0;
                     if (bad)
                         rowbad[64 * w + wtid] = 1;
                 }
@@ -396,7 +559,7 @@ __global__ void __launch_bounds__(FP_SM90_THREADS, 1)
                 const int j0 = nb * BN;
                 if (a.transform)
                     fp_sm90_transform<BN>(s, xf, i_lo, j0, t);
-                if (!fp_mask_block_full(m0, rows_end, j0, j0 + BN, nq, nk, a.left, a.right))
+                if (!block_full(j0))
                     fp_sm90_mask<BN>(s, mk, i_lo, j0, t);
                 float mxs[2];
                 bool grow = false;
@@ -433,7 +596,7 @@ __global__ void __launch_bounds__(FP_SM90_THREADS, 1)
                     fp_named_bar_arrive(3, 256);
                 fp_mbar_wait(q_full, 0);
                 float s[BN / 2];
-                uint32_t pa[BN / 16][4];
+                uint32_t pa[BN / PK][4];
                 float alpha[2];
                 turn_begin();
                 fp_mbar_wait(k_full(0), 0);
@@ -449,8 +612,7 @@ __global__ void __launch_bounds__(FP_SM90_THREADS, 1)
                     turn_begin();
                     fp_mbar_wait(k_full(cur % ST), (cur / ST) & 1);
                     qk(s, cur % ST);
-                    fp_mbar_wait(v_full(prev % ST), (prev / ST) & 1);
-                    guard_v(prev);
+                    wait_pv(prev);
                     pv(o, pa, prev % ST);
                     turn_end(false);
                     fp_wgmma_wait<1>(); /* S (it) has landed; P V (it - 1) may still run */
@@ -460,7 +622,7 @@ __global__ void __launch_bounds__(FP_SM90_THREADS, 1)
                     fp_wgmma_wait<0>();
                     fp_wgmma_fence_regs(o);
                     fp_fence_u32(pa);
-                    fp_mbar_arrive(v_empty(prev % ST));
+                    fp_mbar_arrive(pv_empty(prev % ST));
                     if (rescale) {
 #pragma unroll
                         for (int j = 0; j < DK / 8; ++j) {
@@ -474,13 +636,12 @@ __global__ void __launch_bounds__(FP_SM90_THREADS, 1)
                 }
                 const int last = n - 1;
                 turn_begin();
-                fp_mbar_wait(v_full(last % ST), (last / ST) & 1);
-                guard_v(last);
+                wait_pv(last);
                 pv(o, pa, last % ST);
                 turn_end(true);
                 fp_wgmma_wait<0>();
                 fp_wgmma_fence_regs(o);
-                fp_mbar_arrive(v_empty(last % ST));
+                fp_mbar_arrive(pv_empty(last % ST));
             }
 
             /* Finalize: O = acc / l, LSE = m + log l (natural log); rows that saw nothing: 0,
@@ -490,7 +651,7 @@ __global__ void __launch_bounds__(FP_SM90_THREADS, 1)
 #pragma unroll
             for (int r = 0; r < 2; ++r) {
                 st[r].l = fp_quad_sum(st[r].l);
-                fac[r] = rowbad[row_in + 8 * r] ? NAN : fp_cuda_out_scale(&st[r]);
+                fac[r] = rowbad[row_in + 8 * r] ? NAN : fp_cuda_out_scale(&st[r]) * (FP8 ? prm.descale_v : 1.0f);
                 lse[r] = fp_cuda_lse_exp2(&st[r]);
             }
             const int r0 = m0 + 64 * w, nrows = min(64, nq - r0), nch = a.d / 8;
@@ -512,10 +673,26 @@ __global__ void __launch_bounds__(FP_SM90_THREADS, 1)
                         a.lse_part[rows * a.nq + i] = lse[r];
                 }
             } else {
-                T *og = reinterpret_cast<T *>(const_cast<void *>(a.o.ptr)) +
-                        fp_cuda_row(a.o, b, seq.q_start + r0, h);
+                TO *og = reinterpret_cast<TO *>(const_cast<void *>(a.o.ptr)) +
+                         fp_cuda_row(a.o, b, seq.q_start + r0, h);
                 constexpr int CH = DK / 8;
-                if (n > 0) {
+                if (FP8 && n > 0) {
+                    /* The Q tile (fp8) is too small to stage O: 4-byte stores from registers,
+                     * a quad's 16 bytes of a row per column group. */
+#pragma unroll
+                    for (int r = 0; r < 2; ++r) {
+                        const int row = 16 * warp + g + 8 * r; /* within the warpgroup's 64 */
+                        if (row >= nrows)
+                            continue;
+#pragma unroll
+                        for (int j = 0; j < DK / 8; ++j)
+                            if (8 * j < a.d)
+                                *reinterpret_cast<uint32_t *>(og + (int64_t)row * a.o.ss + 8 * j +
+                                                              2 * t) =
+                                    fp_pack2<TO>(o[4 * j + 2 * r] * fac[r],
+                                                 o[4 * j + 2 * r + 1] * fac[r]);
+                    }
+                } else if (n > 0) {
                     /* Stage O in this warpgroup's rows of the Q tile (same swizzled panels),
                      * then 16-byte rows to global memory. */
 #pragma unroll
@@ -525,7 +702,7 @@ __global__ void __launch_bounds__(FP_SM90_THREADS, 1)
                             const int row = 16 * warp + g + 8 * r; /* within the warpgroup's 64 */
                             unsigned char *dst = gq + (j / 8) * BM * 128 + (64 * w + row) * 128 +
                                                  (((j % 8) ^ (row & 7)) << 4) + 4 * t;
-                            *reinterpret_cast<uint32_t *>(dst) = fp_pack2<T>(
+                            *reinterpret_cast<uint32_t *>(dst) = fp_pack2<TO>(
                                 o[4 * j + 2 * r] * fac[r], o[4 * j + 2 * r + 1] * fac[r]);
                         }
                     fp_named_bar_sync(1 + w, 128);
@@ -563,16 +740,16 @@ __global__ void __launch_bounds__(FP_SM90_THREADS, 1)
 
 /* ---- host ---------------------------------------------------------------------------------- */
 
-template <typename T, typename CFG>
+template <typename TI, typename TO, typename CFG>
 static flashport_status fp_sm90_launch(const fp_cuda_ctx *ctx, const fp_problem *p,
                                        fp_sm90_fwd_params &prm, const char *why_path, void *ws,
                                        size_t *query)
 {
     constexpr int DK = CFG::DK, BN = CFG::BN;
-    constexpr size_t smem = CFG::SMEM;
+    constexpr size_t smem = CFG::smem(sizeof(TI));
     fp_sm80_args &a = prm.a;
     const cudaStream_t stream = ctx->stream;
-    void (*kernel)(const fp_sm90_fwd_params) = fp_sm90_fwd_kernel<T, CFG>;
+    void (*kernel)(const fp_sm90_fwd_params) = fp_sm90_fwd_kernel<TI, TO, CFG>;
     cudaError_t e =
         cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
     if (e != cudaSuccess) {
@@ -607,9 +784,10 @@ static flashport_status fp_sm90_launch(const fp_cuda_ctx *ctx, const fp_problem 
     dim3 grid((unsigned)plan.num_q_blocks, (unsigned)p->heads, (unsigned)(p->batch * a.splits));
     kernel<<<grid, FP_SM90_THREADS, smem, stream>>>(prm);
     e = cudaGetLastError();
-    fp_cuda_log("forward: sm90 D%d kernel (TMA + wgmma, BM %d, BN %d, %d stages, 2 consumer "
+    fp_cuda_log("forward: sm90 D%d %skernel (TMA + wgmma, BM %d, BN %d, %d stages, 2 consumer "
                 "warpgroups, ping-pong%s) for D=%lld, grid %ux%ux%u, %d split(s); %s",
-                DK, FP_SM90_BM, BN, CFG::ST, CFG::LAZY ? ", lazy rescale" : "",
+                DK, sizeof(TI) == 1 ? "fp8 e4m3 (V^T in shared memory) " : "", FP_SM90_BM, BN,
+                CFG::ST, CFG::LAZY ? ", lazy rescale" : "",
                 (long long)p->head_dim, grid.x, grid.y, grid.z, a.splits, why_path);
     if (e == cudaSuccess && a.splits > 1)
         e = fp_cuda_fwd_combine(p, &a, stream);
@@ -619,14 +797,14 @@ static flashport_status fp_sm90_launch(const fp_cuda_ctx *ctx, const fp_problem 
 
 /* query: the split-KV bytes of this configuration, whether or not TMA can read the tensors
  * (cuda_backend.c sizes the scratch for either path), and *declined as a run would set it. */
-template <typename T, typename CFG>
+template <typename TI, typename TO, typename CFG>
 static flashport_status fp_sm90_run(const fp_cuda_ctx *ctx, const fp_problem *p, const char *why,
                                     const char **declined, void *ws, size_t *query)
 {
     fp_sm90_fwd_params prm;
     if (query) {
         fp_sm80_fill_args(p, &prm.a);
-        flashport_status st = fp_sm90_launch<T, CFG>(ctx, p, prm, why, NULL, query);
+        flashport_status st = fp_sm90_launch<TI, TO, CFG>(ctx, p, prm, why, NULL, query);
         if (st != FLASHPORT_OK)
             return st;
     }
@@ -643,7 +821,14 @@ static flashport_status fp_sm90_run(const fp_cuda_ctx *ctx, const fp_problem *p,
     if (query)
         return FLASHPORT_OK;
     fp_sm80_fill_args(p, &prm.a);
-    return fp_sm90_launch<T, CFG>(ctx, p, prm, why, ws, NULL);
+    prm.descale_v = 1.0f;
+    if (sizeof(TI) == 1) { /* fp8: S = scale descale_q descale_k Q K^T, O = descale_v P V / l */
+        const float dqk = p->descale_q * p->descale_k;
+        prm.a.scale *= dqk;
+        prm.a.scale_log2 *= dqk;
+        prm.descale_v = p->descale_v;
+    }
+    return fp_sm90_launch<TI, TO, CFG>(ctx, p, prm, why, ws, NULL);
 }
 
 template <typename T>
@@ -652,12 +837,23 @@ static flashport_status fp_sm90_dispatch(const fp_cuda_ctx *ctx, const fp_proble
                                          size_t *query)
 {
     if (p->head_dim <= 64)
-        return fp_sm90_run<T, fp_sm90_fwd_d64>(ctx, p, why, declined, ws, query);
+        return fp_sm90_run<T, T, fp_sm90_fwd_d64>(ctx, p, why, declined, ws, query);
     if (p->head_dim <= 128)
-        return fp_sm90_run<T, fp_sm90_fwd_d128>(ctx, p, why, declined, ws, query);
+        return fp_sm90_run<T, T, fp_sm90_fwd_d128>(ctx, p, why, declined, ws, query);
     if (p->head_dim <= 192)
-        return fp_sm90_run<T, fp_sm90_fwd_d192>(ctx, p, why, declined, ws, query);
-    return fp_sm90_run<T, fp_sm90_fwd_d256>(ctx, p, why, declined, ws, query);
+        return fp_sm90_run<T, T, fp_sm90_fwd_d192>(ctx, p, why, declined, ws, query);
+    return fp_sm90_run<T, T, fp_sm90_fwd_d256>(ctx, p, why, declined, ws, query);
+}
+
+/* fp8 e4m3 inputs, o in TO */
+template <typename TO>
+static flashport_status fp_sm90_dispatch_fp8(const fp_cuda_ctx *ctx, const fp_problem *p,
+                                             const char *why, const char **declined, void *ws,
+                                             size_t *query)
+{
+    if (p->head_dim <= 128)
+        return fp_sm90_run<uint8_t, TO, fp_sm90_fwd8_d128>(ctx, p, why, declined, ws, query);
+    return fp_sm90_run<uint8_t, TO, fp_sm90_fwd8_d256>(ctx, p, why, declined, ws, query);
 }
 
 /* The driver's cuTensorMapEncodeTiled, through the runtime (the plugin links no libcuda). */
@@ -680,7 +876,8 @@ extern "C" flashport_status fp_cuda_sm90_forward(const fp_cuda_ctx *ctx, const f
     *declined = NULL;
     if (query)
         *query = 0;
-    if (p->block_table || p->seqused_k || fp_cuda_decode_wanted(p)) {
+    const bool fp8 = p->dtype == FLASHPORT_FP8_E4M3;
+    if (p->block_table || p->seqused_k || (!fp8 && fp_cuda_decode_wanted(p))) {
         *declined = p->block_table ? "a paged KV cache runs on the decode kernel"
                     : p->seqused_k ? "the sm90 path does not read seqused_k"
                                    : "decode shapes run on the decode kernel";
@@ -696,6 +893,14 @@ extern "C" flashport_status fp_cuda_sm90_forward(const fp_cuda_ctx *ctx, const f
     }
     if (ctx->smem_optin < fp_sm90_fwd_d256::SMEM) {
         *declined = "the sm90 kernels need more shared memory per block than this device allows";
+        return FLASHPORT_OK;
+    }
+    if (fp8)
+        return p->o_dtype == FLASHPORT_F16
+                   ? fp_sm90_dispatch_fp8<__half>(ctx, p, why, declined, ws, query)
+                   : fp_sm90_dispatch_fp8<__nv_bfloat16>(ctx, p, why, declined, ws, query);
+    if (p->dtype == FLASHPORT_FP8_E5M2) {
+        *declined = "the sm90 path has fp8 kernels for e4m3 only";
         return FLASHPORT_OK;
     }
     if (p->dtype == FLASHPORT_F16)

@@ -254,20 +254,38 @@ FP_DEV void fp_sm90_transform(float (&s)[BN / 2], const fp_sm90_xform &x, int i_
 }
 
 /* The masked-key guard (sm80/common.cuh, fp_scrub_tile) on a V stage at generic address v (NP
- * panels of BN rows x 128 bytes; a row's 16-byte chunks stay in its 128-byte row whatever the
- * swizzle): every infinite or NaN element becomes 0, and the bit of its key is set in vmask. By
- * the producer warpgroup's 96 V preparers (ptid). */
-template <typename T, int BN, int NP>
+ * panels of BN rows x 128 bytes, contiguous; a row's 16-byte chunks stay in its 128-byte row
+ * whatever the swizzle): every infinite or NaN element becomes 0, and the bit of its key is set
+ * in vmask. By the producer warpgroup's 96 V preparers (ptid), X chunks in flight per thread;
+ * a chunk is written back only if it held such an element. */
+template <typename T, int BN, int NP, int X>
 FP_DEV void fp_sm90_scrub_v(unsigned char *v, uint32_t *vmask, int ptid)
 {
+    constexpr int CHUNKS = NP * BN * 8;
 #pragma unroll 1
-    for (int idx = ptid; idx < BN * 8; idx += FP_SM90_PREPARERS) { /* row idx / 8 */
-        bool bad = false;
-#pragma unroll 1
-        for (int p = 0; p < NP; ++p)
-            bad |= fp_scrub_chunk<T>(reinterpret_cast<uint4 *>(v + p * BN * 128 + idx * 16));
-        if (bad)
-            atomicOr(&vmask[idx / 8 / 32], 1u << (idx / 8 % 32));
+    for (int c0 = ptid; c0 < CHUNKS; c0 += X * FP_SM90_PREPARERS) {
+        uint4 d[X];
+#pragma unroll
+        for (int x = 0; x < X; ++x) {
+            const int c = c0 + x * FP_SM90_PREPARERS;
+            if (c < CHUNKS)
+                d[x] = *reinterpret_cast<const uint4 *>(v + 16 * c);
+        }
+#pragma unroll
+        for (int x = 0; x < X; ++x) {
+            const int c = c0 + x * FP_SM90_PREPARERS;
+            bool bad = false;
+            uint4 w = d[x];
+            w.x = fp_scrub_word<T>(w.x, bad);
+            w.y = fp_scrub_word<T>(w.y, bad);
+            w.z = fp_scrub_word<T>(w.z, bad);
+            w.w = fp_scrub_word<T>(w.w, bad);
+            if (c < CHUNKS && bad) {
+                const int row = c % (BN * 8) / 8;
+                *reinterpret_cast<uint4 *>(v + 16 * c) = w;
+                atomicOr(&vmask[row / 32], 1u << (row % 32));
+            }
+        }
     }
 }
 
@@ -288,6 +306,10 @@ __global__ void __launch_bounds__(FP_SM90_THREADS, 1)
     constexpr uint32_t KV_BYTES = BN * DK * EB;     /* one K or V stage */
     constexpr uint32_t VT_BYTES = FP8 ? CFG::VT_PANELS * DK * 128 : 0; /* one V^T stage (fp8) */
     constexpr int VM_WORDS = (BN + 31) / 32; /* vmask words of a stage */
+    /* The producer warpgroup's registers per thread after setmaxnreg (the consumers get the
+     * rest: 128 x 40 + 256 x 232 = 128 x 24 + 256 x 240 = the block's 384 x 168): 40 for the V
+     * preparers' work, except where the consumers need 240 (f16 / bf16 at DK = 256). */
+    constexpr int PRODUCER_REGS = FP8 || DK <= 192 ? 40 : 24;
     static_assert(!FP8 || BN % 32 == 0, "fp8 tiles: whole wgmma K steps of keys");
     const fp_sm80_args &a = prm.a;
 
@@ -359,9 +381,8 @@ __global__ void __launch_bounds__(FP_SM90_THREADS, 1)
     if (wg == 0) {
         /* ---- producer warpgroup: thread 0 issues every TMA load; warps 1 .. 3 (the V
          * preparers) make V^T (fp8) and run the masked-key guard's scrub ---- */
-        /* 128 x 24 + 256 x 240 = 128 x 40 + 256 x 232 = the block's 384 x 168 */
-        if (FP8)
-            fp_setmaxnreg_dec<40>(); /* the transposers' registers */
+        if constexpr (PRODUCER_REGS == 40)
+            fp_setmaxnreg_dec<40>();
         else
             fp_setmaxnreg_dec<24>();
         if (wtid >= 32 && n > 0) {
@@ -395,7 +416,8 @@ __global__ void __launch_bounds__(FP_SM90_THREADS, 1)
                             sv + s * KV_BYTES, svt + s * VT_BYTES, vmask[s], ptid);
                     fp_mbar_arrive(v_empty(s));
                 } else if (edge) {
-                    fp_sm90_scrub_v<TI, BN, NP>(gq + (sv - sq) + s * KV_BYTES, vmask[s], ptid);
+                    fp_sm90_scrub_v<TI, BN, NP, PRODUCER_REGS == 40 ? 4 : 1>(
+                        gq + (sv - sq) + s * KV_BYTES, vmask[s], ptid);
                 }
                 if (FP8 || edge)
                     fp_fence_proxy_async_smem(); /* generic writes, before wgmma reads them */
@@ -434,7 +456,7 @@ __global__ void __launch_bounds__(FP_SM90_THREADS, 1)
         }
     } else {
         /* ---- consumers: warpgroup w owns rows 64 w .. 64 w + 63 of each query block ---- */
-        if (FP8)
+        if constexpr (PRODUCER_REGS == 40)
             fp_setmaxnreg_inc<232>();
         else
             fp_setmaxnreg_inc<240>();

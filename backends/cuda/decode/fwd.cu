@@ -37,6 +37,7 @@
  * the hardware approximations. Numbers: docs/performance.md#decode-h200.
  */
 #include "backends/cuda/cuda_internal.h"
+#include "backends/cuda/dispatch.cuh"
 #include "backends/cuda/sm80/common.cuh"
 
 #include "core/plan.h"
@@ -490,17 +491,6 @@ static flashport_status fp_decode_launch(const fp_cuda_ctx *ctx, const fp_proble
                             : fp_cuda_error(FLASHPORT_ERR_DEVICE, e, "decode kernel launch");
 }
 
-template <typename T>
-static flashport_status fp_decode_dispatch(const fp_cuda_ctx *ctx, const fp_problem *p,
-                                           const fp_sm80_args &a, void *ws, size_t *query)
-{
-    if (p->head_dim <= 64)
-        return fp_decode_launch<T, 64>(ctx, p, a, ws, query);
-    if (p->head_dim <= 128)
-        return fp_decode_launch<T, 128>(ctx, p, a, ws, query);
-    return fp_decode_launch<T, 256>(ctx, p, a, ws, query);
-}
-
 extern "C" flashport_status fp_cuda_decode_forward(const fp_cuda_ctx *ctx, const fp_problem *p,
                                                    void *ws, size_t *query)
 {
@@ -511,7 +501,8 @@ extern "C" flashport_status fp_cuda_decode_forward(const fp_cuda_ctx *ctx, const
                               (long long)p->page_size);
     fp_sm80_args a;
     fp_sm80_fill_args(p, &a);
-    if (p->dtype == FLASHPORT_F16)
-        return fp_decode_dispatch<__half>(ctx, p, a, ws, query);
-    return fp_decode_dispatch<__nv_bfloat16>(ctx, p, a, ws, query);
+    return fp_cuda_dispatch<64, 128, 256>(p->dtype, p->head_dim, [&](auto k) {
+        using K = decltype(k);
+        return fp_decode_launch<typename K::T, K::DK>(ctx, p, a, ws, query);
+    });
 }

@@ -71,6 +71,7 @@ extern "C" flashport_status fp_cuda_sm90_backward(const fp_cuda_ctx *ctx, const 
 }
 #else
 
+#include "backends/cuda/dispatch.cuh"
 #include "backends/cuda/sm80/common.cuh"
 #include "backends/cuda/sm90/common.cuh"
 
@@ -612,16 +613,6 @@ static flashport_status fp_sm90_bwd_run(const fp_cuda_ctx *ctx, const fp_problem
     return FLASHPORT_OK;
 }
 
-template <typename T>
-static flashport_status fp_sm90_bwd_dispatch(const fp_cuda_ctx *ctx, const fp_problem *p,
-                                             const char *why, const char **declined, void *ws,
-                                             size_t *query)
-{
-    if (p->head_dim <= 64)
-        return fp_sm90_bwd_run<T, fp_sm90_bwd_cfg<64>>(ctx, p, why, declined, ws, query);
-    return fp_sm90_bwd_run<T, fp_sm90_bwd_cfg<128>>(ctx, p, why, declined, ws, query);
-}
-
 extern "C" flashport_status fp_cuda_sm90_backward(const fp_cuda_ctx *ctx, const fp_problem *p,
                                                   const char *why, const char **declined, void *ws,
                                                   size_t *query)
@@ -642,9 +633,11 @@ extern "C" flashport_status fp_cuda_sm90_backward(const fp_cuda_ctx *ctx, const 
         *declined = "the sm90 kernels need more shared memory per block than this device allows";
     if (*declined)
         return FLASHPORT_OK;
-    if (p->dtype == FLASHPORT_F16)
-        return fp_sm90_bwd_dispatch<__half>(ctx, p, why, declined, ws, query);
-    return fp_sm90_bwd_dispatch<__nv_bfloat16>(ctx, p, why, declined, ws, query);
+    return fp_cuda_dispatch<64, 128>(p->dtype, p->head_dim, [&](auto k) {
+        using K = decltype(k);
+        return fp_sm90_bwd_run<typename K::T, fp_sm90_bwd_cfg<K::DK>>(ctx, p, why, declined, ws,
+                                                                      query);
+    });
 }
 
 #endif /* FP_CUDA_EMU */

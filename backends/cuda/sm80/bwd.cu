@@ -247,17 +247,6 @@ __global__ void __launch_bounds__(128) fp_sm80_bwd_pre(const fp_sm80_args a)
     }
 }
 
-/* The steps of a dK/dV kernel: every query block mb_lo <= mb < mb_end that sees the key block,
- * for each query head of the kv head's group in turn. Walked with counters: a division per step
- * costs about twenty instructions per thread. */
-FP_DEV void fp_bwd_next_step(int &h, int &mb, int mb_lo, int mb_end)
-{
-    if (++mb == mb_end) {
-        mb = mb_lo;
-        ++h;
-    }
-}
-
 /* cp.async loads of one step (query head h, query rows m..) into buffer `buf`: the Q and dO
  * tiles, LSE2 and Dsum. */
 template <typename T, int DK, int NT, int BM>

@@ -457,6 +457,27 @@ FP_DEV int64_t fp_bwd_ws_row(const fp_sm80_args &a, int b, int h, int64_t i)
     return ((int64_t)b * a.heads + h) * a.nq_pad + i;
 }
 
+/* The steps of a dK/dV kernel: every query block mb_lo <= mb < mb_end that sees the key block,
+ * for each query head of the kv head's group in turn. Walked with counters: a division per step
+ * costs about twenty instructions per thread. fp_bwd_next_step walks the query blocks first to
+ * last (the sm80 kernels), fp_bwd_prev_step last to first (the sm90 kernel: sm90/sm90_bwd.cu says
+ * why); either moves to the next query head after the last block. */
+FP_DEV void fp_bwd_next_step(int &h, int &mb, int mb_lo, int mb_end)
+{
+    if (++mb == mb_end) {
+        mb = mb_lo;
+        ++h;
+    }
+}
+FP_DEV void fp_bwd_prev_step(int &h, int &mb, int mb_lo, int mb_end)
+{
+    /* selects, not fp_bwd_next_step's branch: the sm90 kernel's machine code is then the same
+     * as with the walk written out in place */
+    const bool wrap = --mb < mb_lo;
+    mb = wrap ? mb_end - 1 : mb;
+    h += wrap ? 1 : 0;
+}
+
 /* Row n (a key of sequence b) of kv head kvh in slice `split`'s partial dV (c = 0) or dK (c = 1)
  * of the group-split workspace (a row is DK floats). */
 FP_DEV int64_t fp_bwd_part_row(const fp_sm80_args &a, int c, int split, int b, int kvh, int n)

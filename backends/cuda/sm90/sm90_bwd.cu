@@ -234,10 +234,7 @@ __global__ void __launch_bounds__(FP_SM90B_THREADS, 1)
                     fp_bulk_wait_read();
                 }
                 fp_mbar_arrive(dq_empty(u));
-                if (--mb < mb_lo) {
-                    mb = mb_end - 1;
-                    ++h;
-                }
+                fp_bwd_prev_step(h, mb, mb_lo, mb_end);
             }
             fp_bulk_wait();
         }
@@ -269,10 +266,7 @@ __global__ void __launch_bounds__(FP_SM90B_THREADS, 1)
                 const int64_t w = fp_bwd_ws_row(a, b, h, (int64_t)mb * BM);
                 fp_bulk_load(srow + s * ROW_BYTES, a.ws_lse2 + w, ROW_BYTES, full(s));
                 fp_bulk_load(srow + (ST + s) * ROW_BYTES, a.ws_dsum + w, ROW_BYTES, full(s));
-                if (--mb < mb_lo) {
-                    mb = mb_end - 1;
-                    ++h;
-                }
+                fp_bwd_prev_step(h, mb, mb_lo, mb_end);
             }
         }
         return;
@@ -490,10 +484,7 @@ __global__ void __launch_bounds__(FP_SM90B_THREADS, 1)
                         make_float2(dq[4 * j + 2 * r], dq[4 * j + 2 * r + 1]);
             fp_fence_proxy_async_smem();
             fp_mbar_arrive(dq_full(u));
-            if (--mb < mb_lo) {
-                mb = mb_end - 1;
-                ++h;
-            }
+            fp_bwd_prev_step(h, mb, mb_lo, mb_end);
         }
     }
 

@@ -328,21 +328,9 @@ __global__ void __launch_bounds__(FP_SM90B_THREADS, 1)
 
             /* S^T = K Q^T and dP^T = V dO^T, issued together */
             fp_wgmma_fence();
-#pragma unroll
-            for (int kk = 0; kk < DK / 16; ++kk) {
-                const uint32_t off = (kk / 4) * BN * 128 + (kk % 4) * 32;
-                const uint32_t offq = (kk / 4) * BM * 128 + (kk % 4) * 32;
-                fp_wgmma<T, BM>::ss(sacc, fp_wgmma_desc(k_rows + off, 16, 1024),
-                                    fp_wgmma_desc(qs + offq, 16, 1024), kk > 0);
-            }
+            fp_wgmma_ss_abt<T, BM, DK / 16>(sacc, k_rows, BN * 128, qs, BM * 128);
             fp_wgmma_commit();
-#pragma unroll
-            for (int kk = 0; kk < DK / 16; ++kk) {
-                const uint32_t off = (kk / 4) * BN * 128 + (kk % 4) * 32;
-                const uint32_t offq = (kk / 4) * BM * 128 + (kk % 4) * 32;
-                fp_wgmma<T, BM>::ss(dpacc, fp_wgmma_desc(v_rows + off, 16, 1024),
-                                    fp_wgmma_desc(dos + offq, 16, 1024), kk > 0);
-            }
+            fp_wgmma_ss_abt<T, BM, DK / 16>(dpacc, v_rows, BN * 128, dos, BM * 128);
             fp_wgmma_commit();
 
             /* P^T and dS^T: element 4 j + 2 r + e is key n0 + kr + 8 r, query m0 + 8 j + 2 t + e */

@@ -224,11 +224,7 @@ __global__ void __launch_bounds__(fp_dec_cfg<DK>::NW * 32)
     const int kw = 16 * warp; /* this warp's first key within a key block */
 
     float o[DT8][4];
-#pragma unroll
-    for (int j = 0; j < DT8; ++j)
-#pragma unroll
-        for (int e = 0; e < 4; ++e)
-            o[j][e] = 0.0f;
+    fp_acc_zero(o);
     fp_softmax_state st[2];
     fp_softmax_init(&st[0]);
     fp_softmax_init(&st[1]);

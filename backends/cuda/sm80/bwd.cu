@@ -426,15 +426,8 @@ __global__ void __launch_bounds__(fp_bwd_cfg<DK, ALT>::NW * 32, 1)
     }
 
     float dv[KV_MT][2 * KV_NP][4], dk[KV_MT][2 * KV_NP][4];
-#pragma unroll
-    for (int mi = 0; mi < KV_MT; ++mi)
-#pragma unroll
-        for (int j = 0; j < 2 * KV_NP; ++j)
-#pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                dv[mi][j][e] = 0.0f;
-                dk[mi][j][e] = 0.0f;
-            }
+    fp_acc_zero(dv);
+    fp_acc_zero(dk);
 
     /* This warp's tiles: first row and column of each product. */
     const int s_q0 = (warp % CFG::SM_Q) * S_MT * 16, s_k0 = (warp / CFG::SM_Q) * S_NP * 16;
@@ -485,13 +478,7 @@ __global__ void __launch_bounds__(fp_bwd_cfg<DK, ALT>::NW * 32, 1)
         if (!a.dq_atomic)
             return;
         float acc[DQ_MT][2 * DQ_NP][4];
-#pragma unroll
-        for (int mi = 0; mi < DQ_MT; ++mi)
-#pragma unroll
-            for (int j = 0; j < 2 * DQ_NP; ++j)
-#pragma unroll
-                for (int e = 0; e < 4; ++e)
-                    acc[mi][j][e] = 0.0f;
+        fp_acc_zero(acc);
 #pragma unroll
         for (int kk = 0; kk < BN / 16; ++kk) {
             uint32_t ea[DQ_MT][4], kf[DQ_NP][4];
@@ -554,15 +541,8 @@ __global__ void __launch_bounds__(fp_bwd_cfg<DK, ALT>::NW * 32, 1)
 
         /* S = Q K^T, dP = dO V^T (this warp's S_MT x 16 queries x S_NP x 16 keys) */
         float s[S_MT][2 * S_NP][4], dp[S_MT][2 * S_NP][4];
-#pragma unroll
-        for (int mi = 0; mi < S_MT; ++mi)
-#pragma unroll
-            for (int j = 0; j < 2 * S_NP; ++j)
-#pragma unroll
-                for (int e = 0; e < 4; ++e) {
-                    s[mi][j][e] = 0.0f;
-                    dp[mi][j][e] = 0.0f;
-                }
+        fp_acc_zero(s);
+        fp_acc_zero(dp);
         auto sdp_products = [&](auto want_s, auto want_dp) {
             constexpr bool WS = decltype(want_s)::value, WD = decltype(want_dp)::value;
 #pragma unroll
@@ -863,11 +843,7 @@ __global__ void __launch_bounds__(fp_dq_cfg<DK, ALT>::NW * 32) fp_sm80_bwd_dq(co
     const fp_mask32 mk = fp_mask32_make(nq, nk, a.left, a.right);
 
     float dq[DT8][4];
-#pragma unroll
-    for (int j = 0; j < DT8; ++j)
-#pragma unroll
-        for (int e = 0; e < 4; ++e)
-            dq[j][e] = 0.0f;
+    fp_acc_zero(dq);
     const uint32_t sq_a = fp_smem_addr(sq), sdo_a = fp_smem_addr(sdo);
     const uint32_t sk_a = fp_smem_addr(sk), sv_a = fp_smem_addr(sv);
     const fp_ldsm_lane la = fp_lane_a<DK>(wrow, lane), lb = fp_lane_b<DK>(0, lane);
@@ -897,13 +873,8 @@ __global__ void __launch_bounds__(fp_dq_cfg<DK, ALT>::NW * 32) fp_sm80_bwd_dq(co
         }
 
         float s[NB8][4], dp[NB8][4];
-#pragma unroll
-        for (int j = 0; j < NB8; ++j)
-#pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                s[j][e] = 0.0f;
-                dp[j][e] = 0.0f;
-            }
+        fp_acc_zero(s);
+        fp_acc_zero(dp);
         const uint32_t kt = sk_a + buf * BN * DK * 2, vt = sv_a + buf * BN * DK * 2;
 #pragma unroll
         for (int kk = 0; kk < KT; ++kk) {

@@ -437,6 +437,22 @@ FP_DEV void fp_stage_acc(T *tile, int row0, int chunk0, const float (*acc)[4], f
     }
 }
 
+/* Zeroes a warp's accumulator fragments: N m16n8 tiles of 4 floats a lane, or M x N of them. */
+template <int N> FP_DEV void fp_acc_zero(float (&c)[N][4])
+{
+#pragma unroll
+    for (int j = 0; j < N; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e)
+            c[j][e] = 0.0f;
+}
+template <int M, int N> FP_DEV void fp_acc_zero(float (&c)[M][N][4])
+{
+#pragma unroll
+    for (int i = 0; i < M; ++i)
+        fp_acc_zero(c[i]);
+}
+
 /* The A fragment of k step kk from the C fragments of n tiles 2kk and 2kk+1 (see top of file). */
 template <typename T> FP_DEV void fp_acc_to_a(uint32_t a[4], const float c0[4], const float c1[4])
 {

@@ -305,13 +305,7 @@ __global__ void __launch_bounds__(fp_fwd_cfg<DK, ALT>::NW * 32)
     const fp_ldsm_lane lv = fp_lane_bt<DK>(0, lane);
 
     float o[MT][DT8][4];
-#pragma unroll
-    for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-        for (int j = 0; j < DT8; ++j)
-#pragma unroll
-            for (int e = 0; e < 4; ++e)
-                o[mt][j][e] = 0.0f;
+    fp_acc_zero(o);
     fp_softmax_state st[MT][2];
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt) {
@@ -356,13 +350,7 @@ __global__ void __launch_bounds__(fp_fwd_cfg<DK, ALT>::NW * 32)
      * buffer (nb - nb_begin) % ST. */
     /* S = Q K^T */
     auto qk = [&](float(&s)[MT][NB8][4], int nb) {
-#pragma unroll
-        for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-            for (int j = 0; j < NB8; ++j)
-#pragma unroll
-                for (int e = 0; e < 4; ++e)
-                    s[mt][j][e] = 0.0f;
+        fp_acc_zero(s);
         const uint32_t kt = sk_a + ((nb - nb_begin) & (ST - 1)) * BN * DK * 2;
 #pragma unroll
         for (int kk = 0; kk < KT; ++kk) {

@@ -459,19 +459,13 @@ static flashport_status fp_decode_launch(const fp_cuda_ctx *ctx, const fp_proble
         plan.num_tasks = tiles * plan.num_splits;
     }
     const bool empty = tiles == 0;
-    const size_t part_rows = (size_t)plan.num_splits * p->batch * p->heads * a.nq;
     if (query) {
-        *query = empty || plan.num_splits <= 1 ? 0 : part_rows * (size_t)(a.d + 1) * sizeof(float);
+        *query = empty ? 0 : fp_cuda_fwd_splits(p, &a, plan.num_splits, plan.keys_per_split, NULL);
         return FLASHPORT_OK;
     }
     if (empty)
         return FLASHPORT_OK;
-    a.splits = plan.num_splits;
-    a.keys_per_split = plan.keys_per_split;
-    if (a.splits > 1) {
-        a.o_part = (float *)ws;
-        a.lse_part = a.o_part + part_rows * a.d;
-    }
+    fp_cuda_fwd_splits(p, &a, plan.num_splits, plan.keys_per_split, ws);
     dim3 grid((unsigned)row_tiles, (unsigned)p->kv_heads, (unsigned)(p->batch * a.splits));
     kernel<<<grid, NT, smem, ctx->stream>>>(a);
     e = cudaGetLastError();

@@ -134,6 +134,25 @@ static inline void fp_sm80_fill_args(const fp_problem *p, fp_sm80_args *a)
  * split forward writes the same o_part / lse_part layout. */
 cudaError_t fp_cuda_fwd_combine(const fp_problem *p, const fp_sm80_args *a, cudaStream_t stream);
 
+/* A forward's split-KV plan in a: `splits` splits of keys_per_split keys, and their partials in
+ * the workspace, the normalized O (f32) and the LSE of every (split, b, h, row), a's o_part then
+ * lse_part. Returns the partials' bytes (0 for one split: no workspace); with ws (a workspace of
+ * that size), points a at them. */
+static inline size_t fp_cuda_fwd_splits(const fp_problem *p, fp_sm80_args *a, int splits,
+                                        int64_t keys_per_split, void *ws)
+{
+    a->splits = splits;
+    a->keys_per_split = keys_per_split;
+    if (splits <= 1)
+        return 0;
+    const size_t rows = (size_t)splits * p->batch * p->heads * a->nq;
+    if (ws) {
+        a->o_part = (float *)ws;
+        a->lse_part = a->o_part + rows * a->d;
+    }
+    return rows * (size_t)(a->d + 1) * sizeof(float);
+}
+
 /* Where sequence b's tokens start and how many there are: fp_seq_lookup (core/geometry.h) with
  * the lengths narrowed to int, as the kernels index with 32-bit positions. */
 typedef struct fp_cuda_seq {

@@ -710,22 +710,14 @@ static flashport_status fp_fwd_launch(const fp_cuda_ctx *ctx, const fp_problem *
     target.order = FP_PLAN_ORDER_GRID;
     const fp_plan plan = fp_plan_forward(&shape, &target);
     const bool empty = plan.num_q_blocks == 0 || p->batch == 0 || p->heads == 0;
-    /* split-KV partials: normalized O (f32) and LSE of every (split, b, h, row) */
-    const size_t rows = (size_t)plan.num_splits * p->batch * p->heads * a.nq;
     if (query) {
-        *query = empty || plan.num_splits <= 1 ? 0 : rows * (size_t)(a.d + 1) * sizeof(float);
+        *query = empty ? 0 : fp_cuda_fwd_splits(p, &a, plan.num_splits, plan.keys_per_split, NULL);
         return FLASHPORT_OK;
     }
     if (empty)
         return FLASHPORT_OK;
-    a.splits = plan.num_splits;
-    a.keys_per_split = plan.keys_per_split;
+    fp_cuda_fwd_splits(p, &a, plan.num_splits, plan.keys_per_split, ws);
     a.reverse = plan.heavy_first;
-
-    if (a.splits > 1) {
-        a.o_part = (float *)ws;
-        a.lse_part = a.o_part + rows * a.d;
-    }
 
     {
         dim3 grid((unsigned)plan.num_q_blocks, (unsigned)p->heads, (unsigned)(p->batch * a.splits));

@@ -83,6 +83,15 @@ static flashport_status device_leave(const fp_cuda_ctx *ctx, int prev, flashport
     return st;
 }
 
+/* device_leave after one runtime call (or a chain of them) whose result is e, a failure named
+ * `what`. */
+static flashport_status device_leave_cuda(const fp_cuda_ctx *ctx, int prev, cudaError_t e,
+                                          const char *what)
+{
+    return device_leave(
+        ctx, prev, e == cudaSuccess ? FLASHPORT_OK : fp_cuda_error(FLASHPORT_ERR_DEVICE, e, what));
+}
+
 static flashport_status cuda_open(int device, void **out)
 {
     int count = 0;
@@ -193,10 +202,7 @@ static flashport_status cuda_free(void *vctx, void *ptr)
     flashport_status st = device_enter(ctx, &prev);
     if (st != FLASHPORT_OK)
         return st;
-    cudaError_t e = cudaFree(ptr);
-    if (e != cudaSuccess)
-        st = fp_cuda_error(FLASHPORT_ERR_DEVICE, e, "cudaFree");
-    return device_leave(ctx, prev, st);
+    return device_leave_cuda(ctx, prev, cudaFree(ptr), "cudaFree");
 }
 
 /* Copies are ordered on the handle's stream and complete before returning. */
@@ -210,9 +216,7 @@ static flashport_status copy(const fp_cuda_ctx *ctx, void *dst, const void *src,
     cudaError_t e = cudaMemcpyAsync(dst, src, bytes, kind, ctx->stream);
     if (e == cudaSuccess)
         e = cudaStreamSynchronize(ctx->stream);
-    if (e != cudaSuccess)
-        st = fp_cuda_error(FLASHPORT_ERR_DEVICE, e, what);
-    return device_leave(ctx, prev, st);
+    return device_leave_cuda(ctx, prev, e, what);
 }
 
 static flashport_status cuda_copy_to_device(void *ctx, void *dst, const void *src, size_t bytes)
@@ -232,10 +236,7 @@ static flashport_status cuda_synchronize(void *vctx)
     flashport_status st = device_enter(ctx, &prev);
     if (st != FLASHPORT_OK)
         return st;
-    cudaError_t e = cudaStreamSynchronize(ctx->stream);
-    if (e != cudaSuccess)
-        st = fp_cuda_error(FLASHPORT_ERR_DEVICE, e, "synchronize");
-    return device_leave(ctx, prev, st);
+    return device_leave_cuda(ctx, prev, cudaStreamSynchronize(ctx->stream), "synchronize");
 }
 
 static flashport_status cuda_set_stream(void *vctx, void *stream)
@@ -258,10 +259,8 @@ static flashport_status cuda_event_create(void *vctx, void **event)
         return st;
     cudaEvent_t ev = NULL;
     cudaError_t e = cudaEventCreate(&ev);
-    if (e != cudaSuccess)
-        st = fp_cuda_error(FLASHPORT_ERR_DEVICE, e, "cudaEventCreate");
-    *event = st == FLASHPORT_OK ? (void *)ev : NULL;
-    return device_leave(ctx, prev, st);
+    *event = e == cudaSuccess ? (void *)ev : NULL;
+    return device_leave_cuda(ctx, prev, e, "cudaEventCreate");
 }
 
 static flashport_status cuda_event_record(void *vctx, void *event)
@@ -271,10 +270,8 @@ static flashport_status cuda_event_record(void *vctx, void *event)
     flashport_status st = device_enter(ctx, &prev);
     if (st != FLASHPORT_OK)
         return st;
-    cudaError_t e = cudaEventRecord((cudaEvent_t)event, ctx->stream);
-    if (e != cudaSuccess)
-        st = fp_cuda_error(FLASHPORT_ERR_DEVICE, e, "cudaEventRecord");
-    return device_leave(ctx, prev, st);
+    return device_leave_cuda(ctx, prev, cudaEventRecord((cudaEvent_t)event, ctx->stream),
+                             "cudaEventRecord");
 }
 
 static flashport_status cuda_event_elapsed_ms(void *vctx, void *start, void *stop, float *ms)
@@ -287,9 +284,7 @@ static flashport_status cuda_event_elapsed_ms(void *vctx, void *start, void *sto
     cudaError_t e = cudaEventSynchronize((cudaEvent_t)stop);
     if (e == cudaSuccess)
         e = cudaEventElapsedTime(ms, (cudaEvent_t)start, (cudaEvent_t)stop);
-    if (e != cudaSuccess)
-        st = fp_cuda_error(FLASHPORT_ERR_DEVICE, e, "event elapsed time");
-    return device_leave(ctx, prev, st);
+    return device_leave_cuda(ctx, prev, e, "event elapsed time");
 }
 
 /* Destroy cannot report; a failure is cleared so that the next launch check does not see it. */

@@ -4,6 +4,7 @@
  * cuda_backend.c (C11) and the .cu files share it.
  *
  *   cuda_backend.c   plugin entry, device open, caps, memory helpers, stream, dispatch
+ *   dispatch.cuh     dtype / head dim / configuration index to kernel template instances
  *   sm80/fwd.cu      forward (+ split-KV combine), mma.sync / ldmatrix / cp.async
  *   sm80/bwd.cu      backward: preprocess, dK/dV (+ atomic dQ), deterministic dQ, dQ convert
  *   sm90/sm90_fwd.cu forward on sm_90a: TMA + wgmma + warp specialization

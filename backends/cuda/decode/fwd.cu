@@ -37,6 +37,7 @@
  * the hardware approximations. Numbers: docs/performance.md#decode-h200.
  */
 #include "backends/cuda/cuda_internal.h"
+#include "backends/cuda/dispatch.cuh"
 #include "backends/cuda/sm80/common.cuh"
 
 #include "core/plan.h"
@@ -223,11 +224,7 @@ __global__ void __launch_bounds__(fp_dec_cfg<DK>::NW * 32)
     const int kw = 16 * warp; /* this warp's first key within a key block */
 
     float o[DT8][4];
-#pragma unroll
-    for (int j = 0; j < DT8; ++j)
-#pragma unroll
-        for (int e = 0; e < 4; ++e)
-            o[j][e] = 0.0f;
+    fp_acc_zero(o);
     fp_softmax_state st[2];
     fp_softmax_init(&st[0]);
     fp_softmax_init(&st[1]);
@@ -462,19 +459,13 @@ static flashport_status fp_decode_launch(const fp_cuda_ctx *ctx, const fp_proble
         plan.num_tasks = tiles * plan.num_splits;
     }
     const bool empty = tiles == 0;
-    const size_t part_rows = (size_t)plan.num_splits * p->batch * p->heads * a.nq;
     if (query) {
-        *query = empty || plan.num_splits <= 1 ? 0 : part_rows * (size_t)(a.d + 1) * sizeof(float);
+        *query = empty ? 0 : fp_cuda_fwd_splits(p, &a, plan.num_splits, plan.keys_per_split, NULL);
         return FLASHPORT_OK;
     }
     if (empty)
         return FLASHPORT_OK;
-    a.splits = plan.num_splits;
-    a.keys_per_split = plan.keys_per_split;
-    if (a.splits > 1) {
-        a.o_part = (float *)ws;
-        a.lse_part = a.o_part + part_rows * a.d;
-    }
+    fp_cuda_fwd_splits(p, &a, plan.num_splits, plan.keys_per_split, ws);
     dim3 grid((unsigned)row_tiles, (unsigned)p->kv_heads, (unsigned)(p->batch * a.splits));
     kernel<<<grid, NT, smem, ctx->stream>>>(a);
     e = cudaGetLastError();
@@ -490,17 +481,6 @@ static flashport_status fp_decode_launch(const fp_cuda_ctx *ctx, const fp_proble
                             : fp_cuda_error(FLASHPORT_ERR_DEVICE, e, "decode kernel launch");
 }
 
-template <typename T>
-static flashport_status fp_decode_dispatch(const fp_cuda_ctx *ctx, const fp_problem *p,
-                                           const fp_sm80_args &a, void *ws, size_t *query)
-{
-    if (p->head_dim <= 64)
-        return fp_decode_launch<T, 64>(ctx, p, a, ws, query);
-    if (p->head_dim <= 128)
-        return fp_decode_launch<T, 128>(ctx, p, a, ws, query);
-    return fp_decode_launch<T, 256>(ctx, p, a, ws, query);
-}
-
 extern "C" flashport_status fp_cuda_decode_forward(const fp_cuda_ctx *ctx, const fp_problem *p,
                                                    void *ws, size_t *query)
 {
@@ -511,7 +491,8 @@ extern "C" flashport_status fp_cuda_decode_forward(const fp_cuda_ctx *ctx, const
                               (long long)p->page_size);
     fp_sm80_args a;
     fp_sm80_fill_args(p, &a);
-    if (p->dtype == FLASHPORT_F16)
-        return fp_decode_dispatch<__half>(ctx, p, a, ws, query);
-    return fp_decode_dispatch<__nv_bfloat16>(ctx, p, a, ws, query);
+    return fp_cuda_dispatch<64, 128, 256>(p->dtype, p->head_dim, [&](auto k) {
+        using K = decltype(k);
+        return fp_decode_launch<typename K::T, K::DK>(ctx, p, a, ws, query);
+    });
 }

@@ -9,7 +9,7 @@ which inline PTX cannot take as an array.
 NS = (64, 80, 96, 128, 192, 256)
 NS_TT = (64,)  # both operands MN-major: the backward's dQ = dS K
 DTYPES = (("bf16", "bf16"), ("f16", "f16"))
-NS_F8 = (96, 128, 192, 224, 256)  # e4m3: k32, both operands K-major (fp8 wgmma has no transpose)
+NS_F8 = (96, 128, 256)  # e4m3: k32, both operands K-major (fp8 wgmma has no transpose)
 
 
 def acc_list(n, first):

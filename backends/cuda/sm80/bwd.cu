@@ -56,6 +56,7 @@
  * against FA2 and cuDNN: docs/performance.md#cuda-sm80-path-h200.
  */
 #include "backends/cuda/cuda_internal.h"
+#include "backends/cuda/dispatch.cuh"
 #include "backends/cuda/sm80/common.cuh"
 #include "backends/cuda/sm80/config.h"
 
@@ -78,6 +79,12 @@ template <int DK, int ALT> constexpr size_t fp_dq_smem()
 {
     constexpr int BM = 16 * fp_dq_cfg<DK, ALT>::NW, BN = fp_dq_cfg<DK, ALT>::BN;
     return (size_t)(2 * BM * DK + 4 * BN * DK) * 2;
+}
+
+/* How many dQ configurations each head dim has (ALT 0 .. n - 1, in order of preference). */
+template <int DK> constexpr int fp_dq_alts()
+{
+    return DK == 256 ? 2 : 1;
 }
 
 /* P (and dS) of one score, MODE as in FP_SCORES_*: x raw q.k in, P out; dp dP in, dS out
@@ -237,17 +244,6 @@ __global__ void __launch_bounds__(128) fp_sm80_bwd_pre(const fp_sm80_args a)
 #pragma unroll
         for (int k = tid; k < FP_BWD_BAND * DK / 4; k += 128)
             band[k] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-    }
-}
-
-/* The steps of a dK/dV kernel: every query block mb_lo <= mb < mb_end that sees the key block,
- * for each query head of the kv head's group in turn. Walked with counters: a division per step
- * costs about twenty instructions per thread. */
-FP_DEV void fp_bwd_next_step(int &h, int &mb, int mb_lo, int mb_end)
-{
-    if (++mb == mb_end) {
-        mb = mb_lo;
-        ++h;
     }
 }
 
@@ -430,15 +426,8 @@ __global__ void __launch_bounds__(fp_bwd_cfg<DK, ALT>::NW * 32, 1)
     }
 
     float dv[KV_MT][2 * KV_NP][4], dk[KV_MT][2 * KV_NP][4];
-#pragma unroll
-    for (int mi = 0; mi < KV_MT; ++mi)
-#pragma unroll
-        for (int j = 0; j < 2 * KV_NP; ++j)
-#pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                dv[mi][j][e] = 0.0f;
-                dk[mi][j][e] = 0.0f;
-            }
+    fp_acc_zero(dv);
+    fp_acc_zero(dk);
 
     /* This warp's tiles: first row and column of each product. */
     const int s_q0 = (warp % CFG::SM_Q) * S_MT * 16, s_k0 = (warp / CFG::SM_Q) * S_NP * 16;
@@ -489,13 +478,7 @@ __global__ void __launch_bounds__(fp_bwd_cfg<DK, ALT>::NW * 32, 1)
         if (!a.dq_atomic)
             return;
         float acc[DQ_MT][2 * DQ_NP][4];
-#pragma unroll
-        for (int mi = 0; mi < DQ_MT; ++mi)
-#pragma unroll
-            for (int j = 0; j < 2 * DQ_NP; ++j)
-#pragma unroll
-                for (int e = 0; e < 4; ++e)
-                    acc[mi][j][e] = 0.0f;
+        fp_acc_zero(acc);
 #pragma unroll
         for (int kk = 0; kk < BN / 16; ++kk) {
             uint32_t ea[DQ_MT][4], kf[DQ_NP][4];
@@ -558,15 +541,8 @@ __global__ void __launch_bounds__(fp_bwd_cfg<DK, ALT>::NW * 32, 1)
 
         /* S = Q K^T, dP = dO V^T (this warp's S_MT x 16 queries x S_NP x 16 keys) */
         float s[S_MT][2 * S_NP][4], dp[S_MT][2 * S_NP][4];
-#pragma unroll
-        for (int mi = 0; mi < S_MT; ++mi)
-#pragma unroll
-            for (int j = 0; j < 2 * S_NP; ++j)
-#pragma unroll
-                for (int e = 0; e < 4; ++e) {
-                    s[mi][j][e] = 0.0f;
-                    dp[mi][j][e] = 0.0f;
-                }
+        fp_acc_zero(s);
+        fp_acc_zero(dp);
         auto sdp_products = [&](auto want_s, auto want_dp) {
             constexpr bool WS = decltype(want_s)::value, WD = decltype(want_dp)::value;
 #pragma unroll
@@ -867,11 +843,7 @@ __global__ void __launch_bounds__(fp_dq_cfg<DK, ALT>::NW * 32) fp_sm80_bwd_dq(co
     const fp_mask32 mk = fp_mask32_make(nq, nk, a.left, a.right);
 
     float dq[DT8][4];
-#pragma unroll
-    for (int j = 0; j < DT8; ++j)
-#pragma unroll
-        for (int e = 0; e < 4; ++e)
-            dq[j][e] = 0.0f;
+    fp_acc_zero(dq);
     const uint32_t sq_a = fp_smem_addr(sq), sdo_a = fp_smem_addr(sdo);
     const uint32_t sk_a = fp_smem_addr(sk), sv_a = fp_smem_addr(sv);
     const fp_ldsm_lane la = fp_lane_a<DK>(wrow, lane), lb = fp_lane_b<DK>(0, lane);
@@ -901,13 +873,8 @@ __global__ void __launch_bounds__(fp_dq_cfg<DK, ALT>::NW * 32) fp_sm80_bwd_dq(co
         }
 
         float s[NB8][4], dp[NB8][4];
-#pragma unroll
-        for (int j = 0; j < NB8; ++j)
-#pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                s[j][e] = 0.0f;
-                dp[j][e] = 0.0f;
-            }
+        fp_acc_zero(s);
+        fp_acc_zero(dp);
         const uint32_t kt = sk_a + buf * BN * DK * 2, vt = sv_a + buf * BN * DK * 2;
 #pragma unroll
         for (int kk = 0; kk < KT; ++kk) {
@@ -1132,10 +1099,8 @@ static cudaError_t fp_dkdv_launch(const fp_cuda_ctx *ctx, const fp_problem *p,
 /* Keys per block of the dK/dV configuration `alt` of head dim DK. */
 template <int DK> static int fp_bwd_block_k(int alt)
 {
-    if constexpr (fp_bwd_alts<DK>() > 2)
-        if (alt == 2)
-            return fp_bwd_cfg<DK, 2>::BN;
-    return alt == 0 ? (int)fp_bwd_cfg<DK, 0>::BN : (int)fp_bwd_cfg<DK, 1>::BN;
+    return fp_cuda_with_index<fp_bwd_alts<DK>()>(
+        alt, [](auto i) { return (int)fp_bwd_cfg<DK, decltype(i)::value>::BN; });
 }
 
 /* Group splits of a dK/dV kernel (one block per SM): fp_plan_backward_group_splits (core/plan.h)
@@ -1184,36 +1149,16 @@ size_t fp_cuda_bwd_side_setup(const fp_problem *p, fp_sm80_args *a, int dk, int 
     return (2 * rows + accum + part) * sizeof(float);
 }
 
-template <typename T, int DK>
-static cudaError_t fp_side_pre(const fp_problem *p, const fp_sm80_args &a, cudaStream_t stream)
-{
-    const dim3 grid((unsigned)(a.nq_pad / FP_BWD_BAND), (unsigned)p->heads, (unsigned)p->batch);
-    fp_sm80_bwd_pre<T, DK><<<grid, 128, 0, stream>>>(a);
-    return cudaGetLastError();
-}
-
-template <typename T, int DK>
-static cudaError_t fp_side_dq(const fp_problem *p, const fp_sm80_args &a, cudaStream_t stream)
-{
-    const dim3 grid((unsigned)((a.nq + FP_BWD_BAND - 1) / FP_BWD_BAND), (unsigned)p->heads,
-                    (unsigned)p->batch);
-    fp_sm80_bwd_dq_convert<T, DK><<<grid, 128, 0, stream>>>(a);
-    return cudaGetLastError();
-}
-
-/* The kernel of a pass by dtype and the accumulator's head dim (64, 128 or 256). */
-#define FP_SIDE_DISPATCH(fn, p, a, dk, stream)                                                     \
-    ((p)->dtype == FLASHPORT_F16 ? ((dk) == 64    ? fn<__half, 64>(p, a, stream)                   \
-                                    : (dk) == 128 ? fn<__half, 128>(p, a, stream)                  \
-                                                  : fn<__half, 256>(p, a, stream))                 \
-                                 : ((dk) == 64    ? fn<__nv_bfloat16, 64>(p, a, stream)            \
-                                    : (dk) == 128 ? fn<__nv_bfloat16, 128>(p, a, stream)           \
-                                                  : fn<__nv_bfloat16, 256>(p, a, stream)))
-
+/* The side passes run on the accumulator's head dim, dk (64, 128 or 256). */
 cudaError_t fp_cuda_bwd_side_pre(const fp_problem *p, const fp_sm80_args &a, int dk,
                                  cudaStream_t stream)
 {
-    return FP_SIDE_DISPATCH(fp_side_pre, p, a, dk, stream);
+    const dim3 grid((unsigned)(a.nq_pad / FP_BWD_BAND), (unsigned)p->heads, (unsigned)p->batch);
+    return fp_cuda_dispatch<FP_SM80_DK_CLASSES>(p->dtype, dk, [&](auto k) {
+        using K = decltype(k);
+        fp_sm80_bwd_pre<typename K::T, K::DK><<<grid, 128, 0, stream>>>(a);
+        return cudaGetLastError();
+    });
 }
 
 cudaError_t fp_cuda_bwd_side_dq(const fp_problem *p, const fp_sm80_args &a, int dk,
@@ -1221,18 +1166,13 @@ cudaError_t fp_cuda_bwd_side_dq(const fp_problem *p, const fp_sm80_args &a, int 
 {
     if (!a.dq_atomic || a.nq == 0)
         return cudaSuccess;
-    return FP_SIDE_DISPATCH(fp_side_dq, p, a, dk, stream);
-}
-
-template <typename T, int DK>
-static cudaError_t fp_side_dkdv_sum(const fp_problem *p, const fp_sm80_args &a, cudaStream_t stream)
-{
-    const dim3 grid((unsigned)((a.nk + FP_BWD_BAND - 1) / FP_BWD_BAND), (unsigned)p->kv_heads,
+    const dim3 grid((unsigned)((a.nq + FP_BWD_BAND - 1) / FP_BWD_BAND), (unsigned)p->heads,
                     (unsigned)p->batch);
-    fp_sm80_bwd_dkdv_sum<T, DK><<<grid, 128, 0, stream>>>(a);
-    fp_cuda_log("backward: dK/dV of %d group splits summed in order, grid %ux%ux%u", a.group_splits,
-                grid.x, grid.y, grid.z);
-    return cudaGetLastError();
+    return fp_cuda_dispatch<FP_SM80_DK_CLASSES>(p->dtype, dk, [&](auto k) {
+        using K = decltype(k);
+        fp_sm80_bwd_dq_convert<typename K::T, K::DK><<<grid, 128, 0, stream>>>(a);
+        return cudaGetLastError();
+    });
 }
 
 cudaError_t fp_cuda_bwd_side_dkdv_sum(const fp_problem *p, const fp_sm80_args &a, int dk,
@@ -1240,7 +1180,15 @@ cudaError_t fp_cuda_bwd_side_dkdv_sum(const fp_problem *p, const fp_sm80_args &a
 {
     if (a.group_splits <= 1 || a.nk == 0)
         return cudaSuccess;
-    return FP_SIDE_DISPATCH(fp_side_dkdv_sum, p, a, dk, stream);
+    const dim3 grid((unsigned)((a.nk + FP_BWD_BAND - 1) / FP_BWD_BAND), (unsigned)p->kv_heads,
+                    (unsigned)p->batch);
+    return fp_cuda_dispatch<FP_SM80_DK_CLASSES>(p->dtype, dk, [&](auto k) {
+        using K = decltype(k);
+        fp_sm80_bwd_dkdv_sum<typename K::T, K::DK><<<grid, 128, 0, stream>>>(a);
+        fp_cuda_log("backward: dK/dV of %d group splits summed in order, grid %ux%ux%u",
+                    a.group_splits, grid.x, grid.y, grid.z);
+        return cudaGetLastError();
+    });
 }
 
 template <typename T, int DK>
@@ -1270,37 +1218,19 @@ static flashport_status fp_bwd_launch(const fp_cuda_ctx *ctx, const fp_problem *
     const fp_plan_shape shape = fp_problem_plan_shape(p);
     a.reverse = fp_plan_heavy_first(&shape);
     cudaError_t e = fp_cuda_bwd_side_pre(p, a, DK, stream);
-    if (e == cudaSuccess) {
-        if (alt == 0)
-            e = fp_dkdv_launch<T, DK, 0>(ctx, p, a);
-        else if (alt == 1)
-            e = fp_dkdv_launch<T, DK, 1>(ctx, p, a);
-        else if constexpr (fp_bwd_alts<DK>() > 2)
-            e = fp_dkdv_launch<T, DK, 2>(ctx, p, a);
-    }
+    if (e == cudaSuccess)
+        e = fp_cuda_with_index<fp_bwd_alts<DK>()>(
+            alt, [&](auto i) { return fp_dkdv_launch<T, DK, decltype(i)::value>(ctx, p, a); });
     if (e == cudaSuccess)
         e = fp_cuda_bwd_side_dkdv_sum(p, a, DK, stream);
     if (e == cudaSuccess && a.dq_atomic)
         e = fp_cuda_bwd_side_dq(p, a, DK, stream);
-    else if (e == cudaSuccess && !a.dq_atomic && a.nq > 0) {
-        if (fp_dq_pick<DK>(ctx) == 0)
-            e = fp_dq_launch<T, DK, 0>(ctx, p, a);
-        else if constexpr (DK == 256)
-            e = fp_dq_launch<T, DK, 1>(ctx, p, a);
-    }
+    else if (e == cudaSuccess && !a.dq_atomic && a.nq > 0)
+        e = fp_cuda_with_index<fp_dq_alts<DK>()>(fp_dq_pick<DK>(ctx), [&](auto i) {
+            return fp_dq_launch<T, DK, decltype(i)::value>(ctx, p, a);
+        });
     return e == cudaSuccess ? FLASHPORT_OK
                             : fp_cuda_error(FLASHPORT_ERR_DEVICE, e, "backward kernel launch");
-}
-
-template <typename T>
-static flashport_status fp_bwd_dispatch(const fp_cuda_ctx *ctx, const fp_problem *p,
-                                        const fp_sm80_args &a, void *ws, size_t *query)
-{
-    if (p->head_dim <= 64)
-        return fp_bwd_launch<T, 64>(ctx, p, a, ws, query);
-    if (p->head_dim <= 128)
-        return fp_bwd_launch<T, 128>(ctx, p, a, ws, query);
-    return fp_bwd_launch<T, 256>(ctx, p, a, ws, query);
 }
 
 extern "C" flashport_status fp_cuda_sm80_backward(const fp_cuda_ctx *ctx, const fp_problem *p,
@@ -1308,7 +1238,8 @@ extern "C" flashport_status fp_cuda_sm80_backward(const fp_cuda_ctx *ctx, const 
 {
     fp_sm80_args a;
     fp_sm80_fill_args(p, &a);
-    if (p->dtype == FLASHPORT_F16)
-        return fp_bwd_dispatch<__half>(ctx, p, a, ws, query);
-    return fp_bwd_dispatch<__nv_bfloat16>(ctx, p, a, ws, query);
+    return fp_cuda_dispatch<FP_SM80_DK_CLASSES>(p->dtype, p->head_dim, [&](auto k) {
+        using K = decltype(k);
+        return fp_bwd_launch<typename K::T, K::DK>(ctx, p, a, ws, query);
+    });
 }

@@ -134,6 +134,25 @@ static inline void fp_sm80_fill_args(const fp_problem *p, fp_sm80_args *a)
  * split forward writes the same o_part / lse_part layout. */
 cudaError_t fp_cuda_fwd_combine(const fp_problem *p, const fp_sm80_args *a, cudaStream_t stream);
 
+/* A forward's split-KV plan in a: `splits` splits of keys_per_split keys, and their partials in
+ * the workspace, the normalized O (f32) and the LSE of every (split, b, h, row), a's o_part then
+ * lse_part. Returns the partials' bytes (0 for one split: no workspace); with ws (a workspace of
+ * that size), points a at them. */
+static inline size_t fp_cuda_fwd_splits(const fp_problem *p, fp_sm80_args *a, int splits,
+                                        int64_t keys_per_split, void *ws)
+{
+    a->splits = splits;
+    a->keys_per_split = keys_per_split;
+    if (splits <= 1)
+        return 0;
+    const size_t rows = (size_t)splits * p->batch * p->heads * a->nq;
+    if (ws) {
+        a->o_part = (float *)ws;
+        a->lse_part = a->o_part + rows * a->d;
+    }
+    return rows * (size_t)(a->d + 1) * sizeof(float);
+}
+
 /* Where sequence b's tokens start and how many there are: fp_seq_lookup (core/geometry.h) with
  * the lengths narrowed to int, as the kernels index with 32-bit positions. */
 typedef struct fp_cuda_seq {
@@ -437,6 +456,22 @@ FP_DEV void fp_stage_acc(T *tile, int row0, int chunk0, const float (*acc)[4], f
     }
 }
 
+/* Zeroes a warp's accumulator fragments: N m16n8 tiles of 4 floats a lane, or M x N of them. */
+template <int N> FP_DEV void fp_acc_zero(float (&c)[N][4])
+{
+#pragma unroll
+    for (int j = 0; j < N; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e)
+            c[j][e] = 0.0f;
+}
+template <int M, int N> FP_DEV void fp_acc_zero(float (&c)[M][N][4])
+{
+#pragma unroll
+    for (int i = 0; i < M; ++i)
+        fp_acc_zero(c[i]);
+}
+
 /* The A fragment of k step kk from the C fragments of n tiles 2kk and 2kk+1 (see top of file). */
 template <typename T> FP_DEV void fp_acc_to_a(uint32_t a[4], const float c0[4], const float c1[4])
 {
@@ -455,6 +490,27 @@ template <typename T> FP_DEV void fp_acc_to_a(uint32_t a[4], const float c0[4], 
 FP_DEV int64_t fp_bwd_ws_row(const fp_sm80_args &a, int b, int h, int64_t i)
 {
     return ((int64_t)b * a.heads + h) * a.nq_pad + i;
+}
+
+/* The steps of a dK/dV kernel: every query block mb_lo <= mb < mb_end that sees the key block,
+ * for each query head of the kv head's group in turn. Walked with counters: a division per step
+ * costs about twenty instructions per thread. fp_bwd_next_step walks the query blocks first to
+ * last (the sm80 kernels), fp_bwd_prev_step last to first (the sm90 kernel: sm90/sm90_bwd.cu says
+ * why); either moves to the next query head after the last block. */
+FP_DEV void fp_bwd_next_step(int &h, int &mb, int mb_lo, int mb_end)
+{
+    if (++mb == mb_end) {
+        mb = mb_lo;
+        ++h;
+    }
+}
+FP_DEV void fp_bwd_prev_step(int &h, int &mb, int mb_lo, int mb_end)
+{
+    /* selects, not fp_bwd_next_step's branch: the sm90 kernel's machine code is then the same
+     * as with the walk written out in place */
+    const bool wrap = --mb < mb_lo;
+    mb = wrap ? mb_end - 1 : mb;
+    h += wrap ? 1 : 0;
 }
 
 /* Row n (a key of sequence b) of kv head kvh in slice `split`'s partial dV (c = 0) or dK (c = 1)

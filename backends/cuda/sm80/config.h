@@ -67,6 +67,11 @@ static constexpr_table size_t fp_sm80_dq_smem_bytes[3][2] = {
     {131072, 98304}, /* D = 256 */
 };
 
+/* The kernels' head dims (DK), ascending: a problem runs on the first that holds its head dim
+ * (c.dk below). The launchers instantiate each kernel at each of them
+ * (fp_cuda_dispatch<FP_SM80_DK_CLASSES>, backends/cuda/dispatch.cuh). */
+#define FP_SM80_DK_CLASSES 64, 128, 256
+
 /* What runs a problem: the kernels' head dim (64, 128 or 256; 0 = none) and the ALT index of each
  * kernel, -1 where nothing fits this device. */
 typedef struct fp_sm80_choice {

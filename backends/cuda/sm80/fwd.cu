@@ -43,6 +43,7 @@
  * and cuDNN: docs/performance.md#cuda-sm80-path-h200.
  */
 #include "backends/cuda/cuda_internal.h"
+#include "backends/cuda/dispatch.cuh"
 #include "backends/cuda/sm80/common.cuh"
 #include "backends/cuda/sm80/config.h"
 
@@ -162,6 +163,12 @@ FP_DEV_NOINLINE void fp_fwd_guard(T *vtile, uint8_t *vflag, uint8_t *rowbad, fp_
  * rows rescale mid-row; a forward that never rescales fails the f16 ones (P overflows).
  */
 #define FP_FWD_RESCALE_SLACK 8.0f
+
+/* How many configurations each head dim has (ALT 0 .. n - 1; sm80/config.h names them). */
+template <int DK> constexpr int fp_fwd_alts()
+{
+    return DK == 64 ? 2 : DK == 128 ? 1 : 3;
+}
 
 template <int DK, int ALT> constexpr int fp_fwd_bm()
 {
@@ -298,13 +305,7 @@ __global__ void __launch_bounds__(fp_fwd_cfg<DK, ALT>::NW * 32)
     const fp_ldsm_lane lv = fp_lane_bt<DK>(0, lane);
 
     float o[MT][DT8][4];
-#pragma unroll
-    for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-        for (int j = 0; j < DT8; ++j)
-#pragma unroll
-            for (int e = 0; e < 4; ++e)
-                o[mt][j][e] = 0.0f;
+    fp_acc_zero(o);
     fp_softmax_state st[MT][2];
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt) {
@@ -349,13 +350,7 @@ __global__ void __launch_bounds__(fp_fwd_cfg<DK, ALT>::NW * 32)
      * buffer (nb - nb_begin) % ST. */
     /* S = Q K^T */
     auto qk = [&](float(&s)[MT][NB8][4], int nb) {
-#pragma unroll
-        for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-            for (int j = 0; j < NB8; ++j)
-#pragma unroll
-                for (int e = 0; e < 4; ++e)
-                    s[mt][j][e] = 0.0f;
+        fp_acc_zero(s);
         const uint32_t kt = sk_a + ((nb - nb_begin) & (ST - 1)) * BN * DK * 2;
 #pragma unroll
         for (int kk = 0; kk < KT; ++kk) {
@@ -715,22 +710,14 @@ static flashport_status fp_fwd_launch(const fp_cuda_ctx *ctx, const fp_problem *
     target.order = FP_PLAN_ORDER_GRID;
     const fp_plan plan = fp_plan_forward(&shape, &target);
     const bool empty = plan.num_q_blocks == 0 || p->batch == 0 || p->heads == 0;
-    /* split-KV partials: normalized O (f32) and LSE of every (split, b, h, row) */
-    const size_t rows = (size_t)plan.num_splits * p->batch * p->heads * a.nq;
     if (query) {
-        *query = empty || plan.num_splits <= 1 ? 0 : rows * (size_t)(a.d + 1) * sizeof(float);
+        *query = empty ? 0 : fp_cuda_fwd_splits(p, &a, plan.num_splits, plan.keys_per_split, NULL);
         return FLASHPORT_OK;
     }
     if (empty)
         return FLASHPORT_OK;
-    a.splits = plan.num_splits;
-    a.keys_per_split = plan.keys_per_split;
+    fp_cuda_fwd_splits(p, &a, plan.num_splits, plan.keys_per_split, ws);
     a.reverse = plan.heavy_first;
-
-    if (a.splits > 1) {
-        a.o_part = (float *)ws;
-        a.lse_part = a.o_part + rows * a.d;
-    }
 
     {
         dim3 grid((unsigned)plan.num_q_blocks, (unsigned)p->heads, (unsigned)(p->batch * a.splits));
@@ -788,37 +775,23 @@ static_assert(fp_fwd_smem<64, FP_FWD_D64>() == FP_FWD_SMEM_D64 &&
               "sm80/config.h's forward shared-memory table");
 
 /* The configuration fp_sm80_pick (sm80/config.h) chooses, launched. */
-template <typename T>
-static flashport_status fp_fwd_dispatch(const fp_cuda_ctx *ctx, const fp_problem *p,
-                                        const fp_sm80_args &a, void *ws, size_t *query)
-{
-    const bool pingpong = p->head_dim <= 64 && fp_fwd_pingpong(ctx, p);
-    const fp_sm80_choice c = fp_sm80_pick(p->head_dim, ctx->smem_optin, pingpong);
-    if (c.dk == 64)
-        return c.fwd == FP_FWD_D64_PINGPONG
-                   ? fp_fwd_launch<T, 64, FP_FWD_D64_PINGPONG>(ctx, p, a, ws, query)
-                   : fp_fwd_launch<T, 64, FP_FWD_D64>(ctx, p, a, ws, query);
-    if (c.dk == 128)
-        return fp_fwd_launch<T, 128, FP_FWD_D128>(ctx, p, a, ws, query);
-    if (c.fwd == FP_FWD_D256_TWO_PER_SM)
-        return fp_fwd_launch<T, 256, FP_FWD_D256_TWO_PER_SM>(ctx, p, a, ws, query);
-    if (c.fwd == FP_FWD_D256_TWO_STAGE)
-        return fp_fwd_launch<T, 256, FP_FWD_D256_TWO_STAGE>(ctx, p, a, ws, query);
-    if (c.fwd == FP_FWD_D256_BN32)
-        return fp_fwd_launch<T, 256, FP_FWD_D256_BN32>(ctx, p, a, ws, query);
-    return fp_cuda_refuse(FLASHPORT_ERR_UNSUPPORTED_HEAD_DIM,
-                          "the forward at head dim %lld needs %zu KiB of shared memory per block; "
-                          "this device allows %zu KiB",
-                          (long long)p->head_dim, fp_fwd_smem<256, FP_FWD_D256_BN32>() / 1024,
-                          ctx->smem_optin / 1024);
-}
-
 extern "C" flashport_status fp_cuda_sm80_forward(const fp_cuda_ctx *ctx, const fp_problem *p,
                                                  void *ws, size_t *query)
 {
+    const bool pingpong = p->head_dim <= 64 && fp_fwd_pingpong(ctx, p);
+    const fp_sm80_choice c = fp_sm80_pick(p->head_dim, ctx->smem_optin, pingpong);
+    if (c.fwd < 0)
+        return fp_cuda_refuse(FLASHPORT_ERR_UNSUPPORTED_HEAD_DIM,
+                              "the forward at head dim %lld needs %zu KiB of shared memory per "
+                              "block; this device allows %zu KiB",
+                              (long long)p->head_dim, fp_fwd_smem<256, FP_FWD_D256_BN32>() / 1024,
+                              ctx->smem_optin / 1024);
     fp_sm80_args a;
     fp_sm80_fill_args(p, &a);
-    if (p->dtype == FLASHPORT_F16)
-        return fp_fwd_dispatch<__half>(ctx, p, a, ws, query);
-    return fp_fwd_dispatch<__nv_bfloat16>(ctx, p, a, ws, query);
+    return fp_cuda_dispatch<FP_SM80_DK_CLASSES>(p->dtype, c.dk, [&](auto k) {
+        using K = decltype(k);
+        return fp_cuda_with_index<fp_fwd_alts<K::DK>()>(c.fwd, [&](auto alt) {
+            return fp_fwd_launch<typename K::T, K::DK, decltype(alt)::value>(ctx, p, a, ws, query);
+        });
+    });
 }

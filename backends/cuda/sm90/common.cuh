@@ -64,10 +64,27 @@ template <int N> struct fp_wgmma_e4m3;
 #if FP_SM90_DEVICE
 FP_SM90_WGMMA_E4M3(96);
 FP_SM90_WGMMA_E4M3(128);
-FP_SM90_WGMMA_E4M3(192);
-FP_SM90_WGMMA_E4M3(224);
 FP_SM90_WGMMA_E4M3(256);
 #endif
+
+/* acc = A B^T over KT k steps of 16 columns, wgmma ss: A (the warpgroup's 64 rows) and B (N rows)
+ * K-major in shared memory, in panels of 64 columns of 128-byte swizzled rows, A's panel p at
+ * a + p * a_panel bytes, B's at b + p * b_panel (a tile of R rows: panels of R * 128 bytes).
+ * Issued only: the caller fences, commits and waits. */
+template <typename T, int N, int KT>
+FP_DEV void fp_wgmma_ss_abt(float (&acc)[N / 2], uint32_t a, uint32_t a_panel, uint32_t b,
+                            uint32_t b_panel)
+{
+#pragma unroll
+    for (int kk = 0; kk < KT; ++kk) {
+        /* panel kk / 4; 16 columns = 32 bytes into it (one sum per operand: added to the base
+         * in two steps, the same addresses gave other machine code) */
+        const uint32_t off_a = (kk / 4) * a_panel + (kk % 4) * 32;
+        const uint32_t off_b = (kk / 4) * b_panel + (kk % 4) * 32;
+        fp_wgmma<T, N>::ss(acc, fp_wgmma_desc(a + off_a, 16, 1024),
+                           fp_wgmma_desc(b + off_b, 16, 1024), kk > 0);
+    }
+}
 
 /* wgmma m64n64k16 with A and B from shared memory, both MN-major (the backward's dQ = dS K). */
 template <typename T> FP_DEV void fp_wgmma_ss_tt64(float (&d)[32], uint64_t a, uint64_t b, int acc)

@@ -71,6 +71,7 @@ extern "C" flashport_status fp_cuda_sm90_backward(const fp_cuda_ctx *ctx, const 
 }
 #else
 
+#include "backends/cuda/dispatch.cuh"
 #include "backends/cuda/sm80/common.cuh"
 #include "backends/cuda/sm90/common.cuh"
 
@@ -233,10 +234,7 @@ __global__ void __launch_bounds__(FP_SM90B_THREADS, 1)
                     fp_bulk_wait_read();
                 }
                 fp_mbar_arrive(dq_empty(u));
-                if (--mb < mb_lo) {
-                    mb = mb_end - 1;
-                    ++h;
-                }
+                fp_bwd_prev_step(h, mb, mb_lo, mb_end);
             }
             fp_bulk_wait();
         }
@@ -268,10 +266,7 @@ __global__ void __launch_bounds__(FP_SM90B_THREADS, 1)
                 const int64_t w = fp_bwd_ws_row(a, b, h, (int64_t)mb * BM);
                 fp_bulk_load(srow + s * ROW_BYTES, a.ws_lse2 + w, ROW_BYTES, full(s));
                 fp_bulk_load(srow + (ST + s) * ROW_BYTES, a.ws_dsum + w, ROW_BYTES, full(s));
-                if (--mb < mb_lo) {
-                    mb = mb_end - 1;
-                    ++h;
-                }
+                fp_bwd_prev_step(h, mb, mb_lo, mb_end);
             }
         }
         return;
@@ -333,21 +328,9 @@ __global__ void __launch_bounds__(FP_SM90B_THREADS, 1)
 
             /* S^T = K Q^T and dP^T = V dO^T, issued together */
             fp_wgmma_fence();
-#pragma unroll
-            for (int kk = 0; kk < DK / 16; ++kk) {
-                const uint32_t off = (kk / 4) * BN * 128 + (kk % 4) * 32;
-                const uint32_t offq = (kk / 4) * BM * 128 + (kk % 4) * 32;
-                fp_wgmma<T, BM>::ss(sacc, fp_wgmma_desc(k_rows + off, 16, 1024),
-                                    fp_wgmma_desc(qs + offq, 16, 1024), kk > 0);
-            }
+            fp_wgmma_ss_abt<T, BM, DK / 16>(sacc, k_rows, BN * 128, qs, BM * 128);
             fp_wgmma_commit();
-#pragma unroll
-            for (int kk = 0; kk < DK / 16; ++kk) {
-                const uint32_t off = (kk / 4) * BN * 128 + (kk % 4) * 32;
-                const uint32_t offq = (kk / 4) * BM * 128 + (kk % 4) * 32;
-                fp_wgmma<T, BM>::ss(dpacc, fp_wgmma_desc(v_rows + off, 16, 1024),
-                                    fp_wgmma_desc(dos + offq, 16, 1024), kk > 0);
-            }
+            fp_wgmma_ss_abt<T, BM, DK / 16>(dpacc, v_rows, BN * 128, dos, BM * 128);
             fp_wgmma_commit();
 
             /* P^T and dS^T: element 4 j + 2 r + e is key n0 + kr + 8 r, query m0 + 8 j + 2 t + e */
@@ -489,10 +472,7 @@ __global__ void __launch_bounds__(FP_SM90B_THREADS, 1)
                         make_float2(dq[4 * j + 2 * r], dq[4 * j + 2 * r + 1]);
             fp_fence_proxy_async_smem();
             fp_mbar_arrive(dq_full(u));
-            if (--mb < mb_lo) {
-                mb = mb_end - 1;
-                ++h;
-            }
+            fp_bwd_prev_step(h, mb, mb_lo, mb_end);
         }
     }
 
@@ -612,16 +592,6 @@ static flashport_status fp_sm90_bwd_run(const fp_cuda_ctx *ctx, const fp_problem
     return FLASHPORT_OK;
 }
 
-template <typename T>
-static flashport_status fp_sm90_bwd_dispatch(const fp_cuda_ctx *ctx, const fp_problem *p,
-                                             const char *why, const char **declined, void *ws,
-                                             size_t *query)
-{
-    if (p->head_dim <= 64)
-        return fp_sm90_bwd_run<T, fp_sm90_bwd_cfg<64>>(ctx, p, why, declined, ws, query);
-    return fp_sm90_bwd_run<T, fp_sm90_bwd_cfg<128>>(ctx, p, why, declined, ws, query);
-}
-
 extern "C" flashport_status fp_cuda_sm90_backward(const fp_cuda_ctx *ctx, const fp_problem *p,
                                                   const char *why, const char **declined, void *ws,
                                                   size_t *query)
@@ -642,9 +612,11 @@ extern "C" flashport_status fp_cuda_sm90_backward(const fp_cuda_ctx *ctx, const 
         *declined = "the sm90 kernels need more shared memory per block than this device allows";
     if (*declined)
         return FLASHPORT_OK;
-    if (p->dtype == FLASHPORT_F16)
-        return fp_sm90_bwd_dispatch<__half>(ctx, p, why, declined, ws, query);
-    return fp_sm90_bwd_dispatch<__nv_bfloat16>(ctx, p, why, declined, ws, query);
+    return fp_cuda_dispatch<64, 128>(p->dtype, p->head_dim, [&](auto k) {
+        using K = decltype(k);
+        return fp_sm90_bwd_run<typename K::T, fp_sm90_bwd_cfg<K::DK>>(ctx, p, why, declined, ws,
+                                                                      query);
+    });
 }
 
 #endif /* FP_CUDA_EMU */

@@ -79,6 +79,8 @@ def _save(ctx, q, k, v, alibi, cu_q, cu_k, params, o, lse):
     ctx.save_for_backward(q, k, v, o, lse, alibi, cu_q, cu_k)
     ctx.params = params
     ctx.mark_non_differentiable(lse)
+    # The backward never reads lse's gradient: not having torch fill one with zeros each time.
+    ctx.set_materialize_grads(False)
 
 
 def _input_grads(ctx, dout, backward):

@@ -85,7 +85,8 @@ static void raise_from_python(flashport_status st, const char *what)
     PyObject *s = value ? PyObject_Str(value) : NULL;
     const char *msg = s ? PyUnicode_AsUTF8(s) : NULL;
     PyErr_Clear();
-    raise_status(st, "%s: %s", what, msg ? msg : "?");
+    /* The first line: torch appends its C++ backtrace on the lines after. */
+    raise_status(st, "%s: %.*s", what, msg ? (int)strcspn(msg, "\n") : 1, msg ? msg : "?");
     Py_XDECREF(s);
     Py_XDECREF(type);
     Py_XDECREF(value);
@@ -205,8 +206,10 @@ static void release(imported *t)
 
 static void allocation_error(void *what, const char *kind, const char *message)
 {
-    raise_status(FLASHPORT_ERR_OUT_OF_MEMORY, "%s: allocating it failed: %s: %s",
-                 (const char *)what, kind ? kind : "?", message ? message : "?");
+    if (!message)
+        message = "?";
+    raise_status(FLASHPORT_ERR_OUT_OF_MEMORY, "%s: allocating it failed: %s: %.*s",
+                 (const char *)what, kind ? kind : "?", (int)strcspn(message, "\n"), message);
 }
 
 /* A new tensor of api's framework, dense, of the given shape, dtype and device, imported into

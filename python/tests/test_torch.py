@@ -404,3 +404,17 @@ def test_parameters(device):
     assert torch.equal(o, o3)
     for a, p in zip(grads, ps):
         assert torch.equal(a, p.grad)
+
+
+def test_output_allocation_failure(device):
+    """An output torch cannot allocate (q a stride-0 view of 2^62 elements, whose size in bytes
+    overflows, so no allocator and no overcommit setting can grant it): flashport.Error
+    OUT_OF_MEMORY with the first line of torch's reason, through the plain API and
+    flashport.torch."""
+    dtype = _dtypes(device)[-1]
+    q = torch.zeros(1, 1, 1, 64, device=device, dtype=dtype).expand(2**28, 2**28, 1, 64)
+    for call in (flashport.attention, ft.attention):
+        with pytest.raises(flashport.Error) as e:
+            call(q, q, q)
+        assert e.value.status_name == "FLASHPORT_ERR_OUT_OF_MEMORY"
+        assert "\n" not in e.value.message and "allocat" in e.value.message

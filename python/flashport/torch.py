@@ -23,7 +23,6 @@ from typing import Optional, Tuple
 import torch
 from torch import Tensor
 from torch.autograd import forward_ad
-from torch.autograd.function import once_differentiable
 
 from ._api import _NO_DESCALE, _lse_shape, run_backward, run_forward
 from ._errors import error
@@ -115,9 +114,12 @@ class _Attention(torch.autograd.Function):
         return o, lse
 
     @staticmethod
-    @once_differentiable
     def backward(ctx, dout, dlse):
-        return _input_grads(ctx, dout, _backward_impl) + (None,) * 4
+        # With create_graph (grad mode on here) through the backward op, which has no autograd
+        # formula: a gradient of these gradients raises, as it does through the custom op,
+        # instead of being taken as zero.
+        backward = _backward if torch.is_grad_enabled() else _backward_impl
+        return _input_grads(ctx, dout, backward) + (None,) * 4
 
 
 _dispatch_modes = torch._C._len_torch_dispatch_stack

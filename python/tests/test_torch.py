@@ -5,6 +5,7 @@ Every test runs on "cpu" and on "cuda"; without a CUDA device the cuda ones are 
 result is accepted when its error (against a float64 computation) is within twice the error of
 torch's math SDPA computed in the same dtype, plus a floor of a few units of the dtype's rounding.
 """
+import contextlib
 import math
 
 import numpy as np
@@ -13,6 +14,7 @@ import pytest
 torch = pytest.importorskip("torch")
 import torch.nn.functional as F  # noqa: E402
 from torch.nn.attention import SDPBackend, sdpa_kernel  # noqa: E402
+from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
 
 import flashport  # noqa: E402
 import flashport.torch as ft  # noqa: E402
@@ -315,27 +317,28 @@ def _run_attention(q, k, v, do, **kw):
     return o, lse, [x.grad for x in xs]
 
 
+class _SeenOps(TorchDispatchMode):
+    """Records the ops dispatched under it (and so routes flashport.torch through its op)."""
+
+    def __init__(self):
+        super().__init__()
+        self.ops = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.ops.append(func.name())
+        return func(*args, **(kwargs or {}))
+
+
 def test_eager_calls_skip_the_op_and_agree_with_it(device):
     """A plain eager call runs the extension directly (torch.autograd.Function when a gradient is
     wanted, nothing around it otherwise); under a dispatch mode the call goes through the custom
     op, which the mode sees. All give the same o, lse and gradients, bit for bit."""
-    from torch.utils._python_dispatch import TorchDispatchMode
-
-    class Seen(TorchDispatchMode):
-        def __init__(self):
-            super().__init__()
-            self.ops = []
-
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            self.ops.append(func.name())
-            return func(*args, **(kwargs or {}))
-
     dtype = _dtypes(device)[-1]
     g = torch.Generator().manual_seed(11)
     q, k, v, do = (torch.randn(2, 37, 4, 32, generator=g).to(device, dtype) for _ in range(4))
     o, lse, grads = _run_attention(q, k, v, do, causal=True)
     assert type(o.grad_fn).__name__ == "_AttentionBackward"  # the eager autograd.Function
-    seen = Seen()
+    seen = _SeenOps()
     with seen:
         xs = [x.clone().requires_grad_(True) for x in (q, k, v)]
         o2, lse2 = ft.attention(*xs, causal=True, return_lse=True)
@@ -425,3 +428,18 @@ def test_output_allocation_failure(device):
             call(q, q, q)
         assert e.value.status_name == "FLASHPORT_ERR_OUT_OF_MEMORY"
         assert "\n" not in e.value.message and "allocat" in e.value.message
+
+
+def test_second_order_gradients_are_refused(device):
+    """The backward has no derivative: a gradient through gradients taken with create_graph
+    (a gradient penalty) raises, on the eager path as through the op, never counts as zero."""
+    dtype = _dtypes(device)[-1]
+    q = torch.randn(1, 8, 2, 32, device=device, dtype=dtype)
+    for route in (contextlib.nullcontext, _SeenOps):
+        x = q.clone().requires_grad_(True)
+        with route():
+            o = ft.attention(x, x, x)
+        g, = torch.autograd.grad(o.float().sum(), x, create_graph=True)
+        assert g.requires_grad
+        with pytest.raises(RuntimeError, match="flashport.attention_backward"):
+            (o.float().sum() + g.float().square().sum()).backward()

@@ -3,12 +3,15 @@
  * through the C API alone: the baseline that bench/python_overhead.py subtracts from the same
  * call made from Python, to give the Python package's overhead per call.
  *
- *   call_time BACKEND DTYPE N D REPS      (DTYPE f32, f16 or bf16; q, k, v [1, N, 1, D])
+ *   call_time BACKEND DTYPE N D REPS [cpu]   (DTYPE f32, f16 or bf16; q, k, v [1, N, 1, D])
  *
  * Prints "forward_us BACKWARD_us": for each, the best of 7 trials of the mean over REPS calls
  * issued back to back, with one synchronize at the end of each trial (on a GPU, that is the
- * launch rate unless the kernels themselves are slower). bench/python_overhead.py compiles it
- * against the package's own libflashport, so both sides time the same library.
+ * launch rate unless the kernels themselves are slower). With "cpu", times are the calling
+ * thread's CPU time instead of wall time: on a loaded machine they leave out the time the thread
+ * waits for a core, so they hold still where wall time does not (meaningful for the CPU backend
+ * with FLASHPORT_NUM_THREADS=1, where all the work runs on this thread). bench/python_overhead.py
+ * compiles it against the package's own libflashport, so both sides time the same library.
  */
 #include <flashport.h>
 
@@ -17,10 +20,12 @@
 #include <string.h>
 #include <time.h>
 
+static clockid_t clock_id = CLOCK_MONOTONIC;
+
 static double now_us(void)
 {
     struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
+    clock_gettime(clock_id, &ts);
     return ts.tv_sec * 1e6 + ts.tv_nsec * 1e-3;
 }
 
@@ -35,10 +40,12 @@ static int check(flashport_status st, const char *what)
 
 int main(int argc, char **argv)
 {
-    if (argc != 6) {
-        fprintf(stderr, "usage: call_time BACKEND f32|f16|bf16 N D REPS\n");
+    if (argc != 6 && !(argc == 7 && strcmp(argv[6], "cpu") == 0)) {
+        fprintf(stderr, "usage: call_time BACKEND f32|f16|bf16 N D REPS [cpu]\n");
         return 2;
     }
+    if (argc == 7)
+        clock_id = CLOCK_THREAD_CPUTIME_ID;
     flashport_dtype dt = strcmp(argv[2], "f32") == 0   ? FLASHPORT_F32
                          : strcmp(argv[2], "f16") == 0 ? FLASHPORT_F16
                                                        : FLASHPORT_BF16;

@@ -5,9 +5,19 @@ The same tiny causal problem (q, k, v [1, N, 1, D]) is called back to back from 
 (bench/call_time.c, compiled here against the package's own libflashport) and from Python in
 each way the package offers; the difference of the per-call times is the package's overhead.
 Each figure is the best of 7 trials of the mean over --reps calls, one synchronize per trial.
+C and Python alternate: each of --rounds rounds runs the C program, then every Python case, and
+the table gives the median (and range) over the rounds of each case's time and of its
+difference from the same round's C time, so a load that drifts during the run moves both.
 
     python3 bench/python_overhead.py                      # CPU backend: NumPy and torch
     python3 bench/python_overhead.py --backend cuda       # torch CUDA (and CuPy if installed)
+    FLASHPORT_NUM_THREADS=1 python3 bench/python_overhead.py   # less noise from OpenMP wake-ups
+    python3 bench/python_overhead.py --clock cpu          # thread CPU time, one library thread
+
+--clock cpu times both sides by the calling thread's CPU time (time.thread_time, and
+CLOCK_THREAD_CPUTIME_ID in call_time.c) with FLASHPORT_NUM_THREADS=1, so all the work is on
+that thread: on a loaded machine that leaves out the time spent waiting for a core, which wall
+time cannot. CPU backend only.
 
 Needs a C compiler (cc) and the repository's include/ (run it from a checkout).
 """
@@ -23,28 +33,75 @@ import flashport
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def c_times(backend, dtype, n, d, reps):
+def build_call_time(tmp):
     lib = flashport.library_path()
-    with tempfile.TemporaryDirectory() as tmp:
-        exe = os.path.join(tmp, "call_time")
-        subprocess.run([os.environ.get("CC", "cc"), "-O2", "-std=c11", "-D_POSIX_C_SOURCE=199309L",
-                        "-I", os.path.join(ROOT, "include"),
-                        os.path.join(ROOT, "bench", "call_time.c"), lib,
-                        "-Wl,-rpath," + os.path.dirname(lib), "-o", exe], check=True)
-        out = subprocess.run([exe, backend, dtype, str(n), str(d), str(reps)], check=True,
-                             capture_output=True, text=True).stdout.split()
+    exe = os.path.join(tmp, "call_time")
+    subprocess.run([os.environ.get("CC", "cc"), "-O2", "-std=c11", "-D_POSIX_C_SOURCE=199309L",
+                    "-I", os.path.join(ROOT, "include"),
+                    os.path.join(ROOT, "bench", "call_time.c"), lib,
+                    "-Wl,-rpath," + os.path.dirname(lib), "-o", exe], check=True)
+    return exe
+
+
+def c_times(exe, backend, dtype, n, d, reps, clock):
+    out = subprocess.run([exe, backend, dtype, str(n), str(d), str(reps)] +
+                         (["cpu"] if clock == "cpu" else []), check=True, capture_output=True,
+                         text=True).stdout.split()
     return float(out[0]), float(out[1])
 
 
-def py_time(fn, sync, reps):
+def py_time(fn, sync, reps, clock):
+    now = time.thread_time if clock == "cpu" else time.perf_counter
     best = float("inf")
     for _ in range(7):
-        t0 = time.perf_counter()
+        t0 = now()
         for _ in range(reps):
             fn()
         sync()
-        best = min(best, (time.perf_counter() - t0) / reps * 1e6)
+        best = min(best, (now() - t0) / reps * 1e6)
     return best
+
+
+def cases_for(label, make, sync, torch_ops):
+    """(name, C baseline ("fwd", "bwd" or "fwd+bwd"), fn, sync) for one framework's tensors."""
+    q, k, v, do = make()
+    o, lse = flashport.attention(q, k, v, causal=True, return_lse=True)
+    dq, dk, dv = flashport.attention_backward(do, q, k, v, o, lse, causal=True)
+    cases = [
+        ("attention(..., return_lse=True)", "fwd",
+         lambda: flashport.attention(q, k, v, causal=True, return_lse=True)),
+        ("attention(..., out=(o, lse))", "fwd",
+         lambda: flashport.attention(q, k, v, causal=True, return_lse=True, out=(o, lse))),
+        ("attention_backward(...)", "bwd",
+         lambda: flashport.attention_backward(do, q, k, v, o, lse, causal=True)),
+        ("attention_backward(..., out=)", "bwd",
+         lambda: flashport.attention_backward(do, q, k, v, o, lse, causal=True,
+                                              out=(dq, dk, dv))),
+    ]
+    if torch_ops:
+        import flashport.torch as ft
+
+        qg, kg, vg = (x.clone().requires_grad_() for x in (q, k, v))
+
+        def fwd_bwd():
+            ft.attention(qg, kg, vg, causal=True).backward(do)
+
+        cases += [
+            ("flashport.torch.attention, no grad", "fwd",
+             lambda: ft.attention(q, k, v, causal=True)),
+            ("flashport.torch.attention, requires_grad", "fwd",
+             lambda: ft.attention(qg, kg, vg, causal=True)),
+            ("flashport.torch.attention + .backward()", "fwd+bwd", fwd_bwd),
+            ("torch.ops.flashport.attention_forward (the op)", "fwd",
+             lambda: torch_ops.attention_forward(q, k, v, None, None, None, 0.0, -1, 0, True, 0.0,
+                                                 0, 0, False)),
+        ]
+    return [(f"{label}: {name}", base, fn, sync) for name, base, fn in cases]
+
+
+def median(xs):
+    xs = sorted(xs)
+    return xs[len(xs) // 2] if len(xs) % 2 else 0.5 * (xs[len(xs) // 2 - 1] + xs[len(xs) // 2])
 
 
 def main():
@@ -54,69 +111,77 @@ def main():
                     help="sequence length (tiny: the call is the cost)")
     ap.add_argument("--d", type=int, default=64, help="head dim")
     ap.add_argument("--reps", type=int, default=2000)
+    ap.add_argument("--rounds", type=int, default=5, help="C / Python alternations")
+    ap.add_argument("--clock", default="wall", choices=["wall", "cpu"],
+                    help="wall time, or the calling thread's CPU time (CPU backend, one thread)")
     args = ap.parse_args()
     cuda = args.backend == "cuda"
+    if args.clock == "cpu":
+        if cuda:
+            ap.error("--clock cpu times the CPU backend only")
+        os.environ["FLASHPORT_NUM_THREADS"] = "1"  # read when the backend opens, in both
     dname = "bf16" if cuda else "f32"
-    c_fwd, c_bwd = c_times(args.backend, dname, args.n, args.d, args.reps)
-    rows = [("C API (call_time.c)", "fwd", c_fwd, c_fwd), ("C API (call_time.c)", "bwd", c_bwd,
-                                                             c_bwd)]
     shape = (1, args.n, 1, args.d)
 
-    def measure(label, make, sync, modules):
-        q, k, v, do = make()
-        o, lse = flashport.attention(q, k, v, causal=True, return_lse=True)
-        dq, dk, dv = flashport.attention_backward(do, q, k, v, o, lse, causal=True)
-        cases = [
-            ("attention(..., return_lse=True)", "fwd",
-             lambda: flashport.attention(q, k, v, causal=True, return_lse=True)),
-            ("attention(..., out=(o, lse))", "fwd",
-             lambda: flashport.attention(q, k, v, causal=True, return_lse=True, out=(o, lse))),
-            ("attention_backward(...)", "bwd",
-             lambda: flashport.attention_backward(do, q, k, v, o, lse, causal=True)),
-            ("attention_backward(..., out=)", "bwd",
-             lambda: flashport.attention_backward(do, q, k, v, o, lse, causal=True,
-                                                  out=(dq, dk, dv))),
-        ]
-        if "torch" in modules:
-            import flashport.torch as ft
-
-            cases.append(("flashport.torch.attention (custom op)", "fwd",
-                          lambda: ft.attention(q, k, v, causal=True)))
-        for name, direction, fn in cases:
-            t = py_time(fn, sync, args.reps)
-            rows.append((f"{label}: {name}", direction, t, c_fwd if direction == "fwd" else c_bwd))
-
-    modules = set()
+    cases = []
     try:
         import torch
 
-        modules.add("torch")
+        import flashport.torch  # noqa: F401  (registers torch.ops.flashport)
+
         dev = "cuda" if cuda else "cpu"
         tdt = torch.bfloat16 if cuda else torch.float32
-        measure("torch", lambda: [torch.zeros(shape, dtype=tdt, device=dev) for _ in range(4)],
-                torch.cuda.synchronize if cuda else (lambda: None), modules)
+        cases += cases_for("torch", lambda: [torch.zeros(shape, dtype=tdt, device=dev)
+                                             for _ in range(4)],
+                           torch.cuda.synchronize if cuda else (lambda: None),
+                           torch.ops.flashport)
     except ImportError:
         print("torch not installed: its rows are left out", file=sys.stderr)
     if not cuda:
         import numpy as np
 
-        measure("NumPy", lambda: [np.zeros(shape, np.float32) for _ in range(4)], lambda: None,
-                set())
+        cases += cases_for("NumPy", lambda: [np.zeros(shape, np.float32) for _ in range(4)],
+                           lambda: None, None)
     else:
         try:
             import cupy as cp
 
-            measure("CuPy", lambda: [cp.zeros(shape, cp.float16) for _ in range(4)],
-                    cp.cuda.get_current_stream().synchronize, set())
+            cases += cases_for("CuPy", lambda: [cp.zeros(shape, cp.float16) for _ in range(4)],
+                               cp.cuda.get_current_stream().synchronize, None)
         except ImportError:
             pass
 
+    c_rows = {"fwd": [], "bwd": []}
+    times = {name: [] for name, *_ in cases}
+    over = {name: [] for name, *_ in cases}
+    with tempfile.TemporaryDirectory() as tmp:
+        exe = build_call_time(tmp)
+        for _ in range(args.rounds):
+            c_fwd, c_bwd = c_times(exe, args.backend, dname, args.n, args.d, args.reps,
+                                   args.clock)
+            c_rows["fwd"].append(c_fwd)
+            c_rows["bwd"].append(c_bwd)
+            base = {"fwd": c_fwd, "bwd": c_bwd, "fwd+bwd": c_fwd + c_bwd}
+            for name, b, fn, sync in cases:
+                t = py_time(fn, sync, args.reps, args.clock)
+                times[name].append(t)
+                over[name].append(t - base[b])
+
     print(f"flashport {flashport.version()}, backend {args.backend}, {dname}, causal, "
-          f"q/k/v [1, {args.n}, 1, {args.d}], {args.reps} calls per trial, best of 7\n")
-    print("| call | dir | us per call | overhead over the C call, us |")
+          f"q/k/v [1, {args.n}, 1, {args.d}], {args.reps} calls per trial, best of 7 trials, "
+          f"median (range) over {args.rounds} rounds of C and Python alternating, "
+          f"{args.clock} clock, FLASHPORT_NUM_THREADS="
+          f"{os.environ.get('FLASHPORT_NUM_THREADS', '(unset)')}; "
+          f"load average {' '.join(f'{x:.1f}' for x in os.getloadavg())}\n")
+    print("| call | C baseline | us per call | over the C call, us |")
     print("|---|---|---|---|")
-    for name, direction, t, base in rows:
-        print(f"| {name} | {direction} | {t:.2f} | {t - base:+.2f} |")
+    for d in ("fwd", "bwd"):
+        print(f"| C API (call_time.c) | {d} | {median(c_rows[d]):.2f} "
+              f"({min(c_rows[d]):.2f} .. {max(c_rows[d]):.2f}) | |")
+    for name, b, _, _ in cases:
+        o = over[name]
+        print(f"| {name} | {b} | {median(times[name]):.2f} | {median(o):+.2f} "
+              f"({min(o):+.2f} .. {max(o):+.2f}) |")
 
 
 if __name__ == "__main__":

@@ -3,20 +3,20 @@ from . import _C
 from ._errors import error
 from ._frontends import frontend
 
-# fp8 formats by name (attention(fp8=...)) and torch dtype, as flashport_dtype codes
+# fp8 formats by name (attention(fp8=...)), as flashport_dtype codes
 _FP8_NAMES = {"e4m3": 3, "e5m2": 4}
-_FP8_TORCH = {"torch.float8_e4m3fn": 3, "torch.float8_e5m2": 4}
+_NO_DESCALE = (0.0, 0.0, 0.0)
 
 
-def _fp8_code(q, fp8):
+def _fp8_code(fe, q, fp8):
     """0, or the flashport dtype of fp8 q, k, v: named by fp8 (uint8 arrays holding the codes),
-    or read from a torch float8 dtype."""
+    or read from the framework's float8 dtype."""
     if fp8 is not None:
         if fp8 not in _FP8_NAMES:
             raise error("FLASHPORT_ERR_INVALID_VALUE",
                         f"fp8 = {fp8!r}: expected None, 'e4m3' or 'e5m2'")
         return _FP8_NAMES[fp8]
-    return _FP8_TORCH.get(str(getattr(q, "dtype", "")), 0)
+    return fe.fp8.get(getattr(q, "dtype", None), 0) if fe.fp8 else 0
 
 
 def _lse_shape(q, varlen):
@@ -38,8 +38,46 @@ def _max_lens(fe, cu_q, cu_k, max_q, max_k):
             fe.max_len(cu_k) if max_k is None else max_k)
 
 
-def _opt(ex, x):
-    return None if x is None else ex(x)
+def _exported(fe, tensors):
+    return tuple(None if x is None else fe.export(x) for x in tensors)
+
+
+def run_forward(fe, backend, q, k, v, o, lse, alibi, cu_q, cu_k, scale, window_left,
+                window_right, causal, softcap, max_q, max_k, deterministic, seqused_k,
+                block_table, descale, code):
+    """The forward on q's frontend fe; o None and lse True are allocated (lse None: not
+    computed), by the extension where the framework lets it. Returns (o, lse)."""
+    if not fe.allocates:
+        if o is None:
+            o = fe.empty_fp8_out(q) if code else fe.empty_like(q)
+        if lse is True:
+            shape = _lse_shape(q, cu_q is not None)
+            lse = None if shape is None else fe.empty_f32(shape, q)
+    if fe.raw:
+        return _C.forward(backend, None, q, k, v, o, lse, alibi, cu_q, cu_k, scale, window_left,
+                          window_right, causal, softcap, max_q, max_k, deterministic,
+                          seqused_k, block_table, *descale, code)
+    t = _exported(fe, (q, k, v, o, lse, alibi, cu_q, cu_k, seqused_k, block_table))
+    _C.forward(backend, fe.stream(q), *t[:8], scale, window_left, window_right, causal, softcap,
+               max_q, max_k, deterministic, t[8], t[9], *descale, code)
+    return o, lse
+
+
+def run_backward(fe, backend, dout, q, k, v, o, lse, dq, dk, dv, alibi, cu_q, cu_k, scale,
+                 window_left, window_right, causal, softcap, max_q, max_k, deterministic,
+                 seqused_k, code):
+    """The backward on q's frontend fe; dq, dk, dv None are allocated, by the extension where
+    the framework lets it. code: q's fp8 dtype (the library refuses fp8). Returns (dq, dk, dv)."""
+    if not fe.allocates and dq is None:
+        dq, dk, dv = fe.empty_like(q), fe.empty_like(k), fe.empty_like(v)
+    if fe.raw:
+        return _C.backward(backend, None, q, k, v, o, lse, dout, dq, dk, dv, alibi, cu_q, cu_k,
+                           scale, window_left, window_right, causal, softcap, max_q, max_k,
+                           deterministic, seqused_k, None, *_NO_DESCALE, code)
+    t = _exported(fe, (q, k, v, o, lse, dout, dq, dk, dv, alibi, cu_q, cu_k, seqused_k))
+    _C.backward(backend, fe.stream(q), *t[:12], scale, window_left, window_right, causal,
+                softcap, max_q, max_k, deterministic, t[12], None, *_NO_DESCALE, code)
+    return dq, dk, dv
 
 
 def attention(q, k, v, *, causal=False, window=(-1, -1), softcap=0.0, alibi_slopes=None,
@@ -75,23 +113,15 @@ def attention(q, k, v, *, causal=False, window=(-1, -1), softcap=0.0, alibi_slop
     Raises flashport.Error (status name and the library's message) on bad input.
     """
     fe = frontend(q)
-    code = _fp8_code(q, fp8)
     if out is not None:
         o, lse = out if return_lse else (out, None)
     else:
-        o = fe.empty_fp8_out(q) if code else fe.empty_like(q)
-        lse = None
-        if return_lse:
-            shape = _lse_shape(q, cu_seqlens_q is not None)
-            if shape is not None:
-                lse = fe.empty_f32(shape, q)
+        o, lse = None, (True if return_lse else None)
     max_q, max_k = _max_lens(fe, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
-    ex = fe.export
-    _C.forward(backend, fe.stream(q), ex(q), ex(k), ex(v), ex(o), _opt(ex, lse),
-               _opt(ex, alibi_slopes), _opt(ex, cu_seqlens_q), _opt(ex, cu_seqlens_k),
-               0.0 if scale is None else scale, window[0], window[1], causal, softcap, max_q,
-               max_k, False, _opt(ex, seqused_k), _opt(ex, block_table),
-               *(descale or (0.0, 0.0, 0.0)), code)
+    o, lse = run_forward(fe, backend, q, k, v, o, lse, alibi_slopes, cu_seqlens_q, cu_seqlens_k,
+                         0.0 if scale is None else scale, window[0], window[1], causal, softcap,
+                         max_q, max_k, False, seqused_k, block_table, descale or _NO_DESCALE,
+                         _fp8_code(fe, q, fp8))
     return (o, lse) if return_lse else o
 
 
@@ -108,15 +138,9 @@ def attention_backward(dout, q, k, v, o, lse, *, causal=False, window=(-1, -1), 
     (dq, dk, dv) in q's type.
     """
     fe = frontend(q)
-    if out is not None:
-        dq, dk, dv = out
-    else:
-        dq, dk, dv = fe.empty_like(q), fe.empty_like(k), fe.empty_like(v)
+    dq, dk, dv = (None, None, None) if out is None else out
     max_q, max_k = _max_lens(fe, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
-    ex = fe.export
-    _C.backward(backend, fe.stream(q), ex(q), ex(k), ex(v), ex(o), ex(lse), ex(dout), ex(dq),
-                ex(dk), ex(dv), _opt(ex, alibi_slopes), _opt(ex, cu_seqlens_q),
-                _opt(ex, cu_seqlens_k), 0.0 if scale is None else scale, window[0], window[1],
-                causal, softcap, max_q, max_k, deterministic, _opt(ex, seqused_k), None,
-                0.0, 0.0, 0.0, _fp8_code(q, None))
-    return dq, dk, dv
+    return run_backward(fe, backend, dout, q, k, v, o, lse, dq, dk, dv, alibi_slopes,
+                        cu_seqlens_q, cu_seqlens_k, 0.0 if scale is None else scale, window[0],
+                        window[1], causal, softcap, max_q, max_k, deterministic, seqused_k,
+                        _fp8_code(fe, q, None))

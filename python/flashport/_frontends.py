@@ -5,7 +5,15 @@ One frontend per input type, found once and cached. Outputs are allocated by the
 framework, so they come back in its type and, on a GPU, from its allocator. Known frameworks:
 NumPy, torch, CuPy; any other type that implements the array API standard
 (``__array_namespace__``) and DLPack works through that namespace.
+
+Each frontend says:
+- ``raw``: its tensors go to the extension as they are, which finds the stream itself (so
+  ``export`` and ``stream`` are not called);
+- ``allocates``: the extension allocates the outputs through the framework's DLPack C exchange
+  API (torch 2.15 has it), so ``empty_like`` and friends are not called for a plain call;
+- ``fp8``: the framework's float8 dtypes, as flashport dtype codes.
 """
+from . import _C
 
 _frontends = {}
 
@@ -34,6 +42,10 @@ def _make(x):
 class _NumPy:
     """Host memory, no stream; the extension calls ``__dlpack__`` itself."""
 
+    raw = True
+    allocates = False
+    fp8 = {}
+
     def __init__(self):
         import numpy
 
@@ -48,26 +60,26 @@ class _NumPy:
     def empty_fp8_out(self, x):
         return self.np.empty(x.shape, self.np.float16)  # NumPy has no bfloat16
 
-    def export(self, x):
-        return x
-
-    def stream(self, x):
-        return None
-
     def max_len(self, cu):
         cu = self.np.asarray(cu)
         return int((cu[1:] - cu[:-1]).max()) if cu.shape[0] > 1 else 0
 
 
 class _Torch:
-    """torch on any device. torch's own ``__dlpack__`` costs several microseconds in Python
-    checks (requires_grad, conjugate bits, a stream handshake this call does not need, since it
-    runs on the current stream); its C export, where it exists, is a fraction of that."""
+    """torch on any device. Where torch publishes DLPack's C exchange API (torch 2.15 does) the
+    extension does everything through it: reads the tensors, allocates the outputs, asks for
+    the current stream. Older torch: torch's own ``__dlpack__`` costs several microseconds in
+    Python checks (requires_grad, conjugate bits, a stream handshake this call does not need,
+    since it runs on the current stream); its C export, where it exists, is a fraction of that.
+    """
 
     def __init__(self):
         import torch
 
         self.torch = torch
+        self.raw = self.allocates = _C.use_exchange_api(torch.Tensor)
+        self.fp8 = {getattr(torch, name): code for name, code in
+                    (("float8_e4m3fn", 3), ("float8_e5m2", 4)) if hasattr(torch, name)}
         self._to_dlpack = getattr(torch._C, "_to_dlpack", None)
         self._raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
 
@@ -106,6 +118,10 @@ class _CuPy:
     """CuPy on its current stream: the DLPack handshake names that stream, so CuPy orders
     nothing extra, and flashport enqueues on the same stream."""
 
+    raw = False
+    allocates = False
+    fp8 = {}
+
     def __init__(self):
         import cupy
 
@@ -141,6 +157,10 @@ class _ArrayAPI:
     input's device; GPU data on the legacy default stream, which DLPack's stream=1 asks the
     producer to order its work before."""
 
+    raw = False
+    allocates = False
+    fp8 = {}
+
     def __init__(self, xp):
         self.xp = xp
 
@@ -169,6 +189,10 @@ class _Unknown:
     """Not a tensor flashport knows how to allocate for: the extension reports what is wrong
     (no ``__dlpack__``, or a DLPack tensor whose framework gives no way to allocate outputs)."""
 
+    raw = True
+    allocates = False
+    fp8 = {}
+
     def empty_like(self, x):
         from ._errors import Error, status_code
 
@@ -183,9 +207,3 @@ class _Unknown:
 
     def empty_fp8_out(self, x):
         return self.empty_like(x)
-
-    def export(self, x):
-        return x
-
-    def stream(self, x):
-        return None

@@ -8,6 +8,10 @@ Two ops in the ``flashport`` namespace, ``torch.ops.flashport.attention_forward`
 lse) and ``torch.ops.flashport.attention_backward``; the forward has an autograd formula that
 calls the backward op, and both have fake (meta) implementations, so torch.compile traces them
 without running them. They run on the tensors' device, on torch's current stream.
+``attention`` calls the op under torch.compile, tracing, dispatch / function modes and functorch
+transforms; a plain eager call runs the op's own implementation without torch's dispatch of a
+Python op (which costs more than the attention of a small problem), through an
+``autograd.Function`` with the same formula when a gradient is wanted.
 
 ``flash_attn_func``, ``flash_attn_varlen_func``, ``flash_attn_qkvpacked_func`` and
 ``flash_attn_kvpacked_func`` take FlashAttention's arguments and layouts, so code written for
@@ -18,8 +22,9 @@ from typing import Optional, Tuple
 
 import torch
 from torch import Tensor
+from torch.autograd import forward_ad
 
-from . import _C
+from ._api import _NO_DESCALE, _lse_shape, run_backward, run_forward
 from ._errors import error
 from ._frontends import frontend
 
@@ -29,51 +34,39 @@ __all__ = ["attention", "flash_attn_func", "flash_attn_varlen_func", "flash_attn
 _fe = frontend(torch.empty(0))
 
 
-def _lse_shape(q: Tensor, varlen: bool):
-    # dense q [B, Nq, H, D] -> [B, H, Nq]; varlen q [total_q, H, D] -> [H, total_q]
-    if varlen:
-        return (q.shape[1], q.shape[0]) if q.dim() == 3 else (0,)
-    return (q.shape[0], q.shape[2], q.shape[1]) if q.dim() == 4 else (0,)
+def _forward_impl(q: Tensor, k: Tensor, v: Tensor, alibi_slopes: Optional[Tensor],
+                  cu_seqlens_q: Optional[Tensor], cu_seqlens_k: Optional[Tensor], scale: float,
+                  window_left: int, window_right: int, causal: bool, softcap: float,
+                  max_seqlen_q: int, max_seqlen_k: int,
+                  deterministic: bool) -> Tuple[Tensor, Tensor]:
+    return run_forward(_fe, None, q, k, v, None, True, alibi_slopes, cu_seqlens_q, cu_seqlens_k,
+                       scale, window_left, window_right, causal, softcap, max_seqlen_q,
+                       max_seqlen_k, deterministic, None, None, _NO_DESCALE,
+                       _fe.fp8.get(q.dtype, 0))
 
 
-def _opt(x):
-    return None if x is None else _fe.export(x)
+def _backward_impl(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, o: Tensor, lse: Tensor,
+                   alibi_slopes: Optional[Tensor], cu_seqlens_q: Optional[Tensor],
+                   cu_seqlens_k: Optional[Tensor], scale: float, window_left: int,
+                   window_right: int, causal: bool, softcap: float, max_seqlen_q: int,
+                   max_seqlen_k: int, deterministic: bool) -> Tuple[Tensor, Tensor, Tensor]:
+    return run_backward(_fe, None, dout, q, k, v, o, lse, None, None, None, alibi_slopes,
+                        cu_seqlens_q, cu_seqlens_k, scale, window_left, window_right, causal,
+                        softcap, max_seqlen_q, max_seqlen_k, deterministic, None,
+                        _fe.fp8.get(q.dtype, 0))
 
 
-@torch.library.custom_op("flashport::attention_forward", mutates_args=())
-def _forward(q: Tensor, k: Tensor, v: Tensor, alibi_slopes: Optional[Tensor],
-             cu_seqlens_q: Optional[Tensor], cu_seqlens_k: Optional[Tensor], scale: float,
-             window_left: int, window_right: int, causal: bool, softcap: float,
-             max_seqlen_q: int, max_seqlen_k: int, deterministic: bool) -> Tuple[Tensor, Tensor]:
-    o = torch.empty_like(q)
-    lse = q.new_empty(_lse_shape(q, cu_seqlens_q is not None), dtype=torch.float32)
-    ex = _fe.export
-    _C.forward(None, _fe.stream(q), ex(q), ex(k), ex(v), ex(o), ex(lse), _opt(alibi_slopes),
-               _opt(cu_seqlens_q), _opt(cu_seqlens_k), scale, window_left, window_right, causal,
-               softcap, max_seqlen_q, max_seqlen_k, deterministic, None, None)
-    return o, lse
+_forward = torch.library.custom_op("flashport::attention_forward", _forward_impl,
+                                   mutates_args=())
+_backward = torch.library.custom_op("flashport::attention_backward", _backward_impl,
+                                    mutates_args=())
 
 
 @_forward.register_fake
-def _forward_fake(q, k, v, alibi_slopes, cu_seqlens_q, cu_seqlens_k, scale, window_left,
-                  window_right, causal, softcap, max_seqlen_q, max_seqlen_k, deterministic):
-    return (torch.empty_like(q),
-            q.new_empty(_lse_shape(q, cu_seqlens_q is not None), dtype=torch.float32))
-
-
-@torch.library.custom_op("flashport::attention_backward", mutates_args=())
-def _backward(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, o: Tensor, lse: Tensor,
-              alibi_slopes: Optional[Tensor], cu_seqlens_q: Optional[Tensor],
-              cu_seqlens_k: Optional[Tensor], scale: float, window_left: int, window_right: int,
-              causal: bool, softcap: float, max_seqlen_q: int, max_seqlen_k: int,
-              deterministic: bool) -> Tuple[Tensor, Tensor, Tensor]:
-    dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
-    ex = _fe.export
-    _C.backward(None, _fe.stream(q), ex(q), ex(k), ex(v), ex(o), ex(lse), ex(dout), ex(dq),
-                ex(dk), ex(dv), _opt(alibi_slopes), _opt(cu_seqlens_q), _opt(cu_seqlens_k), scale,
-                window_left, window_right, causal, softcap, max_seqlen_q, max_seqlen_k,
-                deterministic, None, None)
-    return dq, dk, dv
+def _forward_fake(q, k, v, alibi_slopes, cu_seqlens_q, cu_seqlens_k, *args):
+    lse_shape = _lse_shape(q, cu_seqlens_q is not None) or (0,)
+    o_dtype = torch.bfloat16 if q.dtype in _fe.fp8 else q.dtype
+    return (torch.empty_like(q, dtype=o_dtype), q.new_empty(lse_shape, dtype=torch.float32))
 
 
 @_backward.register_fake
@@ -81,26 +74,69 @@ def _backward_fake(dout, q, k, v, o, lse, *args):
     return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
 
 
-def _setup_context(ctx, inputs, output):
-    (q, k, v, alibi, cu_q, cu_k, scale, wl, wr, causal, softcap, max_q, max_k,
-     deterministic) = inputs
-    o, lse = output
+def _save(ctx, q, k, v, alibi, cu_q, cu_k, params, o, lse):
     ctx.save_for_backward(q, k, v, o, lse, alibi, cu_q, cu_k)
-    ctx.params = (scale, wl, wr, causal, softcap, max_q, max_k, deterministic)
+    ctx.params = params
     ctx.mark_non_differentiable(lse)
+    # The backward never reads lse's gradient: not having torch fill one with zeros each time.
+    ctx.set_materialize_grads(False)
 
 
-def _autograd_backward(ctx, dout, dlse):
+def _input_grads(ctx, dout, backward):
     q, k, v, o, lse, alibi, cu_q, cu_k = ctx.saved_tensors
     # A gradient arriving as a broadcast (o.sum().backward() gives stride 0 everywhere) or
     # otherwise without a unit last stride, which GPU backends need, becomes a dense copy.
     if dout.stride(-1) != 1:
         dout = dout.contiguous()
-    dq, dk, dv = _backward(dout, q, k, v, o, lse, alibi, cu_q, cu_k, *ctx.params)
-    return (dq, dk, dv) + (None,) * 11
+    return backward(dout, q, k, v, o, lse, alibi, cu_q, cu_k, *ctx.params)
+
+
+def _setup_context(ctx, inputs, output):
+    q, k, v, alibi, cu_q, cu_k = inputs[:6]
+    _save(ctx, q, k, v, alibi, cu_q, cu_k, inputs[6:], *output)
+
+
+def _autograd_backward(ctx, dout, dlse):
+    return _input_grads(ctx, dout, _backward) + (None,) * 11
 
 
 _forward.register_autograd(_autograd_backward, setup_context=_setup_context)
+
+
+class _Attention(torch.autograd.Function):
+    """The op's autograd formula for eager calls that may skip the dispatcher (_eager): the same
+    forward, saved tensors and backward, without the custom op's Python dispatch."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, alibi, cu_q, cu_k, params):
+        o, lse = _forward_impl(q, k, v, alibi, cu_q, cu_k, *params)
+        _save(ctx, q, k, v, alibi, cu_q, cu_k, params, o, lse)
+        return o, lse
+
+    @staticmethod
+    def backward(ctx, dout, dlse):
+        # With create_graph (grad mode on here) through the backward op, which has no autograd
+        # formula: a gradient of these gradients raises, as it does through the custom op,
+        # instead of being taken as zero.
+        backward = _backward if torch.is_grad_enabled() else _backward_impl
+        return _input_grads(ctx, dout, backward) + (None,) * 4
+
+
+_dispatch_modes = torch._C._len_torch_dispatch_stack
+_function_modes = torch._C._is_torch_function_mode_enabled
+_transforms = torch._C._are_functorch_transforms_active
+_tracing = torch._C._get_tracing_state
+
+
+def _eager(q, k, v):
+    """Whether a call may go straight to the extension instead of through the custom op: plain
+    tensors, and nothing that watches or transforms ops (dispatch or function modes, such as
+    FakeTensorMode, make_fx, FlopCounterMode or torch.device(); functorch transforms; forward-mode
+    AD; torch.jit.trace). Those need the op; a plain eager call gets nothing from torch's dispatch
+    of a Python op but its cost, tens of microseconds."""
+    return (type(q) is Tensor and type(k) is Tensor and type(v) is Tensor
+            and not _dispatch_modes() and not _function_modes() and not _transforms()
+            and forward_ad._current_level < 0 and _tracing() is None)
 
 
 def _max_len(cu, given):
@@ -117,11 +153,21 @@ def attention(q, k, v, *, causal=False, window=(-1, -1), softcap=0.0, alibi_slop
 
     The arguments are flashport.attention's; deterministic asks the backward for bitwise
     identical gradients run after run. Returns o, or (o, lse) with return_lse.
+
+    Under torch.compile, tracing, modes and transforms this is the custom op
+    torch.ops.flashport.attention_forward; a plain eager call runs the same code without the
+    op's dispatch (with torch.autograd.Function when a gradient is wanted).
     """
-    o, lse = _forward(q, k, v, alibi_slopes, cu_seqlens_q, cu_seqlens_k,
-                      0.0 if scale is None else float(scale), int(window[0]), int(window[1]),
-                      bool(causal), float(softcap), _max_len(cu_seqlens_q, max_seqlen_q),
-                      _max_len(cu_seqlens_k, max_seqlen_k), bool(deterministic))
+    params = (0.0 if scale is None else float(scale), int(window[0]), int(window[1]),
+              bool(causal), float(softcap), _max_len(cu_seqlens_q, max_seqlen_q),
+              _max_len(cu_seqlens_k, max_seqlen_k), bool(deterministic))
+    if torch.compiler.is_compiling() or not _eager(q, k, v):
+        o, lse = _forward(q, k, v, alibi_slopes, cu_seqlens_q, cu_seqlens_k, *params)
+    elif torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad or
+                                      (alibi_slopes is not None and alibi_slopes.requires_grad)):
+        o, lse = _Attention.apply(q, k, v, alibi_slopes, cu_seqlens_q, cu_seqlens_k, params)
+    else:
+        o, lse = _forward_impl(q, k, v, alibi_slopes, cu_seqlens_q, cu_seqlens_k, *params)
     return (o, lse) if return_lse else o
 
 

@@ -4,9 +4,16 @@
  * It takes every tensor as DLPack (a "dltensor" / "dltensor_versioned" capsule, or any object
  * with __dlpack__), checks that they all live on one device, opens the backend that computes
  * there (once per backend and device, kept for the life of the process), passes the caller's
- * stream and calls the C API. Outputs are allocated by the Python side with the caller's own
- * framework (NumPy, torch, CuPy, ...) and come in here as DLPack too, so results are returned in
- * the input's own type and GPU memory comes from the framework's allocator.
+ * stream and calls the C API. Outputs are allocated with the caller's own framework (NumPy,
+ * torch, CuPy, ...), so results are returned in the input's own type and GPU memory comes from
+ * the framework's allocator.
+ *
+ * Frameworks that publish DLPack's C exchange API on their tensor type (torch 2.15 does), and
+ * whose frontend in the package says so (use_exchange_api), are met through it alone: tensors
+ * are described into a DLTensor on the stack (no capsule, no Python call), outputs the caller
+ * leaves to us are allocated by the framework from here, and the stream is the framework's
+ * current one. That keeps a call from torch within a few microseconds of the C call. Other
+ * frameworks' outputs are allocated on the Python side and come in as DLPack like the inputs.
  *
  * A capsule is read, never consumed: it stays named "dltensor", so the producer's own destructor
  * releases it when the call drops its reference.
@@ -61,11 +68,55 @@ typedef struct imported {
     PyObject *capsule; /* owned; keeps the producer's memory alive for the call */
     const fp_dl_tensor *dl;
     int readonly;
+    fp_dl_tensor local; /* dl points here when the tensor came through the exchange API */
 } imported;
 
 static PyObject *str_dlpack;     /* "__dlpack__" */
 static PyObject *kw_max_version; /* ("max_version",) */
 static PyObject *dlpack_version; /* (1, 0) */
+
+/* Replaces the pending Python exception (a framework's own refusal) by a flashport.Error of
+ * status st whose message is `what`, then the exception's text. */
+static void raise_from_python(flashport_status st, const char *what)
+{
+    PyObject *type, *value, *tb;
+    PyErr_Fetch(&type, &value, &tb);
+    PyErr_NormalizeException(&type, &value, &tb);
+    PyObject *s = value ? PyObject_Str(value) : NULL;
+    const char *msg = s ? PyUnicode_AsUTF8(s) : NULL;
+    PyErr_Clear();
+    /* The first line: torch appends its C++ backtrace on the lines after. */
+    raise_status(st, "%s: %.*s", what, msg ? (int)strcspn(msg, "\n") : 1, msg ? msg : "?");
+    Py_XDECREF(s);
+    Py_XDECREF(type);
+    Py_XDECREF(value);
+    Py_XDECREF(tb);
+}
+
+/* The tensor types met through DLPack's C exchange API, and their tables. A type is added by the
+ * package's frontend for its framework (use_exchange_api), not found by itself: the exchange API
+ * carries no read-only flag, so it is used only for frameworks known to have no read-only
+ * tensors (torch). The list holds a reference to each type. */
+#define MAX_TYPES 8
+
+static struct {
+    PyTypeObject *type;
+    const fp_dl_exchange_api *api;
+} api_types[MAX_TYPES];
+static int num_api_types;
+
+/* The table of `type` or of the registered type it derives from (torch.nn.Parameter and other
+ * torch.Tensor subclasses are torch tensors to the exchange API too). */
+static const fp_dl_exchange_api *exchange_api(PyTypeObject *type)
+{
+    for (int i = 0; i < num_api_types; i++)
+        if (api_types[i].type == type)
+            return api_types[i].api;
+    for (int i = 0; i < num_api_types; i++)
+        if (PyType_IsSubtype(type, api_types[i].type))
+            return api_types[i].api;
+    return NULL;
+}
 
 /* Exports obj (or takes its capsule). Returns 0, or -1 with an exception set. */
 static int import_tensor(const char *what, PyObject *obj, imported *out)
@@ -73,6 +124,18 @@ static int import_tensor(const char *what, PyObject *obj, imported *out)
     out->capsule = NULL;
     out->dl = NULL;
     out->readonly = 0;
+    const fp_dl_exchange_api *api = exchange_api(Py_TYPE(obj));
+    if (api) {
+        if (api->dltensor_from_py_object_no_sync(obj, &out->local) != 0) {
+            char ctx[160];
+            snprintf(ctx, sizeof ctx, "%s: %.100s refused to export DLPack", what,
+                     Py_TYPE(obj)->tp_name);
+            raise_from_python(FLASHPORT_ERR_INVALID_VALUE, ctx);
+            return -1;
+        }
+        out->dl = &out->local;
+        return 0;
+    }
     PyObject *cap;
     if (PyCapsule_CheckExact(obj)) {
         Py_INCREF(obj);
@@ -95,18 +158,10 @@ static int import_tensor(const char *what, PyObject *obj, imported *out)
                 return -1;
             }
             /* The producer's own refusal (e.g. torch's "requires grad"), with our context. */
-            PyObject *type, *value, *tb;
-            PyErr_Fetch(&type, &value, &tb);
-            PyErr_NormalizeException(&type, &value, &tb);
-            PyObject *s = value ? PyObject_Str(value) : NULL;
-            const char *msg = s ? PyUnicode_AsUTF8(s) : NULL;
-            PyErr_Clear();
-            raise_status(FLASHPORT_ERR_INVALID_VALUE, "%s: %.100s refused to export DLPack: %s",
-                         what, Py_TYPE(obj)->tp_name, msg ? msg : "?");
-            Py_XDECREF(s);
-            Py_XDECREF(type);
-            Py_XDECREF(value);
-            Py_XDECREF(tb);
+            char ctx[160];
+            snprintf(ctx, sizeof ctx, "%s: %.100s refused to export DLPack", what,
+                     Py_TYPE(obj)->tp_name);
+            raise_from_python(FLASHPORT_ERR_INVALID_VALUE, ctx);
             return -1;
         }
         if (!PyCapsule_CheckExact(cap)) {
@@ -147,6 +202,42 @@ static void release(imported *t)
 {
     Py_CLEAR(t->capsule);
     t->dl = NULL;
+}
+
+static void allocation_error(void *what, const char *kind, const char *message)
+{
+    if (!message)
+        message = "?";
+    raise_status(FLASHPORT_ERR_OUT_OF_MEMORY, "%s: allocating it failed: %s: %.*s",
+                 (const char *)what, kind ? kind : "?", (int)strcspn(message, "\n"), message);
+}
+
+/* A new tensor of api's framework, dense, of the given shape, dtype and device, imported into
+ * *t: a new reference, or NULL with an exception set. */
+static PyObject *allocate(const char *what, const fp_dl_exchange_api *api, const fp_dl_device *dev,
+                          int32_t ndim, const int64_t *shape, fp_dl_dtype dtype, imported *t)
+{
+    int64_t dims[FLASHPORT_MAX_RANK];
+    memcpy(dims, shape, (size_t)ndim * sizeof *dims);
+    fp_dl_tensor proto;
+    memset(&proto, 0, sizeof proto);
+    proto.device = *dev;
+    proto.ndim = ndim;
+    proto.dtype = dtype;
+    proto.shape = dims;
+    fp_dl_managed_versioned *m = NULL;
+    if (api->managed_tensor_allocator(&proto, &m, (void *)what, allocation_error) != 0)
+        return NULL;
+    void *obj = NULL;
+    if (api->managed_tensor_to_py_object_no_sync(m, &obj) != 0) {
+        raise_from_python(FLASHPORT_ERR_OUT_OF_MEMORY, what);
+        return NULL;
+    }
+    if (import_tensor(what, (PyObject *)obj, t) != 0) {
+        Py_DECREF((PyObject *)obj);
+        return NULL;
+    }
+    return (PyObject *)obj;
 }
 
 static int dl_dtype(const fp_dl_dtype *t, flashport_dtype *out)
@@ -199,8 +290,8 @@ static int to_descriptor(const char *what, const imported *t, int is_output,
                      what, (int)dl->ndim);
         return -1;
     }
-    if (uint8_as != FLASHPORT_DTYPE_COUNT && dl->dtype.code == FP_DL_UINT &&
-        dl->dtype.bits == 8 && dl->dtype.lanes == 1) {
+    if (uint8_as != FLASHPORT_DTYPE_COUNT && dl->dtype.code == FP_DL_UINT && dl->dtype.bits == 8 &&
+        dl->dtype.lanes == 1) {
         d->dtype = uint8_as;
     } else if (dl_dtype(&dl->dtype, &d->dtype) != 0) {
         raise_status(FLASHPORT_ERR_UNSUPPORTED_DTYPE,
@@ -357,6 +448,7 @@ enum { MAX_TENSORS = 9 };
 typedef struct call {
     imported t[MAX_TENSORS];
     flashport_tensor d[MAX_TENSORS];
+    PyObject *obj[MAX_TENSORS]; /* owned: the outputs, given or allocated here */
     int n;
     imported alibi, cu_q, cu_k, used_k, table;
     flashport_attention_params params;
@@ -366,8 +458,10 @@ typedef struct call {
 
 static void call_release(call *c)
 {
-    for (int i = 0; i < c->n; i++)
+    for (int i = 0; i < c->n; i++) {
         release(&c->t[i]);
+        Py_CLEAR(c->obj[i]);
+    }
     release(&c->alibi);
     release(&c->cu_q);
     release(&c->cu_k);
@@ -407,11 +501,54 @@ static int as_float(PyObject *o, float *out)
     return 0;
 }
 
-/* args[0] backend, args[1] stream, args[2 .. 2+ntensors) tensors (None allowed where `optional`
- * says), then alibi, cu_seqlens_q, cu_seqlens_k, scale, window_left, window_right, causal,
- * softcap, max_seqlen_q, max_seqlen_k, deterministic, seqused_k, block_table, and optionally
- * (all four or none) descale_q, descale_k, descale_v and fp8: 0, or the flashport dtype (3 e4m3,
- * 4 e5m2) that uint8 q, k, v hold. */
+/* Output i (o or lse of the forward, dq, dk or dv of the backward), left to this call to allocate
+ * through q's framework: dense, shaped and typed as the input it mirrors (o: q, bf16 for fp8 q;
+ * dq, dk, dv: q, k, v), lse f32 [B, H, Nq] (varlen [H, total_q]). An lse whose shape q's rank
+ * does not give is left out, and the library refuses q with its own message. */
+static int allocate_output(call *c, int i, int ntensors, const char *const *names, int varlen)
+{
+    static const fp_dl_dtype f32 = {FP_DL_FLOAT, 32, 1}, bf16 = {FP_DL_BFLOAT, 16, 1};
+    const fp_dl_exchange_api *api = exchange_api(Py_TYPE(c->obj[0]));
+    if (!api) {
+        raise_status(FLASHPORT_ERR_INVALID_VALUE,
+                     "%s: flashport cannot allocate a %.100s (its type has no DLPack exchange "
+                     "API); pass out=",
+                     names[i], Py_TYPE(c->obj[0])->tp_name);
+        return -1;
+    }
+    const fp_dl_tensor *q = c->t[0].dl;
+    int64_t shape[FLASHPORT_MAX_RANK];
+    const fp_dl_tensor *like = q;
+    fp_dl_dtype dtype = q->dtype;
+    int32_t ndim = q->ndim;
+    if (ntensors == 5 && i == 4) {
+        if (varlen ? q->ndim != 3 : q->ndim != 4)
+            return 0;
+        ndim = q->ndim - 1;
+        shape[0] = varlen ? q->shape[1] : q->shape[0];
+        shape[1] = varlen ? q->shape[0] : q->shape[2];
+        shape[2] = q->shape[1];
+        dtype = f32;
+    } else {
+        if (ntensors == 9)
+            like = c->t[i - 6].dl;
+        dtype = like->dtype;
+        if (c->d[0].dtype == FLASHPORT_FP8_E4M3 || c->d[0].dtype == FLASHPORT_FP8_E5M2)
+            dtype = bf16;
+        ndim = like->ndim;
+        memcpy(shape, like->shape, (size_t)ndim * sizeof *shape);
+    }
+    c->obj[i] = allocate(names[i], api, &q->device, ndim, shape, dtype, &c->t[i]);
+    return c->obj[i] ? 0 : -1;
+}
+
+/* args[0] backend, args[1] stream, args[2 .. 2+ntensors) tensors, then alibi, cu_seqlens_q,
+ * cu_seqlens_k, scale, window_left, window_right, causal, softcap, max_seqlen_q, max_seqlen_k,
+ * deterministic, seqused_k, block_table, and optionally (all four or none) descale_q,
+ * descale_k, descale_v and fp8: 0, or the flashport dtype (3 e4m3, 4 e5m2) that uint8 q, k, v
+ * hold. An output given as True is allocated here through q's framework, and so is one given as
+ * None unless `optional` marks it (then it is left out). The stream: args[1], or where that is
+ * None, the current stream of q's framework (through its exchange API), else the default. */
 static int prepare(call *c, PyObject *const *args, Py_ssize_t nargs, int ntensors,
                    const char *const *names, unsigned optional)
 {
@@ -432,24 +569,41 @@ static int prepare(call *c, PyObject *const *args, Py_ssize_t nargs, int ntensor
             as_float(p8[2], &descale[2]) != 0 || as_int(p8[3], "fp8", &code) != 0)
             return -1;
         if (code != 0 && code != FLASHPORT_FP8_E4M3 && code != FLASHPORT_FP8_E5M2) {
-            raise_status(FLASHPORT_ERR_INVALID_VALUE, "fp8 = %d: expected 0, %d (e4m3) or %d (e5m2)",
-                         (int)code, (int)FLASHPORT_FP8_E4M3, (int)FLASHPORT_FP8_E5M2);
+            raise_status(FLASHPORT_ERR_INVALID_VALUE,
+                         "fp8 = %d: expected 0, %d (e4m3) or %d (e5m2)", (int)code,
+                         (int)FLASHPORT_FP8_E4M3, (int)FLASHPORT_FP8_E5M2);
             return -1;
         }
         if (code != 0)
             uint8_as = (flashport_dtype)code;
     }
+    const int varlen = args[2 + ntensors + 1] != Py_None;
     for (int i = 0; i < ntensors; i++) {
         PyObject *o = args[2 + i];
         c->n = i + 1;
-        if (o == Py_None && (optional >> i & 1u))
-            continue;
-        if (import_tensor(names[i], o, &c->t[i]) != 0)
-            return -1;
-        if (i > 0 && same_device(names[i], &c->t[i].dl->device, &c->t[0].dl->device) != 0)
-            return -1;
         /* Outputs follow the inputs: the backward's dq, dk, dv, the forward's o and lse. */
         int is_output = ntensors == 5 ? i >= 3 : i >= 6;
+        if (i == 0) {
+            Py_INCREF(o); /* q: kept for allocate_output, which asks for q's framework */
+            c->obj[0] = o;
+        }
+        if (is_output && (o == Py_True || (o == Py_None && !(optional >> i & 1u)))) {
+            if (allocate_output(c, i, ntensors, names, varlen) != 0)
+                return -1;
+            if (!c->t[i].dl)
+                continue;
+        } else {
+            if (o == Py_None && (optional >> i & 1u))
+                continue;
+            if (is_output) {
+                Py_INCREF(o);
+                c->obj[i] = o;
+            }
+            if (import_tensor(names[i], o, &c->t[i]) != 0)
+                return -1;
+            if (i > 0 && same_device(names[i], &c->t[i].dl->device, &c->t[0].dl->device) != 0)
+                return -1;
+        }
         if (to_descriptor(names[i], &c->t[i], is_output, i < 3 ? uint8_as : FLASHPORT_DTYPE_COUNT,
                           &c->d[i]) != 0)
             return -1;
@@ -515,8 +669,8 @@ static int prepare(call *c, PyObject *const *args, Py_ssize_t nargs, int ntensor
     const int64_t batch = c->cu_q.dl ? len - 1 : (c->d[0].rank == 4 ? c->d[0].shape[0] : 0);
     if (c->used_k.dl) {
         int64_t n_used;
-        if (side_array("seqused_k", &c->used_k, FP_DL_INT, "int32",
-                       (const void **)&pr->seqused_k, &n_used) != 0)
+        if (side_array("seqused_k", &c->used_k, FP_DL_INT, "int32", (const void **)&pr->seqused_k,
+                       &n_used) != 0)
             return -1;
         if (n_used != batch) {
             raise_status(FLASHPORT_ERR_SHAPE_MISMATCH, "seqused_k has %lld entries; B is %lld",
@@ -533,7 +687,8 @@ static int prepare(call *c, PyObject *const *args, Py_ssize_t nargs, int ntensor
         if (dl->ndim != 2 || dl->shape[0] != batch || dl->shape[1] < 1 ||
             dl->shape[1] > INT32_MAX) {
             raise_status(FLASHPORT_ERR_SHAPE_MISMATCH,
-                         "block_table must be [B = %lld, pages per sequence >= 1]", (long long)batch);
+                         "block_table must be [B = %lld, pages per sequence >= 1]",
+                         (long long)batch);
             return -1;
         }
         if (dl->strides && ((dl->shape[1] > 1 && dl->strides[1] != 1) ||
@@ -563,10 +718,15 @@ static int prepare(call *c, PyObject *const *args, Py_ssize_t nargs, int ntensor
         return -1;
     if (!c->is_host) {
         void *stream = NULL;
+        const fp_dl_exchange_api *api = exchange_api(Py_TYPE(c->obj[0]));
         if (args[1] != Py_None) {
             stream = PyLong_AsVoidPtr(args[1]);
             if (!stream && PyErr_Occurred())
                 return -1;
+        } else if (api &&
+                   api->current_work_stream(dev->device_type, dev->device_id, &stream) != 0) {
+            raise_from_python(FLASHPORT_ERR_DEVICE, "the framework's current stream");
+            return -1;
         }
         flashport_status st = flashport_set_stream(c->be, stream);
         if (st != FLASHPORT_OK) {
@@ -583,7 +743,9 @@ static const flashport_tensor *opt(const call *c, int i)
 }
 
 /* forward(backend, stream, q, k, v, o, lse, alibi, cu_q, cu_k, scale, wl, wr, causal, softcap,
- *         max_q, max_k, deterministic, seqused_k, block_table) -> None; lse may be None. */
+ *         max_q, max_k, deterministic, seqused_k, block_table[, descale_q, descale_k, descale_v,
+ *         fp8]) -> (o, lse). o None or True: allocated here; lse None: not computed (None
+ *         returned), True: allocated here. */
 static PyObject *py_forward(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
     static const char *const names[] = {"q", "k", "v", "o", "lse"};
@@ -602,14 +764,15 @@ static PyObject *py_forward(PyObject *self, PyObject *const *args, Py_ssize_t na
         st = flashport_attention_forward(c.be, &c.params, &c.d[0], &c.d[1], &c.d[2], &c.d[3],
                                          opt(&c, 4));
     }
+    PyObject *res = st == FLASHPORT_OK ? PyTuple_Pack(2, c.obj[3], c.obj[4] ? c.obj[4] : Py_None)
+                                       : raise_library(st);
     call_release(&c);
-    if (st != FLASHPORT_OK)
-        return raise_library(st);
-    Py_RETURN_NONE;
+    return res;
 }
 
 /* backward(backend, stream, q, k, v, o, lse, dout, dq, dk, dv, alibi, cu_q, cu_k, scale, wl, wr,
- *          causal, softcap, max_q, max_k, deterministic, seqused_k, block_table) -> None. */
+ *          causal, softcap, max_q, max_k, deterministic, seqused_k, block_table[, descale_q,
+ *          descale_k, descale_v, fp8]) -> (dq, dk, dv); each None or True: allocated here. */
 static PyObject *py_backward(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
     static const char *const names[] = {"q", "k", "v", "o", "lse", "dout", "dq", "dk", "dv"};
@@ -629,10 +792,10 @@ static PyObject *py_backward(PyObject *self, PyObject *const *args, Py_ssize_t n
         st = flashport_attention_backward(c.be, &c.params, &d[0], &d[1], &d[2], &d[3], &d[4], &d[5],
                                           &d[6], &d[7], &d[8]);
     }
+    PyObject *res =
+        st == FLASHPORT_OK ? PyTuple_Pack(3, c.obj[6], c.obj[7], c.obj[8]) : raise_library(st);
     call_release(&c);
-    if (st != FLASHPORT_OK)
-        return raise_library(st);
-    Py_RETURN_NONE;
+    return res;
 }
 
 /* ---------------------------------------------------------------------------------------------
@@ -714,13 +877,47 @@ static PyObject *py_open_backend(PyObject *self, PyObject *const *args, Py_ssize
     return PyUnicode_FromString(flashport_backend_name(be));
 }
 
+/* use_exchange_api(type) -> bool: from now on, meets tensors of this type (and its subclasses)
+ * through the C exchange API that the type publishes (__dlpack_c_exchange_api__): reads them
+ * without __dlpack__, allocates the outputs left to forward / backward, takes the framework's
+ * current stream. False (and nothing changes) where the type publishes no table of major version 1
+ * with all of that. */
+static PyObject *py_use_exchange_api(PyObject *self, PyObject *type)
+{
+    if (!PyType_Check(type)) {
+        PyErr_SetString(PyExc_TypeError, "use_exchange_api(type)");
+        return NULL;
+    }
+    if (exchange_api((PyTypeObject *)type))
+        Py_RETURN_TRUE;
+    PyObject *cap = PyObject_GetAttrString(type, "__dlpack_c_exchange_api__");
+    const fp_dl_exchange_api *api = NULL;
+    if (cap && PyCapsule_IsValid(cap, "dlpack_exchange_api"))
+        api = PyCapsule_GetPointer(cap, "dlpack_exchange_api");
+    Py_XDECREF(cap); /* the table itself lives as long as the process (the DLPack contract) */
+    PyErr_Clear();
+    if (!api || api->header.version.major != 1 || !api->dltensor_from_py_object_no_sync ||
+        !api->managed_tensor_allocator || !api->managed_tensor_to_py_object_no_sync ||
+        !api->current_work_stream || num_api_types == MAX_TYPES)
+        Py_RETURN_FALSE;
+    Py_INCREF(type);
+    api_types[num_api_types].type = (PyTypeObject *)type;
+    api_types[num_api_types].api = api;
+    num_api_types++;
+    Py_RETURN_TRUE;
+}
+
 static PyMethodDef methods[] = {
     {"forward", (PyCFunction)(void (*)(void))py_forward, METH_FASTCALL,
      "forward(backend, stream, q, k, v, o, lse, alibi, cu_q, cu_k, scale, window_left, "
-     "window_right, causal, softcap, max_seqlen_q, max_seqlen_k, deterministic, seqused_k, block_table)"},
+     "window_right, causal, softcap, max_seqlen_q, max_seqlen_k, deterministic, seqused_k, "
+     "block_table[, descale_q, descale_k, descale_v, fp8]) -> (o, lse)"},
     {"backward", (PyCFunction)(void (*)(void))py_backward, METH_FASTCALL,
      "backward(backend, stream, q, k, v, o, lse, dout, dq, dk, dv, alibi, cu_q, cu_k, scale, "
-     "window_left, window_right, causal, softcap, max_seqlen_q, max_seqlen_k, deterministic, seqused_k, block_table)"},
+     "window_left, window_right, causal, softcap, max_seqlen_q, max_seqlen_k, deterministic, "
+     "seqused_k, block_table[, descale_q, descale_k, descale_v, fp8]) -> (dq, dk, dv)"},
+    {"use_exchange_api", py_use_exchange_api, METH_O,
+     "use_exchange_api(type): meet tensors of this type through its DLPack C exchange API"},
     {"open_backend", (PyCFunction)(void (*)(void))py_open_backend, METH_FASTCALL,
      "open_backend(name, device) -> name"},
     {"_set_error_type", py_set_error_type, METH_O, "the exception type raised on failure"},

@@ -5,6 +5,7 @@ Every test runs on "cpu" and on "cuda"; without a CUDA device the cuda ones are 
 result is accepted when its error (against a float64 computation) is within twice the error of
 torch's math SDPA computed in the same dtype, plus a floor of a few units of the dtype's rounding.
 """
+import contextlib
 import math
 
 import numpy as np
@@ -13,6 +14,7 @@ import pytest
 torch = pytest.importorskip("torch")
 import torch.nn.functional as F  # noqa: E402
 from torch.nn.attention import SDPBackend, sdpa_kernel  # noqa: E402
+from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
 
 import flashport  # noqa: E402
 import flashport.torch as ft  # noqa: E402
@@ -306,3 +308,138 @@ def test_fp8_forward(device):
     with pytest.raises(flashport.Error) as e:
         flashport.attention_backward(o, q8, k8, v8, o, lse)
     assert e.value.status_name == "FLASHPORT_ERR_UNSUPPORTED_DTYPE"
+
+
+def _run_attention(q, k, v, do, **kw):
+    xs = [x.clone().requires_grad_(True) for x in (q, k, v)]
+    o, lse = ft.attention(*xs, return_lse=True, **kw)
+    o.backward(do)
+    return o, lse, [x.grad for x in xs]
+
+
+class _SeenOps(TorchDispatchMode):
+    """Records the ops dispatched under it (and so routes flashport.torch through its op)."""
+
+    def __init__(self):
+        super().__init__()
+        self.ops = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.ops.append(func.name())
+        return func(*args, **(kwargs or {}))
+
+
+def test_eager_calls_skip_the_op_and_agree_with_it(device):
+    """A plain eager call runs the extension directly (torch.autograd.Function when a gradient is
+    wanted, nothing around it otherwise); under a dispatch mode the call goes through the custom
+    op, which the mode sees. All give the same o, lse and gradients, bit for bit."""
+    dtype = _dtypes(device)[-1]
+    g = torch.Generator().manual_seed(11)
+    q, k, v, do = (torch.randn(2, 37, 4, 32, generator=g).to(device, dtype) for _ in range(4))
+    o, lse, grads = _run_attention(q, k, v, do, causal=True)
+    assert type(o.grad_fn).__name__ == "_AttentionBackward"  # the eager autograd.Function
+    seen = _SeenOps()
+    with seen:
+        xs = [x.clone().requires_grad_(True) for x in (q, k, v)]
+        o2, lse2 = ft.attention(*xs, causal=True, return_lse=True)
+    assert "flashport::attention_forward" in seen.ops
+    assert type(o2.grad_fn).__name__ != "_AttentionBackward"
+    o2.backward(do)
+    with torch.no_grad():
+        o3, lse3 = ft.attention(q, k, v, causal=True, return_lse=True)
+    assert o3.grad_fn is None and not o3.requires_grad
+    for a, b, c in ((o, o2, o3), (lse, lse2, lse3)):
+        assert torch.equal(a, b) and torch.equal(a, c)
+    for a, x in zip(grads, xs):
+        assert torch.equal(a, x.grad)
+
+
+def test_torch_without_the_exchange_api(device, monkeypatch):
+    """A torch without the DLPack C exchange API (torch.Tensor.__dlpack_c_exchange_api__): the
+    package then allocates the outputs in Python and hands tensors over as DLPack capsules
+    (torch._C._to_dlpack). Forced here: the same results, bit for bit, as through the exchange
+    API, for strided inputs, the autograd path, the out= path, and (CPU) seqused_k, block_table
+    and fp8."""
+    from flashport._frontends import frontend
+
+    dtype = _dtypes(device)[-1]
+    g = torch.Generator().manual_seed(12)
+    qkv = torch.randn(1, 29, 3, 2, 64, generator=g).to(device, dtype)
+    q, k, v = qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2]  # strided views
+    do = torch.randn(1, 29, 2, 64, generator=g).to(device, dtype)
+    fe = frontend(q)
+
+    def run():
+        o, lse, grads = _run_attention(q, k, v, do, window=(5, 3))
+        plain = flashport.attention_backward(do, q, k, v, o.detach(), lse, window=(5, 3))
+        outs = [torch.empty_like(x) for x in (q, k, v)]
+        flashport.attention_backward(do, q, k, v, o.detach(), lse, window=(5, 3), out=outs)
+        res = [o, lse, *grads, *plain, *outs]
+        if device != "cpu":
+            return res
+        used = torch.tensor([20], dtype=torch.int32)
+        table = torch.zeros(1, 1, dtype=torch.int32)  # the strided k, v as one page of 29 rows
+        res += [flashport.attention(q, k, v, causal=True, seqused_k=used, block_table=bt)
+                for bt in (None, table)]
+        if hasattr(torch, "float8_e4m3fn"):
+            q8 = q.to(torch.float8_e4m3fn)
+            o8 = flashport.attention(q8, q8, q8, descale=(0.5, 0.5, 2.0))
+            assert o8.dtype == torch.bfloat16
+            res.append(o8)
+        return res
+
+    if not (fe.raw and fe.allocates):
+        pytest.skip("this torch has no DLPack exchange API: every other test runs its path")
+    fast = run()
+    monkeypatch.setattr(fe, "raw", False)
+    monkeypatch.setattr(fe, "allocates", False)
+    slow = run()
+    assert len(fast) == len(slow)
+    for a, b in zip(fast, slow):
+        assert a.dtype == b.dtype and torch.equal(a, b)
+
+
+def test_parameters(device):
+    """torch.nn.Parameter (a torch.Tensor subclass that requires grad) as q, k, v: through the
+    plain API and through the custom op with autograd, the same as plain tensors."""
+    dtype = _dtypes(device)[-1]
+    g = torch.Generator().manual_seed(13)
+    q, k, v, do = (torch.randn(1, 21, 2, 32, generator=g).to(device, dtype) for _ in range(4))
+    o, lse, grads = _run_attention(q, k, v, do)
+    ps = [torch.nn.Parameter(x.clone()) for x in (q, k, v)]
+    o2, lse2 = flashport.attention(*ps, return_lse=True)
+    assert torch.equal(o, o2) and torch.equal(lse, lse2)
+    o3 = ft.attention(*ps)
+    o3.backward(do)
+    assert torch.equal(o, o3)
+    for a, p in zip(grads, ps):
+        assert torch.equal(a, p.grad)
+
+
+def test_output_allocation_failure(device):
+    """An output torch cannot allocate (q a stride-0 view of 2^62 elements, whose size in bytes
+    overflows, so no allocator and no overcommit setting can grant it): flashport.Error
+    OUT_OF_MEMORY with the first line of torch's reason, through the plain API and
+    flashport.torch."""
+    dtype = _dtypes(device)[-1]
+    q = torch.zeros(1, 1, 1, 64, device=device, dtype=dtype).expand(2**28, 2**28, 1, 64)
+    for call in (flashport.attention, ft.attention):
+        with pytest.raises(flashport.Error) as e:
+            call(q, q, q)
+        assert e.value.status_name == "FLASHPORT_ERR_OUT_OF_MEMORY"
+        assert "\n" not in e.value.message and "allocat" in e.value.message
+
+
+def test_second_order_gradients_are_refused(device):
+    """The backward has no derivative: a gradient through gradients taken with create_graph
+    (a gradient penalty) raises, on the eager path as through the op, never counts as zero."""
+    dtype = _dtypes(device)[-1]
+    q = torch.randn(1, 8, 2, 32, device=device, dtype=dtype)
+    for route in (contextlib.nullcontext, _SeenOps):
+        x = q.clone().requires_grad_(True)
+        with route():
+            o = ft.attention(x, x, x)
+        g, = torch.autograd.grad(o.float().sum(), x, create_graph=True)
+        assert g.requires_grad
+        with pytest.raises(RuntimeError, match="flashport.attention_backward"):
+            (o.float().sum() + g.float().square().sum()).backward()

@@ -37,6 +37,7 @@
     X(clReleaseMemObject)                                                                          \
     X(clEnqueueWriteBuffer)                                                                        \
     X(clEnqueueReadBuffer)                                                                         \
+    X(clEnqueueFillBuffer)                                                                         \
     X(clFinish)                                                                                    \
     X(clCreateProgramWithSource)                                                                   \
     X(clBuildProgram)                                                                              \
@@ -122,6 +123,10 @@ void fp_ocl_alloc_release_all(fp_ocl_ctx *ctx);
 /* ocl_attention.c. Validated problems; the lock is taken inside. */
 flashport_status fp_ocl_forward(fp_ocl_ctx *ctx, const fp_problem *p);
 flashport_status fp_ocl_backward(fp_ocl_ctx *ctx, const fp_problem *p);
+/* The scratch bytes of a call (the backward's delta; the forward needs none), or the status the
+ * call would refuse it with; launches nothing. */
+flashport_status fp_ocl_workspace_size(fp_ocl_ctx *ctx, const fp_problem *p, int backward,
+                                       size_t *bytes);
 /* Releases the programs and kernels (the context is about to change or close). Lock held. */
 void fp_ocl_release_programs(fp_ocl_ctx *ctx);
 

@@ -160,9 +160,15 @@ static flashport_status read_device(fp_ocl_ctx *ctx)
         st = fp_ocl_check(
             cl->clGetDeviceInfo(ctx->device, CL_DEVICE_LOCAL_MEM_SIZE, sizeof local, &local, NULL),
             "clGetDeviceInfo(CL_DEVICE_LOCAL_MEM_SIZE)");
+    cl_ulong max_alloc = 0;
+    if (st == FLASHPORT_OK)
+        st = fp_ocl_check(cl->clGetDeviceInfo(ctx->device, CL_DEVICE_MAX_MEM_ALLOC_SIZE,
+                                              sizeof max_alloc, &max_alloc, NULL),
+                          "clGetDeviceInfo(CL_DEVICE_MAX_MEM_ALLOC_SIZE)");
     if (st != FLASHPORT_OK)
         return st;
     ctx->local_mem = (size_t)local;
+    ctx->max_alloc = (size_t)max_alloc;
     memset(ctx->platform_name, 0, sizeof ctx->platform_name);
     memset(ctx->device_name, 0, sizeof ctx->device_name);
     (void)cl->clGetPlatformInfo(platform, CL_PLATFORM_NAME, sizeof ctx->platform_name - 1,
@@ -272,6 +278,15 @@ static flashport_status ocl_malloc(void *p, size_t bytes, void **ptr)
     fp_ocl_ctx *ctx = p;
     cl_int err;
     pthread_mutex_lock(&ctx->lock);
+    const size_t max_alloc = ctx->max_alloc;
+    if (bytes > max_alloc) {
+        /* A driver's limit on one buffer, often well below its memory (NVIDIA: a quarter). */
+        pthread_mutex_unlock(&ctx->lock);
+        return host_api->set_error(FLASHPORT_ERR_OUT_OF_MEMORY,
+                                   "opencl: %zu bytes in one buffer: '%s' allows at most %zu "
+                                   "(CL_DEVICE_MAX_MEM_ALLOC_SIZE)",
+                                   bytes, ctx->device_name, max_alloc);
+    }
     cl_mem mem =
         ctx->cl->clCreateBuffer(ctx->context, CL_MEM_READ_WRITE, bytes ? bytes : 1, NULL, &err);
     pthread_mutex_unlock(&ctx->lock);

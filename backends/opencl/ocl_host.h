@@ -94,6 +94,7 @@ typedef struct fp_ocl_ctx {
     cl_command_queue queue;
     char platform_name[128], device_name[128];
     size_t local_mem; /* bytes of local memory per work-group */
+    size_t max_alloc; /* CL_DEVICE_MAX_MEM_ALLOC_SIZE: the largest one buffer may be */
     /* Programs of the current context, built on first use and kept (ocl_attention.c); when
      * the cache is full the oldest is released. */
     fp_ocl_program programs[FP_OCL_MAX_PROGRAMS];

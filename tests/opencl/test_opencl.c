@@ -6,7 +6,7 @@
  *     FLASHPORT_ERR_NO_DEVICE with the reason;
  *   - pointers: arithmetic inside an allocation works; a pointer that is not inside one of the
  *     handle's allocations (a host pointer, past the end, freed) is FLASHPORT_ERR_INVALID_VALUE
- *     and nothing is copied;
+ *     and nothing is copied; one buffer past the device's limit is FLASHPORT_ERR_OUT_OF_MEMORY;
  *   - the caller's queue: a queue of the caller's own context is adopted while the handle holds
  *     no allocations, gives the same bits as the handle's own queue, and is refused while it
  *     holds some;
@@ -30,6 +30,7 @@
 #include "tests/test_util.h"
 
 #include <CL/cl.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -242,6 +243,11 @@ static void check_pointers(flashport_backend *be)
     EXPECT(flashport_free(be, buf), FLASHPORT_OK, "free");
     EXPECT(flashport_memcpy_to_host(be, back, buf, 16), FLASHPORT_ERR_INVALID_VALUE,
            "copy from freed");
+    void *huge = NULL;
+    EXPECT(flashport_malloc(be, SIZE_MAX / 2, &huge), FLASHPORT_ERR_OUT_OF_MEMORY,
+           "one buffer past the device's limit");
+    CHECK_MSG(!huge && strstr(flashport_last_error(), "CL_DEVICE_MAX_MEM_ALLOC_SIZE"),
+              "one buffer past the limit: pointer %p, message '%s'", huge, flashport_last_error());
 }
 
 static void check_timer(flashport_backend *be, const char *which)

@@ -1,11 +1,12 @@
 /*
  * The OpenCL backend's attention: the program (kernels/flash.cl after core/'s headers, embedded
  * at build time) built once per (dtype, head-dim class, tile) in the handle's context and kept in
- * the handle, the tile plan, and the launches of the forward and of the two backward kernels.
+ * the handle, the tile plan, the backward's scratch (the caller's workspace or a buffer of the
+ * call), and the launches of the forward and of the two backward kernels.
  *
  * Kernel variants: one, the plain path (local-memory tiles, f32 arithmetic), on every device. No
- * subgroup or matrix-extension variant exists yet; FLASHPORT_LOG lists the device's extensions
- * at open and names the variant of every call.
+ * subgroup or matrix-extension variant (docs/opencl.md says why); FLASHPORT_LOG lists the
+ * device's extensions at open and names the variant of every call.
  */
 #define _POSIX_C_SOURCE 200809L /* clock_gettime */
 

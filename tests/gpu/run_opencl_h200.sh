@@ -31,6 +31,8 @@ mkdir -p "$OUT"
 SUMMARY="$OUT/summary.txt"
 note() { echo "$*" | tee -a "$SUMMARY"; }
 has() { [[ " $STAGES " == *" $1 "* ]]; }
+# The part of an appended log that this call wrote: from its last "### " header on.
+last_call() { awk '/^### /{n = 0} {line[n++] = $0} END{for (i = 0; i < n; i++) print line[i]}' "$1"; }
 
 note "== $(date -u '+%Y-%m-%d %H:%M UTC') stages: $STAGES; $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null); commit $(git rev-parse --short HEAD 2>/dev/null)"
 
@@ -77,9 +79,11 @@ if has test; then
         fi
     } >>"$OUT/test_opencl.log" 2>&1
     note "tests in $(($(date +%s) - start)) s:"
-    tail -n 400 "$OUT/test_backends.log" | grep -E "FAIL| passed, |rc=" | tail -12 | tee -a "$SUMMARY"
-    tail -n 200 "$OUT/test_opencl.log" | grep -E "CHECK failed|^device 0|^caller|^timer|PASS|FAIL|SKIP|rc=" |
-        cut -c1-400 | tee -a "$SUMMARY"
+    last_call "$OUT/test_backends.log" | grep -E "FAIL| passed, |rc=" | tail -12 |
+        tee -a "$SUMMARY"
+    last_call "$OUT/test_opencl.log" |
+        grep -E "CHECK failed|^device 0|^caller|^timer|PASS|FAIL|SKIP|rc=" | cut -c1-400 |
+        tee -a "$SUMMARY"
 fi
 
 TOKENS=${TOKENS:-16384}

@@ -407,9 +407,9 @@ static flashport_status ocl_set_stream(void *p, void *stream)
 
 /* flashport_timer's events. A timestamp is the end of a 4-byte fill of a small buffer, enqueued
  * behind a marker: the marker orders it after all earlier work even on an out-of-order queue,
- * and the fill, a real command, carries profiling counters on every driver (NVIDIA's gives
- * markers and barriers zero timestamps). The buffer belongs to the queue's context, so it is
- * made again when the handle has moved to another one. */
+ * and the fill, a real command, carries profiling counters where a marker may not (NVIDIA's
+ * driver has been seen to stamp markers and barriers with zeros). The buffer belongs to the
+ * queue's context, so it is made again when the handle has moved to another one. */
 typedef struct ocl_event {
     cl_event ev;
     cl_mem pad;

@@ -6,9 +6,10 @@ Our OpenCL backend cannot run inside bench/compare_torch.py, whose flashport cal
 CUDA tensors through DLPack (OpenCL memory is buffer objects of another runtime), so its numbers
 come from flashport-bench in the same session and these are SDPA's, same shapes, same GPU.
 
-Grid: B*N = 16384 tokens, H*D = 2048, bf16, forward and backward, causal and not. Timed with
-triton.testing.do_bench (CUDA events, median). A backend that refuses a shape or runs out of
-memory (math at large N materializes B*H*N*N scores) gets an empty time and its error.
+Grid: B*N = 16384 tokens, H*D = 2048 (--tokens, --hidden), bf16, forward and backward, causal
+and not. Timed with triton.testing.do_bench (CUDA events, median). A backend that refuses a
+shape or runs out of memory (math at large N materializes B*H*N*N scores) gets an empty time
+and its error.
 
     python3 bench/sdpa_grid.py --dims 128 --seqlens 512,2048,8192,16384 --csv sdpa.csv
 """
@@ -29,6 +30,8 @@ def main():
     ap.add_argument("--dims", default="64,128,256")
     ap.add_argument("--seqlens", default="512,2048,8192,16384")
     ap.add_argument("--impls", default="math,eff")
+    ap.add_argument("--tokens", type=int, default=16384, help="B * N of every shape")
+    ap.add_argument("--hidden", type=int, default=2048, help="H * D of every shape")
     ap.add_argument("--rep", type=int, default=60, help="do_bench repetition time, ms")
     ap.add_argument("--csv", required=True, help="appended to; header if new")
     args = ap.parse_args()
@@ -40,7 +43,7 @@ def main():
                         "tflops", "note"])
         for D in [int(x) for x in args.dims.split(",")]:
             for N in [int(x) for x in args.seqlens.split(",")]:
-                B, H = 16384 // N, 2048 // D
+                B, H = args.tokens // N, args.hidden // D
                 q, k, v, do = (torch.randn(B, H, N, D, device="cuda", dtype=torch.bfloat16)
                                for _ in range(4))
                 for causal in (0, 1):

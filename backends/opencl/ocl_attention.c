@@ -1,11 +1,12 @@
 /*
  * The OpenCL backend's attention: the program (kernels/flash.cl after core/'s headers, embedded
  * at build time) built once per (dtype, head-dim class, tile) in the handle's context and kept in
- * the handle, the tile plan, and the launches of the forward and of the two backward kernels.
+ * the handle, the tile plan, the backward's scratch (the caller's workspace or a buffer of the
+ * call), and the launches of the forward and of the two backward kernels.
  *
  * Kernel variants: one, the plain path (local-memory tiles, f32 arithmetic), on every device. No
- * subgroup or matrix-extension variant exists yet; FLASHPORT_LOG lists the device's extensions
- * at open and names the variant of every call.
+ * subgroup or matrix-extension variant (docs/opencl.md says why); FLASHPORT_LOG lists the
+ * device's extensions at open and names the variant of every call.
  */
 #define _POSIX_C_SOURCE 200809L /* clock_gettime */
 
@@ -304,6 +305,52 @@ flashport_status fp_ocl_forward(fp_ocl_ctx *ctx, const fp_problem *p)
     return st;
 }
 
+/* The backward's scratch: delta = rowsum(dO * O), [H, total_q] f32, its only extra memory. */
+static size_t delta_bytes(const fp_problem *p)
+{
+    return (size_t)(p->heads * p->total_q) * sizeof(float);
+}
+
+flashport_status fp_ocl_workspace_size(fp_ocl_ctx *ctx, const fp_problem *p, int backward,
+                                       size_t *bytes)
+{
+    int64_t t = 0;
+    *bytes = 0;
+    pthread_mutex_lock(&ctx->lock);
+    flashport_status st = plan(ctx, p, backward ? FP_OCL_BACKWARD : FP_OCL_FORWARD, &t);
+    pthread_mutex_unlock(&ctx->lock);
+    if (st == FLASHPORT_OK && backward)
+        *bytes = delta_bytes(p);
+    return st;
+}
+
+/* Where the delta goes: the caller's workspace when the handle has one (refused before any
+ * launch when too small), else a buffer of this call, *owned, released by the caller once
+ * enqueued (lock held). */
+static flashport_status take_delta(const fp_ocl_ctx *ctx, const fp_problem *p, fp_ocl_args *a,
+                                   cl_mem *delta, cl_mem *owned)
+{
+    const size_t bytes = delta_bytes(p);
+    if (p->workspace) {
+        if (bytes > p->workspace_bytes)
+            return fp_ocl_host()->set_error(FLASHPORT_ERR_BUFFER_TOO_SMALL,
+                                            "opencl: this backward needs %zu bytes of "
+                                            "workspace; the handle's has %zu",
+                                            bytes, p->workspace_bytes);
+        size_t off = 0;
+        flashport_status st =
+            fp_ocl_resolve(ctx, p->workspace, bytes, "the workspace", delta, &off);
+        /* A multiple of 256: the API's alignment rule, and allocations start at page bounds. */
+        a->delta_off = (int64_t)(off / sizeof(float));
+        return st;
+    }
+    cl_int err;
+    *owned =
+        ctx->cl->clCreateBuffer(ctx->context, CL_MEM_READ_WRITE, bytes ? bytes : 1, NULL, &err);
+    *delta = *owned;
+    return fp_ocl_check(err, "clCreateBuffer (backward delta)");
+}
+
 flashport_status fp_ocl_backward(fp_ocl_ctx *ctx, const fp_problem *p)
 {
     const fp_ocl_api *cl = ctx->cl;
@@ -311,7 +358,7 @@ flashport_status fp_ocl_backward(fp_ocl_ctx *ctx, const fp_problem *p)
     fp_ocl_args a;
     bound m;
     const fp_ocl_program *pr = NULL;
-    cl_mem delta = NULL;
+    cl_mem delta = NULL, owned = NULL;
     cl_event dq_done = NULL;
     pthread_mutex_lock(&ctx->lock);
     flashport_status st = plan(ctx, p, FP_OCL_BACKWARD, &t);
@@ -323,14 +370,8 @@ flashport_status fp_ocl_backward(fp_ocl_ctx *ctx, const fp_problem *p)
         pthread_mutex_unlock(&ctx->lock);
         return FLASHPORT_OK;
     }
-    if (st == FLASHPORT_OK) {
-        /* delta = rowsum(dO * O), [H, total_q] f32: the backward's only extra memory. */
-        const size_t rows = (size_t)(p->heads * p->total_q);
-        cl_int err;
-        delta = cl->clCreateBuffer(ctx->context, CL_MEM_READ_WRITE,
-                                   (rows ? rows : 1) * sizeof(float), NULL, &err);
-        st = fp_ocl_check(err, "clCreateBuffer (backward delta)");
-    }
+    if (st == FLASHPORT_OK)
+        st = take_delta(ctx, p, &a, &delta, &owned);
     if (st == FLASHPORT_OK)
         log_call(ctx, p, "backward", t);
     const size_t ld = (size_t)fp_ocl_tile_ld(fp_ocl_dim_class(p->head_dim)), tt = (size_t)t,
@@ -364,8 +405,8 @@ flashport_status fp_ocl_backward(fp_ocl_ctx *ctx, const fp_problem *p)
     }
     if (dq_done)
         (void)cl->clReleaseEvent(dq_done);
-    if (delta) /* freed once the kernels that use it are done */
-        (void)cl->clReleaseMemObject(delta);
+    if (owned) /* freed once the kernels that use it are done */
+        (void)cl->clReleaseMemObject(owned);
     pthread_mutex_unlock(&ctx->lock);
     return st;
 }

@@ -7,13 +7,18 @@
  * Devices: FLASHPORT_DEVICE indexes all devices of all platforms (or of the platforms whose name
  * contains FLASHPORT_OPENCL_PLATFORM), GPUs first, then accelerators, then CPUs and any other
  * kind, each group in platform order. No ICD loader, no platform, no matching device or an index
- * out of range is FLASHPORT_ERR_NO_DEVICE with the reason.
+ * out of range is FLASHPORT_ERR_NO_DEVICE with the reason. flashport_device_count and
+ * flashport_device_properties enumerate the same list without opening a device (0 devices, OK,
+ * without a loader or platform).
+ *
+ * Workspace: the backward's one scratch buffer (the delta, ocl_attention.c) comes from the
+ * caller's workspace when the handle has one, else from a buffer of the call.
  *
  * Queue: flashport_set_stream takes a cl_command_queue. A queue of the handle's context is used
  * as it is; a queue of another context (the caller's program) makes the handle adopt that
  * context and device, which is only allowed while the handle holds no allocations (a buffer
  * belongs to one context). NULL goes back to the handle's own queue. Timing needs a queue created
- * with CL_QUEUE_PROFILING_ENABLE (the handle's own queue is).
+ * with CL_QUEUE_PROFILING_ENABLE (the handle's own queue is); see ocl_event below.
  */
 #define _POSIX_C_SOURCE 200809L
 
@@ -52,34 +57,41 @@ static int kind_rank(cl_device_type t)
     return 2;
 }
 
-/* Device number `index` in FLASHPORT_DEVICE order, with its platform. */
-static flashport_status pick_device(const fp_ocl_api *cl, int index, cl_platform_id *platform,
-                                    cl_device_id *device)
+/* The devices FLASHPORT_DEVICE indexes, in its order, and the platform names seen (for the
+ * messages). */
+typedef struct device_list {
+    cl_device_id dev[MAX_DEVICES];
+    cl_platform_id plat[MAX_DEVICES];
+    int n;
+    const char *want; /* FLASHPORT_OPENCL_PLATFORM, or NULL */
+    char seen[512];
+} device_list;
+
+/* Fills *list. Returns CL_SUCCESS, or why the loader gave no platform (no platform at all is
+ * CL_PLATFORM_NOT_FOUND_KHR); sets no error, so enumeration can count 0 quietly. */
+static cl_int list_devices(const fp_ocl_api *cl, device_list *list)
 {
     cl_platform_id plats[MAX_PLATFORMS];
     cl_uint np = 0;
+    memset(list, 0, sizeof *list);
     cl_int err = cl->clGetPlatformIDs(MAX_PLATFORMS, plats, &np);
-    if (err == CL_PLATFORM_NOT_FOUND_KHR || (err == CL_SUCCESS && np == 0))
-        return host_api->set_error(FLASHPORT_ERR_NO_DEVICE,
-                                   "opencl: no device: the ICD loader finds no OpenCL platform "
-                                   "(no ICD in /etc/OpenCL/vendors?)");
+    if (err == CL_SUCCESS && np == 0)
+        err = CL_PLATFORM_NOT_FOUND_KHR;
     if (err != CL_SUCCESS)
-        return host_api->set_error(FLASHPORT_ERR_NO_DEVICE,
-                                   "opencl: no device: clGetPlatformIDs failed (OpenCL error %d)",
-                                   (int)err);
+        return err;
     if (np > MAX_PLATFORMS)
         np = MAX_PLATFORMS;
     const char *want = getenv("FLASHPORT_OPENCL_PLATFORM");
-    char seen[512] = "";
+    list->want = want && *want ? want : NULL;
     cl_device_id devs[MAX_DEVICES];
     cl_platform_id dev_plat[MAX_DEVICES];
     int rank[MAX_DEVICES], nd = 0;
     for (cl_uint p = 0; p < np; p++) {
         char name[128] = "";
         (void)cl->clGetPlatformInfo(plats[p], CL_PLATFORM_NAME, sizeof name - 1, name, NULL);
-        size_t used = strlen(seen);
-        snprintf(seen + used, sizeof seen - used, "%s'%s'", used ? ", " : "", name);
-        if (want && *want && !strstr(name, want))
+        size_t used = strlen(list->seen);
+        snprintf(list->seen + used, sizeof list->seen - used, "%s'%s'", used ? ", " : "", name);
+        if (list->want && !strstr(name, list->want))
             continue;
         cl_uint n = 0;
         if (cl->clGetDeviceIDs(plats[p], CL_DEVICE_TYPE_ALL, (cl_uint)(MAX_DEVICES - nd), devs + nd,
@@ -92,27 +104,47 @@ static flashport_status pick_device(const fp_ocl_api *cl, int index, cl_platform
             dev_plat[nd] = plats[p];
         }
     }
-    int k = 0;
     for (int r = 0; r < 3; r++)
         for (int i = 0; i < nd; i++)
-            if (rank[i] == r && k++ == index) {
-                *platform = dev_plat[i];
-                *device = devs[i];
-                return FLASHPORT_OK;
+            if (rank[i] == r) {
+                list->dev[list->n] = devs[i];
+                list->plat[list->n++] = dev_plat[i];
             }
-    if (nd == 0 && want && *want)
+    return CL_SUCCESS;
+}
+
+/* Device number `index` in FLASHPORT_DEVICE order, with its platform. */
+static flashport_status pick_device(const fp_ocl_api *cl, int index, cl_platform_id *platform,
+                                    cl_device_id *device)
+{
+    device_list list;
+    const cl_int err = list_devices(cl, &list);
+    if (err == CL_PLATFORM_NOT_FOUND_KHR)
+        return host_api->set_error(FLASHPORT_ERR_NO_DEVICE,
+                                   "opencl: no device: the ICD loader finds no OpenCL platform "
+                                   "(no ICD in /etc/OpenCL/vendors?)");
+    if (err != CL_SUCCESS)
+        return host_api->set_error(FLASHPORT_ERR_NO_DEVICE,
+                                   "opencl: no device: clGetPlatformIDs failed (OpenCL error %d)",
+                                   (int)err);
+    if (index >= 0 && index < list.n) {
+        *platform = list.plat[index];
+        *device = list.dev[index];
+        return FLASHPORT_OK;
+    }
+    if (list.n == 0 && list.want)
         return host_api->set_error(FLASHPORT_ERR_NO_DEVICE,
                                    "opencl: no device on a platform whose name contains '%s' "
                                    "(FLASHPORT_OPENCL_PLATFORM); platforms: %s",
-                                   want, seen);
-    if (nd == 0)
+                                   list.want, list.seen);
+    if (list.n == 0)
         return host_api->set_error(FLASHPORT_ERR_NO_DEVICE,
-                                   "opencl: no device: platforms %s have none", seen);
+                                   "opencl: no device: platforms %s have none", list.seen);
     return host_api->set_error(FLASHPORT_ERR_NO_DEVICE,
                                "opencl: no device %d (FLASHPORT_DEVICE): %d device%s on "
                                "platforms %s%s",
-                               index, nd, nd == 1 ? "" : "s", seen,
-                               want && *want ? " (FLASHPORT_OPENCL_PLATFORM applied)" : "");
+                               index, list.n, list.n == 1 ? "" : "s", list.seen,
+                               list.want ? " (FLASHPORT_OPENCL_PLATFORM applied)" : "");
 }
 
 /* Names and limits of ctx->device, read again when the handle adopts a caller's device. */
@@ -128,9 +160,15 @@ static flashport_status read_device(fp_ocl_ctx *ctx)
         st = fp_ocl_check(
             cl->clGetDeviceInfo(ctx->device, CL_DEVICE_LOCAL_MEM_SIZE, sizeof local, &local, NULL),
             "clGetDeviceInfo(CL_DEVICE_LOCAL_MEM_SIZE)");
+    cl_ulong max_alloc = 0;
+    if (st == FLASHPORT_OK)
+        st = fp_ocl_check(cl->clGetDeviceInfo(ctx->device, CL_DEVICE_MAX_MEM_ALLOC_SIZE,
+                                              sizeof max_alloc, &max_alloc, NULL),
+                          "clGetDeviceInfo(CL_DEVICE_MAX_MEM_ALLOC_SIZE)");
     if (st != FLASHPORT_OK)
         return st;
     ctx->local_mem = (size_t)local;
+    ctx->max_alloc = (size_t)max_alloc;
     memset(ctx->platform_name, 0, sizeof ctx->platform_name);
     memset(ctx->device_name, 0, sizeof ctx->device_name);
     (void)cl->clGetPlatformInfo(platform, CL_PLATFORM_NAME, sizeof ctx->platform_name - 1,
@@ -240,6 +278,15 @@ static flashport_status ocl_malloc(void *p, size_t bytes, void **ptr)
     fp_ocl_ctx *ctx = p;
     cl_int err;
     pthread_mutex_lock(&ctx->lock);
+    const size_t max_alloc = ctx->max_alloc;
+    if (bytes > max_alloc) {
+        /* A driver's limit on one buffer, often well below its memory (NVIDIA: a quarter). */
+        pthread_mutex_unlock(&ctx->lock);
+        return host_api->set_error(FLASHPORT_ERR_OUT_OF_MEMORY,
+                                   "opencl: %zu bytes in one buffer: '%s' allows at most %zu "
+                                   "(CL_DEVICE_MAX_MEM_ALLOC_SIZE)",
+                                   bytes, ctx->device_name, max_alloc);
+    }
     cl_mem mem =
         ctx->cl->clCreateBuffer(ctx->context, CL_MEM_READ_WRITE, bytes ? bytes : 1, NULL, &err);
     pthread_mutex_unlock(&ctx->lock);
@@ -358,13 +405,20 @@ static flashport_status ocl_set_stream(void *p, void *stream)
     return st;
 }
 
-/* flashport_timer's events: markers on the handle's queue, timed by their profiling counters. */
+/* flashport_timer's events. A timestamp is the end of a 4-byte fill of a small buffer, enqueued
+ * behind a marker: the marker orders it after all earlier work even on an out-of-order queue,
+ * and the fill, a real command, carries profiling counters where a marker may not (NVIDIA's
+ * driver has been seen to stamp markers and barriers with zeros). The buffer belongs to the
+ * queue's context, so it is made again when the handle has moved to another one. */
 typedef struct ocl_event {
     cl_event ev;
+    cl_mem pad;
+    cl_context pad_context;
 } ocl_event;
 
 static flashport_status ocl_event_create(void *p, void **event)
 {
+    (void)p;
     ocl_event *e = calloc(1, sizeof *e);
     *event = e;
     return e ? FLASHPORT_OK
@@ -374,16 +428,38 @@ static flashport_status ocl_event_create(void *p, void **event)
 static flashport_status ocl_event_record(void *p, void *event)
 {
     fp_ocl_ctx *ctx = p;
+    const fp_ocl_api *cl = ctx->cl;
     ocl_event *e = event;
     if (e->ev) {
-        (void)ctx->cl->clReleaseEvent(e->ev);
+        (void)cl->clReleaseEvent(e->ev);
         e->ev = NULL;
     }
     pthread_mutex_lock(&ctx->lock);
     cl_command_queue queue = ctx->queue;
+    cl_context context = ctx->context;
     pthread_mutex_unlock(&ctx->lock);
-    return fp_ocl_check(ctx->cl->clEnqueueMarkerWithWaitList(queue, 0, NULL, &e->ev),
-                        "clEnqueueMarkerWithWaitList");
+    if (e->pad && e->pad_context != context) {
+        (void)cl->clReleaseMemObject(e->pad);
+        e->pad = NULL;
+    }
+    cl_int err = CL_SUCCESS;
+    if (!e->pad) {
+        e->pad = cl->clCreateBuffer(context, CL_MEM_READ_WRITE, 4, NULL, &err);
+        e->pad_context = context;
+    }
+    flashport_status st = fp_ocl_check(err, "clCreateBuffer (timer)");
+    cl_event marker = NULL;
+    if (st == FLASHPORT_OK)
+        st = fp_ocl_check(cl->clEnqueueMarkerWithWaitList(queue, 0, NULL, &marker),
+                          "clEnqueueMarkerWithWaitList");
+    const cl_uint zero = 0;
+    if (st == FLASHPORT_OK)
+        st = fp_ocl_check(cl->clEnqueueFillBuffer(queue, e->pad, &zero, sizeof zero, 0, sizeof zero,
+                                                  1, &marker, &e->ev),
+                          "clEnqueueFillBuffer (timer)");
+    if (marker)
+        (void)cl->clReleaseEvent(marker);
+    return st;
 }
 
 static flashport_status ocl_event_elapsed_ms(void *p, void *start, void *stop, float *ms)
@@ -409,6 +485,11 @@ static flashport_status ocl_event_elapsed_ms(void *p, void *start, void *stop, f
                                    "CL_QUEUE_PROFILING_ENABLE to time through flashport_timer)");
     if (st == FLASHPORT_OK)
         st = fp_ocl_check(err, "clGetEventProfilingInfo");
+    if (st == FLASHPORT_OK && (t0 == 0 || t1 < t0))
+        return host_api->set_error(FLASHPORT_ERR_DEVICE,
+                                   "opencl: the driver gave the timer's commands no usable "
+                                   "profiling counters (start %llu ns, stop %llu ns)",
+                                   (unsigned long long)t0, (unsigned long long)t1);
     if (st == FLASHPORT_OK)
         *ms = (float)((double)(t1 - t0) * 1e-6);
     return st;
@@ -420,7 +501,83 @@ static void ocl_event_destroy(void *p, void *event)
     ocl_event *e = event;
     if (e && e->ev)
         (void)ctx->cl->clReleaseEvent(e->ev);
+    if (e && e->pad)
+        (void)ctx->cl->clReleaseMemObject(e->pad);
     free(e);
+}
+
+/* Enumeration without a handle, over the devices FLASHPORT_DEVICE indexes (the platform filter
+ * applied): no ICD loader or no platform counts 0. */
+static flashport_status ocl_device_count(int *count)
+{
+    char why[512];
+    const fp_ocl_api *cl = fp_ocl_load(why, sizeof why);
+    device_list list;
+    *count = cl && list_devices(cl, &list) == CL_SUCCESS ? list.n : 0;
+    return FLASHPORT_OK;
+}
+
+/* cl_nv_device_attribute_query; defined here since not every copy of cl_ext.h has it. */
+#ifndef CL_DEVICE_COMPUTE_CAPABILITY_MAJOR_NV
+#define CL_DEVICE_COMPUTE_CAPABILITY_MAJOR_NV 0x4000
+#endif
+#ifndef CL_DEVICE_COMPUTE_CAPABILITY_MINOR_NV
+#define CL_DEVICE_COMPUTE_CAPABILITY_MINOR_NV 0x4001
+#endif
+
+/* name: the device's; arch: "sm_XY" where NVIDIA's driver gives the compute capability (then
+ * compute_major / minor are it), else the device's OpenCL version ("OpenCL 3.0", and its
+ * major / minor); multiprocessors: compute units. */
+static flashport_status ocl_device_props(int device, flashport_device_props *props)
+{
+    char why[512];
+    const fp_ocl_api *cl = fp_ocl_load(why, sizeof why);
+    device_list list;
+    const int n = cl && list_devices(cl, &list) == CL_SUCCESS ? list.n : 0;
+    if (device >= n)
+        return host_api->set_error(FLASHPORT_ERR_NO_DEVICE,
+                                   "opencl: device %d does not exist (%d device%s)", device, n,
+                                   n == 1 ? "" : "s");
+    const cl_device_id dev = list.dev[device];
+    cl_ulong mem = 0;
+    cl_uint units = 0, cc[2] = {0, 0};
+    char version[512] = "";
+    flashport_status st = fp_ocl_check(
+        cl->clGetDeviceInfo(dev, CL_DEVICE_NAME, sizeof props->name - 1, props->name, NULL),
+        "clGetDeviceInfo(CL_DEVICE_NAME)");
+    if (st == FLASHPORT_OK)
+        st = fp_ocl_check(
+            cl->clGetDeviceInfo(dev, CL_DEVICE_GLOBAL_MEM_SIZE, sizeof mem, &mem, NULL),
+            "clGetDeviceInfo(CL_DEVICE_GLOBAL_MEM_SIZE)");
+    if (st == FLASHPORT_OK)
+        st = fp_ocl_check(
+            cl->clGetDeviceInfo(dev, CL_DEVICE_MAX_COMPUTE_UNITS, sizeof units, &units, NULL),
+            "clGetDeviceInfo(CL_DEVICE_MAX_COMPUTE_UNITS)");
+    if (st == FLASHPORT_OK)
+        st = fp_ocl_check(
+            cl->clGetDeviceInfo(dev, CL_DEVICE_VERSION, sizeof version - 1, version, NULL),
+            "clGetDeviceInfo(CL_DEVICE_VERSION)");
+    if (st != FLASHPORT_OK)
+        return st;
+    props->total_memory = (size_t)mem;
+    props->multiprocessors = (int32_t)units;
+    if (cl->clGetDeviceInfo(dev, CL_DEVICE_COMPUTE_CAPABILITY_MAJOR_NV, sizeof cc[0], &cc[0],
+                            NULL) == CL_SUCCESS &&
+        cl->clGetDeviceInfo(dev, CL_DEVICE_COMPUTE_CAPABILITY_MINOR_NV, sizeof cc[1], &cc[1],
+                            NULL) == CL_SUCCESS &&
+        cc[0] > 0) {
+        snprintf(props->arch, sizeof props->arch, "sm_%u%u", cc[0], cc[1]);
+        props->compute_major = (int32_t)cc[0];
+        props->compute_minor = (int32_t)cc[1];
+        return FLASHPORT_OK;
+    }
+    /* CL_DEVICE_VERSION is "OpenCL <major>.<minor> <vendor text>". */
+    int major = 0, minor = 0;
+    if (sscanf(version, "OpenCL %d.%d", &major, &minor) == 2)
+        snprintf(props->arch, sizeof props->arch, "OpenCL %d.%d", major, minor);
+    props->compute_major = major;
+    props->compute_minor = minor;
+    return FLASHPORT_OK;
 }
 
 static flashport_status ocl_forward(void *ctx, const fp_problem *p)
@@ -433,8 +590,12 @@ static flashport_status ocl_backward(void *ctx, const fp_problem *p)
     return fp_ocl_backward(ctx, p);
 }
 
-/* workspace_size, device_count and device_props are left NULL: the OpenCL backend takes no
- * caller workspace and does not enumerate devices through the API yet. */
+static flashport_status ocl_workspace_size(void *ctx, const fp_problem *p, int backward,
+                                           size_t *bytes)
+{
+    return fp_ocl_workspace_size(ctx, p, backward, bytes);
+}
+
 static const fp_backend_ops ocl_ops = {
     .api_version = FP_PLUGIN_API_VERSION,
     .name = "opencl",
@@ -453,6 +614,9 @@ static const fp_backend_ops ocl_ops = {
     .event_record = ocl_event_record,
     .event_elapsed_ms = ocl_event_elapsed_ms,
     .event_destroy = ocl_event_destroy,
+    .workspace_size = ocl_workspace_size,
+    .device_count = ocl_device_count,
+    .device_props = ocl_device_props,
 };
 
 __attribute__((visibility("default"))) flashport_status

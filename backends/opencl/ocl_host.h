@@ -37,6 +37,7 @@
     X(clReleaseMemObject)                                                                          \
     X(clEnqueueWriteBuffer)                                                                        \
     X(clEnqueueReadBuffer)                                                                         \
+    X(clEnqueueFillBuffer)                                                                         \
     X(clFinish)                                                                                    \
     X(clCreateProgramWithSource)                                                                   \
     X(clBuildProgram)                                                                              \
@@ -93,6 +94,7 @@ typedef struct fp_ocl_ctx {
     cl_command_queue queue;
     char platform_name[128], device_name[128];
     size_t local_mem; /* bytes of local memory per work-group */
+    size_t max_alloc; /* CL_DEVICE_MAX_MEM_ALLOC_SIZE: the largest one buffer may be */
     /* Programs of the current context, built on first use and kept (ocl_attention.c); when
      * the cache is full the oldest is released. */
     fp_ocl_program programs[FP_OCL_MAX_PROGRAMS];
@@ -122,6 +124,10 @@ void fp_ocl_alloc_release_all(fp_ocl_ctx *ctx);
 /* ocl_attention.c. Validated problems; the lock is taken inside. */
 flashport_status fp_ocl_forward(fp_ocl_ctx *ctx, const fp_problem *p);
 flashport_status fp_ocl_backward(fp_ocl_ctx *ctx, const fp_problem *p);
+/* The scratch bytes of a call (the backward's delta; the forward needs none), or the status the
+ * call would refuse it with; launches nothing. */
+flashport_status fp_ocl_workspace_size(fp_ocl_ctx *ctx, const fp_problem *p, int backward,
+                                       size_t *bytes);
 /* Releases the programs and kernels (the context is about to change or close). Lock held. */
 void fp_ocl_release_programs(fp_ocl_ctx *ctx);
 

@@ -1,21 +1,25 @@
 #!/usr/bin/env bash
 # The OpenCL backend on an NVIDIA GPU through NVIDIA's OpenCL driver (written for the H200 lease):
 # build with the CUDA and OpenCL plugins, log the OpenCL device and its extensions, run the whole
-# case table and the host-side test on the GPU's OpenCL device, then time forward and backward
-# (bf16) on the ANCHORS grid (B * N = 16384, H * D = 2048) with flashport-bench: OpenCL, then our
-# CUDA path, same shapes, same run; SDPA's math and memory-efficient backends on the same grid
-# (bench/sdpa_grid.py: compare_torch.py cannot run the OpenCL backend, whose memory is not
-# torch's). Logs go to $OUT (summary.txt, build.log, device.log, checks.log, bench.csv,
-# bench.log, sdpa.csv, sdpa.log); the ratios are printed last.
+# case table (on a caller's workspace) and the host-side test on the GPU's OpenCL device, then
+# time forward and backward (bf16) on the ANCHORS grid (B * N = 16384, H * D = 2048) with
+# flashport-bench: OpenCL, then our CUDA path, same shapes, same run; SDPA's math and
+# memory-efficient backends on the same grid (bench/sdpa_grid.py: compare_torch.py cannot run the
+# OpenCL backend, whose memory is not torch's); report writes the table of all four with the
+# ratios. Everything stays in $OUT, appended to, never overwritten by a later call or stage:
+# summary.txt, build.log, device.log, test_backends.log, test_opencl.log (every failing check
+# with its reason; the failures are copied into summary.txt too), bench.csv, bench.log,
+# sdpa.csv, sdpa.log, report.md.
 #
 #   OUT=/tmp/out tests/gpu/run_opencl_h200.sh [stages]
 #
 # stages: any of build device test bench sdpa report (default: all, in that order); report
 # prints the opencl / cuda, opencl / SDPA math and opencl / mem-eff ratios from the CSVs in $OUT
-# (bench and sdpa append to them). Environment: BUILD (build
-# folder, default build-ocl), PLATFORM (FLASHPORT_OPENCL_PLATFORM, default NVIDIA), DIMS and
-# SEQLENS (bench grid, default "64 128 256" and "512 2048 8192 16384"), ITERS (timed runs per
-# shape, default 5), JOBS (build parallelism, default: all cores).
+# (bench and sdpa append to them). Environment: BUILD (build folder, default build-ocl), PLATFORM
+# (FLASHPORT_OPENCL_PLATFORM, default NVIDIA), DIMS and SEQLENS (bench grid, default "64 128 256"
+# and "512 2048 8192 16384"), TOKENS and HIDDEN (B * N and H * D of the grid, default 16384 and
+# 2048), BACKENDS (flashport-bench backends, default "opencl cuda"), ITERS (timed runs per shape,
+# default 5), JOBS (build parallelism, default: all cores).
 set -uo pipefail
 OUT=${OUT:-$PWD/out}
 BUILD=${BUILD:-build-ocl}
@@ -25,11 +29,12 @@ export FLASHPORT_OPENCL_PLATFORM=${PLATFORM:-NVIDIA}
 export PATH=$PATH:/usr/local/cuda/bin
 mkdir -p "$OUT"
 SUMMARY="$OUT/summary.txt"
-: >"$SUMMARY"
 note() { echo "$*" | tee -a "$SUMMARY"; }
 has() { [[ " $STAGES " == *" $1 "* ]]; }
+# The part of an appended log that this call wrote: from its last "### " header on.
+last_call() { awk '/^### /{n = 0} {line[n++] = $0} END{for (i = 0; i < n; i++) print line[i]}' "$1"; }
 
-note "== $(date -u '+%Y-%m-%d %H:%M UTC') $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null); commit $(git rev-parse --short HEAD 2>/dev/null)"
+note "== $(date -u '+%Y-%m-%d %H:%M UTC') stages: $STAGES; $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null); commit $(git rev-parse --short HEAD 2>/dev/null)"
 
 if has build; then
     GEN=()
@@ -57,28 +62,39 @@ if has device; then
 fi
 
 if has test; then
+    # Each log gets a header per call and is appended to, so no later call overwrites it.
     start=$(date +%s)
     {
-        timeout 400 "$BUILD/bin/test_backends" opencl
-        echo "test_backends opencl: rc=$?"
+        echo "### $(date -u '+%H:%M:%S') test_backends opencl --workspace (the whole table)"
+        timeout 400 "$BUILD/bin/test_backends" opencl --workspace
+        echo "test_backends opencl --workspace: rc=$?"
+    } >>"$OUT/test_backends.log" 2>&1
+    {
+        echo "### $(date -u '+%H:%M:%S') test_opencl"
         if [ -x "$BUILD/bin/test_opencl" ]; then
-            timeout 60 "$BUILD/bin/test_opencl"
+            timeout 120 "$BUILD/bin/test_opencl"
             echo "test_opencl: rc=$?"
         else
             echo "test_opencl: not built (CMake found no OpenCL library to link it with)"
         fi
-    } >"$OUT/checks.log" 2>&1
+    } >>"$OUT/test_opencl.log" 2>&1
     note "tests in $(($(date +%s) - start)) s:"
-    grep -E "FAIL|UNSUPPORTED| passed, |rc=" "$OUT/checks.log" | tail -20 | tee -a "$SUMMARY"
+    last_call "$OUT/test_backends.log" | grep -E "FAIL| passed, |rc=" | tail -12 |
+        tee -a "$SUMMARY"
+    last_call "$OUT/test_opencl.log" |
+        grep -E "CHECK failed|^device 0|^caller|^timer|PASS|FAIL|SKIP|rc=" | cut -c1-400 |
+        tee -a "$SUMMARY"
 fi
 
+TOKENS=${TOKENS:-16384}
+HIDDEN=${HIDDEN:-2048}
 if has bench; then
     start=$(date +%s)
     for D in ${DIMS:-64 128 256}; do
         for N in ${SEQLENS:-512 2048 8192 16384}; do
-            for be in opencl cuda; do
+            for be in ${BACKENDS:-opencl cuda}; do
                 timeout 300 "$BUILD/bin/flashport-bench" --backend "$be" --dtype bf16 \
-                    --batch $((16384 / N)) --heads $((2048 / D)) --seqlen "$N" --hdim "$D" \
+                    --batch $((TOKENS / N)) --heads $((HIDDEN / D)) --seqlen "$N" --hdim "$D" \
                     --causal=0,1 --direction both --iters "${ITERS:-5}" --check \
                     --csv "$OUT/bench.csv" >>"$OUT/bench.log" 2>&1 ||
                     note "bench $be D=$D N=$N failed: rc=$?"
@@ -93,29 +109,42 @@ if has sdpa; then
     DL=${DIMS:-64 128 256}
     SL=${SEQLENS:-512 2048 8192 16384}
     timeout 580 python3 bench/sdpa_grid.py --dims "${DL// /,}" --seqlens "${SL// /,}" \
-        --csv "$OUT/sdpa.csv" >"$OUT/sdpa.log" 2>&1
+        --tokens "$TOKENS" --hidden "$HIDDEN" --csv "$OUT/sdpa.csv" >>"$OUT/sdpa.log" 2>&1
     note "sdpa: rc=$? in $(($(date +%s) - start)) s"
 fi
 
 if has report; then
-    note "TFLOP/s (bf16): opencl, cuda, SDPA math, SDPA mem-eff; ratios opencl / each"
-    python3 - "$OUT/bench.csv" "$OUT/sdpa.csv" <<'PY' | tee -a "$SUMMARY"
+    python3 - "$OUT/bench.csv" "$OUT/sdpa.csv" <<'PY' | tee "$OUT/report.md" | tee -a "$SUMMARY"
+# The issue's table: TFLOP/s of our OpenCL and CUDA backends (flashport-bench) and SDPA's math
+# and memory-efficient backends (sdpa_grid.py) per shape and direction, bf16, and OpenCL's ratio
+# to each; then the target, OpenCL >= 1.0x SDPA math at N >= 2048, counted over those rows.
 import csv, os, sys
 t = {}
 if os.path.exists(sys.argv[1]):
     for r in csv.DictReader(open(sys.argv[1])):
-        t[(r["backend"], int(r["hdim"]), int(r["seqlen_q"]), int(r["causal"]),
-           r["direction"])] = float(r["tflops"])
+        if r["dtype"] == "bf16" and r["tflops"]:
+            t[(r["backend"], int(r["hdim"]), int(r["seqlen_q"]), int(r["causal"]),
+               r["direction"])] = float(r["tflops"])
 if os.path.exists(sys.argv[2]):
     for r in csv.DictReader(open(sys.argv[2])):
         t[(r["impl"], int(r["hdim"]), int(r["seqlen"]), int(r["causal"]), r["direction"])] = (
             float(r["tflops"]) if r["tflops"] else float("nan"))
 nan = float("nan")
-for (be, d, n, c, dr), v in sorted(t.items(), key=lambda x: x[0][1:]):
+cell = lambda x: f"{x:.3g}" if x == x else "-"
+ratio = lambda a, b: f"{a / b:.3f}" if a == a and b == b and b > 0 else "-"
+print("| D | N | causal | dir | opencl | cuda | SDPA math | SDPA mem-eff "
+      "| opencl / cuda | opencl / math | opencl / mem-eff |")
+print("|---|---|---|---|---|---|---|---|---|---|---|")
+met = total = 0
+for (be, d, n, c, dr), v in sorted(t.items(), key=lambda x: (x[0][1:4], x[0][4] != "fwd")):
     if be != "opencl":
         continue
     o = [t.get((x, d, n, c, dr), nan) for x in ("cuda", "math", "eff")]
-    print(f"D={d} N={n} causal={c} {dr}: {v:.1f} | {o[0]:.1f} {o[1]:.1f} {o[2]:.1f} | "
-          + " ".join(f"{v / x:.3f}" if x == x and x > 0 else "-" for x in o))
+    print(f"| {d} | {n} | {c} | {dr} | {cell(v)} | " + " | ".join(cell(x) for x in o) + " | "
+          + " | ".join(ratio(v, x) for x in o) + " |")
+    if n >= 2048 and o[1] == o[1]:
+        total += 1
+        met += v >= o[1]
+print(f"\nopencl >= 1.0x SDPA math at N >= 2048: {met} of {total} rows with both timed")
 PY
 fi

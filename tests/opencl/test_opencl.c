@@ -6,12 +6,22 @@
  *     FLASHPORT_ERR_NO_DEVICE with the reason;
  *   - pointers: arithmetic inside an allocation works; a pointer that is not inside one of the
  *     handle's allocations (a host pointer, past the end, freed) is FLASHPORT_ERR_INVALID_VALUE
- *     and nothing is copied;
+ *     and nothing is copied; one buffer past the device's limit is FLASHPORT_ERR_OUT_OF_MEMORY;
  *   - the caller's queue: a queue of the caller's own context is adopted while the handle holds
  *     no allocations, gives the same bits as the handle's own queue, and is refused while it
  *     holds some;
- *   - flashport_timer on OpenCL markers gives a positive time.
- * Exit 77 (skipped) when the machine has no OpenCL device and the planner checks passed.
+ *   - flashport_timer on OpenCL markers gives a positive time;
+ *   - device enumeration: the count, device 0's properties (the device a handle opens), an index
+ *     past the end, a platform filter matching nothing (count 0, OK);
+ *   - the caller's workspace: the backward's size query, the same bits as without one (also at
+ *     an offset inside a larger allocation), too small refused before anything is written, a
+ *     pointer that is not the handle's refused.
+ * Every failing check prints its file, line and the reason (flashport_last_error where there is
+ * one) on stderr, and each group of checks says on stdout that it starts, so a log shows which
+ * group a failure belongs to on any driver. Exit 77 (skipped) when the machine has no OpenCL
+ * device and the planner checks passed. `test_opencl --no-device` runs where the ICD loader
+ * finds no platform (ctest points OCL_ICD_VENDORS nowhere): opening is FLASHPORT_ERR_NO_DEVICE,
+ * the device count 0 with FLASHPORT_OK.
  */
 #define _POSIX_C_SOURCE          200809L /* setenv */
 #define CL_TARGET_OPENCL_VERSION 120
@@ -20,48 +30,122 @@
 #include "tests/test_util.h"
 
 #include <CL/cl.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
-enum { B = 1, N = 37, H = 2, D = 24 };
+enum { B = 1, N = 37, H = 2, D = 24, ELEMS = B * N * H * D };
 
-/* Forward of a fixed small problem through handle be; O (f32, B N H D) into o_host. */
+/* A call's status against the one expected, naming both and the library's message. */
+#define EXPECT(call, want, what)                                                                   \
+    do {                                                                                           \
+        const flashport_status got_ = (call);                                                      \
+        CHECK_MSG(got_ == (want), "%s: got %s, want %s (last error: %s)", what,                    \
+                  flashport_status_string(got_), flashport_status_string(want),                    \
+                  flashport_last_error());                                                         \
+    } while (0)
+
+static double host_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec * 1e3 + ts.tv_nsec * 1e-6;
+}
+
+static void section(const char *name)
+{
+    printf("== %s\n", name);
+}
+
+/* The fixed problem of every device check (causal, f32, B N H D) in handle be's memory. */
+enum { PQ, PK, PV, PO, PDO, PDQ, PDK, PDV, PLSE, NBUF };
+
+typedef struct problem {
+    flashport_backend *be;
+    void *buf[NBUF];
+    flashport_tensor t[NBUF];
+    flashport_attention_params params;
+} problem;
+
+static void problem_free(problem *p)
+{
+    for (int i = 0; i < NBUF; i++)
+        if (p->buf[i])
+            flashport_free(p->be, p->buf[i]);
+    memset(p, 0, sizeof *p);
+}
+
+/* Allocates every tensor and fills q, k, v and dO with values of a fixed seed. */
+static flashport_status problem_make(flashport_backend *be, problem *p)
+{
+    static const int64_t shape[4] = {B, N, H, D}, lse_shape[3] = {B, H, N};
+    static float x[ELEMS];
+    memset(p, 0, sizeof *p);
+    p->be = be;
+    flashport_attention_params_init(&p->params);
+    p->params.causal = 1;
+    tu_rng r = tu_rng_seed(7);
+    flashport_status s = FLASHPORT_OK;
+    for (int i = 0; i < NBUF && s == FLASHPORT_OK; i++) {
+        const size_t bytes = (i == PLSE ? (size_t)(B * H * N) : ELEMS) * sizeof(float);
+        s = flashport_malloc(be, bytes, &p->buf[i]);
+        p->t[i] = i == PLSE ? flashport_tensor_contiguous(p->buf[i], FLASHPORT_F32, 3, lse_shape)
+                            : flashport_tensor_contiguous(p->buf[i], FLASHPORT_F32, 4, shape);
+        if (s == FLASHPORT_OK && (i <= PV || i == PDO)) {
+            for (int e = 0; e < ELEMS; e++)
+                x[e] = tu_rng_uniform(&r, -1.0f, 1.0f);
+            s = flashport_memcpy_to_device(be, p->buf[i], x, bytes);
+        }
+    }
+    if (s != FLASHPORT_OK)
+        problem_free(p);
+    return s;
+}
+
+static flashport_status problem_forward(problem *p)
+{
+    const flashport_tensor *t = p->t;
+    return flashport_attention_forward(p->be, &p->params, &t[PQ], &t[PK], &t[PV], &t[PO], &t[PLSE]);
+}
+
+static flashport_status problem_backward(problem *p)
+{
+    const flashport_tensor *t = p->t;
+    return flashport_attention_backward(p->be, &p->params, &t[PQ], &t[PK], &t[PV], &t[PO], &t[PLSE],
+                                        &t[PDO], &t[PDQ], &t[PDK], &t[PDV]);
+}
+
+static flashport_status problem_bytes(problem *p, flashport_direction dir, size_t *bytes)
+{
+    const flashport_tensor *t = p->t;
+    const int bwd = dir == FLASHPORT_BACKWARD;
+    return flashport_attention_workspace_size(
+        p->be, dir, &p->params, &t[PQ], &t[PK], &t[PV], &t[PO], &t[PLSE], bwd ? &t[PDO] : NULL,
+        bwd ? &t[PDQ] : NULL, bwd ? &t[PDK] : NULL, bwd ? &t[PDV] : NULL, bytes);
+}
+
+/* Copies n consecutive tensors from `first` (each ELEMS floats) to host. */
+static flashport_status problem_read(problem *p, int first, int n, float *host)
+{
+    flashport_status s = FLASHPORT_OK;
+    for (int i = 0; i < n && s == FLASHPORT_OK; i++)
+        s = flashport_memcpy_to_host(p->be, host + (size_t)i * ELEMS, p->buf[first + i],
+                                     ELEMS * sizeof(float));
+    return s;
+}
+
+/* Forward of the fixed problem through handle be; O into o_host. */
 static flashport_status forward(flashport_backend *be, float *o_host)
 {
-    const int64_t shape[4] = {B, N, H, D}, elems = B * N * H * D;
-    const size_t bytes = (size_t)elems * sizeof(float);
-    float *x = malloc(bytes);
-    void *q = NULL, *k = NULL, *v = NULL, *o = NULL;
-    tu_rng r = tu_rng_seed(7);
-    for (int64_t i = 0; i < elems; i++)
-        x[i] = tu_rng_uniform(&r, -1.0f, 1.0f);
-    flashport_status s = flashport_malloc(be, bytes, &q);
+    problem p;
+    flashport_status s = problem_make(be, &p);
     if (s == FLASHPORT_OK)
-        s = flashport_malloc(be, bytes, &k);
+        s = problem_forward(&p);
     if (s == FLASHPORT_OK)
-        s = flashport_malloc(be, bytes, &v);
-    if (s == FLASHPORT_OK)
-        s = flashport_malloc(be, bytes, &o);
-    void *ins[3] = {q, k, v};
-    for (int i = 0; i < 3 && s == FLASHPORT_OK; i++)
-        s = flashport_memcpy_to_device(be, ins[i], x, bytes);
-    flashport_attention_params params;
-    flashport_attention_params_init(&params);
-    params.causal = 1;
-    flashport_tensor tq = flashport_tensor_contiguous(q, FLASHPORT_F32, 4, shape);
-    flashport_tensor tk = flashport_tensor_contiguous(k, FLASHPORT_F32, 4, shape);
-    flashport_tensor tv = flashport_tensor_contiguous(v, FLASHPORT_F32, 4, shape);
-    flashport_tensor to = flashport_tensor_contiguous(o, FLASHPORT_F32, 4, shape);
-    if (s == FLASHPORT_OK)
-        s = flashport_attention_forward(be, &params, &tq, &tk, &tv, &to, NULL);
-    if (s == FLASHPORT_OK)
-        s = flashport_memcpy_to_host(be, o_host, o, bytes);
-    void *all[4] = {q, k, v, o};
-    for (int i = 0; i < 4; i++)
-        if (all[i])
-            flashport_free(be, all[i]);
-    free(x);
+        s = problem_read(&p, PO, 1, o_host);
+    problem_free(&p);
     return s;
 }
 
@@ -91,105 +175,314 @@ static void check_plan(void)
     CHECK(fp_ocl_tile(FP_OCL_BACKWARD, 256, 16 << 10) == 0); /* does not fit: unsupported */
 }
 
-static void check_device_choice(void)
+/* FLASHPORT_OPENCL_PLATFORM as the test found it, put back after the checks that change it. */
+static void restore_platform(const char *saved)
 {
+    if (saved)
+        setenv("FLASHPORT_OPENCL_PLATFORM", saved, 1);
+    else
+        unsetenv("FLASHPORT_OPENCL_PLATFORM");
+}
+
+static void check_device_choice(const char *saved_platform)
+{
+    section("device choice");
     flashport_backend *be = NULL;
     setenv("FLASHPORT_OPENCL_PLATFORM", "no such platform", 1);
     flashport_status s = flashport_backend_open("opencl", &be);
     CHECK_MSG(s == FLASHPORT_ERR_NO_DEVICE && strstr(flashport_last_error(), "no such platform"),
               "platform filter: %s: %s", flashport_status_string(s), flashport_last_error());
-    unsetenv("FLASHPORT_OPENCL_PLATFORM");
+    int n = -1;
+    EXPECT(flashport_device_count("opencl", &n), FLASHPORT_OK, "device count, no platform");
+    CHECK_MSG(n == 0, "platform filter matching nothing: %d devices, want 0", n);
+    restore_platform(saved_platform);
     s = flashport_backend_open_device("opencl", 4096, &be);
     CHECK_MSG(s == FLASHPORT_ERR_NO_DEVICE && strstr(flashport_last_error(), "no device 4096"),
               "index out of range: %s: %s", flashport_status_string(s), flashport_last_error());
 }
 
+/* Device 0's properties into *p0 (the device every handle here opens). */
+static void check_enumeration(flashport_device_props *p0)
+{
+    section("device enumeration");
+    int n = -1;
+    flashport_device_props p;
+    EXPECT(flashport_device_count("opencl", &n), FLASHPORT_OK, "device count");
+    CHECK_MSG(n >= 1, "device count %d with a device open", n);
+    memset(p0, 0, sizeof *p0);
+    EXPECT(flashport_device_properties("opencl", 0, p0), FLASHPORT_OK, "device 0 properties");
+    printf("device 0 of %d: '%s', %s (%d.%d), %zu MiB, %d compute units\n", n, p0->name, p0->arch,
+           p0->compute_major, p0->compute_minor, p0->total_memory >> 20, p0->multiprocessors);
+    CHECK_MSG(p0->name[0] && p0->arch[0] && p0->total_memory > 0 && p0->multiprocessors > 0,
+              "device 0 properties incomplete: name '%s' arch '%s' memory %zu units %d", p0->name,
+              p0->arch, p0->total_memory, p0->multiprocessors);
+    EXPECT(flashport_device_properties("opencl", n, &p), FLASHPORT_ERR_NO_DEVICE,
+           "properties of the device past the last");
+}
+
 static void check_pointers(flashport_backend *be)
 {
+    section("pointers");
     char *buf = NULL, host[64], back[64];
     for (int i = 0; i < 64; i++)
         host[i] = (char)i;
-    if (!CHECK(flashport_malloc(be, 256, (void **)&buf) == FLASHPORT_OK))
+    EXPECT(flashport_malloc(be, 256, (void **)&buf), FLASHPORT_OK, "malloc 256");
+    if (!buf)
         return;
-    CHECK(flashport_memcpy_to_device(be, buf + 100, host, 64) == FLASHPORT_OK);
+    EXPECT(flashport_memcpy_to_device(be, buf + 100, host, 64), FLASHPORT_OK, "copy into +100");
     memset(back, 0, sizeof back);
-    CHECK(flashport_memcpy_to_host(be, back, buf + 100, 64) == FLASHPORT_OK);
-    CHECK(memcmp(back, host, 64) == 0);
-    CHECK(flashport_memcpy_to_device(be, buf + 200, host, 64) == FLASHPORT_ERR_INVALID_VALUE);
-    CHECK(strstr(flashport_last_error(), "not inside one allocation") != NULL);
-    CHECK(flashport_memcpy_to_device(be, host, back, 64) == FLASHPORT_ERR_INVALID_VALUE);
-    CHECK(flashport_free(be, buf + 8) == FLASHPORT_ERR_INVALID_VALUE);
-    CHECK(flashport_free(be, buf) == FLASHPORT_OK);
-    CHECK(flashport_memcpy_to_host(be, back, buf, 16) == FLASHPORT_ERR_INVALID_VALUE);
+    EXPECT(flashport_memcpy_to_host(be, back, buf + 100, 64), FLASHPORT_OK, "copy from +100");
+    CHECK_MSG(memcmp(back, host, 64) == 0, "bytes copied to +100 and back differ");
+    EXPECT(flashport_memcpy_to_device(be, buf + 200, host, 64), FLASHPORT_ERR_INVALID_VALUE,
+           "copy past the end");
+    CHECK_MSG(strstr(flashport_last_error(), "not inside one allocation") != NULL,
+              "past the end: message '%s'", flashport_last_error());
+    EXPECT(flashport_memcpy_to_device(be, host, back, 64), FLASHPORT_ERR_INVALID_VALUE,
+           "copy to a host pointer");
+    EXPECT(flashport_free(be, buf + 8), FLASHPORT_ERR_INVALID_VALUE, "free inside");
+    EXPECT(flashport_free(be, buf), FLASHPORT_OK, "free");
+    EXPECT(flashport_memcpy_to_host(be, back, buf, 16), FLASHPORT_ERR_INVALID_VALUE,
+           "copy from freed");
+    void *huge = NULL;
+    EXPECT(flashport_malloc(be, SIZE_MAX / 2, &huge), FLASHPORT_ERR_OUT_OF_MEMORY,
+           "one buffer past the device's limit");
+    CHECK_MSG(!huge && strstr(flashport_last_error(), "CL_DEVICE_MAX_MEM_ALLOC_SIZE"),
+              "one buffer past the limit: pointer %p, message '%s'", huge, flashport_last_error());
 }
 
-static void check_timer(flashport_backend *be)
+static void check_timer(flashport_backend *be, const char *which)
 {
+    printf("== timer (%s)\n", which);
     flashport_timer *t = NULL;
-    float o[B * N * H * D], ms = -1.0f;
-    if (!CHECK(flashport_timer_create(be, &t) == FLASHPORT_OK))
+    static float o[ELEMS];
+    float ms = -1.0f;
+    EXPECT(flashport_timer_create(be, &t), FLASHPORT_OK, "timer create");
+    if (!t)
         return;
-    CHECK(flashport_timer_start(t) == FLASHPORT_OK);
-    CHECK(forward(be, o) == FLASHPORT_OK);
-    CHECK(flashport_timer_stop(t) == FLASHPORT_OK);
-    CHECK_MSG(flashport_timer_elapsed_ms(t, &ms) == FLASHPORT_OK && ms > 0.0f, "timer: %g ms: %s",
-              ms, flashport_last_error());
+    const double t0 = host_ms();
+    EXPECT(flashport_timer_start(t), FLASHPORT_OK, "timer start");
+    EXPECT(forward(be, o), FLASHPORT_OK, "timed forward");
+    EXPECT(flashport_timer_stop(t), FLASHPORT_OK, "timer stop");
+    EXPECT(flashport_timer_elapsed_ms(t, &ms), FLASHPORT_OK, "timer elapsed");
+    const double wall = host_ms() - t0;
+    printf("timer (%s): %.3f ms of %.3f ms host time\n", which, ms, wall);
+    /* The device's interval lies inside the host's (its clock may differ by a little). */
+    CHECK_MSG(ms > 0.0f && ms <= 1.05 * wall + 0.1,
+              "timer (%s): %g ms, want > 0 and <= the "
+              "%.3f ms the host measured around it",
+              which, ms, wall);
     flashport_timer_destroy(t);
 }
 
-/* The first device of the first platform, as the caller's program would pick one. */
-static int caller_queue(cl_context *context, cl_command_queue *queue)
+/* The message of the last refused backward_grads call (the copies after it clear the last
+ * error). */
+static char refused[512];
+
+/* Gradients of the fixed problem through p's handle (its workspace as set), into grads (dQ, dK,
+ * dV); dQ's buffer is first filled with 0x7f bytes, so a refused call shows there. */
+static flashport_status backward_grads(problem *p, float *grads)
 {
-    cl_platform_id platform;
-    cl_device_id device;
-    cl_int err;
-    if (clGetPlatformIDs(1, &platform, NULL) != CL_SUCCESS ||
-        clGetDeviceIDs(platform, CL_DEVICE_TYPE_ALL, 1, &device, NULL) != CL_SUCCESS)
+    static unsigned char mark[ELEMS * sizeof(float)];
+    memset(mark, 0x7f, sizeof mark);
+    flashport_status s = flashport_memcpy_to_device(p->be, p->buf[PDQ], mark, sizeof mark);
+    if (s != FLASHPORT_OK)
+        return s;
+    const flashport_status call = problem_backward(p);
+    if (call != FLASHPORT_OK)
+        snprintf(refused, sizeof refused, "%s", flashport_last_error());
+    s = problem_read(p, PDQ, 3, grads);
+    return call != FLASHPORT_OK ? call : s;
+}
+
+static int dq_untouched(const float *grads)
+{
+    const unsigned char *b = (const unsigned char *)grads;
+    for (size_t i = 0; i < ELEMS * sizeof(float); i++)
+        if (b[i] != 0x7f)
+            return 0;
+    return 1;
+}
+
+static void check_workspace(flashport_backend *be)
+{
+    section("caller's workspace");
+    static float own[3 * ELEMS], got[3 * ELEMS];
+    static _Alignas(256) unsigned char host_ws[4096];
+    problem p;
+    EXPECT(problem_make(be, &p), FLASHPORT_OK, "allocate the problem");
+    if (!p.be)
+        return;
+    EXPECT(problem_forward(&p), FLASHPORT_OK, "forward with LSE");
+    size_t fwd = 1, bwd = 0;
+    const size_t want = (size_t)(B * H * N) * sizeof(float); /* the delta: B H N f32 */
+    EXPECT(problem_bytes(&p, FLASHPORT_FORWARD, &fwd), FLASHPORT_OK, "forward workspace size");
+    EXPECT(problem_bytes(&p, FLASHPORT_BACKWARD, &bwd), FLASHPORT_OK, "backward workspace size");
+    CHECK_MSG(fwd == 0 && bwd == want,
+              "workspace sizes: forward %zu (want 0), backward %zu "
+              "(want %zu)",
+              fwd, bwd, want);
+    EXPECT(backward_grads(&p, own), FLASHPORT_OK, "backward, own scratch");
+
+    void *ws = NULL;
+    EXPECT(flashport_malloc(be, 256 + want, &ws), FLASHPORT_OK, "allocate the workspace");
+    /* The workspace at the start of its buffer and 256 bytes in: the backward's delta goes
+     * into [at, at + want), and bytes before it keep their marks. */
+    static unsigned char marks[256 + 4096];
+    for (int at = 0; ws && at <= 256; at += 256) {
+        memset(marks, 0x7f, 256 + want);
+        EXPECT(flashport_memcpy_to_device(be, ws, marks, 256 + want), FLASHPORT_OK, "mark");
+        EXPECT(flashport_set_workspace(be, (char *)ws + at, want), FLASHPORT_OK, "set workspace");
+        EXPECT(backward_grads(&p, got), FLASHPORT_OK, "backward on the workspace");
+        CHECK_MSG(memcmp(own, got, sizeof own) == 0,
+                  "backward on a workspace %d bytes into its buffer: other bits than on the "
+                  "backend's own scratch",
+                  at);
+        EXPECT(flashport_memcpy_to_host(be, marks, ws, 256 + want), FLASHPORT_OK, "read back");
+        int before = 0, used = 0;
+        for (int i = 0; i < at; i++)
+            before += marks[i] != 0x7f;
+        for (size_t i = (size_t)at; i < (size_t)at + want; i++)
+            used += marks[i] != 0x7f;
+        CHECK_MSG(before == 0 && used > 0,
+                  "workspace %d bytes in: %d bytes before it changed (want 0), %d of its %zu "
+                  "bytes written (want some)",
+                  at, before, used, want);
+    }
+    if (ws) {
+        EXPECT(flashport_set_workspace(be, ws, want - 4), FLASHPORT_OK, "set a small workspace");
+        const flashport_tensor *t = p.t;
+        EXPECT(flashport_attention_supported(be, FLASHPORT_BACKWARD, &p.params, &t[PQ], &t[PK],
+                                             &t[PV], &t[PO], &t[PLSE], &t[PDO], &t[PDQ], &t[PDK],
+                                             &t[PDV]),
+               FLASHPORT_ERR_BUFFER_TOO_SMALL, "supported, workspace 4 bytes short");
+        EXPECT(backward_grads(&p, got), FLASHPORT_ERR_BUFFER_TOO_SMALL,
+               "backward, workspace 4 bytes short");
+        CHECK_MSG(strstr(refused, "workspace"), "message '%s'", refused);
+        CHECK_MSG(dq_untouched(got), "a backward refused for its workspace wrote dQ");
+    }
+    EXPECT(flashport_set_workspace(be, host_ws, sizeof host_ws), FLASHPORT_OK,
+           "set a host workspace");
+    EXPECT(backward_grads(&p, got), FLASHPORT_ERR_INVALID_VALUE,
+           "backward on a workspace that is not the handle's memory");
+    CHECK_MSG(strstr(refused, "workspace") != NULL, "message '%s'", refused);
+    CHECK_MSG(dq_untouched(got), "a backward refused for its workspace pointer wrote dQ");
+    EXPECT(flashport_set_workspace(be, NULL, 0), FLASHPORT_OK, "drop the workspace");
+    if (ws)
+        flashport_free(be, ws);
+    problem_free(&p);
+}
+
+/* The caller's program's device: the one a handle opens as device 0 (first device of the lowest
+ * kind rank, GPUs first, on the platforms FLASHPORT_OPENCL_PLATFORM keeps). Taking simply the
+ * first platform's first device would mix devices where a GPU driver and PoCL are both
+ * installed, and the two would not give the same bits. */
+static int caller_queue(const flashport_device_props *p0, cl_context *context,
+                        cl_command_queue *queue)
+{
+    cl_platform_id plats[16];
+    cl_uint np = 0;
+    const char *want = getenv("FLASHPORT_OPENCL_PLATFORM");
+    if (clGetPlatformIDs(16, plats, &np) != CL_SUCCESS)
         return -1;
-    *context = clCreateContext(NULL, 1, &device, NULL, NULL, &err);
+    cl_device_id best = NULL;
+    int best_rank = 3;
+    char pname[128] = "";
+    for (cl_uint p = 0; p < np && p < 16; p++) {
+        char name[128] = "";
+        cl_device_id devs[16];
+        cl_uint nd = 0;
+        clGetPlatformInfo(plats[p], CL_PLATFORM_NAME, sizeof name - 1, name, NULL);
+        if ((want && *want && !strstr(name, want)) ||
+            clGetDeviceIDs(plats[p], CL_DEVICE_TYPE_ALL, 16, devs, &nd) != CL_SUCCESS)
+            continue;
+        for (cl_uint i = 0; i < nd && i < 16; i++) {
+            cl_device_type t = 0;
+            clGetDeviceInfo(devs[i], CL_DEVICE_TYPE, sizeof t, &t, NULL);
+            const int rank = t & CL_DEVICE_TYPE_GPU ? 0 : t & CL_DEVICE_TYPE_ACCELERATOR ? 1 : 2;
+            if (rank < best_rank) {
+                best = devs[i];
+                best_rank = rank;
+                snprintf(pname, sizeof pname, "%s", name);
+            }
+        }
+    }
+    if (!best)
+        return -1;
+    char dname[256] = "";
+    clGetDeviceInfo(best, CL_DEVICE_NAME, sizeof dname - 1, dname, NULL);
+    printf("caller's queue on '%s' (platform '%s')\n", dname, pname);
+    CHECK_MSG(strcmp(dname, p0->name) == 0,
+              "the caller's device '%s' is not device 0 '%s' of the enumeration", dname, p0->name);
+    cl_int err;
+    *context = clCreateContext(NULL, 1, &best, NULL, NULL, &err);
     if (err != CL_SUCCESS)
         return -1;
-    *queue = clCreateCommandQueue(*context, device, CL_QUEUE_PROFILING_ENABLE, &err);
+    *queue = clCreateCommandQueue(*context, best, CL_QUEUE_PROFILING_ENABLE, &err);
     return err == CL_SUCCESS ? 0 : -1;
 }
 
-static void check_caller_queue(void)
+static void check_caller_queue(const flashport_device_props *p0)
 {
-    static float own[B * N * H * D], theirs[B * N * H * D];
+    section("caller's queue");
+    static float own[ELEMS], theirs[ELEMS];
     flashport_backend *a = NULL, *b = NULL;
     cl_context context = NULL;
     cl_command_queue queue = NULL;
-    if (!CHECK(caller_queue(&context, &queue) == 0))
+    if (!CHECK_MSG(caller_queue(p0, &context, &queue) == 0,
+                   "cannot make the caller's context and queue"))
         return;
-    if (!CHECK(flashport_backend_open_device("opencl", 0, &a) == FLASHPORT_OK &&
-               flashport_backend_open_device("opencl", 0, &b) == FLASHPORT_OK))
+    EXPECT(flashport_backend_open_device("opencl", 0, &a), FLASHPORT_OK, "open handle a");
+    EXPECT(flashport_backend_open_device("opencl", 0, &b), FLASHPORT_OK, "open handle b");
+    if (!a || !b)
         return;
-    CHECK(forward(a, own) == FLASHPORT_OK);
-    CHECK_MSG(flashport_set_stream(b, queue) == FLASHPORT_OK, "set_stream: %s",
-              flashport_last_error());
-    CHECK(forward(b, theirs) == FLASHPORT_OK);
+    EXPECT(forward(a, own), FLASHPORT_OK, "forward on the handle's queue");
+    EXPECT(flashport_set_stream(b, queue), FLASHPORT_OK, "set the caller's queue");
+    EXPECT(forward(b, theirs), FLASHPORT_OK, "forward on the caller's queue");
     CHECK_MSG(memcmp(own, theirs, sizeof own) == 0,
               "the caller's queue gave other bits than the handle's own");
-    check_timer(b);
+    check_timer(b, "the caller's queue");
 
     void *held = NULL;
-    CHECK(flashport_malloc(b, 64, &held) == FLASHPORT_OK);
-    CHECK(flashport_set_stream(b, NULL) == FLASHPORT_ERR_INVALID_VALUE);
-    CHECK(strstr(flashport_last_error(), "another OpenCL context") != NULL);
-    CHECK(flashport_set_stream(b, queue) == FLASHPORT_OK); /* the current one: no change */
-    CHECK(flashport_free(b, held) == FLASHPORT_OK);
-    CHECK(flashport_set_stream(b, NULL) == FLASHPORT_OK);
-    CHECK(forward(b, theirs) == FLASHPORT_OK);
-    CHECK(memcmp(own, theirs, sizeof own) == 0);
+    EXPECT(flashport_malloc(b, 64, &held), FLASHPORT_OK, "allocate on the caller's context");
+    EXPECT(flashport_set_stream(b, NULL), FLASHPORT_ERR_INVALID_VALUE,
+           "back to the own queue while holding an allocation");
+    CHECK_MSG(strstr(flashport_last_error(), "another OpenCL context") != NULL, "message '%s'",
+              flashport_last_error());
+    EXPECT(flashport_set_stream(b, queue), FLASHPORT_OK, "the current queue again");
+    EXPECT(flashport_free(b, held), FLASHPORT_OK, "free");
+    EXPECT(flashport_set_stream(b, NULL), FLASHPORT_OK, "back to the own queue");
+    EXPECT(forward(b, theirs), FLASHPORT_OK, "forward back on the own queue");
+    CHECK_MSG(memcmp(own, theirs, sizeof own) == 0,
+              "back on its own queue, handle b gave other bits than handle a");
     flashport_backend_close(a);
     flashport_backend_close(b);
     clReleaseCommandQueue(queue);
     clReleaseContext(context);
 }
 
-int main(void)
+/* --no-device: where the ICD loader finds no platform. */
+static int check_no_device(void)
 {
+    section("no OpenCL platform");
+    flashport_backend *be = NULL;
+    flashport_device_props p;
+    int n = -1;
+    EXPECT(flashport_backend_open("opencl", &be), FLASHPORT_ERR_NO_DEVICE, "open");
+    EXPECT(flashport_device_count("opencl", &n), FLASHPORT_OK, "device count");
+    CHECK_MSG(n == 0, "device count %d, want 0", n);
+    EXPECT(flashport_device_properties("opencl", 0, &p), FLASHPORT_ERR_NO_DEVICE,
+           "device 0 properties");
+    printf("%s: %d failure(s)\n", tu_failures ? "FAIL" : "PASS", tu_failures);
+    return tu_failures ? 1 : 0;
+}
+
+int main(int argc, char **argv)
+{
+    setvbuf(stdout, NULL, _IONBF, 0); /* in order with the failures on stderr, in one log */
+    section("tile planner");
     check_plan();
+    if (argc > 1 && strcmp(argv[1], "--no-device") == 0)
+        return check_no_device();
     flashport_backend *be = NULL;
     flashport_status s = flashport_backend_open_device("opencl", 0, &be);
     if (s == FLASHPORT_ERR_NO_DEVICE || s == FLASHPORT_ERR_BACKEND_UNAVAILABLE) {
@@ -198,11 +491,17 @@ int main(void)
     }
     if (!CHECK_MSG(s == FLASHPORT_OK, "open: %s", flashport_last_error()))
         return 1;
-    check_device_choice();
+    const char *platform = getenv("FLASHPORT_OPENCL_PLATFORM");
+    char *saved = platform ? strdup(platform) : NULL;
+    flashport_device_props p0;
+    check_device_choice(saved);
+    check_enumeration(&p0);
     check_pointers(be);
-    check_timer(be);
+    check_timer(be, "the handle's queue");
+    check_workspace(be);
     flashport_backend_close(be);
-    check_caller_queue();
+    check_caller_queue(&p0);
+    free(saved);
     printf("%s: %d failure(s)\n", tu_failures ? "FAIL" : "PASS", tu_failures);
     return tu_failures ? 1 : 0;
 }

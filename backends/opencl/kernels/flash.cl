@@ -93,7 +93,8 @@ static inline long fp_ocl_lse_at(const fp_ocl_args *a, long b, long h, long toke
 static inline long fp_ocl_delta_at(const fp_ocl_args *a, const fp_ocl_seq *s, long b, long h,
                                    long i)
 {
-    return a->varlen ? h * a->total_q + s->q_start + i : (b * a->heads + h) * a->nq + i;
+    return a->delta_off +
+           (a->varlen ? h * a->total_q + s->q_start + i : (b * a->heads + h) * a->nq + i);
 }
 
 /* Compile-time shape of one program (ocl_attention.c builds one per dtype, head-dim class and

@@ -149,12 +149,12 @@ static flashport_status run(const char *name, const prob *pr, const float *q, co
         params.cu_seqlens_q = cu_dev[0];
         params.cu_seqlens_k = cu_dev[1];
     }
-    flashport_tensor tq = flashport_tensor_contiguous(dev[Q], pr->dt, rank, qs + 4 - rank);
-    flashport_tensor tk = flashport_tensor_contiguous(dev[K], pr->dt, rank, ks + 4 - rank);
-    flashport_tensor tv = flashport_tensor_contiguous(dev[V], pr->dt, rank, ks + 4 - rank);
-    flashport_tensor to = flashport_tensor_contiguous(dev[O], pr->dt, rank, qs + 4 - rank);
+    flashport_tensor tq = flashport_tensor_contiguous(dev[Q], pr->dt, rank, qs + (4 - rank));
+    flashport_tensor tk = flashport_tensor_contiguous(dev[K], pr->dt, rank, ks + (4 - rank));
+    flashport_tensor tv = flashport_tensor_contiguous(dev[V], pr->dt, rank, ks + (4 - rank));
+    flashport_tensor to = flashport_tensor_contiguous(dev[O], pr->dt, rank, qs + (4 - rank));
     flashport_tensor tl =
-        flashport_tensor_contiguous(dev[L], FLASHPORT_F32, rank - 1, ls + 4 - rank);
+        flashport_tensor_contiguous(dev[L], FLASHPORT_F32, rank - 1, ls + (4 - rank));
     if ((st = flashport_attention_forward(be, &params, &tq, &tk, &tv, &to, &tl)) ||
         (st = flashport_synchronize(be)) ||
         (st = flashport_memcpy_to_host(be, host[O], dev[O], bytes[O])) ||
@@ -163,10 +163,10 @@ static flashport_status run(const char *name, const prob *pr, const float *q, co
     tu_to_f32(host[O], nq, pr->dt, o);
     memcpy(lse, host[L], sizeof(float) * (size_t)nl);
     if (dout) {
-        flashport_tensor tdo = flashport_tensor_contiguous(dev[DO], pr->dt, rank, qs + 4 - rank);
-        flashport_tensor tdq = flashport_tensor_contiguous(dev[DQ], pr->dt, rank, qs + 4 - rank);
-        flashport_tensor tdk = flashport_tensor_contiguous(dev[DK], pr->dt, rank, ks + 4 - rank);
-        flashport_tensor tdv = flashport_tensor_contiguous(dev[DV], pr->dt, rank, ks + 4 - rank);
+        flashport_tensor tdo = flashport_tensor_contiguous(dev[DO], pr->dt, rank, qs + (4 - rank));
+        flashport_tensor tdq = flashport_tensor_contiguous(dev[DQ], pr->dt, rank, qs + (4 - rank));
+        flashport_tensor tdk = flashport_tensor_contiguous(dev[DK], pr->dt, rank, ks + (4 - rank));
+        flashport_tensor tdv = flashport_tensor_contiguous(dev[DV], pr->dt, rank, ks + (4 - rank));
         if ((st = flashport_attention_backward(be, &params, &tq, &tk, &tv, &to, &tl, &tdo, &tdq,
                                                &tdk, &tdv)) ||
             (st = flashport_synchronize(be)))

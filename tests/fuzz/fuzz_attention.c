@@ -9,9 +9,11 @@
  *   crossing the 64-row tiles of the cpu backend); per tensor a layout (dimension order and
  *   padding: contiguous, permuted, padded, strided head dim) and at times one raw stride; the
  *   params (scale down to 0 and up to 1e30, window sides, causal, softcap, ALiBi slopes,
- *   deterministic, cu_seqlens, max_seqlen); whether lse is passed; the value range of the inputs
- *   and whether they hold NaN / inf; and one deliberate fault (a NULL tensor or data pointer, a
- *   wrong dtype, rank or dimension, an output aliasing an input, a broken cu_seqlens entry).
+ *   deterministic, cu_seqlens, max_seqlen, seqused_k, a paged KV cache and its block table);
+ *   whether lse is passed; the value range of the inputs and whether they hold NaN / inf; and one
+ *   deliberate fault (a NULL tensor or data pointer, a wrong dtype, rank or dimension, an output
+ *   aliasing an input, a broken cu_seqlens entry, a seqused_k past its sequence, a block-table
+ *   entry out of range).
  *
  * What every input must satisfy (a violation aborts, which libFuzzer reports as a finding):
  *   - no sanitizer report;
@@ -137,6 +139,9 @@ typedef struct call {
     float slopes[8];
     flashport_attention_params p;
     tensor t[T_N];
+    int paged;           /* K and V in pages (t[T_K], t[T_V]) through the block table bt */
+    int32_t bt[3 * 101]; /* [B, block_table_stride] */
+    tensor kv_dense[2];  /* paged: K and V as decoded, dense, where the bound reads keys */
     float *lse;
     int64_t lse_elems, lse_stride[3];
 } call;
@@ -187,6 +192,8 @@ static void free_call(call *c)
 {
     for (int i = 0; i < T_N; i++)
         free(c->t[i].buf);
+    free(c->kv_dense[0].buf);
+    free(c->kv_dense[1].buf);
     free(c->lse);
 }
 
@@ -359,6 +366,7 @@ static void seq_of(const call *c, int64_t tok, int qside, int *b, int64_t *i)
 /* Logical f32 copy [tokens][heads][D] of tensor i's view in buf (the tu_problem layout). */
 static float *gather(const call *c, int i, const void *buf)
 {
+    const tensor *t = c->paged && (i == T_K || i == T_V) ? &c->kv_dense[i - T_K] : &c->t[i];
     const int qside = i == T_Q || i == T_O || i == T_DO || i == T_DQ;
     const int64_t tokens = qside ? c->total_q : c->total_k, heads = qside ? c->h : c->hkv;
     const int64_t nper = qside ? c->nq : c->nk;
@@ -367,7 +375,7 @@ static float *gather(const call *c, int i, const void *buf)
         for (int64_t h = 0; h < heads; h++)
             for (int64_t e = 0; e < c->d; e++)
                 out[(tok * heads + h) * c->d + e] =
-                    fp_load(buf, offset_of(&c->t[i], c->varlen, tok, nper, h, e), c->dt);
+                    fp_load(buf ? buf : t->buf, offset_of(t, c->varlen, tok, nper, h, e), c->dt);
     return out;
 }
 
@@ -419,7 +427,7 @@ static int bounds_make(const call *c, bounds *bd, const void *o_fwd, const float
     p->used_k = c->p.seqused_k;
     const int ins[5] = {T_Q, T_K, T_V, T_O, T_DO};
     for (int x = 0; x < (c->backward ? 5 : 3); x++)
-        if (!(bd->in[ins[x]] = gather(c, ins[x], ins[x] == T_O ? o_fwd : c->t[ins[x]].buf)))
+        if (!(bd->in[ins[x]] = gather(c, ins[x], ins[x] == T_O ? o_fwd : NULL)))
             return 0;
     p->q = bd->in[T_Q], p->k = bd->in[T_K], p->v = bd->in[T_V];
     const int64_t qn = c->total_q * c->h * c->d, kn = c->total_k * c->hkv * c->d;
@@ -520,6 +528,74 @@ static void check_success(const call *c, const outs *mine, const outs *ref, cons
 }
 
 /* ---- decoding ------------------------------------------------------------------------------ */
+
+/* A paged KV cache (forward only, dense, with seqused_k): K and V move into pages of page_size
+ * rows, used pages in a shuffled order; the rows of a page past its sequence's used keys and two
+ * spare pages hold NaN (never read, so finite inputs must still give finite outputs), and the
+ * block table's entries past the used pages are out of range (never read). Now and then a used
+ * entry is out of range, which both backends must refuse. Skipped (1, unpaged) where a stride of
+ * K or V is invalid or a seqused_k is the refused one; 0 when out of memory. */
+static int make_paged(call *c, reader *r)
+{
+    static const int sizes[4] = {1, 3, 16, 64};
+    const int ps = sizes[below(r, 4)];
+    const int stride = (c->nk + ps - 1) / ps + (int)below(r, 2) + (c->nk == 0);
+    int32_t first[4], npages = 2;
+    if (extent(&c->t[T_K]) < 0 || extent(&c->t[T_V]) < 0)
+        return 1;
+    for (int b = 0; b < c->b; b++) {
+        if (c->used[b] > c->nk) /* the refused seqused_k: kept as it is, unpaged */
+            return 1;
+        first[b] = npages - 2;
+        npages += (c->used[b] + ps - 1) / ps;
+    }
+    first[c->b] = npages - 2;
+    int32_t perm[3 * 100 + 2];
+    tu_rng rng = tu_rng_seed(word(r));
+    for (int i = 0; i < npages; i++)
+        perm[i] = i;
+    for (int i = npages - 1; i > 0; i--) {
+        const int j = (int)(tu_rng_u32(&rng) % (uint32_t)(i + 1)), x = perm[i];
+        perm[i] = perm[j], perm[j] = x;
+    }
+    const int64_t row = (int64_t)c->hkv * c->d;
+    for (int i = 0; i < 2; i++) {
+        tensor *t = &c->t[T_K + i], pg;
+        memset(&pg, 0, sizeof pg);
+        pg.rank = 4;
+        pg.shape[0] = npages, pg.shape[1] = ps, pg.shape[2] = c->hkv, pg.shape[3] = c->d;
+        place(&pg, perms4[0], 0);
+        pg.elems = npages * ps * row;
+        if (!(pg.buf = malloc((size_t)(pg.elems > 0 ? pg.elems : 1) * 4)))
+            return 0;
+        for (int64_t x = 0; x < pg.elems; x++)
+            fp_store(pg.buf, x, c->dt, NAN);
+        for (int b = 0; b < c->b; b++)
+            for (int64_t k = 0; k < c->used[b]; k++)
+                for (int64_t e = 0; e < row; e++) {
+                    const int64_t at = (perm[first[b] + k / ps] * ps + k % ps) * row + e;
+                    const int64_t from =
+                        offset_of(t, 0, (int64_t)b * c->nk + k, c->nk, e / c->d, e % c->d);
+                    fp_store(pg.buf, at, c->dt, fp_load(t->buf, from, c->dt));
+                }
+        c->kv_dense[i] = *t;
+        *t = pg;
+    }
+    for (int b = 0; b < c->b; b++)
+        for (int k = 0; k < stride; k++)
+            c->bt[b * stride + k] = k < first[b + 1] - first[b] ? perm[first[b] + k]
+                                    : k % 2                     ? -1
+                                                                : INT32_MAX - k;
+    if (below(r, 8) == 7) { /* a used entry out of range (when there is one) */
+        const int b = (int)below(r, (unsigned)c->b), n = first[b + 1] - first[b];
+        if (n > 0)
+            c->bt[b * stride + (int)below(r, (unsigned)n)] = below(r, 2) ? -1 : npages;
+    }
+    c->paged = 1;
+    c->p.block_table = c->bt;
+    c->p.block_table_stride = stride;
+    return 1;
+}
 
 static int decode(call *c, reader *r)
 {
@@ -623,6 +699,8 @@ static int decode(call *c, reader *r)
         }
         c->p.seqused_k = c->used;
     }
+    if (c->p.seqused_k && !c->varlen && !c->backward && c->b > 0 && below(r, 2))
+        return make_paged(c, r);
     return 1;
 }
 

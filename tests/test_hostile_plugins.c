@@ -89,6 +89,9 @@ static void test_refusals(void)
     if (!CHECK(libflashport_path() && copy_file(libflashport_path(), noentry) == 0))
         return;
 
+    char loads[128]; /* one line per load of a test plugin (tests/plugins/test_plugin.c) */
+    snprintf(loads, sizeof loads, "%s/loads", tmp_root);
+    setenv("FLASHPORT_TEST_LOADS", loads, 1);
     snprintf(want, sizeof want, "cannot load %s: ", garbage);
     expect_refused("garbage", FLASHPORT_ERR_BACKEND_UNAVAILABLE, want);
     snprintf(want, sizeof want, "%s does not export %s", noentry, FP_PLUGIN_ENTRY_SYMBOL);
@@ -126,6 +129,24 @@ static void test_refusals(void)
                   flashport_last_error());
         flashport_backend_close(be);
     }
+    /* Each refused plugin was dlopened once: the opens after the first, "auto" and the lists of
+     * available backends in every message come from the registry. */
+    static const char *const refused[] = {"testnullops", "testnofwd",  "testwrongname",
+                                          "testbadver",  "testoldapi", "testsilent"};
+    char line[64];
+    int count[6] = {0};
+    f = fopen(loads, "r");
+    while (f && fgets(line, sizeof line, f)) {
+        line[strcspn(line, "\n")] = '\0';
+        for (int i = 0; i < 6; i++)
+            count[i] += strcmp(line, refused[i]) == 0;
+    }
+    if (f)
+        fclose(f);
+    for (int i = 0; i < 6; i++)
+        CHECK_MSG(count[i] == 1, "%s was loaded %d times", refused[i], count[i]);
+    unsetenv("FLASHPORT_TEST_LOADS");
+    unlink(loads);
     unlink(garbage);
     unlink(noentry);
 }

@@ -12,7 +12,9 @@
  *                  window that hides the first keys, rows that see nothing) never reaches that
  *                  row: its O, LSE and dQ match a run with clean keys, fully masked rows give
  *                  O = 0, LSE = -inf, dQ = 0; a NaN query row never reaches dK / dV of keys it
- *                  cannot see. In f32, f16 and bf16, on shapes that cross the 64-key tiles.
+ *                  cannot see. In f32, f16 and bf16, on shapes that cross the 64-key tiles;
+ *                  also a varlen batch whose sequences share tiles (NaN in one sequence's keys
+ *                  never reaches another's rows).
  *   visible NaN    a NaN score a row sees makes that row's O and LSE NaN (not the empty row's
  *                  0 and -inf); rows that do not see it stay clean.
  *   no keys        backward with Nk = 0 (dense, and varlen with every key length 0) succeeds with
@@ -51,10 +53,14 @@ static const char *backend_name;
  * (prob_make), and the deterministic flag. */
 static int override_d, force_deterministic;
 
-/* A dense problem: q, o [B, Nq, H, D]; k, v [B, Nk, Hkv, D]; lse [B, H, Nq]. */
+/* A dense problem: q, o [B, Nq, H, D]; k, v [B, Nk, Hkv, D]; lse [B, H, Nq]. Varlen (nseq > 0):
+ * b = 1 and nq, nk the packed token totals, q, o [Nq, H, D], k, v [Nk, Hkv, D], lse [H, Nq]:
+ * the dense layout of one batch, which the checks below read alike. */
 typedef struct prob {
     flashport_dtype dt;
     int b, nq, nk, h, hkv, d;
+    int nseq;
+    int32_t cu_q[4], cu_k[4];
     flashport_attention_params p;
 } prob;
 
@@ -66,6 +72,23 @@ static prob prob_make(flashport_dtype dt, int b, int nq, int nk, int h, int hkv,
     pr.d = override_d ? override_d : d;
     flashport_attention_params_init(&pr.p);
     pr.p.deterministic = force_deterministic;
+    return pr;
+}
+
+/* Varlen: nseq sequences of lq[s] queries and lk[s] keys, packed. */
+static prob prob_make_varlen(flashport_dtype dt, int nseq, const int *lq, const int *lk, int h,
+                             int hkv, int d)
+{
+    prob pr = prob_make(dt, 1, 0, 0, h, hkv, d);
+    pr.nseq = nseq;
+    for (int s = 0; s < nseq; s++) {
+        pr.cu_q[s + 1] = pr.cu_q[s] + lq[s];
+        pr.cu_k[s + 1] = pr.cu_k[s] + lk[s];
+        pr.p.max_seqlen_q = lq[s] > pr.p.max_seqlen_q ? lq[s] : pr.p.max_seqlen_q;
+        pr.p.max_seqlen_k = lk[s] > pr.p.max_seqlen_k ? lk[s] : pr.p.max_seqlen_k;
+    }
+    pr.nq = pr.cu_q[nseq], pr.nk = pr.cu_k[nseq];
+    pr.p.batch = nseq;
     return pr;
 }
 
@@ -90,8 +113,12 @@ static flashport_status run(const char *name, const prob *pr, const float *q, co
     if (st != FLASHPORT_OK)
         return st;
     const int64_t nq = nq_elems(pr), nk = nk_elems(pr), nl = (int64_t)pr->b * pr->h * pr->nq;
+    /* Varlen drops the batch dimension: the dense shapes from their second entry. */
+    const int vl = pr->nseq > 0, rank = vl ? 3 : 4;
     const int64_t qs[4] = {pr->b, pr->nq, pr->h, pr->d}, ks[4] = {pr->b, pr->nk, pr->hkv, pr->d};
     const int64_t ls[3] = {pr->b, pr->h, pr->nq};
+    flashport_attention_params params = pr->p;
+    void *cu_dev[2] = {NULL, NULL}; /* varlen offsets, in the backend's memory */
     const float *init[NBUF] = {q, k, v, q, dout ? dout : q, q, k, k, NULL};
     const int64_t count[NBUF] = {nq, nk, nk, nq, nq, nq, nk, nk, nl};
     void *host[NBUF] = {NULL}, *dev[NBUF] = {NULL};
@@ -111,14 +138,24 @@ static flashport_status run(const char *name, const prob *pr, const float *q, co
         if ((st = flashport_malloc(be, bytes[i], &dev[i])) == FLASHPORT_OK)
             st = flashport_memcpy_to_device(be, dev[i], host[i], bytes[i]);
     }
+    for (int x = 0; vl && x < 2 && st == FLASHPORT_OK; x++) {
+        const size_t cb = (size_t)(pr->nseq + 1) * sizeof(int32_t);
+        if ((st = flashport_malloc(be, cb, &cu_dev[x])) == FLASHPORT_OK)
+            st = flashport_memcpy_to_device(be, cu_dev[x], x ? pr->cu_k : pr->cu_q, cb);
+    }
     if (st != FLASHPORT_OK)
         goto done;
-    flashport_tensor tq = flashport_tensor_contiguous(dev[Q], pr->dt, 4, qs);
-    flashport_tensor tk = flashport_tensor_contiguous(dev[K], pr->dt, 4, ks);
-    flashport_tensor tv = flashport_tensor_contiguous(dev[V], pr->dt, 4, ks);
-    flashport_tensor to = flashport_tensor_contiguous(dev[O], pr->dt, 4, qs);
-    flashport_tensor tl = flashport_tensor_contiguous(dev[L], FLASHPORT_F32, 3, ls);
-    if ((st = flashport_attention_forward(be, &pr->p, &tq, &tk, &tv, &to, &tl)) ||
+    if (vl) {
+        params.cu_seqlens_q = cu_dev[0];
+        params.cu_seqlens_k = cu_dev[1];
+    }
+    flashport_tensor tq = flashport_tensor_contiguous(dev[Q], pr->dt, rank, qs + (4 - rank));
+    flashport_tensor tk = flashport_tensor_contiguous(dev[K], pr->dt, rank, ks + (4 - rank));
+    flashport_tensor tv = flashport_tensor_contiguous(dev[V], pr->dt, rank, ks + (4 - rank));
+    flashport_tensor to = flashport_tensor_contiguous(dev[O], pr->dt, rank, qs + (4 - rank));
+    flashport_tensor tl =
+        flashport_tensor_contiguous(dev[L], FLASHPORT_F32, rank - 1, ls + (4 - rank));
+    if ((st = flashport_attention_forward(be, &params, &tq, &tk, &tv, &to, &tl)) ||
         (st = flashport_synchronize(be)) ||
         (st = flashport_memcpy_to_host(be, host[O], dev[O], bytes[O])) ||
         (st = flashport_memcpy_to_host(be, host[L], dev[L], bytes[L])))
@@ -126,11 +163,11 @@ static flashport_status run(const char *name, const prob *pr, const float *q, co
     tu_to_f32(host[O], nq, pr->dt, o);
     memcpy(lse, host[L], sizeof(float) * (size_t)nl);
     if (dout) {
-        flashport_tensor tdo = flashport_tensor_contiguous(dev[DO], pr->dt, 4, qs);
-        flashport_tensor tdq = flashport_tensor_contiguous(dev[DQ], pr->dt, 4, qs);
-        flashport_tensor tdk = flashport_tensor_contiguous(dev[DK], pr->dt, 4, ks);
-        flashport_tensor tdv = flashport_tensor_contiguous(dev[DV], pr->dt, 4, ks);
-        if ((st = flashport_attention_backward(be, &pr->p, &tq, &tk, &tv, &to, &tl, &tdo, &tdq,
+        flashport_tensor tdo = flashport_tensor_contiguous(dev[DO], pr->dt, rank, qs + (4 - rank));
+        flashport_tensor tdq = flashport_tensor_contiguous(dev[DQ], pr->dt, rank, qs + (4 - rank));
+        flashport_tensor tdk = flashport_tensor_contiguous(dev[DK], pr->dt, rank, ks + (4 - rank));
+        flashport_tensor tdv = flashport_tensor_contiguous(dev[DV], pr->dt, rank, ks + (4 - rank));
+        if ((st = flashport_attention_backward(be, &params, &tq, &tk, &tv, &to, &tl, &tdo, &tdq,
                                                &tdk, &tdv)) ||
             (st = flashport_synchronize(be)))
             goto done;
@@ -149,6 +186,8 @@ done:
         flashport_free(be, dev[i]);
         free(host[i]);
     }
+    flashport_free(be, cu_dev[0]);
+    flashport_free(be, cu_dev[1]);
     flashport_backend_close(be);
     return st;
 }
@@ -332,6 +371,42 @@ static void inputs_free(inputs *in)
     free(in->pv);
 }
 
+/* Keys of another sequence of a varlen batch: three sequences packed (queries 37, 50, 20; keys
+ * 45, 70, 20, so sequence 1's keys are packed tokens 45 .. 114) with the window (16, 0): row i of
+ * sequence 1 sees its keys i + 4 .. i + 20. Sequence 0's keys end inside its first 64-key tile,
+ * whose remainder is sequence 1's keys 0 .. 18: a kernel that loads whole tiles reads them (the
+ * sm90 forward's TMA does), and only the mask keeps them out of sequence 0's rows. */
+static void test_masked_keys_varlen(flashport_dtype dt)
+{
+    static const int lq[3] = {37, 50, 20}, lk[3] = {45, 70, 20};
+    inputs in;
+    prob pr = prob_make_varlen(dt, 3, lq, lk, 2, 1, 24);
+    pr.p.window_left = 16;
+    pr.p.window_right = 0;
+    if (!CHECK(inputs_make(&in, &pr, 5)))
+        return;
+    /* One run (GPU emulation pays per block): sequence 1's keys 0 .. 3 (packed 45 .. 48), which
+     * no row sees, hold NaN and inf, and its key 10 (packed 55) NaN, seen by its rows 0 .. 6
+     * (packed 37 .. 43) only. Those rows are NaN; sequences 0 and 2, whose tiles may hold these
+     * keys, stay clean, and so do the dK, dV of every key but sequence 1's keys 4 .. 26, which
+     * the NaN rows see (keys 0 .. 3 keep their clean 0). */
+    for (int t = 45; t < 49; t++) {
+        set_token(in.pk, 1, pr.d, t, 0, t % 2 ? NAN : INFINITY);
+        set_token(in.pv, 1, pr.d, t, 0, t % 2 ? -INFINITY : NAN);
+    }
+    set_token(in.pk, 1, pr.d, 55, 0, NAN);
+    set_token(in.pv, 1, pr.d, 55, 0, NAN);
+    const scenario seen = {"varlen, NaN in sequence 1's keys",
+                           {37, 44, ALL_NAN, CLOSE, 0, 0},
+                           {37, 44, ALL_NAN, CLOSE, 0, 0},
+                           {37, 44, ALL_NAN, CLOSE, 0, 0},
+                           {49, 72, ANY, CLOSE, 0, 0},
+                           {49, 72, ANY, CLOSE, 0, 0},
+                           1};
+    run_scenario(&seen, &pr, in.q, in.k, in.v, in.dout, in.pq, in.pk, in.pv);
+    inputs_free(&in);
+}
+
 static void test_masked_keys(flashport_dtype dt)
 {
     inputs in;
@@ -421,6 +496,7 @@ static void test_masked_keys(flashport_dtype dt)
         run_scenario(&sc, &pr, in.q, in.k, in.v, in.dout, in.pq, in.pk, in.pv);
         inputs_free(&in);
     }
+    test_masked_keys_varlen(dt);
 }
 
 /* ---- a NaN score a row sees --------------------------------------------------------------- */

@@ -58,8 +58,23 @@
 
 static const fp_host_api *host;
 
-#if TP_KIND == TP_KIND_PLANTED
 #include <stdio.h>
+#include <stdlib.h>
+
+/* Every variant: a line with its name appended to the file FLASHPORT_TEST_LOADS names, each time
+ * the module is loaded, so a test can count dlopens (a refused plugin is dlclosed, and a second
+ * dlopen would run this again). */
+__attribute__((constructor)) static void tp_count_load(void)
+{
+    const char *log = getenv("FLASHPORT_TEST_LOADS");
+    FILE *f = log ? fopen(log, "a") : NULL;
+    if (f) {
+        fputs(TP_NAME "\n", f);
+        fclose(f);
+    }
+}
+
+#if TP_KIND == TP_KIND_PLANTED
 __attribute__((constructor)) static void tp_planted(void)
 {
     const char *marker = getenv("FLASHPORT_TEST_MARKER");

@@ -286,25 +286,27 @@ def test_fp8_forward(device):
     """torch float8_e4m3fn q, k, v (exported as uint8 views, the format named by their dtype) with
     descales: o in bfloat16 against the float64 fp8 semantics of tests/reference.py, Nk <= 64
     (the CPU kernel then rounds P against the row's final maximum, as the semantics do); the
-    backward is refused. The CUDA backend has no fp8 kernel yet and must say so."""
+    backward is refused. The CUDA backend serves it on compute capability 9.0 (its sm90 kernels:
+    hardware exp2 and log2, so the LSE within 1e-4) and must refuse it elsewhere."""
     if not hasattr(torch, "float8_e4m3fn"):
         pytest.skip("this torch has no float8 dtypes")
     g = torch.Generator().manual_seed(8)
     q8, k8, v8 = (torch.randn(1, 20, 2, 32, generator=g).to(torch.float8_e4m3fn).to(device)
                   for _ in range(3))
     descale = (0.5, 0.25, 2.0)
-    if device == "cuda":
+    if device == "cuda" and torch.cuda.get_device_capability() != (9, 0):
         with pytest.raises(flashport.Error) as e:
             flashport.attention(q8, k8, v8, descale=descale)
         assert e.value.status_name == "FLASHPORT_ERR_UNSUPPORTED_DTYPE"
         return
     o, lse = flashport.attention(q8, k8, v8, causal=True, return_lse=True, descale=descale)
     assert o.dtype == torch.bfloat16 and o.shape == q8.shape
-    vals = [ref.fp8_values(x.view(torch.uint8).numpy(), "e4m3") for x in (q8, k8, v8)]
+    vals = [ref.fp8_values(x.view(torch.uint8).cpu().numpy(), "e4m3") for x in (q8, k8, v8)]
     r_o, r_lse = ref.forward_fp8(*vals, descale=descale, causal=True)
-    err = np.abs(o.float().numpy() - r_o).max()
+    err = np.abs(o.float().cpu().numpy() - r_o).max()
     assert err <= FLOOR[torch.bfloat16] * max(1.0, np.abs(r_o).max()), err
-    assert np.allclose(lse.numpy(), r_lse, rtol=1e-5, atol=1e-5)
+    tol = 1e-4 if device == "cuda" else 1e-5
+    assert np.allclose(lse.cpu().numpy(), r_lse, rtol=tol, atol=tol)
     with pytest.raises(flashport.Error) as e:
         flashport.attention_backward(o, q8, k8, v8, o, lse)
     assert e.value.status_name == "FLASHPORT_ERR_UNSUPPORTED_DTYPE"

@@ -116,6 +116,30 @@ typedef struct fp_ukernels {
      * even, NaN to core/dtype.h's NaN, denormals kept). Any n, no padding needed. */
     void (*store_f16)(int n, const float *src, float scale, uint16_t *dst);
     void (*store_bf16)(int n, const float *src, float scale, uint16_t *dst);
+
+    /* The decode kernel's streaming steps (flash_decode.c): one key (or a pair) at a time, for
+     * `heads` kv heads whose rows sit side by side in the cache, so that K and V are read once
+     * and in the cache's order. Neither A operands nor tiles here: q and o are tiles, s and p a
+     * tile's columns, k and v rows of exactly d elements (any alignment, nothing past d read).
+     *   dec_scores   s[h * shs + r * lds] = sum over e < d of q[h * qhs + r * ldq + e] *
+     *                k[h * khs + e], for h < heads, r < rows.
+     *   dec_pv       o[h * ohs + r * ldo + e] += p[h * phs + r * ldp] * v0[h * vhs + e]
+     *                + p[h * phs + r * ldp + 1] * v1[h * vhs + e] for e < d (v1 NULL: only the
+     *                first term); o's padding columns may be written.
+     * The _bf16 forms take bf16 q, k, v and P (p: bf16 rows, the pair of keys at p[... + 0]
+     * and p[... + 1]; with v1 NULL the second must be 0), products by vdpbf16ps; NULL when
+     * gemm_bf16 is NULL. */
+    void (*dec_scores)(int heads, int rows, int d, const float *q, ptrdiff_t qhs, ptrdiff_t ldq,
+                       const float *k, ptrdiff_t khs, float *s, ptrdiff_t shs, ptrdiff_t lds);
+    void (*dec_pv)(int heads, int rows, int d, const float *p, ptrdiff_t phs, ptrdiff_t ldp,
+                   const float *v0, const float *v1, ptrdiff_t vhs, float *o, ptrdiff_t ohs,
+                   ptrdiff_t ldo);
+    void (*dec_scores_bf16)(int heads, int rows, int d, const uint16_t *q, ptrdiff_t qhs,
+                            ptrdiff_t ldq, const uint16_t *k, ptrdiff_t khs, float *s,
+                            ptrdiff_t shs, ptrdiff_t lds);
+    void (*dec_pv_bf16)(int heads, int rows, int d, const uint16_t *p, ptrdiff_t phs,
+                        ptrdiff_t ldp, const uint16_t *v0, const uint16_t *v1, ptrdiff_t vhs,
+                        float *o, ptrdiff_t ohs, ptrdiff_t ldo);
 } fp_ukernels;
 
 /* The tables this build contains: which ones depends on the target architecture and the

@@ -50,6 +50,9 @@
 
 enum { DECODE_ROWS = 64, BLOCK_K = 64, MAX_SPLITS = 64, MIN_SPLIT_BLOCKS = 4 };
 
+/* How many keys ahead of the one being read its K and V rows are asked for (prefetch_row). */
+enum { PREFETCH_KEYS = 8 };
+
 /* Rows of O a task keeps at most (its units' rows together): 512 rows of D = 128 f32 are 256 KiB,
  * a quarter of a Zen 4 core's L2. */
 enum { TASK_ROWS = 512 };
@@ -63,7 +66,7 @@ typedef struct dec_layout {
     size_t s;        /* task rows x BLOCK_K: scores, then P */
     size_t pb;       /* task rows x BLOCK_K bf16: P rounded */
     size_t kt;       /* f32: units x d x BLOCK_K: each unit's K^T */
-    size_t kf, vf;   /* units x d (V: two keys' worth): K and V rows converted to f32 */
+    size_t kf, vf;   /* units x d (V: FP_DEC_PV_KEYS keys' worth): K, V rows converted to f32 */
     size_t vblk;     /* BLOCK_K x d: one unit's V rows in f32 for pv_visible */
     size_t st;       /* task rows fp_softmax_state */
     size_t alpha;    /* task rows rescale factors */
@@ -83,7 +86,7 @@ static dec_layout dec_layout_of(int64_t d, int task_rows, int units, int transpo
     L.kt = L.pb + (size_t)task_rows * L.ldk / 2;
     L.kf = L.kt + (transposed ? (size_t)units * L.ldd * L.ldk : 0);
     L.vf = L.kf + (size_t)units * L.ldd;
-    L.vblk = L.vf + 2 * (size_t)units * L.ldd;
+    L.vblk = L.vf + FP_DEC_PV_KEYS * (size_t)units * L.ldd;
     L.st = L.vblk + (size_t)BLOCK_K * L.ldd;
     L.alpha = L.st + 2 * (size_t)task_rows;
     L.sub = L.alpha + (size_t)task_rows;
@@ -105,6 +108,7 @@ typedef struct dec_ctx {
     int64_t per_task;    /* units per task (consecutive, so its K and V rows are adjacent) */
     int64_t tiles;       /* tasks per sequence before the split: ceil(units / per_task) */
     fp_decode_plan plan;
+    size_t es;       /* bytes per element */
     float *part_o;   /* split plans: [task][row][d] normalized partial O */
     float *part_lse; /* [task][row] natural-log LSE of each partial */
 } dec_ctx;
@@ -141,6 +145,26 @@ static const float *key_row(const dec_ctx *c, const fp_tensor_view *t, int64_t b
     for (int e = 0; e < d; e++)
         dst[e] = fp_load(t->data, off + e * t->stride[FP_D], p->dtype);
     return dst;
+}
+
+/* Asks the caches for the row of key j (sequence b) of kv heads [kvh0, kvh0 + nu) in view t, a
+ * few keys ahead of the one being read: the rows stream in the cache's order, but one key's
+ * rows are a few KiB and the hardware prefetchers alone left the loop waiting on memory. Always
+ * inlined: GCC counts a function of prefetches alone as free of side effects and drops its
+ * calls. */
+static inline __attribute__((always_inline)) void prefetch_row(const dec_ctx *c,
+                                                               const fp_tensor_view *t, int64_t b,
+                                                               const fp_seq *seq, int64_t j,
+                                                               int64_t kvh0, int nu)
+{
+    const fp_problem *p = c->p;
+    const size_t es = c->es;
+    const int whole = nu == 1 || t->stride[FP_H] == p->head_dim;
+    const size_t bytes = (size_t)p->head_dim * es * (size_t)(whole ? nu : 1);
+    const char *row = (const char *)t->data + (size_t)fp_key_offset(p, t, b, seq, j, kvh0) * es;
+    for (int u = 0; u < (whole ? 1 : nu); u++, row += (size_t)t->stride[FP_H] * es)
+        for (size_t at = 0; at < bytes; at += 64)
+            __builtin_prefetch(row + at, 0, 3);
 }
 
 /* The f32 rows of key j for the task's nu units (kv heads kvh0 + u, one unit when a kv head's
@@ -202,8 +226,8 @@ static void pv_visible(const dec_ctx *c, float *o, const float *s, const fp_seq 
  * units' rows of a key side by side: the K rows are read once, in the cache's order (a sequential
  * read when the task holds every kv head of a dense cache). s: unit u's rows x ldk from row
  * u * rows. */
-static void dec_scores(const dec_ctx *c, float *scratch, int64_t b, const fp_seq *seq,
-                       int64_t kvh0, int nu, int rows, const float *q, int64_t j0, int n)
+static void dec_scores(const dec_ctx *c, float *scratch, int64_t b, const fp_seq *seq, int64_t kvh0,
+                       int nu, int rows, const float *q, int64_t j0, int n, int64_t hi)
 {
     const fp_problem *p = c->p;
     const dec_layout *L = &c->L;
@@ -211,6 +235,8 @@ static void dec_scores(const dec_ctx *c, float *scratch, int64_t b, const fp_seq
     float *s = scratch + L->s;
     const ptrdiff_t shs = (ptrdiff_t)rows * L->ldk;
     for (int x = 0; x < n; x++) {
+        if (j0 + x + PREFETCH_KEYS < hi)
+            prefetch_row(c, &p->k, b, seq, j0 + x + PREFETCH_KEYS, kvh0, nu);
         if (c->bf16) {
             const uint16_t *k =
                 (const uint16_t *)p->k.data + fp_key_offset(p, &p->k, b, seq, j0 + x, kvh0);
@@ -231,7 +257,8 @@ static void dec_scores(const dec_ctx *c, float *scratch, int64_t b, const fp_seq
  * transposed in place from runs of keys a uniform stride apart (the block, or up to a page's
  * end), each run's rows read whole when the units' heads are adjacent. */
 static void dec_scores_f32(const dec_ctx *c, float *scratch, int64_t b, const fp_seq *seq,
-                           int64_t kvh0, int nu, int rows, const float *q, int64_t j0, int n)
+                           int64_t kvh0, int nu, int rows, const float *q, int64_t j0, int n,
+                           int64_t hi)
 {
     const fp_problem *p = c->p;
     const dec_layout *L = &c->L;
@@ -239,11 +266,13 @@ static void dec_scores_f32(const dec_ctx *c, float *scratch, int64_t b, const fp
     uint32_t *kt = (uint32_t *)(scratch + L->kt);
     const int whole = nu == 1 || p->k.stride[FP_H] == p->head_dim;
     for (int x = 0; x < n;) {
-        int run = n - x;
+        int run = n - x < FP_TILE_COLS ? n - x : FP_TILE_COLS; /* a 16 x 16 transposition */
         if (p->block_table) {
             const int64_t left = p->page_size - (j0 + x) % p->page_size;
             run = left < run ? (int)left : run;
         }
+        for (int64_t j = j0 + x + PREFETCH_KEYS; j < j0 + x + run + PREFETCH_KEYS && j < hi; j++)
+            prefetch_row(c, &p->k, b, seq, j, kvh0, nu);
         const float *src = (const float *)p->k.data + fp_key_offset(p, &p->k, b, seq, j0 + x, kvh0);
         const ptrdiff_t lds = (ptrdiff_t)p->k.stride[FP_S] * (ptrdiff_t)sizeof(float);
         if (whole && d == L->ldd)
@@ -258,6 +287,56 @@ static void dec_scores_f32(const dec_ctx *c, float *scratch, int64_t b, const fp
         c->uk->gemm(rows, n, d, q + (size_t)u * rows * L->ldd, L->ldd, 1,
                     (const float *)kt + (size_t)u * L->ldd * L->ldk, L->ldk,
                     scratch + L->s + (size_t)u * rows * L->ldk, L->ldk, 0);
+}
+
+/* Lanes of the partial maxima and sums below: fixed-size inner loops that the compiler turns
+ * into vector instructions (a plain running maximum or sum is a chain of scalar operations, as
+ * C's order of evaluation asks). */
+enum { ROW_LANES = 16 };
+
+/* The maximum of x[0 .. n), NaN ignored; *nan: whether there was one. */
+static float row_max(const float *x, int n, int *nan)
+{
+    float m[ROW_LANES];
+    int bad[ROW_LANES];
+    for (int i = 0; i < ROW_LANES; i++) {
+        m[i] = -INFINITY;
+        bad[i] = 0;
+    }
+    int j = 0;
+    for (; j + ROW_LANES <= n; j += ROW_LANES)
+        for (int i = 0; i < ROW_LANES; i++) {
+            bad[i] |= x[j + i] != x[j + i];
+            m[i] = x[j + i] > m[i] ? x[j + i] : m[i];
+        }
+    for (; j < n; j++) {
+        bad[0] |= x[j] != x[j];
+        m[0] = x[j] > m[0] ? x[j] : m[0];
+    }
+    float mx = m[0];
+    int any = bad[0];
+    for (int i = 1; i < ROW_LANES; i++) {
+        mx = m[i] > mx ? m[i] : mx;
+        any |= bad[i];
+    }
+    *nan = any;
+    return mx;
+}
+
+/* The sum of x[0 .. n) in ROW_LANES partial sums. */
+static float row_sum(const float *x, int n)
+{
+    float a[ROW_LANES] = {0};
+    int j = 0;
+    for (; j + ROW_LANES <= n; j += ROW_LANES)
+        for (int i = 0; i < ROW_LANES; i++)
+            a[i] += x[j + i];
+    for (; j < n; j++)
+        a[0] += x[j];
+    float t = 0.0f;
+    for (int i = 0; i < ROW_LANES; i++)
+        t += a[i];
+    return t;
 }
 
 /* The online softmax step of one unit's rows over a key block whose raw scores are in s (rows
@@ -295,13 +374,8 @@ static void dec_softmax(const dec_ctx *c, float *scratch, const fp_seq *seq, int
                     srow[x] = -INFINITY;
         }
         /* A NaN score makes the row's state NaN for good: its O and LSE are NaN. */
-        float mx = -INFINITY;
-        int nan = 0;
-        for (int x = 0; x < n; x++) {
-            nan |= isnan(srow[x]);
-            mx = srow[x] > mx ? srow[x] : mx;
-        }
-        mx *= mul;
+        int nan;
+        float mx = row_max(srow, n, &nan) * mul;
         alpha[r] = 1.0f;
         if (nan) {
             st[r].m = NAN;
@@ -316,10 +390,7 @@ static void dec_softmax(const dec_ctx *c, float *scratch, const fp_seq *seq, int
             sum[x] = 0.0f;
         }
         uk->exp2_cols(1, n, srow, L->ldk, mul, sub, sum);
-        float l = 0.0f;
-        for (int x = 0; x < n; x++)
-            l += sum[x];
-        st[r].l += isnan(base) ? NAN : l;
+        st[r].l += isnan(base) ? NAN : row_sum(sum, n);
     }
     if (rescale)
         uk->scale_rows(rows, (int)p->head_dim, o, L->ldd, alpha);
@@ -330,8 +401,8 @@ static void dec_softmax(const dec_ctx *c, float *scratch, const fp_seq *seq, int
  * flash_fwd.c's bf16 path does) and vdpbf16ps. A block that not every row sees whole and whose V
  * holds an infinite or NaN element takes pv_visible instead, so that a key a row cannot see
  * never reaches it (the NaN rule of include/flashport.h). */
-static void dec_values(const dec_ctx *c, float *scratch, int64_t b, const fp_seq *seq,
-                       int64_t kvh0, int nu, int rows, float *o, int64_t j0, int n, int full)
+static void dec_values(const dec_ctx *c, float *scratch, int64_t b, const fp_seq *seq, int64_t kvh0,
+                       int nu, int rows, float *o, int64_t j0, int n, int full, int64_t hi)
 {
     const fp_problem *p = c->p;
     const dec_layout *L = &c->L;
@@ -351,24 +422,32 @@ static void dec_values(const dec_ctx *c, float *scratch, int64_t b, const fp_seq
     if (c->bf16) {
         uint16_t *pb = (uint16_t *)(scratch + L->pb); /* the units' rows of P in bf16, ldk apart */
         c->uk->round_bf16(nu * rows, n, s, L->ldk, pb, L->ldk, NULL, 0);
-        for (int x = 0; x < n; x += 2) {
-            const uint16_t *v = p->v.data;
-            const uint16_t *v0 = v + fp_key_offset(p, &p->v, b, seq, j0 + x, kvh0);
-            const uint16_t *v1 =
-                x + 1 < n ? v + fp_key_offset(p, &p->v, b, seq, j0 + x + 1, kvh0) : NULL;
-            c->uk->dec_pv_bf16(nu, rows, d, pb + x, shs, L->ldk, v0, v1,
+        for (int x = 0; x < n; x += FP_DEC_PV_KEYS) {
+            const int keys = n - x < FP_DEC_PV_KEYS ? n - x : FP_DEC_PV_KEYS;
+            const uint16_t *v[FP_DEC_PV_KEYS];
+            for (int i = 0; i < keys; i++) {
+                if (j0 + x + i + PREFETCH_KEYS < hi)
+                    prefetch_row(c, &p->v, b, seq, j0 + x + i + PREFETCH_KEYS, kvh0, nu);
+                v[i] =
+                    (const uint16_t *)p->v.data + fp_key_offset(p, &p->v, b, seq, j0 + x + i, kvh0);
+            }
+            c->uk->dec_pv_bf16(nu, rows, d, keys, pb + x, shs, L->ldk, v,
                                (ptrdiff_t)p->v.stride[FP_H], o, ohs, L->ldd);
         }
         return;
     }
     float *vf = scratch + L->vf;
-    for (int x = 0; x < n; x += 2) {
-        ptrdiff_t vhs;
-        const float *v0 = unit_rows(c, &p->v, b, seq, j0 + x, kvh0, nu, vf, &vhs);
-        const float *v1 = NULL;
-        if (x + 1 < n)
-            v1 = unit_rows(c, &p->v, b, seq, j0 + x + 1, kvh0, nu, vf + (size_t)nu * L->ldd, &vhs);
-        c->uk->dec_pv(nu, rows, d, s + x, shs, L->ldk, v0, v1, vhs, o, ohs, L->ldd);
+    for (int x = 0; x < n; x += FP_DEC_PV_KEYS) {
+        const int keys = n - x < FP_DEC_PV_KEYS ? n - x : FP_DEC_PV_KEYS;
+        const float *v[FP_DEC_PV_KEYS];
+        ptrdiff_t vhs = 0;
+        for (int i = 0; i < keys; i++) {
+            if (j0 + x + i + PREFETCH_KEYS < hi)
+                prefetch_row(c, &p->v, b, seq, j0 + x + i + PREFETCH_KEYS, kvh0, nu);
+            v[i] = unit_rows(c, &p->v, b, seq, j0 + x + i, kvh0, nu,
+                             vf + (size_t)i * (size_t)nu * L->ldd, &vhs);
+        }
+        c->uk->dec_pv(nu, rows, d, keys, s + x, shs, L->ldk, v, vhs, o, ohs, L->ldd);
     }
 }
 
@@ -428,16 +507,16 @@ static void dec_task(const dec_ctx *c, float *scratch, int64_t b, int64_t u0, in
         const int full =
             fp_mask_block_full(0, nq, j0, j0 + n, seq.nq, seq.nk, p->window_left, p->window_right);
         if (p->dtype == FLASHPORT_F32 && p->k.stride[FP_D] == 1)
-            dec_scores_f32(c, scratch, b, &seq, kv0, nu, rows, q, j0, n);
+            dec_scores_f32(c, scratch, b, &seq, kv0, nu, rows, q, j0, n, hi);
         else
-            dec_scores(c, scratch, b, &seq, kv0, nu, rows, q, j0, n);
+            dec_scores(c, scratch, b, &seq, kv0, nu, rows, q, j0, n, hi);
         for (int64_t u = u0; u < u1; u++) {
             const size_t r0 = (size_t)((u - u0) * rows);
             const int64_t h0 = (u / c->chunks) * c->group + (u % c->chunks) * nh;
             dec_softmax(c, scratch, &seq, h0, scratch + L->s + r0 * L->ldk, o + r0 * L->ldd,
                         st + r0, rows, j0, n, full);
         }
-        dec_values(c, scratch, b, &seq, kv0, nu, rows, o, j0, n, full);
+        dec_values(c, scratch, b, &seq, kv0, nu, rows, o, j0, n, full, hi);
     }
 
     for (int r = 0; r < all; r++) {
@@ -502,8 +581,9 @@ static void dec_merge(const dec_ctx *c, float *scratch, int64_t b, int64_t u0, i
                         (wa == 0.0f ? 0.0f : wa * orow[e]) + (wb == 0.0f ? 0.0f : wb * part[e]);
             }
             if (p->lse.data)
-                ((float *)p->lse.data)[fp_lse_offset(&p->lse, b, h0 + r / nq,
-                                                     seq.q_start + r % nq)] = lse;
+                ((float *)
+                     p->lse.data)[fp_lse_offset(&p->lse, b, h0 + r / nq, seq.q_start + r % nq)] =
+                    lse;
         }
         for (int64_t g = 0; g < nh; g++) {
             const fp_block ob = {p->o.data, p->dtype, fp_row_offset(&p->o, b, seq.q_start, h0 + g),
@@ -545,6 +625,7 @@ flashport_status fp_cpu_decode_forward(const fp_problem *p, const fp_ukernels *u
     c.L = dec_layout_of(p->head_dim, (int)(c.per_task * c.unit_rows), (int)c.per_task,
                         p->dtype == FLASHPORT_F32);
 
+    c.es = flashport_dtype_size(p->dtype);
     const int workers = fp_cpu_threads();
     const fp_decode_target target = {workers, BLOCK_K, MIN_SPLIT_BLOCKS, MAX_SPLITS};
     c.plan = fp_plan_decode(p->batch * c.tiles, p->seqlen_k, &target);

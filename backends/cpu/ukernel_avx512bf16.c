@@ -178,40 +178,49 @@ static void uk_dec_scores_bf16(int heads, int rows, int d, const uint16_t *q, pt
     }
 }
 
-/* dec_pv_bf16 (ukernel.h): the two keys' rows interleaved into pairs by vpermt2w (32 columns,
- * two vectors of pairs), then one vdpbf16ps per row and 16 columns, o's rows loaded and stored
- * once for the two keys. */
-static void uk_dec_pv_bf16(int heads, int rows, int d, const uint16_t *p, ptrdiff_t phs,
-                           ptrdiff_t ldp, const uint16_t *v0, const uint16_t *v1, ptrdiff_t vhs,
-                           float *o, ptrdiff_t ohs, ptrdiff_t ldo)
+/* Two keys' 32 columns as pairs (key 2i in the low half), two vectors of 16 columns. */
+static inline void pair_rows(const uint16_t *even, const uint16_t *odd, __mmask32 m, __m512bh *w)
 {
     const __m512i lo = _mm512_set_epi16(47, 15, 46, 14, 45, 13, 44, 12, 43, 11, 42, 10, 41, 9, 40,
                                         8, 39, 7, 38, 6, 37, 5, 36, 4, 35, 3, 34, 2, 33, 1, 32, 0);
     const __m512i hi = _mm512_add_epi16(lo, _mm512_set1_epi16(16));
+    const __m512i ev = _mm512_maskz_loadu_epi16(m, even);
+    const __m512i od = odd ? _mm512_maskz_loadu_epi16(m, odd) : _mm512_setzero_si512();
+    w[0] = (__m512bh)_mm512_permutex2var_epi16(ev, lo, od);
+    w[1] = (__m512bh)_mm512_permutex2var_epi16(ev, hi, od);
+}
+
+/* dec_pv_bf16 (ukernel.h): the keys' rows interleaved into pairs by vpermt2w (32 columns, two
+ * vectors of pairs a pair of keys), then one vdpbf16ps a pair of keys, row and 16 columns; o's
+ * rows are loaded and stored once for all the keys. */
+static void uk_dec_pv_bf16(int heads, int rows, int d, int keys, const uint16_t *p, ptrdiff_t phs,
+                           ptrdiff_t ldp, const uint16_t *const *v, ptrdiff_t vhs, float *o,
+                           ptrdiff_t ohs, ptrdiff_t ldo)
+{
+    const int pairs = (keys + 1) / 2;
     for (int h = 0; h < heads; h++) {
-        const uint16_t *a = v0 + h * vhs, *b = v1 ? v1 + h * vhs : NULL;
         const uint16_t *ph = p + h * phs;
         float *oh = o + h * ohs;
         for (int e = 0; e < d; e += 32) {
             const __mmask32 m = mask32(d - e);
-            const __m512i ev = _mm512_maskz_loadu_epi16(m, a + e);
-            const __m512i od = b ? _mm512_maskz_loadu_epi16(m, b + e) : _mm512_setzero_si512();
-            const __m512bh w0 = (__m512bh)_mm512_permutex2var_epi16(ev, lo, od);
-            const __m512bh w1 = (__m512bh)_mm512_permutex2var_epi16(ev, hi, od);
-            if (d - e > 16)
-                for (int r = 0; r < rows; r++) {
-                    const __m512bh pr = bcast_pair(ph + r * ldp);
-                    float *orow = oh + r * ldo + e;
-                    _mm512_storeu_ps(orow, _mm512_dpbf16_ps(_mm512_loadu_ps(orow), pr, w0));
-                    _mm512_storeu_ps(orow + 16,
-                                     _mm512_dpbf16_ps(_mm512_loadu_ps(orow + 16), pr, w1));
+            __m512bh w[FP_DEC_PV_KEYS / 2][2];
+            for (int i = 0; i < pairs; i++)
+                pair_rows(v[2 * i] + h * vhs + e,
+                          2 * i + 1 < keys ? v[2 * i + 1] + h * vhs + e : NULL, m, w[i]);
+            const int halves = d - e > 16 ? 2 : 1;
+            for (int r = 0; r < rows; r++) {
+                float *orow = oh + r * ldo + e;
+                __m512 a0 = _mm512_loadu_ps(orow);
+                __m512 a1 = halves == 2 ? _mm512_loadu_ps(orow + 16) : a0;
+                for (int i = 0; i < pairs; i++) {
+                    const __m512bh pr = bcast_pair(ph + r * ldp + 2 * i);
+                    a0 = _mm512_dpbf16_ps(a0, pr, w[i][0]);
+                    a1 = _mm512_dpbf16_ps(a1, pr, w[i][1]);
                 }
-            else
-                for (int r = 0; r < rows; r++) {
-                    float *orow = oh + r * ldo + e;
-                    _mm512_storeu_ps(orow, _mm512_dpbf16_ps(_mm512_loadu_ps(orow),
-                                                            bcast_pair(ph + r * ldp), w0));
-                }
+                _mm512_storeu_ps(orow, a0);
+                if (halves == 2)
+                    _mm512_storeu_ps(orow + 16, a1);
+            }
         }
     }
 }

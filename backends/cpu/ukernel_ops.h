@@ -141,30 +141,33 @@ static void uk_dec_scores(int heads, int rows, int d, const float *q, ptrdiff_t 
     }
 }
 
-/* dec_pv (ukernel.h): each row of o is loaded and stored once for the two keys. */
-static void uk_dec_pv(int heads, int rows, int d, const float *p, ptrdiff_t phs, ptrdiff_t ldp,
-                      const float *v0, const float *v1, ptrdiff_t vhs, float *o, ptrdiff_t ohs,
+/* dec_pv (ukernel.h): each row of o is loaded and stored once for the keys. */
+static void uk_dec_pv(int heads, int rows, int d, int keys, const float *p, ptrdiff_t phs,
+                      ptrdiff_t ldp, const float *const *v, ptrdiff_t vhs, float *o, ptrdiff_t ohs,
                       ptrdiff_t ldo)
 {
     const int dv = d - d % UK_LANES;
     for (int h = 0; h < heads; h++) {
-        const float *a = v0 + h * vhs, *b = v1 ? v1 + h * vhs : NULL;
+        const float *vh[FP_DEC_PV_KEYS];
+        for (int i = 0; i < keys; i++)
+            vh[i] = v[i] + h * vhs;
         for (int r = 0; r < rows; r++) {
             const float *pr = p + h * phs + r * ldp;
             float *orow = o + h * ohs + r * ldo;
-            const uk_vec p0 = uk_set1(pr[0]);
-            if (b) {
-                const uk_vec p1 = uk_set1(pr[1]);
-                for (int e = 0; e < dv; e += UK_LANES)
-                    uk_store(orow + e, uk_madd(p1, uk_load(b + e),
-                                               uk_madd(p0, uk_load(a + e), uk_load(orow + e))));
-                for (int e = dv; e < d; e++)
-                    orow[e] += pr[0] * a[e] + pr[1] * b[e];
-            } else {
-                for (int e = 0; e < dv; e += UK_LANES)
-                    uk_store(orow + e, uk_madd(p0, uk_load(a + e), uk_load(orow + e)));
-                for (int e = dv; e < d; e++)
-                    orow[e] += pr[0] * a[e];
+            uk_vec pv[FP_DEC_PV_KEYS];
+            for (int i = 0; i < keys; i++)
+                pv[i] = uk_set1(pr[i]);
+            for (int e = 0; e < dv; e += UK_LANES) {
+                uk_vec acc = uk_load(orow + e);
+                for (int i = 0; i < keys; i++)
+                    acc = uk_madd(pv[i], uk_load(vh[i] + e), acc);
+                uk_store(orow + e, acc);
+            }
+            for (int e = dv; e < d; e++) {
+                float acc = orow[e];
+                for (int i = 0; i < keys; i++)
+                    acc += pr[i] * vh[i][e];
+                orow[e] = acc;
             }
         }
     }

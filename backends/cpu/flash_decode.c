@@ -4,30 +4,42 @@
  * the bound, not the products.
  *
  * GQA packing: the H / Hkv query heads that share a kv head, times their Nq rows, are the rows of
- * one query tile (row r = g * Nq + i: head kvh * group + g, query i), so each K and V byte is read
- * once per kv head instead of once per query head. A group of more than DECODE_ROWS rows is cut
- * into chunks of whole heads (then K and V are read once per chunk).
+ * one unit (row r = g * Nq + i: head kvh * group + g, query i), so each K and V byte is read once
+ * per kv head instead of once per query head. A group of more than DECODE_ROWS rows is cut into
+ * units of whole heads (then K and V are read once per unit; such groups are bound by the
+ * products, not the read).
  *
- * Per key block of at most BLOCK_K keys: K^T as a tile (transpose32 of the keys' rows in place, in
- * runs that end at a page's end: f32 elements, or bf16 pairs on a CPU with AVX512_BF16; f16 rows
- * are converted to f32 first), S = Q K^T by the table's
- * gemm with the packed rows as its A operand and the keys across the columns (no padding of a
- * one-row query tile to FP_TILE_COLS columns), softcap / ALiBi / the window per row (core/mask.h,
- * Nq > 1 rows see different keys), the online softmax per row (core/online_softmax.h, exp2 form,
- * the table's exp2), O += P V by gemm with V's f32 rows (in place when f32 with contiguous rows of
- * a multiple of FP_TILE_COLS, else converted). All products and exponentials run in the
- * micro-kernel table chosen at run time (ukernel.h, isa.c: AVX-512, AVX2, NEON or plain C); bf16
- * inputs on the avx512bf16 table stay bf16: S and P V by gemm_bf16 (vdpbf16ps) with P rounded
- * to bf16, V as pairs of rows (interleave_bf16), as flash_fwd.c's bf16 path.
+ * Streaming: a task holds consecutive kv heads (up to TASK_ROWS rows of O, every kv head for the
+ * usual shapes) and walks its keys in blocks of BLOCK_K, each block key by key across the task's
+ * kv heads, so that K and V are read in the cache's own order ([N, Hkv, D] rows, or a page's
+ * [page_size, Hkv, D]): one sequential stream each per task, which the hardware prefetchers
+ * follow, plus a software prefetch PREFETCH_KEYS keys ahead across the 4 KiB pages where they
+ * stop. (Each kv head's D-element slice of every key, Hkv rows apart, was the earlier order: a
+ * different page every key or two, read at a quarter of the bandwidth.) Per block:
+ *   S     the table's dec_scores (ukernel.h): a key's row against the unit's query rows, held
+ *         in L1, summed across the vector lanes (bf16 on avx512bf16: dec_scores_bf16, vdpbf16ps
+ *         on the caller's rows, no transposition, no conversion). f32 instead transposes K in
+ *         16-key runs for all the task's heads at once and runs the table's gemm over K^T, the
+ *         products summed in the order of the backward's gemm: the forward's LSE then matches
+ *         the backward's recomputed scores bit for bit, which the f32 gradient tolerances need.
+ *   P     softcap / ALiBi / the window per row (core/mask.h, Nq > 1 rows see different keys),
+ *         the online softmax per row (core/online_softmax.h, exp2 form, the table's exp2), O
+ *         rescaled when a maximum moved.
+ *   O     the table's dec_pv, FP_DEC_PV_KEYS keys at a time into O's rows (in L1 / L2), in key
+ *         order; bf16 on avx512bf16: P rounded to bf16 (as flash_fwd.c's bf16 path does) and
+ *         dec_pv_bf16 (V pairs by vpermt2w, vdpbf16ps). f16 rows, and rows with a strided head
+ *         dim, are converted to f32 key by key.
  *
- * Split-KV: core/plan.h's fp_plan_forward, with (batch, kv head, head chunk) as its "heads" and
- * the CPU's threads as workers, splits the keys when there are fewer tasks than threads; each
- * split writes its normalized partial O and LSE, and a second pass merges them through the LSE
+ * Split-KV: core/plan.c's fp_plan_decode, with (batch, task) tiles and the CPU's threads as the
+ * workers, splits the keys when there are fewer tiles than threads; each split writes its
+ * normalized partial O and LSE, and a second pass merges them through the LSE
  * (fp_softmax_merge). The plan is logged (FLASHPORT_LOG).
  *
  * A block that not every row sees whole (window edges) and that holds an infinite or NaN V takes a
  * scalar P V over the visible pairs, so that a key a row cannot see never reaches it (the NaN rule
  * of include/flashport.h); keys past seqused_k are never read at all.
+ * Known differences from the reference: f32 accumulation; bf16 P rounded to bf16 before P V;
+ * bf16 and f16 scores summed across vector lanes (not in the backward's order).
  * Extra memory: per-thread tiles, and the partial results of a split plan (splits x rows x D f32).
  * Numbers: docs/performance-cpu.md ("Decode").
  */
@@ -53,6 +65,10 @@ enum { DECODE_ROWS = 64, BLOCK_K = 64, MAX_SPLITS = 64, MIN_SPLIT_BLOCKS = 4 };
 /* How many keys ahead of the one being read its K and V rows are asked for (prefetch_row). */
 enum { PREFETCH_KEYS = 8 };
 
+/* bf16 units of at most this many rows take dec_scores_bf16 (a dot product a row), larger ones
+ * K^T and gemm_bf16. */
+enum { DOT_ROWS = 4 };
+
 /* Rows of O a task keeps at most (its units' rows together): 512 rows of D = 128 f32 are 256 KiB,
  * a quarter of a Zen 4 core's L2. */
 enum { TASK_ROWS = 512 };
@@ -65,7 +81,8 @@ typedef struct dec_layout {
     size_t q, o;     /* task rows x d: packed query rows (f32, or bf16 2 ldd apart), output */
     size_t s;        /* task rows x BLOCK_K: scores, then P */
     size_t pb;       /* task rows x BLOCK_K bf16: P rounded */
-    size_t kt;       /* f32: units x d x BLOCK_K: each unit's K^T */
+    size_t kt;       /* f32 and bf16: units x d x BLOCK_K: each unit's K^T */
+    size_t vp;       /* bf16: BLOCK_K / 2 x units x d: V as pairs of keys */
     size_t kf, vf;   /* units x d (V: FP_DEC_PV_KEYS keys' worth): K, V rows converted to f32 */
     size_t vblk;     /* BLOCK_K x d: one unit's V rows in f32 for pv_visible */
     size_t st;       /* task rows fp_softmax_state */
@@ -84,7 +101,8 @@ static dec_layout dec_layout_of(int64_t d, int task_rows, int units, int transpo
     L.s = L.o + (size_t)task_rows * L.ldd;
     L.pb = L.s + (size_t)task_rows * L.ldk;
     L.kt = L.pb + (size_t)task_rows * L.ldk / 2;
-    L.kf = L.kt + (transposed ? (size_t)units * L.ldd * L.ldk : 0);
+    L.vp = L.kt + (transposed ? (size_t)units * L.ldd * L.ldk : 0);
+    L.kf = L.vp + (transposed ? (size_t)(BLOCK_K / 2) * (size_t)units * L.ldd : 0);
     L.vf = L.kf + (size_t)units * L.ldd;
     L.vblk = L.vf + FP_DEC_PV_KEYS * (size_t)units * L.ldd;
     L.st = L.vblk + (size_t)BLOCK_K * L.ldd;
@@ -251,20 +269,23 @@ static void dec_scores(const dec_ctx *c, float *scratch, int64_t b, const fp_seq
     }
 }
 
-/* f32: S = Q K^T by the table's gemm on K^T, the products summed over d in the order the
- * backward's gemm sums them (ukernel.h), so that the forward's LSE and the backward's
- * recomputed scores agree to the bit and P sums to 1 there. K^T of all the task's units is
- * transposed in place from runs of keys a uniform stride apart (the block, or up to a page's
- * end), each run's rows read whole when the units' heads are adjacent. */
-static void dec_scores_f32(const dec_ctx *c, float *scratch, int64_t b, const fp_seq *seq,
-                           int64_t kvh0, int nu, int rows, const float *q, int64_t j0, int n,
-                           int64_t hi)
+/* S = Q K^T by the table's gemm on K^T, for f32 (the products summed in the order the backward's
+ * gemm sums them, ukernel.h, so that the forward's LSE and the backward's recomputed scores agree
+ * to the bit and P sums to 1 there) and for bf16 units of more than DOT_ROWS rows (the register
+ * blocked product beats a dot product a row once the rows share each K load enough). K^T of all
+ * the task's units (f32 elements or bf16 pairs) is transposed from the caller's rows in 16-key
+ * runs, each run's rows read whole when the units' heads are adjacent in the cache. */
+static void dec_scores_gemm(const dec_ctx *c, float *scratch, int64_t b, const fp_seq *seq,
+                            int64_t kvh0, int nu, int rows, const float *q, int64_t j0, int n,
+                            int64_t hi)
 {
     const fp_problem *p = c->p;
     const dec_layout *L = &c->L;
-    const int d = (int)p->head_dim;
+    const int d = (int)p->head_dim, words = c->bf16 ? d / 2 : d;
     uint32_t *kt = (uint32_t *)(scratch + L->kt);
-    const int whole = nu == 1 || p->k.stride[FP_H] == p->head_dim;
+    const int whole = (nu == 1 || p->k.stride[FP_H] == p->head_dim) && words % FP_TILE_COLS == 0;
+    const size_t unit_kt = (size_t)(whole ? words : L->ldd) * (size_t)L->ldk;
+    const ptrdiff_t lds = (ptrdiff_t)p->k.stride[FP_S] * (ptrdiff_t)c->es;
     for (int x = 0; x < n;) {
         int run = n - x < FP_TILE_COLS ? n - x : FP_TILE_COLS; /* a 16 x 16 transposition */
         if (p->block_table) {
@@ -273,20 +294,25 @@ static void dec_scores_f32(const dec_ctx *c, float *scratch, int64_t b, const fp
         }
         for (int64_t j = j0 + x + PREFETCH_KEYS; j < j0 + x + run + PREFETCH_KEYS && j < hi; j++)
             prefetch_row(c, &p->k, b, seq, j, kvh0, nu);
-        const float *src = (const float *)p->k.data + fp_key_offset(p, &p->k, b, seq, j0 + x, kvh0);
-        const ptrdiff_t lds = (ptrdiff_t)p->k.stride[FP_S] * (ptrdiff_t)sizeof(float);
-        if (whole && d == L->ldd)
-            c->uk->transpose32(run, nu * d, src, lds, kt + x, L->ldk);
+        const char *src =
+            (const char *)p->k.data + (size_t)fp_key_offset(p, &p->k, b, seq, j0 + x, kvh0) * c->es;
+        if (whole)
+            c->uk->transpose32(run, nu * words, src, lds, kt + x, L->ldk);
         else
             for (int u = 0; u < nu; u++)
-                c->uk->transpose32(run, d, src + u * p->k.stride[FP_H], lds,
-                                   kt + (size_t)u * L->ldd * L->ldk + x, L->ldk);
+                c->uk->transpose32(run, words, src + (size_t)u * (size_t)p->k.stride[FP_H] * c->es,
+                                   lds, kt + u * unit_kt + x, L->ldk);
         x += run;
     }
-    for (int u = 0; u < nu; u++)
-        c->uk->gemm(rows, n, d, q + (size_t)u * rows * L->ldd, L->ldd, 1,
-                    (const float *)kt + (size_t)u * L->ldd * L->ldk, L->ldk,
-                    scratch + L->s + (size_t)u * rows * L->ldk, L->ldk, 0);
+    for (int u = 0; u < nu; u++) {
+        float *su = scratch + L->s + (size_t)u * rows * L->ldk;
+        if (c->bf16)
+            c->uk->gemm_bf16(rows, n, words, (const uint16_t *)q + (size_t)u * rows * 2 * L->ldd,
+                             2 * L->ldd, 2, kt + u * unit_kt, L->ldk, su, L->ldk, 0);
+        else
+            c->uk->gemm(rows, n, d, q + (size_t)u * rows * L->ldd, L->ldd, 1,
+                        (const float *)kt + u * unit_kt, L->ldk, su, L->ldk, 0);
+    }
 }
 
 /* Lanes of the partial maxima and sums below: fixed-size inner loops that the compiler turns
@@ -396,6 +422,42 @@ static void dec_softmax(const dec_ctx *c, float *scratch, const fp_seq *seq, int
         uk->scale_rows(rows, (int)p->head_dim, o, L->ldd, alpha);
 }
 
+/* bf16 units of more than DOT_ROWS rows: O += P V by gemm_bf16 (O's rows stay in registers
+ * across the block), P rounded to bf16, V as pairs of keys (interleave_bf16) for all the task's
+ * units at once, a pair of keys' whole rows at a time when the units' heads are adjacent. */
+static void dec_values_gemm(const dec_ctx *c, float *scratch, int64_t b, const fp_seq *seq,
+                            int64_t kvh0, int nu, int rows, float *o, int64_t j0, int n, int64_t hi)
+{
+    const fp_problem *p = c->p;
+    const dec_layout *L = &c->L;
+    const int d = (int)p->head_dim;
+    uint16_t *pb = (uint16_t *)(scratch + L->pb);
+    uint32_t *vp = (uint32_t *)(scratch + L->vp);
+    const int whole = (nu == 1 || p->v.stride[FP_H] == p->head_dim) && d % FP_TILE_COLS == 0;
+    const ptrdiff_t ldv = whole ? (ptrdiff_t)nu * d : L->ldd;
+    const size_t unit_vp = whole ? (size_t)d : (size_t)(BLOCK_K / 2) * L->ldd;
+    c->uk->round_bf16(nu * rows, n, scratch + L->s, L->ldk, pb, L->ldk, NULL, 0);
+    for (int x = 0; x < n; x += 2) {
+        for (int64_t j = j0 + x + PREFETCH_KEYS; j < j0 + x + PREFETCH_KEYS + 2 && j < hi; j++)
+            prefetch_row(c, &p->v, b, seq, j, kvh0, nu);
+        const uint16_t *v = p->v.data;
+        const uint16_t *even = v + fp_key_offset(p, &p->v, b, seq, j0 + x, kvh0);
+        const uint16_t *odd =
+            x + 1 < n ? v + fp_key_offset(p, &p->v, b, seq, j0 + x + 1, kvh0) : NULL;
+        if (whole)
+            c->uk->interleave_bf16(nu * d, even, odd, vp + (x / 2) * ldv);
+        else
+            for (int u = 0; u < nu; u++) {
+                const ptrdiff_t hs = (ptrdiff_t)u * (ptrdiff_t)p->v.stride[FP_H];
+                c->uk->interleave_bf16(d, even + hs, odd ? odd + hs : NULL,
+                                       vp + u * unit_vp + (x / 2) * ldv);
+            }
+    }
+    for (int u = 0; u < nu; u++)
+        c->uk->gemm_bf16(rows, d, (n + 1) / 2, pb + (size_t)u * rows * L->ldk, L->ldk, 2,
+                         vp + u * unit_vp, ldv, o + (size_t)u * rows * L->ldd, L->ldd, 1);
+}
+
 /* O += P V of keys [j0, j0 + n) for the task's nu units, a pair of keys at a time, the units'
  * rows of a key side by side (read once, in the cache's order). bf16: P rounded to bf16 (as
  * flash_fwd.c's bf16 path does) and vdpbf16ps. A block that not every row sees whole and whose V
@@ -417,6 +479,10 @@ static void dec_values(const dec_ctx *c, float *scratch, int64_t b, const fp_seq
                 vrows[x] = key_row(c, &p->v, b, seq, j0 + x, kvh0 + u, vblk + (size_t)x * L->ldd);
             pv_visible(c, o + u * ohs, s + u * shs, seq, vrows, j0, n, rows, seq->nq);
         }
+        return;
+    }
+    if (c->bf16 && rows > DOT_ROWS) {
+        dec_values_gemm(c, scratch, b, seq, kvh0, nu, rows, o, j0, n, hi);
         return;
     }
     if (c->bf16) {
@@ -506,8 +572,8 @@ static void dec_task(const dec_ctx *c, float *scratch, int64_t b, int64_t u0, in
         const int n = (int)(hi - j0 < BLOCK_K ? hi - j0 : BLOCK_K);
         const int full =
             fp_mask_block_full(0, nq, j0, j0 + n, seq.nq, seq.nk, p->window_left, p->window_right);
-        if (p->dtype == FLASHPORT_F32 && p->k.stride[FP_D] == 1)
-            dec_scores_f32(c, scratch, b, &seq, kv0, nu, rows, q, j0, n, hi);
+        if ((p->dtype == FLASHPORT_F32 && p->k.stride[FP_D] == 1) || (c->bf16 && rows > DOT_ROWS))
+            dec_scores_gemm(c, scratch, b, &seq, kv0, nu, rows, q, j0, n, hi);
         else
             dec_scores(c, scratch, b, &seq, kv0, nu, rows, q, j0, n, hi);
         for (int64_t u = u0; u < u1; u++) {
@@ -615,7 +681,7 @@ flashport_status fp_cpu_decode_forward(const fp_problem *p, const fp_ukernels *u
      * into chunks (so many rows that the products, not the read, are the bound) is one unit a
      * task. */
     c.per_task = c.chunks > 1 ? 1 : TASK_ROWS / c.unit_rows;
-    if (p->dtype == FLASHPORT_F32) /* the units' K^T tiles stay within TASK_KT_BYTES */
+    if (p->dtype == FLASHPORT_F32 || c.bf16) /* the units' K^T tiles stay within TASK_KT_BYTES */
         while (c.per_task > 1 && (size_t)c.per_task * (size_t)fp_tile_ld(p->head_dim) *
                                          (size_t)fp_tile_ld(BLOCK_K) * sizeof(float) >
                                      TASK_KT_BYTES)
@@ -623,7 +689,7 @@ flashport_status fp_cpu_decode_forward(const fp_problem *p, const fp_ukernels *u
     c.per_task = c.per_task < 1 ? 1 : c.per_task > c.units ? c.units : c.per_task;
     c.tiles = (c.units + c.per_task - 1) / c.per_task;
     c.L = dec_layout_of(p->head_dim, (int)(c.per_task * c.unit_rows), (int)c.per_task,
-                        p->dtype == FLASHPORT_F32);
+                        p->dtype == FLASHPORT_F32 || c.bf16);
 
     c.es = flashport_dtype_size(p->dtype);
     const int workers = fp_cpu_threads();

@@ -65,15 +65,16 @@ enum { DECODE_ROWS = 64, BLOCK_K = 64, MAX_SPLITS = 64, MIN_SPLIT_BLOCKS = 4 };
 /* How many keys ahead of the one being read its K and V rows are asked for (prefetch_row). */
 enum { PREFETCH_KEYS = 8 };
 
-/* bf16 units of at most this many rows take dec_scores_bf16 (a dot product a row), larger ones
- * K^T and gemm_bf16. */
+/* bf16 and f16 units of at most this many rows take the table's dec_scores (a dot product a
+ * row), larger ones (and f32 ones) K^T and the table's gemm; bf16 ones of more take gemm_bf16 for
+ * P V too. */
 enum { DOT_ROWS = 4 };
 
 /* Rows of O a task keeps at most (its units' rows together): 512 rows of D = 128 f32 are 256 KiB,
  * a quarter of a Zen 4 core's L2. */
 enum { TASK_ROWS = 512 };
 
-/* f32: bytes of K^T tiles a task keeps (units x d x BLOCK_K), next to its K and V blocks in L2. */
+/* Bytes of K^T tiles a task keeps (units x d x BLOCK_K), next to its K and V blocks in L2. */
 #define TASK_KT_BYTES ((size_t)256 * 1024)
 
 typedef struct dec_layout {
@@ -81,7 +82,7 @@ typedef struct dec_layout {
     size_t q, o;     /* task rows x d: packed query rows (f32, or bf16 2 ldd apart), output */
     size_t s;        /* task rows x BLOCK_K: scores, then P */
     size_t pb;       /* task rows x BLOCK_K bf16: P rounded */
-    size_t kt;       /* f32 and bf16: units x d x BLOCK_K: each unit's K^T */
+    size_t kt;       /* units x d x BLOCK_K: each unit's K^T */
     size_t vp;       /* bf16: BLOCK_K / 2 x units x d: V as pairs of keys */
     size_t kf, vf;   /* units x d (V: FP_DEC_PV_KEYS keys' worth): K, V rows converted to f32 */
     size_t vblk;     /* BLOCK_K x d: one unit's V rows in f32 for pv_visible */
@@ -91,7 +92,7 @@ typedef struct dec_layout {
     size_t total;
 } dec_layout;
 
-static dec_layout dec_layout_of(int64_t d, int task_rows, int units, int transposed)
+static dec_layout dec_layout_of(int64_t d, int task_rows, int units)
 {
     dec_layout L;
     L.ldd = fp_tile_ld(d);
@@ -101,8 +102,8 @@ static dec_layout dec_layout_of(int64_t d, int task_rows, int units, int transpo
     L.s = L.o + (size_t)task_rows * L.ldd;
     L.pb = L.s + (size_t)task_rows * L.ldk;
     L.kt = L.pb + (size_t)task_rows * L.ldk / 2;
-    L.vp = L.kt + (transposed ? (size_t)units * L.ldd * L.ldk : 0);
-    L.kf = L.vp + (transposed ? (size_t)(BLOCK_K / 2) * (size_t)units * L.ldd : 0);
+    L.vp = L.kt + (size_t)units * L.ldd * L.ldk;
+    L.kf = L.vp + (size_t)(BLOCK_K / 2) * (size_t)units * L.ldd;
     L.vf = L.kf + (size_t)units * L.ldd;
     L.vblk = L.vf + FP_DEC_PV_KEYS * (size_t)units * L.ldd;
     L.st = L.vblk + (size_t)BLOCK_K * L.ldd;
@@ -271,10 +272,11 @@ static void dec_scores(const dec_ctx *c, float *scratch, int64_t b, const fp_seq
 
 /* S = Q K^T by the table's gemm on K^T, for f32 (the products summed in the order the backward's
  * gemm sums them, ukernel.h, so that the forward's LSE and the backward's recomputed scores agree
- * to the bit and P sums to 1 there) and for bf16 units of more than DOT_ROWS rows (the register
+ * to the bit and P sums to 1 there) and for units of more than DOT_ROWS rows (the register
  * blocked product beats a dot product a row once the rows share each K load enough). K^T of all
  * the task's units (f32 elements or bf16 pairs) is transposed from the caller's rows in 16-key
- * runs, each run's rows read whole when the units' heads are adjacent in the cache. */
+ * runs, each run's rows read whole when the units' heads are adjacent in the cache; f16 rows (or
+ * rows with a strided head dim) are converted to f32 first, a unit at a time. */
 static void dec_scores_gemm(const dec_ctx *c, float *scratch, int64_t b, const fp_seq *seq,
                             int64_t kvh0, int nu, int rows, const float *q, int64_t j0, int n,
                             int64_t hi)
@@ -286,6 +288,20 @@ static void dec_scores_gemm(const dec_ctx *c, float *scratch, int64_t b, const f
     const int whole = (nu == 1 || p->k.stride[FP_H] == p->head_dim) && words % FP_TILE_COLS == 0;
     const size_t unit_kt = (size_t)(whole ? words : L->ldd) * (size_t)L->ldk;
     const ptrdiff_t lds = (ptrdiff_t)p->k.stride[FP_S] * (ptrdiff_t)c->es;
+    if (!c->bf16 && (p->dtype != FLASHPORT_F32 || p->k.stride[FP_D] != 1)) {
+        /* rows converted to f32 first, a unit at a time */
+        float *kf = scratch + L->vblk;
+        for (int u = 0; u < nu; u++) {
+            for (int x = 0; x < n; x++)
+                key_row(c, &p->k, b, seq, j0 + x, kvh0 + u, kf + (size_t)x * L->ldd);
+            c->uk->transpose32(n, d, kf, (ptrdiff_t)L->ldd * (ptrdiff_t)sizeof(float),
+                               kt + u * (size_t)L->ldd * L->ldk, L->ldk);
+            c->uk->gemm(rows, n, d, q + (size_t)u * rows * L->ldd, L->ldd, 1,
+                        (const float *)kt + u * (size_t)L->ldd * L->ldk, L->ldk,
+                        scratch + L->s + (size_t)u * rows * L->ldk, L->ldk, 0);
+        }
+        return;
+    }
     for (int x = 0; x < n;) {
         int run = n - x < FP_TILE_COLS ? n - x : FP_TILE_COLS; /* a 16 x 16 transposition */
         if (p->block_table) {
@@ -572,7 +588,7 @@ static void dec_task(const dec_ctx *c, float *scratch, int64_t b, int64_t u0, in
         const int n = (int)(hi - j0 < BLOCK_K ? hi - j0 : BLOCK_K);
         const int full =
             fp_mask_block_full(0, nq, j0, j0 + n, seq.nq, seq.nk, p->window_left, p->window_right);
-        if ((p->dtype == FLASHPORT_F32 && p->k.stride[FP_D] == 1) || (c->bf16 && rows > DOT_ROWS))
+        if ((p->dtype == FLASHPORT_F32 && p->k.stride[FP_D] == 1) || rows > DOT_ROWS)
             dec_scores_gemm(c, scratch, b, &seq, kv0, nu, rows, q, j0, n, hi);
         else
             dec_scores(c, scratch, b, &seq, kv0, nu, rows, q, j0, n, hi);
@@ -681,15 +697,14 @@ flashport_status fp_cpu_decode_forward(const fp_problem *p, const fp_ukernels *u
      * into chunks (so many rows that the products, not the read, are the bound) is one unit a
      * task. */
     c.per_task = c.chunks > 1 ? 1 : TASK_ROWS / c.unit_rows;
-    if (p->dtype == FLASHPORT_F32 || c.bf16) /* the units' K^T tiles stay within TASK_KT_BYTES */
-        while (c.per_task > 1 && (size_t)c.per_task * (size_t)fp_tile_ld(p->head_dim) *
-                                         (size_t)fp_tile_ld(BLOCK_K) * sizeof(float) >
-                                     TASK_KT_BYTES)
-            c.per_task--;
+    /* the units' K^T tiles stay within TASK_KT_BYTES */
+    while (c.per_task > 1 && (size_t)c.per_task * (size_t)fp_tile_ld(p->head_dim) *
+                                     (size_t)fp_tile_ld(BLOCK_K) * sizeof(float) >
+                                 TASK_KT_BYTES)
+        c.per_task--;
     c.per_task = c.per_task < 1 ? 1 : c.per_task > c.units ? c.units : c.per_task;
     c.tiles = (c.units + c.per_task - 1) / c.per_task;
-    c.L = dec_layout_of(p->head_dim, (int)(c.per_task * c.unit_rows), (int)c.per_task,
-                        p->dtype == FLASHPORT_F32 || c.bf16);
+    c.L = dec_layout_of(p->head_dim, (int)(c.per_task * c.unit_rows), (int)c.per_task);
 
     c.es = flashport_dtype_size(p->dtype);
     const int workers = fp_cpu_threads();

@@ -292,8 +292,11 @@ static void dec_scores_gemm(const dec_ctx *c, float *scratch, int64_t b, const f
         /* rows converted to f32 first, a unit at a time */
         float *kf = scratch + L->vblk;
         for (int u = 0; u < nu; u++) {
-            for (int x = 0; x < n; x++)
+            for (int x = 0; x < n; x++) {
+                if (u == 0 && j0 + x + PREFETCH_KEYS < hi)
+                    prefetch_row(c, &p->k, b, seq, j0 + x + PREFETCH_KEYS, kvh0, nu);
                 key_row(c, &p->k, b, seq, j0 + x, kvh0 + u, kf + (size_t)x * L->ldd);
+            }
             c->uk->transpose32(n, d, kf, (ptrdiff_t)L->ldd * (ptrdiff_t)sizeof(float),
                                kt + u * (size_t)L->ldd * L->ldk, L->ldk);
             c->uk->gemm(rows, n, d, q + (size_t)u * rows * L->ldd, L->ldd, 1,
@@ -515,6 +518,19 @@ static void dec_values(const dec_ctx *c, float *scratch, int64_t b, const fp_seq
             }
             c->uk->dec_pv_bf16(nu, rows, d, keys, pb + x, shs, L->ldk, v,
                                (ptrdiff_t)p->v.stride[FP_H], o, ohs, L->ldd);
+        }
+        return;
+    }
+    if (rows > DOT_ROWS && (p->dtype != FLASHPORT_F32 || p->v.stride[FP_D] != 1)) {
+        /* many rows on converted V: gemm over the unit's rows in f32, O in registers */
+        float *vblk = scratch + L->vblk;
+        for (int u = 0; u < nu; u++) {
+            for (int x = 0; x < n; x++) {
+                if (u == 0 && j0 + x + PREFETCH_KEYS < hi)
+                    prefetch_row(c, &p->v, b, seq, j0 + x + PREFETCH_KEYS, kvh0, nu);
+                key_row(c, &p->v, b, seq, j0 + x, kvh0 + u, vblk + (size_t)x * L->ldd);
+            }
+            c->uk->gemm(rows, d, n, s + u * shs, L->ldk, 1, vblk, L->ldd, o + u * ohs, L->ldd, 1);
         }
         return;
     }

@@ -15,20 +15,24 @@
  * [page_size, Hkv, D]): one sequential stream each per task, which the hardware prefetchers
  * follow, plus a software prefetch PREFETCH_KEYS keys ahead across the 4 KiB pages where they
  * stop. (Each kv head's D-element slice of every key, Hkv rows apart, was the earlier order: a
- * different page every key or two, read at a quarter of the bandwidth.) Per block:
- *   S     the table's dec_scores (ukernel.h): a key's row against the unit's query rows, held
- *         in L1, summed across the vector lanes (bf16 on avx512bf16: dec_scores_bf16, vdpbf16ps
- *         on the caller's rows, no transposition, no conversion). f32 instead transposes K in
- *         16-key runs for all the task's heads at once and runs the table's gemm over K^T, the
- *         products summed in the order of the backward's gemm: the forward's LSE then matches
- *         the backward's recomputed scores bit for bit, which the f32 gradient tolerances need.
+ * different page every key or two, read at about half the rate of the same bytes in order.)
+ * Per block:
+ *   S     the table's dec_scores (ukernel.h) for units of at most DOT_ROWS rows: a key's row
+ *         against the unit's query rows, held in L1, summed across the vector lanes (bf16 on
+ *         avx512bf16: dec_scores_bf16, vdpbf16ps on the caller's rows, no transposition, no
+ *         conversion). f32, and units of more rows, transpose K in 16-key runs for all the
+ *         task's heads at once (f16 rows converted first) and run the table's gemm over K^T
+ *         (bf16: gemm_bf16 on pairs). For f32 that sums the products in the order of the
+ *         backward's gemm: the forward's LSE then matches the backward's recomputed scores bit
+ *         for bit, which the f32 gradient tolerances need.
  *   P     softcap / ALiBi / the window per row (core/mask.h, Nq > 1 rows see different keys),
  *         the online softmax per row (core/online_softmax.h, exp2 form, the table's exp2), O
  *         rescaled when a maximum moved.
  *   O     the table's dec_pv, FP_DEC_PV_KEYS keys at a time into O's rows (in L1 / L2), in key
  *         order; bf16 on avx512bf16: P rounded to bf16 (as flash_fwd.c's bf16 path does) and
- *         dec_pv_bf16 (V pairs by vpermt2w, vdpbf16ps). f16 rows, and rows with a strided head
- *         dim, are converted to f32 key by key.
+ *         dec_pv_bf16 (V pairs by vpermt2w, vdpbf16ps). Units of more than DOT_ROWS rows keep
+ *         O in registers across the block instead: gemm_bf16 on V pairs (interleave_bf16), or
+ *         gemm on V rows converted to f32 (f16, bf16 without vdpbf16ps).
  *
  * Split-KV: core/plan.c's fp_plan_decode, with (batch, task) tiles and the CPU's threads as the
  * workers, splits the keys when there are fewer tiles than threads; each split writes its
@@ -39,7 +43,8 @@
  * scalar P V over the visible pairs, so that a key a row cannot see never reaches it (the NaN rule
  * of include/flashport.h); keys past seqused_k are never read at all.
  * Known differences from the reference: f32 accumulation; bf16 P rounded to bf16 before P V;
- * bf16 and f16 scores summed across vector lanes (not in the backward's order).
+ * bf16 and f16 scores of units of at most DOT_ROWS rows summed across vector lanes (not in the
+ * backward's order).
  * Extra memory: per-thread tiles, and the partial results of a split plan (splits x rows x D f32).
  * Numbers: docs/performance-cpu.md ("Decode").
  */

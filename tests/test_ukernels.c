@@ -15,6 +15,9 @@
  *                 layout alone gives the same bits; present exactly where gemm_bf16 is
  *   transpose32   exact, from any byte offset (bf16 pairs sit on 2-byte boundaries), edges
  *                 of every size, nothing written outside the rows x cols block
+ *   dec_scores, dec_pv (and their _bf16 forms where gemm_bf16 is): against products summed in
+ *                 double, for ragged heads, rows, d and key counts; the rows of k and v are
+ *                 followed by NaN and q's padding columns hold NaN, so a read past d shows
  *   interleave_bf16, dsoftmax_cols, scale_rows, cvt_f16, cvt_bf16 (every 16-bit pattern),
  *   store_f16, store_bf16 (bit for bit as core/dtype.h, NaN, infinities, denormals, overflow)
  * Then one end-to-end bf16 and f16 forward and backward with an odd head dim and odd sequence
@@ -154,6 +157,110 @@ static void check_gemm_bf16(const fp_ukernels *uk, tu_rng *rng)
         free(b);
         free(c);
         free(c0);
+    }
+}
+
+/* Element i of a row of the decode steps' operands, f32 or bf16. */
+static double dec_elem(const void *x, size_t i, int bf16)
+{
+    return bf16 ? (double)fp_bf16_to_f32(((const uint16_t *)x)[i]) : (double)((const float *)x)[i];
+}
+
+static void dec_fill(void *x, size_t i, double value, int bf16)
+{
+    if (bf16)
+        ((uint16_t *)x)[i] = fp_f32_to_bf16((float)value);
+    else
+        ((float *)x)[i] = (float)value;
+}
+
+/* dec_scores and dec_pv (bf16: their _bf16 forms) against sums in double. Operands live in f32
+ * or uint16 buffers of `es` bytes an element; k and v rows of d elements are followed by NaN,
+ * and q's padding columns are NaN, so that any element read past d poisons a result. */
+static void check_decode_steps(const fp_ukernels *uk, tu_rng *rng, int bf16)
+{
+    int bad = 0;
+    const size_t es = bf16 ? sizeof(uint16_t) : sizeof(float);
+    for (int trial = 0; trial < 200 && !bad; trial++) {
+        const int heads = 1 + (int)(tu_rng_u32(rng) % 3), rows = 1 + (int)(tu_rng_u32(rng) % 9);
+        const int d = 1 + (int)(tu_rng_u32(rng) % 80), keys = 1 + (int)(tu_rng_u32(rng) % 4);
+        const int ldq = LD(d) * (bf16 ? 2 : 1), ldo = LD(d), ldp = LD(FP_DEC_PV_KEYS + 1);
+        const ptrdiff_t khs = d + 7, qhs = (ptrdiff_t)rows * ldq, ohs = (ptrdiff_t)rows * ldo;
+        const size_t kn = (size_t)heads * (size_t)khs + 16, qn = (size_t)heads * (size_t)qhs;
+        char *q = malloc(qn * es), *k = malloc(kn * es), *v[FP_DEC_PV_KEYS], *p;
+        float *s = alloc_f((size_t)heads * rows * 2), *o = alloc_f((size_t)heads * ohs);
+        p = malloc((size_t)heads * rows * ldp * es);
+        for (int i = 0; i < FP_DEC_PV_KEYS; i++)
+            v[i] = malloc(kn * es);
+        if (!CHECK(q && k && p && v[0] && v[1] && v[2] && v[3]))
+            return;
+        for (size_t i = 0; i < qn; i++)
+            dec_fill(q, i, (int)(i % ldq) < d ? tu_rng_uniform(rng, -1.0f, 1.0f) : NAN, bf16);
+        for (size_t i = 0; i < kn; i++) {
+            const int in_row = (ptrdiff_t)(i % khs) < d && i < (size_t)heads * khs;
+            dec_fill(k, i, in_row ? tu_rng_uniform(rng, -1.0f, 1.0f) : NAN, bf16);
+            for (int j = 0; j < FP_DEC_PV_KEYS; j++)
+                dec_fill(v[j], i, in_row ? tu_rng_uniform(rng, -1.0f, 1.0f) : NAN, bf16);
+        }
+        for (int i = 0; i < heads * rows * ldp; i++) /* P: keys values, then zeros */
+            dec_fill(p, (size_t)i, i % ldp < keys ? tu_rng_uniform(rng, 0.0f, 1.0f) : 0.0, bf16);
+        for (int i = 0; i < heads * ohs; i++)
+            o[i] = tu_rng_uniform(rng, -1.0f, 1.0f);
+        float *o0 = alloc_f((size_t)heads * ohs);
+        memcpy(o0, o, sizeof(float) * (size_t)heads * ohs);
+        if (bf16) {
+            const uint16_t *vv[FP_DEC_PV_KEYS] = {(uint16_t *)v[0], (uint16_t *)v[1],
+                                                  (uint16_t *)v[2], (uint16_t *)v[3]};
+            uk->dec_scores_bf16(heads, rows, d, (uint16_t *)q, qhs, ldq, (uint16_t *)k, khs, s,
+                                (ptrdiff_t)rows * 2, 2);
+            uk->dec_pv_bf16(heads, rows, d, keys, (uint16_t *)p, (ptrdiff_t)rows * ldp, ldp, vv,
+                            khs, o, ohs, ldo);
+        } else {
+            const float *vv[FP_DEC_PV_KEYS] = {(float *)v[0], (float *)v[1], (float *)v[2],
+                                               (float *)v[3]};
+            uk->dec_scores(heads, rows, d, (float *)q, qhs, ldq, (float *)k, khs, s,
+                           (ptrdiff_t)rows * 2, 2);
+            uk->dec_pv(heads, rows, d, keys, (float *)p, (ptrdiff_t)rows * ldp, ldp, vv, khs, o,
+                       ohs, ldo);
+        }
+        for (int h = 0; h < heads && !bad; h++)
+            for (int r = 0; r < rows && !bad; r++) {
+                double want = 0.0, mag = 0.0;
+                for (int e = 0; e < d; e++) {
+                    const double t = dec_elem(q, (size_t)(h * qhs + r * ldq + e), bf16) *
+                                     dec_elem(k, (size_t)(h * khs + e), bf16);
+                    want += t;
+                    mag += fabs(t);
+                }
+                const double got = s[(h * rows + r) * 2];
+                bad = !CHECK_MSG(fabs(got - want) <= 2.0 * (d + 1) * 0x1p-24 * mag,
+                                 "%s dec_scores%s heads=%d rows=%d d=%d: s[%d][%d] = %.9g, want "
+                                 "%.9g",
+                                 table, bf16 ? "_bf16" : "", heads, rows, d, h, r, got, want);
+                for (int e = 0; e < d && !bad; e++) {
+                    double w = o0[h * ohs + r * ldo + e], m = fabs(w);
+                    for (int i = 0; i < keys; i++) {
+                        const double t = dec_elem(p, (size_t)((h * rows + r) * ldp + i), bf16) *
+                                         dec_elem(v[i], (size_t)(h * khs + e), bf16);
+                        w += t;
+                        m += fabs(t);
+                    }
+                    const double g = o[h * ohs + r * ldo + e];
+                    bad =
+                        !CHECK_MSG(fabs(g - w) <= 2.0 * (keys + 1) * 0x1p-24 * m,
+                                   "%s dec_pv%s heads=%d rows=%d d=%d keys=%d: o[%d][%d][%d] "
+                                   "= %.9g, want %.9g",
+                                   table, bf16 ? "_bf16" : "", heads, rows, d, keys, h, r, e, g, w);
+                }
+            }
+        free(q);
+        free(k);
+        free(p);
+        for (int i = 0; i < FP_DEC_PV_KEYS; i++)
+            free(v[i]);
+        free(s);
+        free(o);
+        free(o0);
     }
 }
 
@@ -590,9 +697,13 @@ int main(void)
         CHECK_MSG(!uk->gemm_bf16 == !uk->exp2_cols_bf16 && !uk->gemm_bf16 == !uk->interleave_bf16 &&
                       !uk->gemm_bf16 == !uk->round_bf16,
                   "%s: the bf16 entries must all be present or all NULL", table);
+        CHECK_MSG(!uk->gemm_bf16 == !uk->dec_scores_bf16 && !uk->gemm_bf16 == !uk->dec_pv_bf16,
+                  "%s: the decode bf16 entries must be present exactly where gemm_bf16 is", table);
+        check_decode_steps(uk, &rng, 0);
         if (uk->gemm_bf16) {
             check_gemm_bf16(uk, &rng);
             check_round_bf16(uk, &rng);
+            check_decode_steps(uk, &rng, 1);
         }
         check_exp2(uk);
         check_softmax_ops(uk, &rng);

@@ -4,30 +4,47 @@
  * the bound, not the products.
  *
  * GQA packing: the H / Hkv query heads that share a kv head, times their Nq rows, are the rows of
- * one query tile (row r = g * Nq + i: head kvh * group + g, query i), so each K and V byte is read
- * once per kv head instead of once per query head. A group of more than DECODE_ROWS rows is cut
- * into chunks of whole heads (then K and V are read once per chunk).
+ * one unit (row r = g * Nq + i: head kvh * group + g, query i), so each K and V byte is read once
+ * per kv head instead of once per query head. A group of more than DECODE_ROWS rows is cut into
+ * units of whole heads (then K and V are read once per unit; such groups are bound by the
+ * products, not the read).
  *
- * Per key block of at most BLOCK_K keys: K^T as a tile (transpose32 of the keys' rows in place, in
- * runs that end at a page's end: f32 elements, or bf16 pairs on a CPU with AVX512_BF16; f16 rows
- * are converted to f32 first), S = Q K^T by the table's
- * gemm with the packed rows as its A operand and the keys across the columns (no padding of a
- * one-row query tile to FP_TILE_COLS columns), softcap / ALiBi / the window per row (core/mask.h,
- * Nq > 1 rows see different keys), the online softmax per row (core/online_softmax.h, exp2 form,
- * the table's exp2), O += P V by gemm with V's f32 rows (in place when f32 with contiguous rows of
- * a multiple of FP_TILE_COLS, else converted). All products and exponentials run in the
- * micro-kernel table chosen at run time (ukernel.h, isa.c: AVX-512, AVX2, NEON or plain C); bf16
- * inputs on the avx512bf16 table stay bf16: S and P V by gemm_bf16 (vdpbf16ps) with P rounded
- * to bf16, V as pairs of rows (interleave_bf16), as flash_fwd.c's bf16 path.
+ * Streaming: a task holds consecutive kv heads (up to TASK_ROWS rows of O, every kv head for the
+ * usual shapes) and walks its keys in blocks of BLOCK_K, each block key by key across the task's
+ * kv heads, so that K and V are read in the cache's own order ([N, Hkv, D] rows, or a page's
+ * [page_size, Hkv, D]): one sequential stream each per task, which the hardware prefetchers
+ * follow, plus a software prefetch PREFETCH_KEYS keys ahead across the 4 KiB pages where they
+ * stop. (Each kv head's D-element slice of every key, Hkv rows apart, was the earlier order: a
+ * different page every key or two, read at about half the rate of the same bytes in order.)
+ * Per block:
+ *   S     the table's dec_scores (ukernel.h) for units of at most DOT_ROWS rows: a key's row
+ *         against the unit's query rows, held in L1, summed across the vector lanes (bf16 on
+ *         avx512bf16: dec_scores_bf16, vdpbf16ps on the caller's rows, no transposition, no
+ *         conversion). f32, and units of more rows, transpose K in 16-key runs for all the
+ *         task's heads at once (f16 rows converted first) and run the table's gemm over K^T
+ *         (bf16: gemm_bf16 on pairs). For f32 that sums the products in the order of the
+ *         backward's gemm: the forward's LSE then matches the backward's recomputed scores bit
+ *         for bit, which the f32 gradient tolerances need.
+ *   P     softcap / ALiBi / the window per row (core/mask.h, Nq > 1 rows see different keys),
+ *         the online softmax per row (core/online_softmax.h, exp2 form, the table's exp2), O
+ *         rescaled when a maximum moved.
+ *   O     the table's dec_pv, FP_DEC_PV_KEYS keys at a time into O's rows (in L1 / L2), in key
+ *         order; bf16 on avx512bf16: P rounded to bf16 (as flash_fwd.c's bf16 path does) and
+ *         dec_pv_bf16 (V pairs by vpermt2w, vdpbf16ps). Units of more than DOT_ROWS rows keep
+ *         O in registers across the block instead: gemm_bf16 on V pairs (interleave_bf16), or
+ *         gemm on V rows converted to f32 (f16, bf16 without vdpbf16ps).
  *
- * Split-KV: core/plan.h's fp_plan_forward, with (batch, kv head, head chunk) as its "heads" and
- * the CPU's threads as workers, splits the keys when there are fewer tasks than threads; each
- * split writes its normalized partial O and LSE, and a second pass merges them through the LSE
+ * Split-KV: core/plan.c's fp_plan_decode, with (batch, task) tiles and the CPU's threads as the
+ * workers, splits the keys when there are fewer tiles than threads; each split writes its
+ * normalized partial O and LSE, and a second pass merges them through the LSE
  * (fp_softmax_merge). The plan is logged (FLASHPORT_LOG).
  *
  * A block that not every row sees whole (window edges) and that holds an infinite or NaN V takes a
  * scalar P V over the visible pairs, so that a key a row cannot see never reaches it (the NaN rule
  * of include/flashport.h); keys past seqused_k are never read at all.
+ * Known differences from the reference: f32 accumulation; bf16 P rounded to bf16 before P V;
+ * bf16 and f16 scores of units of at most DOT_ROWS rows summed across vector lanes (not in the
+ * backward's order).
  * Extra memory: per-thread tiles, and the partial results of a split plan (splits x rows x D f32).
  * Numbers: docs/performance-cpu.md ("Decode").
  */
@@ -48,34 +65,55 @@
 #include <omp.h>
 #endif
 
-enum { DECODE_ROWS = 64, BLOCK_K = 64, MAX_SPLITS = 64 };
+enum { DECODE_ROWS = 64, BLOCK_K = 64, MAX_SPLITS = 64, MIN_SPLIT_BLOCKS = 4 };
+
+/* How many keys ahead of the one being read its K and V rows are asked for (prefetch_row). */
+enum { PREFETCH_KEYS = 8 };
+
+/* bf16 and f16 units of at most this many rows take the table's dec_scores (a dot product a
+ * row), larger ones (and f32 ones) K^T and the table's gemm; bf16 ones of more take gemm_bf16 for
+ * P V too. */
+enum { DOT_ROWS = 4 };
+
+/* Rows of O a task keeps at most (its units' rows together): 512 rows of D = 128 f32 are 256 KiB,
+ * a quarter of a Zen 4 core's L2. */
+enum { TASK_ROWS = 512 };
+
+/* Bytes of K^T tiles a task keeps (units x d x BLOCK_K), next to its K and V blocks in L2. */
+#define TASK_KT_BYTES ((size_t)256 * 1024)
 
 typedef struct dec_layout {
     int ldd, ldk;    /* leading dims: d-wide and BLOCK_K-wide tiles */
-    size_t q, o;     /* DECODE_ROWS x d: packed query rows (f32), output accumulator */
-    size_t s;        /* DECODE_ROWS x BLOCK_K: scores, then P */
-    size_t kf, vf;   /* BLOCK_K x d: K and V rows converted to f32 */
-    size_t kt;       /* d x BLOCK_K: K^T */
-    size_t st;       /* DECODE_ROWS fp_softmax_state */
-    size_t alpha;    /* DECODE_ROWS rescale factors */
+    size_t q, o;     /* task rows x d: packed query rows (f32, or bf16 2 ldd apart), output */
+    size_t s;        /* task rows x BLOCK_K: scores, then P */
+    size_t pb;       /* task rows x BLOCK_K bf16: P rounded */
+    size_t kt;       /* units x d x BLOCK_K: each unit's K^T */
+    size_t vp;       /* bf16: BLOCK_K / 2 x units x d: V as pairs of keys */
+    size_t kf, vf;   /* units x d (V: FP_DEC_PV_KEYS keys' worth): K, V rows converted to f32 */
+    size_t vblk;     /* BLOCK_K x d: one unit's V rows in f32 for pv_visible */
+    size_t st;       /* task rows fp_softmax_state */
+    size_t alpha;    /* task rows rescale factors */
     size_t sub, sum; /* BLOCK_K: one row's subtrahend, broadcast; its column sums */
     size_t total;
 } dec_layout;
 
-static dec_layout dec_layout_of(int64_t d)
+static dec_layout dec_layout_of(int64_t d, int task_rows, int units)
 {
     dec_layout L;
     L.ldd = fp_tile_ld(d);
     L.ldk = fp_tile_ld(BLOCK_K);
     L.q = 0;
-    L.o = L.q + (size_t)DECODE_ROWS * L.ldd;
-    L.s = L.o + (size_t)DECODE_ROWS * L.ldd;
-    L.kf = L.s + (size_t)DECODE_ROWS * L.ldk;
-    L.vf = L.kf + (size_t)BLOCK_K * L.ldd;
-    L.kt = L.vf + (size_t)BLOCK_K * L.ldd;
-    L.st = L.kt + (size_t)L.ldd * L.ldk;
-    L.alpha = L.st + 2 * (size_t)DECODE_ROWS;
-    L.sub = L.alpha + (size_t)DECODE_ROWS;
+    L.o = L.q + (size_t)task_rows * L.ldd;
+    L.s = L.o + (size_t)task_rows * L.ldd;
+    L.pb = L.s + (size_t)task_rows * L.ldk;
+    L.kt = L.pb + (size_t)task_rows * L.ldk / 2;
+    L.vp = L.kt + (size_t)units * L.ldd * L.ldk;
+    L.kf = L.vp + (size_t)(BLOCK_K / 2) * (size_t)units * L.ldd;
+    L.vf = L.kf + (size_t)units * L.ldd;
+    L.vblk = L.vf + FP_DEC_PV_KEYS * (size_t)units * L.ldd;
+    L.st = L.vblk + (size_t)BLOCK_K * L.ldd;
+    L.alpha = L.st + 2 * (size_t)task_rows;
+    L.sub = L.alpha + (size_t)task_rows;
     L.sum = L.sub + (size_t)L.ldk;
     L.total = L.sum + (size_t)L.ldk;
     return L;
@@ -87,10 +125,14 @@ typedef struct dec_ctx {
     dec_layout L;
     int bf16;            /* bf16 dot products (gemm_bf16) on K, V and Q in place */
     int64_t group;       /* query heads per kv head */
-    int64_t chunk_heads; /* query heads per task */
-    int64_t chunks;      /* tasks per (batch, kv head) */
-    fp_plan plan;
-    fp_plan_shape shape;
+    int64_t chunk_heads; /* query heads per unit */
+    int64_t chunks;      /* units per kv head */
+    int64_t units;       /* units per sequence: kv_heads * chunks */
+    int64_t unit_rows;   /* chunk_heads * seqlen_q (the rows of a unit at the longest Nq) */
+    int64_t per_task;    /* units per task (consecutive, so its K and V rows are adjacent) */
+    int64_t tiles;       /* tasks per sequence before the split: ceil(units / per_task) */
+    fp_decode_plan plan;
+    size_t es;       /* bytes per element */
     float *part_o;   /* split plans: [task][row][d] normalized partial O */
     float *part_lse; /* [task][row] natural-log LSE of each partial */
 } dec_ctx;
@@ -129,82 +171,59 @@ static const float *key_row(const dec_ctx *c, const fp_tensor_view *t, int64_t b
     return dst;
 }
 
-/* Whether rows [j0, j0 + n) of view t are f32 rows a uniform stride apart that can be read in
- * place (dense or varlen, or one page). */
-static int rows_in_place(const dec_ctx *c, const fp_tensor_view *t, int64_t j0, int n)
+/* Asks the caches for the row of key j (sequence b) of kv heads [kvh0, kvh0 + nu) in view t, a
+ * few keys ahead of the one being read: the rows stream in the cache's order, but one key's
+ * rows are a few KiB and the hardware prefetchers alone left the loop waiting on memory. Always
+ * inlined: GCC counts a function of prefetches alone as free of side effects and drops its
+ * calls. */
+static inline __attribute__((always_inline)) void prefetch_row(const dec_ctx *c,
+                                                               const fp_tensor_view *t, int64_t b,
+                                                               const fp_seq *seq, int64_t j,
+                                                               int64_t kvh0, int nu)
 {
     const fp_problem *p = c->p;
-    if (p->dtype != FLASHPORT_F32 || t->stride[FP_D] != 1)
-        return 0;
-    return !p->block_table || j0 / p->page_size == (j0 + n - 1) / p->page_size;
+    const size_t es = c->es;
+    const int whole = nu == 1 || t->stride[FP_H] == p->head_dim;
+    const size_t bytes = (size_t)p->head_dim * es * (size_t)(whole ? nu : 1);
+    const char *row = (const char *)t->data + (size_t)fp_key_offset(p, t, b, seq, j, kvh0) * es;
+    for (int u = 0; u < (whole ? 1 : nu); u++, row += (size_t)t->stride[FP_H] * es)
+        for (size_t at = 0; at < bytes; at += 64)
+            __builtin_prefetch(row + at, 0, 3);
 }
 
-/* Asks the caches for the K and V rows of keys [j0, j0 + n) (one BLOCK_K ahead of the block being
- * computed). Each row is D elements, a few cache lines, Hkv rows apart in a [N, Hkv, D] cache (or
- * in another page): too short a run for the hardware prefetchers to follow, which left the
- * decode loop waiting on memory at a fraction of the bandwidth. */
-static void prefetch_keys(const dec_ctx *c, int64_t b, const fp_seq *seq, int64_t kvh, int64_t j0,
-                          int n)
+/* The f32 rows of key j for the task's nu units (kv heads kvh0 + u, one unit when a kv head's
+ * group is cut into chunks): a pointer to unit 0's row and the distance *hs between two units'
+ * rows, in place when the tensor is f32 with a contiguous head dim, else converted into dst
+ * (nu rows, ldd apart). */
+static const float *unit_rows(const dec_ctx *c, const fp_tensor_view *t, int64_t b,
+                              const fp_seq *seq, int64_t j, int64_t kvh0, int nu, float *dst,
+                              ptrdiff_t *hs)
 {
     const fp_problem *p = c->p;
-    const size_t es = flashport_dtype_size(p->dtype);
-    const size_t bytes = (size_t)p->head_dim * es;
-    if (p->k.stride[FP_D] != 1 || p->v.stride[FP_D] != 1)
-        return;
-    for (int x = 0; x < n; x++) {
-        const char *k =
-            (const char *)p->k.data + (size_t)fp_key_offset(p, &p->k, b, seq, j0 + x, kvh) * es;
-        const char *v =
-            (const char *)p->v.data + (size_t)fp_key_offset(p, &p->v, b, seq, j0 + x, kvh) * es;
-        for (size_t at = 0; at < bytes; at += 64) {
-            __builtin_prefetch(k + at, 0, 2);
-            __builtin_prefetch(v + at, 0, 2);
-        }
+    if (p->dtype == FLASHPORT_F32 && t->stride[FP_D] == 1) {
+        *hs = (ptrdiff_t)t->stride[FP_H];
+        return (const float *)t->data + fp_key_offset(p, t, b, seq, j, kvh0);
     }
+    for (int u = 0; u < nu; u++)
+        key_row(c, t, b, seq, j, kvh0 + u, dst + (size_t)u * (size_t)c->L.ldd);
+    *hs = c->L.ldd;
+    return dst;
 }
 
-/* K^T from the caller's rows of keys [j0, j0 + n), in place: kt[c * ldk + x] = 32-bit word c of
- * key j0 + x's row (an f32 element, or a pair of bf16 ones), `words` words per row, in runs of rows
- * a uniform stride apart (the whole block when dense; up to a page's end when paged). */
-static void transpose_keys(const dec_ctx *c, int64_t b, const fp_seq *seq, int64_t kvh, int64_t j0,
-                           int n, int words, uint32_t *kt)
-{
-    const fp_problem *p = c->p;
-    const size_t es = flashport_dtype_size(p->dtype);
-    for (int x = 0; x < n;) {
-        int run = n - x;
-        if (p->block_table) {
-            const int64_t left = p->page_size - (j0 + x) % p->page_size;
-            run = left < run ? (int)left : run;
-        }
-        const char *src =
-            (const char *)p->k.data + (size_t)fp_key_offset(p, &p->k, b, seq, j0 + x, kvh) * es;
-        c->uk->transpose32(run, words, src, (ptrdiff_t)p->k.stride[FP_S] * (ptrdiff_t)es, kt + x,
-                           c->L.ldk);
-        x += run;
-    }
-}
-
-/* bf16 V rows as pairs down the rows for gemm_bf16: vp[r2 * ldd + e] = V[2 r2][e] | V[2 r2 + 1][e]
- * << 16 (a missing odd row is 0). Returns 0 when a row holds an infinity or NaN and the caller
- * asked (check), else 1. */
-static int pair_values(const dec_ctx *c, int64_t b, const fp_seq *seq, int64_t kvh, int64_t j0,
-                       int n, uint32_t *vp, int check)
+/* Whether the V rows of keys [j0, j0 + n) of kv heads [kvh0, kvh0 + nu) are all finite. */
+static int values_finite(const dec_ctx *c, int64_t b, const fp_seq *seq, int64_t kvh0, int nu,
+                         int64_t j0, int n, float *tmp)
 {
     const fp_problem *p = c->p;
     const int d = (int)p->head_dim;
-    int finite = 1;
-    for (int x = 0; x < n; x += 2) {
-        const uint16_t *even =
-            (const uint16_t *)p->v.data + fp_key_offset(p, &p->v, b, seq, j0 + x, kvh);
-        const uint16_t *odd = x + 1 < n ? (const uint16_t *)p->v.data +
-                                              fp_key_offset(p, &p->v, b, seq, j0 + x + 1, kvh)
-                                        : NULL;
-        c->uk->interleave_bf16(d, even, odd, vp + (size_t)(x / 2) * (size_t)c->L.ldd);
-        for (int e = 0; check && e < d; e++) /* an all-ones exponent: inf or NaN */
-            finite &= (even[e] & 0x7f80u) != 0x7f80u && (!odd || (odd[e] & 0x7f80u) != 0x7f80u);
-    }
-    return finite;
+    for (int x = 0; x < n; x++)
+        for (int u = 0; u < nu; u++) {
+            const float *v = key_row(c, &p->v, b, seq, j0 + x, kvh0 + u, tmp);
+            for (int e = 0; e < d; e++)
+                if (!isfinite(v[e]))
+                    return 0;
+        }
+    return 1;
 }
 
 /* O += P V over the visible (row, key) pairs only, V read element by element: for a block that
@@ -227,43 +246,353 @@ static void pv_visible(const dec_ctx *c, float *o, const float *s, const fp_seq 
     }
 }
 
-/* One task: the rows of query heads [h0, h0 + nh) of kv head kvh of sequence b, over the keys
- * of split `split`. Writes O and LSE (one split) or the partial of task index `task`. */
-static void dec_task(const dec_ctx *c, float *scratch, int64_t b, int64_t kvh, int64_t chunk,
-                     int split, int64_t task)
+/* S = Q K^T of keys [j0, j0 + n) for the task's nu units (kv heads kvh0 + u), key by key, the
+ * units' rows of a key side by side: the K rows are read once, in the cache's order (a sequential
+ * read when the task holds every kv head of a dense cache). s: unit u's rows x ldk from row
+ * u * rows. */
+static void dec_scores(const dec_ctx *c, float *scratch, int64_t b, const fp_seq *seq, int64_t kvh0,
+                       int nu, int rows, const float *q, int64_t j0, int n, int64_t hi)
+{
+    const fp_problem *p = c->p;
+    const dec_layout *L = &c->L;
+    const int d = (int)p->head_dim;
+    float *s = scratch + L->s;
+    const ptrdiff_t shs = (ptrdiff_t)rows * L->ldk;
+    for (int x = 0; x < n; x++) {
+        if (j0 + x + PREFETCH_KEYS < hi)
+            prefetch_row(c, &p->k, b, seq, j0 + x + PREFETCH_KEYS, kvh0, nu);
+        if (c->bf16) {
+            const uint16_t *k =
+                (const uint16_t *)p->k.data + fp_key_offset(p, &p->k, b, seq, j0 + x, kvh0);
+            c->uk->dec_scores_bf16(nu, rows, d, (const uint16_t *)q, (ptrdiff_t)rows * 2 * L->ldd,
+                                   2 * L->ldd, k, (ptrdiff_t)p->k.stride[FP_H], s + x, shs, L->ldk);
+        } else {
+            ptrdiff_t khs;
+            const float *k = unit_rows(c, &p->k, b, seq, j0 + x, kvh0, nu, scratch + L->kf, &khs);
+            c->uk->dec_scores(nu, rows, d, q, (ptrdiff_t)rows * L->ldd, L->ldd, k, khs, s + x, shs,
+                              L->ldk);
+        }
+    }
+}
+
+/* S = Q K^T by the table's gemm on K^T, for f32 (the products summed in the order the backward's
+ * gemm sums them, ukernel.h, so that the forward's LSE and the backward's recomputed scores agree
+ * to the bit and P sums to 1 there) and for units of more than DOT_ROWS rows (the register
+ * blocked product beats a dot product a row once the rows share each K load enough). K^T of all
+ * the task's units (f32 elements or bf16 pairs) is transposed from the caller's rows in 16-key
+ * runs, each run's rows read whole when the units' heads are adjacent in the cache; f16 rows (or
+ * rows with a strided head dim) are converted to f32 first, a unit at a time. */
+static void dec_scores_gemm(const dec_ctx *c, float *scratch, int64_t b, const fp_seq *seq,
+                            int64_t kvh0, int nu, int rows, const float *q, int64_t j0, int n,
+                            int64_t hi)
+{
+    const fp_problem *p = c->p;
+    const dec_layout *L = &c->L;
+    const int d = (int)p->head_dim, words = c->bf16 ? d / 2 : d;
+    uint32_t *kt = (uint32_t *)(scratch + L->kt);
+    const int whole = (nu == 1 || p->k.stride[FP_H] == p->head_dim) && words % FP_TILE_COLS == 0;
+    const size_t unit_kt = (size_t)(whole ? words : L->ldd) * (size_t)L->ldk;
+    const ptrdiff_t lds = (ptrdiff_t)p->k.stride[FP_S] * (ptrdiff_t)c->es;
+    if (!c->bf16 && (p->dtype != FLASHPORT_F32 || p->k.stride[FP_D] != 1)) {
+        /* rows converted to f32 first, a unit at a time */
+        float *kf = scratch + L->vblk;
+        for (int u = 0; u < nu; u++) {
+            for (int x = 0; x < n; x++) {
+                if (u == 0 && j0 + x + PREFETCH_KEYS < hi)
+                    prefetch_row(c, &p->k, b, seq, j0 + x + PREFETCH_KEYS, kvh0, nu);
+                key_row(c, &p->k, b, seq, j0 + x, kvh0 + u, kf + (size_t)x * L->ldd);
+            }
+            c->uk->transpose32(n, d, kf, (ptrdiff_t)L->ldd * (ptrdiff_t)sizeof(float),
+                               kt + u * (size_t)L->ldd * L->ldk, L->ldk);
+            c->uk->gemm(rows, n, d, q + (size_t)u * rows * L->ldd, L->ldd, 1,
+                        (const float *)kt + u * (size_t)L->ldd * L->ldk, L->ldk,
+                        scratch + L->s + (size_t)u * rows * L->ldk, L->ldk, 0);
+        }
+        return;
+    }
+    for (int x = 0; x < n;) {
+        int run = n - x < FP_TILE_COLS ? n - x : FP_TILE_COLS; /* a 16 x 16 transposition */
+        if (p->block_table) {
+            const int64_t left = p->page_size - (j0 + x) % p->page_size;
+            run = left < run ? (int)left : run;
+        }
+        for (int64_t j = j0 + x + PREFETCH_KEYS; j < j0 + x + run + PREFETCH_KEYS && j < hi; j++)
+            prefetch_row(c, &p->k, b, seq, j, kvh0, nu);
+        const char *src =
+            (const char *)p->k.data + (size_t)fp_key_offset(p, &p->k, b, seq, j0 + x, kvh0) * c->es;
+        if (whole)
+            c->uk->transpose32(run, nu * words, src, lds, kt + x, L->ldk);
+        else
+            for (int u = 0; u < nu; u++)
+                c->uk->transpose32(run, words, src + (size_t)u * (size_t)p->k.stride[FP_H] * c->es,
+                                   lds, kt + u * unit_kt + x, L->ldk);
+        x += run;
+    }
+    for (int u = 0; u < nu; u++) {
+        float *su = scratch + L->s + (size_t)u * rows * L->ldk;
+        if (c->bf16)
+            c->uk->gemm_bf16(rows, n, words, (const uint16_t *)q + (size_t)u * rows * 2 * L->ldd,
+                             2 * L->ldd, 2, kt + u * unit_kt, L->ldk, su, L->ldk, 0);
+        else
+            c->uk->gemm(rows, n, d, q + (size_t)u * rows * L->ldd, L->ldd, 1,
+                        (const float *)kt + u * unit_kt, L->ldk, su, L->ldk, 0);
+    }
+}
+
+/* Lanes of the partial maxima and sums below: fixed-size inner loops that the compiler turns
+ * into vector instructions (a plain running maximum or sum is a chain of scalar operations, as
+ * C's order of evaluation asks). */
+enum { ROW_LANES = 16 };
+
+/* The maximum of x[0 .. n), NaN ignored; *nan: whether there was one. */
+static float row_max(const float *x, int n, int *nan)
+{
+    float m[ROW_LANES];
+    int bad[ROW_LANES];
+    for (int i = 0; i < ROW_LANES; i++) {
+        m[i] = -INFINITY;
+        bad[i] = 0;
+    }
+    int j = 0;
+    for (; j + ROW_LANES <= n; j += ROW_LANES)
+        for (int i = 0; i < ROW_LANES; i++) {
+            bad[i] |= x[j + i] != x[j + i];
+            m[i] = x[j + i] > m[i] ? x[j + i] : m[i];
+        }
+    for (; j < n; j++) {
+        bad[0] |= x[j] != x[j];
+        m[0] = x[j] > m[0] ? x[j] : m[0];
+    }
+    float mx = m[0];
+    int any = bad[0];
+    for (int i = 1; i < ROW_LANES; i++) {
+        mx = m[i] > mx ? m[i] : mx;
+        any |= bad[i];
+    }
+    *nan = any;
+    return mx;
+}
+
+/* The sum of x[0 .. n) in ROW_LANES partial sums. */
+static float row_sum(const float *x, int n)
+{
+    float a[ROW_LANES] = {0};
+    int j = 0;
+    for (; j + ROW_LANES <= n; j += ROW_LANES)
+        for (int i = 0; i < ROW_LANES; i++)
+            a[i] += x[j + i];
+    for (; j < n; j++)
+        a[0] += x[j];
+    float t = 0.0f;
+    for (int i = 0; i < ROW_LANES; i++)
+        t += a[i];
+    return t;
+}
+
+/* The online softmax step of one unit's rows over a key block whose raw scores are in s (rows
+ * x n, turned into P in place): softcap / ALiBi / the window per row (core/mask.h, Nq > 1 rows
+ * see different keys), the running maximum and sum (core/online_softmax.h, exp2 form, the
+ * table's exp2), O rescaled when a maximum moved. */
+static void dec_softmax(const dec_ctx *c, float *scratch, const fp_seq *seq, int64_t h0, float *s,
+                        float *o, fp_softmax_state *st, int rows, int64_t j0, int n, int full)
+{
+    const fp_problem *p = c->p;
+    const fp_ukernels *uk = c->uk;
+    const dec_layout *L = &c->L;
+    const int64_t nq = seq->nq;
+    const float log2_scale = p->scale * FP_LOG2E;
+    float *alpha = scratch + L->alpha, *sub = scratch + L->sub, *sum = scratch + L->sum;
+    int rescale = 0;
+    for (int r = 0; r < rows; r++) {
+        const int64_t i = r % nq, h = h0 + r / nq;
+        const float slope = p->alibi_slopes ? p->alibi_slopes[h] : 0.0f;
+        float *srow = s + (size_t)r * L->ldk;
+        float mul = log2_scale;
+        if (p->softcap > 0.0f || slope != 0.0f) {
+            for (int x = 0; x < n; x++) {
+                const float dist = fp_alibi_distance(i, j0 + x, seq->nq, seq->nk);
+                srow[x] =
+                    fp_score_transform(srow[x] * p->scale, p->softcap, slope, dist) * FP_LOG2E;
+            }
+            mul = 1.0f;
+        }
+        if (!full) {
+            const int64_t a = fp_mask_lo(i, seq->nq, seq->nk, p->window_left) - j0;
+            const int64_t e = fp_mask_hi(i, seq->nq, seq->nk, p->window_right) - j0;
+            for (int x = 0; x < n; x++)
+                if (x < a || x >= e)
+                    srow[x] = -INFINITY;
+        }
+        /* A NaN score makes the row's state NaN for good: its O and LSE are NaN. */
+        int nan;
+        float mx = row_max(srow, n, &nan) * mul;
+        alpha[r] = 1.0f;
+        if (nan) {
+            st[r].m = NAN;
+            st[r].l = NAN;
+        } else if (mx > st[r].m) {
+            alpha[r] = fp_softmax_update_exp2(&st[r], mx);
+            rescale |= alpha[r] != 1.0f;
+        }
+        const float base = fp_softmax_exp_base(&st[r]);
+        for (int x = 0; x < L->ldk; x++) {
+            sub[x] = isnan(base) ? 0.0f : base;
+            sum[x] = 0.0f;
+        }
+        uk->exp2_cols(1, n, srow, L->ldk, mul, sub, sum);
+        st[r].l += isnan(base) ? NAN : row_sum(sum, n);
+    }
+    if (rescale)
+        uk->scale_rows(rows, (int)p->head_dim, o, L->ldd, alpha);
+}
+
+/* bf16 units of more than DOT_ROWS rows: O += P V by gemm_bf16 (O's rows stay in registers
+ * across the block), P rounded to bf16, V as pairs of keys (interleave_bf16) for all the task's
+ * units at once, a pair of keys' whole rows at a time when the units' heads are adjacent. */
+static void dec_values_gemm(const dec_ctx *c, float *scratch, int64_t b, const fp_seq *seq,
+                            int64_t kvh0, int nu, int rows, float *o, int64_t j0, int n, int64_t hi)
+{
+    const fp_problem *p = c->p;
+    const dec_layout *L = &c->L;
+    const int d = (int)p->head_dim;
+    uint16_t *pb = (uint16_t *)(scratch + L->pb);
+    uint32_t *vp = (uint32_t *)(scratch + L->vp);
+    const int whole = (nu == 1 || p->v.stride[FP_H] == p->head_dim) && d % FP_TILE_COLS == 0;
+    const ptrdiff_t ldv = whole ? (ptrdiff_t)nu * d : L->ldd;
+    const size_t unit_vp = whole ? (size_t)d : (size_t)(BLOCK_K / 2) * L->ldd;
+    c->uk->round_bf16(nu * rows, n, scratch + L->s, L->ldk, pb, L->ldk, NULL, 0);
+    for (int x = 0; x < n; x += 2) {
+        for (int64_t j = j0 + x + PREFETCH_KEYS; j < j0 + x + PREFETCH_KEYS + 2 && j < hi; j++)
+            prefetch_row(c, &p->v, b, seq, j, kvh0, nu);
+        const uint16_t *v = p->v.data;
+        const uint16_t *even = v + fp_key_offset(p, &p->v, b, seq, j0 + x, kvh0);
+        const uint16_t *odd =
+            x + 1 < n ? v + fp_key_offset(p, &p->v, b, seq, j0 + x + 1, kvh0) : NULL;
+        if (whole)
+            c->uk->interleave_bf16(nu * d, even, odd, vp + (x / 2) * ldv);
+        else
+            for (int u = 0; u < nu; u++) {
+                const ptrdiff_t hs = (ptrdiff_t)u * (ptrdiff_t)p->v.stride[FP_H];
+                c->uk->interleave_bf16(d, even + hs, odd ? odd + hs : NULL,
+                                       vp + u * unit_vp + (x / 2) * ldv);
+            }
+    }
+    for (int u = 0; u < nu; u++)
+        c->uk->gemm_bf16(rows, d, (n + 1) / 2, pb + (size_t)u * rows * L->ldk, L->ldk, 2,
+                         vp + u * unit_vp, ldv, o + (size_t)u * rows * L->ldd, L->ldd, 1);
+}
+
+/* O += P V of keys [j0, j0 + n) for the task's nu units, a pair of keys at a time, the units'
+ * rows of a key side by side (read once, in the cache's order). bf16: P rounded to bf16 (as
+ * flash_fwd.c's bf16 path does) and vdpbf16ps. A block that not every row sees whole and whose V
+ * holds an infinite or NaN element takes pv_visible instead, so that a key a row cannot see
+ * never reaches it (the NaN rule of include/flashport.h). */
+static void dec_values(const dec_ctx *c, float *scratch, int64_t b, const fp_seq *seq, int64_t kvh0,
+                       int nu, int rows, float *o, int64_t j0, int n, int full, int64_t hi)
+{
+    const fp_problem *p = c->p;
+    const dec_layout *L = &c->L;
+    const int d = (int)p->head_dim;
+    const float *s = scratch + L->s;
+    const ptrdiff_t shs = (ptrdiff_t)rows * L->ldk, ohs = (ptrdiff_t)rows * L->ldd;
+    if (!full && !values_finite(c, b, seq, kvh0, nu, j0, n, scratch + L->vblk)) {
+        float *vblk = scratch + L->vblk;
+        const float *vrows[BLOCK_K];
+        for (int u = 0; u < nu; u++) {
+            for (int x = 0; x < n; x++)
+                vrows[x] = key_row(c, &p->v, b, seq, j0 + x, kvh0 + u, vblk + (size_t)x * L->ldd);
+            pv_visible(c, o + u * ohs, s + u * shs, seq, vrows, j0, n, rows, seq->nq);
+        }
+        return;
+    }
+    if (c->bf16 && rows > DOT_ROWS) {
+        dec_values_gemm(c, scratch, b, seq, kvh0, nu, rows, o, j0, n, hi);
+        return;
+    }
+    if (c->bf16) {
+        uint16_t *pb = (uint16_t *)(scratch + L->pb); /* the units' rows of P in bf16, ldk apart */
+        c->uk->round_bf16(nu * rows, n, s, L->ldk, pb, L->ldk, NULL, 0);
+        for (int x = 0; x < n; x += FP_DEC_PV_KEYS) {
+            const int keys = n - x < FP_DEC_PV_KEYS ? n - x : FP_DEC_PV_KEYS;
+            const uint16_t *v[FP_DEC_PV_KEYS];
+            for (int i = 0; i < keys; i++) {
+                if (j0 + x + i + PREFETCH_KEYS < hi)
+                    prefetch_row(c, &p->v, b, seq, j0 + x + i + PREFETCH_KEYS, kvh0, nu);
+                v[i] =
+                    (const uint16_t *)p->v.data + fp_key_offset(p, &p->v, b, seq, j0 + x + i, kvh0);
+            }
+            c->uk->dec_pv_bf16(nu, rows, d, keys, pb + x, shs, L->ldk, v,
+                               (ptrdiff_t)p->v.stride[FP_H], o, ohs, L->ldd);
+        }
+        return;
+    }
+    if (rows > DOT_ROWS && (p->dtype != FLASHPORT_F32 || p->v.stride[FP_D] != 1)) {
+        /* many rows on converted V: gemm over the unit's rows in f32, O in registers */
+        float *vblk = scratch + L->vblk;
+        for (int u = 0; u < nu; u++) {
+            for (int x = 0; x < n; x++) {
+                if (u == 0 && j0 + x + PREFETCH_KEYS < hi)
+                    prefetch_row(c, &p->v, b, seq, j0 + x + PREFETCH_KEYS, kvh0, nu);
+                key_row(c, &p->v, b, seq, j0 + x, kvh0 + u, vblk + (size_t)x * L->ldd);
+            }
+            c->uk->gemm(rows, d, n, s + u * shs, L->ldk, 1, vblk, L->ldd, o + u * ohs, L->ldd, 1);
+        }
+        return;
+    }
+    float *vf = scratch + L->vf;
+    for (int x = 0; x < n; x += FP_DEC_PV_KEYS) {
+        const int keys = n - x < FP_DEC_PV_KEYS ? n - x : FP_DEC_PV_KEYS;
+        const float *v[FP_DEC_PV_KEYS];
+        ptrdiff_t vhs = 0;
+        for (int i = 0; i < keys; i++) {
+            if (j0 + x + i + PREFETCH_KEYS < hi)
+                prefetch_row(c, &p->v, b, seq, j0 + x + i + PREFETCH_KEYS, kvh0, nu);
+            v[i] = unit_rows(c, &p->v, b, seq, j0 + x + i, kvh0, nu,
+                             vf + (size_t)i * (size_t)nu * L->ldd, &vhs);
+        }
+        c->uk->dec_pv(nu, rows, d, keys, s + x, shs, L->ldk, v, vhs, o, ohs, L->ldd);
+    }
+}
+
+/* One task: units [u0, u1) of sequence b (kv heads u / chunks, consecutive), over the keys of
+ * split `split`, key block by key block, each block's units one after the other: the block's K
+ * and V rows of all the task's kv heads are read once from memory, in the cache's order. Writes
+ * O and LSE (one split) or the partial of task index `task`. */
+static void dec_task(const dec_ctx *c, float *scratch, int64_t b, int64_t u0, int64_t u1, int split,
+                     int64_t task)
 {
     const fp_problem *p = c->p;
     const fp_ukernels *uk = c->uk;
     const dec_layout *L = &c->L;
     const fp_seq seq = fp_problem_seq(p, b);
     const int64_t nq = seq.nq;
-    const int64_t h0 = kvh * c->group + chunk * c->chunk_heads;
     const int64_t nh = c->chunk_heads;
-    const int rows = (int)(nh * nq);
+    const int rows = (int)(nh * nq), all = (int)((u1 - u0) * rows);
     const int d = (int)p->head_dim;
     const int split_plan = c->plan.num_splits > 1;
-    float *q = scratch + L->q, *o = scratch + L->o, *s = scratch + L->s;
-    float *kf = scratch + L->kf, *vf = scratch + L->vf, *kt = scratch + L->kt;
+    float *q = scratch + L->q, *o = scratch + L->o;
     fp_softmax_state *st = (fp_softmax_state *)(scratch + L->st);
-    float *alpha = scratch + L->alpha, *sub = scratch + L->sub, *sum = scratch + L->sum;
-    const float *vrows[BLOCK_K];
     if (rows == 0)
         return;
 
-    for (int64_t g = 0; g < nh; g++) {
-        const fp_block qb = {p->q.data, p->dtype, fp_row_offset(&p->q, b, seq.q_start, h0 + g),
-                             p->q.stride[FP_S], p->q.stride[FP_D]};
-        if (c->bf16) /* bf16 rows, 2 ldd elements apart */
-            for (int64_t i = 0; i < nq; i++)
-                memcpy((uint16_t *)q + (size_t)(g * nq + i) * 2 * (size_t)L->ldd,
-                       (const uint16_t *)qb.data + qb.off + i * qb.rs,
-                       sizeof(uint16_t) * (size_t)d);
-        else
-            fp_tile_load(q + (size_t)(g * nq) * L->ldd, L->ldd, &qb, (int)nq, d, uk);
+    for (int64_t u = u0; u < u1; u++) {
+        const int64_t h0 = (u / c->chunks) * c->group + (u % c->chunks) * nh;
+        for (int64_t g = 0; g < nh; g++) {
+            const int64_t r0 = (u - u0) * rows + g * nq;
+            const fp_block qb = {p->q.data, p->dtype, fp_row_offset(&p->q, b, seq.q_start, h0 + g),
+                                 p->q.stride[FP_S], p->q.stride[FP_D]};
+            if (c->bf16) /* bf16 rows, 2 ldd elements apart */
+                for (int64_t i = 0; i < nq; i++)
+                    memcpy((uint16_t *)q + (size_t)(r0 + i) * 2 * (size_t)L->ldd,
+                           (const uint16_t *)qb.data + qb.off + i * qb.rs,
+                           sizeof(uint16_t) * (size_t)d);
+            else
+                fp_tile_load(q + (size_t)r0 * L->ldd, L->ldd, &qb, (int)nq, d, uk);
+        }
     }
-    for (int r = 0; r < rows; r++)
+    for (int r = 0; r < all; r++)
         fp_softmax_init(&st[r]);
-    memset(o, 0, sizeof(float) * (size_t)rows * (size_t)L->ldd);
+    memset(o, 0, sizeof(float) * (size_t)all * (size_t)L->ldd);
 
     /* Keys any row sees, cut to this split. */
     int64_t lo, hi;
@@ -272,135 +601,28 @@ static void dec_task(const dec_ctx *c, float *scratch, int64_t b, int64_t kvh, i
     const int64_t k1 = k0 + c->plan.keys_per_split;
     lo = lo > k0 ? lo : k0;
     hi = hi < k1 ? hi : k1;
-    const float log2_scale = p->scale * FP_LOG2E;
+    /* units of one kv head (chunks > 1) come one per task: nu is 1 */
+    const int64_t kv0 = u0 / c->chunks;
+    const int nu = (int)(u1 - u0);
 
     for (int64_t j0 = lo; j0 < hi; j0 += BLOCK_K) {
         const int n = (int)(hi - j0 < BLOCK_K ? hi - j0 : BLOCK_K);
-        if (j0 + BLOCK_K < hi)
-            prefetch_keys(c, b, &seq, kvh, j0 + BLOCK_K,
-                          (int)(hi - j0 - BLOCK_K < BLOCK_K ? hi - j0 - BLOCK_K : BLOCK_K));
-        /* K^T (d x n; bf16: d / 2 x n pairs), then S = Q K^T, raw dot products, rows x n */
-        if (c->bf16) {
-            transpose_keys(c, b, &seq, kvh, j0, n, d / 2, (uint32_t *)kt);
-            uk->gemm_bf16(rows, n, d / 2, (const uint16_t *)q, 2 * L->ldd, 2, (const uint32_t *)kt,
-                          L->ldk, s, L->ldk, 0);
-        } else if (p->dtype == FLASHPORT_F32 && p->k.stride[FP_D] == 1) {
-            transpose_keys(c, b, &seq, kvh, j0, n, d, (uint32_t *)kt);
-        } else if (rows_in_place(c, &p->k, j0, n)) {
-            const float *k = (const float *)p->k.data + fp_key_offset(p, &p->k, b, &seq, j0, kvh);
-            uk->transpose32(n, d, k, (ptrdiff_t)p->k.stride[FP_S] * (ptrdiff_t)sizeof(float),
-                            (uint32_t *)kt, L->ldk);
-        } else {
-            for (int x = 0; x < n; x++) {
-                float *dst = kf + (size_t)x * L->ldd;
-                const float *src = key_row(c, &p->k, b, &seq, j0 + x, kvh, dst);
-                if (src != dst)
-                    memcpy(dst, src, sizeof(float) * (size_t)d);
-            }
-            uk->transpose32(n, d, kf, (ptrdiff_t)L->ldd * (ptrdiff_t)sizeof(float), (uint32_t *)kt,
-                            L->ldk);
-        }
-        if (!c->bf16)
-            uk->gemm(rows, n, d, q, L->ldd, 1, kt, L->ldk, s, L->ldk, 0);
-
         const int full =
             fp_mask_block_full(0, nq, j0, j0 + n, seq.nq, seq.nk, p->window_left, p->window_right);
-        int rescale = 0;
-        for (int r = 0; r < rows; r++) {
-            const int64_t i = r % nq, h = h0 + r / nq;
-            const float slope = p->alibi_slopes ? p->alibi_slopes[h] : 0.0f;
-            float *srow = s + (size_t)r * L->ldk;
-            float mul = log2_scale;
-            if (p->softcap > 0.0f || slope != 0.0f) {
-                for (int x = 0; x < n; x++) {
-                    const float dist = fp_alibi_distance(i, j0 + x, seq.nq, seq.nk);
-                    srow[x] =
-                        fp_score_transform(srow[x] * p->scale, p->softcap, slope, dist) * FP_LOG2E;
-                }
-                mul = 1.0f;
-            }
-            if (!full) {
-                const int64_t a = fp_mask_lo(i, seq.nq, seq.nk, p->window_left) - j0;
-                const int64_t e = fp_mask_hi(i, seq.nq, seq.nk, p->window_right) - j0;
-                for (int x = 0; x < n; x++)
-                    if (x < a || x >= e)
-                        srow[x] = -INFINITY;
-            }
-            /* A NaN score makes the row's state NaN for good: its O and LSE are NaN. */
-            float mx = -INFINITY;
-            int nan = 0;
-            for (int x = 0; x < n; x++) {
-                nan |= isnan(srow[x]);
-                mx = srow[x] > mx ? srow[x] : mx;
-            }
-            mx *= mul;
-            alpha[r] = 1.0f;
-            if (nan) {
-                st[r].m = NAN;
-                st[r].l = NAN;
-            } else if (mx > st[r].m) {
-                alpha[r] = fp_softmax_update_exp2(&st[r], mx);
-                rescale |= alpha[r] != 1.0f;
-            }
-            const float base = fp_softmax_exp_base(&st[r]);
-            for (int x = 0; x < L->ldk; x++) {
-                sub[x] = isnan(base) ? 0.0f : base;
-                sum[x] = 0.0f;
-            }
-            uk->exp2_cols(1, n, srow, L->ldk, mul, sub, sum);
-            float l = 0.0f;
-            for (int x = 0; x < n; x++)
-                l += sum[x];
-            st[r].l += isnan(base) ? NAN : l;
-        }
-        if (rescale)
-            uk->scale_rows(rows, d, o, L->ldd, alpha);
-
-        /* O += P V; bf16: P rounded to bf16 (as flash_fwd.c's bf16 path does), V as pairs */
-        if (c->bf16) {
-            uint16_t *pb = (uint16_t *)kf; /* rows x ldk bf16 */
-            uk->round_bf16(rows, n, s, L->ldk, pb, L->ldk, NULL, 0);
-            if (pair_values(c, b, &seq, kvh, j0, n, (uint32_t *)vf, !full)) {
-                uk->gemm_bf16(rows, d, (n + 1) / 2, pb, L->ldk, 2, (const uint32_t *)vf, L->ldd, o,
-                              L->ldd, 1);
-                continue;
-            }
-            /* an infinite or NaN V in a block not every row sees whole: f32, visible pairs */
-            for (int x = 0; x < n; x++)
-                vrows[x] = key_row(c, &p->v, b, &seq, j0 + x, kvh, vf + (size_t)x * L->ldd);
-            pv_visible(c, o, s, &seq, vrows, j0, n, rows, nq);
-            continue;
-        }
-        const float *vt;
-        ptrdiff_t ldv;
-        int finite = 1;
-        if (rows_in_place(c, &p->v, j0, n) && d % FP_TILE_COLS == 0) {
-            vt = (const float *)p->v.data + fp_key_offset(p, &p->v, b, &seq, j0, kvh);
-            ldv = (ptrdiff_t)p->v.stride[FP_S];
-            for (int x = 0; x < n; x++)
-                vrows[x] = vt + x * ldv;
-        } else {
-            for (int x = 0; x < n; x++) {
-                float *dst = vf + (size_t)x * L->ldd;
-                const float *src = key_row(c, &p->v, b, &seq, j0 + x, kvh, dst);
-                if (src != dst)
-                    memcpy(dst, src, sizeof(float) * (size_t)d);
-                vrows[x] = dst;
-            }
-            vt = vf;
-            ldv = L->ldd;
-        }
-        if (!full)
-            for (int x = 0; x < n && finite; x++)
-                for (int e = 0; e < d && finite; e++)
-                    finite = isfinite(vrows[x][e]);
-        if (finite)
-            uk->gemm(rows, d, n, s, L->ldk, 1, vt, ldv, o, L->ldd, 1);
+        if ((p->dtype == FLASHPORT_F32 && p->k.stride[FP_D] == 1) || rows > DOT_ROWS)
+            dec_scores_gemm(c, scratch, b, &seq, kv0, nu, rows, q, j0, n, hi);
         else
-            pv_visible(c, o, s, &seq, vrows, j0, n, rows, nq);
+            dec_scores(c, scratch, b, &seq, kv0, nu, rows, q, j0, n, hi);
+        for (int64_t u = u0; u < u1; u++) {
+            const size_t r0 = (size_t)((u - u0) * rows);
+            const int64_t h0 = (u / c->chunks) * c->group + (u % c->chunks) * nh;
+            dec_softmax(c, scratch, &seq, h0, scratch + L->s + r0 * L->ldk, o + r0 * L->ldd,
+                        st + r0, rows, j0, n, full);
+        }
+        dec_values(c, scratch, b, &seq, kv0, nu, rows, o, j0, n, full, hi);
     }
 
-    for (int r = 0; r < rows; r++) {
+    for (int r = 0; r < all; r++) {
         float *orow = o + (size_t)r * L->ldd;
         const float f = fp_softmax_out_scale(&st[r]);
         if (f == 0.0f) /* no visible key: O = 0 */
@@ -410,55 +632,67 @@ static void dec_task(const dec_ctx *c, float *scratch, int64_t b, int64_t kvh, i
                 orow[x] *= f;
     }
     if (split_plan) {
-        for (int r = 0; r < rows; r++) {
-            memcpy(c->part_o + ((size_t)task * DECODE_ROWS + (size_t)r) * (size_t)d,
+        const size_t task_rows = (size_t)(c->per_task * c->unit_rows);
+        for (int r = 0; r < all; r++) {
+            memcpy(c->part_o + ((size_t)task * task_rows + (size_t)r) * (size_t)d,
                    o + (size_t)r * L->ldd, sizeof(float) * (size_t)d);
-            c->part_lse[(size_t)task * DECODE_ROWS + (size_t)r] = fp_softmax_lse_exp2(&st[r]);
+            c->part_lse[(size_t)task * task_rows + (size_t)r] = fp_softmax_lse_exp2(&st[r]);
         }
         return;
     }
-    for (int64_t g = 0; g < nh; g++) {
-        const fp_block ob = {p->o.data, p->dtype, fp_row_offset(&p->o, b, seq.q_start, h0 + g),
-                             p->o.stride[FP_S], p->o.stride[FP_D]};
-        fp_tile_store(&ob, o + (size_t)(g * nq) * L->ldd, L->ldd, (int)nq, d, 1.0f, uk);
-        if (p->lse.data)
-            for (int64_t i = 0; i < nq; i++)
-                ((float *)p->lse.data)[fp_lse_offset(&p->lse, b, h0 + g, seq.q_start + i)] =
-                    fp_softmax_lse_exp2(&st[g * nq + i]);
+    for (int64_t u = u0; u < u1; u++) {
+        const int64_t h0 = (u / c->chunks) * c->group + (u % c->chunks) * nh;
+        for (int64_t g = 0; g < nh; g++) {
+            const int64_t r0 = (u - u0) * rows + g * nq;
+            const fp_block ob = {p->o.data, p->dtype, fp_row_offset(&p->o, b, seq.q_start, h0 + g),
+                                 p->o.stride[FP_S], p->o.stride[FP_D]};
+            fp_tile_store(&ob, o + (size_t)r0 * L->ldd, L->ldd, (int)nq, d, 1.0f, uk);
+            if (p->lse.data)
+                for (int64_t i = 0; i < nq; i++)
+                    ((float *)p->lse.data)[fp_lse_offset(&p->lse, b, h0 + g, seq.q_start + i)] =
+                        fp_softmax_lse_exp2(&st[r0 + i]);
+        }
     }
 }
 
-/* Split plans: merges the partials of the splits of (b, kv head, chunk) through their LSEs
- * (fp_softmax_merge) into O and LSE. first: the task index of split 0. */
-static void dec_merge(const dec_ctx *c, float *scratch, int64_t b, int64_t kvh, int64_t chunk,
+/* Split plans: merges the partials of the splits of units [u0, u1) of sequence b through their
+ * LSEs (fp_softmax_merge) into O and LSE. first: the task index of split 0. */
+static void dec_merge(const dec_ctx *c, float *scratch, int64_t b, int64_t u0, int64_t u1,
                       int64_t first)
 {
     const fp_problem *p = c->p;
     const fp_seq seq = fp_problem_seq(p, b);
-    const int64_t nq = seq.nq, h0 = kvh * c->group + chunk * c->chunk_heads;
+    const int64_t nq = seq.nq, nh = c->chunk_heads;
     const int d = (int)p->head_dim;
-    const int rows = (int)(c->chunk_heads * nq);
+    const int rows = (int)(nh * nq);
+    const size_t task_rows = (size_t)(c->per_task * c->unit_rows);
     float *o = scratch + c->L.o;
-    for (int r = 0; r < rows; r++) {
-        float *orow = o + (size_t)r * c->L.ldd;
-        float lse = -INFINITY;
-        memset(orow, 0, sizeof(float) * (size_t)d);
-        for (int sp = 0; sp < c->plan.num_splits; sp++) {
-            const size_t at = (size_t)(first + sp) * DECODE_ROWS + (size_t)r;
-            const float *part = c->part_o + at * (size_t)d;
-            float wa, wb;
-            lse = fp_softmax_merge(lse, c->part_lse[at], &wa, &wb);
-            for (int e = 0; e < d; e++)
-                orow[e] = (wa == 0.0f ? 0.0f : wa * orow[e]) + (wb == 0.0f ? 0.0f : wb * part[e]);
+    for (int64_t u = u0; u < u1; u++) {
+        const int64_t h0 = (u / c->chunks) * c->group + (u % c->chunks) * nh;
+        for (int r = 0; r < rows; r++) {
+            const size_t row = (size_t)((u - u0) * rows + r);
+            float *orow = o + (size_t)r * c->L.ldd;
+            float lse = -INFINITY;
+            memset(orow, 0, sizeof(float) * (size_t)d);
+            for (int sp = 0; sp < c->plan.num_splits; sp++) {
+                const size_t at = (size_t)(first + sp) * task_rows + row;
+                const float *part = c->part_o + at * (size_t)d;
+                float wa, wb;
+                lse = fp_softmax_merge(lse, c->part_lse[at], &wa, &wb);
+                for (int e = 0; e < d; e++)
+                    orow[e] =
+                        (wa == 0.0f ? 0.0f : wa * orow[e]) + (wb == 0.0f ? 0.0f : wb * part[e]);
+            }
+            if (p->lse.data)
+                ((float *)
+                     p->lse.data)[fp_lse_offset(&p->lse, b, h0 + r / nq, seq.q_start + r % nq)] =
+                    lse;
         }
-        if (p->lse.data)
-            ((float *)p->lse.data)[fp_lse_offset(&p->lse, b, h0 + r / nq, seq.q_start + r % nq)] =
-                lse;
-    }
-    for (int64_t g = 0; g < c->chunk_heads; g++) {
-        const fp_block ob = {p->o.data, p->dtype, fp_row_offset(&p->o, b, seq.q_start, h0 + g),
-                             p->o.stride[FP_S], p->o.stride[FP_D]};
-        fp_tile_store(&ob, o + (size_t)(g * nq) * c->L.ldd, c->L.ldd, (int)nq, d, 1.0f, c->uk);
+        for (int64_t g = 0; g < nh; g++) {
+            const fp_block ob = {p->o.data, p->dtype, fp_row_offset(&p->o, b, seq.q_start, h0 + g),
+                                 p->o.stride[FP_S], p->o.stride[FP_D]};
+            fp_tile_store(&ob, o + (size_t)(g * nq) * c->L.ldd, c->L.ldd, (int)nq, d, 1.0f, c->uk);
+        }
     }
 }
 
@@ -468,30 +702,41 @@ flashport_status fp_cpu_decode_forward(const fp_problem *p, const fp_ukernels *u
     memset(&c, 0, sizeof c);
     c.p = p;
     c.uk = uk;
-    c.L = dec_layout_of(p->head_dim);
     c.group = p->heads / p->kv_heads;
     c.bf16 = p->dtype == FLASHPORT_BF16 && uk->gemm_bf16 && p->head_dim % 2 == 0 &&
              p->q.stride[FP_D] == 1 && p->k.stride[FP_D] == 1 && p->v.stride[FP_D] == 1;
-    /* Whole heads per task, at most DECODE_ROWS rows, the group cut into equal chunks. */
+    /* Whole heads per unit, at most DECODE_ROWS rows, the group cut into equal chunks. */
     int64_t per = DECODE_ROWS / p->seqlen_q;
     c.chunk_heads = c.group;
     while (c.chunk_heads > per || c.group % c.chunk_heads != 0)
         c.chunk_heads--;
     c.chunks = c.group / c.chunk_heads;
+    c.units = p->kv_heads * c.chunks;
+    c.unit_rows = c.chunk_heads * p->seqlen_q;
+    /* As many consecutive kv heads per task as TASK_ROWS allows: the key blocks of all kv heads
+     * then stream in the cache's order; the threads get work from the key splits. A kv head cut
+     * into chunks (so many rows that the products, not the read, are the bound) is one unit a
+     * task. */
+    c.per_task = c.chunks > 1 ? 1 : TASK_ROWS / c.unit_rows;
+    /* the units' K^T tiles stay within TASK_KT_BYTES */
+    while (c.per_task > 1 && (size_t)c.per_task * (size_t)fp_tile_ld(p->head_dim) *
+                                     (size_t)fp_tile_ld(BLOCK_K) * sizeof(float) >
+                                 TASK_KT_BYTES)
+        c.per_task--;
+    c.per_task = c.per_task < 1 ? 1 : c.per_task > c.units ? c.units : c.per_task;
+    c.tiles = (c.units + c.per_task - 1) / c.per_task;
+    c.L = dec_layout_of(p->head_dim, (int)(c.per_task * c.unit_rows), (int)c.per_task);
 
+    c.es = flashport_dtype_size(p->dtype);
     const int workers = fp_cpu_threads();
-    /* One "head" per task, its own kv head (kv_heads 0: as many as heads). */
-    const fp_plan_shape shape = {
-        p->batch, p->kv_heads * c.chunks, 1, p->seqlen_k, p->head_dim, -1, -1, 0};
-    const fp_plan_target target = {workers, 1, BLOCK_K, MAX_SPLITS, FP_PLAN_ORDER_LOCALITY};
-    c.shape = shape;
-    c.plan = fp_plan_forward(&shape, &target);
+    const fp_decode_target target = {workers, BLOCK_K, MIN_SPLIT_BLOCKS, MAX_SPLITS};
+    c.plan = fp_plan_decode(p->batch * c.tiles, p->seqlen_k, &target);
     if (fp_host()->log_enabled())
-        fp_host()->log("cpu: decode forward (GQA packing: %lld query heads x %lld rows per kv-head "
-                       "task, %lld task(s) per kv head), %s micro-kernels, %s%s; "
+        fp_host()->log("cpu: decode forward (GQA packing: %lld query heads x %lld rows per unit, "
+                       "%lld unit(s) per kv head, %lld unit(s) per task), %s micro-kernels, %s%s; "
                        "split-KV plan: %d split(s) of %lld keys, %lld tasks for %d threads",
                        (long long)c.chunk_heads, (long long)p->seqlen_q, (long long)c.chunks,
-                       uk->name,
+                       (long long)c.per_task, uk->name,
                        c.bf16                      ? "bf16 dot products (vdpbf16ps), P in bf16"
                        : p->dtype == FLASHPORT_F32 ? "f32 products"
                                                    : "f32 products on K/V rows converted to f32",
@@ -500,14 +745,15 @@ flashport_status fp_cpu_decode_forward(const fp_problem *p, const fp_ukernels *u
     if (c.plan.num_tasks == 0)
         return FLASHPORT_OK;
     const int threads = c.plan.num_tasks < workers ? (int)c.plan.num_tasks : workers;
+    const size_t task_rows = (size_t)(c.per_task * c.unit_rows);
 
     size_t slice;
     float *scratch = fp_scratch_alloc(threads, c.L.total, &slice);
     const size_t part =
-        c.plan.num_splits > 1 ? (size_t)c.plan.num_tasks * DECODE_ROWS * (size_t)p->head_dim : 0;
+        c.plan.num_splits > 1 ? (size_t)c.plan.num_tasks * task_rows * (size_t)p->head_dim : 0;
     if (part) {
         c.part_o = malloc(sizeof(float) * part);
-        c.part_lse = malloc(sizeof(float) * (size_t)c.plan.num_tasks * DECODE_ROWS);
+        c.part_lse = malloc(sizeof(float) * (size_t)c.plan.num_tasks * task_rows);
     }
     if (!scratch || (part && (!c.part_o || !c.part_lse))) {
         fp_scratch_free(scratch);
@@ -518,7 +764,7 @@ flashport_status fp_cpu_decode_forward(const fp_problem *p, const fp_ukernels *u
                                     "and %zu bytes of split partials",
                                     threads, c.L.total * sizeof(float), part * sizeof(float));
     }
-    const int64_t units = c.plan.num_tasks / c.plan.num_splits;
+    const int64_t tiles = p->batch * c.tiles;
 
 #ifdef _OPENMP
 #pragma omp parallel num_threads(threads)
@@ -531,17 +777,20 @@ flashport_status fp_cpu_decode_forward(const fp_problem *p, const fp_ukernels *u
         float *mine = scratch;
 #endif
         for (int64_t t = 0; t < c.plan.num_tasks; t++) {
-            const fp_plan_task task = fp_plan_task_at(&c.plan, &c.shape, t);
-            dec_task(&c, mine, task.batch, task.head / c.chunks, task.head % c.chunks, task.split,
-                     (task.batch * shape.heads + task.head) * c.plan.num_splits + task.split);
+            const int64_t tile = t / c.plan.num_splits, b = tile / c.tiles;
+            const int64_t u0 = (tile % c.tiles) * c.per_task;
+            const int64_t u1 = u0 + c.per_task < c.units ? u0 + c.per_task : c.units;
+            dec_task(&c, mine, b, u0, u1, (int)(t % c.plan.num_splits), t);
         }
         if (part) {
 #ifdef _OPENMP
 #pragma omp for schedule(dynamic, 1)
 #endif
-            for (int64_t u = 0; u < units; u++)
-                dec_merge(&c, mine, u / shape.heads, (u % shape.heads) / c.chunks,
-                          (u % shape.heads) % c.chunks, u * c.plan.num_splits);
+            for (int64_t tile = 0; tile < tiles; tile++) {
+                const int64_t u0 = (tile % c.tiles) * c.per_task;
+                const int64_t u1 = u0 + c.per_task < c.units ? u0 + c.per_task : c.units;
+                dec_merge(&c, mine, tile / c.tiles, u0, u1, tile * c.plan.num_splits);
+            }
         }
     }
     fp_scratch_free(scratch);

@@ -64,6 +64,12 @@ static inline uk_vec uk_max(uk_vec a, uk_vec b)
 {
     return _mm256_max_ps(a, b);
 }
+static inline float uk_hsum(uk_vec x)
+{
+    __m128 h = _mm_add_ps(_mm256_castps256_ps128(x), _mm256_extractf128_ps(x, 1));
+    h = _mm_add_ps(h, _mm_movehl_ps(h, h));
+    return _mm_cvtss_f32(_mm_add_ss(h, _mm_movehdup_ps(h)));
+}
 
 static inline uk_vec uk_exp2(uk_vec x)
 {
@@ -184,4 +190,8 @@ const fp_ukernels fp_ukernels_avx2 = {
     cvt_bf16,
     uk_store_f16_generic,
     uk_store_bf16_generic,
+    uk_dec_scores,
+    uk_dec_pv,
+    NULL,
+    NULL,
 };

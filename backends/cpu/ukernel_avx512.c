@@ -31,4 +31,8 @@ const fp_ukernels fp_ukernels_avx512 = {
     avx512_cvt_bf16,
     avx512_store_f16,
     avx512_store_bf16,
+    uk_dec_scores,
+    uk_dec_pv,
+    NULL,
+    NULL,
 };

@@ -58,6 +58,10 @@ static inline uk_vec uk_max(uk_vec a, uk_vec b)
 {
     return _mm512_max_ps(a, b);
 }
+static inline float uk_hsum(uk_vec x)
+{
+    return _mm512_reduce_add_ps(x);
+}
 
 static inline uk_vec uk_exp2(uk_vec x)
 {

@@ -126,6 +126,105 @@ static void uk_interleave_bf16(int n, const uint16_t *even, const uint16_t *odd,
     }
 }
 
+/* The sums of a0, a1, a2 and a3's lanes into out[0..3], the folds shared by the four: 256-bit
+ * halves, 128-bit quarters, then within each quarter. */
+static inline void hsum4(__m512 a0, __m512 a1, __m512 a2, __m512 a3, float *out)
+{
+    const __m512 b0 =
+        _mm512_add_ps(_mm512_shuffle_f32x4(a0, a1, 0x44), _mm512_shuffle_f32x4(a0, a1, 0xee));
+    const __m512 b1 =
+        _mm512_add_ps(_mm512_shuffle_f32x4(a2, a3, 0x44), _mm512_shuffle_f32x4(a2, a3, 0xee));
+    __m512 c =
+        _mm512_add_ps(_mm512_shuffle_f32x4(b0, b1, 0x88), _mm512_shuffle_f32x4(b0, b1, 0xdd));
+    c = _mm512_add_ps(c, _mm512_permute_ps(c, 0x4e));
+    c = _mm512_add_ps(c, _mm512_permute_ps(c, 0xb1));
+    const __m512i firsts = _mm512_setr_epi32(0, 4, 8, 12, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0);
+    _mm_storeu_ps(out, _mm512_castps512_ps128(_mm512_permutexvar_ps(firsts, c)));
+}
+
+static inline __mmask32 mask32(int left)
+{
+    return left >= 32 ? ~(__mmask32)0 : (__mmask32)((1u << left) - 1u);
+}
+
+/* dec_scores_bf16 (ukernel.h): rows in fours sharing each load of the key's row, 32 bf16 a
+ * vdpbf16ps, masked loads for the tail of d (zeros: nothing past d is read). */
+static void uk_dec_scores_bf16(int heads, int rows, int d, const uint16_t *q, ptrdiff_t qhs,
+                               ptrdiff_t ldq, const uint16_t *k, ptrdiff_t khs, float *s,
+                               ptrdiff_t shs, ptrdiff_t lds)
+{
+    for (int h = 0; h < heads; h++) {
+        const uint16_t *kh = k + h * khs, *qh = q + h * qhs;
+        float *sh = s + h * shs;
+        for (int r0 = 0; r0 < rows; r0 += 4) {
+            const int nr = rows - r0 < 4 ? rows - r0 : 4;
+            __m512 acc[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(),
+                             _mm512_setzero_ps()};
+            for (int e = 0; e < d; e += 32) {
+                const __mmask32 m = mask32(d - e);
+                const __m512bh kv = (__m512bh)_mm512_maskz_loadu_epi16(m, kh + e);
+#pragma GCC unroll 4
+                for (int r = 0; r < 4; r++)
+                    if (r < nr)
+                        acc[r] = _mm512_dpbf16_ps(
+                            acc[r], (__m512bh)_mm512_maskz_loadu_epi16(m, qh + (r0 + r) * ldq + e),
+                            kv);
+            }
+            float t[4];
+            hsum4(acc[0], acc[1], acc[2], acc[3], t);
+            for (int r = 0; r < nr; r++)
+                sh[(r0 + r) * lds] = t[r];
+        }
+    }
+}
+
+/* Two keys' 32 columns as pairs (key 2i in the low half), two vectors of 16 columns. */
+static inline void pair_rows(const uint16_t *even, const uint16_t *odd, __mmask32 m, __m512bh *w)
+{
+    const __m512i lo = _mm512_set_epi16(47, 15, 46, 14, 45, 13, 44, 12, 43, 11, 42, 10, 41, 9, 40,
+                                        8, 39, 7, 38, 6, 37, 5, 36, 4, 35, 3, 34, 2, 33, 1, 32, 0);
+    const __m512i hi = _mm512_add_epi16(lo, _mm512_set1_epi16(16));
+    const __m512i ev = _mm512_maskz_loadu_epi16(m, even);
+    const __m512i od = odd ? _mm512_maskz_loadu_epi16(m, odd) : _mm512_setzero_si512();
+    w[0] = (__m512bh)_mm512_permutex2var_epi16(ev, lo, od);
+    w[1] = (__m512bh)_mm512_permutex2var_epi16(ev, hi, od);
+}
+
+/* dec_pv_bf16 (ukernel.h): the keys' rows interleaved into pairs by vpermt2w (32 columns, two
+ * vectors of pairs a pair of keys), then one vdpbf16ps a pair of keys, row and 16 columns; o's
+ * rows are loaded and stored once for all the keys. */
+static void uk_dec_pv_bf16(int heads, int rows, int d, int keys, const uint16_t *p, ptrdiff_t phs,
+                           ptrdiff_t ldp, const uint16_t *const *v, ptrdiff_t vhs, float *o,
+                           ptrdiff_t ohs, ptrdiff_t ldo)
+{
+    const int pairs = (keys + 1) / 2;
+    for (int h = 0; h < heads; h++) {
+        const uint16_t *ph = p + h * phs;
+        float *oh = o + h * ohs;
+        for (int e = 0; e < d; e += 32) {
+            const __mmask32 m = mask32(d - e);
+            __m512bh w[FP_DEC_PV_KEYS / 2][2];
+            for (int i = 0; i < pairs; i++)
+                pair_rows(v[2 * i] + h * vhs + e,
+                          2 * i + 1 < keys ? v[2 * i + 1] + h * vhs + e : NULL, m, w[i]);
+            const int halves = d - e > 16 ? 2 : 1;
+            for (int r = 0; r < rows; r++) {
+                float *orow = oh + r * ldo + e;
+                __m512 a0 = _mm512_loadu_ps(orow);
+                __m512 a1 = halves == 2 ? _mm512_loadu_ps(orow + 16) : a0;
+                for (int i = 0; i < pairs; i++) {
+                    const __m512bh pr = bcast_pair(ph + r * ldp + 2 * i);
+                    a0 = _mm512_dpbf16_ps(a0, pr, w[i][0]);
+                    a1 = _mm512_dpbf16_ps(a1, pr, w[i][1]);
+                }
+                _mm512_storeu_ps(orow, a0);
+                if (halves == 2)
+                    _mm512_storeu_ps(orow + 16, a1);
+            }
+        }
+    }
+}
+
 const fp_ukernels fp_ukernels_avx512bf16 = {
     "avx512bf16",
     "AVX-512 f32 FMA, 6x64 register block; bf16 inputs: vdpbf16ps, 6x64 block of bf16 pairs",
@@ -143,4 +242,8 @@ const fp_ukernels fp_ukernels_avx512bf16 = {
     avx512_cvt_bf16,
     avx512_store_f16,
     avx512_store_bf16,
+    uk_dec_scores,
+    uk_dec_pv,
+    uk_dec_scores_bf16,
+    uk_dec_pv_bf16,
 };

@@ -55,6 +55,10 @@ static inline uk_vec uk_max(uk_vec a, uk_vec b)
 {
     return vmaxq_f32(a, b);
 }
+static inline float uk_hsum(uk_vec x)
+{
+    return vaddvq_f32(x);
+}
 
 static inline uk_vec uk_exp2(uk_vec x)
 {
@@ -112,4 +116,8 @@ const fp_ukernels fp_ukernels_neon = {
     cvt_bf16,
     uk_store_f16_generic,
     uk_store_bf16_generic,
+    uk_dec_scores,
+    uk_dec_pv,
+    NULL,
+    NULL,
 };

@@ -7,6 +7,7 @@
  *   uk_add, uk_sub, uk_mul, uk_max(a, b)
  *   uk_madd(a, b, c)    a * b + c (fused where the ISA has FMA)
  *   uk_exp2(x)          2^x as the contract says (0 below -126, -inf included)
+ *   uk_hsum(x)          the sum of x's lanes
  * Column-wise: a tile holds keys down its rows and query rows across
  * its columns, so a query's softmax statistics are lane-wise reductions down a column, with no
  * horizontal shuffles.
@@ -107,5 +108,67 @@ static void uk_scale_rows(int rows, int cols, float *x, ptrdiff_t ldx, const flo
         const uk_vec fr = uk_set1(f[r]);
         for (int c = 0; c < cols; c += UK_LANES)
             uk_store(x + r * ldx + c, uk_mul(uk_load(x + r * ldx + c), fr));
+    }
+}
+
+/* dec_scores (ukernel.h): per kv head, rows in fours sharing each load of the key's row, one
+ * accumulator a row, summed across its lanes at the end; the tail of d past the last whole
+ * vector is scalar. */
+static void uk_dec_scores(int heads, int rows, int d, const float *q, ptrdiff_t qhs, ptrdiff_t ldq,
+                          const float *k, ptrdiff_t khs, float *s, ptrdiff_t shs, ptrdiff_t lds)
+{
+    const int dv = d - d % UK_LANES;
+    for (int h = 0; h < heads; h++) {
+        const float *kh = k + h * khs, *qh = q + h * qhs;
+        float *sh = s + h * shs;
+        for (int r0 = 0; r0 < rows; r0 += 4) {
+            const int nr = rows - r0 < 4 ? rows - r0 : 4;
+            uk_vec acc[4] = {uk_zero(), uk_zero(), uk_zero(), uk_zero()};
+            for (int e = 0; e < dv; e += UK_LANES) {
+                const uk_vec kv = uk_load(kh + e);
+#pragma GCC unroll 4
+                for (int r = 0; r < 4; r++)
+                    if (r < nr)
+                        acc[r] = uk_madd(uk_load(qh + (r0 + r) * ldq + e), kv, acc[r]);
+            }
+            for (int r = 0; r < nr; r++) {
+                float t = uk_hsum(acc[r]);
+                for (int e = dv; e < d; e++)
+                    t += qh[(r0 + r) * ldq + e] * kh[e];
+                sh[(r0 + r) * lds] = t;
+            }
+        }
+    }
+}
+
+/* dec_pv (ukernel.h): each row of o is loaded and stored once for the keys. */
+static void uk_dec_pv(int heads, int rows, int d, int keys, const float *p, ptrdiff_t phs,
+                      ptrdiff_t ldp, const float *const *v, ptrdiff_t vhs, float *o, ptrdiff_t ohs,
+                      ptrdiff_t ldo)
+{
+    const int dv = d - d % UK_LANES;
+    for (int h = 0; h < heads; h++) {
+        const float *vh[FP_DEC_PV_KEYS];
+        for (int i = 0; i < keys; i++)
+            vh[i] = v[i] + h * vhs;
+        for (int r = 0; r < rows; r++) {
+            const float *pr = p + h * phs + r * ldp;
+            float *orow = o + h * ohs + r * ldo;
+            uk_vec pv[FP_DEC_PV_KEYS];
+            for (int i = 0; i < keys; i++)
+                pv[i] = uk_set1(pr[i]);
+            for (int e = 0; e < dv; e += UK_LANES) {
+                uk_vec acc = uk_load(orow + e);
+                for (int i = 0; i < keys; i++)
+                    acc = uk_madd(pv[i], uk_load(vh[i] + e), acc);
+                uk_store(orow + e, acc);
+            }
+            for (int e = dv; e < d; e++) {
+                float acc = orow[e];
+                for (int i = 0; i < keys; i++)
+                    acc += pr[i] * vh[i][e];
+                orow[e] = acc;
+            }
+        }
     }
 }

@@ -64,6 +64,10 @@ static inline uk_vec uk_max(uk_vec a, uk_vec b)
         r[i] = b[i] > a[i] ? b[i] : a[i];
     return r;
 }
+static inline float uk_hsum(uk_vec x)
+{
+    return (x[0] + x[1]) + (x[2] + x[3]);
+}
 
 /* 2^x per the contract: 0 below -126 (and for -inf), NaN stays NaN. */
 static inline float exp2_lane(float x)
@@ -123,4 +127,8 @@ const fp_ukernels fp_ukernels_scalar = {
     cvt_bf16,
     uk_store_f16_generic,
     uk_store_bf16_generic,
+    uk_dec_scores,
+    uk_dec_pv,
+    NULL,
+    NULL,
 };

@@ -10,7 +10,11 @@ gives its median (above 1: flashport is faster), with the per-round values.
 
   bench/compare_cpu_torch.py --build build                 the issue-21 grid, 1 and 2 threads
   bench/compare_cpu_torch.py --build build --isa avx2      both sides on AVX2 code: flashport's
-                                                           avx2 table, torch's ATEN_CPU_CAPABILITY
+                                                           avx2 table; torch's ATEN_CPU_CAPABILITY,
+                                                           and the oneDNN and MKL kernels it calls
+                                                           (ONEDNN_MAX_CPU_ISA, MKL_ENABLE_INSTRUCTIONS:
+                                                           without them its bf16 GEMMs run
+                                                           AVX512-BF16 code on a CPU that has it)
 
 Layout: q, k, v [B, N, H, D] as flashport takes them; torch gets the [B, H, N, D] views of the
 same layout (transpose(1, 2), no copy), which its CPU flash kernel reads through strides.
@@ -51,8 +55,9 @@ def parse_args():
     ap.add_argument("--rounds", type=int, default=3, help="alternating rounds per shape")
     ap.add_argument("--iters", type=int, default=3, help="timed calls per side and round")
     ap.add_argument("--isa", default="auto",
-                    help="FLASHPORT_CPU_ISA for flashport; avx2 also sets torch's "
-                         "ATEN_CPU_CAPABILITY=avx2 (both sides on 256-bit code)")
+                    help="FLASHPORT_CPU_ISA for flashport; avx2 also caps torch at AVX2: "
+                         "ATEN_CPU_CAPABILITY=avx2, ONEDNN_MAX_CPU_ISA=AVX2, "
+                         "MKL_ENABLE_INSTRUCTIONS=AVX2 (both sides on 256-bit code)")
     ap.add_argument("--peak-gflops", type=float, default=0.0,
                     help="pin the FMA peak instead of measuring it once at the start")
     ap.add_argument("--clock", default="wall", choices=["wall", "cpu"],
@@ -67,7 +72,12 @@ if ARGS.isa not in ("auto", ""):
 if ARGS.clock == "cpu":
     os.environ["OMP_WAIT_POLICY"] = "passive"  # read when the OpenMP runtimes load
 if ARGS.isa == "avx2":
-    os.environ["ATEN_CPU_CAPABILITY"] = "avx2"  # read when torch loads
+    # Read when torch loads. ATen's capability alone leaves the GEMM libraries under torch on the
+    # CPU's best ISA: its bf16 flash backward then runs oneDNN's AVX512-BF16 brgemm, which an
+    # AVX2 laptop does not have.
+    os.environ["ATEN_CPU_CAPABILITY"] = "avx2"
+    os.environ["ONEDNN_MAX_CPU_ISA"] = "AVX2"
+    os.environ["MKL_ENABLE_INSTRUCTIONS"] = "AVX2"
 
 import torch  # noqa: E402
 from torch.nn.attention import SDPBackend, sdpa_kernel  # noqa: E402
@@ -172,7 +182,9 @@ def main():
         peaks[t] = (ARGS.peak_gflops, "given") if ARGS.peak_gflops > 0 else measure_peak(t)
     load = os.getloadavg()
     print(f"# torch {torch.__version__}, ATen CPU capability "
-          f"{torch.backends.cpu.get_cpu_capability()}; flashport FLASHPORT_CPU_ISA="
+          f"{torch.backends.cpu.get_cpu_capability()}, ONEDNN_MAX_CPU_ISA="
+          f"{os.environ.get('ONEDNN_MAX_CPU_ISA', 'unset')}, MKL_ENABLE_INSTRUCTIONS="
+          f"{os.environ.get('MKL_ENABLE_INSTRUCTIONS', 'unset')}; flashport FLASHPORT_CPU_ISA="
           f"{os.environ.get('FLASHPORT_CPU_ISA', 'auto')}; clock: {ARGS.clock}")
     print(f"# peak f32 FMA: " + ", ".join(f"{t} thread(s) {p:.1f} GFLOP/s ({isa})"
                                           for t, (p, isa) in peaks.items()))

@@ -22,12 +22,16 @@
  * and holds an infinite or NaN V takes a scalar P V over its visible pairs (pv_visible), so that a
  * key a row cannot see never reaches it; a NaN score a row sees makes its l, O and LSE NaN.
  * bf16 inputs on a CPU with AVX512_BF16 stay bf16: Q^T and V as bf16 pairs, K in place, S^T and
- * P V by vdpbf16ps with P rounded to bf16 (ukernel_avx512bf16.c). Other dtypes convert to f32.
+ * P V by vdpbf16ps with P rounded to bf16 (ukernel_avx512bf16.c). Other dtypes convert to f32:
+ * f16, and bf16 on tables without bf16 products, convert each thread's K and V once per (batch,
+ * kv head) into an fp_kv_stage (flash_tile.h) that the products then read in place, instead of
+ * converting a key block again for every query block that sees it (paged caches, and stages over
+ * STAGE_MAX_BYTES, still convert per block).
  * fp8 inputs (forward only, docs/semantics.md) convert to f32 tiles (fp_fp8_to_f32_vec, in a
  * loop the compiler vectorizes); the scale folds in descale_q * descale_k; P is rounded to e4m3
  * after its unrounded sum went into l, against the running maximum as a GPU kernel does (the
  * tests' fp8 tolerance covers that); O is scaled by descale_v and stored in o's dtype.
- * Extra memory: the per-thread tiles of fwd_layout only.
+ * Extra memory: the per-thread tiles of fwd_layout, and the stage (at most STAGE_MAX_BYTES).
  * Tile shape: BLOCK_Q = 64 queries (one 4-register column block of the AVX-512 kernel) x
  * BLOCK_K = 64 keys.
  * Known differences from the reference: f32 accumulation, the polynomial exp2 (ukernel.h); the
@@ -56,6 +60,10 @@
 #endif
 
 enum { BLOCK_Q = 64, BLOCK_K = 64 };
+
+/* Largest fp_kv_stage a thread takes (f32 K and V of one kv head): 16 MiB, Nk = 16384 at D = 128.
+ * Longer sequences convert per block as before, so extra memory stays bounded per thread. */
+#define STAGE_MAX_BYTES ((size_t)16 << 20)
 
 /* Offsets (floats) of one thread's tiles inside its scratch slice. */
 typedef struct fwd_layout {
@@ -100,8 +108,9 @@ typedef struct fwd_ctx {
     const fp_ukernels *uk;
     int bf16;     /* bf16 dot products (gemm_bf16) */
     int k_direct; /* K read in place by the product */
-    int v_direct; /* V read in place (f32 only) */
+    int v_direct; /* V read in place (f32 only, or the stage's f32 rows) */
     int fp8;      /* fp8 inputs: converted to f32 tiles, P rounded to e4m3 */
+    int stage;    /* f16/bf16 K and V converted once per thread into an fp_kv_stage */
     float scale;  /* of the raw q . k: scale, times descale_q * descale_k for fp8 */
     fwd_layout L;
 } fwd_ctx;
@@ -235,8 +244,9 @@ static fp_block key_block(const fp_problem *p, const fp_tensor_view *t, int64_t 
     return x;
 }
 
-/* One task: query rows [i0, i0 + m) of (b, h). */
-static void fwd_block(const fwd_ctx *c, float *scratch, int64_t b, int64_t h, int64_t i0)
+/* One task: query rows [i0, i0 + m) of (b, h). stage: the thread's stage when c->stage. */
+static void fwd_block(const fwd_ctx *c, float *scratch, fp_kv_stage *stage, int64_t b, int64_t h,
+                      int64_t i0)
 {
     const fp_problem *p = c->p;
     const fp_ukernels *uk = c->uk;
@@ -275,9 +285,10 @@ static void fwd_block(const fwd_ctx *c, float *scratch, int64_t b, int64_t h, in
     fp_mask_block_range(i0, i0 + m, seq.nq, seq.nk, p->window_left, p->window_right, &lo, &hi);
     for (int64_t j0 = lo; j0 < hi; j0 += BLOCK_K) {
         const int n = (int)(hi - j0 < BLOCK_K ? hi - j0 : BLOCK_K);
-        const fp_block kb = key_block(p, &p->k, b, &seq, j0, n, kvh, scratch + L->gk);
-        const fp_block vb = key_block(p, &p->v, b, &seq, j0, n, kvh, scratch + L->gv);
-        if (j0 + BLOCK_K < hi && !p->block_table) {
+        fp_block kb = key_block(p, &p->k, b, &seq, j0, n, kvh, scratch + L->gk);
+        fp_block vb = key_block(p, &p->v, b, &seq, j0, n, kvh, scratch + L->gv);
+        if (j0 + BLOCK_K < hi && !p->block_table &&
+            !(stage && fp_kv_stage_ready(stage, b, kvh, j0 + BLOCK_K))) {
             const int n_next = (int)(hi - j0 - BLOCK_K < BLOCK_K ? hi - j0 - BLOCK_K : BLOCK_K);
             fp_block next = kb;
             next.off += BLOCK_K * kb.rs;
@@ -286,6 +297,8 @@ static void fwd_block(const fwd_ctx *c, float *scratch, int64_t b, int64_t h, in
             next.off += BLOCK_K * vb.rs;
             fp_block_prefetch(&next, n_next, d);
         }
+        if (stage)
+            fp_kv_stage_rows(stage, b, kvh, seq.nk, j0, n, d, uk, &kb, &vb);
 
         /* S^T = K Q^T, raw dot products. */
         if (c->bf16) {
@@ -411,6 +424,14 @@ flashport_status fp_cpu_flash_forward(const fp_problem *p)
         !c.bf16 && p->dtype == FLASHPORT_F32 && p->v.stride[FP_D] == 1 && d % FP_TILE_COLS == 0;
     c.L = fwd_layout_of(d);
     c.fp8 = fp_is_fp8(p->dtype);
+    /* f16, and bf16 without bf16 products, would otherwise convert a key block once per query
+     * block that sees it; staged, the products read the f32 copy in place. Paged caches keep
+     * converting per block (their rows are not linear in the key). */
+    c.stage = !c.bf16 && (p->dtype == FLASHPORT_F16 || p->dtype == FLASHPORT_BF16) &&
+              !p->block_table &&
+              fp_kv_stage_floats(p->seqlen_k, d) * sizeof(float) <= STAGE_MAX_BYTES;
+    if (c.stage)
+        c.k_direct = c.v_direct = 1;
     c.scale = c.fp8 ? p->scale * p->descale_q * p->descale_k : p->scale;
     if (fp_host()->log_enabled())
         fp_host()->log("cpu: flash forward (tiled, online softmax), %s micro-kernels: %s%s%s; "
@@ -420,8 +441,11 @@ flashport_status fp_cpu_flash_forward(const fp_problem *p)
                        : c.fp8 ? "f32 products on fp8 inputs converted to f32, P rounded to e4m3"
                        : p->dtype == FLASHPORT_F32 ? "f32 products"
                                                    : "f32 products on inputs converted to f32",
-                       c.k_direct ? ", K read in place" : "", c.v_direct ? ", V read in place" : "",
-                       BLOCK_Q, BLOCK_K, fp_cpu_threads());
+                       c.stage      ? ", K and V converted to f32 once per thread and kv head"
+                       : c.k_direct ? ", K read in place"
+                                    : "",
+                       !c.stage && c.v_direct ? ", V read in place" : "", BLOCK_Q, BLOCK_K,
+                       fp_cpu_threads());
 
     const fp_plan_shape shape = fp_problem_plan_shape(p);
     /* Locality order: the threads work on the query blocks of one (batch, head) together and
@@ -432,12 +456,15 @@ flashport_status fp_cpu_flash_forward(const fp_problem *p)
         return FLASHPORT_OK;
     const int threads = plan.num_tasks < target.workers ? (int)plan.num_tasks : (int)target.workers;
 
+    /* A thread's slice: its tiles, then (c.stage) its stage, on a 64-byte boundary. */
     size_t slice;
-    float *scratch = fp_scratch_alloc(threads, c.L.total, &slice);
+    const size_t stage_at = (c.L.total + 15) / 16 * 16;
+    const size_t floats = c.stage ? stage_at + fp_kv_stage_floats(p->seqlen_k, d) : c.L.total;
+    float *scratch = fp_scratch_alloc(threads, floats, &slice);
     if (!scratch)
         return fp_host()->set_error(FLASHPORT_ERR_OUT_OF_MEMORY,
                                     "cpu flash forward: cannot allocate %d x %zu bytes of scratch",
-                                    threads, c.L.total * sizeof(float));
+                                    threads, floats * sizeof(float));
 
 #ifdef _OPENMP
 #pragma omp parallel num_threads(threads)
@@ -445,13 +472,19 @@ flashport_status fp_cpu_flash_forward(const fp_problem *p)
     {
 #ifdef _OPENMP
         float *mine = scratch + slice * (size_t)omp_get_thread_num();
-#pragma omp for schedule(dynamic, 1)
 #else
         float *mine = scratch;
 #endif
+        fp_kv_stage st = {0};
+        if (c.stage)
+            st = fp_kv_stage_init(mine + stage_at, p->seqlen_k, d);
+#ifdef _OPENMP
+#pragma omp for schedule(dynamic, 1)
+#endif
         for (int64_t t = 0; t < plan.num_tasks; t++) {
             const fp_plan_task task = fp_plan_task_at(&plan, &shape, t);
-            fwd_block(&c, mine, task.batch, task.head, task.q_block * BLOCK_Q);
+            fwd_block(&c, mine, c.stage ? &st : NULL, task.batch, task.head,
+                      task.q_block * BLOCK_Q);
         }
     }
     fp_scratch_free(scratch);

@@ -160,6 +160,58 @@ void fp_tile_load_bf16(uint16_t *dst, int ld, const fp_block *x, int rows, int d
     }
 }
 
+size_t fp_kv_stage_floats(int64_t capacity, int64_t d)
+{
+    const size_t blocks = (size_t)((capacity + FP_STAGE_ROWS - 1) / FP_STAGE_ROWS);
+    return 2 * (size_t)capacity * (size_t)fp_tile_ld(d) +
+           (blocks + sizeof(float) - 1) / sizeof(float);
+}
+
+fp_kv_stage fp_kv_stage_init(float *mem, int64_t capacity, int64_t d)
+{
+    fp_kv_stage st;
+    st.ld = fp_tile_ld(d);
+    st.capacity = capacity;
+    st.k = mem;
+    st.v = mem + (size_t)capacity * (size_t)st.ld;
+    st.done = (unsigned char *)(st.v + (size_t)capacity * (size_t)st.ld);
+    st.b = st.kvh = -1;
+    return st;
+}
+
+int fp_kv_stage_ready(const fp_kv_stage *st, int64_t b, int64_t kvh, int64_t j0)
+{
+    return st->b == b && st->kvh == kvh && j0 < st->capacity && st->done[j0 / FP_STAGE_ROWS];
+}
+
+void fp_kv_stage_rows(fp_kv_stage *st, int64_t b, int64_t kvh, int64_t nk, int64_t j0, int n, int d,
+                      const fp_ukernels *uk, fp_block *kb, fp_block *vb)
+{
+    if (st->b != b || st->kvh != kvh) {
+        memset(st->done, 0, (size_t)((st->capacity + FP_STAGE_ROWS - 1) / FP_STAGE_ROWS));
+        st->b = b;
+        st->kvh = kvh;
+    }
+    /* Whole blocks of the fixed grid, so that a later range starting anywhere finds them. */
+    for (int64_t g = j0 / FP_STAGE_ROWS; g * FP_STAGE_ROWS < j0 + n; g++) {
+        if (st->done[g])
+            continue;
+        const int64_t r0 = g * FP_STAGE_ROWS;
+        const int rows = (int)(nk - r0 < FP_STAGE_ROWS ? nk - r0 : FP_STAGE_ROWS);
+        fp_block x = *kb;
+        x.off += (r0 - j0) * x.rs;
+        fp_tile_load(st->k + (size_t)r0 * (size_t)st->ld, st->ld, &x, rows, d, uk);
+        x = *vb;
+        x.off += (r0 - j0) * x.rs;
+        fp_tile_load(st->v + (size_t)r0 * (size_t)st->ld, st->ld, &x, rows, d, uk);
+        st->done[g] = 1;
+    }
+    const fp_block k = {st->k, FLASHPORT_F32, j0 * st->ld, st->ld, 1};
+    const fp_block v = {st->v, FLASHPORT_F32, j0 * st->ld, st->ld, 1};
+    *kb = k;
+    *vb = v;
+}
+
 void fp_block_prefetch(const fp_block *x, int rows, int d)
 {
     if (x->cs != 1)

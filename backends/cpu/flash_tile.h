@@ -67,6 +67,34 @@ void fp_tile_pairs_rows(uint32_t *dst, int ld, const fp_block *x, int rows, int 
  * d is odd (K for gemm_bf16 when it cannot be read in place). ld counts uint16 elements. */
 void fp_tile_load_bf16(uint16_t *dst, int ld, const fp_block *x, int rows, int d);
 
+/* A thread's f32 copy of the K and V rows of one (batch, kv head), for f16 and bf16 inputs that
+ * the products take as f32 (tables without bf16 dot products): each block of FP_STAGE_ROWS keys
+ * is converted the first time the thread needs it and read in place by every later query block,
+ * instead of being converted again for each (query block, key block) pair. Lives for one call. */
+enum { FP_STAGE_ROWS = 64 };
+typedef struct fp_kv_stage {
+    float *k, *v;        /* capacity x ld each */
+    unsigned char *done; /* per block of FP_STAGE_ROWS keys: converted */
+    int64_t b, kvh;      /* whose keys it holds (-1: nobody's yet) */
+    int64_t capacity;
+    int ld;
+} fp_kv_stage;
+
+/* Floats of scratch a stage of up to `capacity` keys of head dim d takes. */
+size_t fp_kv_stage_floats(int64_t capacity, int64_t d);
+
+/* A stage over mem (fp_kv_stage_floats floats), holding nobody's keys. */
+fp_kv_stage fp_kv_stage_init(float *mem, int64_t capacity, int64_t d);
+
+/* Whether keys [j0, j0 + FP_STAGE_ROWS) of (b, kvh) are already in the stage. */
+int fp_kv_stage_ready(const fp_kv_stage *st, int64_t b, int64_t kvh, int64_t j0);
+
+/* Rows [j0, j0 + n) of the K and V of (b, kvh), nk keys in all (nk <= capacity): kb and vb come
+ * in as the caller's blocks of those rows (a row offset linear in the key: not paged) and go out
+ * as the stage's f32 rows, converted first where the stage does not hold them yet. */
+void fp_kv_stage_rows(fp_kv_stage *st, int64_t b, int64_t kvh, int64_t nk, int64_t j0, int n, int d,
+                      const fp_ukernels *uk, fp_block *kb, fp_block *vb);
+
 /* Asks the caches for rows x d elements of a block with contiguous rows (nothing otherwise),
  * into L2: the next key block's K and V, fetched while the current one is computed. Their rows
  * are short (D elements), too short for the hardware prefetchers to pick up on their own. */

@@ -307,9 +307,10 @@ __global__ void __launch_bounds__(FP_SM90_THREADS, 1)
     constexpr uint32_t VT_BYTES = FP8 ? CFG::VT_PANELS * DK * 128 : 0; /* one V^T stage (fp8) */
     constexpr int VM_WORDS = (BN + 31) / 32; /* vmask words of a stage */
     /* The producer warpgroup's registers per thread after setmaxnreg (the consumers get the
-     * rest: 128 x 40 + 256 x 232 = 128 x 24 + 256 x 240 = the block's 384 x 168): 40 for the V
-     * preparers' work, except where the consumers need 240 (f16 / bf16 at DK = 256). */
-    constexpr int PRODUCER_REGS = FP8 || DK <= 192 ? 40 : 24;
+     * rest: 128 x 40 + 256 x 232 = 128 x 24 + 256 x 240 = the block's 384 x 168): 40 for the fp8
+     * transposes and the DK = 64 kernel's guard scrub (4 chunks in flight); 24 elsewhere, so
+     * that the f16 / bf16 consumers of the larger head dims keep 240 (docs/bench/). */
+    constexpr int PRODUCER_REGS = FP8 || DK <= 64 ? 40 : 24;
     static_assert(!FP8 || BN % 32 == 0, "fp8 tiles: whole wgmma K steps of keys");
     const fp_sm80_args &a = prm.a;
 

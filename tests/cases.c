@@ -261,8 +261,8 @@ int tc_required(const tc_case *c, const char *backend_name, const char *arch)
     if (tc_fp8(c))
         return !strcmp(backend_name, "cuda") && !strcmp(arch, "sm_90") &&
                !(path && !strcmp(path, "sm80")) && c->dtype == FLASHPORT_FP8_E4M3 &&
-               !c->use_seqused && c->page_size == 0 && c->head_dim % 8 == 0 &&
-               c->head_dim <= 256 && c->layout != TC_DIM_STRIDED;
+               !c->use_seqused && c->page_size == 0 && c->head_dim % 8 == 0 && c->head_dim <= 256 &&
+               c->layout != TC_DIM_STRIDED;
     /* The KV-cache cases (seqused_k, paged) are required of the host backends only: a GPU backend
      * that refuses them (opencl; cuda and hip before they serve the API) counts them as
      * unsupported, and one that serves them must pass them. */

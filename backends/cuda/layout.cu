@@ -5,7 +5,8 @@
  * (e.g. rows padded to D + 3) gets a contiguous twin (rows of D rounded up to 16 bytes) in the
  * call's scratch: inputs are copied in before the kernels, outputs copied out after. The common
  * layouts (contiguous, packed QKV, head-major with aligned rows) take no copy; the kernels
- * themselves never branch on the layout. Extra memory: one copy of each staged tensor, O(tokens x heads x D).
+ * themselves never branch on the layout. Extra memory: one copy of each staged tensor, O(tokens x
+ * heads x D).
  */
 #include "backends/cuda/cuda_internal.h"
 
@@ -14,8 +15,8 @@
 // dst, src: (nb, ns, nh, d), element strides [b, s, h], d contiguous, elements of type E.
 template <typename E>
 __global__ void fp_cuda_repack_kernel(E *dst, int64_t dsb, int64_t dss, int64_t dsh, const E *src,
-                                      int64_t ssb, int64_t sss, int64_t ssh, int64_t nb,
-                                      int64_t ns, int64_t nh, int d)
+                                      int64_t ssb, int64_t sss, int64_t ssh, int64_t nb, int64_t ns,
+                                      int64_t nh, int d)
 {
     const int64_t rows = nb * ns * nh;
     for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
@@ -73,8 +74,8 @@ static cudaError_t repack(const fp_cuda_ctx *ctx, const fp_tensor_view *dst,
     if (es == 1)
         fp_cuda_repack_kernel<<<grid, threads, 0, ctx->stream>>>(
             (uint8_t *)dst->data, dst->stride[FP_B], dst->stride[FP_S], dst->stride[FP_H],
-            (const uint8_t *)src->data, src->stride[FP_B], src->stride[FP_S], src->stride[FP_H],
-            nb, ns, nh, d);
+            (const uint8_t *)src->data, src->stride[FP_B], src->stride[FP_S], src->stride[FP_H], nb,
+            ns, nh, d);
     else
         fp_cuda_repack_kernel<<<grid, threads, 0, ctx->stream>>>(
             (uint16_t *)dst->data, dst->stride[FP_B], dst->stride[FP_S], dst->stride[FP_H],

@@ -150,9 +150,10 @@ static inline bool fp_sm90_tmap(const fp_cuda_ctx *ctx, CUtensorMap *map, const 
     const CUtensorMapDataType type = fp8                   ? CU_TENSOR_MAP_DATA_TYPE_UINT8
                                      : dt == FLASHPORT_F16 ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16
                                                            : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16;
-    const CUresult r = encode(
-        map, type, 4, v.data, dims, strides, box, estr, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
-        CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+    const CUresult r =
+        encode(map, type, 4, v.data, dims, strides, box, estr, CU_TENSOR_MAP_INTERLEAVE_NONE,
+               CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+               CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
     if (r != CUDA_SUCCESS) {
         *why = "the driver refused a TMA descriptor (cuTensorMapEncodeTiled)";
         return false;

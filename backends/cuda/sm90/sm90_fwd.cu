@@ -72,6 +72,7 @@ extern "C" flashport_status fp_cuda_sm90_forward(const fp_cuda_ctx *ctx, const f
 }
 #else
 
+#include "backends/cuda/dispatch.cuh"
 #include "backends/cuda/sm80/common.cuh"
 #include "backends/cuda/ptx/sm90.cuh"
 #include "backends/cuda/sm90/common.cuh"
@@ -102,8 +103,7 @@ template <int DK_, int BN_, int ST_, bool LAZY_> struct fp_sm90_cfg {
     static constexpr size_t smem(int eb)
     {
         return (size_t)(FP_SM90_BM + 2 * ST * BN) * DK * eb +
-               (eb == 1 ? (size_t)ST * VT_PANELS * DK * 128 + (1 + 6 * ST) * 8
-                        : (1 + 5 * ST) * 8) +
+               (eb == 1 ? (size_t)ST * VT_PANELS * DK * 128 + (1 + 6 * ST) * 8 : (1 + 5 * ST) * 8) +
                1024;
     }
     static constexpr size_t SMEM = smem(2);
@@ -298,14 +298,14 @@ __global__ void __launch_bounds__(FP_SM90_THREADS, 1)
 #if FP_SM90_DEVICE
     constexpr int BM = FP_SM90_BM, DK = CFG::DK, BN = CFG::BN, ST = CFG::ST;
     constexpr bool LAZY = CFG::LAZY;
-    constexpr int EB = sizeof(TI);                  /* bytes per input element */
+    constexpr int EB = sizeof(TI); /* bytes per input element */
     constexpr bool FP8 = EB == 1;
-    constexpr int NP = DK * EB / 128;               /* 128-byte panels of a tile */
-    constexpr int KSTEPS = DK * EB / 32;            /* Q K^T wgmma steps (32 bytes of K each) */
-    constexpr int PK = FP8 ? 32 : 16;               /* P V wgmma K */
-    constexpr uint32_t KV_BYTES = BN * DK * EB;     /* one K or V stage */
+    constexpr int NP = DK * EB / 128;           /* 128-byte panels of a tile */
+    constexpr int KSTEPS = DK * EB / 32;        /* Q K^T wgmma steps (32 bytes of K each) */
+    constexpr int PK = FP8 ? 32 : 16;           /* P V wgmma K */
+    constexpr uint32_t KV_BYTES = BN * DK * EB; /* one K or V stage */
     constexpr uint32_t VT_BYTES = FP8 ? CFG::VT_PANELS * DK * 128 : 0; /* one V^T stage (fp8) */
-    constexpr int VM_WORDS = (BN + 31) / 32; /* vmask words of a stage */
+    constexpr int VM_WORDS = (BN + 31) / 32;                           /* vmask words of a stage */
     /* The producer warpgroup's registers per thread after setmaxnreg (the consumers get the
      * rest: 128 x 40 + 256 x 232 = 128 x 24 + 256 x 240 = the block's 384 x 168): 40 for the fp8
      * transposes and the DK = 64 kernel's guard scrub (4 chunks in flight); 24 elsewhere, so
@@ -445,14 +445,14 @@ __global__ void __launch_bounds__(FP_SM90_THREADS, 1)
                 fp_mbar_arrive_expect_tx(k_full(s), KV_BYTES);
 #pragma unroll
                 for (int p = 0; p < NP; ++p)
-                    fp_tma_load_4d(sk + s * KV_BYTES + p * BN * 128, &prm.tk, k_full(s),
-                                   PCOLS * p, k_row + nb * BN, kvh, qb);
+                    fp_tma_load_4d(sk + s * KV_BYTES + p * BN * 128, &prm.tk, k_full(s), PCOLS * p,
+                                   k_row + nb * BN, kvh, qb);
                 fp_mbar_wait(v_empty(s), ph ^ 1);
                 fp_mbar_arrive_expect_tx(v_full(s), KV_BYTES);
 #pragma unroll
                 for (int p = 0; p < NP; ++p)
-                    fp_tma_load_4d(sv + s * KV_BYTES + p * BN * 128, &prm.tv, v_full(s),
-                                   PCOLS * p, k_row + nb * BN, kvh, qb);
+                    fp_tma_load_4d(sv + s * KV_BYTES + p * BN * 128, &prm.tv, v_full(s), PCOLS * p,
+                                   k_row + nb * BN, kvh, qb);
             }
         }
     } else {
@@ -674,7 +674,9 @@ __global__ void __launch_bounds__(FP_SM90_THREADS, 1)
 #pragma unroll
             for (int r = 0; r < 2; ++r) {
                 st[r].l = fp_quad_sum(st[r].l);
-                fac[r] = rowbad[row_in + 8 * r] ? NAN : fp_cuda_out_scale(&st[r]) * (FP8 ? prm.descale_v : 1.0f);
+                fac[r] = rowbad[row_in + 8 * r]
+                             ? NAN
+                             : fp_cuda_out_scale(&st[r]) * (FP8 ? prm.descale_v : 1.0f);
                 lse[r] = fp_cuda_lse_exp2(&st[r]);
             }
             const int r0 = m0 + 64 * w, nrows = min(64, nq - r0), nch = a.d / 8;
@@ -810,8 +812,8 @@ static flashport_status fp_sm90_launch(const fp_cuda_ctx *ctx, const fp_problem 
     fp_cuda_log("forward: sm90 D%d %skernel (TMA + wgmma, BM %d, BN %d, %d stages, 2 consumer "
                 "warpgroups, ping-pong%s) for D=%lld, grid %ux%ux%u, %d split(s); %s",
                 DK, sizeof(TI) == 1 ? "fp8 e4m3 (V^T in shared memory) " : "", FP_SM90_BM, BN,
-                CFG::ST, CFG::LAZY ? ", lazy rescale" : "",
-                (long long)p->head_dim, grid.x, grid.y, grid.z, a.splits, why_path);
+                CFG::ST, CFG::LAZY ? ", lazy rescale" : "", (long long)p->head_dim, grid.x, grid.y,
+                grid.z, a.splits, why_path);
     if (e == cudaSuccess && a.splits > 1)
         e = fp_cuda_fwd_combine(p, &a, stream);
     return e == cudaSuccess ? FLASHPORT_OK
@@ -854,30 +856,27 @@ static flashport_status fp_sm90_run(const fp_cuda_ctx *ctx, const fp_problem *p,
     return fp_sm90_launch<TI, TO, CFG>(ctx, p, prm, why, ws, NULL);
 }
 
-template <typename T>
-static flashport_status fp_sm90_dispatch(const fp_cuda_ctx *ctx, const fp_problem *p,
-                                         const char *why, const char **declined, void *ws,
-                                         size_t *query)
-{
-    if (p->head_dim <= 64)
-        return fp_sm90_run<T, T, fp_sm90_fwd_d64>(ctx, p, why, declined, ws, query);
-    if (p->head_dim <= 128)
-        return fp_sm90_run<T, T, fp_sm90_fwd_d128>(ctx, p, why, declined, ws, query);
-    if (p->head_dim <= 192)
-        return fp_sm90_run<T, T, fp_sm90_fwd_d192>(ctx, p, why, declined, ws, query);
-    return fp_sm90_run<T, T, fp_sm90_fwd_d256>(ctx, p, why, declined, ws, query);
-}
-
-/* fp8 e4m3 inputs, o in TO */
-template <typename TO>
-static flashport_status fp_sm90_dispatch_fp8(const fp_cuda_ctx *ctx, const fp_problem *p,
-                                             const char *why, const char **declined, void *ws,
-                                             size_t *query)
-{
-    if (p->head_dim <= 128)
-        return fp_sm90_run<uint8_t, TO, fp_sm90_fwd8_d128>(ctx, p, why, declined, ws, query);
-    return fp_sm90_run<uint8_t, TO, fp_sm90_fwd8_d256>(ctx, p, why, declined, ws, query);
-}
+/* The configuration of a head-dim class (backends/cuda/dispatch.cuh): f16 / bf16 inputs, and
+ * fp8 e4m3 inputs (FP8) */
+template <int DK, bool FP8> struct fp_sm90_fwd_cfg_of;
+template <> struct fp_sm90_fwd_cfg_of<64, false> {
+    typedef fp_sm90_fwd_d64 type;
+};
+template <> struct fp_sm90_fwd_cfg_of<128, false> {
+    typedef fp_sm90_fwd_d128 type;
+};
+template <> struct fp_sm90_fwd_cfg_of<192, false> {
+    typedef fp_sm90_fwd_d192 type;
+};
+template <> struct fp_sm90_fwd_cfg_of<256, false> {
+    typedef fp_sm90_fwd_d256 type;
+};
+template <> struct fp_sm90_fwd_cfg_of<128, true> {
+    typedef fp_sm90_fwd8_d128 type;
+};
+template <> struct fp_sm90_fwd_cfg_of<256, true> {
+    typedef fp_sm90_fwd8_d256 type;
+};
 
 /* The driver's cuTensorMapEncodeTiled, through the runtime (the plugin links no libcuda). */
 extern "C" void fp_cuda_sm90_init(fp_cuda_ctx *ctx)
@@ -918,17 +917,23 @@ extern "C" flashport_status fp_cuda_sm90_forward(const fp_cuda_ctx *ctx, const f
         *declined = "the sm90 kernels need more shared memory per block than this device allows";
         return FLASHPORT_OK;
     }
-    if (fp8)
-        return p->o_dtype == FLASHPORT_F16
-                   ? fp_sm90_dispatch_fp8<__half>(ctx, p, why, declined, ws, query)
-                   : fp_sm90_dispatch_fp8<__nv_bfloat16>(ctx, p, why, declined, ws, query);
     if (p->dtype == FLASHPORT_FP8_E5M2) {
         *declined = "the sm90 path has fp8 kernels for e4m3 only";
         return FLASHPORT_OK;
     }
-    if (p->dtype == FLASHPORT_F16)
-        return fp_sm90_dispatch<__half>(ctx, p, why, declined, ws, query);
-    return fp_sm90_dispatch<__nv_bfloat16>(ctx, p, why, declined, ws, query);
+    if (fp8) /* e4m3 inputs; the class's element type is o's */
+        return fp_cuda_dispatch<128, 256>(p->o_dtype, p->head_dim, [&](auto k) {
+            typedef decltype(k) K;
+            return fp_sm90_run<uint8_t, typename K::T,
+                               typename fp_sm90_fwd_cfg_of<K::DK, true>::type>(ctx, p, why,
+                                                                               declined, ws, query);
+        });
+    return fp_cuda_dispatch<64, 128, 192, 256>(p->dtype, p->head_dim, [&](auto k) {
+        typedef decltype(k) K;
+        return fp_sm90_run<typename K::T, typename K::T,
+                           typename fp_sm90_fwd_cfg_of<K::DK, false>::type>(ctx, p, why, declined,
+                                                                            ws, query);
+    });
 }
 
 #endif /* FP_CUDA_EMU */

@@ -72,12 +72,12 @@ static cudaError_t repack(const fp_cuda_ctx *ctx, const fp_tensor_view *dst,
     const unsigned grid = (unsigned)(rows < (1 << 20) ? rows : (1 << 20));
     const unsigned threads = d < 128 ? 64 : 128;
     if (es == 1)
-        fp_cuda_repack_kernel<<<grid, threads, 0, ctx->stream>>>(
+        fp_cuda_repack_kernel<uint8_t><<<grid, threads, 0, ctx->stream>>>(
             (uint8_t *)dst->data, dst->stride[FP_B], dst->stride[FP_S], dst->stride[FP_H],
             (const uint8_t *)src->data, src->stride[FP_B], src->stride[FP_S], src->stride[FP_H], nb,
             ns, nh, d);
     else
-        fp_cuda_repack_kernel<<<grid, threads, 0, ctx->stream>>>(
+        fp_cuda_repack_kernel<uint16_t><<<grid, threads, 0, ctx->stream>>>(
             (uint16_t *)dst->data, dst->stride[FP_B], dst->stride[FP_S], dst->stride[FP_H],
             (const uint16_t *)src->data, src->stride[FP_B], src->stride[FP_S], src->stride[FP_H],
             nb, ns, nh, d);

@@ -3,10 +3,13 @@
  *
  * Algorithm (the FlashAttention-3 forward's structure, written from the paper and the PTX ISA):
  * one thread block of three warpgroups per (query block of 128 rows, head, batch [, KV split]).
- *   producer (warpgroup 0, one thread; setmaxnreg gives its registers to the consumers): TMA
- *     loads of the Q tile once, then the K and V tiles of each key block into a ring of ST
- *     shared-memory stages. Each stage has a "full" mbarrier (the TMA bytes landed) and an
- *     "empty" one (all 256 consumer threads are done with it) for K and for V.
+ *   producer (warpgroup 0; setmaxnreg gives its registers to the consumers): thread 0 issues
+ *     the TMA loads of the Q tile once, then the K and V tiles of each key block into a ring of
+ *     ST shared-memory stages. Each stage has a "full" mbarrier (the TMA bytes landed) and an
+ *     "empty" one (its readers are done with it) for K and for V. Warps 1 .. 3, the V
+ *     preparers, take each V stage between its arrival and P V: the masked-key guard's scrub in
+ *     edge blocks (f16 / bf16), the V^T transpose (fp8); the consumers wait on their "ready"
+ *     mbarrier.
  *   consumers (warpgroups 1 and 2, 64 query rows each): S = Q K^T by wgmma with both operands
  *     in shared memory; mask / softcap / ALiBi and the online softmax on S in registers (log2
  *     units, exp2); O += P V by wgmma with P from registers (the S accumulator's layout is the
@@ -25,10 +28,10 @@
  *
  * fp8 (e4m3 q, k, v; docs/semantics.md "fp8 forward"): the same kernel over 1-byte inputs
  * (128-column panels, wgmma K = 32). fp8 wgmma reads both operands K-major, so P V needs V^T:
- * the producer warpgroup's warps 1 .. 3 transpose each V stage into a V^T stage in shared memory
- * (fp_sm90_transpose_v8; they also run the masked-key guard's scrub), and the consumers wait on
- * the V^T stages instead. P is rounded to e4m3 from registers; descale_q descale_k ride on the
- * scale, descale_v on the final 1 / l; O (f16 or bf16) is stored from registers.
+ * the V preparers transpose each V stage into a V^T stage in shared memory
+ * (fp_sm90_transpose_v8, with the guard's scrub), which the consumers read instead. P is rounded to
+ * e4m3 from registers; descale_q descale_k ride on the scale, descale_v on the final 1 / l; O (f16
+ * or bf16) is stored from registers.
  *
  * Configurations (BM x BN, stages; 2 consumer warpgroups in ping-pong, 384 threads, one block
  * per SM; LAZY: O is rescaled only when a row maximum grows by more than 2^8):

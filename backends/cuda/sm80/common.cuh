@@ -384,16 +384,23 @@ template <typename T> FP_DEV uint32_t fp_scrub_word(uint32_t w, bool &bad)
     return w & keep;
 }
 
-/* The 16 bytes at p (8 T values) with their infinite and NaN elements set to 0 (written back only
- * if there was one); returns whether there was. */
-template <typename T> FP_DEV bool fp_scrub_chunk(uint4 *p)
+/* v (8 T values) with its infinite and NaN elements set to 0; returns whether it had one. */
+template <typename T> FP_DEV bool fp_scrub_vec(uint4 &v)
 {
-    uint4 v = *p;
     bool bad = false;
     v.x = fp_scrub_word<T>(v.x, bad);
     v.y = fp_scrub_word<T>(v.y, bad);
     v.z = fp_scrub_word<T>(v.z, bad);
     v.w = fp_scrub_word<T>(v.w, bad);
+    return bad;
+}
+
+/* The 16 bytes at p (8 T values) with their infinite and NaN elements set to 0 (written back only
+ * if there was one); returns whether there was. */
+template <typename T> FP_DEV bool fp_scrub_chunk(uint4 *p)
+{
+    uint4 v = *p;
+    const bool bad = fp_scrub_vec<T>(v);
     if (bad)
         *p = v;
     return bad;

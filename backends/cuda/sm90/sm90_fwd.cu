@@ -120,8 +120,8 @@ typedef fp_sm90_cfg<64, 128, 2, false> fp_sm90_fwd_d64;
 typedef fp_sm90_cfg<128, 128, 2, true> fp_sm90_fwd_d128;
 typedef fp_sm90_cfg<192, 96, 2, true> fp_sm90_fwd_d192;
 typedef fp_sm90_cfg<256, 80, 2, true> fp_sm90_fwd_d256;
-/* fp8 (e4m3) inputs: the P V product reads V^T (DK rows of BN keys, one 128-byte panel), so
- * BN <= 128 and a multiple of 32 (wgmma's fp8 K); head dims up to 128 run on DK = 128. */
+/* fp8 (e4m3) inputs: the P V product reads V^T (DK rows of BN keys, in panels of 128 keys),
+ * so BN is a multiple of 32 (wgmma's fp8 K); head dims up to 128 run on DK = 128. */
 typedef fp_sm90_cfg<128, 128, 2, true> fp_sm90_fwd8_d128;
 typedef fp_sm90_cfg<256, 96, 2, true> fp_sm90_fwd8_d256;
 
@@ -277,13 +277,8 @@ FP_DEV void fp_sm90_scrub_v(unsigned char *v, uint32_t *vmask, int ptid)
 #pragma unroll
         for (int x = 0; x < X; ++x) {
             const int c = c0 + x * FP_SM90_PREPARERS;
-            bool bad = false;
             uint4 w = d[x];
-            w.x = fp_scrub_word<T>(w.x, bad);
-            w.y = fp_scrub_word<T>(w.y, bad);
-            w.z = fp_scrub_word<T>(w.z, bad);
-            w.w = fp_scrub_word<T>(w.w, bad);
-            if (c < CHUNKS && bad) {
+            if (fp_scrub_vec<T>(w) && c < CHUNKS) {
                 const int row = c % (BN * 8) / 8;
                 *reinterpret_cast<uint4 *>(v + 16 * c) = w;
                 atomicOr(&vmask[row / 32], 1u << (row % 32));

@@ -407,7 +407,7 @@ __global__ void __launch_bounds__(fp_bwd_cfg<DK, ALT>::NW * 32, 1)
      * the visible pairs their NaN back. Q and dO are scrubbed in each edge step (qfl). V meets
      * only dO in dP = dO V^T, whose masked entries the dS select drops. */
     __shared__ __align__(16) uint8_t kfl[BN];
-    __shared__ uint8_t qfl[QB][2][BM]; /* Q's, dO's row flags per buffer */
+    __shared__ __align__(4) uint8_t qfl[QB][2][BM]; /* Q's, dO's row flags per buffer */
     auto step_full = [&](int mb_) {
         return fp_mask_block_full(mb_ * BM, min(mb_ * BM + BM, nq), n0, n0 + BN, nq, nk, a.left,
                                   a.right);
@@ -530,9 +530,12 @@ __global__ void __launch_bounds__(fp_bwd_cfg<DK, ALT>::NW * 32, 1)
             fp_cp_async_commit();
         }
         const bool full = !kbad && step_full(mb);
-        if (!full) { /* an edge step: Q and dO of this buffer scrubbed */
-            fp_bwd_guard_rows<T, BM, DK, NT>(sq + buf * BM * DK, sdo + buf * BM * DK, qfl[buf][0],
-                                             qfl[buf][1]);
+        if (!full) { /* an edge step: Q and dO of this buffer scrubbed, if a row may need it */
+            if (fp_rows_suspect<BM>(slse + buf * BM, sdsum + buf * BM))
+                fp_bwd_guard_rows<T, BM, DK, NT>(sq + buf * BM * DK, sdo + buf * BM * DK,
+                                                 qfl[buf][0], qfl[buf][1]);
+            else if (tid < BM / 2)
+                reinterpret_cast<uint32_t *>(qfl[buf])[tid] = 0u;
             __syncthreads();
         }
         if (DQ_LAG && it > 0)

@@ -384,15 +384,46 @@ template <typename T> FP_DEV uint32_t fp_scrub_word(uint32_t w, bool &bad)
     return w & keep;
 }
 
+/* Whether v (8 T values) holds an infinite or NaN element, in a few integer operations: with E
+ * the exponent field and A its lowest bit, a half's (bits & E) + A reaches 0x8000 (its sign bit)
+ * exactly when its exponent is all ones, and never carries into the next half. */
+template <typename T> FP_DEV bool fp_vec_nonfinite(const uint4 &v)
+{
+    constexpr uint32_t E = std::is_same<T, __half>::value ? 0x7c00u : 0x7f80u, A = E & (0u - E);
+    constexpr uint32_t E2 = E | E << 16, A2 = A | A << 16;
+    const uint32_t sum =
+        ((v.x & E2) + A2) | ((v.y & E2) + A2) | ((v.z & E2) + A2) | ((v.w & E2) + A2);
+    return (sum & 0x80008000u) != 0u;
+}
+
 /* v (8 T values) with its infinite and NaN elements set to 0; returns whether it had one. */
 template <typename T> FP_DEV bool fp_scrub_vec(uint4 &v)
 {
+    if (!fp_vec_nonfinite<T>(v))
+        return false;
     bool bad = false;
     v.x = fp_scrub_word<T>(v.x, bad);
     v.y = fp_scrub_word<T>(v.y, bad);
     v.z = fp_scrub_word<T>(v.z, bad);
     v.w = fp_scrub_word<T>(v.w, bad);
     return bad;
+}
+
+/* The masked-key guard's test of a backward step's BM query rows (their LSE2 and Dsum, the side
+ * pass's, in shared memory), the same answer in every warp (so that
+ * the scrub's barrier is reached by all or none): whether some row may hold a non-finite Q or dO
+ * element. A non-finite dO element makes Dsum = rowsum(dO * O) non-finite; a non-finite Q
+ * element makes the forward's LSE of the row NaN if the row sees a key, and a row that sees
+ * none has LSE2 = +inf (as have rows past the sequence). So rows whose LSE2 and Dsum are both
+ * finite need no scrub, given the LSE that the forward computed from this Q. */
+template <int BM> FP_DEV bool fp_rows_suspect(const float *lse2, const float *dsum)
+{
+    const int lane = threadIdx.x & 31;
+    bool bad = false;
+#pragma unroll
+    for (int r = lane; r < BM; r += 32)
+        bad |= !(isfinite(lse2[r]) && isfinite(dsum[r]));
+    return __any_sync(0xffffffffu, bad);
 }
 
 /* The 16 bytes at p (8 T values) with their infinite and NaN elements set to 0 (written back only

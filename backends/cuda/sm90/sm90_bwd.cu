@@ -41,9 +41,10 @@
  * the others select (never multiply) P and dS to 0 for keys a row cannot see. Softcap
  * multiplies dS by fp_softcap_grad of the capped score; ALiBi adds nothing to the gradient.
  * The masked-key guard (docs/reliability.md): K rows are scrubbed of non-finite elements once per
- * block, the Q and dO rows of edge steps (masked pairs, or rows past the sequence) before their
- * products, so that a masked zero of P or dS never meets a NaN or inf; a visible pair of a
- * scrubbed row gets its NaN back by a select.
+ * block where the first step's S^T says they hold one, the Q and dO rows of edge steps (masked
+ * pairs, or rows past the sequence) before their products when the rows' LSE2 / Dsum say one may
+ * hold a non-finite element, so that a masked zero of P or dS never meets a NaN or inf; a visible
+ * pair of a scrubbed row gets its NaN back by a select.
  *
  * Configurations (fp_sm90_bwd_cfg; 384 threads, one block per SM): D = 64: BM 128, D = 128:
  * BM 64; BN 128, 2 stages. Other head dims up to 128 run on the next larger kernel (TMA reads
@@ -287,15 +288,29 @@ __global__ void __launch_bounds__(FP_SM90B_THREADS, 1)
     if (steps > 0) {
         const fp_mask32 mk = fp_mask32_make(nq, nk, a.left, a.right);
         fp_mbar_wait(kv_full, 0);
-        /* The guard's K part: the warpgroup's 64 K rows scrubbed once (dQ = dS K would meet a
-         * non-finite K row with the masked zeros of dS), kbad[r]: this thread's key row had one;
-         * the other warpgroup's rows are scrubbed before the first dQ product's barrier. */
-        if (wtid < 64)
-            kflag[64 * w + wtid] = fp_sm90_scrub_row<T, BN, DK>(gbase, 64 * w + wtid) ? 1 : 0;
-        fp_fence_proxy_async_smem();
-        fp_named_bar_sync(2 + w, 128);
-        const bool kbad[2] = {kflag[kr] != 0, kflag[kr + 8] != 0};
-        const bool kany = kbad[0] || kbad[1];
+        /* The guard's K part, at the first step: an S^T row is non-finite for every query when
+         * its K row holds a non-finite element (inf x 0 is NaN too), so a warp whose S^T rows
+         * are finite has clean K rows (its 16 keys); otherwise its lanes 0 .. 15 scrub those
+         * rows (dQ = dS K would meet them with the masked zeros of dS) and flag them in kflag.
+         * The first dQ product's barrier orders the writes before the other warpgroup reads K.
+         * kbad[r]: this thread's key row had one. */
+        bool kbad[2] = {false, false}, kany = false;
+        auto k_guard = [&](const float(&sv)[BM / 2]) {
+            bool bad = false;
+#pragma unroll
+            for (int i = 0; i < BM / 2; ++i)
+                bad |= !isfinite(sv[i]);
+            if (__any_sync(0xffffffffu, bad)) {
+                const int row = 64 * w + 16 * warp + lane;
+                if (lane < 16)
+                    kflag[row] = fp_sm90_scrub_row<T, BN, DK>(gbase, row) ? 1 : 0;
+                fp_fence_proxy_async_smem();
+                __syncwarp();
+                kbad[0] = kflag[kr] != 0;
+                kbad[1] = kflag[kr + 8] != 0;
+                kany = kbad[0] || kbad[1];
+            }
+        };
         unsigned rbad_seen = 0;
         int h = h_first, mb = mb_end - 1;
         for (int it = 0; it < steps; ++it) {
@@ -304,13 +319,14 @@ __global__ void __launch_bounds__(FP_SM90B_THREADS, 1)
             float sacc[BM / 2], dpacc[BM / 2];
 
             /* Edge steps (pairs a row cannot see, or rows past the sequence) scrub the stage's Q
-             * and dO rows, one (tensor, row) a thread, for dK = dS^T Q and dV = P^T dO */
+             * and dO rows, one (tensor, row) a thread, for dK = dS^T Q and dV = P^T dO, when a
+             * row's LSE2 or Dsum says it may hold a non-finite element (fp_rows_suspect) */
             fp_mbar_wait(full(s), (it / ST) & 1);
             const bool edge = m0 + BM > nq || !fp_mask_block_full(m0, min(m0 + BM, nq), n0, n0 + BN,
                                                                   nq, nk, a.left, a.right);
             uint8_t *const rflag = kflag + BN + s * 2 * BM; /* Q rows, then dO rows */
             bool rnew = false;                              /* this step flagged a Q or dO row */
-            if (edge) {
+            if (edge && fp_rows_suspect<BM>(lse_of(s), dsum_of(s))) {
                 const int ct = tid - 128;
                 if (ct < 2 * BM) {
                     const bool bad =
@@ -338,6 +354,8 @@ __global__ void __launch_bounds__(FP_SM90B_THREADS, 1)
             if (!a.transform) {
                 fp_wgmma_wait<1>();
                 fp_wgmma_fence_regs(sacc);
+                if (it == 0)
+                    k_guard(sacc);
 #pragma unroll
                 for (int j = 0; j < BM / 8; ++j) {
                     const float2 l = *reinterpret_cast<const float2 *>(lse2 + 8 * j + 2 * t);
@@ -367,6 +385,8 @@ __global__ void __launch_bounds__(FP_SM90B_THREADS, 1)
                 fp_wgmma_wait<0>();
                 fp_wgmma_fence_regs(sacc);
                 fp_wgmma_fence_regs(dpacc);
+                if (it == 0)
+                    k_guard(sacc);
                 const float slope = a.alibi ? a.alibi[h] : 0.0f;
 #pragma unroll
                 for (int j = 0; j < BM / 8; ++j)

@@ -9,7 +9,7 @@
  *     "empty" one (its readers are done with it) for K and for V. Warps 1 .. 3, the V
  *     preparers, take each V stage between its arrival and P V: the masked-key guard's scrub in
  *     edge blocks (f16 / bf16), the V^T transpose (fp8); the consumers wait on their "ready"
- *     mbarrier.
+ *     mbarrier for those blocks, on V's "full" one for the others.
  *   consumers (warpgroups 1 and 2, 64 query rows each): S = Q K^T by wgmma with both operands
  *     in shared memory; mask / softcap / ALiBi and the online softmax on S in registers (log2
  *     units, exp2); O += P V by wgmma with P from registers (the S accumulator's layout is the
@@ -259,12 +259,31 @@ FP_DEV void fp_sm90_transform(float (&s)[BN / 2], const fp_sm90_xform &x, int i_
 /* The masked-key guard (sm80/common.cuh, fp_scrub_tile) on a V stage at generic address v (NP
  * panels of BN rows x 128 bytes, contiguous; a row's 16-byte chunks stay in its 128-byte row
  * whatever the swizzle): every infinite or NaN element becomes 0, and the bit of its key is set
- * in vmask. By the producer warpgroup's 96 V preparers (ptid), X chunks in flight per thread;
- * a chunk is written back only if it held such an element. */
-template <typename T, int BN, int NP, int X>
+ * in vmask. By the producer warpgroup's 96 V preparers (ptid): a look with LOOK chunks in
+ * flight per thread, then, if it found such an element, the scrub with X; a chunk is written
+ * back only if it held one. */
+template <typename T, int BN, int NP, int LOOK, int X>
 FP_DEV void fp_sm90_scrub_v(unsigned char *v, uint32_t *vmask, int ptid)
 {
     constexpr int CHUNKS = NP * BN * 8;
+    /* First a read-only look, LOOK chunks in flight: the scrub's writes happen for a V stage that
+     * holds a non-finite element only, and this look sits between V's arrival and the block's
+     * P V, so it must be quick. */
+    bool any = false;
+#pragma unroll 1
+    for (int c0 = ptid; c0 < CHUNKS; c0 += LOOK * FP_SM90_PREPARERS) {
+        uint4 d[LOOK];
+#pragma unroll
+        for (int x = 0; x < LOOK; ++x) {
+            const int c = c0 + x * FP_SM90_PREPARERS;
+            d[x] = c < CHUNKS ? *reinterpret_cast<const uint4 *>(v + 16 * c) : uint4{};
+        }
+#pragma unroll
+        for (int x = 0; x < LOOK; ++x)
+            any |= fp_vec_nonfinite<T>(d[x]);
+    }
+    if (!any)
+        return;
 #pragma unroll 1
     for (int c0 = ptid; c0 < CHUNKS; c0 += X * FP_SM90_PREPARERS) {
         uint4 d[X];
@@ -323,10 +342,19 @@ __global__ void __launch_bounds__(FP_SM90_THREADS, 1)
     auto v_full = [&](int s) { return bars + 8u * (1 + ST + s); };
     auto k_empty = [&](int s) { return bars + 8u * (1 + 2 * ST + s); };
     auto v_empty = [&](int s) { return bars + 8u * (1 + 3 * ST + s); };
-    /* The V preparers' work on stage s is done: the V^T stage is made (fp8), or the V stage is
-     * scrubbed (f16 / bf16 edge blocks) or looked at (other blocks). Every block passes through
-     * them, so that their waits on v_full follow its phases one by one. */
+    /* The V preparers' work on stage s is done: the V^T stage is made (fp8: every block), or the
+     * V stage is scrubbed (f16 / bf16: edge blocks only; the consumers take the other blocks' V
+     * straight from v_full). Its phases count the blocks that pass through it, per stage
+     * (pv_phase below). The preparers wait on v_full for every block and arrive on v_empty, so
+     * that they never fall a phase behind the producer. */
     auto pv_ready = [&](int s) { return bars + 8u * (1 + 4 * ST + s); };
+    /* the parity of stage s's next pv_ready phase, from a bit mask of the stages' parities that
+     * the block's walk toggles (both sides make the same walk) */
+    auto pv_phase = [&](uint32_t &bits, int s) {
+        const uint32_t ph = (bits >> s) & 1u;
+        bits ^= 1u << s;
+        return ph;
+    };
     auto vt_empty = [&](int s) { return bars + 8u * (1 + 5 * ST + s); }; /* fp8 */
     /* the consumers are done with the P V operand: V (f16 / bf16) or V^T (fp8) */
     auto pv_empty = [&](int s) { return FP8 ? vt_empty(s) : v_empty(s); };
@@ -368,7 +396,8 @@ __global__ void __launch_bounds__(FP_SM90_THREADS, 1)
             fp_mbar_init(k_full(s), 1);
             fp_mbar_init(v_full(s), 1);
             fp_mbar_init(k_empty(s), FP_SM90_CONSUMER_THREADS);
-            fp_mbar_init(v_empty(s), FP8 ? FP_SM90_PREPARERS : FP_SM90_CONSUMER_THREADS);
+            fp_mbar_init(v_empty(s),
+                         FP8 ? FP_SM90_PREPARERS : FP_SM90_CONSUMER_THREADS + FP_SM90_PREPARERS);
             fp_mbar_init(pv_ready(s), FP_SM90_PREPARERS);
             if (FP8)
                 fp_mbar_init(vt_empty(s), FP_SM90_CONSUMER_THREADS);
@@ -386,6 +415,7 @@ __global__ void __launch_bounds__(FP_SM90_THREADS, 1)
             fp_setmaxnreg_dec<24>();
         if (wtid >= 32 && n > 0) {
             const int ptid = wtid - 32;
+            uint32_t pv_bits = 0;
             for (int it = 0; it < n; ++it) {
                 const int nb = nb_end - 1 - it, s = it % ST, j0 = nb * BN;
                 const uint32_t ph = (it / ST) & 1;
@@ -415,12 +445,16 @@ __global__ void __launch_bounds__(FP_SM90_THREADS, 1)
                             sv + s * KV_BYTES, svt + s * VT_BYTES, vmask[s], ptid);
                     fp_mbar_arrive(v_empty(s));
                 } else if (edge) {
-                    fp_sm90_scrub_v<TI, BN, NP, PRODUCER_REGS == 40 ? 4 : 1>(
+                    fp_sm90_scrub_v<TI, BN, NP, DK >= 256 ? 2 : 4, PRODUCER_REGS == 40 ? 4 : 1>(
                         gq + (sv - sq) + s * KV_BYTES, vmask[s], ptid);
                 }
-                if (FP8 || edge)
+                if (FP8 || edge) {
                     fp_fence_proxy_async_smem(); /* generic writes, before wgmma reads them */
-                fp_mbar_arrive(pv_ready(s));
+                    pv_phase(pv_bits, s);
+                    fp_mbar_arrive(pv_ready(s));
+                }
+                if (!FP8)
+                    fp_mbar_arrive(v_empty(s));
             }
         }
         if (wtid == 0 && n > 0) {
@@ -547,23 +581,29 @@ __global__ void __launch_bounds__(FP_SM90_THREADS, 1)
             fp_softmax_init(&st[0]);
             fp_softmax_init(&st[1]);
 
-            /* Waits until the V preparers are done with the P V operand of block it_ (V^T, or
-             * V, scrubbed in edge blocks). In edge blocks, the rows of this warpgroup that see
-             * a key the guard flagged are marked (rowbad, one thread per row): they end with
-             * O = NaN. */
+            /* Waits until the P V operand of block it_ is ready: V^T made by the V preparers
+             * (fp8), V scrubbed by them (f16 / bf16 edge blocks), or V as TMA wrote it. In edge
+             * blocks, the rows of this warpgroup that see a key the guard flagged are marked
+             * (rowbad, one thread per row): they end with O = NaN. */
             __shared__ uint8_t rowbad[FP_SM90_BM];
             if (wtid < 64)
                 rowbad[64 * w + wtid] = 0;
+            uint32_t pv_bits = 0;
             auto wait_pv = [&](int it_) {
                 const int stage = it_ % ST, j0 = (nb_end - 1 - it_) * BN;
-                fp_mbar_wait(pv_ready(stage), (it_ / ST) & 1);
                 const bool edge = !block_full(j0);
+                if (FP8 || edge)
+                    fp_mbar_wait(pv_ready(stage), pv_phase(pv_bits, stage));
+                else
+                    fp_mbar_wait(v_full(stage), (it_ / ST) & 1);
+                if (!edge)
+                    return;
                 const uint32_t *vm = vmask[stage];
                 uint32_t any = 0;
 #pragma unroll
                 for (int i = 0; i < VM_WORDS; ++i)
                     any |= vm[i];
-                if (edge && wtid < 64 && any) {
+                if (wtid < 64 && any) {
                     const fp_mask_row mr = fp_mask32_row(mk, m0 + 64 * w + wtid, j0);
                     bool bad = false;
                     for (int c = max(mr.lo, 0); c < min(mr.hi, BN); ++c)

@@ -1,7 +1,7 @@
 """flashport.attention and flashport.attention_backward on any DLPack tensor."""
 from . import _C
 from ._errors import error
-from ._frontends import frontend
+from ._frontends import _frontends, frontend
 
 # fp8 formats by name (attention(fp8=...)), as flashport_dtype codes
 _FP8_NAMES = {"e4m3": 3, "e5m2": 4}
@@ -112,16 +112,26 @@ def attention(q, k, v, *, causal=False, window=(-1, -1), softcap=0.0, alibi_slop
     GPU work is enqueued on the caller's current stream (torch's or CuPy's) and not waited for.
     Raises flashport.Error (status name and the library's message) on bad input.
     """
-    fe = frontend(q)
-    if out is not None:
-        o, lse = out if return_lse else (out, None)
-    else:
+    fe = _frontends.get(type(q)) or frontend(q)
+    if out is None:
         o, lse = None, (True if return_lse else None)
-    max_q, max_k = _max_lens(fe, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
-    o, lse = run_forward(fe, backend, q, k, v, o, lse, alibi_slopes, cu_seqlens_q, cu_seqlens_k,
-                         0.0 if scale is None else scale, window[0], window[1], causal, softcap,
-                         max_q, max_k, False, seqused_k, block_table, descale or _NO_DESCALE,
-                         _fp8_code(fe, q, fp8))
+    else:
+        o, lse = out if return_lse else (out, None)
+    if cu_seqlens_q is None and max_seqlen_q is None and max_seqlen_k is None:
+        max_q = max_k = 0
+    else:
+        max_q, max_k = _max_lens(fe, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
+    code = _fp8_code(fe, q, fp8)
+    scale = 0.0 if scale is None else scale
+    if fe.allocates:
+        # The framework's exchange API does everything from C: no layer in between.
+        o, lse = _C.forward(backend, None, q, k, v, o, lse, alibi_slopes, cu_seqlens_q,
+                            cu_seqlens_k, scale, window[0], window[1], causal, softcap, max_q,
+                            max_k, False, seqused_k, block_table, *(descale or _NO_DESCALE), code)
+    else:
+        o, lse = run_forward(fe, backend, q, k, v, o, lse, alibi_slopes, cu_seqlens_q,
+                             cu_seqlens_k, scale, window[0], window[1], causal, softcap, max_q,
+                             max_k, False, seqused_k, block_table, descale or _NO_DESCALE, code)
     return (o, lse) if return_lse else o
 
 
@@ -137,10 +147,19 @@ def attention_backward(dout, q, k, v, o, lse, *, causal=False, window=(-1, -1), 
     of new ones. seqused_k as in attention (the dk, dv rows of unused keys are zeros). Returns
     (dq, dk, dv) in q's type.
     """
-    fe = frontend(q)
+    fe = _frontends.get(type(q)) or frontend(q)
     dq, dk, dv = (None, None, None) if out is None else out
-    max_q, max_k = _max_lens(fe, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
+    if cu_seqlens_q is None and max_seqlen_q is None and max_seqlen_k is None:
+        max_q = max_k = 0
+    else:
+        max_q, max_k = _max_lens(fe, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
+    scale = 0.0 if scale is None else scale
+    code = _fp8_code(fe, q, None)
+    if fe.allocates:
+        return _C.backward(backend, None, q, k, v, o, lse, dout, dq, dk, dv, alibi_slopes,
+                           cu_seqlens_q, cu_seqlens_k, scale, window[0], window[1], causal,
+                           softcap, max_q, max_k, deterministic, seqused_k, None, *_NO_DESCALE,
+                           code)
     return run_backward(fe, backend, dout, q, k, v, o, lse, dq, dk, dv, alibi_slopes,
-                        cu_seqlens_q, cu_seqlens_k, 0.0 if scale is None else scale, window[0],
-                        window[1], causal, softcap, max_q, max_k, deterministic, seqused_k,
-                        _fp8_code(fe, q, None))
+                        cu_seqlens_q, cu_seqlens_k, scale, window[0], window[1], causal, softcap,
+                        max_q, max_k, deterministic, seqused_k, code)

@@ -54,9 +54,9 @@ def run_forward(fe, backend, q, k, v, o, lse, alibi, cu_q, cu_k, scale, window_l
             shape = _lse_shape(q, cu_q is not None)
             lse = None if shape is None else fe.empty_f32(shape, q)
     if fe.raw:
-        return _C.forward(backend, None, q, k, v, o, lse, alibi, cu_q, cu_k, scale, window_left,
-                          window_right, causal, softcap, max_q, max_k, deterministic,
-                          seqused_k, block_table, *descale, code)
+        return _C.forward(backend, fe.stream(q) if fe.names_stream else None, q, k, v, o, lse,
+                          alibi, cu_q, cu_k, scale, window_left, window_right, causal, softcap,
+                          max_q, max_k, deterministic, seqused_k, block_table, *descale, code)
     t = _exported(fe, (q, k, v, o, lse, alibi, cu_q, cu_k, seqused_k, block_table))
     _C.forward(backend, fe.stream(q), *t[:8], scale, window_left, window_right, causal, softcap,
                max_q, max_k, deterministic, t[8], t[9], *descale, code)
@@ -71,9 +71,10 @@ def run_backward(fe, backend, dout, q, k, v, o, lse, dq, dk, dv, alibi, cu_q, cu
     if not fe.allocates and dq is None:
         dq, dk, dv = fe.empty_like(q), fe.empty_like(k), fe.empty_like(v)
     if fe.raw:
-        return _C.backward(backend, None, q, k, v, o, lse, dout, dq, dk, dv, alibi, cu_q, cu_k,
-                           scale, window_left, window_right, causal, softcap, max_q, max_k,
-                           deterministic, seqused_k, None, *_NO_DESCALE, code)
+        return _C.backward(backend, fe.stream(q) if fe.names_stream else None, q, k, v, o, lse,
+                           dout, dq, dk, dv, alibi, cu_q, cu_k, scale, window_left, window_right,
+                           causal, softcap, max_q, max_k, deterministic, seqused_k, None,
+                           *_NO_DESCALE, code)
     t = _exported(fe, (q, k, v, o, lse, dout, dq, dk, dv, alibi, cu_q, cu_k, seqused_k))
     _C.backward(backend, fe.stream(q), *t[:12], scale, window_left, window_right, causal,
                 softcap, max_q, max_k, deterministic, t[12], None, *_NO_DESCALE, code)

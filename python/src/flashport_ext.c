@@ -75,6 +75,8 @@ typedef struct imported {
 
 static PyObject *str_dlpack;     /* "__dlpack__" */
 static PyObject *kw_max_version; /* ("max_version",) */
+static PyObject *kw_stream;      /* ("stream",) */
+static PyObject *kw_stream_max;  /* ("stream", "max_version") */
 static PyObject *dlpack_version; /* (1, 0) */
 
 /* Replaces the pending Python exception (a framework's own refusal) by a flashport.Error of
@@ -120,8 +122,10 @@ static const fp_dl_exchange_api *exchange_api(PyTypeObject *type)
     return NULL;
 }
 
-/* Exports obj (or takes its capsule). Returns 0, or -1 with an exception set. */
-static int import_tensor(const char *what, PyObject *obj, imported *out)
+/* Exports obj (or takes its capsule). stream: NULL, or the DLPack stream value that obj's
+ * __dlpack__ is asked for (the caller's stream, which the producer orders its work before).
+ * Returns 0, or -1 with an exception set. */
+static int import_tensor(const char *what, PyObject *obj, imported *out, PyObject *stream)
 {
     out->capsule = NULL;
     out->dl = NULL;
@@ -145,11 +149,20 @@ static int import_tensor(const char *what, PyObject *obj, imported *out)
     } else {
         /* DLPack 1.x first (it can carry read-only arrays); producers that predate the keyword
          * answer TypeError and are asked again the 0.x way. */
-        PyObject *args[2] = {obj, dlpack_version};
-        cap = PyObject_VectorcallMethod(str_dlpack, args, 1, kw_max_version);
-        if (!cap && PyErr_ExceptionMatches(PyExc_TypeError)) {
-            PyErr_Clear();
-            cap = PyObject_VectorcallMethod(str_dlpack, args, 1, NULL);
+        PyObject *args[3] = {obj, stream, dlpack_version};
+        if (stream) {
+            cap = PyObject_VectorcallMethod(str_dlpack, args, 1, kw_stream_max);
+            if (!cap && PyErr_ExceptionMatches(PyExc_TypeError)) {
+                PyErr_Clear();
+                cap = PyObject_VectorcallMethod(str_dlpack, args, 1, kw_stream);
+            }
+        } else {
+            args[1] = dlpack_version;
+            cap = PyObject_VectorcallMethod(str_dlpack, args, 1, kw_max_version);
+            if (!cap && PyErr_ExceptionMatches(PyExc_TypeError)) {
+                PyErr_Clear();
+                cap = PyObject_VectorcallMethod(str_dlpack, args, 1, NULL);
+            }
         }
         if (!cap) {
             if (PyErr_ExceptionMatches(PyExc_AttributeError)) {
@@ -235,7 +248,7 @@ static PyObject *allocate(const char *what, const fp_dl_exchange_api *api, const
         raise_from_python(FLASHPORT_ERR_OUT_OF_MEMORY, what);
         return NULL;
     }
-    if (import_tensor(what, (PyObject *)obj, t) != 0) {
+    if (import_tensor(what, (PyObject *)obj, t, NULL) != 0) {
         Py_DECREF((PyObject *)obj);
         return NULL;
     }
@@ -456,6 +469,7 @@ typedef struct call {
     flashport_attention_params params;
     flashport_backend *be;
     int is_host;
+    PyObject *dl_stream; /* owned: the stream __dlpack__ is asked for, or NULL */
 } call;
 
 static void call_release(call *c)
@@ -469,6 +483,7 @@ static void call_release(call *c)
     release(&c->cu_k);
     release(&c->used_k);
     release(&c->table);
+    Py_CLEAR(c->dl_stream);
 }
 
 static int same_device(const char *what, const fp_dl_device *a, const fp_dl_device *q)
@@ -664,7 +679,7 @@ static int allocate_outputs(call *c, PyObject *const *tensors, int first, int nt
             return -1;
         }
         c->obj[i] = obj;
-        if (import_tensor(names[i], obj, &c->t[i]) != 0) {
+        if (import_tensor(names[i], obj, &c->t[i], NULL) != 0) {
             if (n - j - 1 > 0)
                 shared_release(b, n - j - 1);
             return -1;
@@ -708,6 +723,19 @@ static int prepare(call *c, PyObject *const *args, Py_ssize_t nargs, int ntensor
         if (code != 0)
             uint8_as = (flashport_dtype)code;
     }
+    /* A stream given with tensors that are not capsules (CuPy's frontend): each tensor's
+     * __dlpack__ is asked for it, so the producer orders its pending work before that stream.
+     * DLPack reserves 0 (ambiguous) and names the legacy default stream, whose handle is 0, 1. */
+    if (args[1] != Py_None) {
+        void *s = PyLong_AsVoidPtr(args[1]);
+        if (!s && PyErr_Occurred())
+            return -1;
+        c->dl_stream = s ? args[1] : PyLong_FromLong(1);
+        if (s)
+            Py_INCREF(args[1]);
+        if (!c->dl_stream)
+            return -1;
+    }
     const int varlen = args[2 + ntensors + 1] != Py_None;
     /* Outputs follow the inputs: the backward's dq, dk, dv, the forward's o and lse. */
     const int first_output = ntensors == 5 ? 3 : 6;
@@ -732,7 +760,7 @@ static int prepare(call *c, PyObject *const *args, Py_ssize_t nargs, int ntensor
                 Py_INCREF(o);
                 c->obj[i] = o;
             }
-            if (import_tensor(names[i], o, &c->t[i]) != 0)
+            if (import_tensor(names[i], o, &c->t[i], c->dl_stream) != 0)
                 return -1;
             if (i > 0 && same_device(names[i], &c->t[i].dl->device, &c->t[0].dl->device) != 0)
                 return -1;
@@ -757,7 +785,7 @@ static int prepare(call *c, PyObject *const *args, Py_ssize_t nargs, int ntensor
     for (int i = 0; i < 5; i++) {
         if (side[i].obj == Py_None)
             continue;
-        if (import_tensor(side[i].name, side[i].obj, side[i].t) != 0 ||
+        if (import_tensor(side[i].name, side[i].obj, side[i].t, c->dl_stream) != 0 ||
             same_device(side[i].name, &side[i].t->dl->device, dev) != 0)
             return -1;
     }
@@ -1079,8 +1107,10 @@ PyMODINIT_FUNC PyInit__C(void)
 {
     str_dlpack = PyUnicode_InternFromString("__dlpack__");
     kw_max_version = Py_BuildValue("(s)", "max_version");
+    kw_stream = Py_BuildValue("(s)", "stream");
+    kw_stream_max = Py_BuildValue("(ss)", "stream", "max_version");
     dlpack_version = Py_BuildValue("(ii)", 1, 0);
-    if (!str_dlpack || !kw_max_version || !dlpack_version)
+    if (!str_dlpack || !kw_max_version || !kw_stream || !kw_stream_max || !dlpack_version)
         return NULL;
     return PyModule_Create(&module);
 }

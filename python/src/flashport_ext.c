@@ -11,9 +11,11 @@
  * Frameworks that publish DLPack's C exchange API on their tensor type (torch 2.15 does), and
  * whose frontend in the package says so (use_exchange_api), are met through it alone: tensors
  * are described into a DLTensor on the stack (no capsule, no Python call), outputs the caller
- * leaves to us are allocated by the framework from here, and the stream is the framework's
- * current one. That keeps a call from torch within a few microseconds of the C call. Other
- * frameworks' outputs are allocated on the Python side and come in as DLPack like the inputs.
+ * leaves to us are allocated by the framework from here (all of a call's in one allocation), and
+ * the stream is the framework's current one. That keeps a call from torch within a few
+ * microseconds of the C call. Other frameworks' outputs are allocated on the Python side and
+ * come in as DLPack like the inputs; with a stream given (CuPy), each tensor's __dlpack__ is
+ * asked for that stream.
  *
  * A capsule is read, never consumed: it stays named "dltensor", so the producer's own destructor
  * releases it when the call drops its reference.

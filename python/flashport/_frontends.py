@@ -157,6 +157,7 @@ class _ArrayAPI:
     producer to order its work before."""
 
     raw = False
+    names_stream = False
     allocates = False
     fp8 = {}
 

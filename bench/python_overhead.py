@@ -19,6 +19,11 @@ CLOCK_THREAD_CPUTIME_ID in call_time.c) with FLASHPORT_NUM_THREADS=1, so all the
 that thread: on a loaded machine that leaves out the time spent waiting for a core, which wall
 time cannot. CPU backend only.
 
+Rows marked "floor" (torch only) time torch's own parts with no attention inside: allocating o
+and lse, a minimal autograd.Function (forward, and forward + backward through the autograd
+engine) and a minimal torch.library custom op with an autograd formula. They are what
+flashport.torch cannot go below on that path; their figure is absolute, not over the C call.
+
 Needs a C compiler (cc) and the repository's include/ (run it from a checkout).
 """
 import argparse
@@ -27,6 +32,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from typing import Tuple
 
 import flashport
 
@@ -91,12 +97,63 @@ def cases_for(label, make, sync, torch_ops):
              lambda: ft.attention(q, k, v, causal=True)),
             ("flashport.torch.attention, requires_grad", "fwd",
              lambda: ft.attention(qg, kg, vg, causal=True)),
+            ("flash_attn_func, no grad", "fwd", lambda: ft.flash_attn_func(q, k, v, causal=True)),
+            ("flash_attn_func, requires_grad", "fwd",
+             lambda: ft.flash_attn_func(qg, kg, vg, causal=True)),
             ("flashport.torch.attention + .backward()", "fwd+bwd", fwd_bwd),
             ("torch.ops.flashport.attention_forward (the op)", "fwd",
              lambda: torch_ops.attention_forward(q, k, v, None, None, None, 0.0, -1, 0, True, 0.0,
                                                  0, 0, False)),
         ]
+        cases += [(f"floor: {name}", None, fn) for name, fn in torch_floors(q, qg, kg, vg, do)]
     return [(f"{label}: {name}", base, fn, sync) for name, base, fn in cases]
+
+
+_floor_ops = []
+
+
+def torch_floors(q, qg, kg, vg, do):
+    """torch's own cost of what flashport.torch is built from, with no attention inside: the
+    allocation of outputs like o and lse, an autograd.Function that allocates them (forward, and
+    forward + backward through the autograd engine), and a torch.library custom op with an
+    autograd formula, dispatched. (name, fn) each; absolute times, nothing to subtract."""
+    import torch
+
+    lse_shape = (q.shape[0], q.shape[2], q.shape[1])
+
+    def outputs(x):
+        return torch.empty_like(x), x.new_empty(lse_shape, dtype=torch.float32)
+
+    class Minimal(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, q, k, v):
+            o, lse = outputs(q)
+            ctx.mark_non_differentiable(lse)
+            return o, lse
+
+        @staticmethod
+        def backward(ctx, do, dlse):
+            return torch.empty_like(do), torch.empty_like(do), torch.empty_like(do)
+
+    if not _floor_ops:
+        def minimal(q: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+            return outputs(q)
+
+        op = torch.library.custom_op("flashport_bench::minimal", minimal, mutates_args=())
+        op.register_fake(outputs)
+        op.register_autograd(lambda ctx, do, dlse: do, setup_context=lambda ctx, i, o: None)
+        _floor_ops.append(torch.ops.flashport_bench.minimal)
+    minimal_op = _floor_ops[0]
+    return [
+        ("torch.empty_like(q) + new_empty(lse) (o and lse from torch's allocator)",
+         lambda: outputs(q)),
+        ("autograd.Function.apply allocating o, lse (q, k, v require grad)",
+         lambda: Minimal.apply(qg, kg, vg)),
+        ("the same + .backward() (torch's autograd engine)",
+         lambda: Minimal.apply(qg, kg, vg)[0].backward(do)),
+        ("torch.library custom op allocating o, lse, with an autograd formula, dispatched",
+         lambda: minimal_op(q)),
+    ]
 
 
 def median(xs):
@@ -161,7 +218,7 @@ def main():
                                    args.clock)
             c_rows["fwd"].append(c_fwd)
             c_rows["bwd"].append(c_bwd)
-            base = {"fwd": c_fwd, "bwd": c_bwd, "fwd+bwd": c_fwd + c_bwd}
+            base = {"fwd": c_fwd, "bwd": c_bwd, "fwd+bwd": c_fwd + c_bwd, None: 0.0}
             for name, b, fn, sync in cases:
                 t = py_time(fn, sync, args.reps, args.clock)
                 times[name].append(t)
@@ -180,6 +237,10 @@ def main():
               f"({min(c_rows[d]):.2f} .. {max(c_rows[d]):.2f}) | |")
     for name, b, _, _ in cases:
         o = over[name]
+        if b is None:  # a floor of torch's own: its time is the figure
+            print(f"| {name} | none | {median(times[name]):.2f} "
+                  f"({min(times[name]):.2f} .. {max(times[name]):.2f}) | |")
+            continue
         print(f"| {name} | {b} | {median(times[name]):.2f} | {median(o):+.2f} "
               f"({min(o):+.2f} .. {max(o):+.2f}) |")
 

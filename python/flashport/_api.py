@@ -1,7 +1,7 @@
 """flashport.attention and flashport.attention_backward on any DLPack tensor."""
 from . import _C
 from ._errors import error
-from ._frontends import frontend
+from ._frontends import _frontends, frontend
 
 # fp8 formats by name (attention(fp8=...)), as flashport_dtype codes
 _FP8_NAMES = {"e4m3": 3, "e5m2": 4}
@@ -54,9 +54,9 @@ def run_forward(fe, backend, q, k, v, o, lse, alibi, cu_q, cu_k, scale, window_l
             shape = _lse_shape(q, cu_q is not None)
             lse = None if shape is None else fe.empty_f32(shape, q)
     if fe.raw:
-        return _C.forward(backend, None, q, k, v, o, lse, alibi, cu_q, cu_k, scale, window_left,
-                          window_right, causal, softcap, max_q, max_k, deterministic,
-                          seqused_k, block_table, *descale, code)
+        return _C.forward(backend, fe.stream(q) if fe.names_stream else None, q, k, v, o, lse,
+                          alibi, cu_q, cu_k, scale, window_left, window_right, causal, softcap,
+                          max_q, max_k, deterministic, seqused_k, block_table, *descale, code)
     t = _exported(fe, (q, k, v, o, lse, alibi, cu_q, cu_k, seqused_k, block_table))
     _C.forward(backend, fe.stream(q), *t[:8], scale, window_left, window_right, causal, softcap,
                max_q, max_k, deterministic, t[8], t[9], *descale, code)
@@ -71,9 +71,10 @@ def run_backward(fe, backend, dout, q, k, v, o, lse, dq, dk, dv, alibi, cu_q, cu
     if not fe.allocates and dq is None:
         dq, dk, dv = fe.empty_like(q), fe.empty_like(k), fe.empty_like(v)
     if fe.raw:
-        return _C.backward(backend, None, q, k, v, o, lse, dout, dq, dk, dv, alibi, cu_q, cu_k,
-                           scale, window_left, window_right, causal, softcap, max_q, max_k,
-                           deterministic, seqused_k, None, *_NO_DESCALE, code)
+        return _C.backward(backend, fe.stream(q) if fe.names_stream else None, q, k, v, o, lse,
+                           dout, dq, dk, dv, alibi, cu_q, cu_k, scale, window_left, window_right,
+                           causal, softcap, max_q, max_k, deterministic, seqused_k, None,
+                           *_NO_DESCALE, code)
     t = _exported(fe, (q, k, v, o, lse, dout, dq, dk, dv, alibi, cu_q, cu_k, seqused_k))
     _C.backward(backend, fe.stream(q), *t[:12], scale, window_left, window_right, causal,
                 softcap, max_q, max_k, deterministic, t[12], None, *_NO_DESCALE, code)
@@ -112,16 +113,26 @@ def attention(q, k, v, *, causal=False, window=(-1, -1), softcap=0.0, alibi_slop
     GPU work is enqueued on the caller's current stream (torch's or CuPy's) and not waited for.
     Raises flashport.Error (status name and the library's message) on bad input.
     """
-    fe = frontend(q)
-    if out is not None:
-        o, lse = out if return_lse else (out, None)
-    else:
+    fe = _frontends.get(type(q)) or frontend(q)
+    if out is None:
         o, lse = None, (True if return_lse else None)
-    max_q, max_k = _max_lens(fe, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
-    o, lse = run_forward(fe, backend, q, k, v, o, lse, alibi_slopes, cu_seqlens_q, cu_seqlens_k,
-                         0.0 if scale is None else scale, window[0], window[1], causal, softcap,
-                         max_q, max_k, False, seqused_k, block_table, descale or _NO_DESCALE,
-                         _fp8_code(fe, q, fp8))
+    else:
+        o, lse = out if return_lse else (out, None)
+    if cu_seqlens_q is None and max_seqlen_q is None and max_seqlen_k is None:
+        max_q = max_k = 0
+    else:
+        max_q, max_k = _max_lens(fe, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
+    code = _fp8_code(fe, q, fp8)
+    scale = 0.0 if scale is None else scale
+    if fe.allocates:
+        # The framework's exchange API does everything from C: no layer in between.
+        o, lse = _C.forward(backend, None, q, k, v, o, lse, alibi_slopes, cu_seqlens_q,
+                            cu_seqlens_k, scale, window[0], window[1], causal, softcap, max_q,
+                            max_k, False, seqused_k, block_table, *(descale or _NO_DESCALE), code)
+    else:
+        o, lse = run_forward(fe, backend, q, k, v, o, lse, alibi_slopes, cu_seqlens_q,
+                             cu_seqlens_k, scale, window[0], window[1], causal, softcap, max_q,
+                             max_k, False, seqused_k, block_table, descale or _NO_DESCALE, code)
     return (o, lse) if return_lse else o
 
 
@@ -137,10 +148,19 @@ def attention_backward(dout, q, k, v, o, lse, *, causal=False, window=(-1, -1), 
     of new ones. seqused_k as in attention (the dk, dv rows of unused keys are zeros). Returns
     (dq, dk, dv) in q's type.
     """
-    fe = frontend(q)
+    fe = _frontends.get(type(q)) or frontend(q)
     dq, dk, dv = (None, None, None) if out is None else out
-    max_q, max_k = _max_lens(fe, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
+    if cu_seqlens_q is None and max_seqlen_q is None and max_seqlen_k is None:
+        max_q = max_k = 0
+    else:
+        max_q, max_k = _max_lens(fe, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
+    scale = 0.0 if scale is None else scale
+    code = _fp8_code(fe, q, None)
+    if fe.allocates:
+        return _C.backward(backend, None, q, k, v, o, lse, dout, dq, dk, dv, alibi_slopes,
+                           cu_seqlens_q, cu_seqlens_k, scale, window[0], window[1], causal,
+                           softcap, max_q, max_k, deterministic, seqused_k, None, *_NO_DESCALE,
+                           code)
     return run_backward(fe, backend, dout, q, k, v, o, lse, dq, dk, dv, alibi_slopes,
-                        cu_seqlens_q, cu_seqlens_k, 0.0 if scale is None else scale, window[0],
-                        window[1], causal, softcap, max_q, max_k, deterministic, seqused_k,
-                        _fp8_code(fe, q, None))
+                        cu_seqlens_q, cu_seqlens_k, scale, window[0], window[1], causal, softcap,
+                        max_q, max_k, deterministic, seqused_k, code)

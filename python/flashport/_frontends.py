@@ -7,8 +7,9 @@ NumPy, torch, CuPy; any other type that implements the array API standard
 (``__array_namespace__``) and DLPack works through that namespace.
 
 Each frontend says:
-- ``raw``: its tensors go to the extension as they are, which finds the stream itself (so
-  ``export`` and ``stream`` are not called);
+- ``raw``: its tensors go to the extension as they are (``export`` is not called), which finds
+  the stream itself unless ``names_stream``: then ``stream(q)`` is passed and the extension asks
+  each tensor's ``__dlpack__`` for that stream;
 - ``allocates``: the extension allocates the outputs through the framework's DLPack C exchange
   API (torch 2.15 has it), so ``empty_like`` and friends are not called for a plain call;
 - ``fp8``: the framework's float8 dtypes, as flashport dtype codes.
@@ -43,6 +44,7 @@ class _NumPy:
     """Host memory, no stream; the extension calls ``__dlpack__`` itself."""
 
     raw = True
+    names_stream = False
     allocates = False
     fp8 = {}
 
@@ -72,6 +74,8 @@ class _Torch:
     Python checks (requires_grad, conjugate bits, a stream handshake this call does not need,
     since it runs on the current stream); its C export, where it exists, is a fraction of that.
     """
+
+    names_stream = False
 
     def __init__(self):
         import torch
@@ -115,17 +119,19 @@ class _Torch:
 
 
 class _CuPy:
-    """CuPy on its current stream: the DLPack handshake names that stream, so CuPy orders
-    nothing extra, and flashport enqueues on the same stream."""
+    """CuPy on its current stream: the extension asks each array's ``__dlpack__`` for that
+    stream, so CuPy orders nothing extra, and flashport enqueues on the same stream. Where CuPy
+    publishes DLPack's C exchange API, the extension meets it through that, as it does torch."""
 
-    raw = False
-    allocates = False
     fp8 = {}
 
     def __init__(self):
         import cupy
 
         self.cp = cupy
+        self.raw = True
+        self.allocates = _C.use_exchange_api(cupy.ndarray)
+        self.names_stream = not self.allocates
 
     def empty_like(self, x):
         return self.cp.empty_like(x)
@@ -137,13 +143,6 @@ class _CuPy:
     def empty_fp8_out(self, x):
         with x.device:
             return self.cp.empty(x.shape, self.cp.float16)
-
-    def export(self, x):
-        if not isinstance(x, self.cp.ndarray):
-            return x
-        s = self.cp.cuda.get_current_stream().ptr
-        # DLPack reserves 0 (ambiguous); 1 names the legacy default stream, which ptr 0 is.
-        return x.__dlpack__(stream=s if s else 1)
 
     def stream(self, x):
         return self.cp.cuda.get_current_stream().ptr
@@ -158,6 +157,7 @@ class _ArrayAPI:
     producer to order its work before."""
 
     raw = False
+    names_stream = False
     allocates = False
     fp8 = {}
 
@@ -190,6 +190,7 @@ class _Unknown:
     (no ``__dlpack__``, or a DLPack tensor whose framework gives no way to allocate outputs)."""
 
     raw = True
+    names_stream = False
     allocates = False
     fp8 = {}
 

@@ -24,6 +24,7 @@ import torch
 from torch import Tensor
 from torch.autograd import forward_ad
 
+from . import _C
 from ._api import _NO_DESCALE, _lse_shape, run_backward, run_forward
 from ._errors import error
 from ._frontends import frontend
@@ -39,6 +40,11 @@ def _forward_impl(q: Tensor, k: Tensor, v: Tensor, alibi_slopes: Optional[Tensor
                   window_left: int, window_right: int, causal: bool, softcap: float,
                   max_seqlen_q: int, max_seqlen_k: int,
                   deterministic: bool) -> Tuple[Tensor, Tensor]:
+    if _fe.allocates:  # the extension does everything through torch's exchange API
+        return _C.forward(None, None, q, k, v, None, True, alibi_slopes, cu_seqlens_q,
+                          cu_seqlens_k, scale, window_left, window_right, causal, softcap,
+                          max_seqlen_q, max_seqlen_k, deterministic, None, None, *_NO_DESCALE,
+                          _fe.fp8.get(q.dtype, 0))
     return run_forward(_fe, None, q, k, v, None, True, alibi_slopes, cu_seqlens_q, cu_seqlens_k,
                        scale, window_left, window_right, causal, softcap, max_seqlen_q,
                        max_seqlen_k, deterministic, None, None, _NO_DESCALE,
@@ -50,6 +56,11 @@ def _backward_impl(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, o: Tensor, lse
                    cu_seqlens_k: Optional[Tensor], scale: float, window_left: int,
                    window_right: int, causal: bool, softcap: float, max_seqlen_q: int,
                    max_seqlen_k: int, deterministic: bool) -> Tuple[Tensor, Tensor, Tensor]:
+    if _fe.allocates:
+        return _C.backward(None, None, q, k, v, o, lse, dout, None, None, None, alibi_slopes,
+                           cu_seqlens_q, cu_seqlens_k, scale, window_left, window_right, causal,
+                           softcap, max_seqlen_q, max_seqlen_k, deterministic, None, None,
+                           *_NO_DESCALE, _fe.fp8.get(q.dtype, 0))
     return run_backward(_fe, None, dout, q, k, v, o, lse, None, None, None, alibi_slopes,
                         cu_seqlens_q, cu_seqlens_k, scale, window_left, window_right, causal,
                         softcap, max_seqlen_q, max_seqlen_k, deterministic, None,
@@ -104,7 +115,7 @@ _forward.register_autograd(_autograd_backward, setup_context=_setup_context)
 
 
 class _Attention(torch.autograd.Function):
-    """The op's autograd formula for eager calls that may skip the dispatcher (_eager): the same
+    """The op's autograd formula for eager calls that may skip the dispatcher (attention): the same
     forward, saved tensors and backward, without the custom op's Python dispatch."""
 
     @staticmethod
@@ -126,17 +137,8 @@ _dispatch_modes = torch._C._len_torch_dispatch_stack
 _function_modes = torch._C._is_torch_function_mode_enabled
 _transforms = torch._C._are_functorch_transforms_active
 _tracing = torch._C._get_tracing_state
-
-
-def _eager(q, k, v):
-    """Whether a call may go straight to the extension instead of through the custom op: plain
-    tensors, and nothing that watches or transforms ops (dispatch or function modes, such as
-    FakeTensorMode, make_fx, FlopCounterMode or torch.device(); functorch transforms; forward-mode
-    AD; torch.jit.trace). Those need the op; a plain eager call gets nothing from torch's dispatch
-    of a Python op but its cost, tens of microseconds."""
-    return (type(q) is Tensor and type(k) is Tensor and type(v) is Tensor
-            and not _dispatch_modes() and not _function_modes() and not _transforms()
-            and forward_ad._current_level < 0 and _tracing() is None)
+_is_compiling = torch.compiler.is_compiling
+_grad_enabled = torch.is_grad_enabled
 
 
 def _max_len(cu, given):
@@ -158,13 +160,24 @@ def attention(q, k, v, *, causal=False, window=(-1, -1), softcap=0.0, alibi_slop
     torch.ops.flashport.attention_forward; a plain eager call runs the same code without the
     op's dispatch (with torch.autograd.Function when a gradient is wanted).
     """
+    if cu_seqlens_q is None and cu_seqlens_k is None and max_seqlen_q is None and \
+            max_seqlen_k is None:
+        max_q = max_k = 0
+    else:
+        max_q = _max_len(cu_seqlens_q, max_seqlen_q)
+        max_k = _max_len(cu_seqlens_k, max_seqlen_k)
     params = (0.0 if scale is None else float(scale), int(window[0]), int(window[1]),
-              bool(causal), float(softcap), _max_len(cu_seqlens_q, max_seqlen_q),
-              _max_len(cu_seqlens_k, max_seqlen_k), bool(deterministic))
-    if torch.compiler.is_compiling() or not _eager(q, k, v):
+              bool(causal), float(softcap), max_q, max_k, bool(deterministic))
+    # The op where something watches or transforms ops: torch.compile, dispatch or function
+    # modes (FakeTensorMode, make_fx, FlopCounterMode, torch.device()), functorch transforms,
+    # forward-mode AD, torch.jit.trace, tensor subclasses. A plain eager call gets nothing from
+    # torch's dispatch of a Python op but its cost, more than the attention of a small problem.
+    if (_is_compiling() or type(q) is not Tensor or type(k) is not Tensor
+            or type(v) is not Tensor or _dispatch_modes() or _function_modes() or _transforms()
+            or forward_ad._current_level >= 0 or _tracing() is not None):
         o, lse = _forward(q, k, v, alibi_slopes, cu_seqlens_q, cu_seqlens_k, *params)
-    elif torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad or
-                                      (alibi_slopes is not None and alibi_slopes.requires_grad)):
+    elif _grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad or
+                              (alibi_slopes is not None and alibi_slopes.requires_grad)):
         o, lse = _Attention.apply(q, k, v, alibi_slopes, cu_seqlens_q, cu_seqlens_k, params)
     else:
         o, lse = _forward_impl(q, k, v, alibi_slopes, cu_seqlens_q, cu_seqlens_k, *params)

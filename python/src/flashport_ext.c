@@ -11,9 +11,11 @@
  * Frameworks that publish DLPack's C exchange API on their tensor type (torch 2.15 does), and
  * whose frontend in the package says so (use_exchange_api), are met through it alone: tensors
  * are described into a DLTensor on the stack (no capsule, no Python call), outputs the caller
- * leaves to us are allocated by the framework from here, and the stream is the framework's
- * current one. That keeps a call from torch within a few microseconds of the C call. Other
- * frameworks' outputs are allocated on the Python side and come in as DLPack like the inputs.
+ * leaves to us are allocated by the framework from here (all of a call's in one allocation), and
+ * the stream is the framework's current one. That keeps a call from torch within a few
+ * microseconds of the C call. Other frameworks' outputs are allocated on the Python side and
+ * come in as DLPack like the inputs; with a stream given (CuPy), each tensor's __dlpack__ is
+ * asked for that stream.
  *
  * A capsule is read, never consumed: it stays named "dltensor", so the producer's own destructor
  * releases it when the call drops its reference.
@@ -33,8 +35,10 @@
 #include <flashport.h>
 
 #include <dlfcn.h>
+#include <stdatomic.h>
 #include <stdarg.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 static PyObject *error_type; /* flashport.Error, set by _set_error_type */
@@ -73,6 +77,8 @@ typedef struct imported {
 
 static PyObject *str_dlpack;     /* "__dlpack__" */
 static PyObject *kw_max_version; /* ("max_version",) */
+static PyObject *kw_stream;      /* ("stream",) */
+static PyObject *kw_stream_max;  /* ("stream", "max_version") */
 static PyObject *dlpack_version; /* (1, 0) */
 
 /* Replaces the pending Python exception (a framework's own refusal) by a flashport.Error of
@@ -118,8 +124,10 @@ static const fp_dl_exchange_api *exchange_api(PyTypeObject *type)
     return NULL;
 }
 
-/* Exports obj (or takes its capsule). Returns 0, or -1 with an exception set. */
-static int import_tensor(const char *what, PyObject *obj, imported *out)
+/* Exports obj (or takes its capsule). stream: NULL, or the DLPack stream value that obj's
+ * __dlpack__ is asked for (the caller's stream, which the producer orders its work before).
+ * Returns 0, or -1 with an exception set. */
+static int import_tensor(const char *what, PyObject *obj, imported *out, PyObject *stream)
 {
     out->capsule = NULL;
     out->dl = NULL;
@@ -143,11 +151,20 @@ static int import_tensor(const char *what, PyObject *obj, imported *out)
     } else {
         /* DLPack 1.x first (it can carry read-only arrays); producers that predate the keyword
          * answer TypeError and are asked again the 0.x way. */
-        PyObject *args[2] = {obj, dlpack_version};
-        cap = PyObject_VectorcallMethod(str_dlpack, args, 1, kw_max_version);
-        if (!cap && PyErr_ExceptionMatches(PyExc_TypeError)) {
-            PyErr_Clear();
-            cap = PyObject_VectorcallMethod(str_dlpack, args, 1, NULL);
+        PyObject *args[3] = {obj, stream, dlpack_version};
+        if (stream) {
+            cap = PyObject_VectorcallMethod(str_dlpack, args, 1, kw_stream_max);
+            if (!cap && PyErr_ExceptionMatches(PyExc_TypeError)) {
+                PyErr_Clear();
+                cap = PyObject_VectorcallMethod(str_dlpack, args, 1, kw_stream);
+            }
+        } else {
+            args[1] = dlpack_version;
+            cap = PyObject_VectorcallMethod(str_dlpack, args, 1, kw_max_version);
+            if (!cap && PyErr_ExceptionMatches(PyExc_TypeError)) {
+                PyErr_Clear();
+                cap = PyObject_VectorcallMethod(str_dlpack, args, 1, NULL);
+            }
         }
         if (!cap) {
             if (PyErr_ExceptionMatches(PyExc_AttributeError)) {
@@ -233,7 +250,7 @@ static PyObject *allocate(const char *what, const fp_dl_exchange_api *api, const
         raise_from_python(FLASHPORT_ERR_OUT_OF_MEMORY, what);
         return NULL;
     }
-    if (import_tensor(what, (PyObject *)obj, t) != 0) {
+    if (import_tensor(what, (PyObject *)obj, t, NULL) != 0) {
         Py_DECREF((PyObject *)obj);
         return NULL;
     }
@@ -454,6 +471,7 @@ typedef struct call {
     flashport_attention_params params;
     flashport_backend *be;
     int is_host;
+    PyObject *dl_stream; /* owned: the stream __dlpack__ is asked for, or NULL */
 } call;
 
 static void call_release(call *c)
@@ -467,6 +485,7 @@ static void call_release(call *c)
     release(&c->cu_k);
     release(&c->used_k);
     release(&c->table);
+    Py_CLEAR(c->dl_stream);
 }
 
 static int same_device(const char *what, const fp_dl_device *a, const fp_dl_device *q)
@@ -501,45 +520,174 @@ static int as_float(PyObject *o, float *out)
     return 0;
 }
 
-/* Output i (o or lse of the forward, dq, dk or dv of the backward), left to this call to allocate
- * through q's framework: dense, shaped and typed as the input it mirrors (o: q, bf16 for fp8 q;
- * dq, dk, dv: q, k, v), lse f32 [B, H, Nq] (varlen [H, total_q]). An lse whose shape q's rank
- * does not give is left out, and the library refuses q with its own message. */
-static int allocate_output(call *c, int i, int ntensors, const char *const *names, int varlen)
+/* The layout of output i (o or lse of the forward, dq, dk or dv of the backward) when this call
+ * allocates it: dense, shaped and typed as the input it mirrors (o: q, bf16 for fp8 q; dq, dk,
+ * dv: q, k, v), lse f32 [B, H, Nq] (varlen [H, total_q]). 0 for an lse whose shape q's rank does
+ * not give: it is left out, and the library refuses q with its own message. */
+static int output_layout(const call *c, int i, int ntensors, int varlen, int32_t *ndim,
+                         int64_t *shape, fp_dl_dtype *dtype)
 {
     static const fp_dl_dtype f32 = {FP_DL_FLOAT, 32, 1}, bf16 = {FP_DL_BFLOAT, 16, 1};
+    const fp_dl_tensor *q = c->t[0].dl;
+    if (ntensors == 5 && i == 4) {
+        if (varlen ? q->ndim != 3 : q->ndim != 4)
+            return 0;
+        *ndim = q->ndim - 1;
+        shape[0] = varlen ? q->shape[1] : q->shape[0];
+        shape[1] = varlen ? q->shape[0] : q->shape[2];
+        shape[2] = q->shape[1];
+        *dtype = f32;
+        return 1;
+    }
+    const fp_dl_tensor *like = ntensors == 9 ? c->t[i - 6].dl : q;
+    *dtype = like->dtype;
+    if (c->d[0].dtype == FLASHPORT_FP8_E4M3 || c->d[0].dtype == FLASHPORT_FP8_E5M2)
+        *dtype = bf16;
+    *ndim = like->ndim;
+    memcpy(shape, like->shape, (size_t)like->ndim * sizeof *shape);
+    return 1;
+}
+
+/* Outputs allocated together. One buffer of q's framework holds every output a call allocates
+ * (o and lse; dq, dk and dv), each at its own 256-byte aligned offset, and each is handed to the
+ * framework as a tensor of its own: a DLPack tensor over its part of the buffer, with a deleter
+ * that drops one reference to the buffer. One allocation (and one free) instead of two or three:
+ * on a GPU, the framework's allocator is most of the host time a call spends on its outputs. The
+ * buffer goes back to the framework when the last of its tensors dies, which may happen on any
+ * thread and without the GIL (atomics and the framework's own deleter only). */
+enum { MAX_OUTPUTS = 3, OUTPUT_ALIGN = 256 };
+
+typedef struct shared_buffer {
+    atomic_int refs;
+    fp_dl_managed_versioned *base;
+    struct {
+        fp_dl_managed_versioned m;
+        int64_t shape[FLASHPORT_MAX_RANK];
+        int64_t strides[FLASHPORT_MAX_RANK];
+    } view[MAX_OUTPUTS];
+} shared_buffer;
+
+static void shared_release(shared_buffer *b, int refs)
+{
+    if (atomic_fetch_sub_explicit(&b->refs, refs, memory_order_acq_rel) == refs) {
+        if (b->base->deleter)
+            b->base->deleter(b->base);
+        free(b);
+    }
+}
+
+static void view_deleter(fp_dl_managed_versioned *self)
+{
+    shared_release(self->manager_ctx, 1);
+}
+
+/* Allocates, through q's framework, every output that the call's tensor arguments args[first ..
+ * ntensors) leave to it (True, or None unless `optional` marks it) and imports them into c. */
+static int allocate_outputs(call *c, PyObject *const *tensors, int first, int ntensors,
+                            const char *const *names, int varlen, unsigned optional)
+{
+    struct {
+        int i;
+        int32_t ndim;
+        int64_t shape[FLASHPORT_MAX_RANK];
+        fp_dl_dtype dtype;
+        uint64_t offset;
+    } out[MAX_OUTPUTS];
+    int n = 0;
+    uint64_t total = 0;
+    int overflow = 0;
+    for (int i = first; i < ntensors; i++) {
+        PyObject *o = tensors[i];
+        if (!(o == Py_True || (o == Py_None && !(optional >> i & 1u))) ||
+            !output_layout(c, i, ntensors, varlen, &out[n].ndim, out[n].shape, &out[n].dtype))
+            continue;
+        uint64_t bytes = (out[n].dtype.bits * out[n].dtype.lanes + 7u) / 8u;
+        for (int d = 0; d < out[n].ndim; d++)
+            overflow |= __builtin_mul_overflow(bytes, (uint64_t)out[n].shape[d], &bytes);
+        out[n].offset = (total + OUTPUT_ALIGN - 1) / OUTPUT_ALIGN * OUTPUT_ALIGN;
+        overflow |= out[n].offset < total || __builtin_add_overflow(out[n].offset, bytes, &total);
+        out[n++].i = i;
+    }
+    if (n == 0)
+        return 0;
     const fp_dl_exchange_api *api = exchange_api(Py_TYPE(c->obj[0]));
     if (!api) {
         raise_status(FLASHPORT_ERR_INVALID_VALUE,
                      "%s: flashport cannot allocate a %.100s (its type has no DLPack exchange "
                      "API); pass out=",
-                     names[i], Py_TYPE(c->obj[0])->tp_name);
+                     names[out[0].i], Py_TYPE(c->obj[0])->tp_name);
         return -1;
     }
-    const fp_dl_tensor *q = c->t[0].dl;
-    int64_t shape[FLASHPORT_MAX_RANK];
-    const fp_dl_tensor *like = q;
-    fp_dl_dtype dtype = q->dtype;
-    int32_t ndim = q->ndim;
-    if (ntensors == 5 && i == 4) {
-        if (varlen ? q->ndim != 3 : q->ndim != 4)
-            return 0;
-        ndim = q->ndim - 1;
-        shape[0] = varlen ? q->shape[1] : q->shape[0];
-        shape[1] = varlen ? q->shape[0] : q->shape[2];
-        shape[2] = q->shape[1];
-        dtype = f32;
-    } else {
-        if (ntensors == 9)
-            like = c->t[i - 6].dl;
-        dtype = like->dtype;
-        if (c->d[0].dtype == FLASHPORT_FP8_E4M3 || c->d[0].dtype == FLASHPORT_FP8_E5M2)
-            dtype = bf16;
-        ndim = like->ndim;
-        memcpy(shape, like->shape, (size_t)ndim * sizeof *shape);
+    const fp_dl_device *dev = &c->t[0].dl->device;
+    if (n == 1) {
+        int i = out[0].i;
+        c->obj[i] = allocate(names[i], api, dev, out[0].ndim, out[0].shape, out[0].dtype, &c->t[i]);
+        return c->obj[i] ? 0 : -1;
     }
-    c->obj[i] = allocate(names[i], api, &q->device, ndim, shape, dtype, &c->t[i]);
-    return c->obj[i] ? 0 : -1;
+    if (overflow || total > INT64_MAX) {
+        raise_status(FLASHPORT_ERR_OUT_OF_MEMORY,
+                     "%s: allocating it failed: its size in bytes overflows", names[out[0].i]);
+        return -1;
+    }
+    shared_buffer *b = calloc(1, sizeof *b);
+    if (!b) {
+        raise_status(FLASHPORT_ERR_OUT_OF_MEMORY, "%s: allocating it failed", names[out[0].i]);
+        return -1;
+    }
+    static const fp_dl_dtype u8 = {FP_DL_UINT, 8, 1};
+    int64_t bytes = (int64_t)total;
+    fp_dl_tensor proto;
+    memset(&proto, 0, sizeof proto);
+    proto.device = *dev;
+    proto.ndim = 1;
+    proto.dtype = u8;
+    proto.shape = &bytes;
+    if (api->managed_tensor_allocator(&proto, &b->base, (void *)names[out[0].i],
+                                      allocation_error) != 0) {
+        free(b);
+        return -1;
+    }
+    atomic_init(&b->refs, n);
+    char *data = (char *)b->base->dl_tensor.data + b->base->dl_tensor.byte_offset;
+    for (int j = 0; j < n; j++) {
+        fp_dl_managed_versioned *m = &b->view[j].m;
+        m->version.major = b->base->version.major;
+        m->version.minor = b->base->version.minor;
+        m->manager_ctx = b;
+        m->deleter = view_deleter;
+        m->dl_tensor.data = out[j].offset ? data + out[j].offset : data;
+        m->dl_tensor.device = *dev;
+        m->dl_tensor.ndim = out[j].ndim;
+        m->dl_tensor.dtype = out[j].dtype;
+        m->dl_tensor.shape = b->view[j].shape;
+        m->dl_tensor.strides = b->view[j].strides;
+        int64_t stride = 1;
+        for (int d = out[j].ndim - 1; d >= 0; d--) {
+            b->view[j].shape[d] = out[j].shape[d];
+            b->view[j].strides[d] = stride;
+            stride *= out[j].shape[d];
+        }
+    }
+    for (int j = 0; j < n; j++) {
+        int i = out[j].i;
+        void *obj = NULL;
+        if (api->managed_tensor_to_py_object_no_sync(&b->view[j].m, &obj) != 0) {
+            /* Whether the framework released the view it refused is not specified: its
+             * reference is left (the buffer leaks rather than being freed twice); the views
+             * not handed over yet are released here. */
+            if (n - j - 1 > 0)
+                shared_release(b, n - j - 1);
+            raise_from_python(FLASHPORT_ERR_OUT_OF_MEMORY, names[i]);
+            return -1;
+        }
+        c->obj[i] = obj;
+        if (import_tensor(names[i], obj, &c->t[i], NULL) != 0) {
+            if (n - j - 1 > 0)
+                shared_release(b, n - j - 1);
+            return -1;
+        }
+    }
+    return 0;
 }
 
 /* args[0] backend, args[1] stream, args[2 .. 2+ntensors) tensors, then alibi, cu_seqlens_q,
@@ -577,19 +725,34 @@ static int prepare(call *c, PyObject *const *args, Py_ssize_t nargs, int ntensor
         if (code != 0)
             uint8_as = (flashport_dtype)code;
     }
+    /* A stream given with tensors that are not capsules (CuPy's frontend): each tensor's
+     * __dlpack__ is asked for it, so the producer orders its pending work before that stream.
+     * DLPack reserves 0 (ambiguous) and names the legacy default stream, whose handle is 0, 1. */
+    if (args[1] != Py_None) {
+        void *s = PyLong_AsVoidPtr(args[1]);
+        if (!s && PyErr_Occurred())
+            return -1;
+        c->dl_stream = s ? args[1] : PyLong_FromLong(1);
+        if (s)
+            Py_INCREF(args[1]);
+        if (!c->dl_stream)
+            return -1;
+    }
     const int varlen = args[2 + ntensors + 1] != Py_None;
+    /* Outputs follow the inputs: the backward's dq, dk, dv, the forward's o and lse. */
+    const int first_output = ntensors == 5 ? 3 : 6;
+    c->n = ntensors; /* what call_release looks at: all zero until set */
     for (int i = 0; i < ntensors; i++) {
         PyObject *o = args[2 + i];
-        c->n = i + 1;
-        /* Outputs follow the inputs: the backward's dq, dk, dv, the forward's o and lse. */
-        int is_output = ntensors == 5 ? i >= 3 : i >= 6;
+        int is_output = i >= first_output;
         if (i == 0) {
-            Py_INCREF(o); /* q: kept for allocate_output, which asks for q's framework */
+            Py_INCREF(o); /* q: kept for allocate_outputs, which asks for q's framework */
             c->obj[0] = o;
         }
+        if (i == first_output &&
+            allocate_outputs(c, args + 2, first_output, ntensors, names, varlen, optional) != 0)
+            return -1;
         if (is_output && (o == Py_True || (o == Py_None && !(optional >> i & 1u)))) {
-            if (allocate_output(c, i, ntensors, names, varlen) != 0)
-                return -1;
             if (!c->t[i].dl)
                 continue;
         } else {
@@ -599,7 +762,7 @@ static int prepare(call *c, PyObject *const *args, Py_ssize_t nargs, int ntensor
                 Py_INCREF(o);
                 c->obj[i] = o;
             }
-            if (import_tensor(names[i], o, &c->t[i]) != 0)
+            if (import_tensor(names[i], o, &c->t[i], c->dl_stream) != 0)
                 return -1;
             if (i > 0 && same_device(names[i], &c->t[i].dl->device, &c->t[0].dl->device) != 0)
                 return -1;
@@ -624,7 +787,7 @@ static int prepare(call *c, PyObject *const *args, Py_ssize_t nargs, int ntensor
     for (int i = 0; i < 5; i++) {
         if (side[i].obj == Py_None)
             continue;
-        if (import_tensor(side[i].name, side[i].obj, side[i].t) != 0 ||
+        if (import_tensor(side[i].name, side[i].obj, side[i].t, c->dl_stream) != 0 ||
             same_device(side[i].name, &side[i].t->dl->device, dev) != 0)
             return -1;
     }
@@ -946,8 +1109,10 @@ PyMODINIT_FUNC PyInit__C(void)
 {
     str_dlpack = PyUnicode_InternFromString("__dlpack__");
     kw_max_version = Py_BuildValue("(s)", "max_version");
+    kw_stream = Py_BuildValue("(s)", "stream");
+    kw_stream_max = Py_BuildValue("(ss)", "stream", "max_version");
     dlpack_version = Py_BuildValue("(ii)", 1, 0);
-    if (!str_dlpack || !kw_max_version || !dlpack_version)
+    if (!str_dlpack || !kw_max_version || !kw_stream || !kw_stream_max || !dlpack_version)
         return NULL;
     return PyModule_Create(&module);
 }

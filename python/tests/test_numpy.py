@@ -278,3 +278,44 @@ def test_fp8_paged_kv_cache():
     assert op.dtype == np.float16
     _close(op, np.asarray(o, np.float64), TOL[np.float16], "paged fp8 O")
     _close(lp, np.asarray(lse, np.float64), TOL[np.float32], "paged fp8 LSE")
+
+
+class _StreamProducer:
+    """A DLPack producer that records the stream each export was asked for (a stand-in for
+    CuPy, whose frontend hands its arrays to the extension with its current stream)."""
+
+    def __init__(self, a, asked):
+        self.a, self.asked = a, asked
+
+    def __dlpack__(self, *, stream=None, max_version=None, dl_device=None, copy=None):
+        self.asked.append(stream)
+        return self.a.__dlpack__(max_version=max_version) if max_version else self.a.__dlpack__()
+
+    def __dlpack_device__(self):
+        return self.a.__dlpack_device__()
+
+
+@pytest.mark.parametrize("stream, asked", [(7, 7), (0, 1)])
+def test_extension_asks_dlpack_for_the_callers_stream(stream, asked):
+    """With a stream, the extension asks every tensor's __dlpack__ for it (0, the legacy default
+    stream's handle, is DLPack's 1), inputs, outputs and side arrays alike; the results are
+    those of a plain call."""
+    from flashport import _C
+
+    rng = np.random.default_rng(9)
+    q, k, v, do = (rng.standard_normal((1, 12, 2, 16)).astype(np.float32) for _ in range(4))
+    slopes = np.array([0.5, 0.25], np.float32)
+    want_o, want_lse = flashport.attention(q, k, v, alibi_slopes=slopes, return_lse=True)
+    want = flashport.attention_backward(do, q, k, v, want_o, want_lse, alibi_slopes=slopes)
+    seen = []
+    o, lse = np.empty_like(q), np.empty((1, 2, 12), np.float32)
+    outs = [np.empty_like(x) for x in (q, k, v)]
+    wrap = [_StreamProducer(x, seen) for x in (q, k, v, o, lse, do, *outs, slopes)]
+    _C.forward("cpu", stream, *wrap[:5], wrap[-1], None, None, 0.0, -1, -1, False, 0.0, 0, 0,
+               False, None, None)
+    _C.backward("cpu", stream, *wrap[:5], wrap[5], *wrap[6:9], wrap[-1], None, None, 0.0, -1,
+                -1, False, 0.0, 0, 0, False, None, None)
+    assert seen == [asked] * 16  # forward 5 tensors + slopes, backward 9 + slopes
+    assert np.array_equal(o, want_o) and np.array_equal(lse, want_lse)
+    for a, b in zip(outs, want):
+        assert np.array_equal(a, b)

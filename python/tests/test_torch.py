@@ -445,3 +445,52 @@ def test_second_order_gradients_are_refused(device):
         assert g.requires_grad
         with pytest.raises(RuntimeError, match="flashport.attention_backward"):
             (o.float().sum() + g.float().square().sum()).backward()
+
+
+def test_outputs_share_one_allocation(device):
+    """The outputs a call allocates (o and lse; dq, dk, dv) come from one allocation of torch's,
+    each a dense tensor of its own: they do not overlap, each is writable without touching the
+    others, each stays valid after the others die, and (CUDA) the memory goes back to torch when
+    the last of them dies. The values are those written into outputs passed with out=."""
+    import gc
+
+    dtype = _dtypes(device)[-1]
+    g = torch.Generator().manual_seed(14)
+    q, k, v, do = (torch.randn(2, 19, 4, 40, generator=g).to(device, dtype) for _ in range(4))
+    k, v = k[:, :, :2].contiguous(), v[:, :, :2].contiguous()  # GQA: dk, dv smaller than dq
+    want_o, want_lse = torch.empty_like(q), torch.empty(2, 4, 19, device=device)
+    flashport.attention(q, k, v, causal=True, return_lse=True, out=(want_o, want_lse))
+    want = [torch.empty_like(x) for x in (q, k, v)]
+    flashport.attention_backward(do, q, k, v, want_o, want_lse, causal=True, out=want)
+
+    def spans(ts):
+        return sorted((t.data_ptr(), t.data_ptr() + t.numel() * t.element_size()) for t in ts)
+
+    if device == "cuda":
+        torch.cuda.synchronize()
+        before = torch.cuda.memory_allocated()
+    o, lse = flashport.attention(q, k, v, causal=True, return_lse=True)
+    grads = list(flashport.attention_backward(do, q, k, v, o, lse, causal=True))
+    for ts in ((o, lse), grads):
+        s = spans(ts)
+        assert all(a[1] <= b[0] for a, b in zip(s, s[1:])), "outputs overlap"
+        assert all(t.is_contiguous() for t in ts)
+    assert lse.dtype == torch.float32 and lse.shape == (2, 4, 19) and o.shape == q.shape
+    assert [t.shape for t in grads] == [q.shape, k.shape, v.shape]
+    assert torch.equal(o, want_o) and torch.equal(lse, want_lse)
+    for a, b in zip(grads, want):
+        assert torch.equal(a, b)
+    o.add_(1)
+    assert torch.equal(lse, want_lse)
+    del o
+    grads[0].zero_()
+    del grads[0]
+    gc.collect()
+    junk = [torch.randn(4096, device=device) for _ in range(8)]  # reuse of freed memory
+    assert torch.equal(lse, want_lse) and torch.equal(grads[0], want[1])
+    assert torch.equal(grads[1], want[2])
+    del lse, grads, junk
+    gc.collect()
+    if device == "cuda":
+        torch.cuda.synchronize()
+        assert torch.cuda.memory_allocated() == before

@@ -331,7 +331,7 @@ static int decode_path(const fp_problem *p, fp_cuda_path path)
 static flashport_status fp8_forward(const fp_cuda_ctx *ctx, const fp_problem *p, fp_cuda_path path,
                                     void *ws, size_t *query)
 {
-    const char *why = "the sm90 path has no fp8 kernel for this call";
+    const char *why;
     if (path == FP_CUDA_PATH_SM80)
         why = "FLASHPORT_CUDA_PATH=sm80, and only the sm90 path has fp8 kernels";
     else if (p->block_table || p->seqused_k)

@@ -1,0 +1,42 @@
+/*
+ * The compile-time shape of one OpenCL program (ocl_attention.c builds one per dtype, head-dim
+ * class, tile and variant): the storage type and the tile geometry, shared by the micro-tile
+ * policies (flash.cl's plain one, mma_nv.cl's tensor-core one) and the kernels of flash.cl.
+ *
+ * Storage: FP_OCL_DTYPE 0 f32, 1 f16 (vload_half / vstore_half_rte, so cl_khr_fp16 is not
+ * needed), 2 bf16 (ushort bits); arithmetic is f32 in every case.
+ */
+
+#if FP_OCL_DTYPE == 0
+typedef float fp_elem;
+#define FP_LOAD(p, i)     ((p)[i])
+#define FP_STORE(p, i, x) ((p)[i] = (x))
+#elif FP_OCL_DTYPE == 1
+typedef half fp_elem;
+#define FP_LOAD(p, i)     vload_half((size_t)(i), (p))
+#define FP_STORE(p, i, x) vstore_half_rte((x), (size_t)(i), (p))
+#else
+typedef ushort fp_elem;
+#define FP_LOAD(p, i)     as_float((uint)(p)[i] << 16)
+#define FP_STORE(p, i, x) ((p)[i] = fp_ocl_to_bf16(x))
+
+/* core/dtype.h's fp_f32_to_bf16: round to nearest even, NaN stays NaN. */
+static inline ushort fp_ocl_to_bf16(float f)
+{
+    uint u = as_uint(f);
+    if ((u & 0x7fffffffu) > 0x7f800000u)
+        return (ushort)((u >> 16) | 0x40u);
+    u += 0x7fffu + ((u >> 16) & 1u);
+    return (ushort)(u >> 16);
+}
+#endif
+
+/* D the head-dim class (16, 32, 64, 96, 128, 192 or 256; the problem's head dim a.head_dim <= D,
+ * the tiles zero-filled beyond it, so dot products over D are exact), T query rows = keys per
+ * tile, LD the row pitch of the [T, D] local tiles and LS that of the [T, T] score tiles (both
+ * odd, so work-items reading one column of different rows hit different banks; ocl_plan.h
+ * sizes them the same way). */
+#define D  FP_OCL_D
+#define T  FP_OCL_T
+#define LD (D | 1)
+#define LS (T | 1)

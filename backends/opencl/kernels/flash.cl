@@ -40,7 +40,7 @@ typedef struct fp_ocl_seq {
     long q_start, nq, k_start, nk;
 } fp_ocl_seq;
 
-static inline fp_ocl_seq fp_ocl_seq_of(const fp_ocl_args *a, __global const int *cu_q,
+FP_OCL_INLINE fp_ocl_seq fp_ocl_seq_of(const fp_ocl_args *a, __global const int *cu_q,
                                        __global const int *cu_k, long b)
 {
     fp_ocl_seq s;
@@ -59,18 +59,18 @@ static inline fp_ocl_seq fp_ocl_seq_of(const fp_ocl_args *a, __global const int 
 }
 
 /* Element (b, token, h, 0) of a q/k/v/o-shaped view. */
-static inline long fp_ocl_row0(fp_ocl_view v, long b, long token, long h)
+FP_OCL_INLINE long fp_ocl_row0(fp_ocl_view v, long b, long token, long h)
 {
     return v.off + b * v.s[0] + token * v.s[1] + h * v.s[2];
 }
 
-static inline long fp_ocl_lse_at(const fp_ocl_args *a, long b, long h, long token)
+FP_OCL_INLINE long fp_ocl_lse_at(const fp_ocl_args *a, long b, long h, long token)
 {
     return a->lse.off + b * a->lse.s[0] + h * a->lse.s[1] + token * a->lse.s[2];
 }
 
 /* The backward's delta of (b, h, row i of sequence b): [H, total_q] packed like the LSE. */
-static inline long fp_ocl_delta_at(const fp_ocl_args *a, const fp_ocl_seq *s, long b, long h,
+FP_OCL_INLINE long fp_ocl_delta_at(const fp_ocl_args *a, const fp_ocl_seq *s, long b, long h,
                                    long i)
 {
     return a->delta_off +
@@ -80,7 +80,7 @@ static inline long fp_ocl_delta_at(const fp_ocl_args *a, const fp_ocl_seq *s, lo
 /* Rows [r0, r0 + n) of a [seq, dim] slice (row0: element of row 0, dim 0) with hd dims into
  * t[r * LD + d], zeros in rows n .. T - 1 and dims hd .. D - 1 so partial tiles compute on
  * finite values and add nothing. */
-static inline void fp_ocl_load_tile(__local float *t, __global const fp_elem *x, long row0,
+FP_OCL_INLINE void fp_ocl_load_tile(__local float *t, __global const fp_elem *x, long row0,
                                     long srow, long sdim, long r0, int n, int hd)
 {
     for (int e = get_local_id(0); e < T * D; e += FP_OCL_WG) {
@@ -106,13 +106,13 @@ static inline void fp_ocl_load_tile(__local float *t, __global const fp_elem *x,
 #define FP_OCL_ON      (SR * DPT)
 #define FP_OCL_SCRATCH 1
 
-static inline void fp_ocl_s_at(int e, int *r, int *c)
+FP_OCL_INLINE void fp_ocl_s_at(int e, int *r, int *c)
 {
     *r = get_local_id(0) / 16 + 8 * (e / SC);
     *c = get_local_id(0) % 16 + 16 * (e % SC);
 }
 
-static inline void fp_ocl_o_at(int e, int *r, int *d)
+FP_OCL_INLINE void fp_ocl_o_at(int e, int *r, int *d)
 {
     *r = get_local_id(0) / 16 + 8 * (e / DPT);
     *d = get_local_id(0) % 16 + 16 * (e % DPT);
@@ -120,49 +120,61 @@ static inline void fp_ocl_o_at(int e, int *r, int *d)
 
 /* acc[a SC + b] = x[row ty + 8 a] . y[row tx + 16 b] over D, for this work-item's micro-tile
  * (scratch: unused by this policy). */
-static inline void fp_ocl_tile_dots(__local const float *x, __local const float *y,
+FP_OCL_INLINE void fp_ocl_tile_dots(__local const float *x, __local const float *y,
                                     float acc[FP_OCL_SN], __local float *scratch)
 {
     const int ty = get_local_id(0) / 16, tx = get_local_id(0) % 16;
+    FP_OCL_UNROLL
     for (int e = 0; e < FP_OCL_SN; e++)
         acc[e] = 0.0f;
     for (int d = 0; d < D; d++) {
         float xa[SR], yb[SC];
+        FP_OCL_UNROLL
         for (int a = 0; a < SR; a++)
             xa[a] = x[(ty + 8 * a) * LD + d];
+        FP_OCL_UNROLL
         for (int b = 0; b < SC; b++)
             yb[b] = tx + 16 * b < T ? y[(tx + 16 * b) * LD + d] : 0.0f;
-        for (int a = 0; a < SR; a++)
+        FP_OCL_UNROLL
+        for (int a = 0; a < SR; a++) {
+            FP_OCL_UNROLL
             for (int b = 0; b < SC; b++)
                 acc[a * SC + b] = fma(xa[a], yb[b], acc[a * SC + b]);
+        }
     }
 }
 
 /* acc[a DPT + j] += sum over n < count of p(row ty + 8 a, n) * y[n * LD + tx + 16 j], where
  * p(r, n) = pt[r * LS + n] (transposed = 0) or pt[n * LS + r] (transposed = 1). */
-static inline void fp_ocl_tile_mm(__local const float *pt, int transposed, __local const float *y,
+FP_OCL_INLINE void fp_ocl_tile_mm(__local const float *pt, int transposed, __local const float *y,
                                   int count, float acc[FP_OCL_ON], __local float *scratch)
 {
     const int ty = get_local_id(0) / 16, tx = get_local_id(0) % 16;
     for (int n = 0; n < count; n++) {
         float pa[SR], yj[DPT];
+        FP_OCL_UNROLL
         for (int a = 0; a < SR; a++)
             pa[a] = transposed ? pt[n * LS + ty + 8 * a] : pt[(ty + 8 * a) * LS + n];
+        FP_OCL_UNROLL
         for (int j = 0; j < DPT; j++)
             yj[j] = tx + 16 * j < D ? y[n * LD + tx + 16 * j] : 0.0f;
-        for (int a = 0; a < SR; a++)
+        FP_OCL_UNROLL
+        for (int a = 0; a < SR; a++) {
+            FP_OCL_UNROLL
             for (int j = 0; j < DPT; j++)
                 acc[a * DPT + j] = fma(pa[a], yj[j], acc[a * DPT + j]);
+        }
     }
 }
 #endif /* !FP_OCL_MMA */
 
 /* Stores the output micro-tile's elements of rows < n, dims < hd, times factor(row), to x (row0:
  * element of tile row 0, dim 0); factor is rowf[r] where rowf is given, else `scale`. */
-static inline void fp_ocl_store_tile(__global fp_elem *x, long row0, long srow, long sdim, int n,
+FP_OCL_INLINE void fp_ocl_store_tile(__global fp_elem *x, long row0, long srow, long sdim, int n,
                                      int hd, float acc[FP_OCL_ON], __local const float *rowf,
                                      float scale)
 {
+    FP_OCL_UNROLL
     for (int e = 0; e < FP_OCL_ON; e++) {
         int r, d;
         fp_ocl_o_at(e, &r, &d);
@@ -173,7 +185,7 @@ static inline void fp_ocl_store_tile(__global fp_elem *x, long row0, long srow, 
 
 /* Where score element e lies in the tile (row *r, key *c; a key past T: no element) and whether
  * query i0 + *r sees key j0 + *c (both inside the sequence, and the mask lets it). */
-static inline int fp_ocl_s_seen(const fp_ocl_args *a, const fp_ocl_seq *s, int e, long i0, int rows,
+FP_OCL_INLINE int fp_ocl_s_seen(const fp_ocl_args *a, const fp_ocl_seq *s, int e, long i0, int rows,
                                 long j0, int cols, int *r, int *c)
 {
     fp_ocl_s_at(e, r, c);
@@ -181,8 +193,9 @@ static inline int fp_ocl_s_seen(const fp_ocl_args *a, const fp_ocl_seq *s, int e
            fp_mask_visible(i0 + *r, j0 + *c, s->nq, s->nk, a->left, a->right);
 }
 
-static inline void fp_ocl_zero(float acc[FP_OCL_ON])
+FP_OCL_INLINE void fp_ocl_zero(float acc[FP_OCL_ON])
 {
+    FP_OCL_UNROLL
     for (int e = 0; e < FP_OCL_ON; e++)
         acc[e] = 0.0f;
 }
@@ -220,6 +233,7 @@ fp_ocl_forward(const fp_ocl_args a, __global const fp_elem *q, __global const fp
         barrier(CLK_LOCAL_MEM_FENCE);
         float sc[FP_OCL_SN];
         fp_ocl_tile_dots(sq, skv, sc, scratch);
+        FP_OCL_UNROLL
         for (int e = 0; e < FP_OCL_SN; e++) {
             int r, c;
             const int seen = fp_ocl_s_seen(&a, &s, e, i0, rows, j0, cols, &r, &c);
@@ -246,6 +260,7 @@ fp_ocl_forward(const fp_ocl_args a, __global const fp_elem *q, __global const fp
         barrier(CLK_LOCAL_MEM_FENCE); /* P and alpha written; every reader of K is done */
         fp_ocl_load_tile(skv, v, v0, a.v.s[1], a.v.s[3], j0, cols, hd);
         barrier(CLK_LOCAL_MEM_FENCE);
+        FP_OCL_UNROLL
         for (int e = 0; e < FP_OCL_ON; e++) {
             int r, d;
             fp_ocl_o_at(e, &r, &d);
@@ -269,7 +284,7 @@ fp_ocl_forward(const fp_ocl_args a, __global const fp_elem *q, __global const fp
  * tiles and each row's LSE (srow[r]) and delta (srow[T + r]), into sp and sds ([T, T]; sp may be
  * NULL: dQ needs dS only). dS is d loss / d(q . k): softcap's derivative and the scale are
  * folded in. */
-static inline void fp_ocl_grad_scores(const fp_ocl_args *a, const fp_ocl_seq *s, float slope,
+FP_OCL_INLINE void fp_ocl_grad_scores(const fp_ocl_args *a, const fp_ocl_seq *s, float slope,
                                       long i0, int rows, long j0, int cols, __local const float *sq,
                                       __local const float *sdo, __local const float *sk,
                                       __local const float *sv, __local const float *srow,
@@ -278,6 +293,7 @@ static inline void fp_ocl_grad_scores(const fp_ocl_args *a, const fp_ocl_seq *s,
     float qk[FP_OCL_SN], dov[FP_OCL_SN];
     fp_ocl_tile_dots(sq, sk, qk, scratch);
     fp_ocl_tile_dots(sdo, sv, dov, scratch);
+    FP_OCL_UNROLL
     for (int e = 0; e < FP_OCL_SN; e++) {
         int r, c;
         const int seen = fp_ocl_s_seen(a, s, e, i0, rows, j0, cols, &r, &c);
@@ -298,7 +314,7 @@ static inline void fp_ocl_grad_scores(const fp_ocl_args *a, const fp_ocl_seq *s,
 
 /* Loads the query side of a backward tile: q and dO rows and each row's LSE into srow[r]; the
  * rows' delta into srow[T + r] is the caller's. */
-static inline void fp_ocl_load_query_side(const fp_ocl_args *a, const fp_ocl_seq *s, long b, long h,
+FP_OCL_INLINE void fp_ocl_load_query_side(const fp_ocl_args *a, const fp_ocl_seq *s, long b, long h,
                                           long i0, int rows, __global const fp_elem *q,
                                           __global const fp_elem *dout, __global const float *lse,
                                           __local float *sq, __local float *sdo,

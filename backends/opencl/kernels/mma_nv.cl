@@ -5,9 +5,11 @@
  *
  * Target: NVIDIA GPUs of compute capability >= 8.0 through NVIDIA's OpenCL driver, which accepts
  * inline PTX: fp_ocl_mma16816 is `mma.sync.aligned.m16n8k16.row.col.f32.{bf16,f16}` and
- * fp_ocl_pack2 a `cvt.rn.{bf16x2,f16x2}.f32`. The fragments are filled by plain loads from the
- * f32 local tiles (no ldmatrix), rounded to the storage type: Q, K, V, dO exactly (they came
- * from it), P and dS once, as the CUDA path does.
+ * fp_ocl_pack2 a `cvt.rn.{bf16x2,f16x2}.f32`. Spelled `asm`, the GNU keyword NVIDIA's compiler
+ * takes: a compiler without it (PoCL's) fails the build, and the host falls back to the plain
+ * kernels; `__asm__` would pass PoCL's front end and abort in its x86 back end on PTX text. The
+ * fragments are filled by plain loads from the f32 local tiles (no ldmatrix), rounded to the
+ * storage type: Q, K, V, dO exactly (they came from it), P and dS once, as the CUDA path does.
  *
  * With FP_OCL_MMA_EMULATE = 1 the same policy runs on any OpenCL device: fp_ocl_mma16816 then
  * emulates one warp's instruction through local memory (each work-item writes its fragments by
@@ -43,20 +45,15 @@
 #define FP_OCL_SN    (MMA_RM * MMA_SCN * 4)
 #define FP_OCL_ON    (MMA_RM * MMA_OCN * 4)
 
-/* The fragment loops are unrolled for the real instruction (fragments and accumulators then
- * live in registers); the emulation leaves them rolled, since PoCL's compile time grows with
- * every barrier it unrolls. */
 #if FP_OCL_MMA_EMULATE
 /* Per warp: A [16][16] and B [16][8] as f32. */
 #define FP_OCL_SCRATCH (FP_OCL_WARPS * (16 * 16 + 16 * 8))
-#define FP_OCL_MMA_UNROLL
 #else
-#define FP_OCL_SCRATCH    1
-#define FP_OCL_MMA_UNROLL _Pragma("unroll")
+#define FP_OCL_SCRATCH 1
 #endif
 
 /* Two f32 values rounded to the storage type, lo in bits 0..15 and hi in bits 16..31. */
-static inline uint fp_ocl_pack2(float lo, float hi)
+FP_OCL_INLINE uint fp_ocl_pack2(float lo, float hi)
 {
 #if FP_OCL_MMA_EMULATE
     ushort h[2];
@@ -76,7 +73,7 @@ static inline uint fp_ocl_pack2(float lo, float hi)
 
 /* The A fragment (row-major 16 x 16, A[m][k] = p[m * sm + k * sk]) of this lane: register i
  * holds A[g + 8 (i % 2)][2 t + 8 (i / 2) + {0, 1}]. */
-static inline void fp_ocl_load_a(uint a[4], __local const float *p, int sm, int sk)
+FP_OCL_INLINE void fp_ocl_load_a(uint a[4], __local const float *p, int sm, int sk)
 {
     const int lane = get_local_id(0) % 32, g = lane / 4, t = lane % 4;
     for (int i = 0; i < 4; i++) {
@@ -87,7 +84,7 @@ static inline void fp_ocl_load_a(uint a[4], __local const float *p, int sm, int 
 
 /* The B fragment (16 x 8, B[k][n] = p[k * sk + n * sn]) of this lane: register i holds
  * B[2 t + 8 i + {0, 1}][g]. */
-static inline void fp_ocl_load_b(uint b[2], __local const float *p, int sk, int sn)
+FP_OCL_INLINE void fp_ocl_load_b(uint b[2], __local const float *p, int sk, int sn)
 {
     const int lane = get_local_id(0) % 32, g = lane / 4, t = lane % 4;
     for (int i = 0; i < 2; i++) {
@@ -97,7 +94,7 @@ static inline void fp_ocl_load_b(uint b[2], __local const float *p, int sk, int 
 }
 
 #if FP_OCL_MMA_EMULATE
-static inline float fp_ocl_unpack(uint bits)
+FP_OCL_INLINE float fp_ocl_unpack(uint bits)
 {
 #if FP_OCL_DTYPE == 2
     return as_float(bits << 16);
@@ -110,7 +107,7 @@ static inline float fp_ocl_unpack(uint bits)
 
 /* c += A B for one warp: the m16n8k16 tensor-core multiply (f32 accumulators), or its
  * emulation (scratch: FP_OCL_SCRATCH floats of local memory; unused by the real one). */
-static inline void fp_ocl_mma16816(float c[4], const uint a[4], const uint b[2],
+FP_OCL_INLINE void fp_ocl_mma16816(float c[4], const uint a[4], const uint b[2],
                                    __local float *scratch)
 {
 #if FP_OCL_MMA_EMULATE
@@ -156,7 +153,7 @@ static inline void fp_ocl_mma16816(float c[4], const uint a[4], const uint b[2],
 
 /* (row, column) in the tile of element e of an accumulator with cn column tiles per warp; the
  * column may lie past the tile (a clamped tile's lanes, see above). */
-static inline void fp_ocl_mma_at(int e, int cn, int *r, int *c)
+FP_OCL_INLINE void fp_ocl_mma_at(int e, int cn, int *r, int *c)
 {
     const int w = get_local_id(0) / 32, lane = get_local_id(0) % 32;
     const int i = e / (4 * cn), j = e / 4 % cn, q = e % 4;
@@ -164,34 +161,34 @@ static inline void fp_ocl_mma_at(int e, int cn, int *r, int *c)
     *c = 8 * (w / MMA_WM + MMA_WN * j) + 2 * (lane % 4) + q % 2;
 }
 
-static inline void fp_ocl_s_at(int e, int *r, int *c)
+FP_OCL_INLINE void fp_ocl_s_at(int e, int *r, int *c)
 {
     fp_ocl_mma_at(e, MMA_SCN, r, c);
 }
 
-static inline void fp_ocl_o_at(int e, int *r, int *d)
+FP_OCL_INLINE void fp_ocl_o_at(int e, int *r, int *d)
 {
     fp_ocl_mma_at(e, MMA_OCN, r, d);
 }
 
 /* acc (RM x cn m16n8 tiles of this warp) += X Y over kdim, X[m][k] = x[m * xm + k * xk] of T
  * rows, Y[k][n] = y[k * yk + n * yn] of nt * 8 columns. */
-static inline void fp_ocl_mma_product(__local const float *x, int xm, int xk,
+FP_OCL_INLINE void fp_ocl_mma_product(__local const float *x, int xm, int xk,
                                       __local const float *y, int yk, int yn, int kdim, int cn,
                                       int nt, float *acc, __local float *scratch)
 {
     const int w = get_local_id(0) / 32;
     for (int k0 = 0; k0 < kdim; k0 += 16) {
         uint a[MMA_RM][4];
-        FP_OCL_MMA_UNROLL
+        FP_OCL_UNROLL
         for (int i = 0; i < MMA_RM; i++)
             fp_ocl_load_a(a[i], x + 16 * (w % MMA_WM + MMA_WM * i) * xm + k0 * xk, xm, xk);
-        FP_OCL_MMA_UNROLL
+        FP_OCL_UNROLL
         for (int j = 0; j < cn; j++) {
             const int n = min(w / MMA_WM + MMA_WN * j, nt - 1);
             uint b[2];
             fp_ocl_load_b(b, y + k0 * yk + 8 * n * yn, yk, yn);
-            FP_OCL_MMA_UNROLL
+            FP_OCL_UNROLL
             for (int i = 0; i < MMA_RM; i++)
                 fp_ocl_mma16816(acc + 4 * (i * cn + j), a[i], b, scratch);
         }
@@ -199,9 +196,10 @@ static inline void fp_ocl_mma_product(__local const float *x, int xm, int xk,
 }
 
 /* The policy's two products, as flash.cl's plain ones. acc = x y^T over D (x, y [T, LD]). */
-static inline void fp_ocl_tile_dots(__local const float *x, __local const float *y,
+FP_OCL_INLINE void fp_ocl_tile_dots(__local const float *x, __local const float *y,
                                     float acc[FP_OCL_SN], __local float *scratch)
 {
+    FP_OCL_UNROLL
     for (int e = 0; e < FP_OCL_SN; e++)
         acc[e] = 0.0f;
     fp_ocl_mma_product(x, LD, 1, y, 1, LD, D, MMA_SCN, T / 8, acc, scratch);
@@ -209,7 +207,7 @@ static inline void fp_ocl_tile_dots(__local const float *x, __local const float 
 
 /* acc += p y over all T keys, p(r, n) = pt[r * LS + n] (transposed = 0) or pt[n * LS + r]; the
  * entries past `count` are zeros in both operands, so the plain path's bound is not needed. */
-static inline void fp_ocl_tile_mm(__local const float *pt, int transposed, __local const float *y,
+FP_OCL_INLINE void fp_ocl_tile_mm(__local const float *pt, int transposed, __local const float *y,
                                   int count, float acc[FP_OCL_ON], __local float *scratch)
 {
     (void)count;

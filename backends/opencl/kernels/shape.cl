@@ -40,3 +40,18 @@ static inline ushort fp_ocl_to_bf16(float f)
 #define T  FP_OCL_T
 #define LD (D | 1)
 #define LS (T | 1)
+
+/* Every helper of the kernels is inlined: they pass a work-item's accumulator arrays and tile
+ * positions by pointer, which a call would put in private memory. */
+#define FP_OCL_INLINE static inline __attribute__((always_inline))
+
+/* Loops over a work-item's accumulator elements are unrolled in the tensor-core programs for
+ * NVIDIA, so that the accumulators and fragments live in registers (an array indexed by a loop
+ * variable otherwise goes to private memory). Elsewhere the compiler decides: PoCL's compile
+ * time grows with forced unrolling (most with the emulation's barriers), and the CI runs the
+ * whole case table through it. */
+#if FP_OCL_MMA && !FP_OCL_MMA_EMULATE
+#define FP_OCL_UNROLL _Pragma("unroll")
+#else
+#define FP_OCL_UNROLL
+#endif

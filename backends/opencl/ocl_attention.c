@@ -60,12 +60,13 @@ void fp_ocl_release_programs(fp_ocl_ctx *ctx)
     ctx->num_programs = 0;
 }
 
-/* The program for (dtype, head dim d, tile t) and the variant ctx->mma gives it in the current
- * context, built on first use (lock held). */
+/* The program for (dtype, head dim d, tile t, variant) in the current context, built on first use
+ * (lock held). A tensor-core build that fails switches the handle to the plain path (logged) and
+ * gives *out = NULL with FLASHPORT_OK: the caller plans again. */
 static flashport_status get_program(fp_ocl_ctx *ctx, flashport_dtype dtype, int64_t d, int64_t t,
-                                    const fp_ocl_program **out)
+                                    int variant, const fp_ocl_program **out)
 {
-    const int variant = fp_ocl_variant(ctx->mma, dtype == FLASHPORT_F32, t);
+    *out = NULL;
     for (int i = 0; i < ctx->num_programs; i++) {
         const fp_ocl_program *pr = &ctx->programs[i];
         if (pr->dtype == dtype && pr->head_dim == d && pr->tile == t && pr->variant == variant) {
@@ -102,7 +103,7 @@ static flashport_status get_program(fp_ocl_ctx *ctx, flashport_dtype dtype, int6
                                    variant_names[variant], options, ctx->device_name, (int)err,
                                    log);
             ctx->mma = FP_OCL_PLAIN;
-            return get_program(ctx, dtype, d, t, out);
+            return FLASHPORT_OK;
         }
         return fp_ocl_host()->set_error(FLASHPORT_ERR_DEVICE,
                                         "opencl: building the attention program (%s) for '%s' "
@@ -270,18 +271,40 @@ static flashport_status set_args(const fp_ocl_api *cl, cl_kernel k, const fp_ocl
     return fp_ocl_check(err, "clSetKernelArg");
 }
 
-/* The tile size of a call, or the error for a head dim no tile fits (lock held). */
-static flashport_status plan(const fp_ocl_ctx *ctx, const fp_problem *p, int kind, int64_t *t)
+/* The variant and tile size of a call, or the error for a head dim no tile fits (lock held). */
+static flashport_status plan(const fp_ocl_ctx *ctx, const fp_problem *p, int kind, int64_t *t,
+                             int *variant)
 {
-    const size_t reserved = fp_ocl_variant_local_bytes(ctx->mma);
-    *t = fp_ocl_tile(kind, fp_ocl_dim_class(p->head_dim),
-                     ctx->local_mem > reserved ? ctx->local_mem - reserved : 0);
+    *variant = fp_ocl_plan(kind, fp_ocl_dim_class(p->head_dim), ctx->local_mem, ctx->mma,
+                           p->dtype == FLASHPORT_F32, t);
     if (*t == 0)
         return fp_ocl_host()->set_error(FLASHPORT_ERR_UNSUPPORTED_HEAD_DIM,
                                         "opencl: head dim %lld needs more local memory than "
                                         "'%s' has (%zu bytes)",
                                         (long long)p->head_dim, ctx->device_name, ctx->local_mem);
     return FLASHPORT_OK;
+}
+
+/* The program of a planned call (lock held); planned again for the plain path when its
+ * tensor-core build failed (whose tiles may differ). */
+static flashport_status program_for(fp_ocl_ctx *ctx, const fp_problem *p, int kind, int64_t *t,
+                                    int variant, const fp_ocl_program **pr)
+{
+    const int64_t d = fp_ocl_dim_class(p->head_dim);
+    flashport_status st = get_program(ctx, p->dtype, d, *t, variant, pr);
+    if (st == FLASHPORT_OK && !*pr) {
+        st = plan(ctx, p, kind, t, &variant);
+        if (st == FLASHPORT_OK)
+            st = get_program(ctx, p->dtype, d, *t, variant, pr);
+    }
+    return st;
+}
+
+/* Bytes of one [t, D] local tile of a program (ocl_plan.h). */
+static size_t tile_bytes(const fp_ocl_program *pr)
+{
+    return (size_t)(pr->tile * fp_ocl_tile_ld(pr->head_dim, pr->variant) *
+                    fp_ocl_tile_elem_bytes(pr->variant));
 }
 
 static void log_call(const fp_ocl_ctx *ctx, const fp_problem *p, const char *dir,
@@ -299,22 +322,22 @@ flashport_status fp_ocl_forward(fp_ocl_ctx *ctx, const fp_problem *p)
 {
     const fp_ocl_api *cl = ctx->cl;
     int64_t t = 0;
+    int variant = FP_OCL_PLAIN;
     fp_ocl_args a;
     bound m;
     const fp_ocl_program *pr = NULL;
     pthread_mutex_lock(&ctx->lock);
-    flashport_status st = plan(ctx, p, FP_OCL_FORWARD, &t);
+    flashport_status st = plan(ctx, p, FP_OCL_FORWARD, &t, &variant);
     if (st == FLASHPORT_OK)
         st = bind_problem(ctx, p, 0, &a, &m);
     if (st == FLASHPORT_OK)
-        st = get_program(ctx, p->dtype, fp_ocl_dim_class(p->head_dim), t, &pr);
+        st = program_for(ctx, p, FP_OCL_FORWARD, &t, variant, &pr);
     const size_t blocks = (size_t)((p->seqlen_q + t - 1) / (t ? t : 1));
     if (st == FLASHPORT_OK && blocks > 0 && p->heads > 0 && p->batch > 0) {
         log_call(ctx, p, "forward", pr);
         const cl_mem bufs[8] = {m.q, m.k, m.v, m.o, m.lse, m.cu_q, m.cu_k, m.alibi};
-        const size_t ld = (size_t)fp_ocl_tile_ld(fp_ocl_dim_class(p->head_dim)), tt = (size_t)t;
-        const size_t ls = (size_t)fp_ocl_score_ld(t);
-        const size_t local[4] = {tt * ld * 4, tt * ld * 4, tt * ls * 4, tt * 4};
+        const size_t tb = tile_bytes(pr), tt = (size_t)t, ls = (size_t)fp_ocl_score_ld(t);
+        const size_t local[4] = {tb, tb, tt * ls * 4, tt * 4};
         st = set_args(cl, pr->fwd, &a, bufs, 8, local, 4);
         const size_t global[3] = {blocks * FP_OCL_WG, (size_t)p->heads, (size_t)p->batch};
         const size_t wg[3] = {FP_OCL_WG, 1, 1};
@@ -337,9 +360,10 @@ flashport_status fp_ocl_workspace_size(fp_ocl_ctx *ctx, const fp_problem *p, int
                                        size_t *bytes)
 {
     int64_t t = 0;
+    int variant;
     *bytes = 0;
     pthread_mutex_lock(&ctx->lock);
-    flashport_status st = plan(ctx, p, backward ? FP_OCL_BACKWARD : FP_OCL_FORWARD, &t);
+    flashport_status st = plan(ctx, p, backward ? FP_OCL_BACKWARD : FP_OCL_FORWARD, &t, &variant);
     pthread_mutex_unlock(&ctx->lock);
     if (st == FLASHPORT_OK && backward)
         *bytes = delta_bytes(p);
@@ -377,17 +401,18 @@ flashport_status fp_ocl_backward(fp_ocl_ctx *ctx, const fp_problem *p)
 {
     const fp_ocl_api *cl = ctx->cl;
     int64_t t = 0;
+    int variant = FP_OCL_PLAIN;
     fp_ocl_args a;
     bound m;
     const fp_ocl_program *pr = NULL;
     cl_mem delta = NULL, owned = NULL;
     cl_event dq_done = NULL;
     pthread_mutex_lock(&ctx->lock);
-    flashport_status st = plan(ctx, p, FP_OCL_BACKWARD, &t);
+    flashport_status st = plan(ctx, p, FP_OCL_BACKWARD, &t, &variant);
     if (st == FLASHPORT_OK)
         st = bind_problem(ctx, p, 1, &a, &m);
     if (st == FLASHPORT_OK)
-        st = get_program(ctx, p->dtype, fp_ocl_dim_class(p->head_dim), t, &pr);
+        st = program_for(ctx, p, FP_OCL_BACKWARD, &t, variant, &pr);
     if (st == FLASHPORT_OK && (p->batch == 0 || p->heads == 0)) {
         pthread_mutex_unlock(&ctx->lock);
         return FLASHPORT_OK;
@@ -396,15 +421,14 @@ flashport_status fp_ocl_backward(fp_ocl_ctx *ctx, const fp_problem *p)
         st = take_delta(ctx, p, &a, &delta, &owned);
     if (st == FLASHPORT_OK)
         log_call(ctx, p, "backward", pr);
-    const size_t ld = (size_t)fp_ocl_tile_ld(fp_ocl_dim_class(p->head_dim)), tt = (size_t)t,
-                 ls = (size_t)fp_ocl_score_ld(t), wg[3] = {FP_OCL_WG, 1, 1};
+    const size_t tb = pr ? tile_bytes(pr) : 0, tt = (size_t)t, ls = (size_t)fp_ocl_score_ld(t),
+                 wg[3] = {FP_OCL_WG, 1, 1};
     const size_t q_blocks = (size_t)((p->seqlen_q + t - 1) / (t ? t : 1));
     const size_t k_blocks = (size_t)((p->seqlen_k + t - 1) / (t ? t : 1));
     if (st == FLASHPORT_OK && q_blocks > 0) {
         const cl_mem bufs[11] = {m.q,  m.k,   m.v,    m.o,    m.lse,  m.dout,
                                  m.dq, delta, m.cu_q, m.cu_k, m.alibi};
-        const size_t local[6] = {tt * ld * 4, tt * ld * 4, tt * ld * 4,
-                                 tt * ld * 4, tt * ls * 4, 2 * tt * 4};
+        const size_t local[6] = {tb, tb, tb, tb, tt * ls * 4, 2 * tt * 4};
         st = set_args(cl, pr->bwd_dq, &a, bufs, 11, local, 6);
         const size_t global[3] = {q_blocks * FP_OCL_WG, (size_t)p->heads, (size_t)p->batch};
         if (st == FLASHPORT_OK)
@@ -415,8 +439,7 @@ flashport_status fp_ocl_backward(fp_ocl_ctx *ctx, const fp_problem *p)
     if (st == FLASHPORT_OK && k_blocks > 0) {
         const cl_mem bufs[11] = {m.q,  m.k,   m.v,    m.lse,  m.dout, m.dk,
                                  m.dv, delta, m.cu_q, m.cu_k, m.alibi};
-        const size_t local[7] = {tt * ld * 4, tt * ld * 4, tt * ld * 4, tt * ld * 4,
-                                 tt * ls * 4, tt * ls * 4, 2 * tt * 4};
+        const size_t local[7] = {tb, tb, tb, tb, tt * ls * 4, tt * ls * 4, 2 * tt * 4};
         st = set_args(cl, pr->bwd_dkdv, &a, bufs, 11, local, 7);
         const size_t global[3] = {k_blocks * FP_OCL_WG, (size_t)p->kv_heads, (size_t)p->batch};
         if (st == FLASHPORT_OK) /* waits for the delta even on an out-of-order queue */

@@ -77,34 +77,28 @@ FP_OCL_INLINE long fp_ocl_delta_at(const fp_ocl_args *a, const fp_ocl_seq *s, lo
            (a->varlen ? h * a->total_q + s->q_start + i : (b * a->heads + h) * a->nq + i);
 }
 
-/* Rows [r0, r0 + n) of a [seq, dim] slice (row0: element of row 0, dim 0) with hd dims into
- * t[r * LD + d], zeros in rows n .. T - 1 and dims hd .. D - 1 so partial tiles compute on
- * finite values and add nothing. */
-FP_OCL_INLINE void fp_ocl_load_tile(__local float *t, __global const fp_elem *x, long row0,
-                                    long srow, long sdim, long r0, int n, int hd)
-{
-    for (int e = get_local_id(0); e < T * D; e += FP_OCL_WG) {
-        const int r = e / D, d = e - r * D;
-        t[r * LD + d] = r < n && d < hd ? FP_LOAD(x, row0 + (r0 + r) * srow + d * sdim) : 0.0f;
-    }
-}
-
 /* The plain micro-tile policy (FP_OCL_MMA = 0; mma_nv.cl is the tensor-core one): the work-group
  * is an 8 x 16 grid of work-items (ty, tx); tiles are split over it with register micro-tiles:
  *   score tile [T, T]: rows ty + 8 a (a < SR), keys tx + 16 b (b < SC), element a SC + b;
  *   output tile [T, D]: rows ty + 8 a (a < SR), dims tx + 16 j (j < DPT), element a DPT + j.
  * Out-of-range keys and dims are guarded; SR * DPT <= FP_OCL_ACC by the planner's rule.
- * Either policy gives: FP_OCL_SN and FP_OCL_ON, the accumulator elements of a work-item's
+ * Either policy gives: fp_tile and LD, the element type and row pitch of the [T, D] local tiles,
+ * FP_TILE_PUT (a global element as a tile element) and FP_TILE_GET (a tile element as f32),
+ * FP_OCL_SN and FP_OCL_ON, the accumulator elements of a work-item's
  * score and output micro-tiles, fp_ocl_s_at / fp_ocl_o_at, where element e lies in its tile
  * (a key or dim past T or D means none: skipped), the products fp_ocl_tile_dots and
  * fp_ocl_tile_mm, and FP_OCL_SCRATCH, the floats of local scratch they take. */
 #if !FP_OCL_MMA
-#define SR             (T / 8)
-#define SC             ((T + 15) / 16)
-#define DPT            ((D + 15) / 16)
-#define FP_OCL_SN      (SR * SC)
-#define FP_OCL_ON      (SR * DPT)
-#define FP_OCL_SCRATCH 1
+typedef float fp_tile; /* the [T, D] local tiles: f32 values, odd pitch */
+#define LD                (D | 1)
+#define FP_TILE_PUT(x, i) FP_LOAD(x, i)
+#define FP_TILE_GET(t, i) ((t)[i])
+#define SR                (T / 8)
+#define SC                ((T + 15) / 16)
+#define DPT               ((D + 15) / 16)
+#define FP_OCL_SN         (SR * SC)
+#define FP_OCL_ON         (SR * DPT)
+#define FP_OCL_SCRATCH    1
 
 FP_OCL_INLINE void fp_ocl_s_at(int e, int *r, int *c)
 {
@@ -120,7 +114,7 @@ FP_OCL_INLINE void fp_ocl_o_at(int e, int *r, int *d)
 
 /* acc[a SC + b] = x[row ty + 8 a] . y[row tx + 16 b] over D, for this work-item's micro-tile
  * (scratch: unused by this policy). */
-FP_OCL_INLINE void fp_ocl_tile_dots(__local const float *x, __local const float *y,
+FP_OCL_INLINE void fp_ocl_tile_dots(__local const fp_tile *x, __local const fp_tile *y,
                                     float acc[FP_OCL_SN], __local float *scratch)
 {
     const int ty = get_local_id(0) / 16, tx = get_local_id(0) % 16;
@@ -146,7 +140,7 @@ FP_OCL_INLINE void fp_ocl_tile_dots(__local const float *x, __local const float 
 
 /* acc[a DPT + j] += sum over n < count of p(row ty + 8 a, n) * y[n * LD + tx + 16 j], where
  * p(r, n) = pt[r * LS + n] (transposed = 0) or pt[n * LS + r] (transposed = 1). */
-FP_OCL_INLINE void fp_ocl_tile_mm(__local const float *pt, int transposed, __local const float *y,
+FP_OCL_INLINE void fp_ocl_tile_mm(__local const float *pt, int transposed, __local const fp_tile *y,
                                   int count, float acc[FP_OCL_ON], __local float *scratch)
 {
     const int ty = get_local_id(0) / 16, tx = get_local_id(0) % 16;
@@ -167,6 +161,19 @@ FP_OCL_INLINE void fp_ocl_tile_mm(__local const float *pt, int transposed, __loc
     }
 }
 #endif /* !FP_OCL_MMA */
+
+/* Rows [r0, r0 + n) of a [seq, dim] slice (row0: element of row 0, dim 0) with hd dims into
+ * t[r * LD + d], zeros in rows n .. T - 1 and dims hd .. D - 1 so partial tiles compute on
+ * finite values and add nothing. */
+FP_OCL_INLINE void fp_ocl_load_tile(__local fp_tile *t, __global const fp_elem *x, long row0,
+                                    long srow, long sdim, long r0, int n, int hd)
+{
+    for (int e = get_local_id(0); e < T * D; e += FP_OCL_WG) {
+        const int r = e / D, d = e - r * D;
+        t[r * LD + d] =
+            r < n && d < hd ? FP_TILE_PUT(x, row0 + (r0 + r) * srow + d * sdim) : (fp_tile)0;
+    }
+}
 
 /* Stores the output micro-tile's elements of rows < n, dims < hd, times factor(row), to x (row0:
  * element of tile row 0, dim 0); factor is rowf[r] where rowf is given, else `scale`. */
@@ -204,7 +211,7 @@ __kernel __attribute__((reqd_work_group_size(FP_OCL_WG, 1, 1))) void
 fp_ocl_forward(const fp_ocl_args a, __global const fp_elem *q, __global const fp_elem *k,
                __global const fp_elem *v, __global fp_elem *o, __global float *lse,
                __global const int *cu_q, __global const int *cu_k, __global const float *alibi,
-               __local float *sq, __local float *skv, __local float *ss, __local float *srow)
+               __local fp_tile *sq, __local fp_tile *skv, __local float *ss, __local float *srow)
 {
     __local float scratch[FP_OCL_SCRATCH];
     const int tid = get_local_id(0), hd = (int)a.head_dim;
@@ -285,10 +292,11 @@ fp_ocl_forward(const fp_ocl_args a, __global const fp_elem *q, __global const fp
  * NULL: dQ needs dS only). dS is d loss / d(q . k): softcap's derivative and the scale are
  * folded in. */
 FP_OCL_INLINE void fp_ocl_grad_scores(const fp_ocl_args *a, const fp_ocl_seq *s, float slope,
-                                      long i0, int rows, long j0, int cols, __local const float *sq,
-                                      __local const float *sdo, __local const float *sk,
-                                      __local const float *sv, __local const float *srow,
-                                      __local float *sp, __local float *sds, __local float *scratch)
+                                      long i0, int rows, long j0, int cols,
+                                      __local const fp_tile *sq, __local const fp_tile *sdo,
+                                      __local const fp_tile *sk, __local const fp_tile *sv,
+                                      __local const float *srow, __local float *sp,
+                                      __local float *sds, __local float *scratch)
 {
     float qk[FP_OCL_SN], dov[FP_OCL_SN];
     fp_ocl_tile_dots(sq, sk, qk, scratch);
@@ -317,7 +325,7 @@ FP_OCL_INLINE void fp_ocl_grad_scores(const fp_ocl_args *a, const fp_ocl_seq *s,
 FP_OCL_INLINE void fp_ocl_load_query_side(const fp_ocl_args *a, const fp_ocl_seq *s, long b, long h,
                                           long i0, int rows, __global const fp_elem *q,
                                           __global const fp_elem *dout, __global const float *lse,
-                                          __local float *sq, __local float *sdo,
+                                          __local fp_tile *sq, __local fp_tile *sdo,
                                           __local float *srow)
 {
     const int tid = get_local_id(0), hd = (int)a->head_dim;
@@ -334,8 +342,8 @@ fp_ocl_backward_dq(const fp_ocl_args a, __global const fp_elem *q, __global cons
                    __global const fp_elem *v, __global const fp_elem *o, __global const float *lse,
                    __global const fp_elem *dout, __global fp_elem *dq, __global float *delta,
                    __global const int *cu_q, __global const int *cu_k, __global const float *alibi,
-                   __local float *sq, __local float *sdo, __local float *sk, __local float *sv,
-                   __local float *sds, __local float *srow)
+                   __local fp_tile *sq, __local fp_tile *sdo, __local fp_tile *sk,
+                   __local fp_tile *sv, __local float *sds, __local float *srow)
 {
     __local float scratch[FP_OCL_SCRATCH];
     const int tid = get_local_id(0), hd = (int)a.head_dim;
@@ -355,7 +363,7 @@ fp_ocl_backward_dq(const fp_ocl_args a, __global const fp_elem *q, __global cons
         const long o0 = fp_ocl_row0(a.o, b, s.q_start + i0 + tid, h);
         float dl = 0.0f;
         for (int d = 0; d < hd; d++)
-            dl = fma(sdo[tid * LD + d], FP_LOAD(o, o0 + d * a.o.s[3]), dl);
+            dl = fma(FP_TILE_GET(sdo, tid * LD + d), FP_LOAD(o, o0 + d * a.o.s[3]), dl);
         srow[T + tid] = dl;
         delta[fp_ocl_delta_at(&a, &s, b, h, i0 + tid)] = dl;
     }
@@ -384,9 +392,9 @@ fp_ocl_backward_dkdv(const fp_ocl_args a, __global const fp_elem *q, __global co
                      __global const fp_elem *v, __global const float *lse,
                      __global const fp_elem *dout, __global fp_elem *dk, __global fp_elem *dv,
                      __global const float *delta, __global const int *cu_q,
-                     __global const int *cu_k, __global const float *alibi, __local float *sq,
-                     __local float *sdo, __local float *sk, __local float *sv, __local float *sp,
-                     __local float *sds, __local float *srow)
+                     __global const int *cu_k, __global const float *alibi, __local fp_tile *sq,
+                     __local fp_tile *sdo, __local fp_tile *sk, __local fp_tile *sv,
+                     __local float *sp, __local float *sds, __local float *srow)
 {
     __local float scratch[FP_OCL_SCRATCH];
     const int tid = get_local_id(0), hd = (int)a.head_dim;

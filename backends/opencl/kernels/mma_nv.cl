@@ -8,8 +8,11 @@
  * fp_ocl_pack2 a `cvt.rn.{bf16x2,f16x2}.f32`. Spelled `asm`, the GNU keyword NVIDIA's compiler
  * takes: a compiler without it (PoCL's) fails the build, and the host falls back to the plain
  * kernels; `__asm__` would pass PoCL's front end and abort in its x86 back end on PTX text. The
- * fragments are filled by plain loads from the f32 local tiles (no ldmatrix), rounded to the
- * storage type: Q, K, V, dO exactly (they came from it), P and dS once, as the CUDA path does.
+ * [T, D] local tiles (q, k, v, dO) hold the storage type's 16 bits as loaded (half the local
+ * memory of f32 tiles, so larger tiles fit; row pitch D + 2): a fragment's two neighbours along
+ * a row are one 32-bit load. P and dS stay f32 in local memory (the softmax and gradient code
+ * writes them) and are rounded to the storage type when loaded into fragments, once, as the
+ * CUDA path does. No ldmatrix: plain local loads.
  *
  * With FP_OCL_MMA_EMULATE = 1 the same policy runs on any OpenCL device: fp_ocl_mma16816 then
  * emulates one warp's instruction through local memory (each work-item writes its fragments by
@@ -45,6 +48,15 @@
 #define FP_OCL_SN    (MMA_RM * MMA_SCN * 4)
 #define FP_OCL_ON    (MMA_RM * MMA_OCN * 4)
 
+typedef ushort fp_tile;
+#define LD                (D + 2)
+#define FP_TILE_PUT(x, i) (((__global const ushort *)(x))[i])
+#if FP_OCL_DTYPE == 2
+#define FP_TILE_GET(t, i) as_float((uint)(t)[i] << 16)
+#else
+#define FP_TILE_GET(t, i) vload_half((size_t)(i), (__local const half *)(t))
+#endif
+
 #if FP_OCL_MMA_EMULATE
 /* Per warp: A [16][16] and B [16][8] as f32. */
 #define FP_OCL_SCRATCH (FP_OCL_WARPS * (16 * 16 + 16 * 8))
@@ -71,25 +83,31 @@ FP_OCL_INLINE uint fp_ocl_pack2(float lo, float hi)
 #endif
 }
 
-/* The A fragment (row-major 16 x 16, A[m][k] = p[m * sm + k * sk]) of this lane: register i
- * holds A[g + 8 (i % 2)][2 t + 8 (i / 2) + {0, 1}]. */
-FP_OCL_INLINE void fp_ocl_load_a(uint a[4], __local const float *p, int sm, int sk)
+/* The A fragment (16 x 16) of this lane: register i holds A[g + 8 (i % 2)][2 t + 8 (i / 2) + {0,
+ * 1}], from f32 values A[m][k] = pf[m * sm + k * sk] (P, dS) or, where ph is given, from 16-bit
+ * tile rows A[m][k] = ph[m * sm + k] (a pair is one aligned 32-bit load: sm and 2 t are even). */
+FP_OCL_INLINE void fp_ocl_load_a(uint a[4], __local const float *pf, __local const fp_tile *ph,
+                                 int sm, int sk)
 {
     const int lane = get_local_id(0) % 32, g = lane / 4, t = lane % 4;
+    FP_OCL_UNROLL
     for (int i = 0; i < 4; i++) {
-        __local const float *x = p + (g + 8 * (i % 2)) * sm + (2 * t + 8 * (i / 2)) * sk;
-        a[i] = fp_ocl_pack2(x[0], x[sk]);
+        const int m = g + 8 * (i % 2), k = 2 * t + 8 * (i / 2);
+        a[i] = ph ? *(__local const uint *)(ph + m * sm + k)
+                  : fp_ocl_pack2(pf[m * sm + k * sk], pf[m * sm + (k + 1) * sk]);
     }
 }
 
-/* The B fragment (16 x 8, B[k][n] = p[k * sk + n * sn]) of this lane: register i holds
- * B[2 t + 8 i + {0, 1}][g]. */
-FP_OCL_INLINE void fp_ocl_load_b(uint b[2], __local const float *p, int sk, int sn)
+/* The B fragment (16 x 8, B[k][n] = p[k * sk + n * sn], 16-bit tile elements) of this lane:
+ * register i holds B[2 t + 8 i + {0, 1}][g], one 32-bit load where the pair is adjacent
+ * (sk = 1). */
+FP_OCL_INLINE void fp_ocl_load_b(uint b[2], __local const fp_tile *p, int sk, int sn)
 {
     const int lane = get_local_id(0) % 32, g = lane / 4, t = lane % 4;
+    FP_OCL_UNROLL
     for (int i = 0; i < 2; i++) {
-        __local const float *x = p + (2 * t + 8 * i) * sk + g * sn;
-        b[i] = fp_ocl_pack2(x[0], x[sk]);
+        __local const fp_tile *x = p + (2 * t + 8 * i) * sk + g * sn;
+        b[i] = sk == 1 ? *(__local const uint *)x : (uint)x[0] | (uint)x[sk] << 16;
     }
 }
 
@@ -171,18 +189,21 @@ FP_OCL_INLINE void fp_ocl_o_at(int e, int *r, int *d)
     fp_ocl_mma_at(e, MMA_OCN, r, d);
 }
 
-/* acc (RM x cn m16n8 tiles of this warp) += X Y over kdim, X[m][k] = x[m * xm + k * xk] of T
- * rows, Y[k][n] = y[k * yk + n * yn] of nt * 8 columns. */
-FP_OCL_INLINE void fp_ocl_mma_product(__local const float *x, int xm, int xk,
-                                      __local const float *y, int yk, int yn, int kdim, int cn,
-                                      int nt, float *acc, __local float *scratch)
+/* acc (RM x cn m16n8 tiles of this warp) += X Y over kdim: X of T rows, X[m][k] = xf[m * xm +
+ * k * xk] (f32) or xh[m * xm + k] (16-bit tile, where given); Y[k][n] = y[k * yk + n * yn] of
+ * nt * 8 columns. */
+FP_OCL_INLINE void fp_ocl_mma_product(__local const float *xf, __local const fp_tile *xh, int xm,
+                                      int xk, __local const fp_tile *y, int yk, int yn, int kdim,
+                                      int cn, int nt, float *acc, __local float *scratch)
 {
     const int w = get_local_id(0) / 32;
     for (int k0 = 0; k0 < kdim; k0 += 16) {
         uint a[MMA_RM][4];
         FP_OCL_UNROLL
-        for (int i = 0; i < MMA_RM; i++)
-            fp_ocl_load_a(a[i], x + 16 * (w % MMA_WM + MMA_WM * i) * xm + k0 * xk, xm, xk);
+        for (int i = 0; i < MMA_RM; i++) {
+            const int x0 = 16 * (w % MMA_WM + MMA_WM * i) * xm + k0 * xk;
+            fp_ocl_load_a(a[i], xf ? xf + x0 : 0, xh ? xh + x0 : 0, xm, xk);
+        }
         FP_OCL_UNROLL
         for (int j = 0; j < cn; j++) {
             const int n = min(w / MMA_WM + MMA_WN * j, nt - 1);
@@ -196,22 +217,22 @@ FP_OCL_INLINE void fp_ocl_mma_product(__local const float *x, int xm, int xk,
 }
 
 /* The policy's two products, as flash.cl's plain ones. acc = x y^T over D (x, y [T, LD]). */
-FP_OCL_INLINE void fp_ocl_tile_dots(__local const float *x, __local const float *y,
+FP_OCL_INLINE void fp_ocl_tile_dots(__local const fp_tile *x, __local const fp_tile *y,
                                     float acc[FP_OCL_SN], __local float *scratch)
 {
     FP_OCL_UNROLL
     for (int e = 0; e < FP_OCL_SN; e++)
         acc[e] = 0.0f;
-    fp_ocl_mma_product(x, LD, 1, y, 1, LD, D, MMA_SCN, T / 8, acc, scratch);
+    fp_ocl_mma_product(0, x, LD, 1, y, 1, LD, D, MMA_SCN, T / 8, acc, scratch);
 }
 
 /* acc += p y over all T keys, p(r, n) = pt[r * LS + n] (transposed = 0) or pt[n * LS + r]; the
  * entries past `count` are zeros in both operands, so the plain path's bound is not needed. */
-FP_OCL_INLINE void fp_ocl_tile_mm(__local const float *pt, int transposed, __local const float *y,
+FP_OCL_INLINE void fp_ocl_tile_mm(__local const float *pt, int transposed, __local const fp_tile *y,
                                   int count, float acc[FP_OCL_ON], __local float *scratch)
 {
     (void)count;
-    fp_ocl_mma_product(pt, transposed ? 1 : LS, transposed ? LS : 1, y, LD, 1, T, MMA_OCN, D / 8,
+    fp_ocl_mma_product(pt, 0, transposed ? 1 : LS, transposed ? LS : 1, y, LD, 1, T, MMA_OCN, D / 8,
                        acc, scratch);
 }
 

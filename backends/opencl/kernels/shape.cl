@@ -33,12 +33,11 @@ static inline ushort fp_ocl_to_bf16(float f)
 
 /* D the head-dim class (16, 32, 64, 96, 128, 192 or 256; the problem's head dim a.head_dim <= D,
  * the tiles zero-filled beyond it, so dot products over D are exact), T query rows = keys per
- * tile, LD the row pitch of the [T, D] local tiles and LS that of the [T, T] score tiles (both
- * odd, so work-items reading one column of different rows hit different banks; ocl_plan.h
- * sizes them the same way). */
+ * tile, LS the row pitch of the [T, T] f32 score tiles (odd, so work-items reading one column of
+ * different rows hit different banks; ocl_plan.h sizes them the same way). The [T, D] tiles'
+ * element type fp_tile and pitch LD belong to the micro-tile policy (flash.cl, mma_nv.cl). */
 #define D  FP_OCL_D
 #define T  FP_OCL_T
-#define LD (D | 1)
 #define LS (T | 1)
 
 /* Every helper of the kernels is inlined: they pass a work-item's accumulator arrays and tile

@@ -168,6 +168,10 @@ FP_OCL_INLINE void fp_ocl_tile_mm(__local const float *pt, int transposed, __loc
 FP_OCL_INLINE void fp_ocl_load_tile(__local fp_tile *t, __global const fp_elem *x, long row0,
                                     long srow, long sdim, long r0, int n, int hd)
 {
+#if FP_OCL_MMA
+    if (fp_ocl_load_tile16(t, x, row0, srow, sdim, r0, n, hd))
+        return;
+#endif
     for (int e = get_local_id(0); e < T * D; e += FP_OCL_WG) {
         const int r = e / D, d = e - r * D;
         t[r * LD + d] =

@@ -64,6 +64,29 @@ typedef ushort fp_tile;
 #define FP_OCL_SCRATCH 1
 #endif
 
+/* fp_ocl_load_tile's copy 16 bytes (8 elements) a work-item at a time where the slice allows it:
+ * dims contiguous, hd a multiple of 8 and every row 16-byte aligned (the usual [B, N, H, D]
+ * layout); the storage bits go to the tile unchanged. 0 when it does not (the element-wise copy
+ * serves). The tile's rows (pitch D + 2) are only 4-byte aligned, hence four 32-bit stores. */
+FP_OCL_INLINE int fp_ocl_load_tile16(__local fp_tile *t, __global const fp_elem *x, long row0,
+                                     long srow, long sdim, long r0, int n, int hd)
+{
+    if (sdim != 1 || hd % 8 != 0 || row0 % 8 != 0 || srow % 8 != 0)
+        return 0;
+    for (int e = get_local_id(0); e < T * (D / 8); e += FP_OCL_WG) {
+        const int r = e / (D / 8), d = (e - r * (D / 8)) * 8;
+        uint4 v = (uint4)(0);
+        if (r < n && d < hd)
+            v = *(__global const uint4 *)((__global const ushort *)x + row0 + (r0 + r) * srow + d);
+        __local uint *dst = (__local uint *)(t + r * LD + d);
+        dst[0] = v.x;
+        dst[1] = v.y;
+        dst[2] = v.z;
+        dst[3] = v.w;
+    }
+    return 1;
+}
+
 /* Two f32 values rounded to the storage type, lo in bits 0..15 and hi in bits 16..31. */
 FP_OCL_INLINE uint fp_ocl_pack2(float lo, float hi)
 {

@@ -74,10 +74,12 @@ if has test; then
         FLASHPORT_LOG=1 timeout 400 "$BUILD/bin/test_backends" opencl --workspace \
             2>"$OUT/variants.tmp"
         echo "test_backends opencl --workspace: rc=$?"
-        grep -E "opencl: (device|built|building)" "$OUT/variants.tmp" >>"$OUT/variants.log"
+        # A failed tensor-core build logs the driver's build log after its line: kept too.
+        grep -E -A20 "opencl: (device|built|building)" "$OUT/variants.tmp" |
+            grep -v -E "^\[flashport\] opencl: (forward|backward) " >>"$OUT/variants.log"
         grep -v "^\[flashport\]" "$OUT/variants.tmp"
         rm -f "$OUT/variants.tmp"
-        echo "### $(date -u '+%H:%M:%S') FLASHPORT_OPENCL_MMA=0 test_backends opencl --quick"
+        echo "--- $(date -u '+%H:%M:%S') FLASHPORT_OPENCL_MMA=0 test_backends opencl --quick"
         FLASHPORT_OPENCL_MMA=0 timeout 200 "$BUILD/bin/test_backends" opencl --quick
         echo "test_backends opencl --quick (plain path forced): rc=$?"
     } >>"$OUT/test_backends.log" 2>&1
@@ -95,6 +97,7 @@ if has test; then
         tee -a "$SUMMARY"
     last_call "$OUT/variants.log" | grep -Eo "tensor-core variant for f16 / bf16: [^)]*|built the [a-z-]+ [a-z-]* *kernels( \(mma.sync\))?|building the .* failed" |
         sort | uniq -c | cut -c1-400 | tee -a "$SUMMARY"
+    last_call "$OUT/variants.log" | grep -A10 "opencl: building" | cut -c1-300 | tee -a "$SUMMARY"
     last_call "$OUT/test_opencl.log" |
         grep -E "CHECK failed|^device 0|^caller|^timer|PASS|FAIL|SKIP|rc=" | cut -c1-400 |
         tee -a "$SUMMARY"

@@ -40,17 +40,16 @@ static inline ushort fp_ocl_to_bf16(float f)
 #define T  FP_OCL_T
 #define LS (T | 1)
 
-/* Every helper of the kernels is inlined: they pass a work-item's accumulator arrays and tile
- * positions by pointer, which a call would put in private memory. */
-#define FP_OCL_INLINE static inline __attribute__((always_inline))
-
-/* Loops over a work-item's accumulator elements are unrolled in the tensor-core programs for
- * NVIDIA, so that the accumulators and fragments live in registers (an array indexed by a loop
- * variable otherwise goes to private memory). Elsewhere the compiler decides: PoCL's compile
- * time grows with forced unrolling (most with the emulation's barriers), and the CI runs the
- * whole case table through it. */
+/* In the tensor-core programs for NVIDIA every helper is inlined and the loops over a work-item's
+ * accumulator elements are unrolled, so that accumulators, fragments and tile positions live in
+ * registers (passed by pointer to a called function, or indexed by a loop variable, an array goes
+ * to private memory). Elsewhere the compiler decides: the plain programs, the fallback on every
+ * driver, use nothing a driver might refuse, and PoCL's compile time grows with forced unrolling
+ * (most with the emulation's barriers) while the CI runs the whole table through it. */
 #if FP_OCL_MMA && !FP_OCL_MMA_EMULATE
+#define FP_OCL_INLINE static inline __attribute__((always_inline))
 #define FP_OCL_UNROLL _Pragma("unroll")
 #else
+#define FP_OCL_INLINE static inline
 #define FP_OCL_UNROLL
 #endif

@@ -337,7 +337,9 @@ flashport_status fp_ocl_forward(fp_ocl_ctx *ctx, const fp_problem *p)
         log_call(ctx, p, "forward", pr);
         const cl_mem bufs[8] = {m.q, m.k, m.v, m.o, m.lse, m.cu_q, m.cu_k, m.alibi};
         const size_t tb = tile_bytes(pr), tt = (size_t)t, ls = (size_t)fp_ocl_score_ld(t);
-        const size_t local[4] = {tb, tb, tt * ls * 4, tt * 4};
+        /* K and V share one tile on the plain path (kernels/flash.cl's FP_OCL_KV_APART). */
+        const size_t kv = pr->variant == FP_OCL_PLAIN ? tb : 2 * tb;
+        const size_t local[4] = {tb, kv, tt * ls * 4, tt * 4};
         st = set_args(cl, pr->fwd, &a, bufs, 8, local, 4);
         const size_t global[3] = {blocks * FP_OCL_WG, (size_t)p->heads, (size_t)p->batch};
         const size_t wg[3] = {FP_OCL_WG, 1, 1};

@@ -64,8 +64,8 @@ static inline size_t fp_ocl_tile_local_bytes(int kind, int64_t t, int64_t d, int
     const int64_t tile = t * fp_ocl_tile_ld(d, variant) * fp_ocl_tile_elem_bytes(variant);
     const int64_t ls = fp_ocl_score_ld(t);
     const size_t extra = fp_ocl_variant_local_bytes(variant);
-    if (kind == FP_OCL_FORWARD) /* q, k|v, scores, row factors */
-        return (size_t)(2 * tile + (t * ls + t) * 4) + extra;
+    if (kind == FP_OCL_FORWARD) /* q, k and v (one buffer on the plain path), scores, row factors */
+        return (size_t)((variant == FP_OCL_PLAIN ? 2 : 3) * tile + (t * ls + t) * 4) + extra;
     /* dK/dV, the larger of the two backward kernels: q, dO, k, v, P, dS, LSE and delta */
     return (size_t)(4 * tile + (2 * t * ls + 2 * t) * 4) + extra;
 }

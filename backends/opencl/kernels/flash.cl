@@ -87,7 +87,8 @@ FP_OCL_INLINE long fp_ocl_delta_at(const fp_ocl_args *a, const fp_ocl_seq *s, lo
  * FP_OCL_SN and FP_OCL_ON, the accumulator elements of a work-item's
  * score and output micro-tiles, fp_ocl_s_at / fp_ocl_o_at, where element e lies in its tile
  * (a key or dim past T or D means none: skipped), the products fp_ocl_tile_dots and
- * fp_ocl_tile_mm, and FP_OCL_SCRATCH, the floats of local scratch they take. */
+ * fp_ocl_tile_mm, FP_OCL_SCRATCH, the floats of local scratch they take, and FP_OCL_KV_APART,
+ * whether the forward's K and V tiles have a buffer each (ocl_plan.h sizes it so). */
 #if !FP_OCL_MMA
 typedef float fp_tile; /* the [T, D] local tiles: f32 values, odd pitch */
 #define LD                (D | 1)
@@ -99,6 +100,7 @@ typedef float fp_tile; /* the [T, D] local tiles: f32 values, odd pitch */
 #define FP_OCL_SN         (SR * SC)
 #define FP_OCL_ON         (SR * DPT)
 #define FP_OCL_SCRATCH    1
+#define FP_OCL_KV_APART   0
 
 FP_OCL_INLINE void fp_ocl_s_at(int e, int *r, int *c)
 {
@@ -228,6 +230,9 @@ fp_ocl_forward(const fp_ocl_args a, __global const fp_elem *q, __global const fp
     const long hk = h / (a.heads / a.kv_heads);
     const float slope = a.has_alibi ? alibi[a.alibi_off + h] : 0.0f;
     const long k0 = fp_ocl_row0(a.k, b, s.k_start, hk), v0 = fp_ocl_row0(a.v, b, s.k_start, hk);
+    /* V's tile: K's buffer again (plain path), or its own (FP_OCL_KV_APART) so that K and V of a
+     * key block are copied in one phase. */
+    __local fp_tile *sv = skv + (FP_OCL_KV_APART ? T * LD : 0);
 
     fp_ocl_load_tile(sq, q, fp_ocl_row0(a.q, b, s.q_start, h), a.q.s[1], a.q.s[3], i0, rows, hd);
     fp_softmax_state st; /* row tid's, for tid < T */
@@ -239,8 +244,10 @@ fp_ocl_forward(const fp_ocl_args a, __global const fp_elem *q, __global const fp
     fp_mask_block_range(i0, i0 + rows, s.nq, s.nk, a.left, a.right, &lo, &hi);
     for (long j0 = lo < hi ? lo / T * T : hi; j0 < hi; j0 += T) {
         const int cols = (int)min((long)T, s.nk - j0);
-        barrier(CLK_LOCAL_MEM_FENCE); /* the previous block's readers of skv and ss are done */
+        barrier(CLK_LOCAL_MEM_FENCE); /* the previous block's readers of skv, sv and ss are done */
         fp_ocl_load_tile(skv, k, k0, a.k.s[1], a.k.s[3], j0, cols, hd);
+        if (FP_OCL_KV_APART)
+            fp_ocl_load_tile(sv, v, v0, a.v.s[1], a.v.s[3], j0, cols, hd);
         barrier(CLK_LOCAL_MEM_FENCE);
         float sc[FP_OCL_SN];
         fp_ocl_tile_dots(sq, skv, sc, scratch);
@@ -269,15 +276,17 @@ fp_ocl_forward(const fp_ocl_args a, __global const fp_elem *q, __global const fp
             st.l += sum;
         }
         barrier(CLK_LOCAL_MEM_FENCE); /* P and alpha written; every reader of K is done */
-        fp_ocl_load_tile(skv, v, v0, a.v.s[1], a.v.s[3], j0, cols, hd);
-        barrier(CLK_LOCAL_MEM_FENCE);
+        if (!FP_OCL_KV_APART) {
+            fp_ocl_load_tile(sv, v, v0, a.v.s[1], a.v.s[3], j0, cols, hd);
+            barrier(CLK_LOCAL_MEM_FENCE);
+        }
         FP_OCL_UNROLL
         for (int e = 0; e < FP_OCL_ON; e++) {
             int r, d;
             fp_ocl_o_at(e, &r, &d);
             acc[e] *= srow[r];
         }
-        fp_ocl_tile_mm(ss, 0, skv, cols, acc, scratch);
+        fp_ocl_tile_mm(ss, 0, sv, cols, acc, scratch);
     }
 
     barrier(CLK_LOCAL_MEM_FENCE); /* the last block's readers of srow are done */

@@ -50,6 +50,7 @@
 
 typedef ushort fp_tile;
 #define LD                (D + 2)
+#define FP_OCL_KV_APART   1 /* the 16-bit tiles leave room for K and V side by side */
 #define FP_TILE_PUT(x, i) (((__global const ushort *)(x))[i])
 #if FP_OCL_DTYPE == 2
 #define FP_TILE_GET(t, i) as_float((uint)(t)[i] << 16)

@@ -23,11 +23,11 @@
  * local-memory emulation with FP_OCL_MMA_EMULATE = 1, the test of its layouts on any device).
  * The kernels below are written once over the policy.
  *
- * Configuration (fp_ocl_tile in ocl_plan.h; T = query rows = keys per tile):
+ * Configuration (fp_ocl_plan in ocl_plan.h; T = query rows = keys per tile):
  *   T = the largest of 64, 32, 16, 8 with (T / 8) * ceil(D / 16) <= FP_OCL_ACC (32) whose local
- *   tiles fit the device's local memory. PoCL: 64 (D <= 64), 32 (D <= 128), 16 (D <= 256);
- *   a 48 KiB device: forward 64 (D <= 32), 32 (D <= 128), 16; backward 32 (D <= 64), 16
- *   (D <= 128), 8.
+ *   tiles fit the device's local memory. Plain path: PoCL: 64 (D <= 64), 32 (D <= 128), 16
+ *   (D <= 256); a 48 KiB device: forward 64 (D <= 32), 32 (D <= 128), 16; backward 32 (D <= 64),
+ *   16 (D <= 128), 8. The tensor-core policy's 16-bit tiles: mma_nv.cl.
  *
  * Known differences from the reference: f32 accumulation (the reference uses double); P is not
  * rounded to the storage type before P V on the plain path (the tensor-core one rounds P and dS
@@ -120,23 +120,17 @@ FP_OCL_INLINE void fp_ocl_tile_dots(__local const fp_tile *x, __local const fp_t
                                     float acc[FP_OCL_SN], __local float *scratch)
 {
     const int ty = get_local_id(0) / 16, tx = get_local_id(0) % 16;
-    FP_OCL_UNROLL
     for (int e = 0; e < FP_OCL_SN; e++)
         acc[e] = 0.0f;
     for (int d = 0; d < D; d++) {
         float xa[SR], yb[SC];
-        FP_OCL_UNROLL
         for (int a = 0; a < SR; a++)
             xa[a] = x[(ty + 8 * a) * LD + d];
-        FP_OCL_UNROLL
         for (int b = 0; b < SC; b++)
             yb[b] = tx + 16 * b < T ? y[(tx + 16 * b) * LD + d] : 0.0f;
-        FP_OCL_UNROLL
-        for (int a = 0; a < SR; a++) {
-            FP_OCL_UNROLL
+        for (int a = 0; a < SR; a++)
             for (int b = 0; b < SC; b++)
                 acc[a * SC + b] = fma(xa[a], yb[b], acc[a * SC + b]);
-        }
     }
 }
 
@@ -148,18 +142,13 @@ FP_OCL_INLINE void fp_ocl_tile_mm(__local const float *pt, int transposed, __loc
     const int ty = get_local_id(0) / 16, tx = get_local_id(0) % 16;
     for (int n = 0; n < count; n++) {
         float pa[SR], yj[DPT];
-        FP_OCL_UNROLL
         for (int a = 0; a < SR; a++)
             pa[a] = transposed ? pt[n * LS + ty + 8 * a] : pt[(ty + 8 * a) * LS + n];
-        FP_OCL_UNROLL
         for (int j = 0; j < DPT; j++)
             yj[j] = tx + 16 * j < D ? y[n * LD + tx + 16 * j] : 0.0f;
-        FP_OCL_UNROLL
-        for (int a = 0; a < SR; a++) {
-            FP_OCL_UNROLL
+        for (int a = 0; a < SR; a++)
             for (int j = 0; j < DPT; j++)
                 acc[a * DPT + j] = fma(pa[a], yj[j], acc[a * DPT + j]);
-        }
     }
 }
 #endif /* !FP_OCL_MMA */

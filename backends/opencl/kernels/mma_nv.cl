@@ -26,7 +26,13 @@
  * tiles. Every warp runs the same loop counts (warps whose column tile lies past the tile's edge
  * compute on a clamped copy and their results are dropped by the callers' key / dim guards), so
  * control flow around the emulation's barriers is uniform. Needs T >= 16 (ocl_plan.h's
- * fp_ocl_variant gives the plain path below).
+ * fp_ocl_plan gives the plain path below).
+ *
+ * Configuration (ocl_plan.h, 48 KiB of local memory as NVIDIA's driver gives): T = 64 forward up
+ * to D = 64, 32 up to 128, 16 above; backward 64 at D = 16, 32 up to 128, 16 above. Warp grid:
+ * T = 64: 4 x 1, T = 32: 2 x 2, T = 16: 1 x 4. Known differences from the reference as flash.cl,
+ * plus P and dS rounded to the storage type. Numbers: docs/opencl.md and docs/performance.md
+ * ("OpenCL backend"); not yet run on a GPU.
  *
  * Element e of an accumulator (fp_ocl_s_at / fp_ocl_o_at): strip i = e / (4 CN), column tile
  * j = e / 4 % CN, register q = e % 4, the m16n8 C fragment's (row g + 8 (q / 2), column

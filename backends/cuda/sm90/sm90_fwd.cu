@@ -306,122 +306,92 @@ FP_DEV void fp_sm90_scrub_v(unsigned char *v, uint32_t *vmask, int ptid)
     }
 }
 
-/* One thread block's work: the query block (m0, head h, batch b [, KV split]) and its key blocks
- * nb_begin .. nb_end - 1, visited from the last; the shared-memory layout (Q tile, ST K / V
- * stages, fp8's V^T stages, the mbarriers) and the steps of the three roles: load (the producer
- * warpgroup's thread 0), prepare_v (its warps 1 .. 3, the V preparers), consume (the two
- * consumer warpgroups: the key loop, then store). */
-template <typename TI, typename TO, typename CFG> struct fp_sm90_fwd_block {
-    static constexpr int BM = FP_SM90_BM, DK = CFG::DK, BN = CFG::BN, ST = CFG::ST;
-    static constexpr bool LAZY = CFG::LAZY;
-    static constexpr int EB = sizeof(TI); /* bytes per input element */
-    static constexpr bool FP8 = EB == 1;
-    static constexpr int NP = DK * EB / 128;           /* 128-byte panels of a tile */
-    static constexpr int KSTEPS = DK * EB / 32;        /* Q K^T wgmma steps (32 bytes of K each) */
-    static constexpr int PK = FP8 ? 32 : 16;           /* P V wgmma K */
-    static constexpr uint32_t KV_BYTES = BN * DK * EB; /* one K or V stage */
-    static constexpr uint32_t VT_BYTES = FP8 ? CFG::VT_PANELS * DK * 128 : 0; /* V^T (fp8) */
-    static constexpr int VM_WORDS = (BN + 31) / 32; /* vmask words of a stage */
+// q, o: (B, Nq, H, D); k, v: (B, Nk, Hkv, D); lse: (B, H, Nq); grid (q blocks, H, B * splits)
+// TI: the inputs' type (f16, bf16, or e4m3 as uint8_t); TO: o's (f16 or bf16)
+template <typename TI, typename TO, typename CFG>
+__global__ void __launch_bounds__(FP_SM90_THREADS, 1)
+    fp_sm90_fwd_kernel(const __grid_constant__ fp_sm90_fwd_params prm)
+{
+#if FP_SM90_DEVICE
+    constexpr int BM = FP_SM90_BM, DK = CFG::DK, BN = CFG::BN, ST = CFG::ST;
+    constexpr bool LAZY = CFG::LAZY;
+    constexpr int EB = sizeof(TI); /* bytes per input element */
+    constexpr bool FP8 = EB == 1;
+    constexpr int NP = DK * EB / 128;           /* 128-byte panels of a tile */
+    constexpr int KSTEPS = DK * EB / 32;        /* Q K^T wgmma steps (32 bytes of K each) */
+    constexpr int PK = FP8 ? 32 : 16;           /* P V wgmma K */
+    constexpr uint32_t KV_BYTES = BN * DK * EB; /* one K or V stage */
+    constexpr uint32_t VT_BYTES = FP8 ? CFG::VT_PANELS * DK * 128 : 0; /* one V^T stage (fp8) */
+    constexpr int VM_WORDS = (BN + 31) / 32;                           /* vmask words of a stage */
     /* The producer warpgroup's registers per thread after setmaxnreg (the consumers get the
      * rest: 128 x 40 + 256 x 232 = 128 x 24 + 256 x 240 = the block's 384 x 168): 40 for the fp8
      * transposes and the DK = 64 kernel's guard scrub (4 chunks in flight); 24 elsewhere, so
      * that the f16 / bf16 consumers of the larger head dims keep 240 (docs/bench/). */
-    static constexpr int PRODUCER_REGS = FP8 || DK <= 64 ? 40 : 24;
+    constexpr int PRODUCER_REGS = FP8 || DK <= 64 ? 40 : 24;
     static_assert(!FP8 || BN % 32 == 0, "fp8 tiles: whole wgmma K steps of keys");
+    const fp_sm80_args &a = prm.a;
 
-    const fp_sm90_fwd_params &prm;
-    const fp_sm80_args &a;
-    uint32_t sq, sk, sv, svt, bars; /* shared addresses: Q tile, K, V, V^T stages, mbarriers */
-    unsigned char *gq;              /* generic pointer to the Q tile */
+    extern __shared__ unsigned char fp_smem_raw[];
+    const uint32_t raw = fp_smem_addr(fp_smem_raw);
+    const uint32_t sq = (raw + 1023u) & ~1023u;
+    unsigned char *const gq = fp_smem_raw + (sq - raw); /* generic pointer to the Q tile */
+    const uint32_t sk = sq + BM * DK * EB, sv = sk + ST * KV_BYTES, svt = sv + ST * KV_BYTES;
+    const uint32_t bars = svt + ST * VT_BYTES;
+    const uint32_t q_full = bars;
+    auto k_full = [&](int s) { return bars + 8u * (1 + s); };
+    auto v_full = [&](int s) { return bars + 8u * (1 + ST + s); };
+    auto k_empty = [&](int s) { return bars + 8u * (1 + 2 * ST + s); };
+    auto v_empty = [&](int s) { return bars + 8u * (1 + 3 * ST + s); };
+    /* The V preparers' work on stage s is done: the V^T stage is made (fp8: every block), or the
+     * V stage is scrubbed (f16 / bf16: edge blocks only; the consumers take the other blocks' V
+     * straight from v_full). Its phases count the blocks that pass through it, per stage
+     * (pv_phase below). The preparers wait on v_full for every block and arrive on v_empty, so
+     * that they never fall a phase behind the producer. */
+    auto pv_ready = [&](int s) { return bars + 8u * (1 + 4 * ST + s); };
+    /* the parity of stage s's next pv_ready phase, from a bit mask of the stages' parities that
+     * the block's walk toggles (both sides make the same walk) */
+    auto pv_phase = [&](uint32_t &bits, int s) {
+        const uint32_t ph = (bits >> s) & 1u;
+        bits ^= 1u << s;
+        return ph;
+    };
+    auto vt_empty = [&](int s) { return bars + 8u * (1 + 5 * ST + s); }; /* fp8 */
+    /* the consumers are done with the P V operand: V (f16 / bf16) or V^T (fp8) */
+    auto pv_empty = [&](int s) { return FP8 ? vt_empty(s) : v_empty(s); };
     /* The masked-key guard's flags: the keys of a stage's edge block whose V row held a
      * non-finite element (up to 128 keys, bit k of word k / 32) */
-    uint32_t (*vmask)[VM_WORDS];
-    int h, b, split, nq, nk, m0, nb_begin, nb_end, n;
-    fp_cuda_seq seq;
+    __shared__ uint32_t vmask[ST][VM_WORDS];
+
+    const int tid = threadIdx.x, wg = tid >> 7, wtid = tid & 127;
+    const int qblk = a.reverse ? gridDim.x - 1 - blockIdx.x : blockIdx.x;
+    const int h = blockIdx.y;
+    const int b = blockIdx.z / a.splits, split = blockIdx.z % a.splits;
+    const fp_cuda_seq seq = fp_cuda_seq_of(a, b);
+    const int nq = seq.nq, nk = seq.nk;
+    const int m0 = qblk * BM;
+    if (m0 >= nq)
+        return;
+    int nb_begin, nb_end;
+    fp_geom_key_blocks(m0, min(m0 + BM, nq), nq, nk, a.left, a.right, BN, &nb_begin, &nb_end);
+    if (a.splits > 1) {
+        const int per = (int)(a.keys_per_split / BN);
+        nb_begin = max(nb_begin, split * per);
+        nb_end = min(nb_end, (split + 1) * per);
+    }
+    const int n = max(nb_end - nb_begin, 0);
     /* Key blocks every row of the query block sees whole take no per-element mask and no guard;
      * the others are its edge blocks. */
     int full_lo, full_hi;
-
-    __device__ __forceinline__ fp_sm90_fwd_block(const fp_sm90_fwd_params &prm_,
-                                                 unsigned char *smem, uint32_t (*vmask_)[VM_WORDS])
-        : prm(prm_), a(prm_.a), vmask(vmask_)
     {
-        const uint32_t raw = fp_smem_addr(smem);
-        sq = (raw + 1023u) & ~1023u;
-        gq = smem + (sq - raw);
-        sk = sq + BM * DK * EB, sv = sk + ST * KV_BYTES, svt = sv + ST * KV_BYTES;
-        bars = svt + ST * VT_BYTES;
-        const int qblk = a.reverse ? gridDim.x - 1 - blockIdx.x : blockIdx.x;
-        h = blockIdx.y;
-        b = blockIdx.z / a.splits, split = blockIdx.z % a.splits;
-        seq = fp_cuda_seq_of(a, b);
-        nq = seq.nq, nk = seq.nk;
-        m0 = qblk * BM;
-    }
-
-    /* The key blocks and the fully visible range; the caller has checked m0 < nq. */
-    __device__ __forceinline__ void plan()
-    {
-        fp_geom_key_blocks(m0, min(m0 + BM, nq), nq, nk, a.left, a.right, BN, &nb_begin, &nb_end);
-        if (a.splits > 1) {
-            const int per = (int)(a.keys_per_split / BN);
-            nb_begin = max(nb_begin, split * per);
-            nb_end = min(nb_end, (split + 1) * per);
-        }
-        n = max(nb_end - nb_begin, 0);
         int64_t lo, hi;
         fp_mask_full_range(m0, min(m0 + BM, nq), nq, nk, a.left, a.right, &lo, &hi);
         full_lo = (int)lo;
         full_hi = (int)max(hi, (int64_t)0);
     }
-    __device__ __forceinline__ bool block_full(int j0) const
-    {
-        return j0 >= full_lo && j0 + BN <= full_hi;
-    }
+    auto block_full = [&](int j0) { return j0 >= full_lo && j0 + BN <= full_hi; };
 
-    /* mbarriers: the Q tile; per stage s, K / V landed (full) and their readers done (empty) */
-    __device__ __forceinline__ uint32_t q_full() const { return bars; }
-    __device__ __forceinline__ uint32_t k_full(int s) const { return bars + 8u * (1 + s); }
-    __device__ __forceinline__ uint32_t v_full(int s) const { return bars + 8u * (1 + ST + s); }
-    __device__ __forceinline__ uint32_t k_empty(int s) const
-    {
-        return bars + 8u * (1 + 2 * ST + s);
-    }
-    __device__ __forceinline__ uint32_t v_empty(int s) const
-    {
-        return bars + 8u * (1 + 3 * ST + s);
-    }
-    /* The V preparers' work on stage s is done: the V^T stage is made (fp8: every block), or the
-     * V stage is scrubbed (f16 / bf16: edge blocks only; the consumers take the other blocks' V
-     * straight from v_full). Its phases count the blocks that pass through it, per stage
-     * (pv_phase). The preparers wait on v_full for every block and arrive on v_empty, so that
-     * they never fall a phase behind the producer. */
-    __device__ __forceinline__ uint32_t pv_ready(int s) const
-    {
-        return bars + 8u * (1 + 4 * ST + s);
-    }
-    __device__ __forceinline__ uint32_t vt_empty(int s) const /* fp8 */
-    {
-        return bars + 8u * (1 + 5 * ST + s);
-    }
-    /* the consumers are done with the P V operand: V (f16 / bf16) or V^T (fp8) */
-    __device__ __forceinline__ uint32_t pv_empty(int s) const
-    {
-        return FP8 ? vt_empty(s) : v_empty(s);
-    }
-    /* the parity of stage s's next pv_ready phase, from a bit mask of the stages' parities that
-     * the block's walk toggles (both sides make the same walk) */
-    __device__ __forceinline__ static uint32_t pv_phase(uint32_t &bits, int s)
-    {
-        const uint32_t ph = (bits >> s) & 1u;
-        bits ^= 1u << s;
-        return ph;
-    }
-
-    /* By thread 0, before the block's barrier. */
-    __device__ __forceinline__ void init_barriers() const
-    {
-        fp_mbar_init(q_full(), 1);
+    if (tid == 0) {
+        fp_mbar_init(q_full, 1);
         for (int s = 0; s < ST; ++s) {
             fp_mbar_init(k_full(s), 1);
             fp_mbar_init(v_full(s), 1);
@@ -434,90 +404,96 @@ template <typename TI, typename TO, typename CFG> struct fp_sm90_fwd_block {
         }
         fp_mbar_fence_init();
     }
+    __syncthreads();
 
-    /* The producer's thread 0: the Q tile once, then K and V of each key block into the ring. */
-    __device__ __forceinline__ void load() const
-    {
-        fp_tma_prefetch_desc(&prm.tq);
-        fp_tma_prefetch_desc(&prm.tk);
-        fp_tma_prefetch_desc(&prm.tv);
-        /* varlen maps are (D, packed tokens, heads, 1): the batch coordinate is 0 */
-        const int qb = a.cu_q ? 0 : b, kvh = h / a.group;
-        const int q_row = (int)seq.q_start + m0, k_row = (int)seq.k_start;
-        constexpr int PCOLS = 128 / EB; /* columns of a 128-byte panel */
-        fp_mbar_arrive_expect_tx(q_full(), BM * DK * EB);
+    if (wg == 0) {
+        /* ---- producer warpgroup: thread 0 issues every TMA load; warps 1 .. 3 (the V
+         * preparers) make V^T (fp8) and run the masked-key guard's scrub ---- */
+        if constexpr (PRODUCER_REGS == 40)
+            fp_setmaxnreg_dec<40>();
+        else
+            fp_setmaxnreg_dec<24>();
+        if (wtid >= 32 && n > 0) {
+            const int ptid = wtid - 32;
+            uint32_t pv_bits = 0;
+            for (int it = 0; it < n; ++it) {
+                const int nb = nb_end - 1 - it, s = it % ST, j0 = nb * BN;
+                const uint32_t ph = (it / ST) & 1;
+                /* The masked-key guard (sm80/common.cuh). In a key block that some row of this
+                 * query block sees only in part (an edge block: the diagonal of a causal mask,
+                 * a sequence's last block, whose tail TMA fills with the next varlen sequence's
+                 * tokens), a masked P of 0 would meet that key's V row in P V, and 0 x NaN is
+                 * NaN: there the V operand's non-finite elements become 0 and their keys are
+                 * flagged, and the consumers give the rows that see a flagged key O = NaN, the
+                 * value a non-finite V element gives the rows that see it. */
+                const bool edge = !block_full(j0);
+                fp_mbar_wait(v_full(s), ph);
+                if (FP8)
+                    fp_mbar_wait(vt_empty(s), ph ^ 1);
+                if (edge) { /* the consumers are done with vmask[s] (the waits above) */
+                    if (ptid < VM_WORDS)
+                        vmask[s][ptid] = 0;
+                    fp_named_bar_sync(5, FP_SM90_PREPARERS);
+                }
+                if constexpr (FP8) {
+                    /* units in flight: as many as the producer's 40 registers hold */
+                    if (edge)
+                        fp_sm90_transpose_v8<DK, BN, 2, true>(sv + s * KV_BYTES, svt + s * VT_BYTES,
+                                                              vmask[s], ptid);
+                    else
+                        fp_sm90_transpose_v8<DK, BN, (DK >= 256 ? 4 : 3), false>(
+                            sv + s * KV_BYTES, svt + s * VT_BYTES, vmask[s], ptid);
+                    fp_mbar_arrive(v_empty(s));
+                } else if (edge) {
+                    fp_sm90_scrub_v<TI, BN, NP, DK >= 256 ? 2 : 4, PRODUCER_REGS == 40 ? 4 : 1>(
+                        gq + (sv - sq) + s * KV_BYTES, vmask[s], ptid);
+                }
+                if (FP8 || edge) {
+                    fp_fence_proxy_async_smem(); /* generic writes, before wgmma reads them */
+                    pv_phase(pv_bits, s);
+                    fp_mbar_arrive(pv_ready(s));
+                }
+                if (!FP8)
+                    fp_mbar_arrive(v_empty(s));
+            }
+        }
+        if (wtid == 0 && n > 0) {
+            fp_tma_prefetch_desc(&prm.tq);
+            fp_tma_prefetch_desc(&prm.tk);
+            fp_tma_prefetch_desc(&prm.tv);
+            /* varlen maps are (D, packed tokens, heads, 1): the batch coordinate is 0 */
+            const int qb = a.cu_q ? 0 : b, kvh = h / a.group;
+            const int q_row = (int)seq.q_start + m0, k_row = (int)seq.k_start;
+            constexpr int PCOLS = 128 / EB; /* columns of a 128-byte panel */
+            fp_mbar_arrive_expect_tx(q_full, BM * DK * EB);
 #pragma unroll
-        for (int p = 0; p < NP; ++p)
-            fp_tma_load_4d(sq + p * BM * 128, &prm.tq, q_full(), PCOLS * p, q_row, h, qb);
+            for (int p = 0; p < NP; ++p)
+                fp_tma_load_4d(sq + p * BM * 128, &prm.tq, q_full, PCOLS * p, q_row, h, qb);
 #pragma unroll 1 /* within the producer's 24 registers */
-        for (int it = 0; it < n; ++it) {
-            const int nb = nb_end - 1 - it, s = it % ST;
-            const uint32_t ph = (it / ST) & 1;
-            fp_mbar_wait(k_empty(s), ph ^ 1);
-            fp_mbar_arrive_expect_tx(k_full(s), KV_BYTES);
+            for (int it = 0; it < n; ++it) {
+                const int nb = nb_end - 1 - it, s = it % ST;
+                const uint32_t ph = (it / ST) & 1;
+                fp_mbar_wait(k_empty(s), ph ^ 1);
+                fp_mbar_arrive_expect_tx(k_full(s), KV_BYTES);
 #pragma unroll
-            for (int p = 0; p < NP; ++p)
-                fp_tma_load_4d(sk + s * KV_BYTES + p * BN * 128, &prm.tk, k_full(s), PCOLS * p,
-                               k_row + nb * BN, kvh, qb);
-            fp_mbar_wait(v_empty(s), ph ^ 1);
-            fp_mbar_arrive_expect_tx(v_full(s), KV_BYTES);
+                for (int p = 0; p < NP; ++p)
+                    fp_tma_load_4d(sk + s * KV_BYTES + p * BN * 128, &prm.tk, k_full(s), PCOLS * p,
+                                   k_row + nb * BN, kvh, qb);
+                fp_mbar_wait(v_empty(s), ph ^ 1);
+                fp_mbar_arrive_expect_tx(v_full(s), KV_BYTES);
 #pragma unroll
-            for (int p = 0; p < NP; ++p)
-                fp_tma_load_4d(sv + s * KV_BYTES + p * BN * 128, &prm.tv, v_full(s), PCOLS * p,
-                               k_row + nb * BN, kvh, qb);
+                for (int p = 0; p < NP; ++p)
+                    fp_tma_load_4d(sv + s * KV_BYTES + p * BN * 128, &prm.tv, v_full(s), PCOLS * p,
+                                   k_row + nb * BN, kvh, qb);
+            }
         }
-    }
-
-    /* The V preparers (ptid 0 .. 95): each V stage between its arrival and P V. */
-    __device__ __forceinline__ void prepare_v(int ptid) const
-    {
-        uint32_t pv_bits = 0;
-        for (int it = 0; it < n; ++it) {
-            const int nb = nb_end - 1 - it, s = it % ST, j0 = nb * BN;
-            const uint32_t ph = (it / ST) & 1;
-            /* The masked-key guard (sm80/common.cuh). In a key block that some row of this
-             * query block sees only in part (an edge block: the diagonal of a causal mask, a
-             * sequence's last block, whose tail TMA fills with the next varlen sequence's
-             * tokens), a masked P of 0 would meet that key's V row in P V, and 0 x NaN is NaN:
-             * there the V operand's non-finite elements become 0 and their keys are flagged,
-             * and the consumers give the rows that see a flagged key O = NaN, the value a
-             * non-finite V element gives the rows that see it. */
-            const bool edge = !block_full(j0);
-            fp_mbar_wait(v_full(s), ph);
-            if (FP8)
-                fp_mbar_wait(vt_empty(s), ph ^ 1);
-            if (edge) { /* the consumers are done with vmask[s] (the waits above) */
-                if (ptid < VM_WORDS)
-                    vmask[s][ptid] = 0;
-                fp_named_bar_sync(5, FP_SM90_PREPARERS);
-            }
-            if constexpr (FP8) {
-                /* units in flight: as many as the producer's 40 registers hold */
-                if (edge)
-                    fp_sm90_transpose_v8<DK, BN, 2, true>(sv + s * KV_BYTES, svt + s * VT_BYTES,
-                                                          vmask[s], ptid);
-                else
-                    fp_sm90_transpose_v8<DK, BN, (DK >= 256 ? 4 : 3), false>(
-                        sv + s * KV_BYTES, svt + s * VT_BYTES, vmask[s], ptid);
-                fp_mbar_arrive(v_empty(s));
-            } else if (edge) {
-                fp_sm90_scrub_v<TI, BN, NP, DK >= 256 ? 2 : 4, PRODUCER_REGS == 40 ? 4 : 1>(
-                    gq + (sv - sq) + s * KV_BYTES, vmask[s], ptid);
-            }
-            if (FP8 || edge) {
-                fp_fence_proxy_async_smem(); /* generic writes, before wgmma reads them */
-                pv_phase(pv_bits, s);
-                fp_mbar_arrive(pv_ready(s));
-            }
-            if (!FP8)
-                fp_mbar_arrive(v_empty(s));
-        }
-    }
-
-    /* Consumer warpgroup w (rows 64 w .. 64 w + 63): the key loop, then store. */
-    __device__ __forceinline__ void consume(int w, int wtid) const
-    {
-        const int warp = wtid >> 5, lane = threadIdx.x & 31;
+    } else {
+        /* ---- consumers: warpgroup w owns rows 64 w .. 64 w + 63 of each query block ---- */
+        if constexpr (PRODUCER_REGS == 40)
+            fp_setmaxnreg_inc<232>();
+        else
+            fp_setmaxnreg_inc<240>();
+        const int w = wg - 1, warp = wtid >> 5, lane = tid & 31;
         const int g = lane >> 2, t = lane & 3;
         const int row_in = 64 * w + 16 * warp + g; /* this thread's rows: row_in, row_in + 8 */
         const uint32_t q_rows = sq + 64 * w * 128; /* the warpgroup's 64 rows of panel 0 */
@@ -585,286 +561,242 @@ template <typename TI, typename TO, typename CFG> struct fp_sm90_fwd_block {
                 fp_named_bar_arrive(3 + (1 - w), 256);
         };
 
-        const int i_lo = m0 + row_in;
-        const float sc = a.transform ? 1.0f : a.scale_log2;
-        fp_sm90_xform xf;
-        xf.scale_log2 = a.scale_log2;
-        xf.cap_in = a.softcap > 0.0f ? 2.0f * FP_LOG2E * a.scale / a.softcap : 0.0f;
-        xf.cap_out = a.softcap > 0.0f ? a.softcap * FP_LOG2E : 0.0f;
-        xf.slope_log2 = a.alibi ? a.alibi[h] * FP_LOG2E : 0.0f;
-        xf.shift = nk - nq;
-        const fp_mask32 mk = fp_mask32_make(nq, nk, a.left, a.right);
+        {
+            const int i_lo = m0 + row_in;
+            const float sc = a.transform ? 1.0f : a.scale_log2;
+            fp_sm90_xform xf;
+            xf.scale_log2 = a.scale_log2;
+            xf.cap_in = a.softcap > 0.0f ? 2.0f * FP_LOG2E * a.scale / a.softcap : 0.0f;
+            xf.cap_out = a.softcap > 0.0f ? a.softcap * FP_LOG2E : 0.0f;
+            xf.slope_log2 = a.alibi ? a.alibi[h] * FP_LOG2E : 0.0f;
+            xf.shift = nk - nq;
+            const fp_mask32 mk = fp_mask32_make(nq, nk, a.left, a.right);
+            const int rows_end = min(m0 + BM, nq);
 
-        float o[DK / 2];
+            float o[DK / 2];
 #pragma unroll
-        for (int i = 0; i < DK / 2; ++i)
-            o[i] = 0.0f;
-        fp_softmax_state st[2];
-        fp_softmax_init(&st[0]);
-        fp_softmax_init(&st[1]);
+            for (int i = 0; i < DK / 2; ++i)
+                o[i] = 0.0f;
+            fp_softmax_state st[2];
+            fp_softmax_init(&st[0]);
+            fp_softmax_init(&st[1]);
 
-        /* Waits until the P V operand of block it_ is ready: V^T made by the V preparers (fp8),
-         * V scrubbed by them (f16 / bf16 edge blocks), or V as TMA wrote it. In edge blocks,
-         * the rows of this warpgroup that see a key the guard flagged are marked (rowbad, one
-         * thread per row): they end with O = NaN. */
-        __shared__ uint8_t rowbad[FP_SM90_BM];
-        if (wtid < 64)
-            rowbad[64 * w + wtid] = 0;
-        uint32_t pv_bits = 0;
-        auto wait_pv = [&](int it_) {
-            const int stage = it_ % ST, j0 = (nb_end - 1 - it_) * BN;
-            const bool edge = !block_full(j0);
-            if (FP8 || edge)
-                fp_mbar_wait(pv_ready(stage), pv_phase(pv_bits, stage));
-            else
-                fp_mbar_wait(v_full(stage), (it_ / ST) & 1);
-            if (!edge)
-                return;
-            const uint32_t *vm = vmask[stage];
-            uint32_t any = 0;
+            /* Waits until the P V operand of block it_ is ready: V^T made by the V preparers
+             * (fp8), V scrubbed by them (f16 / bf16 edge blocks), or V as TMA wrote it. In edge
+             * blocks, the rows of this warpgroup that see a key the guard flagged are marked
+             * (rowbad, one thread per row): they end with O = NaN. */
+            __shared__ uint8_t rowbad[FP_SM90_BM];
+            if (wtid < 64)
+                rowbad[64 * w + wtid] = 0;
+            uint32_t pv_bits = 0;
+            auto wait_pv = [&](int it_) {
+                const int stage = it_ % ST, j0 = (nb_end - 1 - it_) * BN;
+                const bool edge = !block_full(j0);
+                if (FP8 || edge)
+                    fp_mbar_wait(pv_ready(stage), pv_phase(pv_bits, stage));
+                else
+                    fp_mbar_wait(v_full(stage), (it_ / ST) & 1);
+                if (!edge)
+                    return;
+                const uint32_t *vm = vmask[stage];
+                uint32_t any = 0;
 #pragma unroll
-            for (int i = 0; i < VM_WORDS; ++i)
-                any |= vm[i];
-            if (wtid < 64 && any) {
-                const fp_mask_row mr = fp_mask32_row(mk, m0 + 64 * w + wtid, j0);
-                bool bad = false;
-                for (int c = max(mr.lo, 0); c < min(mr.hi, BN); ++c)
-                    bad |= ((vm[c >> 5] >> (c & 31)) & 1u) != 0;
-                if (bad)
-                    rowbad[64 * w + wtid] = 1;
-            }
-        };
-
-        /* Mask / transform, row maxima, online-softmax update; S becomes the unrounded P and l
-         * grows by this thread's part of the row sums. alpha: the rows' rescale factors;
-         * returns whether O must be rescaled (always, unless LAZY). */
-        auto softmax = [&](float(&s)[BN / 2], int nb, float(&alpha)[2]) -> bool {
-            const int j0 = nb * BN;
-            if (a.transform)
-                fp_sm90_transform<BN>(s, xf, i_lo, j0, t);
-            if (!block_full(j0))
-                fp_sm90_mask<BN>(s, mk, i_lo, j0, t);
-            float mxs[2];
-            bool grow = false;
-#pragma unroll
-            for (int r = 0; r < 2; ++r) {
-                float mx = -INFINITY;
-#pragma unroll
-                for (int j = 0; j < BN / 8; ++j)
-                    mx = fmaxf(mx, fmaxf(s[4 * j + 2 * r], s[4 * j + 2 * r + 1]));
-                mxs[r] = fp_quad_max(mx) * sc;
-                grow |= mxs[r] > st[r].m + FP_SM90_RESCALE_SLACK;
-            }
-            const bool rescale = !LAZY || __any_sync(0xffffffffu, grow);
-#pragma unroll
-            for (int r = 0; r < 2; ++r) {
-                alpha[r] = rescale ? fp_softmax_update_exp2(&st[r], mxs[r]) : 1.0f;
-                const float mu = fp_softmax_exp_base(&st[r]);
-                float l = 0.0f;
-#pragma unroll
-                for (int j = 0; j < BN / 8; ++j)
-#pragma unroll
-                    for (int e = 0; e < 2; ++e) {
-                        float &x = s[4 * j + 2 * r + e];
-                        x = fp_exp2(fmaf(x, sc, -mu));
-                        l += x;
-                    }
-                st[r].l += l;
-            }
-            return rescale;
-        };
-
-        if (n > 0) {
-            if (w == 1)
-                fp_named_bar_arrive(3, 256);
-            fp_mbar_wait(q_full(), 0);
-            float s[BN / 2];
-            uint32_t pa[BN / PK][4];
-            float alpha[2];
-            turn_begin();
-            fp_mbar_wait(k_full(0), 0);
-            qk(s, 0);
-            turn_end(false);
-            fp_wgmma_wait<0>();
-            fp_wgmma_fence_regs(s);
-            fp_mbar_arrive(k_empty(0));
-            softmax(s, nb_end - 1, alpha);
-            pack_p(pa, s);
-            for (int it = 1; it < n; ++it) {
-                const int cur = it, prev = it - 1;
-                turn_begin();
-                fp_mbar_wait(k_full(cur % ST), (cur / ST) & 1);
-                qk(s, cur % ST);
-                wait_pv(prev);
-                pv(o, pa, prev % ST);
-                turn_end(false);
-                fp_wgmma_wait<1>(); /* S (it) has landed; P V (it - 1) may still run */
-                fp_wgmma_fence_regs(s);
-                fp_mbar_arrive(k_empty(cur % ST));
-                const bool rescale = softmax(s, nb_end - 1 - it, alpha);
-                fp_wgmma_wait<0>();
-                fp_wgmma_fence_regs(o);
-                fp_fence_u32(pa);
-                fp_mbar_arrive(pv_empty(prev % ST));
-                if (rescale) {
-#pragma unroll
-                    for (int j = 0; j < DK / 8; ++j) {
-                        o[4 * j + 0] *= alpha[0];
-                        o[4 * j + 1] *= alpha[0];
-                        o[4 * j + 2] *= alpha[1];
-                        o[4 * j + 3] *= alpha[1];
-                    }
+                for (int i = 0; i < VM_WORDS; ++i)
+                    any |= vm[i];
+                if (wtid < 64 && any) {
+                    const fp_mask_row mr = fp_mask32_row(mk, m0 + 64 * w + wtid, j0);
+                    bool bad = false;
+                    for (int c = max(mr.lo, 0); c < min(mr.hi, BN); ++c)
+                        bad |= ((vm[c >> 5] >> (c & 31)) & 1u) != 0;
+                    if (bad)
+                        rowbad[64 * w + wtid] = 1;
                 }
-                pack_p(pa, s);
-            }
-            const int last = n - 1;
-            turn_begin();
-            wait_pv(last);
-            pv(o, pa, last % ST);
-            turn_end(true);
-            fp_wgmma_wait<0>();
-            fp_wgmma_fence_regs(o);
-            fp_mbar_arrive(pv_empty(last % ST));
-        }
+            };
 
-        /* Finalize: O = acc / l, LSE = m + log l (natural log); rows that saw nothing: 0, -inf;
-         * rows that saw a non-finite V element: O NaN (the guard). */
-        fp_named_bar_sync(1 + w, 128); /* the warpgroup's marks are made */
-        float fac[2], lse[2];
-#pragma unroll
-        for (int r = 0; r < 2; ++r) {
-            st[r].l = fp_quad_sum(st[r].l);
-            fac[r] = rowbad[row_in + 8 * r]
-                         ? NAN
-                         : fp_cuda_out_scale(&st[r]) * (FP8 ? prm.descale_v : 1.0f);
-            lse[r] = fp_cuda_lse_exp2(&st[r]);
-        }
-        store(o, fac, lse, w, wtid, i_lo);
-    }
-
-    /* Consumer warpgroup w's O rows (scaled by fac) and LSE, or its f32 partials of a KV split.
-     * i_lo: this thread's first row. */
-    __device__ __forceinline__ void store(const float (&o)[DK / 2], const float (&fac)[2],
-                                          const float (&lse)[2], int w, int wtid, int i_lo) const
-    {
-        const int warp = wtid >> 5, lane = threadIdx.x & 31;
-        const int g = lane >> 2, t = lane & 3;
-        const int r0 = m0 + 64 * w, nrows = min(64, nq - r0), nch = a.d / 8;
-        if (a.splits > 1) {
-            const int64_t rows = ((int64_t)split * a.batch + b) * a.heads + h; /* (split, b, h) */
-#pragma unroll
-            for (int r = 0; r < 2; ++r) {
-                const int i = i_lo + 8 * r;
-                if (i >= nq)
-                    continue;
-                float *dst = a.o_part + (rows * a.nq + i) * a.d;
-#pragma unroll
-                for (int j = 0; j < DK / 8; ++j)
-                    if (8 * j < a.d)
-                        *reinterpret_cast<float2 *>(dst + 8 * j + 2 * t) =
-                            make_float2(o[4 * j + 2 * r] * fac[r], o[4 * j + 2 * r + 1] * fac[r]);
-                if (t == 0)
-                    a.lse_part[rows * a.nq + i] = lse[r];
-            }
-            return;
-        }
-        TO *og = reinterpret_cast<TO *>(const_cast<void *>(a.o.ptr)) +
-                 fp_cuda_row(a.o, b, seq.q_start + r0, h);
-        constexpr int CH = DK / 8;
-        if (FP8 && n > 0) {
-            /* The Q tile (fp8) is too small to stage O: 4-byte stores from registers, a quad's
-             * 16 bytes of a row per column group. */
-#pragma unroll
-            for (int r = 0; r < 2; ++r) {
-                const int row = 16 * warp + g + 8 * r; /* within the warpgroup's 64 */
-                if (row >= nrows)
-                    continue;
-#pragma unroll
-                for (int j = 0; j < DK / 8; ++j)
-                    if (8 * j < a.d)
-                        *reinterpret_cast<uint32_t *>(og + (int64_t)row * a.o.ss + 8 * j + 2 * t) =
-                            fp_pack2<TO>(o[4 * j + 2 * r] * fac[r], o[4 * j + 2 * r + 1] * fac[r]);
-            }
-        } else if (n > 0) {
-            /* Stage O in this warpgroup's rows of the Q tile (same swizzled panels), then
-             * 16-byte rows to global memory. */
-#pragma unroll
-            for (int j = 0; j < DK / 8; ++j)
+            /* Mask / transform, row maxima, online-softmax update; S becomes the unrounded P
+             * and l grows by this thread's part of the row sums. alpha: the rows' rescale
+             * factors; returns whether O must be rescaled (always, unless LAZY). */
+            auto softmax = [&](float(&s)[BN / 2], int nb, float(&alpha)[2]) -> bool {
+                const int j0 = nb * BN;
+                if (a.transform)
+                    fp_sm90_transform<BN>(s, xf, i_lo, j0, t);
+                if (!block_full(j0))
+                    fp_sm90_mask<BN>(s, mk, i_lo, j0, t);
+                float mxs[2];
+                bool grow = false;
 #pragma unroll
                 for (int r = 0; r < 2; ++r) {
-                    const int row = 16 * warp + g + 8 * r; /* within the warpgroup's 64 */
-                    unsigned char *dst = gq + (j / 8) * BM * 128 + (64 * w + row) * 128 +
-                                         (((j % 8) ^ (row & 7)) << 4) + 4 * t;
-                    *reinterpret_cast<uint32_t *>(dst) =
-                        fp_pack2<TO>(o[4 * j + 2 * r] * fac[r], o[4 * j + 2 * r + 1] * fac[r]);
+                    float mx = -INFINITY;
+#pragma unroll
+                    for (int j = 0; j < BN / 8; ++j)
+                        mx = fmaxf(mx, fmaxf(s[4 * j + 2 * r], s[4 * j + 2 * r + 1]));
+                    mxs[r] = fp_quad_max(mx) * sc;
+                    grow |= mxs[r] > st[r].m + FP_SM90_RESCALE_SLACK;
                 }
-            fp_named_bar_sync(1 + w, 128);
-#pragma unroll 4
-            for (int idx = wtid; idx < 64 * CH; idx += 128) {
-                const int row = idx / CH, c = idx % CH;
-                if (row < nrows && c < nch)
-                    *reinterpret_cast<uint4 *>(og + (int64_t)row * a.o.ss + c * 8) =
-                        *reinterpret_cast<const uint4 *>(gq + (c / 8) * BM * 128 +
-                                                         (64 * w + row) * 128 +
-                                                         (((c % 8) ^ (row & 7)) << 4));
+                const bool rescale = !LAZY || __any_sync(0xffffffffu, grow);
+#pragma unroll
+                for (int r = 0; r < 2; ++r) {
+                    alpha[r] = rescale ? fp_softmax_update_exp2(&st[r], mxs[r]) : 1.0f;
+                    const float mu = fp_softmax_exp_base(&st[r]);
+                    float l = 0.0f;
+#pragma unroll
+                    for (int j = 0; j < BN / 8; ++j)
+#pragma unroll
+                        for (int e = 0; e < 2; ++e) {
+                            float &x = s[4 * j + 2 * r + e];
+                            x = fp_exp2(fmaf(x, sc, -mu));
+                            l += x;
+                        }
+                    st[r].l += l;
+                }
+                return rescale;
+            };
+
+            if (n > 0) {
+                if (w == 1)
+                    fp_named_bar_arrive(3, 256);
+                fp_mbar_wait(q_full, 0);
+                float s[BN / 2];
+                uint32_t pa[BN / PK][4];
+                float alpha[2];
+                turn_begin();
+                fp_mbar_wait(k_full(0), 0);
+                qk(s, 0);
+                turn_end(false);
+                fp_wgmma_wait<0>();
+                fp_wgmma_fence_regs(s);
+                fp_mbar_arrive(k_empty(0));
+                softmax(s, nb_end - 1, alpha);
+                pack_p(pa, s);
+                for (int it = 1; it < n; ++it) {
+                    const int cur = it, prev = it - 1;
+                    turn_begin();
+                    fp_mbar_wait(k_full(cur % ST), (cur / ST) & 1);
+                    qk(s, cur % ST);
+                    wait_pv(prev);
+                    pv(o, pa, prev % ST);
+                    turn_end(false);
+                    fp_wgmma_wait<1>(); /* S (it) has landed; P V (it - 1) may still run */
+                    fp_wgmma_fence_regs(s);
+                    fp_mbar_arrive(k_empty(cur % ST));
+                    const bool rescale = softmax(s, nb_end - 1 - it, alpha);
+                    fp_wgmma_wait<0>();
+                    fp_wgmma_fence_regs(o);
+                    fp_fence_u32(pa);
+                    fp_mbar_arrive(pv_empty(prev % ST));
+                    if (rescale) {
+#pragma unroll
+                        for (int j = 0; j < DK / 8; ++j) {
+                            o[4 * j + 0] *= alpha[0];
+                            o[4 * j + 1] *= alpha[0];
+                            o[4 * j + 2] *= alpha[1];
+                            o[4 * j + 3] *= alpha[1];
+                        }
+                    }
+                    pack_p(pa, s);
+                }
+                const int last = n - 1;
+                turn_begin();
+                wait_pv(last);
+                pv(o, pa, last % ST);
+                turn_end(true);
+                fp_wgmma_wait<0>();
+                fp_wgmma_fence_regs(o);
+                fp_mbar_arrive(pv_empty(last % ST));
             }
-        } else {
-            /* No key visible (and no Q loaded): zeros straight to global memory. */
-            for (int idx = wtid; idx < 64 * CH; idx += 128) {
-                const int row = idx / CH, c = idx % CH;
-                if (row < nrows && c < nch)
-                    *reinterpret_cast<uint4 *>(og + (int64_t)row * a.o.ss + c * 8) =
-                        make_uint4(0u, 0u, 0u, 0u);
-            }
-        }
-        if (a.lse && t == 0) {
+
+            /* Finalize: O = acc / l, LSE = m + log l (natural log); rows that saw nothing: 0,
+             * -inf; rows that saw a non-finite V element: O NaN (the guard). */
+            fp_named_bar_sync(1 + w, 128); /* the warpgroup's marks are made */
+            float fac[2], lse[2];
 #pragma unroll
             for (int r = 0; r < 2; ++r) {
-                const int i = i_lo + 8 * r;
-                if (i < nq)
-                    a.lse[fp_cuda_lse_off(a, b, seq.q_start + i, h)] = lse[r];
+                st[r].l = fp_quad_sum(st[r].l);
+                fac[r] = rowbad[row_in + 8 * r]
+                             ? NAN
+                             : fp_cuda_out_scale(&st[r]) * (FP8 ? prm.descale_v : 1.0f);
+                lse[r] = fp_cuda_lse_exp2(&st[r]);
+            }
+            const int r0 = m0 + 64 * w, nrows = min(64, nq - r0), nch = a.d / 8;
+            if (a.splits > 1) {
+                const int64_t rows =
+                    ((int64_t)split * a.batch + b) * a.heads + h; /* (split, b, h) */
+#pragma unroll
+                for (int r = 0; r < 2; ++r) {
+                    const int i = i_lo + 8 * r;
+                    if (i >= nq)
+                        continue;
+                    float *dst = a.o_part + (rows * a.nq + i) * a.d;
+#pragma unroll
+                    for (int j = 0; j < DK / 8; ++j)
+                        if (8 * j < a.d)
+                            *reinterpret_cast<float2 *>(dst + 8 * j + 2 * t) = make_float2(
+                                o[4 * j + 2 * r] * fac[r], o[4 * j + 2 * r + 1] * fac[r]);
+                    if (t == 0)
+                        a.lse_part[rows * a.nq + i] = lse[r];
+                }
+            } else {
+                TO *og = reinterpret_cast<TO *>(const_cast<void *>(a.o.ptr)) +
+                         fp_cuda_row(a.o, b, seq.q_start + r0, h);
+                constexpr int CH = DK / 8;
+                if (FP8 && n > 0) {
+                    /* The Q tile (fp8) is too small to stage O: 4-byte stores from registers,
+                     * a quad's 16 bytes of a row per column group. */
+#pragma unroll
+                    for (int r = 0; r < 2; ++r) {
+                        const int row = 16 * warp + g + 8 * r; /* within the warpgroup's 64 */
+                        if (row >= nrows)
+                            continue;
+#pragma unroll
+                        for (int j = 0; j < DK / 8; ++j)
+                            if (8 * j < a.d)
+                                *reinterpret_cast<uint32_t *>(og + (int64_t)row * a.o.ss + 8 * j +
+                                                              2 * t) =
+                                    fp_pack2<TO>(o[4 * j + 2 * r] * fac[r],
+                                                 o[4 * j + 2 * r + 1] * fac[r]);
+                    }
+                } else if (n > 0) {
+                    /* Stage O in this warpgroup's rows of the Q tile (same swizzled panels),
+                     * then 16-byte rows to global memory. */
+#pragma unroll
+                    for (int j = 0; j < DK / 8; ++j)
+#pragma unroll
+                        for (int r = 0; r < 2; ++r) {
+                            const int row = 16 * warp + g + 8 * r; /* within the warpgroup's 64 */
+                            unsigned char *dst = gq + (j / 8) * BM * 128 + (64 * w + row) * 128 +
+                                                 (((j % 8) ^ (row & 7)) << 4) + 4 * t;
+                            *reinterpret_cast<uint32_t *>(dst) = fp_pack2<TO>(
+                                o[4 * j + 2 * r] * fac[r], o[4 * j + 2 * r + 1] * fac[r]);
+                        }
+                    fp_named_bar_sync(1 + w, 128);
+#pragma unroll 4
+                    for (int idx = wtid; idx < 64 * CH; idx += 128) {
+                        const int row = idx / CH, c = idx % CH;
+                        if (row < nrows && c < nch)
+                            *reinterpret_cast<uint4 *>(og + (int64_t)row * a.o.ss + c * 8) =
+                                *reinterpret_cast<const uint4 *>(gq + (c / 8) * BM * 128 +
+                                                                 (64 * w + row) * 128 +
+                                                                 (((c % 8) ^ (row & 7)) << 4));
+                    }
+                } else {
+                    /* No key visible (and no Q loaded): zeros straight to global memory. */
+                    for (int idx = wtid; idx < 64 * CH; idx += 128) {
+                        const int row = idx / CH, c = idx % CH;
+                        if (row < nrows && c < nch)
+                            *reinterpret_cast<uint4 *>(og + (int64_t)row * a.o.ss + c * 8) =
+                                make_uint4(0u, 0u, 0u, 0u);
+                    }
+                }
+                if (a.lse && t == 0) {
+#pragma unroll
+                    for (int r = 0; r < 2; ++r) {
+                        const int i = i_lo + 8 * r;
+                        if (i < nq)
+                            a.lse[fp_cuda_lse_off(a, b, seq.q_start + i, h)] = lse[r];
+                    }
+                }
             }
         }
-    }
-};
-
-// q, o: (B, Nq, H, D); k, v: (B, Nk, Hkv, D); lse: (B, H, Nq); grid (q blocks, H, B * splits)
-// TI: the inputs' type (f16, bf16, or e4m3 as uint8_t); TO: o's (f16 or bf16)
-template <typename TI, typename TO, typename CFG>
-__global__ void __launch_bounds__(FP_SM90_THREADS, 1)
-    fp_sm90_fwd_kernel(const __grid_constant__ fp_sm90_fwd_params prm)
-{
-#if FP_SM90_DEVICE
-    using block_t = fp_sm90_fwd_block<TI, TO, CFG>;
-    extern __shared__ unsigned char fp_smem_raw[];
-    __shared__ uint32_t vmask[CFG::ST][block_t::VM_WORDS];
-    const int tid = threadIdx.x, wg = tid >> 7, wtid = tid & 127;
-    block_t blk(prm, fp_smem_raw, vmask);
-    if (blk.m0 >= blk.nq)
-        return;
-    blk.plan();
-    if (tid == 0)
-        blk.init_barriers();
-    __syncthreads();
-
-    if (wg == 0) {
-        /* ---- producer warpgroup: thread 0 issues every TMA load; warps 1 .. 3 (the V
-         * preparers) make V^T (fp8) and run the masked-key guard's scrub ---- */
-        if constexpr (block_t::PRODUCER_REGS == 40)
-            fp_setmaxnreg_dec<40>();
-        else
-            fp_setmaxnreg_dec<24>();
-        if (wtid >= 32 && blk.n > 0)
-            blk.prepare_v(wtid - 32);
-        if (wtid == 0 && blk.n > 0)
-            blk.load();
-    } else {
-        /* ---- consumers: warpgroup w owns rows 64 w .. 64 w + 63 of each query block ---- */
-        if constexpr (block_t::PRODUCER_REGS == 40)
-            fp_setmaxnreg_inc<232>();
-        else
-            fp_setmaxnreg_inc<240>();
-        blk.consume(wg - 1, wtid);
     }
 #endif
 }

@@ -352,23 +352,14 @@ __global__ void __launch_bounds__(fp_fwd_cfg<DK, ALT>::NW * 32)
     auto qk = [&](float(&s)[MT][NB8][4], int nb) {
         fp_acc_zero(s);
         const uint32_t kt = sk_a + ((nb - nb_begin) & (ST - 1)) * BN * DK * 2;
-#pragma unroll
-        for (int kk = 0; kk < KT; ++kk) {
-            uint32_t qa[MT][4];
-#pragma unroll
-            for (int mt = 0; mt < MT; ++mt)
-                fp_ldsm_x4(qa[mt], fp_ldsm_addr<DK>(sq_a, lq, mt * 16, kk));
-#pragma unroll
-            for (int p = 0; p < BN / 16; ++p) {
-                uint32_t kb[4];
-                fp_ldsm_x4(kb, fp_ldsm_addr<DK>(kt, lk, 16 * p, kk));
-#pragma unroll
-                for (int mt = 0; mt < MT; ++mt) {
-                    fp_mma<T>(s[mt][2 * p], qa[mt], kb[0], kb[1]);
-                    fp_mma<T>(s[mt][2 * p + 1], qa[mt], kb[2], kb[3]);
-                }
-            }
-        }
+        fp_warp_mma<T, KT, FP_MMA_STREAM_B>(
+            s,
+            [&](uint32_t(&f)[4], int mt, int kk) {
+                fp_ldsm_x4(f, fp_ldsm_addr<DK>(sq_a, lq, mt * 16, kk));
+            },
+            [&](uint32_t(&f)[4], int p, int kk) {
+                fp_ldsm_x4(f, fp_ldsm_addr<DK>(kt, lk, 16 * p, kk));
+            });
     };
     /* Mask and transform (blocks that need it for rows r0 .. r1), row maxima, and the rescale
      * of O and l where a row's maximum grew (LAZY). */
@@ -440,19 +431,11 @@ __global__ void __launch_bounds__(fp_fwd_cfg<DK, ALT>::NW * 32)
     /* O += P V */
     auto pv = [&](uint32_t(&pa)[BN / 16][MT][4], int nb) {
         const uint32_t vt = sv_a + ((nb - nb_begin) & (ST - 1)) * BN * DK * 2;
-#pragma unroll
-        for (int kk = 0; kk < BN / 16; ++kk) {
-#pragma unroll
-            for (int p = 0; p < DK / 16; ++p) {
-                uint32_t vb[4];
-                fp_ldsm_x4_t(vb, fp_ldsm_addr<DK>(vt, lv, 16 * kk, p));
-#pragma unroll
-                for (int mt = 0; mt < MT; ++mt) {
-                    fp_mma<T>(o[mt][2 * p], pa[kk][mt], vb[0], vb[1]);
-                    fp_mma<T>(o[mt][2 * p + 1], pa[kk][mt], vb[2], vb[3]);
-                }
-            }
-        }
+        fp_warp_mma_ra<T, BN / 16, FP_MMA_STREAM_B>(
+            o, [&](int mt, int kk) -> const uint32_t(&)[4] { return pa[kk][mt]; },
+            [&](uint32_t(&f)[4], int p, int kk) {
+                fp_ldsm_x4_t(f, fp_ldsm_addr<DK>(vt, lv, 16 * kk, p));
+            });
     };
 
     if constexpr (PP) {

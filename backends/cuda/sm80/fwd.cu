@@ -232,6 +232,84 @@ FP_DEV void fp_fwd_load_kv(T *buf0, const T *g, int64_t ss, int nb, int nb_begin
                                     g + (int64_t)nb * BN * ss, ss, nk - nb * BN, nchunks, tid);
 }
 
+/* ---- the ping-pong schedule -----------------------------------------------------------------
+ * The kernel's steps of a key block nb are lambdas over the block's state (fp_sm80_fwd_kernel):
+ * qk(s, nb): S = Q K^T; softmax_max(s, nb, r0, r1): mask / transform for rows r0 .. r1, row
+ * maxima, rescale of O; softmax_exp(s): P and the row sums; pack_p(pa, s): P as P V's A
+ * fragments; pv(pa, nb): O += P V; around them the loads of K and V and the masked-key guard of
+ * V. A schedule is the key loop that composes them: this one in a function of its own, the one-
+ * and two-stage loops in the kernel body (as functions they changed the kernel's machine code:
+ * the loop-carried O and softmax state came out of the compiler in another register order). */
+
+/* Ping-pong (PP): two groups of four warps (grp), each with BM / 2 of the block's BM rows from m0.
+ * Half-block slots 2 m and 2 m + 1 for key block nb_begin + m, n blocks: group 0 runs its P V
+ * (m - 1) and Q K^T (m) in slot 2 m and its softmax (m) in slot 2 m + 1; group 1 the same one
+ * slot later (its extra first barrier; group 0 has an extra last one). At slot 2 m, group 0 loads
+ * K(m + 1) and V(m) (load_step; the prologue issued K(nb_begin) only): their buffers held
+ * K(m - 1) and V(m - 2), which both groups finished by slot 2 m - 1; they are needed from slot
+ * 2 m + 2 on, after group 0's wait and the barrier that end slot 2 m + 1. */
+template <int MT, int NB8, int BM, class Load, class QK, class Max, class Exp, class Pack, class PV,
+          class Edge, class Scrub>
+FP_DEV void fp_fwd_pingpong_loop(int nb_begin, int nb_end, int m0, int nq, int grp,
+                                 const Load &load_step, const QK &qk, const Max &softmax_max,
+                                 const Exp &softmax_exp, const Pack &pack_p, const PV &pv,
+                                 const Edge &edge_block, const Scrub &scrub_v)
+{
+    const int n = nb_end - nb_begin;
+    const int g0 = m0 + grp * (BM / 2), g1 = min(g0 + BM / 2, nq); /* the group's rows */
+    fp_cp_async_wait<0>();                                         /* Q and K(nb_begin) */
+    __syncthreads();
+    if (n <= 0)
+        return;
+    float s[MT][NB8][4];
+    uint32_t pa[NB8 / 2][MT][4]; /* P of the last softmax, until its P V */
+    /* a group's softmax half: S(nb) -> P(nb) */
+    auto softmax_half = [&](int nb) {
+        softmax_max(s, nb, g0, g1);
+        softmax_exp(s);
+        pack_p(pa, s);
+        if (grp == 0)
+            fp_cp_async_wait<0>();
+        fp_pp_bar(grp);
+    };
+    /* The guard of an edge block's V(nb), between the barrier that ends slot 2 m + 1 (V(nb) has
+     * landed) and group 0's P V(nb) in slot 2 m + 2: both groups scrub it there (group 0 before
+     * its mma half, group 1 before its softmax half), then pass one more barrier. */
+    auto scrub_pp = [&](int nb) {
+        if (edge_block(nb)) {
+            scrub_v(nb, grp);
+            fp_pp_bar(grp);
+        }
+    };
+    if (grp == 1)
+        fp_pp_bar(grp);
+    if (grp == 0)
+        load_step(nb_begin);
+    qk(s, nb_begin);
+    fp_pp_bar(grp);
+    if (grp == 1)
+        scrub_pp(nb_begin);
+    softmax_half(nb_begin);
+    for (int nb = nb_begin + 1; nb < nb_end; ++nb) { /* mma half, then softmax half */
+        if (grp == 0) {
+            scrub_pp(nb - 1);
+            load_step(nb);
+        }
+        pv(pa, nb - 1);
+        qk(s, nb);
+        fp_pp_bar(grp);
+        if (grp == 1)
+            scrub_pp(nb);
+        softmax_half(nb);
+    }
+    if (grp == 0)
+        scrub_pp(nb_end - 1);
+    pv(pa, nb_end - 1);
+    fp_pp_bar(grp);
+    if (grp == 0)
+        fp_pp_bar(grp);
+}
+
 // q, o: (B, Nq, H, D); k, v: (B, Nk, Hkv, D); lse: (B, H, Nq); grid (q blocks, H, B * splits)
 template <typename T, int DK, int ALT>
 __global__ void __launch_bounds__(fp_fwd_cfg<DK, ALT>::NW * 32)
@@ -337,8 +415,8 @@ __global__ void __launch_bounds__(fp_fwd_cfg<DK, ALT>::NW * 32)
         fp_fwd_guard<T, BN, DK, NT, BM, PP>(sv + ((nb - nb_begin) & (ST - 1)) * BN * DK, vflag,
                                             rowbad, mk, m0, nb * BN, grp_);
     };
-    /* The one-schedule loops: right after the barrier that follows V(nb)'s landing (placed
-     * after P is packed instead, it made ptxas spill more at D = 128). */
+    /* The one- and two-stage loops: right after the barrier that follows V(nb)'s landing
+     * (placed after P is packed instead, it made ptxas spill more at D = 128). */
     auto guard_v = [&](int nb) {
         if (edge_block(nb)) {
             scrub_v(nb, 0);
@@ -346,7 +424,7 @@ __global__ void __launch_bounds__(fp_fwd_cfg<DK, ALT>::NW * 32)
         }
     };
 
-    /* The steps of one key block nb, shared by the schedules below. K(nb) and V(nb) sit in
+    /* The steps of one key block nb, which the schedules below compose. K(nb) and V(nb) sit in
      * buffer (nb - nb_begin) % ST. */
     /* S = Q K^T */
     auto qk = [&](float(&s)[MT][NB8][4], int nb) {
@@ -438,15 +516,8 @@ __global__ void __launch_bounds__(fp_fwd_cfg<DK, ALT>::NW * 32)
             });
     };
 
+    /* The schedule: ping-pong, one K/V stage, or two */
     if constexpr (PP) {
-        /* Half-block slots 2 m and 2 m + 1 for key block nb_begin + m, n blocks: group 0 runs
-         * its P V (m - 1) and Q K^T (m) in slot 2 m and its softmax (m) in slot 2 m + 1; group 1
-         * the same one slot later (its extra first barrier; group 0 has an extra last one).
-         * At slot 2 m, group 0 loads K(m + 1) and V(m): their buffers held K(m - 1) and
-         * V(m - 2), which both groups finished by slot 2 m - 1; they are needed from slot
-         * 2 m + 2 on, after group 0's wait and the barrier that end slot 2 m + 1. */
-        const int grp = warp / 4, n = nb_end - nb_begin;
-        const int g0 = m0 + grp * (BM / 2), g1 = min(g0 + BM / 2, nq); /* the group's rows */
         /* group 0 (NT / 2 threads): K(nb + 1), V(nb) */
         auto load_step = [&](int nb) {
             if (nb + 1 < nb_end)
@@ -456,58 +527,9 @@ __global__ void __launch_bounds__(fp_fwd_cfg<DK, ALT>::NW * 32)
                                                      tid);
             fp_cp_async_commit();
         };
-        fp_cp_async_wait<0>(); /* Q and K(nb_begin) */
-        __syncthreads();
-        if (n > 0) {
-            float s[MT][NB8][4];
-            uint32_t pa[BN / 16][MT][4]; /* P of the last softmax, until its P V */
-            /* a group's softmax half: S(nb) -> P(nb) */
-            auto softmax_half = [&](int nb) {
-                softmax_max(s, nb, g0, g1);
-                softmax_exp(s);
-                pack_p(pa, s);
-                if (grp == 0)
-                    fp_cp_async_wait<0>();
-                fp_pp_bar(grp);
-            };
-            /* The guard of an edge block's V(nb), between the barrier that ends slot 2 m + 1
-             * (V(nb) has landed) and group 0's P V(nb) in slot 2 m + 2: both groups scrub it
-             * there (group 0 before its mma half, group 1 before its softmax half), then pass one
-             * more barrier. */
-            auto scrub_pp = [&](int nb) {
-                if (edge_block(nb)) {
-                    scrub_v(nb, grp);
-                    fp_pp_bar(grp);
-                }
-            };
-            if (grp == 1)
-                fp_pp_bar(grp);
-            if (grp == 0)
-                load_step(nb_begin);
-            qk(s, nb_begin);
-            fp_pp_bar(grp);
-            if (grp == 1)
-                scrub_pp(nb_begin);
-            softmax_half(nb_begin);
-            for (int nb = nb_begin + 1; nb < nb_end; ++nb) { /* mma half, then softmax half */
-                if (grp == 0) {
-                    scrub_pp(nb - 1);
-                    load_step(nb);
-                }
-                pv(pa, nb - 1);
-                qk(s, nb);
-                fp_pp_bar(grp);
-                if (grp == 1)
-                    scrub_pp(nb);
-                softmax_half(nb);
-            }
-            if (grp == 0)
-                scrub_pp(nb_end - 1);
-            pv(pa, nb_end - 1);
-            fp_pp_bar(grp);
-            if (grp == 0)
-                fp_pp_bar(grp);
-        }
+        fp_fwd_pingpong_loop<MT, NB8, BM>(nb_begin, nb_end, m0, nq, warp / 4, load_step, qk,
+                                          softmax_max, softmax_exp, pack_p, pv, edge_block,
+                                          scrub_v);
     } else if constexpr (ST == 1) {
         /* One K and one V buffer: V(nb) loads during S(nb) and its row maxima, K(nb + 1) during
          * the exponentials and P V(nb); each wait drains every copy in flight. */
@@ -531,6 +553,8 @@ __global__ void __launch_bounds__(fp_fwd_cfg<DK, ALT>::NW * 32)
             pv(pa, nb);
         }
     } else {
+        /* Two K and two V buffers: V(nb + 1) is issued as iteration nb starts, K(nb + 2) once
+         * S(nb) is done (the prologue issued K, V of the first block and K of the second). */
         for (int nb = nb_begin; nb < nb_end; ++nb) {
             fp_cp_async_wait<2>(); /* K(nb) has landed */
             __syncthreads();

@@ -344,6 +344,57 @@ template <int DK, int ALT> constexpr size_t fp_dkdv_smem()
 template <bool B> using fp_flag = std::bool_constant<B>;
 template <int I> using fp_int = std::integral_constant<int, I>;
 
+/* The end of a dK/dV block: the warp's dV and dK tiles (KV_MT x 16 keys from kv_k0 of the block's
+ * keys from n0, KV_NP x 16 columns from kv_d0; g, t: lane / 4, lane % 4), dK times the softmax
+ * scale. A slice of a GQA group writes its f32 sums to the group-split workspace; otherwise dV,
+ * then dK, are staged through sk and stored as 16-byte rows. */
+template <typename T, int DK, int BN, int NT, int KV_MT, int KV_NP>
+FP_DEV void fp_bwd_store_dkdv(const fp_sm80_args &a, const float (&dv)[KV_MT][2 * KV_NP][4],
+                              const float (&dk)[KV_MT][2 * KV_NP][4], T *sk, const fp_cuda_seq &sq_,
+                              int b, int kvh, int split, int n0, int nk, int kv_k0, int kv_d0,
+                              int nchunks, int tid, int lane, int g, int t)
+{
+    if (a.dkv_part) {
+        /* a slice of the group: its f32 sums, which fp_sm80_bwd_dkdv_sum adds in slice order
+         * (rows n0 + kv_k0 + 16 mi + g + 8 r, columns kv_d0 + 8 j + 2 t, two at a time) */
+        float *pv =
+            a.dkv_part + fp_bwd_part_row(a, 0, split, b, kvh, n0 + kv_k0 + g) * DK + kv_d0 + 2 * t;
+        float *pk =
+            a.dkv_part + fp_bwd_part_row(a, 1, split, b, kvh, n0 + kv_k0 + g) * DK + kv_d0 + 2 * t;
+#pragma unroll
+        for (int mi = 0; mi < KV_MT; ++mi)
+#pragma unroll
+            for (int j = 0; j < 2 * KV_NP; ++j)
+#pragma unroll
+                for (int r = 0; r < 2; ++r) {
+                    const int off = (16 * mi + 8 * r) * DK + 8 * j;
+                    *reinterpret_cast<float2 *>(pv + off) =
+                        make_float2(dv[mi][j][2 * r], dv[mi][j][2 * r + 1]);
+                    *reinterpret_cast<float2 *>(pk + off) =
+                        make_float2(dk[mi][j][2 * r], dk[mi][j][2 * r + 1]);
+                }
+        return;
+    }
+    /* dV, then dK * scale, staged through sk */
+    __syncthreads();
+    T *dv_g = reinterpret_cast<T *>(const_cast<void *>(a.dv.ptr)) +
+              fp_cuda_row(a.dv, b, sq_.k_start + n0, kvh);
+    T *dk_g = reinterpret_cast<T *>(const_cast<void *>(a.dk.ptr)) +
+              fp_cuda_row(a.dk, b, sq_.k_start + n0, kvh);
+#pragma unroll
+    for (int mi = 0; mi < KV_MT; ++mi)
+        fp_stage_acc<DK, 2 * KV_NP, T>(sk, kv_k0 + 16 * mi, kv_d0 / 8, dv[mi], 1.0f, 1.0f, lane);
+    __syncthreads();
+    fp_store_tile<BN, DK, NT>(dv_g, a.dv.ss, sk, nk - n0, nchunks, tid);
+    __syncthreads();
+#pragma unroll
+    for (int mi = 0; mi < KV_MT; ++mi)
+        fp_stage_acc<DK, 2 * KV_NP, T>(sk, kv_k0 + 16 * mi, kv_d0 / 8, dk[mi], a.scale, a.scale,
+                                       lane);
+    __syncthreads();
+    fp_store_tile<BN, DK, NT>(dk_g, a.dk.ss, sk, nk - n0, nchunks, tid);
+}
+
 // q, dout: (B, Nq, H, D); k, v, dk, dv: (B, Nk, Hkv, D); grid (key blocks, Hkv x group splits,
 // B), blockIdx.y = kv head x group_splits + slice.
 template <typename T, int DK, int ALT>
@@ -696,45 +747,8 @@ __global__ void __launch_bounds__(fp_bwd_cfg<DK, ALT>::NW * 32, 1)
         dq_product(mb * BM, h, ((iters - 1) & 1) * TILE_BYTES);
 
     fp_cp_async_wait<0>();
-    if (a.dkv_part) {
-        /* a slice of the group: its f32 sums, which fp_sm80_bwd_dkdv_sum adds in slice order
-         * (rows n0 + kv_k0 + 16 mi + g + 8 r, columns kv_d0 + 8 j + 2 t, two at a time) */
-        float *pv =
-            a.dkv_part + fp_bwd_part_row(a, 0, split, b, kvh, n0 + kv_k0 + g) * DK + kv_d0 + 2 * t;
-        float *pk =
-            a.dkv_part + fp_bwd_part_row(a, 1, split, b, kvh, n0 + kv_k0 + g) * DK + kv_d0 + 2 * t;
-#pragma unroll
-        for (int mi = 0; mi < KV_MT; ++mi)
-#pragma unroll
-            for (int j = 0; j < 2 * KV_NP; ++j)
-#pragma unroll
-                for (int r = 0; r < 2; ++r) {
-                    const int off = (16 * mi + 8 * r) * DK + 8 * j;
-                    *reinterpret_cast<float2 *>(pv + off) =
-                        make_float2(dv[mi][j][2 * r], dv[mi][j][2 * r + 1]);
-                    *reinterpret_cast<float2 *>(pk + off) =
-                        make_float2(dk[mi][j][2 * r], dk[mi][j][2 * r + 1]);
-                }
-        return;
-    }
-    /* dV, then dK * scale, staged through sk */
-    __syncthreads();
-    T *dv_g = reinterpret_cast<T *>(const_cast<void *>(a.dv.ptr)) +
-              fp_cuda_row(a.dv, b, sq_.k_start + n0, kvh);
-    T *dk_g = reinterpret_cast<T *>(const_cast<void *>(a.dk.ptr)) +
-              fp_cuda_row(a.dk, b, sq_.k_start + n0, kvh);
-#pragma unroll
-    for (int mi = 0; mi < KV_MT; ++mi)
-        fp_stage_acc<DK, 2 * KV_NP, T>(sk, kv_k0 + 16 * mi, kv_d0 / 8, dv[mi], 1.0f, 1.0f, lane);
-    __syncthreads();
-    fp_store_tile<BN, DK, NT>(dv_g, a.dv.ss, sk, nk - n0, nchunks, tid);
-    __syncthreads();
-#pragma unroll
-    for (int mi = 0; mi < KV_MT; ++mi)
-        fp_stage_acc<DK, 2 * KV_NP, T>(sk, kv_k0 + 16 * mi, kv_d0 / 8, dk[mi], a.scale, a.scale,
-                                       lane);
-    __syncthreads();
-    fp_store_tile<BN, DK, NT>(dk_g, a.dk.ss, sk, nk - n0, nchunks, tid);
+    fp_bwd_store_dkdv<T, DK, BN, NT, KV_MT, KV_NP>(a, dv, dk, sk, sq_, b, kvh, split, n0, nk, kv_k0,
+                                                   kv_d0, nchunks, tid, lane, g, t);
 }
 
 /* With seqused_k, keys [nk, capacity) of a sequence take no part in the attention: their dK and

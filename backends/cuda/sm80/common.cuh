@@ -3,8 +3,8 @@
  * sm80/bwd.cu: the argument block the launchers fill, sequence and row addressing (over
  * core/geometry.h), the 32-bit per-element mask, the softmax finalize with the hardware
  * approximations, and small named tile operations (swizzled shared-memory tiles, ldmatrix lane
- * addressing, tile copies, fragment staging). The instructions themselves are
- * backends/cuda/ptx/sm80.cuh.
+ * addressing, tile copies, fragment staging, a warp's matrix product: fp_warp_mma). The
+ * instructions themselves are backends/cuda/ptx/sm80.cuh.
  *
  * Shared-memory tiles hold 2-byte elements, rows of COLS elements (COLS a multiple of 64), in
  * 16-byte chunks whose index is XORed with (row % 8): the eight rows that one ldmatrix phase

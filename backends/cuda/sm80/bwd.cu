@@ -344,6 +344,57 @@ template <int DK, int ALT> constexpr size_t fp_dkdv_smem()
 template <bool B> using fp_flag = std::bool_constant<B>;
 template <int I> using fp_int = std::integral_constant<int, I>;
 
+/* The end of a dK/dV block: the warp's dV and dK tiles (KV_MT x 16 keys from kv_k0 of the block's
+ * keys from n0, KV_NP x 16 columns from kv_d0; g, t: lane / 4, lane % 4), dK times the softmax
+ * scale. A slice of a GQA group writes its f32 sums to the group-split workspace; otherwise dV,
+ * then dK, are staged through sk and stored as 16-byte rows. */
+template <typename T, int DK, int BN, int NT, int KV_MT, int KV_NP>
+FP_DEV void fp_bwd_store_dkdv(const fp_sm80_args &a, const float (&dv)[KV_MT][2 * KV_NP][4],
+                              const float (&dk)[KV_MT][2 * KV_NP][4], T *sk, const fp_cuda_seq &sq_,
+                              int b, int kvh, int split, int n0, int nk, int kv_k0, int kv_d0,
+                              int nchunks, int tid, int lane, int g, int t)
+{
+    if (a.dkv_part) {
+        /* a slice of the group: its f32 sums, which fp_sm80_bwd_dkdv_sum adds in slice order
+         * (rows n0 + kv_k0 + 16 mi + g + 8 r, columns kv_d0 + 8 j + 2 t, two at a time) */
+        float *pv =
+            a.dkv_part + fp_bwd_part_row(a, 0, split, b, kvh, n0 + kv_k0 + g) * DK + kv_d0 + 2 * t;
+        float *pk =
+            a.dkv_part + fp_bwd_part_row(a, 1, split, b, kvh, n0 + kv_k0 + g) * DK + kv_d0 + 2 * t;
+#pragma unroll
+        for (int mi = 0; mi < KV_MT; ++mi)
+#pragma unroll
+            for (int j = 0; j < 2 * KV_NP; ++j)
+#pragma unroll
+                for (int r = 0; r < 2; ++r) {
+                    const int off = (16 * mi + 8 * r) * DK + 8 * j;
+                    *reinterpret_cast<float2 *>(pv + off) =
+                        make_float2(dv[mi][j][2 * r], dv[mi][j][2 * r + 1]);
+                    *reinterpret_cast<float2 *>(pk + off) =
+                        make_float2(dk[mi][j][2 * r], dk[mi][j][2 * r + 1]);
+                }
+        return;
+    }
+    /* dV, then dK * scale, staged through sk */
+    __syncthreads();
+    T *dv_g = reinterpret_cast<T *>(const_cast<void *>(a.dv.ptr)) +
+              fp_cuda_row(a.dv, b, sq_.k_start + n0, kvh);
+    T *dk_g = reinterpret_cast<T *>(const_cast<void *>(a.dk.ptr)) +
+              fp_cuda_row(a.dk, b, sq_.k_start + n0, kvh);
+#pragma unroll
+    for (int mi = 0; mi < KV_MT; ++mi)
+        fp_stage_acc<DK, 2 * KV_NP, T>(sk, kv_k0 + 16 * mi, kv_d0 / 8, dv[mi], 1.0f, 1.0f, lane);
+    __syncthreads();
+    fp_store_tile<BN, DK, NT>(dv_g, a.dv.ss, sk, nk - n0, nchunks, tid);
+    __syncthreads();
+#pragma unroll
+    for (int mi = 0; mi < KV_MT; ++mi)
+        fp_stage_acc<DK, 2 * KV_NP, T>(sk, kv_k0 + 16 * mi, kv_d0 / 8, dk[mi], a.scale, a.scale,
+                                       lane);
+    __syncthreads();
+    fp_store_tile<BN, DK, NT>(dk_g, a.dk.ss, sk, nk - n0, nchunks, tid);
+}
+
 // q, dout: (B, Nq, H, D); k, v, dk, dv: (B, Nk, Hkv, D); grid (key blocks, Hkv x group splits,
 // B), blockIdx.y = kv head x group_splits + slice.
 template <typename T, int DK, int ALT>
@@ -479,23 +530,14 @@ __global__ void __launch_bounds__(fp_bwd_cfg<DK, ALT>::NW * 32, 1)
             return;
         float acc[DQ_MT][2 * DQ_NP][4];
         fp_acc_zero(acc);
-#pragma unroll
-        for (int kk = 0; kk < BN / 16; ++kk) {
-            uint32_t ea[DQ_MT][4], kf[DQ_NP][4];
-#pragma unroll
-            for (int mi = 0; mi < DQ_MT; ++mi)
-                fp_ldsm_x4(ea[mi], fp_ldsm_addr<PC>(sds_a + ds_off, la_dq, 16 * mi, kk));
-#pragma unroll
-            for (int p = 0; p < DQ_NP; ++p)
-                fp_ldsm_x4_t(kf[p], sk_a + dq_b_off[p] + 16 * kk * DK * 2);
-#pragma unroll
-            for (int p = 0; p < DQ_NP; ++p)
-#pragma unroll
-                for (int mi = 0; mi < DQ_MT; ++mi) {
-                    fp_mma<T>(acc[mi][2 * p], ea[mi], kf[p][0], kf[p][1]);
-                    fp_mma<T>(acc[mi][2 * p + 1], ea[mi], kf[p][2], kf[p][3]);
-                }
-        }
+        fp_warp_mma<T, BN / 16, FP_MMA_LOAD_ALL>(
+            acc,
+            [&](uint32_t(&f)[4], int mi, int kk) {
+                fp_ldsm_x4(f, fp_ldsm_addr<PC>(sds_a + ds_off, la_dq, 16 * mi, kk));
+            },
+            [&](uint32_t(&f)[4], int p, int kk) {
+                fp_ldsm_x4_t(f, sk_a + dq_b_off[p] + 16 * kk * DK * 2);
+            });
 #pragma unroll
         for (int mi = 0; mi < DQ_MT; ++mi) {
             /* fragment order (fp_dq_frag_off): piece j of the warp's columns at 128 j, rows
@@ -546,39 +588,18 @@ __global__ void __launch_bounds__(fp_bwd_cfg<DK, ALT>::NW * 32, 1)
         float s[S_MT][2 * S_NP][4], dp[S_MT][2 * S_NP][4];
         fp_acc_zero(s);
         fp_acc_zero(dp);
-        auto sdp_products = [&](auto want_s, auto want_dp) {
-            constexpr bool WS = decltype(want_s)::value, WD = decltype(want_dp)::value;
-#pragma unroll
-            for (int kk = 0; kk < KT; ++kk) {
-                uint32_t qa[S_MT][4], da[S_MT][4], kf[S_NP][4], vf[S_NP][4];
-#pragma unroll
-                for (int mi = 0; mi < S_MT; ++mi) {
-                    if constexpr (WS)
-                        fp_ldsm_x4(qa[mi], fp_ldsm_addr<DK>(qt, la_s, 16 * mi, kk));
-                    if constexpr (WD)
-                        fp_ldsm_x4(da[mi], fp_ldsm_addr<DK>(dot, la_s, 16 * mi, kk));
-                }
-#pragma unroll
-                for (int p = 0; p < S_NP; ++p) {
-                    if constexpr (WS)
-                        fp_ldsm_x4(kf[p], fp_ldsm_addr<DK>(sk_a, lb_s, 16 * p, kk));
-                    if constexpr (WD)
-                        fp_ldsm_x4(vf[p], fp_ldsm_addr<DK>(sv_a, lb_s, 16 * p, kk));
-                }
-#pragma unroll
-                for (int p = 0; p < S_NP; ++p)
-#pragma unroll
-                    for (int mi = 0; mi < S_MT; ++mi) {
-                        if constexpr (WS) {
-                            fp_mma<T>(s[mi][2 * p], qa[mi], kf[p][0], kf[p][1]);
-                            fp_mma<T>(s[mi][2 * p + 1], qa[mi], kf[p][2], kf[p][3]);
-                        }
-                        if constexpr (WD) {
-                            fp_mma<T>(dp[mi][2 * p], da[mi], vf[p][0], vf[p][1]);
-                            fp_mma<T>(dp[mi][2 * p + 1], da[mi], vf[p][2], vf[p][3]);
-                        }
-                    }
-            }
+        /* the operands' fragments: Q and dO rows (A), K and V rows (B) */
+        auto ld_q = [&](uint32_t(&f)[4], int mi, int kk) {
+            fp_ldsm_x4(f, fp_ldsm_addr<DK>(qt, la_s, 16 * mi, kk));
+        };
+        auto ld_do = [&](uint32_t(&f)[4], int mi, int kk) {
+            fp_ldsm_x4(f, fp_ldsm_addr<DK>(dot, la_s, 16 * mi, kk));
+        };
+        auto ld_k = [&](uint32_t(&f)[4], int p, int kk) {
+            fp_ldsm_x4(f, fp_ldsm_addr<DK>(sk_a, lb_s, 16 * p, kk));
+        };
+        auto ld_v = [&](uint32_t(&f)[4], int p, int kk) {
+            fp_ldsm_x4(f, fp_ldsm_addr<DK>(sv_a, lb_s, 16 * p, kk));
         };
 
         /* P and dS (f32 in s and dp), then to shared memory */
@@ -635,7 +656,7 @@ __global__ void __launch_bounds__(fp_bwd_cfg<DK, ALT>::NW * 32, 1)
             }
         };
         if (!CFG::P_FIRST || a.transform) {
-            sdp_products(fp_flag<true>(), fp_flag<true>());
+            fp_warp_mma2<T, KT, FP_MMA_LOAD_ALL>(s, ld_q, ld_k, dp, ld_do, ld_v);
             if (a.transform)
                 elementwise(fp_int<FP_SCORES_TRANSFORM>(), fp_flag<true>());
             else if (!full)
@@ -648,12 +669,12 @@ __global__ void __launch_bounds__(fp_bwd_cfg<DK, ALT>::NW * 32, 1)
             /* P first, so that its exp2s overlap the dP products; then dS = P (dP - Dsum). The
              * dP products are called in each branch so that they share a basic block with the
              * exp2s, which the scheduler then interleaves (after the branch they would not). */
-            sdp_products(fp_flag<true>(), fp_flag<false>());
+            fp_warp_mma<T, KT, FP_MMA_LOAD_ALL>(s, ld_q, ld_k);
             if (!full) {
                 /* edge steps: a masked pair's P is -0 (fp_bwd_elem), and its dS is selected to
                  * 0 by that sign: its dP or Dsum may be NaN */
                 elementwise(fp_int<FP_SCORES_MASK>(), fp_flag<false>());
-                sdp_products(fp_flag<false>(), fp_flag<true>());
+                fp_warp_mma<T, KT, FP_MMA_LOAD_ALL>(dp, ld_do, ld_v);
 #pragma unroll
                 for (int mi = 0; mi < S_MT; ++mi) {
                     const float ds[2] = {dsum_b[16 * mi], dsum_b[16 * mi + 8]};
@@ -667,7 +688,7 @@ __global__ void __launch_bounds__(fp_bwd_cfg<DK, ALT>::NW * 32, 1)
                 }
             } else {
                 elementwise(fp_int<FP_SCORES_FULL>(), fp_flag<false>());
-                sdp_products(fp_flag<false>(), fp_flag<true>());
+                fp_warp_mma<T, KT, FP_MMA_LOAD_ALL>(dp, ld_do, ld_v);
 #pragma unroll
                 for (int mi = 0; mi < S_MT; ++mi) {
                     const float ds[2] = {dsum_b[16 * mi], dsum_b[16 * mi + 8]};
@@ -683,7 +704,10 @@ __global__ void __launch_bounds__(fp_bwd_cfg<DK, ALT>::NW * 32, 1)
         }
         __syncthreads();
 
-        /* dV += P^T dO, dK += dS^T Q (this warp's KV_MT x 16 keys x KV_NP x 16 columns) */
+        /* dV += P^T dO, dK += dS^T Q (this warp's KV_MT x 16 keys x KV_NP x 16 columns). Written
+         * out, not through fp_warp_mma2 (the same instructions in the same order): through it
+         * the compiler orders the loop-carried dV and dK registers differently, and the
+         * kernel's machine code changes. */
 #pragma unroll
         for (int kk = 0; kk < BM / 16; ++kk) {
             uint32_t pa[KV_MT][4], sa[KV_MT][4], of[KV_NP][4], qf[KV_NP][4];
@@ -726,45 +750,8 @@ __global__ void __launch_bounds__(fp_bwd_cfg<DK, ALT>::NW * 32, 1)
         dq_product(mb * BM, h, ((iters - 1) & 1) * TILE_BYTES);
 
     fp_cp_async_wait<0>();
-    if (a.dkv_part) {
-        /* a slice of the group: its f32 sums, which fp_sm80_bwd_dkdv_sum adds in slice order
-         * (rows n0 + kv_k0 + 16 mi + g + 8 r, columns kv_d0 + 8 j + 2 t, two at a time) */
-        float *pv =
-            a.dkv_part + fp_bwd_part_row(a, 0, split, b, kvh, n0 + kv_k0 + g) * DK + kv_d0 + 2 * t;
-        float *pk =
-            a.dkv_part + fp_bwd_part_row(a, 1, split, b, kvh, n0 + kv_k0 + g) * DK + kv_d0 + 2 * t;
-#pragma unroll
-        for (int mi = 0; mi < KV_MT; ++mi)
-#pragma unroll
-            for (int j = 0; j < 2 * KV_NP; ++j)
-#pragma unroll
-                for (int r = 0; r < 2; ++r) {
-                    const int off = (16 * mi + 8 * r) * DK + 8 * j;
-                    *reinterpret_cast<float2 *>(pv + off) =
-                        make_float2(dv[mi][j][2 * r], dv[mi][j][2 * r + 1]);
-                    *reinterpret_cast<float2 *>(pk + off) =
-                        make_float2(dk[mi][j][2 * r], dk[mi][j][2 * r + 1]);
-                }
-        return;
-    }
-    /* dV, then dK * scale, staged through sk */
-    __syncthreads();
-    T *dv_g = reinterpret_cast<T *>(const_cast<void *>(a.dv.ptr)) +
-              fp_cuda_row(a.dv, b, sq_.k_start + n0, kvh);
-    T *dk_g = reinterpret_cast<T *>(const_cast<void *>(a.dk.ptr)) +
-              fp_cuda_row(a.dk, b, sq_.k_start + n0, kvh);
-#pragma unroll
-    for (int mi = 0; mi < KV_MT; ++mi)
-        fp_stage_acc<DK, 2 * KV_NP, T>(sk, kv_k0 + 16 * mi, kv_d0 / 8, dv[mi], 1.0f, 1.0f, lane);
-    __syncthreads();
-    fp_store_tile<BN, DK, NT>(dv_g, a.dv.ss, sk, nk - n0, nchunks, tid);
-    __syncthreads();
-#pragma unroll
-    for (int mi = 0; mi < KV_MT; ++mi)
-        fp_stage_acc<DK, 2 * KV_NP, T>(sk, kv_k0 + 16 * mi, kv_d0 / 8, dk[mi], a.scale, a.scale,
-                                       lane);
-    __syncthreads();
-    fp_store_tile<BN, DK, NT>(dk_g, a.dk.ss, sk, nk - n0, nchunks, tid);
+    fp_bwd_store_dkdv<T, DK, BN, NT, KV_MT, KV_NP>(a, dv, dk, sk, sq_, b, kvh, split, n0, nk, kv_k0,
+                                                   kv_d0, nchunks, tid, lane, g, t);
 }
 
 /* With seqused_k, keys [nk, capacity) of a sequence take no part in the attention: their dK and
@@ -845,7 +832,7 @@ __global__ void __launch_bounds__(fp_dq_cfg<DK, ALT>::NW * 32) fp_sm80_bwd_dq(co
     const float slope = a.alibi ? a.alibi[h] : 0.0f;
     const fp_mask32 mk = fp_mask32_make(nq, nk, a.left, a.right);
 
-    float dq[DT8][4];
+    float dq[1][DT8][4];
     fp_acc_zero(dq);
     const uint32_t sq_a = fp_smem_addr(sq), sdo_a = fp_smem_addr(sdo);
     const uint32_t sk_a = fp_smem_addr(sk), sv_a = fp_smem_addr(sv);
@@ -875,56 +862,50 @@ __global__ void __launch_bounds__(fp_dq_cfg<DK, ALT>::NW * 32) fp_sm80_bwd_dq(co
             __syncthreads();
         }
 
-        float s[NB8][4], dp[NB8][4];
+        /* S = Q K^T, dP = dO V^T (this warp's 16 queries x BN keys) */
+        float s[1][NB8][4], dp[1][NB8][4];
         fp_acc_zero(s);
         fp_acc_zero(dp);
         const uint32_t kt = sk_a + buf * BN * DK * 2, vt = sv_a + buf * BN * DK * 2;
-#pragma unroll
-        for (int kk = 0; kk < KT; ++kk) {
-            uint32_t qa[4], da[4];
-            fp_ldsm_x4(qa, fp_ldsm_addr<DK>(sq_a, la, 0, kk));
-            fp_ldsm_x4(da, fp_ldsm_addr<DK>(sdo_a, la, 0, kk));
-#pragma unroll
-            for (int p = 0; p < BN / 16; ++p) {
-                uint32_t kb[4], vb[4];
-                fp_ldsm_x4(kb, fp_ldsm_addr<DK>(kt, lb, 16 * p, kk));
-                fp_ldsm_x4(vb, fp_ldsm_addr<DK>(vt, lb, 16 * p, kk));
-                fp_mma<T>(s[2 * p], qa, kb[0], kb[1]);
-                fp_mma<T>(s[2 * p + 1], qa, kb[2], kb[3]);
-                fp_mma<T>(dp[2 * p], da, vb[0], vb[1]);
-                fp_mma<T>(dp[2 * p + 1], da, vb[2], vb[3]);
-            }
-        }
+        fp_warp_mma2<T, KT, FP_MMA_STREAM_B>(
+            s,
+            [&](uint32_t(&f)[4], int, int kk) { fp_ldsm_x4(f, fp_ldsm_addr<DK>(sq_a, la, 0, kk)); },
+            [&](uint32_t(&f)[4], int p, int kk) {
+                fp_ldsm_x4(f, fp_ldsm_addr<DK>(kt, lb, 16 * p, kk));
+            },
+            dp,
+            [&](uint32_t(&f)[4], int, int kk) {
+                fp_ldsm_x4(f, fp_ldsm_addr<DK>(sdo_a, la, 0, kk));
+            },
+            [&](uint32_t(&f)[4], int p, int kk) {
+                fp_ldsm_x4(f, fp_ldsm_addr<DK>(vt, lb, 16 * p, kk));
+            });
 
         const bool no_rbad[2] = {false, false};
         const uint32_t kbits = full ? 0u : fp_key_bits<NB8>(kfl[buf], lane);
         if (a.transform)
-            fp_bwd_tile<FP_SCORES_TRANSFORM, NB8>(a, mk, s, dp, m0 + wrow, j0, nq, nk, lse2, dsum,
-                                                  slope, lane, !full, no_rbad, kbits);
+            fp_bwd_tile<FP_SCORES_TRANSFORM, NB8>(a, mk, s[0], dp[0], m0 + wrow, j0, nq, nk, lse2,
+                                                  dsum, slope, lane, !full, no_rbad, kbits);
         else if (!full)
-            fp_bwd_tile<FP_SCORES_MASK, NB8>(a, mk, s, dp, m0 + wrow, j0, nq, nk, lse2, dsum, slope,
-                                             lane, true, no_rbad, kbits);
+            fp_bwd_tile<FP_SCORES_MASK, NB8>(a, mk, s[0], dp[0], m0 + wrow, j0, nq, nk, lse2, dsum,
+                                             slope, lane, true, no_rbad, kbits);
         else
-            fp_bwd_tile<FP_SCORES_FULL, NB8>(a, mk, s, dp, m0 + wrow, j0, nq, nk, lse2, dsum, slope,
-                                             lane);
+            fp_bwd_tile<FP_SCORES_FULL, NB8>(a, mk, s[0], dp[0], m0 + wrow, j0, nq, nk, lse2, dsum,
+                                             slope, lane);
 
-            /* dQ += dS K */
-#pragma unroll
-        for (int kk = 0; kk < BN / 16; ++kk) {
-            uint32_t da[4];
-            fp_acc_to_a<T>(da, dp[2 * kk], dp[2 * kk + 1]);
-#pragma unroll
-            for (int p = 0; p < DK / 16; ++p) {
-                uint32_t kb[4];
-                fp_ldsm_x4_t(kb, fp_ldsm_addr<DK>(kt, lbt, 16 * kk, p));
-                fp_mma<T>(dq[2 * p], da, kb[0], kb[1]);
-                fp_mma<T>(dq[2 * p + 1], da, kb[2], kb[3]);
-            }
-        }
+        /* dQ += dS K, dS from registers */
+        fp_warp_mma<T, BN / 16, FP_MMA_STREAM_B>(
+            dq,
+            [&](uint32_t(&f)[4], int, int kk) {
+                fp_acc_to_a<T>(f, dp[0][2 * kk], dp[0][2 * kk + 1]);
+            },
+            [&](uint32_t(&f)[4], int p, int kk) {
+                fp_ldsm_x4_t(f, fp_ldsm_addr<DK>(kt, lbt, 16 * kk, p));
+            });
     }
     fp_cp_async_wait<0>();
     __syncthreads();
-    fp_stage_acc<DK, DT8, T>(sq, wrow, 0, dq, a.scale, a.scale, lane);
+    fp_stage_acc<DK, DT8, T>(sq, wrow, 0, dq[0], a.scale, a.scale, lane);
     __syncthreads();
     T *dst = reinterpret_cast<T *>(const_cast<void *>(a.dq.ptr)) + fp_cuda_row(a.dq, b, qrow, h);
     fp_store_tile<BM, DK, NT>(dst, a.dq.ss, sq, nq - m0, nchunks, tid);

@@ -3,8 +3,8 @@
  * sm80/bwd.cu: the argument block the launchers fill, sequence and row addressing (over
  * core/geometry.h), the 32-bit per-element mask, the softmax finalize with the hardware
  * approximations, and small named tile operations (swizzled shared-memory tiles, ldmatrix lane
- * addressing, tile copies, fragment staging). The instructions themselves are
- * backends/cuda/ptx/sm80.cuh.
+ * addressing, tile copies, fragment staging, a warp's matrix product: fp_warp_mma). The
+ * instructions themselves are backends/cuda/ptx/sm80.cuh.
  *
  * Shared-memory tiles hold 2-byte elements, rows of COLS elements (COLS a multiple of 64), in
  * 16-byte chunks whose index is XORed with (row % 8): the eight rows that one ldmatrix phase
@@ -517,6 +517,108 @@ template <typename T> FP_DEV void fp_acc_to_a(uint32_t a[4], const float c0[4], 
     a[1] = fp_pack2<T>(c0[2], c0[3]);
     a[2] = fp_pack2<T>(c1[0], c1[1]);
     a[3] = fp_pack2<T>(c1[2], c1[3]);
+}
+
+/* ---- warp-tile products -------------------------------------------------------------------- */
+
+/* The order of a k step's instructions in fp_warp_mma (the loads before the products that use
+ * them either way; the choice is each kernel's, by what its registers allow):
+ *   FP_MMA_LOAD_ALL: every A and B fragment of the step, then its mma: the load latency is paid
+ *     once per step;
+ *   FP_MMA_STREAM_B: the A fragments, then each B piece's load followed by its mma: one B
+ *     fragment live at a time. */
+enum { FP_MMA_LOAD_ALL, FP_MMA_STREAM_B };
+
+/* C += A B for one warp over KS k steps of 16 (mma.sync m16n8k16): A is MT pieces of 16 rows,
+ * B is NP pieces of 16 columns, C the MT x 2 NP m16n8 accumulator tiles c[mi][2 p], c[mi][2 p
+ * + 1] of piece (mi, p). B comes from a loader, ld_b(frag, p, kk), that fills piece p's fragment
+ * at k step kk (an ldmatrix or ldmatrix.trans of a shared tile). A likewise (ld_a(frag, mi, kk);
+ * a fragment computed from registers, such as dS, works the same way), or with A_REG from a
+ * getter, ld_a(mi, kk), that returns a fragment already held in registers (P): its fragments are
+ * then used where they are, not copied (a copy changes the register allocation of the kernels
+ * that keep P). With TWO, a second product of the same shape (c2 += A2 B2) runs in the same k
+ * loop, its loads and mma each right after the first's, so that the two share the load latency.
+ * Callers use fp_warp_mma, fp_warp_mma_ra and fp_warp_mma2. */
+template <typename T, int KS, int ORDER, bool TWO, bool A_REG, int MT, int N8, class LA, class LB,
+          class LA2, class LB2>
+FP_DEV void fp_warp_mma_k(float (&c)[MT][N8][4], const LA &ld_a, const LB &ld_b,
+                          float (&c2)[MT][N8][4], const LA2 &ld_a2, const LB2 &ld_b2)
+{
+    static_assert(N8 % 2 == 0, "B pieces of 16 columns");
+    static_assert(!(TWO && A_REG), "one product with A in registers");
+    constexpr int NP = N8 / 2;
+#pragma unroll
+    for (int kk = 0; kk < KS; ++kk) {
+        uint32_t af[MT][4], af2[MT][4];
+        if constexpr (!A_REG) {
+#pragma unroll
+            for (int mi = 0; mi < MT; ++mi) {
+                ld_a(af[mi], mi, kk);
+                if constexpr (TWO)
+                    ld_a2(af2[mi], mi, kk);
+            }
+        }
+        /* the A x B products of piece p (B fragment bf, B2 fragment bf2) */
+        auto mma_p = [&](int p, const uint32_t(&bf)[4], const uint32_t(&bf2)[4]) {
+#pragma unroll
+            for (int mi = 0; mi < MT; ++mi) {
+                if constexpr (A_REG) {
+                    fp_mma<T>(c[mi][2 * p], ld_a(mi, kk), bf[0], bf[1]);
+                    fp_mma<T>(c[mi][2 * p + 1], ld_a(mi, kk), bf[2], bf[3]);
+                } else {
+                    fp_mma<T>(c[mi][2 * p], af[mi], bf[0], bf[1]);
+                    fp_mma<T>(c[mi][2 * p + 1], af[mi], bf[2], bf[3]);
+                }
+                if constexpr (TWO) {
+                    fp_mma<T>(c2[mi][2 * p], af2[mi], bf2[0], bf2[1]);
+                    fp_mma<T>(c2[mi][2 * p + 1], af2[mi], bf2[2], bf2[3]);
+                }
+            }
+        };
+        if constexpr (ORDER == FP_MMA_LOAD_ALL) {
+            uint32_t bf[NP][4], bf2[NP][4];
+#pragma unroll
+            for (int p = 0; p < NP; ++p) {
+                ld_b(bf[p], p, kk);
+                if constexpr (TWO)
+                    ld_b2(bf2[p], p, kk);
+            }
+#pragma unroll
+            for (int p = 0; p < NP; ++p)
+                mma_p(p, bf[p], bf2[p]);
+        } else {
+#pragma unroll
+            for (int p = 0; p < NP; ++p) {
+                uint32_t bf[4], bf2[4];
+                ld_b(bf, p, kk);
+                if constexpr (TWO)
+                    ld_b2(bf2, p, kk);
+                mma_p(p, bf, bf2);
+            }
+        }
+    }
+}
+
+/* One product: c += A B, A loaded by ld_a(frag, mi, kk) (fp_warp_mma_k). */
+template <typename T, int KS, int ORDER, int MT, int N8, class LA, class LB>
+FP_DEV void fp_warp_mma(float (&c)[MT][N8][4], const LA &ld_a, const LB &ld_b)
+{
+    fp_warp_mma_k<T, KS, ORDER, false, false>(c, ld_a, ld_b, c, ld_a, ld_b);
+}
+
+/* One product: c += A B, A in registers, ld_a(mi, kk) its fragment (fp_warp_mma_k). */
+template <typename T, int KS, int ORDER, int MT, int N8, class LA, class LB>
+FP_DEV void fp_warp_mma_ra(float (&c)[MT][N8][4], const LA &ld_a, const LB &ld_b)
+{
+    fp_warp_mma_k<T, KS, ORDER, false, true>(c, ld_a, ld_b, c, ld_a, ld_b);
+}
+
+/* Two products in one k loop: c += A B and c2 += A2 B2 (fp_warp_mma_k). */
+template <typename T, int KS, int ORDER, int MT, int N8, class LA, class LB, class LA2, class LB2>
+FP_DEV void fp_warp_mma2(float (&c)[MT][N8][4], const LA &ld_a, const LB &ld_b,
+                         float (&c2)[MT][N8][4], const LA2 &ld_a2, const LB2 &ld_b2)
+{
+    fp_warp_mma_k<T, KS, ORDER, true, false>(c, ld_a, ld_b, c2, ld_a2, ld_b2);
 }
 
 /* Rows (and keys, in the group-split partials) are padded to this in the workspaces, a multiple

@@ -232,6 +232,223 @@ FP_DEV void fp_fwd_load_kv(T *buf0, const T *g, int64_t ss, int nb, int nb_begin
                                     g + (int64_t)nb * BN * ss, ss, nk - nb * BN, nchunks, tid);
 }
 
+/* ---- the schedules ---------------------------------------------------------------------------
+ * The kernel's steps of a key block nb are lambdas over the block's state (fp_sm80_fwd_kernel):
+ * qk(s, nb): S = Q K^T; softmax_max(s, nb, r0, r1): mask / transform for rows r0 .. r1, row
+ * maxima, rescale of O; softmax_exp(s): P and the row sums; pack_p(pa, s): P as P V's A
+ * fragments; pv(pa, nb): O += P V; around them the loads of K and V and the masked-key guard of V
+ * (guard_v, or edge_block and scrub_v). A schedule is the key loop that composes them. */
+
+/* Two K and V buffers (ST = 2): the prologue issued K(nb_begin), V(nb_begin) and K(nb_begin + 1)
+ * as three cp.async groups; V(nb + 1) goes out as iteration nb starts and K(nb + 2) once S(nb) is
+ * done. EARLY_V: fp_fwd_cfg. Rows r0 .. r1: the block's. s and pa: S (then P) and P's A fragments
+ * of the current key block, the kernel's (as locals here they change the kernel's machine code:
+ * inlined, this function's arrays come first among the kernel's, and the compiler then orders the
+ * loop-carried O and softmax state differently). */
+template <int MT, int NB8, bool EARLY_V, class LoadK, class LoadV, class QK, class Max, class Exp,
+          class Pack, class PV, class Guard>
+FP_DEV void fp_fwd_two_stage_loop(float (&s)[MT][NB8][4], uint32_t (&pa)[NB8 / 2][MT][4],
+                                  int nb_begin, int nb_end, int r0, int r1, const LoadK &load_k,
+                                  const LoadV &load_v, const QK &qk, const Max &softmax_max,
+                                  const Exp &softmax_exp, const Pack &pack_p, const PV &pv,
+                                  const Guard &guard_v)
+{
+    for (int nb = nb_begin; nb < nb_end; ++nb) {
+        fp_cp_async_wait<2>(); /* K(nb) has landed */
+        __syncthreads();
+        if (nb + 1 < nb_end)
+            load_v(nb + 1);
+        fp_cp_async_commit();
+        qk(s, nb);
+        /* V(nb) has landed, and every warp is done with K(nb), whose buffer takes K(nb + 2);
+         * before the exponentials or after them (EARLY_V) */
+        auto wait_v = [&]() {
+            fp_cp_async_wait<2>();
+            __syncthreads();
+            if (nb + 2 < nb_end)
+                load_k(nb + 2);
+            fp_cp_async_commit();
+            guard_v(nb);
+        };
+        softmax_max(s, nb, r0, r1);
+        if constexpr (EARLY_V)
+            wait_v();
+        softmax_exp(s);
+        if constexpr (!EARLY_V)
+            wait_v();
+        pack_p(pa, s);
+        pv(pa, nb);
+    }
+}
+
+/* One K and one V buffer (ST = 1): the prologue issued K(nb_begin); V(nb) loads during S(nb) and
+ * its row maxima, K(nb + 1) during the exponentials and P V(nb); each wait drains every copy in
+ * flight. Rows r0 .. r1, s and pa: as in fp_fwd_two_stage_loop. */
+template <int MT, int NB8, class LoadK, class LoadV, class QK, class Max, class Exp, class Pack,
+          class PV, class Guard>
+FP_DEV void fp_fwd_one_stage_loop(float (&s)[MT][NB8][4], uint32_t (&pa)[NB8 / 2][MT][4],
+                                  int nb_begin, int nb_end, int r0, int r1, const LoadK &load_k,
+                                  const LoadV &load_v, const QK &qk, const Max &softmax_max,
+                                  const Exp &softmax_exp, const Pack &pack_p, const PV &pv,
+                                  const Guard &guard_v)
+{
+    for (int nb = nb_begin; nb < nb_end; ++nb) {
+        fp_cp_async_wait<0>(); /* K(nb) has landed */
+        __syncthreads();       /* and every warp is done with V(nb - 1) */
+        load_v(nb);
+        fp_cp_async_commit();
+        qk(s, nb);
+        softmax_max(s, nb, r0, r1);
+        fp_cp_async_wait<0>(); /* V(nb) has landed */
+        __syncthreads();       /* and every warp is done with K(nb) */
+        if (nb + 1 < nb_end)
+            load_k(nb + 1);
+        fp_cp_async_commit();
+        guard_v(nb);
+        softmax_exp(s);
+        pack_p(pa, s);
+        pv(pa, nb);
+    }
+}
+
+/* Ping-pong (PP): two groups of four warps (grp), each with BM / 2 of the block's BM rows from m0.
+ * Half-block slots 2 m and 2 m + 1 for key block nb_begin + m, n blocks: group 0 runs its P V
+ * (m - 1) and Q K^T (m) in slot 2 m and its softmax (m) in slot 2 m + 1; group 1 the same one
+ * slot later (its extra first barrier; group 0 has an extra last one). At slot 2 m, group 0 loads
+ * K(m + 1) and V(m) (load_step; the prologue issued K(nb_begin) only): their buffers held
+ * K(m - 1) and V(m - 2), which both groups finished by slot 2 m - 1; they are needed from slot
+ * 2 m + 2 on, after group 0's wait and the barrier that end slot 2 m + 1. */
+template <int MT, int NB8, int BM, class Load, class QK, class Max, class Exp, class Pack, class PV,
+          class Edge, class Scrub>
+FP_DEV void fp_fwd_pingpong_loop(int nb_begin, int nb_end, int m0, int nq, int grp,
+                                 const Load &load_step, const QK &qk, const Max &softmax_max,
+                                 const Exp &softmax_exp, const Pack &pack_p, const PV &pv,
+                                 const Edge &edge_block, const Scrub &scrub_v)
+{
+    const int n = nb_end - nb_begin;
+    const int g0 = m0 + grp * (BM / 2), g1 = min(g0 + BM / 2, nq); /* the group's rows */
+    fp_cp_async_wait<0>();                                         /* Q and K(nb_begin) */
+    __syncthreads();
+    if (n <= 0)
+        return;
+    float s[MT][NB8][4];
+    uint32_t pa[NB8 / 2][MT][4]; /* P of the last softmax, until its P V */
+    /* a group's softmax half: S(nb) -> P(nb) */
+    auto softmax_half = [&](int nb) {
+        softmax_max(s, nb, g0, g1);
+        softmax_exp(s);
+        pack_p(pa, s);
+        if (grp == 0)
+            fp_cp_async_wait<0>();
+        fp_pp_bar(grp);
+    };
+    /* The guard of an edge block's V(nb), between the barrier that ends slot 2 m + 1 (V(nb) has
+     * landed) and group 0's P V(nb) in slot 2 m + 2: both groups scrub it there (group 0 before
+     * its mma half, group 1 before its softmax half), then pass one more barrier. */
+    auto scrub_pp = [&](int nb) {
+        if (edge_block(nb)) {
+            scrub_v(nb, grp);
+            fp_pp_bar(grp);
+        }
+    };
+    if (grp == 1)
+        fp_pp_bar(grp);
+    if (grp == 0)
+        load_step(nb_begin);
+    qk(s, nb_begin);
+    fp_pp_bar(grp);
+    if (grp == 1)
+        scrub_pp(nb_begin);
+    softmax_half(nb_begin);
+    for (int nb = nb_begin + 1; nb < nb_end; ++nb) { /* mma half, then softmax half */
+        if (grp == 0) {
+            scrub_pp(nb - 1);
+            load_step(nb);
+        }
+        pv(pa, nb - 1);
+        qk(s, nb);
+        fp_pp_bar(grp);
+        if (grp == 1)
+            scrub_pp(nb);
+        softmax_half(nb);
+    }
+    if (grp == 0)
+        scrub_pp(nb_end - 1);
+    pv(pa, nb_end - 1);
+    fp_pp_bar(grp);
+    if (grp == 0)
+        fp_pp_bar(grp);
+}
+
+/* ---- the end of a block --------------------------------------------------------------------- */
+
+/* Each row's output scale and LSE: O = acc / l, LSE = m + log l (natural log); rows that saw
+ * nothing: 0, -inf; rows that saw a non-finite V element (rowbad, the guard): NaN. The warp's rows
+ * are MT x 16 from wrow; g: lane / 4. fac and lse are the kernel's (see fp_fwd_two_stage_loop). */
+template <int MT>
+FP_DEV void fp_fwd_row_scales(fp_softmax_state (&st)[MT][2], const uint8_t *rowbad, int wrow, int g,
+                              float (&fac)[MT][2], float (&lse)[MT][2])
+{
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+            st[mt][r].l = fp_quad_sum(st[mt][r].l);
+            fac[mt][r] = rowbad[wrow + mt * 16 + g + 8 * r] ? NAN : fp_cuda_out_scale(&st[mt][r]);
+            lse[mt][r] = fp_cuda_lse_exp2(&st[mt][r]);
+        }
+}
+
+/* O times fac and the LSE of the warp's rows (MT x 16 from wrow, of the block's rows from m0;
+ * g, t: lane / 4, lane % 4): with one split O staged through sq and stored as 16-byte rows, and
+ * the LSE; with several the split's f32 partials. */
+template <typename T, int DK, int MT, int BM, int NT>
+FP_DEV void fp_fwd_store(const fp_sm80_args &a, const float (&o)[MT][DK / 8][4],
+                         const float (&fac)[MT][2], const float (&lse)[MT][2], T *sq,
+                         const fp_cuda_seq &sq_, int b, int h, int split, int m0, int wrow,
+                         int nchunks, int tid, int lane, int g, int t)
+{
+    constexpr int DT8 = DK / 8;
+    const int nq = sq_.nq;
+    if (a.splits == 1) {
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt)
+            fp_stage_acc<DK, DT8, T>(sq, wrow + mt * 16, 0, o[mt], fac[mt][0], fac[mt][1], lane);
+        __syncthreads();
+        T *og = reinterpret_cast<T *>(const_cast<void *>(a.o.ptr)) +
+                fp_cuda_row(a.o, b, sq_.q_start + m0, h);
+        fp_store_tile<BM, DK, NT>(og, a.o.ss, sq, nq - m0, nchunks, tid);
+        if (a.lse && t == 0) {
+#pragma unroll
+            for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+                for (int r = 0; r < 2; ++r) {
+                    const int i = m0 + wrow + mt * 16 + g + 8 * r;
+                    if (i < nq)
+                        a.lse[fp_cuda_lse_off(a, b, sq_.q_start + i, h)] = lse[mt][r];
+                }
+        }
+    } else {
+        const int64_t rows = ((int64_t)split * a.batch + b) * a.heads + h; /* (split, b, h) */
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+            for (int r = 0; r < 2; ++r) {
+                const int i = m0 + wrow + mt * 16 + g + 8 * r;
+                if (i >= nq)
+                    continue;
+                float *dst = a.o_part + (rows * a.nq + i) * a.d;
+#pragma unroll
+                for (int j = 0; j < DT8; ++j)
+                    if (8 * j < a.d)
+                        *reinterpret_cast<float2 *>(dst + 8 * j + 2 * t) = make_float2(
+                            o[mt][j][2 * r] * fac[mt][r], o[mt][j][2 * r + 1] * fac[mt][r]);
+                if (t == 0)
+                    a.lse_part[rows * a.nq + i] = lse[mt][r];
+            }
+    }
+}
+
 // q, o: (B, Nq, H, D); k, v: (B, Nk, Hkv, D); lse: (B, H, Nq); grid (q blocks, H, B * splits)
 template <typename T, int DK, int ALT>
 __global__ void __launch_bounds__(fp_fwd_cfg<DK, ALT>::NW * 32)
@@ -337,8 +554,8 @@ __global__ void __launch_bounds__(fp_fwd_cfg<DK, ALT>::NW * 32)
         fp_fwd_guard<T, BN, DK, NT, BM, PP>(sv + ((nb - nb_begin) & (ST - 1)) * BN * DK, vflag,
                                             rowbad, mk, m0, nb * BN, grp_);
     };
-    /* The one-schedule loops: right after the barrier that follows V(nb)'s landing (placed
-     * after P is packed instead, it made ptxas spill more at D = 128). */
+    /* The one- and two-stage schedules: right after the barrier that follows V(nb)'s landing
+     * (placed after P is packed instead, it made ptxas spill more at D = 128). */
     auto guard_v = [&](int nb) {
         if (edge_block(nb)) {
             scrub_v(nb, 0);
@@ -346,29 +563,20 @@ __global__ void __launch_bounds__(fp_fwd_cfg<DK, ALT>::NW * 32)
         }
     };
 
-    /* The steps of one key block nb, shared by the schedules below. K(nb) and V(nb) sit in
-     * buffer (nb - nb_begin) % ST. */
+    /* The steps of one key block nb, which the schedule (fp_fwd_*_loop) composes. K(nb) and V(nb)
+     * sit in buffer (nb - nb_begin) % ST. */
     /* S = Q K^T */
     auto qk = [&](float(&s)[MT][NB8][4], int nb) {
         fp_acc_zero(s);
         const uint32_t kt = sk_a + ((nb - nb_begin) & (ST - 1)) * BN * DK * 2;
-#pragma unroll
-        for (int kk = 0; kk < KT; ++kk) {
-            uint32_t qa[MT][4];
-#pragma unroll
-            for (int mt = 0; mt < MT; ++mt)
-                fp_ldsm_x4(qa[mt], fp_ldsm_addr<DK>(sq_a, lq, mt * 16, kk));
-#pragma unroll
-            for (int p = 0; p < BN / 16; ++p) {
-                uint32_t kb[4];
-                fp_ldsm_x4(kb, fp_ldsm_addr<DK>(kt, lk, 16 * p, kk));
-#pragma unroll
-                for (int mt = 0; mt < MT; ++mt) {
-                    fp_mma<T>(s[mt][2 * p], qa[mt], kb[0], kb[1]);
-                    fp_mma<T>(s[mt][2 * p + 1], qa[mt], kb[2], kb[3]);
-                }
-            }
-        }
+        fp_warp_mma<T, KT, FP_MMA_STREAM_B>(
+            s,
+            [&](uint32_t(&f)[4], int mt, int kk) {
+                fp_ldsm_x4(f, fp_ldsm_addr<DK>(sq_a, lq, mt * 16, kk));
+            },
+            [&](uint32_t(&f)[4], int p, int kk) {
+                fp_ldsm_x4(f, fp_ldsm_addr<DK>(kt, lk, 16 * p, kk));
+            });
     };
     /* Mask and transform (blocks that need it for rows r0 .. r1), row maxima, and the rescale
      * of O and l where a row's maximum grew (LAZY). */
@@ -440,30 +648,15 @@ __global__ void __launch_bounds__(fp_fwd_cfg<DK, ALT>::NW * 32)
     /* O += P V */
     auto pv = [&](uint32_t(&pa)[BN / 16][MT][4], int nb) {
         const uint32_t vt = sv_a + ((nb - nb_begin) & (ST - 1)) * BN * DK * 2;
-#pragma unroll
-        for (int kk = 0; kk < BN / 16; ++kk) {
-#pragma unroll
-            for (int p = 0; p < DK / 16; ++p) {
-                uint32_t vb[4];
-                fp_ldsm_x4_t(vb, fp_ldsm_addr<DK>(vt, lv, 16 * kk, p));
-#pragma unroll
-                for (int mt = 0; mt < MT; ++mt) {
-                    fp_mma<T>(o[mt][2 * p], pa[kk][mt], vb[0], vb[1]);
-                    fp_mma<T>(o[mt][2 * p + 1], pa[kk][mt], vb[2], vb[3]);
-                }
-            }
-        }
+        fp_warp_mma_ra<T, BN / 16, FP_MMA_STREAM_B>(
+            o, [&](int mt, int kk) -> const uint32_t(&)[4] { return pa[kk][mt]; },
+            [&](uint32_t(&f)[4], int p, int kk) {
+                fp_ldsm_x4_t(f, fp_ldsm_addr<DK>(vt, lv, 16 * kk, p));
+            });
     };
 
+    /* The schedule: ping-pong, one K/V stage, or two */
     if constexpr (PP) {
-        /* Half-block slots 2 m and 2 m + 1 for key block nb_begin + m, n blocks: group 0 runs
-         * its P V (m - 1) and Q K^T (m) in slot 2 m and its softmax (m) in slot 2 m + 1; group 1
-         * the same one slot later (its extra first barrier; group 0 has an extra last one).
-         * At slot 2 m, group 0 loads K(m + 1) and V(m): their buffers held K(m - 1) and
-         * V(m - 2), which both groups finished by slot 2 m - 1; they are needed from slot
-         * 2 m + 2 on, after group 0's wait and the barrier that end slot 2 m + 1. */
-        const int grp = warp / 4, n = nb_end - nb_begin;
-        const int g0 = m0 + grp * (BM / 2), g1 = min(g0 + BM / 2, nq); /* the group's rows */
         /* group 0 (NT / 2 threads): K(nb + 1), V(nb) */
         auto load_step = [&](int nb) {
             if (nb + 1 < nb_end)
@@ -473,162 +666,29 @@ __global__ void __launch_bounds__(fp_fwd_cfg<DK, ALT>::NW * 32)
                                                      tid);
             fp_cp_async_commit();
         };
-        fp_cp_async_wait<0>(); /* Q and K(nb_begin) */
-        __syncthreads();
-        if (n > 0) {
-            float s[MT][NB8][4];
-            uint32_t pa[BN / 16][MT][4]; /* P of the last softmax, until its P V */
-            /* a group's softmax half: S(nb) -> P(nb) */
-            auto softmax_half = [&](int nb) {
-                softmax_max(s, nb, g0, g1);
-                softmax_exp(s);
-                pack_p(pa, s);
-                if (grp == 0)
-                    fp_cp_async_wait<0>();
-                fp_pp_bar(grp);
-            };
-            /* The guard of an edge block's V(nb), between the barrier that ends slot 2 m + 1
-             * (V(nb) has landed) and group 0's P V(nb) in slot 2 m + 2: both groups scrub it
-             * there (group 0 before its mma half, group 1 before its softmax half), then pass one
-             * more barrier. */
-            auto scrub_pp = [&](int nb) {
-                if (edge_block(nb)) {
-                    scrub_v(nb, grp);
-                    fp_pp_bar(grp);
-                }
-            };
-            if (grp == 1)
-                fp_pp_bar(grp);
-            if (grp == 0)
-                load_step(nb_begin);
-            qk(s, nb_begin);
-            fp_pp_bar(grp);
-            if (grp == 1)
-                scrub_pp(nb_begin);
-            softmax_half(nb_begin);
-            for (int nb = nb_begin + 1; nb < nb_end; ++nb) { /* mma half, then softmax half */
-                if (grp == 0) {
-                    scrub_pp(nb - 1);
-                    load_step(nb);
-                }
-                pv(pa, nb - 1);
-                qk(s, nb);
-                fp_pp_bar(grp);
-                if (grp == 1)
-                    scrub_pp(nb);
-                softmax_half(nb);
-            }
-            if (grp == 0)
-                scrub_pp(nb_end - 1);
-            pv(pa, nb_end - 1);
-            fp_pp_bar(grp);
-            if (grp == 0)
-                fp_pp_bar(grp);
-        }
+        fp_fwd_pingpong_loop<MT, NB8, BM>(nb_begin, nb_end, m0, nq, warp / 4, load_step, qk,
+                                          softmax_max, softmax_exp, pack_p, pv, edge_block,
+                                          scrub_v);
     } else if constexpr (ST == 1) {
-        /* One K and one V buffer: V(nb) loads during S(nb) and its row maxima, K(nb + 1) during
-         * the exponentials and P V(nb); each wait drains every copy in flight. */
-        for (int nb = nb_begin; nb < nb_end; ++nb) {
-            fp_cp_async_wait<0>(); /* K(nb) has landed */
-            __syncthreads();       /* and every warp is done with V(nb - 1) */
-            load_v(nb);
-            fp_cp_async_commit();
-            float s[MT][NB8][4];
-            qk(s, nb);
-            softmax_max(s, nb, m0, min(m0 + BM, nq));
-            fp_cp_async_wait<0>(); /* V(nb) has landed */
-            __syncthreads();       /* and every warp is done with K(nb) */
-            if (nb + 1 < nb_end)
-                load_k(nb + 1);
-            fp_cp_async_commit();
-            guard_v(nb);
-            softmax_exp(s);
-            uint32_t pa[BN / 16][MT][4];
-            pack_p(pa, s);
-            pv(pa, nb);
-        }
+        float s[MT][NB8][4];
+        uint32_t pa[BN / 16][MT][4];
+        fp_fwd_one_stage_loop<MT, NB8>(s, pa, nb_begin, nb_end, m0, min(m0 + BM, nq), load_k,
+                                       load_v, qk, softmax_max, softmax_exp, pack_p, pv, guard_v);
     } else {
-        for (int nb = nb_begin; nb < nb_end; ++nb) {
-            fp_cp_async_wait<2>(); /* K(nb) has landed */
-            __syncthreads();
-            if (nb + 1 < nb_end)
-                load_v(nb + 1);
-            fp_cp_async_commit();
-            float s[MT][NB8][4];
-            qk(s, nb);
-            /* V(nb) has landed, and every warp is done with K(nb), whose buffer takes K(nb + 2);
-             * before the exponentials or after them (EARLY_V, above). */
-            auto wait_v = [&]() {
-                fp_cp_async_wait<2>();
-                __syncthreads();
-                if (nb + 2 < nb_end)
-                    load_k(nb + 2);
-                fp_cp_async_commit();
-                guard_v(nb);
-            };
-            softmax_max(s, nb, m0, min(m0 + BM, nq));
-            if constexpr (EARLY_V)
-                wait_v();
-            softmax_exp(s);
-            if constexpr (!EARLY_V)
-                wait_v();
-            uint32_t pa[BN / 16][MT][4];
-            pack_p(pa, s);
-            pv(pa, nb);
-        }
+        float s[MT][NB8][4];
+        uint32_t pa[BN / 16][MT][4];
+        fp_fwd_two_stage_loop<MT, NB8, EARLY_V>(s, pa, nb_begin, nb_end, m0, min(m0 + BM, nq),
+                                                load_k, load_v, qk, softmax_max, softmax_exp,
+                                                pack_p, pv, guard_v);
     }
     fp_cp_async_wait<0>();
 
-    /* Finalize: O = acc / l, LSE = m + log l (natural log); rows that saw nothing: 0, -inf;
-     * rows that saw a non-finite V element: O NaN (the guard above). */
+    /* Finalize */
     __syncthreads(); /* every warp is done reading sq, and every mark is made */
     float fac[MT][2], lse[MT][2];
-#pragma unroll
-    for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-        for (int r = 0; r < 2; ++r) {
-            st[mt][r].l = fp_quad_sum(st[mt][r].l);
-            fac[mt][r] = rowbad[wrow + mt * 16 + g + 8 * r] ? NAN : fp_cuda_out_scale(&st[mt][r]);
-            lse[mt][r] = fp_cuda_lse_exp2(&st[mt][r]);
-        }
-
-    if (a.splits == 1) {
-#pragma unroll
-        for (int mt = 0; mt < MT; ++mt)
-            fp_stage_acc<DK, DT8, T>(sq, wrow + mt * 16, 0, o[mt], fac[mt][0], fac[mt][1], lane);
-        __syncthreads();
-        T *og = reinterpret_cast<T *>(const_cast<void *>(a.o.ptr)) +
-                fp_cuda_row(a.o, b, sq_.q_start + m0, h);
-        fp_store_tile<BM, DK, NT>(og, a.o.ss, sq, nq - m0, nchunks, tid);
-        if (a.lse && t == 0) {
-#pragma unroll
-            for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-                for (int r = 0; r < 2; ++r) {
-                    const int i = m0 + wrow + mt * 16 + g + 8 * r;
-                    if (i < nq)
-                        a.lse[fp_cuda_lse_off(a, b, sq_.q_start + i, h)] = lse[mt][r];
-                }
-        }
-    } else {
-        const int64_t rows = ((int64_t)split * a.batch + b) * a.heads + h; /* (split, b, h) */
-#pragma unroll
-        for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-            for (int r = 0; r < 2; ++r) {
-                const int i = m0 + wrow + mt * 16 + g + 8 * r;
-                if (i >= nq)
-                    continue;
-                float *dst = a.o_part + (rows * a.nq + i) * a.d;
-#pragma unroll
-                for (int j = 0; j < DT8; ++j)
-                    if (8 * j < a.d)
-                        *reinterpret_cast<float2 *>(dst + 8 * j + 2 * t) = make_float2(
-                            o[mt][j][2 * r] * fac[mt][r], o[mt][j][2 * r + 1] * fac[mt][r]);
-                if (t == 0)
-                    a.lse_part[rows * a.nq + i] = lse[mt][r];
-            }
-    }
+    fp_fwd_row_scales<MT>(st, rowbad, wrow, g, fac, lse);
+    fp_fwd_store<T, DK, MT, BM, NT>(a, o, fac, lse, sq, sq_, b, h, split, m0, wrow, nchunks, tid,
+                                    lane, g, t);
 }
 
 /* Merges the splits of each row (one warp per row): O = sum w_s O_s with the LSE weights of

@@ -134,13 +134,150 @@ template <typename T, int ROWS, int DK> FP_DEV bool fp_sm90_scrub_row(unsigned c
     return bad;
 }
 
+/* The block's mbarriers, 8 bytes each from shared address bars: K and V landed; stage s full
+ * (its Q, dO, LSE2 and Dsum landed) and empty (both consumer warpgroups done with it); dQ tile u
+ * full (written by the consumers) and empty (added to the accumulator by the writer). */
+template <typename CFG> FP_DEV uint32_t fp_sm90b_full(uint32_t bars, int s)
+{
+    return bars + 8u * (1 + s);
+}
+template <typename CFG> FP_DEV uint32_t fp_sm90b_empty(uint32_t bars, int s)
+{
+    return bars + 8u * (1 + CFG::ST + s);
+}
+template <typename CFG> FP_DEV uint32_t fp_sm90b_dq_full(uint32_t bars, int u)
+{
+    return bars + 8u * (1 + 2 * CFG::ST + u);
+}
+template <typename CFG> FP_DEV uint32_t fp_sm90b_dq_empty(uint32_t bars, int u)
+{
+    return bars + 8u * (1 + 2 * CFG::ST + CFG::DQB + u);
+}
+
+/* The dQ writer (producer thread 32) of key block kb of batch b: the consumers leave each step's
+ * dQ tile (query head h, query block mb: the steps walk mb_end - 1 down to mb_lo for each head
+ * from h_first) in shared memory at sdq, in the accumulator's order; one bulk reduction adds it
+ * to the BM contiguous rows of the accumulator. Deterministic mode: each query block's counter
+ * says whose turn it is. */
+template <typename CFG>
+FP_DEV void fp_sm90_bwd_dq_writer(const fp_sm90_bwd_params &prm, uint32_t sdq, uint32_t bars, int b,
+                                  int kb, int h_first, int mb_lo, int mb_end, int steps, int nq,
+                                  int nk)
+{
+    constexpr int BM = CFG::BM, BN = CFG::BN, DK = CFG::DK, DQB = CFG::DQB;
+    const fp_sm80_args &a = prm.a;
+    int h = h_first, mb = mb_end - 1;
+    for (int it = 0; it < steps; ++it) {
+        const int u = it % DQB, m0 = mb * BM;
+        fp_mbar_wait(fp_sm90b_dq_full<CFG>(bars, u), (it / DQB) & 1);
+        float *dst = a.dq_accum + fp_bwd_ws_row(a, b, h, m0) * DK;
+        int *turn = NULL;
+        if (prm.dq_turn) {
+            turn = prm.dq_turn + ((int64_t)b * a.heads + h) * (a.nq_pad / BM) + mb;
+            int kb_lo, kb_hi;
+            fp_geom_key_blocks(m0, min(m0 + BM, nq), nq, nk, a.left, a.right, BN, &kb_lo, &kb_hi);
+            while (fp_ld_acquire_gpu(turn) != kb - kb_lo) {
+            }
+            fp_fence_proxy_async_global();
+        }
+        fp_bulk_reduce_add_f32(dst, sdq + u * CFG::DQ_BYTES, CFG::DQ_BYTES);
+        fp_bulk_commit();
+        if (turn) {
+            fp_bulk_wait();
+            fp_fence_proxy_async_global();
+            fp_red_release_gpu(turn, 1);
+        } else {
+            fp_bulk_wait_read();
+        }
+        fp_mbar_arrive(fp_sm90b_dq_empty<CFG>(bars, u));
+        fp_bwd_prev_step(h, mb, mb_lo, mb_end);
+    }
+    fp_bulk_wait();
+}
+
+/* The loader (producer thread 0): the K and V tiles of the key block (rows k_row .. of kv head
+ * kvh, batch coordinate cb) once, then each step's Q and dO tiles (TMA, rows q_start + mb BM ..)
+ * and its rows' LSE2 and Dsum (bulk copies) into stage it % ST, once both consumer warpgroups
+ * have freed it; the steps as in fp_sm90_bwd_dq_writer. */
+template <typename CFG>
+FP_DEV void fp_sm90_bwd_loader(const fp_sm90_bwd_params &prm, uint32_t sk, uint32_t sv, uint32_t sq,
+                               uint32_t sdo, uint32_t srow, uint32_t bars, int b, int cb, int k_row,
+                               int kvh, int64_t q_start, int h_first, int mb_lo, int mb_end,
+                               int steps)
+{
+    constexpr int BM = CFG::BM, BN = CFG::BN, ST = CFG::ST, NP = CFG::DK / 64;
+    constexpr uint32_t Q_BYTES = CFG::Q_BYTES, ROW_BYTES = CFG::ROW_BYTES;
+    const fp_sm80_args &a = prm.a;
+    fp_mbar_arrive_expect_tx(bars, 2 * CFG::KV_BYTES); /* bars: K and V landed */
+#pragma unroll
+    for (int p = 0; p < NP; ++p) {
+        fp_tma_load_4d(sk + p * BN * 128, &prm.tk, bars, 64 * p, k_row, kvh, cb);
+        fp_tma_load_4d(sv + p * BN * 128, &prm.tv, bars, 64 * p, k_row, kvh, cb);
+    }
+    int h = h_first, mb = mb_end - 1;
+    for (int it = 0; it < steps; ++it) {
+        const int s = it % ST;
+        fp_mbar_wait(fp_sm90b_empty<CFG>(bars, s), ((it / ST) & 1) ^ 1);
+        fp_mbar_arrive_expect_tx(fp_sm90b_full<CFG>(bars, s), 2 * Q_BYTES + 2 * ROW_BYTES);
+        const int q_row = (int)q_start + mb * BM;
+#pragma unroll
+        for (int p = 0; p < NP; ++p) {
+            fp_tma_load_4d(sq + s * Q_BYTES + p * BM * 128, &prm.tq, fp_sm90b_full<CFG>(bars, s),
+                           64 * p, q_row, h, cb);
+            fp_tma_load_4d(sdo + s * Q_BYTES + p * BM * 128, &prm.tdo, fp_sm90b_full<CFG>(bars, s),
+                           64 * p, q_row, h, cb);
+        }
+        const int64_t w = fp_bwd_ws_row(a, b, h, (int64_t)mb * BM);
+        fp_bulk_load(srow + s * ROW_BYTES, a.ws_lse2 + w, ROW_BYTES, fp_sm90b_full<CFG>(bars, s));
+        fp_bulk_load(srow + (ST + s) * ROW_BYTES, a.ws_dsum + w, ROW_BYTES,
+                     fp_sm90b_full<CFG>(bars, s));
+        fp_bwd_prev_step(h, mb, mb_lo, mb_end);
+    }
+}
+
+/* ---- the consumers' steps: element 4 j + 2 r + e of a warpgroup's S^T or dP^T accumulator
+ * (BM / 2 floats a thread) is key kr + 8 r (kr: the thread's first key) and query
+ * 8 j + 2 t + e of the step's block (t: lane % 4) */
+
+/* dS^T (da: as wgmma's A fragments, BM / 16 k steps) -> a dS buffer at gds ([key][query], BM / 64
+ * panels of BN rows, as TMA would write it), for the dQ product's B operand. */
+template <int BM, int BN>
+FP_DEV void fp_sm90_bwd_store_ds(unsigned char *gds, const uint32_t (&da)[BM / 16][4], int kr,
+                                 int t)
+{
+#pragma unroll
+    for (int j = 0; j < BM / 8; ++j)
+#pragma unroll
+        for (int r = 0; r < 2; ++r)
+            *reinterpret_cast<uint32_t *>(gds + fp_swz128<BN>(kr + 8 * r, 8 * j + 2 * t)) =
+                da[j / 2][2 * (j % 2) + r];
+}
+
+/* Warpgroup w's 64 x 64 piece of dQ (the m64n64 accumulator dq) -> the dQ tile at tile, in the
+ * accumulator's order (bands of 16 rows, fp_dq_frag_off): element 4 j + 2 r + e is row
+ * 16 band + g + 8 r, column c0 + 8 j + 2 t + e, with the piece's rows or columns by w. */
+template <typename CFG>
+FP_DEV void fp_sm90_bwd_stage_dq(unsigned char *tile_bytes, const float (&dq)[32], int w, int warp,
+                                 int g, int t)
+{
+    const int band = (CFG::DQ_BY_ROWS ? 4 * w : 0) + warp;
+    const int c0 = CFG::DQ_BY_ROWS ? 0 : 64 * w;
+    float *tile = reinterpret_cast<float *>(tile_bytes) + band * 16 * CFG::DK;
+#pragma unroll
+    for (int j = 0; j < 8; ++j)
+#pragma unroll
+        for (int r = 0; r < 2; ++r)
+            *reinterpret_cast<float2 *>(tile + fp_dq_frag_off(g + 8 * r, c0 + 8 * j + 2 * t)) =
+                make_float2(dq[4 * j + 2 * r], dq[4 * j + 2 * r + 1]);
+}
+
 // q, dout, dq: (B, Nq, H, D); k, v, dk, dv: (B, Nk, Hkv, D); grid (key blocks, Hkv, B).
 template <typename T, typename CFG>
 __global__ void __launch_bounds__(FP_SM90B_THREADS, 1)
     fp_sm90_bwd_kernel(const __grid_constant__ fp_sm90_bwd_params prm)
 {
 #if FP_SM90_DEVICE
-    constexpr int BM = CFG::BM, BN = CFG::BN, DK = CFG::DK, ST = CFG::ST, NP = DK / 64;
+    constexpr int BM = CFG::BM, BN = CFG::BN, DK = CFG::DK, ST = CFG::ST;
     constexpr uint32_t KV_BYTES = CFG::KV_BYTES, Q_BYTES = CFG::Q_BYTES, ROW_BYTES = CFG::ROW_BYTES,
                        DS_BYTES = CFG::DS_BYTES;
     const fp_sm80_args &a = prm.a;
@@ -161,10 +298,6 @@ __global__ void __launch_bounds__(FP_SM90B_THREADS, 1)
     unsigned *const rbad_rows = reinterpret_cast<unsigned *>(kflag + BN + ST * 2 * BM);
     const uint32_t bars = sflags + BN + ST * 2 * BM + 8;
     const uint32_t kv_full = bars;
-    auto full = [&](int s) { return bars + 8u * (1 + s); };
-    auto empty = [&](int s) { return bars + 8u * (1 + ST + s); };
-    auto dq_full = [&](int u) { return bars + 8u * (1 + 2 * ST + u); };
-    auto dq_empty = [&](int u) { return bars + 8u * (1 + 2 * ST + DQB + u); };
     /* LSE2 and Dsum of stage s */
     auto lse_of = [&](int s) {
         return reinterpret_cast<const float *>(gbase + (srow - sk) + s * ROW_BYTES);
@@ -190,12 +323,12 @@ __global__ void __launch_bounds__(FP_SM90B_THREADS, 1)
         *rbad_rows = 0;
         fp_mbar_init(kv_full, 1);
         for (int s = 0; s < ST; ++s) {
-            fp_mbar_init(full(s), 1);
-            fp_mbar_init(empty(s), FP_SM90B_CONSUMER_THREADS);
+            fp_mbar_init(fp_sm90b_full<CFG>(bars, s), 1);
+            fp_mbar_init(fp_sm90b_empty<CFG>(bars, s), FP_SM90B_CONSUMER_THREADS);
         }
         for (int u = 0; u < DQB; ++u) {
-            fp_mbar_init(dq_full(u), FP_SM90B_CONSUMER_THREADS);
-            fp_mbar_init(dq_empty(u), 1);
+            fp_mbar_init(fp_sm90b_dq_full<CFG>(bars, u), FP_SM90B_CONSUMER_THREADS);
+            fp_mbar_init(fp_sm90b_dq_empty<CFG>(bars, u), 1);
         }
         fp_mbar_fence_init();
     }
@@ -206,69 +339,16 @@ __global__ void __launch_bounds__(FP_SM90B_THREADS, 1)
         /* the 168 registers a thread starts with: 128 x (168 - 24) given up, 256 x (240 - 168)
          * taken */
         fp_setmaxnreg_dec<24>();
-        if (wtid == 32 && steps > 0) {
-            /* The consumers leave each step's dQ tile in shared memory in the accumulator's
-             * order; one bulk reduction adds it to the BM contiguous rows of the accumulator.
-             * Deterministic mode: each query block's counter says whose turn it is. */
-            int h = h_first, mb = mb_end - 1;
-            for (int it = 0; it < steps; ++it) {
-                const int u = it % DQB, m0 = mb * BM;
-                fp_mbar_wait(dq_full(u), (it / DQB) & 1);
-                float *dst = a.dq_accum + fp_bwd_ws_row(a, b, h, m0) * DK;
-                int *turn = NULL;
-                if (prm.dq_turn) {
-                    turn = prm.dq_turn + ((int64_t)b * a.heads + h) * (a.nq_pad / BM) + mb;
-                    int kb_lo, kb_hi;
-                    fp_geom_key_blocks(m0, min(m0 + BM, nq), nq, nk, a.left, a.right, BN, &kb_lo,
-                                       &kb_hi);
-                    while (fp_ld_acquire_gpu(turn) != kb - kb_lo) {
-                    }
-                    fp_fence_proxy_async_global();
-                }
-                fp_bulk_reduce_add_f32(dst, sdq + u * DQ_BYTES, DQ_BYTES);
-                fp_bulk_commit();
-                if (turn) {
-                    fp_bulk_wait();
-                    fp_fence_proxy_async_global();
-                    fp_red_release_gpu(turn, 1);
-                } else {
-                    fp_bulk_wait_read();
-                }
-                fp_mbar_arrive(dq_empty(u));
-                fp_bwd_prev_step(h, mb, mb_lo, mb_end);
-            }
-            fp_bulk_wait();
-        }
+        if (wtid == 32 && steps > 0)
+            fp_sm90_bwd_dq_writer<CFG>(prm, sdq, bars, b, kb, h_first, mb_lo, mb_end, steps, nq,
+                                       nk);
         if (wtid == 0 && steps > 0) {
             fp_tma_prefetch_desc(&prm.tq);
             fp_tma_prefetch_desc(&prm.tdo);
             /* varlen maps are (D, packed tokens, heads, 1): the batch coordinate is 0 */
-            const int cb = a.cu_q ? 0 : b;
-            const int k_row = (int)seq.k_start + n0;
-            fp_mbar_arrive_expect_tx(kv_full, 2 * KV_BYTES);
-#pragma unroll
-            for (int p = 0; p < NP; ++p) {
-                fp_tma_load_4d(sk + p * BN * 128, &prm.tk, kv_full, 64 * p, k_row, kvh, cb);
-                fp_tma_load_4d(sv + p * BN * 128, &prm.tv, kv_full, 64 * p, k_row, kvh, cb);
-            }
-            int h = h_first, mb = mb_end - 1;
-            for (int it = 0; it < steps; ++it) {
-                const int s = it % ST;
-                fp_mbar_wait(empty(s), ((it / ST) & 1) ^ 1);
-                fp_mbar_arrive_expect_tx(full(s), 2 * Q_BYTES + 2 * ROW_BYTES);
-                const int q_row = (int)seq.q_start + mb * BM;
-#pragma unroll
-                for (int p = 0; p < NP; ++p) {
-                    fp_tma_load_4d(sq + s * Q_BYTES + p * BM * 128, &prm.tq, full(s), 64 * p, q_row,
-                                   h, cb);
-                    fp_tma_load_4d(sdo + s * Q_BYTES + p * BM * 128, &prm.tdo, full(s), 64 * p,
-                                   q_row, h, cb);
-                }
-                const int64_t w = fp_bwd_ws_row(a, b, h, (int64_t)mb * BM);
-                fp_bulk_load(srow + s * ROW_BYTES, a.ws_lse2 + w, ROW_BYTES, full(s));
-                fp_bulk_load(srow + (ST + s) * ROW_BYTES, a.ws_dsum + w, ROW_BYTES, full(s));
-                fp_bwd_prev_step(h, mb, mb_lo, mb_end);
-            }
+            fp_sm90_bwd_loader<CFG>(prm, sk, sv, sq, sdo, srow, bars, b, a.cu_q ? 0 : b,
+                                    (int)seq.k_start + n0, kvh, seq.q_start, h_first, mb_lo, mb_end,
+                                    steps);
         }
         return;
     }
@@ -312,6 +392,67 @@ __global__ void __launch_bounds__(FP_SM90B_THREADS, 1)
             }
         };
         unsigned rbad_seen = 0;
+        /* The steps' P^T = exp2(S^T scale log2(e) - LSE2) over sacc (once S^T has landed) and
+         * dS^T = P^T (dP^T - Dsum) over dpacc (once dP^T has: the two wgmma groups are waited for
+         * in turn, so that the exp2s overlap the dP^T product); lse2, dsum: the step's rows;
+         * first: the block's first step, whose S^T the guard's K part looks at */
+        auto p_ds = [&](float(&sacc)[BM / 2], float(&dpacc)[BM / 2], const float *lse2,
+                        const float *dsum, bool first) {
+            fp_wgmma_wait<1>();
+            fp_wgmma_fence_regs(sacc);
+            if (first)
+                k_guard(sacc);
+#pragma unroll
+            for (int j = 0; j < BM / 8; ++j) {
+                const float2 l = *reinterpret_cast<const float2 *>(lse2 + 8 * j + 2 * t);
+#pragma unroll
+                for (int r = 0; r < 2; ++r) {
+                    sacc[4 * j + 2 * r] = fp_exp2(fmaf(sacc[4 * j + 2 * r], a.scale_log2, -l.x));
+                    sacc[4 * j + 2 * r + 1] =
+                        fp_exp2(fmaf(sacc[4 * j + 2 * r + 1], a.scale_log2, -l.y));
+                }
+            }
+            fp_wgmma_wait<0>();
+            fp_wgmma_fence_regs(dpacc);
+#pragma unroll
+            for (int j = 0; j < BM / 8; ++j) {
+                const float2 d = *reinterpret_cast<const float2 *>(dsum + 8 * j + 2 * t);
+#pragma unroll
+                for (int r = 0; r < 2; ++r) {
+                    dpacc[4 * j + 2 * r] = sacc[4 * j + 2 * r] * (dpacc[4 * j + 2 * r] - d.x);
+                    dpacc[4 * j + 2 * r + 1] =
+                        sacc[4 * j + 2 * r + 1] * (dpacc[4 * j + 2 * r + 1] - d.y);
+                }
+            }
+        };
+        /* the same with softcap / ALiBi: fp_score_transform per element, dS^T times the
+         * softcap's derivative (rows from m0, query head hq) */
+        auto p_ds_transform = [&](float(&sacc)[BM / 2], float(&dpacc)[BM / 2], const float *lse2,
+                                  const float *dsum, int m0, int hq, bool first) {
+            fp_wgmma_wait<0>();
+            fp_wgmma_fence_regs(sacc);
+            fp_wgmma_fence_regs(dpacc);
+            if (first)
+                k_guard(sacc);
+            const float slope = a.alibi ? a.alibi[hq] : 0.0f;
+#pragma unroll
+            for (int j = 0; j < BM / 8; ++j)
+#pragma unroll
+                for (int r = 0; r < 2; ++r)
+#pragma unroll
+                    for (int e = 0; e < 2; ++e) {
+                        const int k = 4 * j + 2 * r + e, i = m0 + 8 * j + 2 * t + e;
+                        const float capped =
+                            fp_score_transform(sacc[k] * a.scale, a.softcap, 0.0f, 0.0f);
+                        const float p = fp_exp2(
+                            (capped - slope * fp_alibi_distance(i, n0 + kr + 8 * r, nq, nk)) *
+                                FP_LOG2E -
+                            lse2[8 * j + 2 * t + e]);
+                        sacc[k] = p;
+                        dpacc[k] = p * (dpacc[k] - dsum[8 * j + 2 * t + e]) *
+                                   fp_softcap_grad(capped, a.softcap);
+                    }
+        };
         int h = h_first, mb = mb_end - 1;
         for (int it = 0; it < steps; ++it) {
             const int s = it % ST, m0 = mb * BM;
@@ -321,7 +462,7 @@ __global__ void __launch_bounds__(FP_SM90B_THREADS, 1)
             /* Edge steps (pairs a row cannot see, or rows past the sequence) scrub the stage's Q
              * and dO rows, one (tensor, row) a thread, for dK = dS^T Q and dV = P^T dO, when a
              * row's LSE2 or Dsum says it may hold a non-finite element (fp_rows_suspect) */
-            fp_mbar_wait(full(s), (it / ST) & 1);
+            fp_mbar_wait(fp_sm90b_full<CFG>(bars, s), (it / ST) & 1);
             const bool edge = m0 + BM > nq || !fp_mask_block_full(m0, min(m0 + BM, nq), n0, n0 + BN,
                                                                   nq, nk, a.left, a.right);
             uint8_t *const rflag = kflag + BN + s * 2 * BM; /* Q rows, then dO rows */
@@ -351,61 +492,10 @@ __global__ void __launch_bounds__(FP_SM90B_THREADS, 1)
 
             /* P^T and dS^T: element 4 j + 2 r + e is key n0 + kr + 8 r, query m0 + 8 j + 2 t + e */
             const float *lse2 = lse_of(s), *dsum = dsum_of(s);
-            if (!a.transform) {
-                fp_wgmma_wait<1>();
-                fp_wgmma_fence_regs(sacc);
-                if (it == 0)
-                    k_guard(sacc);
-#pragma unroll
-                for (int j = 0; j < BM / 8; ++j) {
-                    const float2 l = *reinterpret_cast<const float2 *>(lse2 + 8 * j + 2 * t);
-#pragma unroll
-                    for (int r = 0; r < 2; ++r) {
-                        sacc[4 * j + 2 * r] =
-                            fp_exp2(fmaf(sacc[4 * j + 2 * r], a.scale_log2, -l.x));
-                        sacc[4 * j + 2 * r + 1] =
-                            fp_exp2(fmaf(sacc[4 * j + 2 * r + 1], a.scale_log2, -l.y));
-                    }
-                }
-                fp_wgmma_wait<0>();
-                fp_wgmma_fence_regs(dpacc);
-#pragma unroll
-                for (int j = 0; j < BM / 8; ++j) {
-                    const float2 d = *reinterpret_cast<const float2 *>(dsum + 8 * j + 2 * t);
-#pragma unroll
-                    for (int r = 0; r < 2; ++r) {
-                        dpacc[4 * j + 2 * r] = sacc[4 * j + 2 * r] * (dpacc[4 * j + 2 * r] - d.x);
-                        dpacc[4 * j + 2 * r + 1] =
-                            sacc[4 * j + 2 * r + 1] * (dpacc[4 * j + 2 * r + 1] - d.y);
-                    }
-                }
-            } else {
-                /* softcap / ALiBi: fp_score_transform per element, dS times the softcap's
-                 * derivative */
-                fp_wgmma_wait<0>();
-                fp_wgmma_fence_regs(sacc);
-                fp_wgmma_fence_regs(dpacc);
-                if (it == 0)
-                    k_guard(sacc);
-                const float slope = a.alibi ? a.alibi[h] : 0.0f;
-#pragma unroll
-                for (int j = 0; j < BM / 8; ++j)
-#pragma unroll
-                    for (int r = 0; r < 2; ++r)
-#pragma unroll
-                        for (int e = 0; e < 2; ++e) {
-                            const int k = 4 * j + 2 * r + e, i = m0 + 8 * j + 2 * t + e;
-                            const float capped =
-                                fp_score_transform(sacc[k] * a.scale, a.softcap, 0.0f, 0.0f);
-                            const float p = fp_exp2(
-                                (capped - slope * fp_alibi_distance(i, n0 + kr + 8 * r, nq, nk)) *
-                                    FP_LOG2E -
-                                lse2[8 * j + 2 * t + e]);
-                            sacc[k] = p;
-                            dpacc[k] = p * (dpacc[k] - dsum[8 * j + 2 * t + e]) *
-                                       fp_softcap_grad(capped, a.softcap);
-                        }
-            }
+            if (!a.transform)
+                p_ds(sacc, dpacc, lse2, dsum, it == 0);
+            else
+                p_ds_transform(sacc, dpacc, lse2, dsum, m0, h, it == 0);
             if (edge || kany) {
                 /* masked pairs get 0 by a select (their dP or Dsum may be NaN); a visible pair
                  * whose K, Q or dO row the guard scrubbed gets the NaN it would have had */
@@ -445,13 +535,7 @@ __global__ void __launch_bounds__(FP_SM90B_THREADS, 1)
             /* dS^T -> this step's dS buffer ([key][query], BM / 64 panels of BN rows); the
              * other buffer may still be read by the other warpgroup's previous dQ product */
             const uint32_t dsb = sds + (it & 1) * DS_BYTES;
-            unsigned char *const gds = gbase + (dsb - sk);
-#pragma unroll
-            for (int j = 0; j < BM / 8; ++j)
-#pragma unroll
-                for (int r = 0; r < 2; ++r)
-                    *reinterpret_cast<uint32_t *>(gds + fp_swz128<BN>(kr + 8 * r, 8 * j + 2 * t)) =
-                        da[j / 2][2 * (j % 2) + r];
+            fp_sm90_bwd_store_ds<BM, BN>(gbase + (dsb - sk), da, kr, t);
             fp_fence_proxy_async_smem();
             fp_named_bar_sync(1, FP_SM90B_CONSUMER_THREADS);
 
@@ -472,26 +556,16 @@ __global__ void __launch_bounds__(FP_SM90B_THREADS, 1)
             fp_wgmma_fence_regs(dk);
             fp_fence_u32(pa);
             fp_fence_u32(da);
-            fp_mbar_arrive(empty(s));
+            fp_mbar_arrive(fp_sm90b_empty<CFG>(bars, s));
 
             /* dQ -> the shared tile of this step, in the accumulator's order (bands of 16 rows,
              * fp_dq_frag_off): element 4 j + 2 r + e is row 16 band + g + 8 r, column
              * c0 + 8 j + 2 t + e; then the writer warp's turn */
             const int u = it % DQB;
-            fp_mbar_wait(dq_empty(u), ((it / DQB) & 1) ^ 1);
-            const int band = (CFG::DQ_BY_ROWS ? 4 * w : 0) + warp;
-            const int c0 = CFG::DQ_BY_ROWS ? 0 : 64 * w;
-            float *tile =
-                reinterpret_cast<float *>(gbase + (sdq - sk) + u * DQ_BYTES) + band * 16 * DK;
-#pragma unroll
-            for (int j = 0; j < 8; ++j)
-#pragma unroll
-                for (int r = 0; r < 2; ++r)
-                    *reinterpret_cast<float2 *>(tile +
-                                                fp_dq_frag_off(g + 8 * r, c0 + 8 * j + 2 * t)) =
-                        make_float2(dq[4 * j + 2 * r], dq[4 * j + 2 * r + 1]);
+            fp_mbar_wait(fp_sm90b_dq_empty<CFG>(bars, u), ((it / DQB) & 1) ^ 1);
+            fp_sm90_bwd_stage_dq<CFG>(gbase + (sdq - sk) + u * DQ_BYTES, dq, w, warp, g, t);
             fp_fence_proxy_async_smem();
-            fp_mbar_arrive(dq_full(u));
+            fp_mbar_arrive(fp_sm90b_dq_full<CFG>(bars, u));
             fp_bwd_prev_step(h, mb, mb_lo, mb_end);
         }
     }

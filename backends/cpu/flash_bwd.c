@@ -39,7 +39,10 @@
  * visible pairs only (accumulate_visible): a key a row cannot see never reaches its dQ, nor that
  * row its dK and dV. A NaN LSE (a visible NaN score in the forward) makes the row's terms NaN.
  * Extra memory: Di (4 * H * total query rows bytes), per-thread tiles, and in the fused schedule
- * two f32 Nk x D buffers per thread (threads <= B * Hkv there).
+ * two f32 Nk x D buffers per thread (threads <= B * Hkv there), four with f32 products: the
+ * task's K and V are staged there as f32 rows d floats apart (copied or converted once per task,
+ * then read by every block pair instead of the caller's rows H D floats apart, which share few
+ * L1 sets, or a conversion per block pair).
  * Tile shape: BLOCK_Q = 64 queries x BLOCK_K = 64 keys.
  * Known differences from the reference: f32 accumulation, the polynomial exp2; scale applied to
  * the f32 scores, dQ and dK rather than folded into Q. bf16 path: products of bf16 operands, P
@@ -122,8 +125,10 @@ typedef struct bwd_ctx {
     bwd_layout L;
     int bf16;   /* bf16 operands, gemm_bf16 products */
     int direct; /* K and V read in place (f32 with any strides; bf16 with contiguous even rows) */
+    int stage;  /* fused schedule, f32 products: each task's K and V copied (converted) once */
     float *di;  /* [H][total_q]: per head, one entry per (dense or packed) query row */
-    float *big; /* fused schedule: per thread, dK and dV of a whole key range */
+    float *big; /* fused schedule: per thread, dK and dV of a whole key range (then, with
+                 * stage, its K and V as f32 rows) */
     size_t big_slice;
 } bwd_ctx;
 
@@ -180,11 +185,12 @@ static void load_query_block(const bwd_ctx *c, float *scratch, const fp_seq *seq
     }
 }
 
-/* Points the products at key block [j0, j0 + n) of (b, kvh): in place where c->direct, else as
+/* Points the products at key block [j0, j0 + n) of (b, kvh): the task's staged f32 rows when
+ * kv (K rows, then V rows, each Nk x ldd) is given, else in place where c->direct, else as
  * tiles in scratch (f32 converted from f16, or bf16 rows with an even length); bf16 also packs
  * K's pairs down the rows for K^T dS^T. */
 static key_side load_key_block(const bwd_ctx *c, float *scratch, const fp_seq *seq, int64_t b,
-                               int64_t kvh, int64_t j0, int n)
+                               int64_t kvh, int64_t j0, int n, const float *kv)
 {
     const fp_problem *p = c->p;
     const bwd_layout *L = &c->L;
@@ -195,7 +201,12 @@ static key_side load_key_block(const bwd_ctx *c, float *scratch, const fp_seq *s
     const size_t es = c->bf16 ? sizeof(uint16_t) : sizeof(float);
     ks.j0 = j0;
     ks.n = n;
-    if (c->direct) {
+    if (kv) {
+        ks.k = kv + (size_t)j0 * L->ldd;
+        ks.v = kv + ((size_t)seq->nk + (size_t)j0) * L->ldd;
+        ks.krs = ks.vrs = L->ldd;
+        ks.kcs = ks.vcs = 1;
+    } else if (c->direct) {
         ks.k = (const char *)kb.data + (size_t)kb.off * es;
         ks.v = (const char *)vb.data + (size_t)vb.off * es;
         ks.krs = kb.rs;
@@ -222,16 +233,23 @@ static key_side load_key_block(const bwd_ctx *c, float *scratch, const fp_seq *s
     return ks;
 }
 
-/* Prefetches K and V of key block j0 of (b, kvh) (see fp_block_prefetch); no-op past the end. */
+/* Prefetches K and V of key block j0 of (b, kvh) (see fp_block_prefetch), from the staged rows
+ * kv when given (load_key_block); no-op past the end. */
 static void prefetch_key_block(const bwd_ctx *c, const fp_seq *seq, int64_t b, int64_t kvh,
-                               int64_t j0, int64_t end)
+                               int64_t j0, int64_t end, const float *kv)
 {
     const fp_problem *p = c->p;
     if (j0 >= end)
         return;
     const int n = (int)(seq->nk - j0 < BLOCK_K ? seq->nk - j0 : BLOCK_K);
-    const fp_block kb = block_of(p, &p->k, b, seq->k_start + j0, kvh);
-    const fp_block vb = block_of(p, &p->v, b, seq->k_start + j0, kvh);
+    fp_block kb = block_of(p, &p->k, b, seq->k_start + j0, kvh);
+    fp_block vb = block_of(p, &p->v, b, seq->k_start + j0, kvh);
+    if (kv) {
+        const fp_block ks = {(void *)kv, FLASHPORT_F32, j0 * c->L.ldd, c->L.ldd, 1};
+        const fp_block vs = {(void *)kv, FLASHPORT_F32, (seq->nk + j0) * c->L.ldd, c->L.ldd, 1};
+        kb = ks;
+        vb = vs;
+    }
     fp_block_prefetch(&kb, n, (int)p->head_dim);
     fp_block_prefetch(&vb, n, (int)p->head_dim);
 }
@@ -482,6 +500,17 @@ static void fused_task(const bwd_ctx *c, float *scratch, float *big, int64_t b, 
     const size_t kv_floats = (size_t)seq.nk * L->ldd;
     float *dk = big, *dv = big + kv_floats;
     memset(big, 0, 2 * kv_floats * sizeof(float));
+    /* Staged: K and V rows as f32 with a ldd pitch, read by every (query head, query block) of
+     * the task, instead of the caller's rows (H D apart, and set-conflicting in L1) or a
+     * conversion per block pair. */
+    float *kv = NULL;
+    if (c->stage) {
+        kv = big + 2 * kv_floats;
+        const fp_block kb = block_of(p, &p->k, b, seq.k_start, kvh);
+        const fp_block vb = block_of(p, &p->v, b, seq.k_start, kvh);
+        fp_tile_load(kv, L->ldd, &kb, (int)seq.nk, (int)p->head_dim, c->uk);
+        fp_tile_load(kv + kv_floats, L->ldd, &vb, (int)seq.nk, (int)p->head_dim, c->uk);
+    }
 
     const int64_t group = p->heads / p->kv_heads;
     for (int64_t h = kvh * group; h < (kvh + 1) * group; h++)
@@ -493,7 +522,7 @@ static void fused_task(const bwd_ctx *c, float *scratch, float *big, int64_t b, 
             memset(scratch + L->dqt, 0, sizeof(float) * (size_t)p->head_dim * (size_t)L->ldq);
             for (int64_t j0 = first; j0 < end; j0 += BLOCK_K) {
                 const int n = (int)(seq.nk - j0 < BLOCK_K ? seq.nk - j0 : BLOCK_K);
-                prefetch_key_block(c, &seq, b, kvh, j0 + BLOCK_K, end);
+                prefetch_key_block(c, &seq, b, kvh, j0 + BLOCK_K, end, kv);
                 if (j0 + BLOCK_K < end) { /* and the next dK, dV tiles, to be written */
                     const float *next[2] = {dk + (size_t)(j0 + BLOCK_K) * L->ldd,
                                             dv + (size_t)(j0 + BLOCK_K) * L->ldd};
@@ -501,7 +530,7 @@ static void fused_task(const bwd_ctx *c, float *scratch, float *big, int64_t b, 
                         for (size_t x = 0; x < (size_t)BLOCK_K * L->ldd; x += 16)
                             __builtin_prefetch(next[t] + x, 1, 2);
                 }
-                const key_side ks = load_key_block(c, scratch, &seq, b, kvh, j0, n);
+                const key_side ks = load_key_block(c, scratch, &seq, b, kvh, j0, n, kv);
                 float *dkj = dk + (size_t)j0 * L->ldd, *dvj = dv + (size_t)j0 * L->ldd;
                 if (block_grads(c, scratch, &seq, b, h, i0, m, &ks)) {
                     accumulate_visible(c, scratch, &seq, b, h, i0, m, &ks, dkj, dvj,
@@ -533,7 +562,7 @@ static void dkdv_task(const bwd_ctx *c, float *scratch, int64_t b, int64_t kvh, 
     memset(dk, 0, sizeof(float) * (size_t)n * (size_t)L->ldd);
     memset(dv, 0, sizeof(float) * (size_t)n * (size_t)L->ldd);
 
-    const key_side ks = load_key_block(c, scratch, &seq, b, kvh, j0, n);
+    const key_side ks = load_key_block(c, scratch, &seq, b, kvh, j0, n, NULL);
     const int64_t group = p->heads / p->kv_heads;
     for (int64_t h = kvh * group; h < (kvh + 1) * group; h++)
         for (int64_t i0 = 0; i0 < seq.nq; i0 += BLOCK_Q) {
@@ -566,8 +595,8 @@ static void dq_task(const bwd_ctx *c, float *scratch, int64_t b, int64_t h, int6
     key_blocks(c, &seq, i0, m, &first, &end);
     for (int64_t j0 = first; j0 < end; j0 += BLOCK_K) {
         const int n = (int)(seq.nk - j0 < BLOCK_K ? seq.nk - j0 : BLOCK_K);
-        prefetch_key_block(c, &seq, b, kvh, j0 + BLOCK_K, end);
-        const key_side ks = load_key_block(c, scratch, &seq, b, kvh, j0, n);
+        prefetch_key_block(c, &seq, b, kvh, j0 + BLOCK_K, end, NULL);
+        const key_side ks = load_key_block(c, scratch, &seq, b, kvh, j0, n, NULL);
         if (block_grads(c, scratch, &seq, b, h, i0, m, &ks))
             accumulate_visible(c, scratch, &seq, b, h, i0, m, &ks, NULL, NULL, scratch + c->L.dqt);
         else
@@ -623,6 +652,9 @@ flashport_status fp_cpu_flash_backward(const fp_problem *p)
         return FLASHPORT_OK;
     const int threads = most < workers ? (int)most : workers;
     const int fused = bhkv % threads == 0 || bhkv >= 4 * (int64_t)threads;
+    c.stage = fused && !c.bf16;
+    /* Per thread: dK and dV of a task's whole key range, then (stage) its K and V. */
+    const size_t big_floats = (c.stage ? 4 : 2) * (size_t)p->seqlen_k * c.L.ldd;
 
     if (fp_host()->log_enabled())
         fp_host()->log("cpu: flash backward (recompute P from LSE; deterministic), %s "
@@ -630,9 +662,10 @@ flashport_status fp_cpu_flash_backward(const fp_problem *p)
                        "for %d threads); block_q=%d block_k=%d",
                        c.uk->name,
                        c.bf16 ? "bf16 dot products (vdpbf16ps), P and dS in bf16" : "f32 products",
-                       c.direct ? ", K and V read in place"
-                       : c.bf16 ? ", K and V copied to even-length rows"
-                                : " on inputs converted to f32",
+                       c.stage    ? ", K and V staged as f32 rows once per task"
+                       : c.direct ? ", K and V read in place"
+                       : c.bf16   ? ", K and V copied to even-length rows"
+                                  : " on inputs converted to f32",
                        fused ? "fused one-pass" : "two-pass (dK/dV, then dQ)", (long long)bhkv,
                        threads, BLOCK_Q, BLOCK_K);
 
@@ -641,7 +674,7 @@ flashport_status fp_cpu_flash_backward(const fp_problem *p)
     float *scratch = fp_scratch_alloc(threads, c.L.total, &slice);
     c.di = malloc(sizeof(float) * (di_floats > 0 ? di_floats : 1));
     if (fused && scratch && c.di)
-        c.big = fp_scratch_alloc(threads, 2 * (size_t)p->seqlen_k * c.L.ldd, &c.big_slice);
+        c.big = fp_scratch_alloc(threads, big_floats, &c.big_slice);
     if (!scratch || !c.di || (fused && !c.big)) {
         fp_scratch_free(scratch);
         fp_scratch_free(c.big);
@@ -650,8 +683,7 @@ flashport_status fp_cpu_flash_backward(const fp_problem *p)
                                     "cpu flash backward: cannot allocate %d x %zu bytes of tiles, "
                                     "%zu bytes of row sums and %d x %zu bytes of dK/dV buffers",
                                     threads, c.L.total * sizeof(float), di_floats * sizeof(float),
-                                    fused ? threads : 0,
-                                    2 * (size_t)p->seqlen_k * c.L.ldd * sizeof(float));
+                                    fused ? threads : 0, big_floats * sizeof(float));
     }
 
 #ifdef _OPENMP

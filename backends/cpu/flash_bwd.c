@@ -43,7 +43,8 @@
  * task's K and V are staged there as f32 rows d floats apart (copied or converted once per task,
  * then read by every block pair instead of the caller's rows H D floats apart, which share few
  * L1 sets, or a conversion per block pair).
- * Tile shape: BLOCK_Q = 64 queries x BLOCK_K = 64 keys.
+ * Tile shape: block_q queries x BLOCK_K = 64 keys; block_q = 128 for f32 products at
+ * 64 < d <= 128, else 64 (bwd_block_q).
  * Known differences from the reference: f32 accumulation, the polynomial exp2; scale applied to
  * the f32 scores, dQ and dK rather than folded into Q. bf16 path: products of bf16 operands, P
  * and dS rounded to bf16 before their products (as the tests' naive bf16 computation does).
@@ -51,7 +52,7 @@
  * convention, fused schedule): f32 121..190 GFLOP/s, 64..85% of the measured FMA peak (B=1 H=4
  * N=2048 D=128: 181 GFLOP/s, 78%); bf16 on vdpbf16ps (same shapes, medians of 3 back-to-back
  * pairs, docs/bench/cpu.md "bf16 backward on vdpbf16ps"): 249..351 GFLOP/s, 1.53..1.96x the f32
- * backward (D = 64: 1.53..1.78x, D = 128: 1.65..1.96x).
+ * backward (D = 64: 1.53..1.78x, D = 128: 1.65..1.96x); AVX2 numbers: docs/performance-cpu.md.
  * tests/test_memory (B = H = 1, N = 65536, D = 64, causal, two-pass schedule on 2 threads):
  * forward + backward ~30 s of CPU time (15.4 s wall when quiet), under 1 MiB extra.
  */
@@ -72,29 +73,43 @@
 #include <omp.h>
 #endif
 
-enum { BLOCK_Q = 64, BLOCK_K = 64 };
+enum { BLOCK_K = 64 };
+
+/* Queries per block. With f32 products and 64 < d <= 128 the fused schedule streams K, V and
+ * the dK, dV accumulators (4 Nk d floats, beyond L2) once per query block, so taller blocks
+ * halve that traffic, and the dV and dK products reduce over twice as many queries per load and
+ * store of their accumulators. At d <= 64 the streams are half as long and the taller diagonal
+ * blocks of a causal mask cost more than that saves; the bf16 products (half the bytes) measured
+ * slower with them under a causal mask; above 128 the five d x block_q tiles would outgrow L2
+ * (not measured). */
+static int bwd_block_q(int64_t d, int bf16)
+{
+    return !bf16 && d > 64 && d <= 128 ? 128 : 64;
+}
 
 /* Offsets (floats) of one thread's tiles inside its scratch slice. */
 typedef struct bwd_layout {
-    int ldq, ldd;    /* leading dims: BLOCK_Q-wide and d-wide tiles */
-    size_t qt, dot;  /* d x BLOCK_Q: Q^T, dO^T (bf16: ceil(d / 2) x BLOCK_Q pairs) */
-    size_t q, dout;  /* BLOCK_Q x d: Q, dO (bf16: BLOCK_Q / 2 x d pairs down the rows) */
+    int bq;          /* queries per block (bwd_block_q) */
+    int ldq, ldd;    /* leading dims: bq-wide and d-wide tiles */
+    size_t qt, dot;  /* d x bq: Q^T, dO^T (bf16: ceil(d / 2) x bq pairs) */
+    size_t q, dout;  /* bq x d: Q, dO (bf16: bq / 2 x d pairs down the rows) */
     size_t kt, vt;   /* BLOCK_K x d: K, V as f32 (f16 inputs) or bf16 rows (not in place) */
     size_t kp;       /* bf16: BLOCK_K / 2 x d, K as pairs down the rows (the A of K^T dS^T) */
-    size_t s, dp, g; /* BLOCK_K x BLOCK_Q: S^T then P^T; dP^T then dS^T; softcap gradient */
-    size_t pb, dsb;  /* bf16: BLOCK_K x BLOCK_Q bf16 rows of P^T, dS^T */
-    size_t dsp;      /* bf16: BLOCK_K / 2 x BLOCK_Q, dS^T as pairs down the rows */
-    size_t dqt;      /* d x BLOCK_Q: dQ^T accumulator */
+    size_t s, dp, g; /* BLOCK_K x bq: S^T then P^T; dP^T then dS^T; softcap gradient */
+    size_t pb, dsb;  /* bf16: BLOCK_K x bq bf16 rows of P^T, dS^T */
+    size_t dsp;      /* bf16: BLOCK_K / 2 x bq, dS^T as pairs down the rows */
+    size_t dqt;      /* d x bq: dQ^T accumulator */
     size_t dk, dv;   /* BLOCK_K x d accumulators (two-pass schedule) */
     size_t lse, di;  /* per query: LSE in log2 units (finite), Di */
     size_t total;
 } bwd_layout;
 
-static bwd_layout bwd_layout_of(int64_t d)
+static bwd_layout bwd_layout_of(int64_t d, int bf16)
 {
-    const size_t bq = BLOCK_Q, bk = BLOCK_K;
+    const size_t bq = (size_t)bwd_block_q(d, bf16), bk = BLOCK_K;
     bwd_layout L;
-    L.ldq = fp_tile_ld(BLOCK_Q);
+    L.bq = (int)bq;
+    L.ldq = fp_tile_ld(L.bq);
     L.ldd = fp_tile_ld(d);
     L.qt = 0;
     L.dot = L.qt + (size_t)d * L.ldq;
@@ -276,7 +291,7 @@ static void fill_masked(float *s, int ld, int n, int m, int64_t i0, int64_t j0, 
 }
 
 /* For query rows [i0, i0 + m) (query side loaded) and the key block ks: P^T into s and
- * dS^T = P^T (dP^T - Di) into dp, both n x BLOCK_Q f32; bf16: S^T and dP^T from bf16 operands,
+ * dS^T = P^T (dP^T - Di) into dp, both n x bq f32; bf16: S^T and dP^T from bf16 operands,
  * and P^T, dS^T also rounded to bf16 (pb, dsb, dsp) for the three products that follow.
  * Returns 1 when the block straddles the mask and its K, Q or dO holds an infinity or a NaN: the
  * caller then accumulates through accumulate_visible instead of the products. */
@@ -349,7 +364,7 @@ static int block_grads(const bwd_ctx *c, float *scratch, const fp_seq *seq, int6
  * dS^T (dp) and the operands read element by element: for the rare block that straddles the mask
  * and holds an infinite or NaN K, Q or dO, whose product with a masked pair's 0 would reach a
  * row (dQ) or key (dK, dV) on the other side of the mask. dk, dv: n x d tiles, or NULL (dQ only);
- * dq_t: the d x BLOCK_Q dQ^T tile, or NULL (dK, dV only). */
+ * dq_t: the d x bq dQ^T tile, or NULL (dK, dV only). */
 static void accumulate_visible(const bwd_ctx *c, float *scratch, const fp_seq *seq, int64_t b,
                                int64_t h, int64_t i0, int m, const key_side *ks, float *dk,
                                float *dv, float *dq_t)
@@ -434,7 +449,7 @@ static void store_dkdv(const bwd_ctx *c, const fp_seq *seq, int64_t b, int64_t k
     fp_tile_store(&vb, dv, c->L.ldd, n, d, 1.0f, c->uk);
 }
 
-/* Di = rowsum(dO * O) for query rows [i0, i0 + BLOCK_Q) of (b, h), from the stored O. Each sum
+/* Di = rowsum(dO * O) for query rows [i0, i0 + bq) of (b, h), from the stored O. Each sum
  * is the micro-kernel's dot product of O's row with dO's, the same operation in the same order
  * (f32 or bf16 pairs) as the elements of dP^T = V dO^T: where a row's O equals a V row (one
  * visible key), dP - Di is exactly 0, as in exact arithmetic. */
@@ -446,7 +461,7 @@ static void di_block(const bwd_ctx *c, float *scratch, int64_t b, int64_t h, int
     if (i0 >= seq.nq)
         return;
     const int d = (int)p->head_dim;
-    const int m = (int)(seq.nq - i0 < BLOCK_Q ? seq.nq - i0 : BLOCK_Q);
+    const int m = (int)(seq.nq - i0 < c->L.bq ? seq.nq - i0 : c->L.bq);
     const int64_t tok = seq.q_start + i0;
     float *o = scratch + L->q, *dot = scratch + L->dot, *out = scratch + L->s;
     const fp_block ob = block_of(p, &p->o, b, tok, h), gb = block_of(p, &p->dout, b, tok, h);
@@ -514,8 +529,8 @@ static void fused_task(const bwd_ctx *c, float *scratch, float *big, int64_t b, 
 
     const int64_t group = p->heads / p->kv_heads;
     for (int64_t h = kvh * group; h < (kvh + 1) * group; h++)
-        for (int64_t i0 = 0; i0 < seq.nq; i0 += BLOCK_Q) {
-            const int m = (int)(seq.nq - i0 < BLOCK_Q ? seq.nq - i0 : BLOCK_Q);
+        for (int64_t i0 = 0; i0 < seq.nq; i0 += c->L.bq) {
+            const int m = (int)(seq.nq - i0 < c->L.bq ? seq.nq - i0 : c->L.bq);
             int64_t first, end;
             key_blocks(c, &seq, i0, m, &first, &end);
             load_query_block(c, scratch, &seq, b, h, i0, m);
@@ -565,8 +580,8 @@ static void dkdv_task(const bwd_ctx *c, float *scratch, int64_t b, int64_t kvh, 
     const key_side ks = load_key_block(c, scratch, &seq, b, kvh, j0, n, NULL);
     const int64_t group = p->heads / p->kv_heads;
     for (int64_t h = kvh * group; h < (kvh + 1) * group; h++)
-        for (int64_t i0 = 0; i0 < seq.nq; i0 += BLOCK_Q) {
-            const int m = (int)(seq.nq - i0 < BLOCK_Q ? seq.nq - i0 : BLOCK_Q);
+        for (int64_t i0 = 0; i0 < seq.nq; i0 += c->L.bq) {
+            const int m = (int)(seq.nq - i0 < c->L.bq ? seq.nq - i0 : c->L.bq);
             int64_t first, end;
             key_blocks(c, &seq, i0, m, &first, &end);
             if (j0 < first || j0 >= end)
@@ -580,14 +595,14 @@ static void dkdv_task(const bwd_ctx *c, float *scratch, int64_t b, int64_t kvh, 
     store_dkdv(c, &seq, b, kvh, j0, n, dk, dv);
 }
 
-/* Two-pass schedule, pass 2: dQ of query rows [i0, i0 + BLOCK_Q) of (b, h). */
+/* Two-pass schedule, pass 2: dQ of query rows [i0, i0 + bq) of (b, h). */
 static void dq_task(const bwd_ctx *c, float *scratch, int64_t b, int64_t h, int64_t i0)
 {
     const fp_problem *p = c->p;
     const fp_seq seq = fp_problem_seq(p, b);
     if (i0 >= seq.nq)
         return;
-    const int m = (int)(seq.nq - i0 < BLOCK_Q ? seq.nq - i0 : BLOCK_Q);
+    const int m = (int)(seq.nq - i0 < c->L.bq ? seq.nq - i0 : c->L.bq);
     const int64_t kvh = fp_kv_head(p, h);
     load_query_block(c, scratch, &seq, b, h, i0, m);
     memset(scratch + c->L.dqt, 0, sizeof(float) * (size_t)p->head_dim * (size_t)c->L.ldq);
@@ -633,8 +648,8 @@ flashport_status fp_cpu_flash_backward(const fp_problem *p)
     flashport_status status = fp_cpu_ukernels(&c.uk, NULL);
     if (status != FLASHPORT_OK)
         return status;
-    c.L = bwd_layout_of(p->head_dim);
     c.bf16 = p->dtype == FLASHPORT_BF16 && c.uk->gemm_bf16 != NULL;
+    c.L = bwd_layout_of(p->head_dim, c.bf16);
     /* bf16 K and V in place when their pairs are contiguous and never run past a row, as in
      * flash_fwd.c. */
     c.direct = c.bf16 ? p->k.stride[FP_D] == 1 && p->v.stride[FP_D] == 1 && p->head_dim % 2 == 0
@@ -642,7 +657,7 @@ flashport_status fp_cpu_flash_backward(const fp_problem *p)
 
     const fp_plan_shape shape = fp_problem_plan_shape(p);
     const int workers = fp_cpu_threads();
-    const fp_plan_target target = {workers, BLOCK_Q, BLOCK_K, 1, FP_PLAN_ORDER_GRID};
+    const fp_plan_target target = {workers, c.L.bq, BLOCK_K, 1, FP_PLAN_ORDER_GRID};
     /* Query-side tasks (Di, dQ) in the forward's numbering: heaviest blocks first. */
     const fp_plan plan = fp_plan_forward(&shape, &target);
     const int64_t bhkv = p->batch * p->kv_heads;
@@ -667,7 +682,7 @@ flashport_status fp_cpu_flash_backward(const fp_problem *p)
                        : c.bf16   ? ", K and V copied to even-length rows"
                                   : " on inputs converted to f32",
                        fused ? "fused one-pass" : "two-pass (dK/dV, then dQ)", (long long)bhkv,
-                       threads, BLOCK_Q, BLOCK_K);
+                       threads, c.L.bq, BLOCK_K);
 
     size_t slice;
     const size_t di_floats = (size_t)(p->heads * p->total_q);
@@ -699,7 +714,7 @@ flashport_status fp_cpu_flash_backward(const fp_problem *p)
         for (int64_t t = 0; t < plan.num_tasks; t++) {
             const fp_plan_task task = fp_plan_task_at(&plan, &shape, t);
             di_block(&c, scratch + slice * (size_t)me, task.batch, task.head,
-                     task.q_block * BLOCK_Q);
+                     task.q_block * c.L.bq);
         }
         float *mine = scratch + slice * (size_t)me;
         if (fused) {
@@ -723,7 +738,7 @@ flashport_status fp_cpu_flash_backward(const fp_problem *p)
 #endif
             for (int64_t t = 0; t < plan.num_tasks; t++) {
                 const fp_plan_task task = fp_plan_task_at(&plan, &shape, t);
-                dq_task(&c, mine, task.batch, task.head, task.q_block * BLOCK_Q);
+                dq_task(&c, mine, task.batch, task.head, task.q_block * c.L.bq);
             }
         }
     }

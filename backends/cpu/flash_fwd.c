@@ -22,13 +22,11 @@
  * and holds an infinite or NaN V takes a scalar P V over its visible pairs (pv_visible), so that a
  * key a row cannot see never reaches it; a NaN score a row sees makes its l, O and LSE NaN.
  * bf16 inputs on a CPU with AVX512_BF16 stay bf16: Q^T and V as bf16 pairs, K in place, S^T and
- * P V by vdpbf16ps with P rounded to bf16 (ukernel_avx512bf16.c). Other dtypes run f32 products:
- * f32, f16, and bf16 on tables without bf16 products, copy (convert) each thread's K and V once
- * per (batch, kv head) into an fp_kv_stage (flash_tile.h) of rows d floats apart that the
- * products then read in place, instead of converting a key block again for every query block
- * that sees it, or (f32) reading rows H D floats apart, which share few L1 sets (paged caches,
- * and stages over STAGE_MAX_BYTES, read or convert per block). The next key block is prefetched
- * from the stage once it holds it, else from the caller's tensor.
+ * P V by vdpbf16ps with P rounded to bf16 (ukernel_avx512bf16.c). Other dtypes convert to f32:
+ * f16, and bf16 on tables without bf16 products, convert each thread's K and V once per (batch,
+ * kv head) into an fp_kv_stage (flash_tile.h) that the products then read in place, instead of
+ * converting a key block again for every query block that sees it (paged caches, and stages over
+ * STAGE_MAX_BYTES, still convert per block).
  * fp8 inputs (forward only, docs/semantics.md) convert to f32 tiles (fp_fp8_to_f32_vec, in a
  * loop the compiler vectorizes); the scale folds in descale_q * descale_k; P is rounded to e4m3
  * after its unrounded sum went into l, against the running maximum as a GPU kernel does (the
@@ -112,7 +110,7 @@ typedef struct fwd_ctx {
     int k_direct; /* K read in place by the product */
     int v_direct; /* V read in place (f32 only, or the stage's f32 rows) */
     int fp8;      /* fp8 inputs: converted to f32 tiles, P rounded to e4m3 */
-    int stage;    /* K and V copied (converted) once per thread into an fp_kv_stage */
+    int stage;    /* f16/bf16 K and V converted once per thread into an fp_kv_stage */
     float scale;  /* of the raw q . k: scale, times descale_q * descale_k for fp8 */
     fwd_layout L;
 } fwd_ctx;
@@ -289,17 +287,15 @@ static void fwd_block(const fwd_ctx *c, float *scratch, fp_kv_stage *stage, int6
         const int n = (int)(hi - j0 < BLOCK_K ? hi - j0 : BLOCK_K);
         fp_block kb = key_block(p, &p->k, b, &seq, j0, n, kvh, scratch + L->gk);
         fp_block vb = key_block(p, &p->v, b, &seq, j0, n, kvh, scratch + L->gv);
-        if (j0 + BLOCK_K < hi && !p->block_table) {
+        if (j0 + BLOCK_K < hi && !p->block_table &&
+            !(stage && fp_kv_stage_ready(stage, b, kvh, j0 + BLOCK_K))) {
             const int n_next = (int)(hi - j0 - BLOCK_K < BLOCK_K ? hi - j0 - BLOCK_K : BLOCK_K);
-            fp_block next_k = kb, next_v = vb;
-            next_k.off += BLOCK_K * kb.rs;
-            next_v.off += BLOCK_K * vb.rs;
-            if (stage && fp_kv_stage_ready(stage, b, kvh, j0 + BLOCK_K)) {
-                fp_kv_stage_prefetch(stage, j0 + BLOCK_K, n_next, d);
-            } else {
-                fp_block_prefetch(&next_k, n_next, d);
-                fp_block_prefetch(&next_v, n_next, d);
-            }
+            fp_block next = kb;
+            next.off += BLOCK_K * kb.rs;
+            fp_block_prefetch(&next, n_next, d);
+            next = vb;
+            next.off += BLOCK_K * vb.rs;
+            fp_block_prefetch(&next, n_next, d);
         }
         if (stage)
             fp_kv_stage_rows(stage, b, kvh, seq.nk, j0, n, d, uk, &kb, &vb);
@@ -429,14 +425,11 @@ flashport_status fp_cpu_flash_forward(const fp_problem *p)
     c.L = fwd_layout_of(d);
     c.fp8 = fp_is_fp8(p->dtype);
     /* f16, and bf16 without bf16 products, would otherwise convert a key block once per query
-     * block that sees it; staged, the products read the f32 copy in place. f32 is staged too:
-     * the caller's rows lie H D floats apart, so a block's rows share few L1 sets and the V
-     * panel that P V keeps in L1 evicts itself; the stage's rows are d floats apart. Paged
-     * caches keep converting per block (their rows are not linear in the key). */
-    c.stage =
-        !c.bf16 &&
-        (p->dtype == FLASHPORT_F32 || p->dtype == FLASHPORT_F16 || p->dtype == FLASHPORT_BF16) &&
-        !p->block_table && fp_kv_stage_floats(p->seqlen_k, d) * sizeof(float) <= STAGE_MAX_BYTES;
+     * block that sees it; staged, the products read the f32 copy in place. Paged caches keep
+     * converting per block (their rows are not linear in the key). */
+    c.stage = !c.bf16 && (p->dtype == FLASHPORT_F16 || p->dtype == FLASHPORT_BF16) &&
+              !p->block_table &&
+              fp_kv_stage_floats(p->seqlen_k, d) * sizeof(float) <= STAGE_MAX_BYTES;
     if (c.stage)
         c.k_direct = c.v_direct = 1;
     c.scale = c.fp8 ? p->scale * p->descale_q * p->descale_k : p->scale;
@@ -448,7 +441,7 @@ flashport_status fp_cpu_flash_forward(const fp_problem *p)
                        : c.fp8 ? "f32 products on fp8 inputs converted to f32, P rounded to e4m3"
                        : p->dtype == FLASHPORT_F32 ? "f32 products"
                                                    : "f32 products on inputs converted to f32",
-                       c.stage      ? ", K and V staged as f32 rows once per thread and kv head"
+                       c.stage      ? ", K and V converted to f32 once per thread and kv head"
                        : c.k_direct ? ", K read in place"
                                     : "",
                        !c.stage && c.v_direct ? ", V read in place" : "", BLOCK_Q, BLOCK_K,

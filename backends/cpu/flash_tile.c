@@ -212,14 +212,6 @@ void fp_kv_stage_rows(fp_kv_stage *st, int64_t b, int64_t kvh, int64_t nk, int64
     *vb = v;
 }
 
-void fp_kv_stage_prefetch(const fp_kv_stage *st, int64_t j0, int n, int d)
-{
-    const fp_block k = {st->k, FLASHPORT_F32, j0 * st->ld, st->ld, 1};
-    const fp_block v = {st->v, FLASHPORT_F32, j0 * st->ld, st->ld, 1};
-    fp_block_prefetch(&k, n, d);
-    fp_block_prefetch(&v, n, d);
-}
-
 void fp_block_prefetch(const fp_block *x, int rows, int d)
 {
     if (x->cs != 1)

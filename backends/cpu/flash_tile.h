@@ -95,9 +95,6 @@ int fp_kv_stage_ready(const fp_kv_stage *st, int64_t b, int64_t kvh, int64_t j0)
 void fp_kv_stage_rows(fp_kv_stage *st, int64_t b, int64_t kvh, int64_t nk, int64_t j0, int n, int d,
                       const fp_ukernels *uk, fp_block *kb, fp_block *vb);
 
-/* fp_block_prefetch of keys [j0, j0 + n) of the stage's K and V rows (already converted). */
-void fp_kv_stage_prefetch(const fp_kv_stage *st, int64_t j0, int n, int d);
-
 /* Asks the caches for rows x d elements of a block with contiguous rows (nothing otherwise),
  * into L2: the next key block's K and V, fetched while the current one is computed. Their rows
  * are short (D elements), too short for the hardware prefetchers to pick up on their own. */

@@ -39,8 +39,12 @@
  * visible pairs only (accumulate_visible): a key a row cannot see never reaches its dQ, nor that
  * row its dK and dV. A NaN LSE (a visible NaN score in the forward) makes the row's terms NaN.
  * Extra memory: Di (4 * H * total query rows bytes), per-thread tiles, and in the fused schedule
- * two f32 Nk x D buffers per thread (threads <= B * Hkv there).
- * Tile shape: BLOCK_Q = 64 queries x BLOCK_K = 64 keys.
+ * two f32 Nk x D buffers per thread (threads <= B * Hkv there), four with f32 products: the
+ * task's K and V are staged there as f32 rows d floats apart (copied or converted once per task,
+ * then read by every block pair instead of the caller's rows H D floats apart, which share few
+ * L1 sets, or a conversion per block pair).
+ * Tile shape: block_q queries x BLOCK_K = 64 keys; block_q = 128 for f32 products at
+ * 64 < d <= 128, else 64 (bwd_block_q).
  * Known differences from the reference: f32 accumulation, the polynomial exp2; scale applied to
  * the f32 scores, dQ and dK rather than folded into Q. bf16 path: products of bf16 operands, P
  * and dS rounded to bf16 before their products (as the tests' naive bf16 computation does).
@@ -48,7 +52,7 @@
  * convention, fused schedule): f32 121..190 GFLOP/s, 64..85% of the measured FMA peak (B=1 H=4
  * N=2048 D=128: 181 GFLOP/s, 78%); bf16 on vdpbf16ps (same shapes, medians of 3 back-to-back
  * pairs, docs/bench/cpu.md "bf16 backward on vdpbf16ps"): 249..351 GFLOP/s, 1.53..1.96x the f32
- * backward (D = 64: 1.53..1.78x, D = 128: 1.65..1.96x).
+ * backward (D = 64: 1.53..1.78x, D = 128: 1.65..1.96x); AVX2 numbers: docs/performance-cpu.md.
  * tests/test_memory (B = H = 1, N = 65536, D = 64, causal, two-pass schedule on 2 threads):
  * forward + backward ~30 s of CPU time (15.4 s wall when quiet), under 1 MiB extra.
  */
@@ -69,29 +73,43 @@
 #include <omp.h>
 #endif
 
-enum { BLOCK_Q = 64, BLOCK_K = 64 };
+enum { BLOCK_K = 64 };
+
+/* Queries per block. With f32 products and 64 < d <= 128 the fused schedule streams K, V and
+ * the dK, dV accumulators (4 Nk d floats, beyond L2) once per query block, so taller blocks
+ * halve that traffic, and the dV and dK products reduce over twice as many queries per load and
+ * store of their accumulators. At d <= 64 the streams are half as long and the taller diagonal
+ * blocks of a causal mask cost more than that saves; the bf16 products (half the bytes) measured
+ * slower with them under a causal mask; above 128 the five d x block_q tiles would outgrow L2
+ * (not measured). */
+static int bwd_block_q(int64_t d, int bf16)
+{
+    return !bf16 && d > 64 && d <= 128 ? 128 : 64;
+}
 
 /* Offsets (floats) of one thread's tiles inside its scratch slice. */
 typedef struct bwd_layout {
-    int ldq, ldd;    /* leading dims: BLOCK_Q-wide and d-wide tiles */
-    size_t qt, dot;  /* d x BLOCK_Q: Q^T, dO^T (bf16: ceil(d / 2) x BLOCK_Q pairs) */
-    size_t q, dout;  /* BLOCK_Q x d: Q, dO (bf16: BLOCK_Q / 2 x d pairs down the rows) */
+    int bq;          /* queries per block (bwd_block_q) */
+    int ldq, ldd;    /* leading dims: bq-wide and d-wide tiles */
+    size_t qt, dot;  /* d x bq: Q^T, dO^T (bf16: ceil(d / 2) x bq pairs) */
+    size_t q, dout;  /* bq x d: Q, dO (bf16: bq / 2 x d pairs down the rows) */
     size_t kt, vt;   /* BLOCK_K x d: K, V as f32 (f16 inputs) or bf16 rows (not in place) */
     size_t kp;       /* bf16: BLOCK_K / 2 x d, K as pairs down the rows (the A of K^T dS^T) */
-    size_t s, dp, g; /* BLOCK_K x BLOCK_Q: S^T then P^T; dP^T then dS^T; softcap gradient */
-    size_t pb, dsb;  /* bf16: BLOCK_K x BLOCK_Q bf16 rows of P^T, dS^T */
-    size_t dsp;      /* bf16: BLOCK_K / 2 x BLOCK_Q, dS^T as pairs down the rows */
-    size_t dqt;      /* d x BLOCK_Q: dQ^T accumulator */
+    size_t s, dp, g; /* BLOCK_K x bq: S^T then P^T; dP^T then dS^T; softcap gradient */
+    size_t pb, dsb;  /* bf16: BLOCK_K x bq bf16 rows of P^T, dS^T */
+    size_t dsp;      /* bf16: BLOCK_K / 2 x bq, dS^T as pairs down the rows */
+    size_t dqt;      /* d x bq: dQ^T accumulator */
     size_t dk, dv;   /* BLOCK_K x d accumulators (two-pass schedule) */
     size_t lse, di;  /* per query: LSE in log2 units (finite), Di */
     size_t total;
 } bwd_layout;
 
-static bwd_layout bwd_layout_of(int64_t d)
+static bwd_layout bwd_layout_of(int64_t d, int bf16)
 {
-    const size_t bq = BLOCK_Q, bk = BLOCK_K;
+    const size_t bq = (size_t)bwd_block_q(d, bf16), bk = BLOCK_K;
     bwd_layout L;
-    L.ldq = fp_tile_ld(BLOCK_Q);
+    L.bq = (int)bq;
+    L.ldq = fp_tile_ld(L.bq);
     L.ldd = fp_tile_ld(d);
     L.qt = 0;
     L.dot = L.qt + (size_t)d * L.ldq;
@@ -122,8 +140,10 @@ typedef struct bwd_ctx {
     bwd_layout L;
     int bf16;   /* bf16 operands, gemm_bf16 products */
     int direct; /* K and V read in place (f32 with any strides; bf16 with contiguous even rows) */
+    int stage;  /* fused schedule, f32 products: each task's K and V copied (converted) once */
     float *di;  /* [H][total_q]: per head, one entry per (dense or packed) query row */
-    float *big; /* fused schedule: per thread, dK and dV of a whole key range */
+    float *big; /* fused schedule: per thread, dK and dV of a whole key range (then, with
+                 * stage, its K and V as f32 rows) */
     size_t big_slice;
 } bwd_ctx;
 
@@ -180,11 +200,12 @@ static void load_query_block(const bwd_ctx *c, float *scratch, const fp_seq *seq
     }
 }
 
-/* Points the products at key block [j0, j0 + n) of (b, kvh): in place where c->direct, else as
+/* Points the products at key block [j0, j0 + n) of (b, kvh): the task's staged f32 rows when
+ * kv (K rows, then V rows, each Nk x ldd) is given, else in place where c->direct, else as
  * tiles in scratch (f32 converted from f16, or bf16 rows with an even length); bf16 also packs
  * K's pairs down the rows for K^T dS^T. */
 static key_side load_key_block(const bwd_ctx *c, float *scratch, const fp_seq *seq, int64_t b,
-                               int64_t kvh, int64_t j0, int n)
+                               int64_t kvh, int64_t j0, int n, const float *kv)
 {
     const fp_problem *p = c->p;
     const bwd_layout *L = &c->L;
@@ -195,7 +216,12 @@ static key_side load_key_block(const bwd_ctx *c, float *scratch, const fp_seq *s
     const size_t es = c->bf16 ? sizeof(uint16_t) : sizeof(float);
     ks.j0 = j0;
     ks.n = n;
-    if (c->direct) {
+    if (kv) {
+        ks.k = kv + (size_t)j0 * L->ldd;
+        ks.v = kv + ((size_t)seq->nk + (size_t)j0) * L->ldd;
+        ks.krs = ks.vrs = L->ldd;
+        ks.kcs = ks.vcs = 1;
+    } else if (c->direct) {
         ks.k = (const char *)kb.data + (size_t)kb.off * es;
         ks.v = (const char *)vb.data + (size_t)vb.off * es;
         ks.krs = kb.rs;
@@ -222,16 +248,23 @@ static key_side load_key_block(const bwd_ctx *c, float *scratch, const fp_seq *s
     return ks;
 }
 
-/* Prefetches K and V of key block j0 of (b, kvh) (see fp_block_prefetch); no-op past the end. */
+/* Prefetches K and V of key block j0 of (b, kvh) (see fp_block_prefetch), from the staged rows
+ * kv when given (load_key_block); no-op past the end. */
 static void prefetch_key_block(const bwd_ctx *c, const fp_seq *seq, int64_t b, int64_t kvh,
-                               int64_t j0, int64_t end)
+                               int64_t j0, int64_t end, const float *kv)
 {
     const fp_problem *p = c->p;
     if (j0 >= end)
         return;
     const int n = (int)(seq->nk - j0 < BLOCK_K ? seq->nk - j0 : BLOCK_K);
-    const fp_block kb = block_of(p, &p->k, b, seq->k_start + j0, kvh);
-    const fp_block vb = block_of(p, &p->v, b, seq->k_start + j0, kvh);
+    fp_block kb = block_of(p, &p->k, b, seq->k_start + j0, kvh);
+    fp_block vb = block_of(p, &p->v, b, seq->k_start + j0, kvh);
+    if (kv) {
+        const fp_block ks = {(void *)kv, FLASHPORT_F32, j0 * c->L.ldd, c->L.ldd, 1};
+        const fp_block vs = {(void *)kv, FLASHPORT_F32, (seq->nk + j0) * c->L.ldd, c->L.ldd, 1};
+        kb = ks;
+        vb = vs;
+    }
     fp_block_prefetch(&kb, n, (int)p->head_dim);
     fp_block_prefetch(&vb, n, (int)p->head_dim);
 }
@@ -258,7 +291,7 @@ static void fill_masked(float *s, int ld, int n, int m, int64_t i0, int64_t j0, 
 }
 
 /* For query rows [i0, i0 + m) (query side loaded) and the key block ks: P^T into s and
- * dS^T = P^T (dP^T - Di) into dp, both n x BLOCK_Q f32; bf16: S^T and dP^T from bf16 operands,
+ * dS^T = P^T (dP^T - Di) into dp, both n x bq f32; bf16: S^T and dP^T from bf16 operands,
  * and P^T, dS^T also rounded to bf16 (pb, dsb, dsp) for the three products that follow.
  * Returns 1 when the block straddles the mask and its K, Q or dO holds an infinity or a NaN: the
  * caller then accumulates through accumulate_visible instead of the products. */
@@ -331,7 +364,7 @@ static int block_grads(const bwd_ctx *c, float *scratch, const fp_seq *seq, int6
  * dS^T (dp) and the operands read element by element: for the rare block that straddles the mask
  * and holds an infinite or NaN K, Q or dO, whose product with a masked pair's 0 would reach a
  * row (dQ) or key (dK, dV) on the other side of the mask. dk, dv: n x d tiles, or NULL (dQ only);
- * dq_t: the d x BLOCK_Q dQ^T tile, or NULL (dK, dV only). */
+ * dq_t: the d x bq dQ^T tile, or NULL (dK, dV only). */
 static void accumulate_visible(const bwd_ctx *c, float *scratch, const fp_seq *seq, int64_t b,
                                int64_t h, int64_t i0, int m, const key_side *ks, float *dk,
                                float *dv, float *dq_t)
@@ -416,7 +449,7 @@ static void store_dkdv(const bwd_ctx *c, const fp_seq *seq, int64_t b, int64_t k
     fp_tile_store(&vb, dv, c->L.ldd, n, d, 1.0f, c->uk);
 }
 
-/* Di = rowsum(dO * O) for query rows [i0, i0 + BLOCK_Q) of (b, h), from the stored O. Each sum
+/* Di = rowsum(dO * O) for query rows [i0, i0 + bq) of (b, h), from the stored O. Each sum
  * is the micro-kernel's dot product of O's row with dO's, the same operation in the same order
  * (f32 or bf16 pairs) as the elements of dP^T = V dO^T: where a row's O equals a V row (one
  * visible key), dP - Di is exactly 0, as in exact arithmetic. */
@@ -428,7 +461,7 @@ static void di_block(const bwd_ctx *c, float *scratch, int64_t b, int64_t h, int
     if (i0 >= seq.nq)
         return;
     const int d = (int)p->head_dim;
-    const int m = (int)(seq.nq - i0 < BLOCK_Q ? seq.nq - i0 : BLOCK_Q);
+    const int m = (int)(seq.nq - i0 < c->L.bq ? seq.nq - i0 : c->L.bq);
     const int64_t tok = seq.q_start + i0;
     float *o = scratch + L->q, *dot = scratch + L->dot, *out = scratch + L->s;
     const fp_block ob = block_of(p, &p->o, b, tok, h), gb = block_of(p, &p->dout, b, tok, h);
@@ -482,18 +515,29 @@ static void fused_task(const bwd_ctx *c, float *scratch, float *big, int64_t b, 
     const size_t kv_floats = (size_t)seq.nk * L->ldd;
     float *dk = big, *dv = big + kv_floats;
     memset(big, 0, 2 * kv_floats * sizeof(float));
+    /* Staged: K and V rows as f32 with a ldd pitch, read by every (query head, query block) of
+     * the task, instead of the caller's rows (H D apart, and set-conflicting in L1) or a
+     * conversion per block pair. */
+    float *kv = NULL;
+    if (c->stage) {
+        kv = big + 2 * kv_floats;
+        const fp_block kb = block_of(p, &p->k, b, seq.k_start, kvh);
+        const fp_block vb = block_of(p, &p->v, b, seq.k_start, kvh);
+        fp_tile_load(kv, L->ldd, &kb, (int)seq.nk, (int)p->head_dim, c->uk);
+        fp_tile_load(kv + kv_floats, L->ldd, &vb, (int)seq.nk, (int)p->head_dim, c->uk);
+    }
 
     const int64_t group = p->heads / p->kv_heads;
     for (int64_t h = kvh * group; h < (kvh + 1) * group; h++)
-        for (int64_t i0 = 0; i0 < seq.nq; i0 += BLOCK_Q) {
-            const int m = (int)(seq.nq - i0 < BLOCK_Q ? seq.nq - i0 : BLOCK_Q);
+        for (int64_t i0 = 0; i0 < seq.nq; i0 += c->L.bq) {
+            const int m = (int)(seq.nq - i0 < c->L.bq ? seq.nq - i0 : c->L.bq);
             int64_t first, end;
             key_blocks(c, &seq, i0, m, &first, &end);
             load_query_block(c, scratch, &seq, b, h, i0, m);
             memset(scratch + L->dqt, 0, sizeof(float) * (size_t)p->head_dim * (size_t)L->ldq);
             for (int64_t j0 = first; j0 < end; j0 += BLOCK_K) {
                 const int n = (int)(seq.nk - j0 < BLOCK_K ? seq.nk - j0 : BLOCK_K);
-                prefetch_key_block(c, &seq, b, kvh, j0 + BLOCK_K, end);
+                prefetch_key_block(c, &seq, b, kvh, j0 + BLOCK_K, end, kv);
                 if (j0 + BLOCK_K < end) { /* and the next dK, dV tiles, to be written */
                     const float *next[2] = {dk + (size_t)(j0 + BLOCK_K) * L->ldd,
                                             dv + (size_t)(j0 + BLOCK_K) * L->ldd};
@@ -501,7 +545,7 @@ static void fused_task(const bwd_ctx *c, float *scratch, float *big, int64_t b, 
                         for (size_t x = 0; x < (size_t)BLOCK_K * L->ldd; x += 16)
                             __builtin_prefetch(next[t] + x, 1, 2);
                 }
-                const key_side ks = load_key_block(c, scratch, &seq, b, kvh, j0, n);
+                const key_side ks = load_key_block(c, scratch, &seq, b, kvh, j0, n, kv);
                 float *dkj = dk + (size_t)j0 * L->ldd, *dvj = dv + (size_t)j0 * L->ldd;
                 if (block_grads(c, scratch, &seq, b, h, i0, m, &ks)) {
                     accumulate_visible(c, scratch, &seq, b, h, i0, m, &ks, dkj, dvj,
@@ -533,11 +577,11 @@ static void dkdv_task(const bwd_ctx *c, float *scratch, int64_t b, int64_t kvh, 
     memset(dk, 0, sizeof(float) * (size_t)n * (size_t)L->ldd);
     memset(dv, 0, sizeof(float) * (size_t)n * (size_t)L->ldd);
 
-    const key_side ks = load_key_block(c, scratch, &seq, b, kvh, j0, n);
+    const key_side ks = load_key_block(c, scratch, &seq, b, kvh, j0, n, NULL);
     const int64_t group = p->heads / p->kv_heads;
     for (int64_t h = kvh * group; h < (kvh + 1) * group; h++)
-        for (int64_t i0 = 0; i0 < seq.nq; i0 += BLOCK_Q) {
-            const int m = (int)(seq.nq - i0 < BLOCK_Q ? seq.nq - i0 : BLOCK_Q);
+        for (int64_t i0 = 0; i0 < seq.nq; i0 += c->L.bq) {
+            const int m = (int)(seq.nq - i0 < c->L.bq ? seq.nq - i0 : c->L.bq);
             int64_t first, end;
             key_blocks(c, &seq, i0, m, &first, &end);
             if (j0 < first || j0 >= end)
@@ -551,14 +595,14 @@ static void dkdv_task(const bwd_ctx *c, float *scratch, int64_t b, int64_t kvh, 
     store_dkdv(c, &seq, b, kvh, j0, n, dk, dv);
 }
 
-/* Two-pass schedule, pass 2: dQ of query rows [i0, i0 + BLOCK_Q) of (b, h). */
+/* Two-pass schedule, pass 2: dQ of query rows [i0, i0 + bq) of (b, h). */
 static void dq_task(const bwd_ctx *c, float *scratch, int64_t b, int64_t h, int64_t i0)
 {
     const fp_problem *p = c->p;
     const fp_seq seq = fp_problem_seq(p, b);
     if (i0 >= seq.nq)
         return;
-    const int m = (int)(seq.nq - i0 < BLOCK_Q ? seq.nq - i0 : BLOCK_Q);
+    const int m = (int)(seq.nq - i0 < c->L.bq ? seq.nq - i0 : c->L.bq);
     const int64_t kvh = fp_kv_head(p, h);
     load_query_block(c, scratch, &seq, b, h, i0, m);
     memset(scratch + c->L.dqt, 0, sizeof(float) * (size_t)p->head_dim * (size_t)c->L.ldq);
@@ -566,8 +610,8 @@ static void dq_task(const bwd_ctx *c, float *scratch, int64_t b, int64_t h, int6
     key_blocks(c, &seq, i0, m, &first, &end);
     for (int64_t j0 = first; j0 < end; j0 += BLOCK_K) {
         const int n = (int)(seq.nk - j0 < BLOCK_K ? seq.nk - j0 : BLOCK_K);
-        prefetch_key_block(c, &seq, b, kvh, j0 + BLOCK_K, end);
-        const key_side ks = load_key_block(c, scratch, &seq, b, kvh, j0, n);
+        prefetch_key_block(c, &seq, b, kvh, j0 + BLOCK_K, end, NULL);
+        const key_side ks = load_key_block(c, scratch, &seq, b, kvh, j0, n, NULL);
         if (block_grads(c, scratch, &seq, b, h, i0, m, &ks))
             accumulate_visible(c, scratch, &seq, b, h, i0, m, &ks, NULL, NULL, scratch + c->L.dqt);
         else
@@ -604,8 +648,8 @@ flashport_status fp_cpu_flash_backward(const fp_problem *p)
     flashport_status status = fp_cpu_ukernels(&c.uk, NULL);
     if (status != FLASHPORT_OK)
         return status;
-    c.L = bwd_layout_of(p->head_dim);
     c.bf16 = p->dtype == FLASHPORT_BF16 && c.uk->gemm_bf16 != NULL;
+    c.L = bwd_layout_of(p->head_dim, c.bf16);
     /* bf16 K and V in place when their pairs are contiguous and never run past a row, as in
      * flash_fwd.c. */
     c.direct = c.bf16 ? p->k.stride[FP_D] == 1 && p->v.stride[FP_D] == 1 && p->head_dim % 2 == 0
@@ -613,7 +657,7 @@ flashport_status fp_cpu_flash_backward(const fp_problem *p)
 
     const fp_plan_shape shape = fp_problem_plan_shape(p);
     const int workers = fp_cpu_threads();
-    const fp_plan_target target = {workers, BLOCK_Q, BLOCK_K, 1, FP_PLAN_ORDER_GRID};
+    const fp_plan_target target = {workers, c.L.bq, BLOCK_K, 1, FP_PLAN_ORDER_GRID};
     /* Query-side tasks (Di, dQ) in the forward's numbering: heaviest blocks first. */
     const fp_plan plan = fp_plan_forward(&shape, &target);
     const int64_t bhkv = p->batch * p->kv_heads;
@@ -623,6 +667,9 @@ flashport_status fp_cpu_flash_backward(const fp_problem *p)
         return FLASHPORT_OK;
     const int threads = most < workers ? (int)most : workers;
     const int fused = bhkv % threads == 0 || bhkv >= 4 * (int64_t)threads;
+    c.stage = fused && !c.bf16;
+    /* Per thread: dK and dV of a task's whole key range, then (stage) its K and V. */
+    const size_t big_floats = (c.stage ? 4 : 2) * (size_t)p->seqlen_k * c.L.ldd;
 
     if (fp_host()->log_enabled())
         fp_host()->log("cpu: flash backward (recompute P from LSE; deterministic), %s "
@@ -630,18 +677,19 @@ flashport_status fp_cpu_flash_backward(const fp_problem *p)
                        "for %d threads); block_q=%d block_k=%d",
                        c.uk->name,
                        c.bf16 ? "bf16 dot products (vdpbf16ps), P and dS in bf16" : "f32 products",
-                       c.direct ? ", K and V read in place"
-                       : c.bf16 ? ", K and V copied to even-length rows"
-                                : " on inputs converted to f32",
+                       c.stage    ? ", K and V staged as f32 rows once per task"
+                       : c.direct ? ", K and V read in place"
+                       : c.bf16   ? ", K and V copied to even-length rows"
+                                  : " on inputs converted to f32",
                        fused ? "fused one-pass" : "two-pass (dK/dV, then dQ)", (long long)bhkv,
-                       threads, BLOCK_Q, BLOCK_K);
+                       threads, c.L.bq, BLOCK_K);
 
     size_t slice;
     const size_t di_floats = (size_t)(p->heads * p->total_q);
     float *scratch = fp_scratch_alloc(threads, c.L.total, &slice);
     c.di = malloc(sizeof(float) * (di_floats > 0 ? di_floats : 1));
     if (fused && scratch && c.di)
-        c.big = fp_scratch_alloc(threads, 2 * (size_t)p->seqlen_k * c.L.ldd, &c.big_slice);
+        c.big = fp_scratch_alloc(threads, big_floats, &c.big_slice);
     if (!scratch || !c.di || (fused && !c.big)) {
         fp_scratch_free(scratch);
         fp_scratch_free(c.big);
@@ -650,8 +698,7 @@ flashport_status fp_cpu_flash_backward(const fp_problem *p)
                                     "cpu flash backward: cannot allocate %d x %zu bytes of tiles, "
                                     "%zu bytes of row sums and %d x %zu bytes of dK/dV buffers",
                                     threads, c.L.total * sizeof(float), di_floats * sizeof(float),
-                                    fused ? threads : 0,
-                                    2 * (size_t)p->seqlen_k * c.L.ldd * sizeof(float));
+                                    fused ? threads : 0, big_floats * sizeof(float));
     }
 
 #ifdef _OPENMP
@@ -667,7 +714,7 @@ flashport_status fp_cpu_flash_backward(const fp_problem *p)
         for (int64_t t = 0; t < plan.num_tasks; t++) {
             const fp_plan_task task = fp_plan_task_at(&plan, &shape, t);
             di_block(&c, scratch + slice * (size_t)me, task.batch, task.head,
-                     task.q_block * BLOCK_Q);
+                     task.q_block * c.L.bq);
         }
         float *mine = scratch + slice * (size_t)me;
         if (fused) {
@@ -691,7 +738,7 @@ flashport_status fp_cpu_flash_backward(const fp_problem *p)
 #endif
             for (int64_t t = 0; t < plan.num_tasks; t++) {
                 const fp_plan_task task = fp_plan_task_at(&plan, &shape, t);
-                dq_task(&c, mine, task.batch, task.head, task.q_block * BLOCK_Q);
+                dq_task(&c, mine, task.batch, task.head, task.q_block * c.L.bq);
             }
         }
     }

@@ -12,27 +12,27 @@
  * Streaming: a task holds consecutive kv heads (up to TASK_ROWS rows of O, every kv head for the
  * usual shapes) and walks its keys in blocks of BLOCK_K, each block key by key across the task's
  * kv heads, so that K and V are read in the cache's own order ([N, Hkv, D] rows, or a page's
- * [page_size, Hkv, D]): one sequential stream each per task, which the hardware prefetchers
- * follow, plus a software prefetch PREFETCH_KEYS keys ahead across the 4 KiB pages where they
- * stop. (Each kv head's D-element slice of every key, Hkv rows apart, was the earlier order: a
- * different page every key or two, read at about half the rate of the same bytes in order.)
- * Per block:
+ * [page_size, Hkv, D]): one sequential stream each per task. The rows are asked for one phase
+ * ahead, in address order: while a block's scores are computed, its V rows; while its P V runs,
+ * the next block's K rows (the bf16 steps spread these requests over their products, ukernel.h's
+ * pf; the other paths ask key by key). The hardware prefetchers alone left the loop waiting on
+ * memory, and requests in any other order (a kv head's rows of the block in turn) were read at
+ * about half the rate. Per block:
  *   S     the table's dec_scores (ukernel.h) for units of at most DOT_ROWS rows: a key's row
  *         against the unit's query rows, held in L1, summed across the vector lanes (bf16 on
- *         avx512bf16: dec_scores_bf16, vdpbf16ps on the caller's rows, no transposition, no
- *         conversion). f32, and units of more rows, transpose K in 16-key runs for all the
- *         task's heads at once (f16 rows converted first) and run the table's gemm over K^T
- *         (bf16: gemm_bf16 on pairs). For f32 that sums the products in the order of the
- *         backward's gemm: the forward's LSE then matches the backward's recomputed scores bit
- *         for bit, which the f32 gradient tolerances need.
- *   P     softcap / ALiBi / the window per row (core/mask.h, Nq > 1 rows see different keys),
- *         the online softmax per row (core/online_softmax.h, exp2 form, the table's exp2), O
- *         rescaled when a maximum moved.
- *   O     the table's dec_pv, FP_DEC_PV_KEYS keys at a time into O's rows (in L1 / L2), in key
- *         order; bf16 on avx512bf16: P rounded to bf16 (as flash_fwd.c's bf16 path does) and
- *         dec_pv_bf16 (V pairs by vpermt2w, vdpbf16ps). Units of more than DOT_ROWS rows keep
- *         O in registers across the block instead: gemm_bf16 on V pairs (interleave_bf16), or
- *         gemm on V rows converted to f32 (f16, bf16 without vdpbf16ps).
+ *         avx512bf16: dec_scores_bf16 over the block, four keys by four rows a step, vdpbf16ps
+ *         on the caller's rows, no transposition, no conversion). f32, and units of more rows,
+ *         transpose K in 16-key runs for all the task's heads at once (f16 rows converted
+ *         first) and run the table's gemm over K^T (bf16: gemm_bf16 on pairs). For f32 that sums
+ * the products in the order of the backward's gemm: the forward's LSE then matches the backward's
+ * recomputed scores bit for bit, which the f32 gradient tolerances need. P     softcap / ALiBi /
+ * the window per row (core/mask.h, Nq > 1 rows see different keys), the online softmax per row
+ * (core/online_softmax.h, exp2 form, the table's exp2), O rescaled when a maximum moved. O     the
+ * table's dec_pv, FP_DEC_PV_KEYS keys at a time into O's rows (in L1 / L2), in key order; bf16 on
+ * avx512bf16: P rounded to bf16 (as flash_fwd.c's bf16 path does) and dec_pv_bf16 over the block (V
+ * pairs by vpermt2w, vdpbf16ps, O's rows in registers across the block, a kv head at a time). Units
+ * of more than DOT_ROWS rows keep O in registers across the block instead: gemm_bf16 on V pairs
+ * (interleave_bf16), or gemm on V rows converted to f32 (f16, bf16 without vdpbf16ps).
  *
  * Split-KV: core/plan.c's fp_plan_decode, with (batch, task) tiles and the CPU's threads as the
  * workers, splits the keys when there are fewer tiles than threads; each split writes its
@@ -66,9 +66,6 @@
 #endif
 
 enum { DECODE_ROWS = 64, BLOCK_K = 64, MAX_SPLITS = 64, MIN_SPLIT_BLOCKS = 4 };
-
-/* How many keys ahead of the one being read its K and V rows are asked for (prefetch_row). */
-enum { PREFETCH_KEYS = 8 };
 
 /* bf16 and f16 units of at most this many rows take the table's dec_scores (a dot product a
  * row), larger ones (and f32 ones) K^T and the table's gemm; bf16 ones of more take gemm_bf16 for
@@ -191,6 +188,25 @@ static inline __attribute__((always_inline)) void prefetch_row(const dec_ctx *c,
             __builtin_prefetch(row + at, 0, 3);
 }
 
+/* The rows that the _bf16 steps ask the caches for while they work (ukernel.h's pf): of keys
+ * [j, j + n) of view t, kv heads [kvh0, kvh0 + nu), keys from hi on replaced by key hi - 1.
+ * Returns the bytes a key, or 0 when the heads' rows are not adjacent (the caller then asks with
+ * prefetch_row). */
+static size_t ahead_rows(const dec_ctx *c, const fp_tensor_view *t, int64_t b, const fp_seq *seq,
+                         int64_t j, int n, int64_t hi, int64_t kvh0, int nu, const char **pf)
+{
+    const fp_problem *p = c->p;
+    if (nu > 1 && t->stride[FP_H] != p->head_dim) {
+        for (int i = 0; i < n && j + i < hi; i++)
+            prefetch_row(c, t, b, seq, j + i, kvh0, nu);
+        return 0;
+    }
+    for (int i = 0; i < n; i++)
+        pf[i] = (const char *)t->data +
+                (size_t)fp_key_offset(p, t, b, seq, j + i < hi ? j + i : hi - 1, kvh0) * c->es;
+    return (size_t)p->head_dim * c->es * (size_t)nu;
+}
+
 /* The f32 rows of key j for the task's nu units (kv heads kvh0 + u, one unit when a kv head's
  * group is cut into chunks): a pointer to unit 0's row and the distance *hs between two units'
  * rows, in place when the tensor is f32 with a contiguous head dim, else converted into dst
@@ -258,20 +274,23 @@ static void dec_scores(const dec_ctx *c, float *scratch, int64_t b, const fp_seq
     const int d = (int)p->head_dim;
     float *s = scratch + L->s;
     const ptrdiff_t shs = (ptrdiff_t)rows * L->ldk;
+    if (c->bf16) { /* the block's V rows asked for meanwhile */
+        const uint16_t *k[BLOCK_K];
+        const char *pf[BLOCK_K];
+        const size_t pf_bytes = ahead_rows(c, &p->v, b, seq, j0, n, hi, kvh0, nu, pf);
+        for (int x = 0; x < n; x++)
+            k[x] = (const uint16_t *)p->k.data + fp_key_offset(p, &p->k, b, seq, j0 + x, kvh0);
+        c->uk->dec_scores_bf16(nu, rows, d, n, (const uint16_t *)q, (ptrdiff_t)rows * 2 * L->ldd,
+                               2 * L->ldd, k, (ptrdiff_t)p->k.stride[FP_H], s, shs, L->ldk,
+                               pf_bytes ? pf : NULL, pf_bytes);
+        return;
+    }
     for (int x = 0; x < n; x++) {
-        if (j0 + x + PREFETCH_KEYS < hi)
-            prefetch_row(c, &p->k, b, seq, j0 + x + PREFETCH_KEYS, kvh0, nu);
-        if (c->bf16) {
-            const uint16_t *k =
-                (const uint16_t *)p->k.data + fp_key_offset(p, &p->k, b, seq, j0 + x, kvh0);
-            c->uk->dec_scores_bf16(nu, rows, d, (const uint16_t *)q, (ptrdiff_t)rows * 2 * L->ldd,
-                                   2 * L->ldd, k, (ptrdiff_t)p->k.stride[FP_H], s + x, shs, L->ldk);
-        } else {
-            ptrdiff_t khs;
-            const float *k = unit_rows(c, &p->k, b, seq, j0 + x, kvh0, nu, scratch + L->kf, &khs);
-            c->uk->dec_scores(nu, rows, d, q, (ptrdiff_t)rows * L->ldd, L->ldd, k, khs, s + x, shs,
-                              L->ldk);
-        }
+        prefetch_row(c, &p->v, b, seq, j0 + x, kvh0, nu);
+        ptrdiff_t khs;
+        const float *k = unit_rows(c, &p->k, b, seq, j0 + x, kvh0, nu, scratch + L->kf, &khs);
+        c->uk->dec_scores(nu, rows, d, q, (ptrdiff_t)rows * L->ldd, L->ldd, k, khs, s + x, shs,
+                          L->ldk);
     }
 }
 
@@ -298,8 +317,8 @@ static void dec_scores_gemm(const dec_ctx *c, float *scratch, int64_t b, const f
         float *kf = scratch + L->vblk;
         for (int u = 0; u < nu; u++) {
             for (int x = 0; x < n; x++) {
-                if (u == 0 && j0 + x + PREFETCH_KEYS < hi)
-                    prefetch_row(c, &p->k, b, seq, j0 + x + PREFETCH_KEYS, kvh0, nu);
+                if (u == 0)
+                    prefetch_row(c, &p->v, b, seq, j0 + x, kvh0, nu);
                 key_row(c, &p->k, b, seq, j0 + x, kvh0 + u, kf + (size_t)x * L->ldd);
             }
             c->uk->transpose32(n, d, kf, (ptrdiff_t)L->ldd * (ptrdiff_t)sizeof(float),
@@ -316,8 +335,8 @@ static void dec_scores_gemm(const dec_ctx *c, float *scratch, int64_t b, const f
             const int64_t left = p->page_size - (j0 + x) % p->page_size;
             run = left < run ? (int)left : run;
         }
-        for (int64_t j = j0 + x + PREFETCH_KEYS; j < j0 + x + run + PREFETCH_KEYS && j < hi; j++)
-            prefetch_row(c, &p->k, b, seq, j, kvh0, nu);
+        for (int64_t j = j0 + x; j < j0 + x + run; j++)
+            prefetch_row(c, &p->v, b, seq, j, kvh0, nu);
         const char *src =
             (const char *)p->k.data + (size_t)fp_key_offset(p, &p->k, b, seq, j0 + x, kvh0) * c->es;
         if (whole)
@@ -462,8 +481,8 @@ static void dec_values_gemm(const dec_ctx *c, float *scratch, int64_t b, const f
     const size_t unit_vp = whole ? (size_t)d : (size_t)(BLOCK_K / 2) * L->ldd;
     c->uk->round_bf16(nu * rows, n, scratch + L->s, L->ldk, pb, L->ldk, NULL, 0);
     for (int x = 0; x < n; x += 2) {
-        for (int64_t j = j0 + x + PREFETCH_KEYS; j < j0 + x + PREFETCH_KEYS + 2 && j < hi; j++)
-            prefetch_row(c, &p->v, b, seq, j, kvh0, nu);
+        for (int64_t j = j0 + x + BLOCK_K; j < j0 + x + BLOCK_K + 2 && j < hi; j++)
+            prefetch_row(c, &p->k, b, seq, j, kvh0, nu);
         const uint16_t *v = p->v.data;
         const uint16_t *even = v + fp_key_offset(p, &p->v, b, seq, j0 + x, kvh0);
         const uint16_t *odd =
@@ -512,18 +531,15 @@ static void dec_values(const dec_ctx *c, float *scratch, int64_t b, const fp_seq
     if (c->bf16) {
         uint16_t *pb = (uint16_t *)(scratch + L->pb); /* the units' rows of P in bf16, ldk apart */
         c->uk->round_bf16(nu * rows, n, s, L->ldk, pb, L->ldk, NULL, 0);
-        for (int x = 0; x < n; x += FP_DEC_PV_KEYS) {
-            const int keys = n - x < FP_DEC_PV_KEYS ? n - x : FP_DEC_PV_KEYS;
-            const uint16_t *v[FP_DEC_PV_KEYS];
-            for (int i = 0; i < keys; i++) {
-                if (j0 + x + i + PREFETCH_KEYS < hi)
-                    prefetch_row(c, &p->v, b, seq, j0 + x + i + PREFETCH_KEYS, kvh0, nu);
-                v[i] =
-                    (const uint16_t *)p->v.data + fp_key_offset(p, &p->v, b, seq, j0 + x + i, kvh0);
-            }
-            c->uk->dec_pv_bf16(nu, rows, d, keys, pb + x, shs, L->ldk, v,
-                               (ptrdiff_t)p->v.stride[FP_H], o, ohs, L->ldd);
-        }
+        /* the next block's K rows asked for meanwhile */
+        const uint16_t *v[BLOCK_K];
+        const char *pf[BLOCK_K];
+        const size_t pf_bytes =
+            j0 + BLOCK_K < hi ? ahead_rows(c, &p->k, b, seq, j0 + BLOCK_K, n, hi, kvh0, nu, pf) : 0;
+        for (int x = 0; x < n; x++)
+            v[x] = (const uint16_t *)p->v.data + fp_key_offset(p, &p->v, b, seq, j0 + x, kvh0);
+        c->uk->dec_pv_bf16(nu, rows, d, n, pb, shs, L->ldk, v, (ptrdiff_t)p->v.stride[FP_H], o, ohs,
+                           L->ldd, pf_bytes ? pf : NULL, pf_bytes);
         return;
     }
     if (rows > DOT_ROWS && (p->dtype != FLASHPORT_F32 || p->v.stride[FP_D] != 1)) {
@@ -531,8 +547,8 @@ static void dec_values(const dec_ctx *c, float *scratch, int64_t b, const fp_seq
         float *vblk = scratch + L->vblk;
         for (int u = 0; u < nu; u++) {
             for (int x = 0; x < n; x++) {
-                if (u == 0 && j0 + x + PREFETCH_KEYS < hi)
-                    prefetch_row(c, &p->v, b, seq, j0 + x + PREFETCH_KEYS, kvh0, nu);
+                if (u == 0 && j0 + x + BLOCK_K < hi)
+                    prefetch_row(c, &p->k, b, seq, j0 + x + BLOCK_K, kvh0, nu);
                 key_row(c, &p->v, b, seq, j0 + x, kvh0 + u, vblk + (size_t)x * L->ldd);
             }
             c->uk->gemm(rows, d, n, s + u * shs, L->ldk, 1, vblk, L->ldd, o + u * ohs, L->ldd, 1);
@@ -545,8 +561,8 @@ static void dec_values(const dec_ctx *c, float *scratch, int64_t b, const fp_seq
         const float *v[FP_DEC_PV_KEYS];
         ptrdiff_t vhs = 0;
         for (int i = 0; i < keys; i++) {
-            if (j0 + x + i + PREFETCH_KEYS < hi)
-                prefetch_row(c, &p->v, b, seq, j0 + x + i + PREFETCH_KEYS, kvh0, nu);
+            if (j0 + x + i + BLOCK_K < hi)
+                prefetch_row(c, &p->k, b, seq, j0 + x + i + BLOCK_K, kvh0, nu);
             v[i] = unit_rows(c, &p->v, b, seq, j0 + x + i, kvh0, nu,
                              vf + (size_t)i * (size_t)nu * L->ldd, &vhs);
         }
@@ -605,6 +621,8 @@ static void dec_task(const dec_ctx *c, float *scratch, int64_t b, int64_t u0, in
     const int64_t kv0 = u0 / c->chunks;
     const int nu = (int)(u1 - u0);
 
+    for (int64_t j = lo; j < lo + BLOCK_K && j < hi; j++) /* the first block's K (prefetch_row) */
+        prefetch_row(c, &p->k, b, &seq, j, kv0, nu);
     for (int64_t j0 = lo; j0 < hi; j0 += BLOCK_K) {
         const int n = (int)(hi - j0 < BLOCK_K ? hi - j0 : BLOCK_K);
         const int full =

@@ -188,10 +188,34 @@ static inline __attribute__((always_inline)) void prefetch_row(const dec_ctx *c,
             __builtin_prefetch(row + at, 0, 3);
 }
 
+/* The rows of keys [j, j + n) of view t (kv head kvh0; j < hi), keys from hi on replaced by key
+ * hi - 1: one offset (a block-table lookup, divisions) a run of consecutive keys in one page,
+ * not one a key. */
+static void block_rows(const dec_ctx *c, const fp_tensor_view *t, int64_t b, const fp_seq *seq,
+                       int64_t j, int n, int64_t hi, int64_t kvh0, const char **rows)
+{
+    const fp_problem *p = c->p;
+    const ptrdiff_t step = (ptrdiff_t)t->stride[FP_S] * (ptrdiff_t)c->es;
+    const int valid = hi - j < n ? (int)(hi - j) : n;
+    for (int i = 0; i < valid;) {
+        int run = valid - i;
+        if (p->block_table) {
+            const int64_t left = p->page_size - (j + i) % p->page_size;
+            run = left < run ? (int)left : run;
+        }
+        const char *row =
+            (const char *)t->data + (size_t)fp_key_offset(p, t, b, seq, j + i, kvh0) * c->es;
+        for (int x = 0; x < run; x++)
+            rows[i + x] = row + x * step;
+        i += run;
+    }
+    for (int i = valid; i < n; i++)
+        rows[i] = rows[valid - 1];
+}
+
 /* The rows that the _bf16 steps ask the caches for while they work (ukernel.h's pf): of keys
- * [j, j + n) of view t, kv heads [kvh0, kvh0 + nu), keys from hi on replaced by key hi - 1.
- * Returns the bytes a key, or 0 when the heads' rows are not adjacent (the caller then asks with
- * prefetch_row). */
+ * [j, j + n) of view t, kv heads [kvh0, kvh0 + nu), as block_rows. Returns the bytes a key, or 0
+ * when the heads' rows are not adjacent (the caller then asks with prefetch_row). */
 static size_t ahead_rows(const dec_ctx *c, const fp_tensor_view *t, int64_t b, const fp_seq *seq,
                          int64_t j, int n, int64_t hi, int64_t kvh0, int nu, const char **pf)
 {
@@ -201,10 +225,18 @@ static size_t ahead_rows(const dec_ctx *c, const fp_tensor_view *t, int64_t b, c
             prefetch_row(c, t, b, seq, j + i, kvh0, nu);
         return 0;
     }
-    for (int i = 0; i < n; i++)
-        pf[i] = (const char *)t->data +
-                (size_t)fp_key_offset(p, t, b, seq, j + i < hi ? j + i : hi - 1, kvh0) * c->es;
+    block_rows(c, t, b, seq, j, n, hi, kvh0, pf);
     return (size_t)p->head_dim * c->es * (size_t)nu;
+}
+
+/* The bf16 rows of keys [j0, j0 + n) of view t (kv head kvh0) for the _bf16 steps. */
+static void bf16_rows(const dec_ctx *c, const fp_tensor_view *t, int64_t b, const fp_seq *seq,
+                      int64_t j0, int n, int64_t kvh0, const uint16_t **rows)
+{
+    const char *at[BLOCK_K];
+    block_rows(c, t, b, seq, j0, n, j0 + n, kvh0, at);
+    for (int x = 0; x < n; x++)
+        rows[x] = (const uint16_t *)(const void *)at[x];
 }
 
 /* The f32 rows of key j for the task's nu units (kv heads kvh0 + u, one unit when a kv head's
@@ -278,8 +310,7 @@ static void dec_scores(const dec_ctx *c, float *scratch, int64_t b, const fp_seq
         const uint16_t *k[BLOCK_K];
         const char *pf[BLOCK_K];
         const size_t pf_bytes = ahead_rows(c, &p->v, b, seq, j0, n, hi, kvh0, nu, pf);
-        for (int x = 0; x < n; x++)
-            k[x] = (const uint16_t *)p->k.data + fp_key_offset(p, &p->k, b, seq, j0 + x, kvh0);
+        bf16_rows(c, &p->k, b, seq, j0, n, kvh0, k);
         c->uk->dec_scores_bf16(nu, rows, d, n, (const uint16_t *)q, (ptrdiff_t)rows * 2 * L->ldd,
                                2 * L->ldd, k, (ptrdiff_t)p->k.stride[FP_H], s, shs, L->ldk,
                                pf_bytes ? pf : NULL, pf_bytes);
@@ -536,8 +567,7 @@ static void dec_values(const dec_ctx *c, float *scratch, int64_t b, const fp_seq
         const char *pf[BLOCK_K];
         const size_t pf_bytes =
             j0 + BLOCK_K < hi ? ahead_rows(c, &p->k, b, seq, j0 + BLOCK_K, n, hi, kvh0, nu, pf) : 0;
-        for (int x = 0; x < n; x++)
-            v[x] = (const uint16_t *)p->v.data + fp_key_offset(p, &p->v, b, seq, j0 + x, kvh0);
+        bf16_rows(c, &p->v, b, seq, j0, n, kvh0, v);
         c->uk->dec_pv_bf16(nu, rows, d, n, pb, shs, L->ldk, v, (ptrdiff_t)p->v.stride[FP_H], o, ohs,
                            L->ldd, pf_bytes ? pf : NULL, pf_bytes);
         return;

@@ -174,10 +174,10 @@ static void dec_fill(void *x, size_t i, double value, int bf16)
         ((float *)x)[i] = (float)value;
 }
 
-/* dec_scores and dec_pv (bf16: their _bf16 forms, over up to DEC_KEYS keys) against sums in
- * double. Operands live in f32 or uint16 buffers of `es` bytes an element; k and v rows of d
- * elements are followed by NaN, and q's padding columns are NaN, so that any element read past d
- * poisons a result. */
+/* dec_scores and dec_pv (bf16: their _bf16 forms; dec_pv and dec_scores_bf16 over up to DEC_KEYS
+ * keys) against sums in double. Operands live in f32 or uint16 buffers of `es` bytes an element; k
+ * and v rows of d elements are followed by NaN, and q's padding columns are NaN, so that any
+ * element read past d poisons a result. */
 enum { DEC_KEYS = 11 };
 
 static void check_decode_steps(const fp_ukernels *uk, tu_rng *rng, int bf16)
@@ -187,7 +187,7 @@ static void check_decode_steps(const fp_ukernels *uk, tu_rng *rng, int bf16)
     for (int trial = 0; trial < 200 && !bad; trial++) {
         const int heads = 1 + (int)(tu_rng_u32(rng) % 3), rows = 1 + (int)(tu_rng_u32(rng) % 9);
         const int d = 1 + (int)(tu_rng_u32(rng) % 150);
-        const int keys = 1 + (int)(tu_rng_u32(rng) % (bf16 ? DEC_KEYS : FP_DEC_PV_KEYS));
+        const int keys = 1 + (int)(tu_rng_u32(rng) % DEC_KEYS);
         const int skeys = bf16 ? keys : 1; /* keys of the scores step */
         const int ldq = LD(d) * (bf16 ? 2 : 1), ldo = LD(d), ldp = LD(DEC_KEYS + 1), lds = ldp;
         const ptrdiff_t khs = d + 7, qhs = (ptrdiff_t)rows * ldq, ohs = (ptrdiff_t)rows * ldo;
@@ -228,17 +228,21 @@ static void check_decode_steps(const fp_ukernels *uk, tu_rng *rng, int bf16)
             }
             const size_t pf_bytes = trial % 2 ? kn * es : 0;
             uk->dec_scores_bf16(heads, rows, d, skeys, (uint16_t *)q, qhs, ldq, kk, khs, s,
-                                (ptrdiff_t)rows * lds, lds, pf_bytes ? pf : NULL, pf_bytes);
+                                (ptrdiff_t)rows * lds, lds, pf_bytes ? pf : NULL, keys, pf_bytes);
             uk->dec_pv_bf16(heads, rows, d, keys, (uint16_t *)p, (ptrdiff_t)rows * ldp, ldp, vv,
-                            khs, o, ohs, ldo, pf_bytes ? pf : NULL, pf_bytes);
+                            khs, o, ohs, ldo, pf_bytes ? pf : NULL, keys, pf_bytes);
         } else {
-            const float *vv[FP_DEC_PV_KEYS];
-            for (int i = 0; i < FP_DEC_PV_KEYS; i++)
+            const float *vv[DEC_KEYS];
+            const char *pf[DEC_KEYS];
+            for (int i = 0; i < DEC_KEYS; i++) {
                 vv[i] = (const float *)v[i];
+                pf[i] = k[i];
+            }
+            const size_t pf_bytes = trial % 2 ? kn * es : 0;
             uk->dec_scores(heads, rows, d, (float *)q, qhs, ldq, (float *)k[0], khs, s,
                            (ptrdiff_t)rows * lds, lds);
             uk->dec_pv(heads, rows, d, keys, (float *)p, (ptrdiff_t)rows * ldp, ldp, vv, khs, o,
-                       ohs, ldo);
+                       ohs, ldo, pf_bytes ? pf : NULL, keys, pf_bytes);
         }
         for (int h = 0; h < heads && !bad; h++)
             for (int r = 0; r < rows && !bad; r++) {

@@ -72,6 +72,15 @@ enum { DECODE_ROWS = 64, BLOCK_K = 64, MAX_SPLITS = 64, MIN_SPLIT_BLOCKS = 4 };
  * P V too. */
 enum { DOT_ROWS = 4 };
 
+/* Whether view t's rows are f32 with a contiguous head dim: read in place. */
+static int f32_rows(const fp_problem *p, const fp_tensor_view *t)
+{
+    return p->dtype == FLASHPORT_F32 && t->stride[FP_D] == 1;
+}
+
+/* Keys of V rows converted to f32 (f16, strided head dims) a dec_pv call. */
+enum { CONVERTED_KEYS = 4 };
+
 /* Rows of O a task keeps at most (its units' rows together): 512 rows of D = 128 f32 are 256 KiB,
  * a quarter of a Zen 4 core's L2. */
 enum { TASK_ROWS = 512 };
@@ -86,7 +95,7 @@ typedef struct dec_layout {
     size_t pb;       /* task rows x BLOCK_K bf16: P rounded */
     size_t kt;       /* units x d x BLOCK_K: each unit's K^T */
     size_t vp;       /* bf16: BLOCK_K / 2 x units x d: V as pairs of keys */
-    size_t kf, vf;   /* units x d (V: FP_DEC_PV_KEYS keys' worth): K, V rows converted to f32 */
+    size_t kf, vf;   /* units x d (V: CONVERTED_KEYS keys' worth): K, V rows converted to f32 */
     size_t vblk;     /* BLOCK_K x d: one unit's V rows in f32 for pv_visible */
     size_t st;       /* task rows fp_softmax_state */
     size_t alpha;    /* task rows rescale factors */
@@ -107,7 +116,7 @@ static dec_layout dec_layout_of(int64_t d, int task_rows, int units)
     L.vp = L.kt + (size_t)units * L.ldd * L.ldk;
     L.kf = L.vp + (size_t)(BLOCK_K / 2) * (size_t)units * L.ldd;
     L.vf = L.kf + (size_t)units * L.ldd;
-    L.vblk = L.vf + FP_DEC_PV_KEYS * (size_t)units * L.ldd;
+    L.vblk = L.vf + CONVERTED_KEYS * (size_t)units * L.ldd;
     L.st = L.vblk + (size_t)BLOCK_K * L.ldd;
     L.alpha = L.st + 2 * (size_t)task_rows;
     L.sub = L.alpha + (size_t)task_rows;
@@ -310,10 +319,11 @@ static void dec_scores(const dec_ctx *c, float *scratch, int64_t b, const fp_seq
         const uint16_t *k[BLOCK_K];
         const char *pf[BLOCK_K];
         const size_t pf_bytes = ahead_rows(c, &p->v, b, seq, j0, n, hi, kvh0, nu, pf);
+        const int pf_rows = n;
         bf16_rows(c, &p->k, b, seq, j0, n, kvh0, k);
         c->uk->dec_scores_bf16(nu, rows, d, n, (const uint16_t *)q, (ptrdiff_t)rows * 2 * L->ldd,
                                2 * L->ldd, k, (ptrdiff_t)p->k.stride[FP_H], s, shs, L->ldk,
-                               pf_bytes ? pf : NULL, pf_bytes);
+                               pf_bytes ? pf : NULL, pf_rows, pf_bytes);
         return;
     }
     for (int x = 0; x < n; x++) {
@@ -331,10 +341,11 @@ static void dec_scores(const dec_ctx *c, float *scratch, int64_t b, const fp_seq
  * blocked product beats a dot product a row once the rows share each K load enough). K^T of all
  * the task's units (f32 elements or bf16 pairs) is transposed from the caller's rows in 16-key
  * runs, each run's rows read whole when the units' heads are adjacent in the cache; f16 rows (or
- * rows with a strided head dim) are converted to f32 first, a unit at a time. */
+ * rows with a strided head dim) are converted to f32 first, a unit at a time. ask_v: whether
+ * to ask for the block's V rows meanwhile (not when the previous block's P V did). */
 static void dec_scores_gemm(const dec_ctx *c, float *scratch, int64_t b, const fp_seq *seq,
                             int64_t kvh0, int nu, int rows, const float *q, int64_t j0, int n,
-                            int64_t hi)
+                            int ask_v)
 {
     const fp_problem *p = c->p;
     const dec_layout *L = &c->L;
@@ -348,7 +359,7 @@ static void dec_scores_gemm(const dec_ctx *c, float *scratch, int64_t b, const f
         float *kf = scratch + L->vblk;
         for (int u = 0; u < nu; u++) {
             for (int x = 0; x < n; x++) {
-                if (u == 0)
+                if (u == 0 && ask_v)
                     prefetch_row(c, &p->v, b, seq, j0 + x, kvh0, nu);
                 key_row(c, &p->k, b, seq, j0 + x, kvh0 + u, kf + (size_t)x * L->ldd);
             }
@@ -366,7 +377,7 @@ static void dec_scores_gemm(const dec_ctx *c, float *scratch, int64_t b, const f
             const int64_t left = p->page_size - (j0 + x) % p->page_size;
             run = left < run ? (int)left : run;
         }
-        for (int64_t j = j0 + x; j < j0 + x + run; j++)
+        for (int64_t j = j0 + x; j < j0 + x + run && ask_v; j++)
             prefetch_row(c, &p->v, b, seq, j, kvh0, nu);
         const char *src =
             (const char *)p->k.data + (size_t)fp_key_offset(p, &p->k, b, seq, j0 + x, kvh0) * c->es;
@@ -569,7 +580,7 @@ static void dec_values(const dec_ctx *c, float *scratch, int64_t b, const fp_seq
             j0 + BLOCK_K < hi ? ahead_rows(c, &p->k, b, seq, j0 + BLOCK_K, n, hi, kvh0, nu, pf) : 0;
         bf16_rows(c, &p->v, b, seq, j0, n, kvh0, v);
         c->uk->dec_pv_bf16(nu, rows, d, n, pb, shs, L->ldk, v, (ptrdiff_t)p->v.stride[FP_H], o, ohs,
-                           L->ldd, pf_bytes ? pf : NULL, pf_bytes);
+                           L->ldd, pf_bytes ? pf : NULL, n, pf_bytes);
         return;
     }
     if (rows > DOT_ROWS && (p->dtype != FLASHPORT_F32 || p->v.stride[FP_D] != 1)) {
@@ -585,10 +596,29 @@ static void dec_values(const dec_ctx *c, float *scratch, int64_t b, const fp_seq
         }
         return;
     }
+    if (f32_rows(p,
+                 &p->v)) { /* the whole block; the next block's K and V rows asked for meanwhile */
+        const char *at[BLOCK_K], *pf[2 * BLOCK_K];
+        const float *v[BLOCK_K];
+        size_t pf_bytes = 0;
+        int pf_rows = 0;
+        block_rows(c, &p->v, b, seq, j0, n, j0 + n, kvh0, at);
+        for (int x = 0; x < n; x++)
+            v[x] = (const float *)(const void *)at[x];
+        if (j0 + BLOCK_K < hi) {
+            const int ahead = hi - (j0 + BLOCK_K) < BLOCK_K ? (int)(hi - (j0 + BLOCK_K)) : BLOCK_K;
+            pf_bytes = ahead_rows(c, &p->k, b, seq, j0 + BLOCK_K, ahead, hi, kvh0, nu, pf);
+            ahead_rows(c, &p->v, b, seq, j0 + BLOCK_K, ahead, hi, kvh0, nu, pf + ahead);
+            pf_rows = 2 * ahead;
+        }
+        c->uk->dec_pv(nu, rows, d, n, s, shs, L->ldk, v, (ptrdiff_t)p->v.stride[FP_H], o, ohs,
+                      L->ldd, pf_bytes ? pf : NULL, pf_rows, pf_bytes);
+        return;
+    }
     float *vf = scratch + L->vf;
-    for (int x = 0; x < n; x += FP_DEC_PV_KEYS) {
-        const int keys = n - x < FP_DEC_PV_KEYS ? n - x : FP_DEC_PV_KEYS;
-        const float *v[FP_DEC_PV_KEYS];
+    for (int x = 0; x < n; x += CONVERTED_KEYS) {
+        const int keys = n - x < CONVERTED_KEYS ? n - x : CONVERTED_KEYS;
+        const float *v[CONVERTED_KEYS];
         ptrdiff_t vhs = 0;
         for (int i = 0; i < keys; i++) {
             if (j0 + x + i + BLOCK_K < hi)
@@ -596,7 +626,7 @@ static void dec_values(const dec_ctx *c, float *scratch, int64_t b, const fp_seq
             v[i] = unit_rows(c, &p->v, b, seq, j0 + x + i, kvh0, nu,
                              vf + (size_t)i * (size_t)nu * L->ldd, &vhs);
         }
-        c->uk->dec_pv(nu, rows, d, keys, s + x, shs, L->ldk, v, vhs, o, ohs, L->ldd);
+        c->uk->dec_pv(nu, rows, d, keys, s + x, shs, L->ldk, v, vhs, o, ohs, L->ldd, NULL, 0, 0);
     }
 }
 
@@ -658,7 +688,8 @@ static void dec_task(const dec_ctx *c, float *scratch, int64_t b, int64_t u0, in
         const int full =
             fp_mask_block_full(0, nq, j0, j0 + n, seq.nq, seq.nk, p->window_left, p->window_right);
         if ((p->dtype == FLASHPORT_F32 && p->k.stride[FP_D] == 1) || rows > DOT_ROWS)
-            dec_scores_gemm(c, scratch, b, &seq, kv0, nu, rows, q, j0, n, hi);
+            dec_scores_gemm(c, scratch, b, &seq, kv0, nu, rows, q, j0, n,
+                            j0 == lo || !f32_rows(p, &p->v));
         else
             dec_scores(c, scratch, b, &seq, kv0, nu, rows, q, j0, n, hi);
         for (int64_t u = u0; u < u1; u++) {

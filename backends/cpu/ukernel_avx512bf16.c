@@ -151,33 +151,6 @@ static inline __mmask32 mask32(int left)
     return left >= 32 ? ~(__mmask32)0 : left <= 0 ? 0 : (__mmask32)((1u << left) - 1u);
 }
 
-/* The prefetch rows of a call (ukernel.h's pf) walked in address order, a few lines at each step
- * of the products: sequential requests, spread over the call's work. */
-typedef struct pf_cursor {
-    const char *const *pf;
-    int lines, keys; /* 64-byte lines a row, rows */
-    int key, line;   /* the next line to ask for */
-    int quota;       /* lines a step */
-} pf_cursor;
-
-static inline pf_cursor pf_start(const char *const *pf, size_t bytes, int keys, int steps)
-{
-    pf_cursor c = {pf, (int)((bytes + 63) / 64), pf ? keys : 0, 0, 0, 0};
-    c.quota = steps > 0 ? (c.lines * c.keys + steps - 1) / steps : 0;
-    return c;
-}
-
-static inline __attribute__((always_inline)) void pf_step(pf_cursor *c)
-{
-    for (int n = 0; n < c->quota && c->key < c->keys; n++) {
-        _mm_prefetch(c->pf[c->key] + (size_t)c->line * 64, _MM_HINT_T0);
-        if (++c->line == c->lines) {
-            c->line = 0;
-            c->key++;
-        }
-    }
-}
-
 /* dec_scores_bf16 (ukernel.h): four keys by four rows a step, 16 accumulators of vdpbf16ps (32
  * bf16 a product, masked loads for the tail of d: zeros, nothing past d is read), folded by
  * hsum16 into one vector whose 128-bit lanes are the rows' four scores. The keys go in order, a
@@ -186,9 +159,9 @@ static inline __attribute__((always_inline)) void pf_step(pf_cursor *c)
 static void uk_dec_scores_bf16(int heads, int rows, int d, int keys, const uint16_t *q,
                                ptrdiff_t qhs, ptrdiff_t ldq, const uint16_t *const *k,
                                ptrdiff_t khs, float *s, ptrdiff_t shs, ptrdiff_t lds,
-                               const char *const *pf, size_t pf_bytes)
+                               const char *const *pf, int pf_rows, size_t pf_bytes)
 {
-    pf_cursor pc = pf_start(pf, pf_bytes, keys, (keys + 3) / 4 * heads);
+    pf_cursor pc = pf_start(pf, pf_rows, pf_bytes, (keys + 3) / 4 * heads);
     for (int i0 = 0; i0 < keys; i0 += 4) {
         const int nk = keys - i0 < 4 ? keys - i0 : 4;
         const __mmask8 km = (__mmask8)((1u << nk) - 1u);
@@ -238,10 +211,11 @@ static void uk_dec_scores_bf16(int heads, int rows, int d, int keys, const uint1
  * with P's pair broadcast from memory. */
 static void uk_dec_pv_bf16(int heads, int rows, int d, int keys, const uint16_t *p, ptrdiff_t phs,
                            ptrdiff_t ldp, const uint16_t *const *v, ptrdiff_t vhs, float *o,
-                           ptrdiff_t ohs, ptrdiff_t ldo, const char *const *pf, size_t pf_bytes)
+                           ptrdiff_t ohs, ptrdiff_t ldo, const char *const *pf, int pf_rows,
+                           size_t pf_bytes)
 {
-    pf_cursor pc =
-        pf_start(pf, pf_bytes, keys, heads * ((rows + 3) / 4) * ((d + 63) / 64) * ((keys + 1) / 2));
+    pf_cursor pc = pf_start(pf, pf_rows, pf_bytes,
+                            heads * ((rows + 3) / 4) * ((d + 63) / 64) * ((keys + 1) / 2));
     /* Words 0..31 of the result alternate even[i] and odd[i] (index 32 + i selects odd). */
     const __m512i lo = _mm512_set_epi16(47, 15, 46, 14, 45, 13, 44, 12, 43, 11, 42, 10, 41, 9, 40,
                                         8, 39, 7, 38, 6, 37, 5, 36, 4, 35, 3, 34, 2, 33, 1, 32, 0);

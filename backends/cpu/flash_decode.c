@@ -14,10 +14,11 @@
  * kv heads, so that K and V are read in the cache's own order ([N, Hkv, D] rows, or a page's
  * [page_size, Hkv, D]): one sequential stream each per task. The rows are asked for one phase
  * ahead, in address order: while a block's scores are computed, its V rows; while its P V runs,
- * the next block's K rows (the bf16 steps spread these requests over their products, ukernel.h's
- * pf; the other paths ask key by key). The hardware prefetchers alone left the loop waiting on
- * memory, and requests in any other order (a kv head's rows of the block in turn) were read at
- * about half the rate. Per block:
+ * the next block's K rows (and for f32, its V rows too); the bf16 steps and f32's dec_pv spread
+ * these requests over their products (ukernel.h's pf), the K^T path asks key by key, and the paths
+ * that convert rows key by key ask NEAR_KEYS keys ahead in the stream they read. The hardware
+ * prefetchers alone left the loop waiting on memory, and requests in any other order (a kv
+ * head's rows of the block in turn) were read at about half the rate. Per block:
  *   S     the table's dec_scores (ukernel.h) for units of at most DOT_ROWS rows: a key's row
  *         against the unit's query rows, held in L1, summed across the vector lanes (bf16 on
  *         avx512bf16: dec_scores_bf16 over the block, four keys by four rows a step, vdpbf16ps
@@ -78,8 +79,16 @@ static int f32_rows(const fp_problem *p, const fp_tensor_view *t)
     return p->dtype == FLASHPORT_F32 && t->stride[FP_D] == 1;
 }
 
-/* Keys of V rows converted to f32 (f16, strided head dims) a dec_pv call. */
-enum { CONVERTED_KEYS = 4 };
+/* Keys of V rows converted to f32 (f16, strided head dims) a dec_pv call: dec_pv holds O's rows
+ * in registers across its keys, so a few keys a call would load and store O more often than the
+ * keys' rows themselves. */
+enum { CONVERTED_KEYS = 16 };
+
+/* The paths that convert rows to f32 key by key (f16, bf16 without vdpbf16ps) ask for the rows
+ * of the stream they read this many keys ahead instead of a phase ahead: their conversions are
+ * slow enough that requests a block ahead went out in bursts that stalled them (f16 read at
+ * about 0.65x). */
+enum { NEAR_KEYS = 8 };
 
 /* Rows of O a task keeps at most (its units' rows together): 512 rows of D = 128 f32 are 256 KiB,
  * a quarter of a Zen 4 core's L2. */
@@ -327,7 +336,8 @@ static void dec_scores(const dec_ctx *c, float *scratch, int64_t b, const fp_seq
         return;
     }
     for (int x = 0; x < n; x++) {
-        prefetch_row(c, &p->v, b, seq, j0 + x, kvh0, nu);
+        if (j0 + x + NEAR_KEYS < hi)
+            prefetch_row(c, &p->k, b, seq, j0 + x + NEAR_KEYS, kvh0, nu);
         ptrdiff_t khs;
         const float *k = unit_rows(c, &p->k, b, seq, j0 + x, kvh0, nu, scratch + L->kf, &khs);
         c->uk->dec_scores(nu, rows, d, q, (ptrdiff_t)rows * L->ldd, L->ldd, k, khs, s + x, shs,
@@ -621,8 +631,8 @@ static void dec_values(const dec_ctx *c, float *scratch, int64_t b, const fp_seq
         const float *v[CONVERTED_KEYS];
         ptrdiff_t vhs = 0;
         for (int i = 0; i < keys; i++) {
-            if (j0 + x + i + BLOCK_K < hi)
-                prefetch_row(c, &p->k, b, seq, j0 + x + i + BLOCK_K, kvh0, nu);
+            if (j0 + x + i + NEAR_KEYS < hi)
+                prefetch_row(c, &p->v, b, seq, j0 + x + i + NEAR_KEYS, kvh0, nu);
             v[i] = unit_rows(c, &p->v, b, seq, j0 + x + i, kvh0, nu,
                              vf + (size_t)i * (size_t)nu * L->ldd, &vhs);
         }

@@ -24,16 +24,18 @@
  *         avx512bf16: dec_scores_bf16 over the block, four keys by four rows a step, vdpbf16ps
  *         on the caller's rows, no transposition, no conversion). f32, and units of more rows,
  *         transpose K in 16-key runs for all the task's heads at once (f16 rows converted
- *         first) and run the table's gemm over K^T (bf16: gemm_bf16 on pairs). For f32 that sums
- * the products in the order of the backward's gemm: the forward's LSE then matches the backward's
- * recomputed scores bit for bit, which the f32 gradient tolerances need. P     softcap / ALiBi /
- * the window per row (core/mask.h, Nq > 1 rows see different keys), the online softmax per row
- * (core/online_softmax.h, exp2 form, the table's exp2), O rescaled when a maximum moved. O     the
- * table's dec_pv, FP_DEC_PV_KEYS keys at a time into O's rows (in L1 / L2), in key order; bf16 on
- * avx512bf16: P rounded to bf16 (as flash_fwd.c's bf16 path does) and dec_pv_bf16 over the block (V
- * pairs by vpermt2w, vdpbf16ps, O's rows in registers across the block, a kv head at a time). Units
- * of more than DOT_ROWS rows keep O in registers across the block instead: gemm_bf16 on V pairs
- * (interleave_bf16), or gemm on V rows converted to f32 (f16, bf16 without vdpbf16ps).
+ *         first) and run the table's gemm over K^T (bf16: gemm_bf16 on pairs). For f32 that
+ *         sums the products in the order of the backward's gemm: the forward's LSE then matches
+ *         the backward's recomputed scores bit for bit, which the f32 gradient tolerances need.
+ *   P     softcap / ALiBi / the window per row (core/mask.h, Nq > 1 rows see different keys),
+ *         the online softmax per row (core/online_softmax.h, exp2 form, the table's exp2), O
+ *         rescaled when a maximum moved.
+ *   O     the table's dec_pv over the block, O's rows in registers across it, a kv head at a
+ *         time (rows converted to f32: CONVERTED_KEYS keys a call); bf16 on avx512bf16: P
+ *         rounded to bf16 (as flash_fwd.c's bf16 path does) and dec_pv_bf16 (V pairs by
+ *         vpermt2w, vdpbf16ps). bf16 and converted units of more than DOT_ROWS rows take
+ *         gemm_bf16 on V pairs (interleave_bf16), or gemm on V rows converted to f32 (f16, bf16
+ *         without vdpbf16ps).
  *
  * Split-KV: core/plan.c's fp_plan_decode, with (batch, task) tiles and the CPU's threads as the
  * workers, splits the keys when there are fewer tiles than threads; each split writes its

@@ -1,6 +1,7 @@
 /*
  * The fp_ukernels entries that every vector ISA implements the same way (ukernel.h has the
- * contract): the f32 product (ukernel_gemm.h) and the column-wise softmax pieces. Included once by
+ * contract): the f32 product (ukernel_gemm.h), the column-wise softmax pieces and the decode steps
+ * (dec_scores, dec_pv, and pf_cursor, the prefetch schedule the _bf16 ones share). Included once by
  * each ukernel_<isa>.c after it defines its vector primitives:
  *   uk_vec, UK_LANES (divides FP_TILE_COLS), UK_MR, UK_NV
  *   uk_zero(), uk_set1(x), uk_load(p), uk_store(p, v)     unaligned loads and stores

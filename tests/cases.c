@@ -182,6 +182,11 @@ static const tc_case table[] = {
     {DENSE(BF16, 1, 8, 1, 4, 700, 64), .causal = 1, .use_seqused = 1, .seqused = {650}},
     {DENSE(F16, 1, 4, 1, 1, 1000, 128), .page_size = 16, .use_seqused = 1, .seqused = {999}},
     {DENSE(F32, 1, 32, 1, 4, 300, 32), .alibi = 1, .softcap = 5.0f},
+    /* the bf16 streaming steps (units of at most 4 rows, several kv heads a task): a key block
+     * over pages of 16, a window that cuts blocks, a tail of D past 64; D past 128 */
+    {DENSE(BF16, 2, 8, 4, 2, 300, 72), .page_size = 16, WINDOW(50, 0), .softcap = 10.0f,
+     .use_seqused = 1, .seqused = {300, 90}},
+    {DENSE(BF16, 1, 4, 2, 1, 333, 160), .alibi = 1},
     /* fp8 against a KV cache: decode rows (the CPU's flash path, not its decode path), dense with
      * seqused_k and paged with pages that a key block spans */
     {FP8(FP8_E4M3, BF16, 2, 8, 2, 4, 200, 64), DESCALE(0.5f, 2.0f, 1.5f), .causal = 1,

@@ -174,33 +174,43 @@ static void dec_fill(void *x, size_t i, double value, int bf16)
         ((float *)x)[i] = (float)value;
 }
 
-/* dec_scores and dec_pv (bf16: their _bf16 forms) against sums in double. Operands live in f32
- * or uint16 buffers of `es` bytes an element; k and v rows of d elements are followed by NaN,
- * and q's padding columns are NaN, so that any element read past d poisons a result. */
+/* dec_scores and dec_pv (bf16: their _bf16 forms; dec_pv and dec_scores_bf16 over up to DEC_KEYS
+ * keys) against sums in double. Operands live in f32 or uint16 buffers of `es` bytes an element; k
+ * and v rows of d elements are followed by NaN, and q's padding columns are NaN, so that any
+ * element read past d poisons a result. */
+enum { DEC_KEYS = 11 };
+
 static void check_decode_steps(const fp_ukernels *uk, tu_rng *rng, int bf16)
 {
     int bad = 0;
     const size_t es = bf16 ? sizeof(uint16_t) : sizeof(float);
     for (int trial = 0; trial < 200 && !bad; trial++) {
         const int heads = 1 + (int)(tu_rng_u32(rng) % 3), rows = 1 + (int)(tu_rng_u32(rng) % 9);
-        const int d = 1 + (int)(tu_rng_u32(rng) % 80), keys = 1 + (int)(tu_rng_u32(rng) % 4);
-        const int ldq = LD(d) * (bf16 ? 2 : 1), ldo = LD(d), ldp = LD(FP_DEC_PV_KEYS + 1);
+        const int d = 1 + (int)(tu_rng_u32(rng) % 150);
+        const int keys = 1 + (int)(tu_rng_u32(rng) % DEC_KEYS);
+        const int skeys = bf16 ? keys : 1; /* keys of the scores step */
+        const int ldq = LD(d) * (bf16 ? 2 : 1), ldo = LD(d), ldp = LD(DEC_KEYS + 1), lds = ldp;
         const ptrdiff_t khs = d + 7, qhs = (ptrdiff_t)rows * ldq, ohs = (ptrdiff_t)rows * ldo;
         const size_t kn = (size_t)heads * (size_t)khs + 16, qn = (size_t)heads * (size_t)qhs;
-        char *q = malloc(qn * es), *k = malloc(kn * es), *v[FP_DEC_PV_KEYS], *p;
-        float *s = alloc_f((size_t)heads * rows * 2), *o = alloc_f((size_t)heads * ohs);
+        char *q = malloc(qn * es), *k[DEC_KEYS], *v[DEC_KEYS], *p;
+        float *s = alloc_f((size_t)heads * rows * lds), *o = alloc_f((size_t)heads * ohs);
+        int ok = q && s && o;
         p = malloc((size_t)heads * rows * ldp * es);
-        for (int i = 0; i < FP_DEC_PV_KEYS; i++)
+        for (int i = 0; i < DEC_KEYS; i++) {
+            k[i] = malloc(kn * es);
             v[i] = malloc(kn * es);
-        if (!CHECK(q && k && p && v[0] && v[1] && v[2] && v[3]))
+            ok = ok && k[i] && v[i];
+        }
+        if (!CHECK(ok && p))
             return;
         for (size_t i = 0; i < qn; i++)
             dec_fill(q, i, (int)(i % ldq) < d ? tu_rng_uniform(rng, -1.0f, 1.0f) : NAN, bf16);
         for (size_t i = 0; i < kn; i++) {
             const int in_row = (ptrdiff_t)(i % khs) < d && i < (size_t)heads * khs;
-            dec_fill(k, i, in_row ? tu_rng_uniform(rng, -1.0f, 1.0f) : NAN, bf16);
-            for (int j = 0; j < FP_DEC_PV_KEYS; j++)
+            for (int j = 0; j < DEC_KEYS; j++) {
+                dec_fill(k[j], i, in_row ? tu_rng_uniform(rng, -1.0f, 1.0f) : NAN, bf16);
                 dec_fill(v[j], i, in_row ? tu_rng_uniform(rng, -1.0f, 1.0f) : NAN, bf16);
+            }
         }
         for (int i = 0; i < heads * rows * ldp; i++) /* P: keys values, then zeros */
             dec_fill(p, (size_t)i, i % ldp < keys ? tu_rng_uniform(rng, 0.0f, 1.0f) : 0.0, bf16);
@@ -209,34 +219,48 @@ static void check_decode_steps(const fp_ukernels *uk, tu_rng *rng, int bf16)
         float *o0 = alloc_f((size_t)heads * ohs);
         memcpy(o0, o, sizeof(float) * (size_t)heads * ohs);
         if (bf16) {
-            const uint16_t *vv[FP_DEC_PV_KEYS] = {(uint16_t *)v[0], (uint16_t *)v[1],
-                                                  (uint16_t *)v[2], (uint16_t *)v[3]};
-            uk->dec_scores_bf16(heads, rows, d, (uint16_t *)q, qhs, ldq, (uint16_t *)k, khs, s,
-                                (ptrdiff_t)rows * 2, 2);
+            const uint16_t *kk[DEC_KEYS], *vv[DEC_KEYS];
+            const char *pf[DEC_KEYS]; /* prefetch hints on odd trials (the next rows: k's) */
+            for (int i = 0; i < DEC_KEYS; i++) {
+                kk[i] = (const uint16_t *)k[i];
+                vv[i] = (const uint16_t *)v[i];
+                pf[i] = k[i];
+            }
+            const size_t pf_bytes = trial % 2 ? kn * es : 0;
+            uk->dec_scores_bf16(heads, rows, d, skeys, (uint16_t *)q, qhs, ldq, kk, khs, s,
+                                (ptrdiff_t)rows * lds, lds, pf_bytes ? pf : NULL, keys, pf_bytes);
             uk->dec_pv_bf16(heads, rows, d, keys, (uint16_t *)p, (ptrdiff_t)rows * ldp, ldp, vv,
-                            khs, o, ohs, ldo);
+                            khs, o, ohs, ldo, pf_bytes ? pf : NULL, keys, pf_bytes);
         } else {
-            const float *vv[FP_DEC_PV_KEYS] = {(float *)v[0], (float *)v[1], (float *)v[2],
-                                               (float *)v[3]};
-            uk->dec_scores(heads, rows, d, (float *)q, qhs, ldq, (float *)k, khs, s,
-                           (ptrdiff_t)rows * 2, 2);
+            const float *vv[DEC_KEYS];
+            const char *pf[DEC_KEYS];
+            for (int i = 0; i < DEC_KEYS; i++) {
+                vv[i] = (const float *)v[i];
+                pf[i] = k[i];
+            }
+            const size_t pf_bytes = trial % 2 ? kn * es : 0;
+            uk->dec_scores(heads, rows, d, (float *)q, qhs, ldq, (float *)k[0], khs, s,
+                           (ptrdiff_t)rows * lds, lds);
             uk->dec_pv(heads, rows, d, keys, (float *)p, (ptrdiff_t)rows * ldp, ldp, vv, khs, o,
-                       ohs, ldo);
+                       ohs, ldo, pf_bytes ? pf : NULL, keys, pf_bytes);
         }
         for (int h = 0; h < heads && !bad; h++)
             for (int r = 0; r < rows && !bad; r++) {
-                double want = 0.0, mag = 0.0;
-                for (int e = 0; e < d; e++) {
-                    const double t = dec_elem(q, (size_t)(h * qhs + r * ldq + e), bf16) *
-                                     dec_elem(k, (size_t)(h * khs + e), bf16);
-                    want += t;
-                    mag += fabs(t);
+                for (int i = 0; i < skeys && !bad; i++) {
+                    double want = 0.0, mag = 0.0;
+                    for (int e = 0; e < d; e++) {
+                        const double t = dec_elem(q, (size_t)(h * qhs + r * ldq + e), bf16) *
+                                         dec_elem(k[i], (size_t)(h * khs + e), bf16);
+                        want += t;
+                        mag += fabs(t);
+                    }
+                    const double got = s[(h * rows + r) * lds + i];
+                    bad = !CHECK_MSG(fabs(got - want) <= 2.0 * (d + 1) * 0x1p-24 * mag,
+                                     "%s dec_scores%s heads=%d rows=%d d=%d keys=%d: "
+                                     "s[%d][%d][%d] = %.9g, want %.9g",
+                                     table, bf16 ? "_bf16" : "", heads, rows, d, skeys, h, r, i,
+                                     got, want);
                 }
-                const double got = s[(h * rows + r) * 2];
-                bad = !CHECK_MSG(fabs(got - want) <= 2.0 * (d + 1) * 0x1p-24 * mag,
-                                 "%s dec_scores%s heads=%d rows=%d d=%d: s[%d][%d] = %.9g, want "
-                                 "%.9g",
-                                 table, bf16 ? "_bf16" : "", heads, rows, d, h, r, got, want);
                 for (int e = 0; e < d && !bad; e++) {
                     double w = o0[h * ohs + r * ldo + e], m = fabs(w);
                     for (int i = 0; i < keys; i++) {
@@ -254,10 +278,11 @@ static void check_decode_steps(const fp_ukernels *uk, tu_rng *rng, int bf16)
                 }
             }
         free(q);
-        free(k);
         free(p);
-        for (int i = 0; i < FP_DEC_PV_KEYS; i++)
+        for (int i = 0; i < DEC_KEYS; i++) {
+            free(k[i]);
             free(v[i]);
+        }
         free(s);
         free(o);
         free(o0);

@@ -12,27 +12,30 @@
  * Streaming: a task holds consecutive kv heads (up to TASK_ROWS rows of O, every kv head for the
  * usual shapes) and walks its keys in blocks of BLOCK_K, each block key by key across the task's
  * kv heads, so that K and V are read in the cache's own order ([N, Hkv, D] rows, or a page's
- * [page_size, Hkv, D]): one sequential stream each per task, which the hardware prefetchers
- * follow, plus a software prefetch PREFETCH_KEYS keys ahead across the 4 KiB pages where they
- * stop. (Each kv head's D-element slice of every key, Hkv rows apart, was the earlier order: a
- * different page every key or two, read at about half the rate of the same bytes in order.)
- * Per block:
+ * [page_size, Hkv, D]): one sequential stream each per task. The rows are asked for one phase
+ * ahead, in address order: while a block's scores are computed, its V rows; while its P V runs,
+ * the next block's K rows (and for f32, its V rows too); the bf16 steps and f32's dec_pv spread
+ * these requests over their products (ukernel.h's pf), the K^T path asks key by key, and the paths
+ * that convert rows key by key ask NEAR_KEYS keys ahead in the stream they read. The hardware
+ * prefetchers alone left the loop waiting on memory, and requests in any other order (a kv
+ * head's rows of the block in turn) were read at about half the rate. Per block:
  *   S     the table's dec_scores (ukernel.h) for units of at most DOT_ROWS rows: a key's row
  *         against the unit's query rows, held in L1, summed across the vector lanes (bf16 on
- *         avx512bf16: dec_scores_bf16, vdpbf16ps on the caller's rows, no transposition, no
- *         conversion). f32, and units of more rows, transpose K in 16-key runs for all the
- *         task's heads at once (f16 rows converted first) and run the table's gemm over K^T
- *         (bf16: gemm_bf16 on pairs). For f32 that sums the products in the order of the
- *         backward's gemm: the forward's LSE then matches the backward's recomputed scores bit
- *         for bit, which the f32 gradient tolerances need.
+ *         avx512bf16: dec_scores_bf16 over the block, four keys by four rows a step, vdpbf16ps
+ *         on the caller's rows, no transposition, no conversion). f32, and units of more rows,
+ *         transpose K in 16-key runs for all the task's heads at once (f16 rows converted
+ *         first) and run the table's gemm over K^T (bf16: gemm_bf16 on pairs). For f32 that
+ *         sums the products in the order of the backward's gemm: the forward's LSE then matches
+ *         the backward's recomputed scores bit for bit, which the f32 gradient tolerances need.
  *   P     softcap / ALiBi / the window per row (core/mask.h, Nq > 1 rows see different keys),
  *         the online softmax per row (core/online_softmax.h, exp2 form, the table's exp2), O
  *         rescaled when a maximum moved.
- *   O     the table's dec_pv, FP_DEC_PV_KEYS keys at a time into O's rows (in L1 / L2), in key
- *         order; bf16 on avx512bf16: P rounded to bf16 (as flash_fwd.c's bf16 path does) and
- *         dec_pv_bf16 (V pairs by vpermt2w, vdpbf16ps). Units of more than DOT_ROWS rows keep
- *         O in registers across the block instead: gemm_bf16 on V pairs (interleave_bf16), or
- *         gemm on V rows converted to f32 (f16, bf16 without vdpbf16ps).
+ *   O     the table's dec_pv over the block, O's rows in registers across it, a kv head at a
+ *         time (rows converted to f32: CONVERTED_KEYS keys a call); bf16 on avx512bf16: P
+ *         rounded to bf16 (as flash_fwd.c's bf16 path does) and dec_pv_bf16 (V pairs by
+ *         vpermt2w, vdpbf16ps). bf16 and converted units of more than DOT_ROWS rows take
+ *         gemm_bf16 on V pairs (interleave_bf16), or gemm on V rows converted to f32 (f16, bf16
+ *         without vdpbf16ps).
  *
  * Split-KV: core/plan.c's fp_plan_decode, with (batch, task) tiles and the CPU's threads as the
  * workers, splits the keys when there are fewer tiles than threads; each split writes its
@@ -67,13 +70,27 @@
 
 enum { DECODE_ROWS = 64, BLOCK_K = 64, MAX_SPLITS = 64, MIN_SPLIT_BLOCKS = 4 };
 
-/* How many keys ahead of the one being read its K and V rows are asked for (prefetch_row). */
-enum { PREFETCH_KEYS = 8 };
-
 /* bf16 and f16 units of at most this many rows take the table's dec_scores (a dot product a
  * row), larger ones (and f32 ones) K^T and the table's gemm; bf16 ones of more take gemm_bf16 for
  * P V too. */
 enum { DOT_ROWS = 4 };
+
+/* Whether view t's rows are f32 with a contiguous head dim: read in place. */
+static int f32_rows(const fp_problem *p, const fp_tensor_view *t)
+{
+    return p->dtype == FLASHPORT_F32 && t->stride[FP_D] == 1;
+}
+
+/* Keys of V rows converted to f32 (f16, strided head dims) a dec_pv call: dec_pv holds O's rows
+ * in registers across its keys, so a few keys a call would load and store O more often than the
+ * keys' rows themselves. */
+enum { CONVERTED_KEYS = 16 };
+
+/* The paths that convert rows to f32 key by key (f16, bf16 without vdpbf16ps) ask for the rows
+ * of the stream they read this many keys ahead instead of a phase ahead: their conversions are
+ * slow enough that requests a block ahead went out in bursts that stalled them (f16 read at
+ * about 0.65x). */
+enum { NEAR_KEYS = 8 };
 
 /* Rows of O a task keeps at most (its units' rows together): 512 rows of D = 128 f32 are 256 KiB,
  * a quarter of a Zen 4 core's L2. */
@@ -89,7 +106,7 @@ typedef struct dec_layout {
     size_t pb;       /* task rows x BLOCK_K bf16: P rounded */
     size_t kt;       /* units x d x BLOCK_K: each unit's K^T */
     size_t vp;       /* bf16: BLOCK_K / 2 x units x d: V as pairs of keys */
-    size_t kf, vf;   /* units x d (V: FP_DEC_PV_KEYS keys' worth): K, V rows converted to f32 */
+    size_t kf, vf;   /* units x d (V: CONVERTED_KEYS keys' worth): K, V rows converted to f32 */
     size_t vblk;     /* BLOCK_K x d: one unit's V rows in f32 for pv_visible */
     size_t st;       /* task rows fp_softmax_state */
     size_t alpha;    /* task rows rescale factors */
@@ -110,7 +127,7 @@ static dec_layout dec_layout_of(int64_t d, int task_rows, int units)
     L.vp = L.kt + (size_t)units * L.ldd * L.ldk;
     L.kf = L.vp + (size_t)(BLOCK_K / 2) * (size_t)units * L.ldd;
     L.vf = L.kf + (size_t)units * L.ldd;
-    L.vblk = L.vf + FP_DEC_PV_KEYS * (size_t)units * L.ldd;
+    L.vblk = L.vf + CONVERTED_KEYS * (size_t)units * L.ldd;
     L.st = L.vblk + (size_t)BLOCK_K * L.ldd;
     L.alpha = L.st + 2 * (size_t)task_rows;
     L.sub = L.alpha + (size_t)task_rows;
@@ -191,6 +208,57 @@ static inline __attribute__((always_inline)) void prefetch_row(const dec_ctx *c,
             __builtin_prefetch(row + at, 0, 3);
 }
 
+/* The rows of keys [j, j + n) of view t (kv head kvh0; j < hi), keys from hi on replaced by key
+ * hi - 1: one offset (a block-table lookup, divisions) a run of consecutive keys in one page,
+ * not one a key. */
+static void block_rows(const dec_ctx *c, const fp_tensor_view *t, int64_t b, const fp_seq *seq,
+                       int64_t j, int n, int64_t hi, int64_t kvh0, const char **rows)
+{
+    const fp_problem *p = c->p;
+    const ptrdiff_t step = (ptrdiff_t)t->stride[FP_S] * (ptrdiff_t)c->es;
+    const int valid = hi - j < n ? (int)(hi - j) : n;
+    for (int i = 0; i < valid;) {
+        int run = valid - i;
+        if (p->block_table) {
+            const int64_t left = p->page_size - (j + i) % p->page_size;
+            run = left < run ? (int)left : run;
+        }
+        const char *row =
+            (const char *)t->data + (size_t)fp_key_offset(p, t, b, seq, j + i, kvh0) * c->es;
+        for (int x = 0; x < run; x++)
+            rows[i + x] = row + x * step;
+        i += run;
+    }
+    for (int i = valid; i < n; i++)
+        rows[i] = rows[valid - 1];
+}
+
+/* The rows that the _bf16 steps ask the caches for while they work (ukernel.h's pf): of keys
+ * [j, j + n) of view t, kv heads [kvh0, kvh0 + nu), as block_rows. Returns the bytes a key, or 0
+ * when the heads' rows are not adjacent (the caller then asks with prefetch_row). */
+static size_t ahead_rows(const dec_ctx *c, const fp_tensor_view *t, int64_t b, const fp_seq *seq,
+                         int64_t j, int n, int64_t hi, int64_t kvh0, int nu, const char **pf)
+{
+    const fp_problem *p = c->p;
+    if (nu > 1 && t->stride[FP_H] != p->head_dim) {
+        for (int i = 0; i < n && j + i < hi; i++)
+            prefetch_row(c, t, b, seq, j + i, kvh0, nu);
+        return 0;
+    }
+    block_rows(c, t, b, seq, j, n, hi, kvh0, pf);
+    return (size_t)p->head_dim * c->es * (size_t)nu;
+}
+
+/* The bf16 rows of keys [j0, j0 + n) of view t (kv head kvh0) for the _bf16 steps. */
+static void bf16_rows(const dec_ctx *c, const fp_tensor_view *t, int64_t b, const fp_seq *seq,
+                      int64_t j0, int n, int64_t kvh0, const uint16_t **rows)
+{
+    const char *at[BLOCK_K];
+    block_rows(c, t, b, seq, j0, n, j0 + n, kvh0, at);
+    for (int x = 0; x < n; x++)
+        rows[x] = (const uint16_t *)(const void *)at[x];
+}
+
 /* The f32 rows of key j for the task's nu units (kv heads kvh0 + u, one unit when a kv head's
  * group is cut into chunks): a pointer to unit 0's row and the distance *hs between two units'
  * rows, in place when the tensor is f32 with a contiguous head dim, else converted into dst
@@ -258,20 +326,24 @@ static void dec_scores(const dec_ctx *c, float *scratch, int64_t b, const fp_seq
     const int d = (int)p->head_dim;
     float *s = scratch + L->s;
     const ptrdiff_t shs = (ptrdiff_t)rows * L->ldk;
+    if (c->bf16) { /* the block's V rows asked for meanwhile */
+        const uint16_t *k[BLOCK_K];
+        const char *pf[BLOCK_K];
+        const size_t pf_bytes = ahead_rows(c, &p->v, b, seq, j0, n, hi, kvh0, nu, pf);
+        const int pf_rows = n;
+        bf16_rows(c, &p->k, b, seq, j0, n, kvh0, k);
+        c->uk->dec_scores_bf16(nu, rows, d, n, (const uint16_t *)q, (ptrdiff_t)rows * 2 * L->ldd,
+                               2 * L->ldd, k, (ptrdiff_t)p->k.stride[FP_H], s, shs, L->ldk,
+                               pf_bytes ? pf : NULL, pf_rows, pf_bytes);
+        return;
+    }
     for (int x = 0; x < n; x++) {
-        if (j0 + x + PREFETCH_KEYS < hi)
-            prefetch_row(c, &p->k, b, seq, j0 + x + PREFETCH_KEYS, kvh0, nu);
-        if (c->bf16) {
-            const uint16_t *k =
-                (const uint16_t *)p->k.data + fp_key_offset(p, &p->k, b, seq, j0 + x, kvh0);
-            c->uk->dec_scores_bf16(nu, rows, d, (const uint16_t *)q, (ptrdiff_t)rows * 2 * L->ldd,
-                                   2 * L->ldd, k, (ptrdiff_t)p->k.stride[FP_H], s + x, shs, L->ldk);
-        } else {
-            ptrdiff_t khs;
-            const float *k = unit_rows(c, &p->k, b, seq, j0 + x, kvh0, nu, scratch + L->kf, &khs);
-            c->uk->dec_scores(nu, rows, d, q, (ptrdiff_t)rows * L->ldd, L->ldd, k, khs, s + x, shs,
-                              L->ldk);
-        }
+        if (j0 + x + NEAR_KEYS < hi)
+            prefetch_row(c, &p->k, b, seq, j0 + x + NEAR_KEYS, kvh0, nu);
+        ptrdiff_t khs;
+        const float *k = unit_rows(c, &p->k, b, seq, j0 + x, kvh0, nu, scratch + L->kf, &khs);
+        c->uk->dec_scores(nu, rows, d, q, (ptrdiff_t)rows * L->ldd, L->ldd, k, khs, s + x, shs,
+                          L->ldk);
     }
 }
 
@@ -281,10 +353,11 @@ static void dec_scores(const dec_ctx *c, float *scratch, int64_t b, const fp_seq
  * blocked product beats a dot product a row once the rows share each K load enough). K^T of all
  * the task's units (f32 elements or bf16 pairs) is transposed from the caller's rows in 16-key
  * runs, each run's rows read whole when the units' heads are adjacent in the cache; f16 rows (or
- * rows with a strided head dim) are converted to f32 first, a unit at a time. */
+ * rows with a strided head dim) are converted to f32 first, a unit at a time. ask_v: whether
+ * to ask for the block's V rows meanwhile (not when the previous block's P V did). */
 static void dec_scores_gemm(const dec_ctx *c, float *scratch, int64_t b, const fp_seq *seq,
                             int64_t kvh0, int nu, int rows, const float *q, int64_t j0, int n,
-                            int64_t hi)
+                            int ask_v)
 {
     const fp_problem *p = c->p;
     const dec_layout *L = &c->L;
@@ -298,8 +371,8 @@ static void dec_scores_gemm(const dec_ctx *c, float *scratch, int64_t b, const f
         float *kf = scratch + L->vblk;
         for (int u = 0; u < nu; u++) {
             for (int x = 0; x < n; x++) {
-                if (u == 0 && j0 + x + PREFETCH_KEYS < hi)
-                    prefetch_row(c, &p->k, b, seq, j0 + x + PREFETCH_KEYS, kvh0, nu);
+                if (u == 0 && ask_v)
+                    prefetch_row(c, &p->v, b, seq, j0 + x, kvh0, nu);
                 key_row(c, &p->k, b, seq, j0 + x, kvh0 + u, kf + (size_t)x * L->ldd);
             }
             c->uk->transpose32(n, d, kf, (ptrdiff_t)L->ldd * (ptrdiff_t)sizeof(float),
@@ -316,8 +389,8 @@ static void dec_scores_gemm(const dec_ctx *c, float *scratch, int64_t b, const f
             const int64_t left = p->page_size - (j0 + x) % p->page_size;
             run = left < run ? (int)left : run;
         }
-        for (int64_t j = j0 + x + PREFETCH_KEYS; j < j0 + x + run + PREFETCH_KEYS && j < hi; j++)
-            prefetch_row(c, &p->k, b, seq, j, kvh0, nu);
+        for (int64_t j = j0 + x; j < j0 + x + run && ask_v; j++)
+            prefetch_row(c, &p->v, b, seq, j, kvh0, nu);
         const char *src =
             (const char *)p->k.data + (size_t)fp_key_offset(p, &p->k, b, seq, j0 + x, kvh0) * c->es;
         if (whole)
@@ -462,8 +535,8 @@ static void dec_values_gemm(const dec_ctx *c, float *scratch, int64_t b, const f
     const size_t unit_vp = whole ? (size_t)d : (size_t)(BLOCK_K / 2) * L->ldd;
     c->uk->round_bf16(nu * rows, n, scratch + L->s, L->ldk, pb, L->ldk, NULL, 0);
     for (int x = 0; x < n; x += 2) {
-        for (int64_t j = j0 + x + PREFETCH_KEYS; j < j0 + x + PREFETCH_KEYS + 2 && j < hi; j++)
-            prefetch_row(c, &p->v, b, seq, j, kvh0, nu);
+        for (int64_t j = j0 + x + BLOCK_K; j < j0 + x + BLOCK_K + 2 && j < hi; j++)
+            prefetch_row(c, &p->k, b, seq, j, kvh0, nu);
         const uint16_t *v = p->v.data;
         const uint16_t *even = v + fp_key_offset(p, &p->v, b, seq, j0 + x, kvh0);
         const uint16_t *odd =
@@ -512,18 +585,14 @@ static void dec_values(const dec_ctx *c, float *scratch, int64_t b, const fp_seq
     if (c->bf16) {
         uint16_t *pb = (uint16_t *)(scratch + L->pb); /* the units' rows of P in bf16, ldk apart */
         c->uk->round_bf16(nu * rows, n, s, L->ldk, pb, L->ldk, NULL, 0);
-        for (int x = 0; x < n; x += FP_DEC_PV_KEYS) {
-            const int keys = n - x < FP_DEC_PV_KEYS ? n - x : FP_DEC_PV_KEYS;
-            const uint16_t *v[FP_DEC_PV_KEYS];
-            for (int i = 0; i < keys; i++) {
-                if (j0 + x + i + PREFETCH_KEYS < hi)
-                    prefetch_row(c, &p->v, b, seq, j0 + x + i + PREFETCH_KEYS, kvh0, nu);
-                v[i] =
-                    (const uint16_t *)p->v.data + fp_key_offset(p, &p->v, b, seq, j0 + x + i, kvh0);
-            }
-            c->uk->dec_pv_bf16(nu, rows, d, keys, pb + x, shs, L->ldk, v,
-                               (ptrdiff_t)p->v.stride[FP_H], o, ohs, L->ldd);
-        }
+        /* the next block's K rows asked for meanwhile */
+        const uint16_t *v[BLOCK_K];
+        const char *pf[BLOCK_K];
+        const size_t pf_bytes =
+            j0 + BLOCK_K < hi ? ahead_rows(c, &p->k, b, seq, j0 + BLOCK_K, n, hi, kvh0, nu, pf) : 0;
+        bf16_rows(c, &p->v, b, seq, j0, n, kvh0, v);
+        c->uk->dec_pv_bf16(nu, rows, d, n, pb, shs, L->ldk, v, (ptrdiff_t)p->v.stride[FP_H], o, ohs,
+                           L->ldd, pf_bytes ? pf : NULL, n, pf_bytes);
         return;
     }
     if (rows > DOT_ROWS && (p->dtype != FLASHPORT_F32 || p->v.stride[FP_D] != 1)) {
@@ -531,26 +600,45 @@ static void dec_values(const dec_ctx *c, float *scratch, int64_t b, const fp_seq
         float *vblk = scratch + L->vblk;
         for (int u = 0; u < nu; u++) {
             for (int x = 0; x < n; x++) {
-                if (u == 0 && j0 + x + PREFETCH_KEYS < hi)
-                    prefetch_row(c, &p->v, b, seq, j0 + x + PREFETCH_KEYS, kvh0, nu);
+                if (u == 0 && j0 + x + BLOCK_K < hi)
+                    prefetch_row(c, &p->k, b, seq, j0 + x + BLOCK_K, kvh0, nu);
                 key_row(c, &p->v, b, seq, j0 + x, kvh0 + u, vblk + (size_t)x * L->ldd);
             }
             c->uk->gemm(rows, d, n, s + u * shs, L->ldk, 1, vblk, L->ldd, o + u * ohs, L->ldd, 1);
         }
         return;
     }
+    if (f32_rows(p,
+                 &p->v)) { /* the whole block; the next block's K and V rows asked for meanwhile */
+        const char *at[BLOCK_K], *pf[2 * BLOCK_K];
+        const float *v[BLOCK_K];
+        size_t pf_bytes = 0;
+        int pf_rows = 0;
+        block_rows(c, &p->v, b, seq, j0, n, j0 + n, kvh0, at);
+        for (int x = 0; x < n; x++)
+            v[x] = (const float *)(const void *)at[x];
+        if (j0 + BLOCK_K < hi) {
+            const int ahead = hi - (j0 + BLOCK_K) < BLOCK_K ? (int)(hi - (j0 + BLOCK_K)) : BLOCK_K;
+            pf_bytes = ahead_rows(c, &p->k, b, seq, j0 + BLOCK_K, ahead, hi, kvh0, nu, pf);
+            ahead_rows(c, &p->v, b, seq, j0 + BLOCK_K, ahead, hi, kvh0, nu, pf + ahead);
+            pf_rows = 2 * ahead;
+        }
+        c->uk->dec_pv(nu, rows, d, n, s, shs, L->ldk, v, (ptrdiff_t)p->v.stride[FP_H], o, ohs,
+                      L->ldd, pf_bytes ? pf : NULL, pf_rows, pf_bytes);
+        return;
+    }
     float *vf = scratch + L->vf;
-    for (int x = 0; x < n; x += FP_DEC_PV_KEYS) {
-        const int keys = n - x < FP_DEC_PV_KEYS ? n - x : FP_DEC_PV_KEYS;
-        const float *v[FP_DEC_PV_KEYS];
+    for (int x = 0; x < n; x += CONVERTED_KEYS) {
+        const int keys = n - x < CONVERTED_KEYS ? n - x : CONVERTED_KEYS;
+        const float *v[CONVERTED_KEYS];
         ptrdiff_t vhs = 0;
         for (int i = 0; i < keys; i++) {
-            if (j0 + x + i + PREFETCH_KEYS < hi)
-                prefetch_row(c, &p->v, b, seq, j0 + x + i + PREFETCH_KEYS, kvh0, nu);
+            if (j0 + x + i + NEAR_KEYS < hi)
+                prefetch_row(c, &p->v, b, seq, j0 + x + i + NEAR_KEYS, kvh0, nu);
             v[i] = unit_rows(c, &p->v, b, seq, j0 + x + i, kvh0, nu,
                              vf + (size_t)i * (size_t)nu * L->ldd, &vhs);
         }
-        c->uk->dec_pv(nu, rows, d, keys, s + x, shs, L->ldk, v, vhs, o, ohs, L->ldd);
+        c->uk->dec_pv(nu, rows, d, keys, s + x, shs, L->ldk, v, vhs, o, ohs, L->ldd, NULL, 0, 0);
     }
 }
 
@@ -605,12 +693,15 @@ static void dec_task(const dec_ctx *c, float *scratch, int64_t b, int64_t u0, in
     const int64_t kv0 = u0 / c->chunks;
     const int nu = (int)(u1 - u0);
 
+    for (int64_t j = lo; j < lo + BLOCK_K && j < hi; j++) /* the first block's K (prefetch_row) */
+        prefetch_row(c, &p->k, b, &seq, j, kv0, nu);
     for (int64_t j0 = lo; j0 < hi; j0 += BLOCK_K) {
         const int n = (int)(hi - j0 < BLOCK_K ? hi - j0 : BLOCK_K);
         const int full =
             fp_mask_block_full(0, nq, j0, j0 + n, seq.nq, seq.nk, p->window_left, p->window_right);
         if ((p->dtype == FLASHPORT_F32 && p->k.stride[FP_D] == 1) || rows > DOT_ROWS)
-            dec_scores_gemm(c, scratch, b, &seq, kv0, nu, rows, q, j0, n, hi);
+            dec_scores_gemm(c, scratch, b, &seq, kv0, nu, rows, q, j0, n,
+                            j0 == lo || !f32_rows(p, &p->v));
         else
             dec_scores(c, scratch, b, &seq, kv0, nu, rows, q, j0, n, hi);
         for (int64_t u = u0; u < u1; u++) {

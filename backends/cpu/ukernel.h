@@ -38,9 +38,6 @@
 #include <stddef.h>
 #include <stdint.h>
 
-/* Keys one dec_pv call adds at most (ukernel.h's decode steps). */
-#define FP_DEC_PV_KEYS 4
-
 /* Tile rows are padded to this many floats (one 64-byte line, one AVX-512 register). */
 #define FP_TILE_COLS 16
 
@@ -120,28 +117,39 @@ typedef struct fp_ukernels {
     void (*store_f16)(int n, const float *src, float scale, uint16_t *dst);
     void (*store_bf16)(int n, const float *src, float scale, uint16_t *dst);
 
-    /* The decode kernel's streaming steps (flash_decode.c): one key (or up to FP_DEC_PV_KEYS)
-     * at a time, for `heads` kv heads whose rows sit side by side in the cache, so that K and V
-     * are read once and in the cache's order. q and o are tiles, s and p a tile's columns, k and
-     * v[i] rows of exactly d elements (any alignment, nothing past d read).
-     *   dec_scores   s[h * shs + r * lds] = sum over e < d of q[h * qhs + r * ldq + e] *
+    /* The decode kernel's streaming steps (flash_decode.c), for `heads` kv heads whose rows sit
+     * side by side in the cache, so that K and V are read once and in the cache's order. q and o
+     * are tiles, s and p a tile's columns, k and v[i] rows of exactly d elements (any alignment,
+     * nothing past d read).
+     *   dec_scores   one key: s[h * shs + r * lds] = sum over e < d of q[h * qhs + r * ldq + e] *
      *                k[h * khs + e], for h < heads, r < rows.
      *   dec_pv       o[h * ohs + r * ldo + e] += sum over i < keys of p[h * phs + r * ldp + i] *
      *                v[i][h * vhs + e] for e < d, added to o in the order i = 0, 1, ... (as gemm
-     *                sums); 1 <= keys <= FP_DEC_PV_KEYS; o's padding columns may be written.
-     * The _bf16 forms take bf16 q, k, v and P (p: bf16 rows; keys in pairs, so with an odd
-     * count p[... + keys] must be 0), products by vdpbf16ps; NULL when gemm_bf16 is NULL. */
+     *                sums), for keys >= 1 (a key block; v[i] may lie in different pages); o's
+     *                padding columns may be written.
+     * The _bf16 forms take bf16 q, k, v and P, products by vdpbf16ps, and any number of keys,
+     * with row pointers for K too; NULL when gemm_bf16 is NULL.
+     *   dec_scores_bf16  s[h * shs + r * lds + i] = the dot product of q's row (h, r) with
+     *                    k[i][h * khs ..], for i < keys; the sums in any order.
+     *   dec_pv_bf16      dec_pv over keys >= 1 keys in pairs: with an odd count p[... + keys]
+     *                    must be 0.
+     * pf: NULL, or pf_rows addresses (pf[i], i < pf_rows) whose pf_bytes bytes each dec_pv and
+     * the _bf16 forms ask the caches for, in that order (a prefetch hint, never a read), spread
+     * over their work: the rows the caller streams next, requested between the products rather
+     * than in one burst that would stall on the core's outstanding misses. */
     void (*dec_scores)(int heads, int rows, int d, const float *q, ptrdiff_t qhs, ptrdiff_t ldq,
                        const float *k, ptrdiff_t khs, float *s, ptrdiff_t shs, ptrdiff_t lds);
     void (*dec_pv)(int heads, int rows, int d, int keys, const float *p, ptrdiff_t phs,
                    ptrdiff_t ldp, const float *const *v, ptrdiff_t vhs, float *o, ptrdiff_t ohs,
-                   ptrdiff_t ldo);
-    void (*dec_scores_bf16)(int heads, int rows, int d, const uint16_t *q, ptrdiff_t qhs,
-                            ptrdiff_t ldq, const uint16_t *k, ptrdiff_t khs, float *s,
-                            ptrdiff_t shs, ptrdiff_t lds);
+                   ptrdiff_t ldo, const char *const *pf, int pf_rows, size_t pf_bytes);
+    void (*dec_scores_bf16)(int heads, int rows, int d, int keys, const uint16_t *q, ptrdiff_t qhs,
+                            ptrdiff_t ldq, const uint16_t *const *k, ptrdiff_t khs, float *s,
+                            ptrdiff_t shs, ptrdiff_t lds, const char *const *pf, int pf_rows,
+                            size_t pf_bytes);
     void (*dec_pv_bf16)(int heads, int rows, int d, int keys, const uint16_t *p, ptrdiff_t phs,
                         ptrdiff_t ldp, const uint16_t *const *v, ptrdiff_t vhs, float *o,
-                        ptrdiff_t ohs, ptrdiff_t ldo);
+                        ptrdiff_t ohs, ptrdiff_t ldo, const char *const *pf, int pf_rows,
+                        size_t pf_bytes);
 } fp_ukernels;
 
 /* The tables this build contains: which ones depends on the target architecture and the

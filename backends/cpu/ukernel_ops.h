@@ -1,6 +1,7 @@
 /*
  * The fp_ukernels entries that every vector ISA implements the same way (ukernel.h has the
- * contract): the f32 product (ukernel_gemm.h) and the column-wise softmax pieces. Included once by
+ * contract): the f32 product (ukernel_gemm.h), the column-wise softmax pieces and the decode steps
+ * (dec_scores, dec_pv, and pf_cursor, the prefetch schedule the _bf16 ones share). Included once by
  * each ukernel_<isa>.c after it defines its vector primitives:
  *   uk_vec, UK_LANES (divides FP_TILE_COLS), UK_MR, UK_NV
  *   uk_zero(), uk_set1(x), uk_load(p), uk_store(p, v)     unaligned loads and stores
@@ -141,34 +142,90 @@ static void uk_dec_scores(int heads, int rows, int d, const float *q, ptrdiff_t 
     }
 }
 
-/* dec_pv (ukernel.h): each row of o is loaded and stored once for the keys. */
-static void uk_dec_pv(int heads, int rows, int d, int keys, const float *p, ptrdiff_t phs,
-                      ptrdiff_t ldp, const float *const *v, ptrdiff_t vhs, float *o, ptrdiff_t ohs,
-                      ptrdiff_t ldo)
+/* The prefetch rows of a call (ukernel.h's pf) walked in address order, a few lines at each step
+ * of the products: sequential requests, spread over the call's work. */
+typedef struct pf_cursor {
+    const char *const *pf;
+    int lines, rows; /* 64-byte lines a row, rows */
+    int row, line;   /* the next line to ask for */
+    int quota;       /* lines a step */
+} pf_cursor;
+
+static inline pf_cursor pf_start(const char *const *pf, int rows, size_t bytes, int steps)
 {
-    const int dv = d - d % UK_LANES;
-    for (int h = 0; h < heads; h++) {
-        const float *vh[FP_DEC_PV_KEYS];
-        for (int i = 0; i < keys; i++)
-            vh[i] = v[i] + h * vhs;
-        for (int r = 0; r < rows; r++) {
-            const float *pr = p + h * phs + r * ldp;
-            float *orow = o + h * ohs + r * ldo;
-            uk_vec pv[FP_DEC_PV_KEYS];
-            for (int i = 0; i < keys; i++)
-                pv[i] = uk_set1(pr[i]);
-            for (int e = 0; e < dv; e += UK_LANES) {
-                uk_vec acc = uk_load(orow + e);
-                for (int i = 0; i < keys; i++)
-                    acc = uk_madd(pv[i], uk_load(vh[i] + e), acc);
-                uk_store(orow + e, acc);
-            }
-            for (int e = dv; e < d; e++) {
-                float acc = orow[e];
-                for (int i = 0; i < keys; i++)
-                    acc += pr[i] * vh[i][e];
-                orow[e] = acc;
-            }
+    pf_cursor c = {pf, (int)((bytes + 63) / 64), pf ? rows : 0, 0, 0, 0};
+    c.quota = steps > 0 ? (c.lines * c.rows + steps - 1) / steps : 0;
+    return c;
+}
+
+/* Always inlined: GCC counts a function of prefetches alone as free of side effects and drops
+ * its calls. */
+static inline __attribute__((always_inline)) void pf_step(pf_cursor *c)
+{
+    for (int n = 0; n < c->quota && c->row < c->rows; n++) {
+        __builtin_prefetch(c->pf[c->row] + (size_t)c->line * 64, 0, 3);
+        if (++c->line == c->lines) {
+            c->line = 0;
+            c->row++;
         }
     }
+}
+
+/* dec_pv (ukernel.h): per kv head, four rows by UK_PV_VECS vectors of o's columns held in
+ * registers across all the keys, each key's vectors loaded once for the four rows; the tail of d
+ * past the last whole vector is scalar. The same order of sums as one key at a time. */
+enum { UK_PV_VECS = 4 };
+
+static void uk_dec_pv(int heads, int rows, int d, int keys, const float *p, ptrdiff_t phs,
+                      ptrdiff_t ldp, const float *const *v, ptrdiff_t vhs, float *o, ptrdiff_t ohs,
+                      ptrdiff_t ldo, const char *const *pf, int pf_rows, size_t pf_bytes)
+{
+    const int dv = d - d % UK_LANES, chunk = UK_PV_VECS * UK_LANES;
+    pf_cursor pc = pf_start(pf, pf_rows, pf_bytes,
+                            heads * ((rows + 3) / 4) * ((dv + chunk - 1) / chunk) * keys);
+    for (int h = 0; h < heads; h++)
+        for (int r0 = 0; r0 < rows; r0 += 4) {
+            const int nr = rows - r0 < 4 ? rows - r0 : 4;
+            const float *ph = p + h * phs + r0 * ldp;
+            float *oh = o + h * ohs + r0 * ldo;
+            for (int e = 0; e < dv; e += chunk) {
+                const int nv = (dv - e) / UK_LANES < UK_PV_VECS ? (dv - e) / UK_LANES : UK_PV_VECS;
+                uk_vec acc[4][UK_PV_VECS];
+#pragma GCC unroll 4
+                for (int r = 0; r < 4; r++)
+#pragma GCC unroll 4
+                    for (int g = 0; g < UK_PV_VECS; g++)
+                        acc[r][g] =
+                            r < nr && g < nv ? uk_load(oh + r * ldo + e + g * UK_LANES) : uk_zero();
+                for (int i = 0; i < keys; i++) {
+                    pf_step(&pc);
+                    const float *vi = v[i] + h * vhs + e;
+                    uk_vec vv[UK_PV_VECS];
+#pragma GCC unroll 4
+                    for (int g = 0; g < UK_PV_VECS; g++)
+                        vv[g] = g < nv ? uk_load(vi + g * UK_LANES) : uk_zero();
+#pragma GCC unroll 4
+                    for (int r = 0; r < 4; r++)
+                        if (r < nr) {
+                            const uk_vec pr = uk_set1(ph[r * ldp + i]);
+#pragma GCC unroll 4
+                            for (int g = 0; g < UK_PV_VECS; g++)
+                                acc[r][g] = uk_madd(pr, vv[g], acc[r][g]);
+                        }
+                }
+#pragma GCC unroll 4
+                for (int r = 0; r < 4; r++)
+#pragma GCC unroll 4
+                    for (int g = 0; g < UK_PV_VECS; g++)
+                        if (r < nr && g < nv)
+                            uk_store(oh + r * ldo + e + g * UK_LANES, acc[r][g]);
+            }
+            for (int r = 0; r < nr; r++)
+                for (int e = dv; e < d; e++) {
+                    float acc = oh[r * ldo + e];
+                    for (int i = 0; i < keys; i++)
+                        acc += ph[r * ldp + i] * v[i][h * vhs + e];
+                    oh[r * ldo + e] = acc;
+                }
+        }
 }

@@ -410,12 +410,12 @@ template <typename T> FP_DEV bool fp_scrub_vec(uint4 &v)
 }
 
 /* The masked-key guard's test of a backward step's BM query rows (their LSE2 and Dsum, the side
- * pass's, in shared memory), the same answer in every warp (so that
- * the scrub's barrier is reached by all or none): whether some row may hold a non-finite Q or dO
- * element. A non-finite dO element makes Dsum = rowsum(dO * O) non-finite; a non-finite Q
- * element makes the forward's LSE of the row NaN if the row sees a key, and a row that sees
- * none has LSE2 = +inf (as have rows past the sequence). So rows whose LSE2 and Dsum are both
- * finite need no scrub, given the LSE that the forward computed from this Q. */
+ * pass's, in shared memory): whether some row may hold a non-finite Q or dO element, the same
+ * answer in every warp (so that the scrub's barrier is reached by all or none). A non-finite dO
+ * element makes Dsum = rowsum(dO * O) non-finite; a non-finite Q element makes the forward's
+ * LSE of the row NaN if the row sees a key, and a row that sees none has LSE2 = +inf (as have
+ * rows past the sequence). So rows whose LSE2 and Dsum are both finite need no scrub, given the
+ * LSE that the forward computed from this Q. */
 template <int BM> FP_DEV bool fp_rows_suspect(const float *lse2, const float *dsum)
 {
     const int lane = threadIdx.x & 31;

@@ -20,6 +20,11 @@
  *     that one warpgroup's softmax runs under the other's wgmma.
  * Key blocks are visited from the last to the first, so for causal masks the blocks that need
  * per-element masking come first and the rest run the unmasked code.
+ * The steps, as functions: fp_sm90_fwd_load (the producer's thread 0), fp_sm90_fwd_prepare_v
+ * (the V preparers), and the consumers' fp_sm90_fwd_qk, fp_sm90_fwd_softmax, fp_sm90_fwd_pack_p
+ * and fp_sm90_fwd_pv; the mbarriers are fp_sm90f_bars. The kernel sets up the block, runs the
+ * consumers' loop (the ping-pong turns, the guard's wait, the O rescale) and their store. The
+ * rest stays written out in the kernel: moving it changed the machine code (docs/design.md).
  *
  * Tiles are stored as TMA writes them with 128-byte swizzling: a tile of R rows x DK columns is
  * DK / 64 panels of R x 64 elements (128-byte rows, 8-row atoms of 1024 bytes). O is staged in
@@ -306,6 +311,274 @@ FP_DEV void fp_sm90_scrub_v(unsigned char *v, uint32_t *vmask, int ptid)
     }
 }
 
+/* The producer warpgroup's registers per thread after setmaxnreg, for inputs of eb bytes and
+ * head dim dk (the consumers get the rest: 128 x 40 + 256 x 232 = 128 x 24 + 256 x 240 = the
+ * block's 384 x 168): 40 for the fp8 transposes and the DK = 64 kernel's guard scrub (4 chunks
+ * in flight); 24 elsewhere, so that the f16 / bf16 consumers of the larger head dims keep 240
+ * (docs/bench/). */
+__host__ __device__ constexpr int fp_sm90f_producer_regs(int eb, int dk)
+{
+    return eb == 1 || dk <= 64 ? 40 : 24;
+}
+
+/* The forward's mbarriers, 8 bytes each from `base`: the Q tile landed; per stage s, its K / V
+ * tiles landed (full) and their readers done (empty); the V preparers done with it (pv_ready:
+ * the V^T stage made (fp8: every block), or the V stage scrubbed (f16 / bf16: edge blocks only;
+ * the consumers take the other blocks' V straight from v_full); its phases count the blocks that
+ * pass through it, per stage (pv_phase)); fp8's V^T readers done (vt_empty). */
+template <int ST, bool FP8> struct fp_sm90f_bars {
+    uint32_t base;
+    __device__ __forceinline__ uint32_t q_full() const { return base; }
+    __device__ __forceinline__ uint32_t k_full(int s) const { return base + 8u * (1 + s); }
+    __device__ __forceinline__ uint32_t v_full(int s) const { return base + 8u * (1 + ST + s); }
+    __device__ __forceinline__ uint32_t k_empty(int s) const
+    {
+        return base + 8u * (1 + 2 * ST + s);
+    }
+    __device__ __forceinline__ uint32_t v_empty(int s) const
+    {
+        return base + 8u * (1 + 3 * ST + s);
+    }
+    __device__ __forceinline__ uint32_t pv_ready(int s) const
+    {
+        return base + 8u * (1 + 4 * ST + s);
+    }
+    __device__ __forceinline__ uint32_t vt_empty(int s) const
+    {
+        return base + 8u * (1 + 5 * ST + s);
+    }
+    /* the consumers are done with the P V operand: V (f16 / bf16) or V^T (fp8) */
+    __device__ __forceinline__ uint32_t pv_empty(int s) const
+    {
+        return FP8 ? vt_empty(s) : v_empty(s);
+    }
+    /* The parity of stage s's next pv_ready phase, from a bit mask of the stages' parities that
+     * the block's walk toggles (the V preparers and the consumers make the same walk). */
+    __device__ __forceinline__ static uint32_t pv_phase(uint32_t &bits, int s)
+    {
+        const uint32_t ph = (bits >> s) & 1u;
+        bits ^= 1u << s;
+        return ph;
+    }
+};
+
+/* The producer's thread 0: the Q tile (rows from q_row of head h), then K and V of the key
+ * blocks nb_end - 1 down to nb_end - n (rows from k_row of kv head kvh) into the ring of ST
+ * stages at sk, sv; qb: the batch coordinate of the tensor maps (0 for varlen's packed maps). */
+template <typename TI, typename CFG>
+FP_DEV void fp_sm90_fwd_load(const fp_sm90_fwd_params &prm,
+                             const fp_sm90f_bars<CFG::ST, sizeof(TI) == 1> &bar, uint32_t sq,
+                             uint32_t sk, uint32_t sv, int qb, int h, int kvh, int q_row, int k_row,
+                             int nb_end, int n)
+{
+    constexpr int BM = FP_SM90_BM, DK = CFG::DK, BN = CFG::BN, ST = CFG::ST, EB = sizeof(TI);
+    constexpr int NP = DK * EB / 128;           /* 128-byte panels of a tile */
+    constexpr uint32_t KV_BYTES = BN * DK * EB; /* one K or V stage */
+    constexpr int PCOLS = 128 / EB;             /* columns of a 128-byte panel */
+    fp_tma_prefetch_desc(&prm.tq);
+    fp_tma_prefetch_desc(&prm.tk);
+    fp_tma_prefetch_desc(&prm.tv);
+    fp_mbar_arrive_expect_tx(bar.q_full(), BM * DK * EB);
+#pragma unroll
+    for (int p = 0; p < NP; ++p)
+        fp_tma_load_4d(sq + p * BM * 128, &prm.tq, bar.q_full(), PCOLS * p, q_row, h, qb);
+#pragma unroll 1 /* within the producer's 24 registers */
+    for (int it = 0; it < n; ++it) {
+        const int nb = nb_end - 1 - it, s = it % ST;
+        const uint32_t ph = (it / ST) & 1;
+        fp_mbar_wait(bar.k_empty(s), ph ^ 1);
+        fp_mbar_arrive_expect_tx(bar.k_full(s), KV_BYTES);
+#pragma unroll
+        for (int p = 0; p < NP; ++p)
+            fp_tma_load_4d(sk + s * KV_BYTES + p * BN * 128, &prm.tk, bar.k_full(s), PCOLS * p,
+                           k_row + nb * BN, kvh, qb);
+        fp_mbar_wait(bar.v_empty(s), ph ^ 1);
+        fp_mbar_arrive_expect_tx(bar.v_full(s), KV_BYTES);
+#pragma unroll
+        for (int p = 0; p < NP; ++p)
+            fp_tma_load_4d(sv + s * KV_BYTES + p * BN * 128, &prm.tv, bar.v_full(s), PCOLS * p,
+                           k_row + nb * BN, kvh, qb);
+    }
+}
+
+/* The producer warpgroup's warps 1 .. 3, the V preparers (ptid 0 .. 95): each V stage (at sv,
+ * generic gv) between its arrival and the consumers' P V, for the key blocks nb_end - 1 down to
+ * nb_end - n: fp8's V^T (at svt), and the masked-key guard's scrub in edge blocks (those outside
+ * the fully visible keys full_lo .. full_hi). */
+template <typename TI, typename CFG>
+FP_DEV void fp_sm90_fwd_prepare_v(const fp_sm90f_bars<CFG::ST, sizeof(TI) == 1> &bar,
+                                  unsigned char *gv, uint32_t sv, uint32_t svt,
+                                  uint32_t (*vmask)[(CFG::BN + 31) / 32], int full_lo, int full_hi,
+                                  int nb_end, int n, int ptid)
+{
+    constexpr int DK = CFG::DK, BN = CFG::BN, ST = CFG::ST, EB = sizeof(TI);
+    constexpr bool FP8 = EB == 1;
+    constexpr int NP = DK * EB / 128, VM_WORDS = (BN + 31) / 32;
+    constexpr uint32_t KV_BYTES = BN * DK * EB;
+    constexpr uint32_t VT_BYTES = FP8 ? CFG::VT_PANELS * DK * 128 : 0;
+    constexpr int PRODUCER_REGS = fp_sm90f_producer_regs(EB, DK);
+    uint32_t pv_bits = 0;
+    for (int it = 0; it < n; ++it) {
+        const int nb = nb_end - 1 - it, s = it % ST, j0 = nb * BN;
+        const uint32_t ph = (it / ST) & 1;
+        /* The masked-key guard (sm80/common.cuh). In a key block that some row of this
+         * query block sees only in part (an edge block: the diagonal of a causal mask,
+         * a sequence's last block, whose tail TMA fills with the next varlen sequence's
+         * tokens), a masked P of 0 would meet that key's V row in P V, and 0 x NaN is
+         * NaN: there the V operand's non-finite elements become 0 and their keys are
+         * flagged, and the consumers give the rows that see a flagged key O = NaN, the
+         * value a non-finite V element gives the rows that see it. */
+        const bool edge = !(j0 >= full_lo && j0 + BN <= full_hi);
+        fp_mbar_wait(bar.v_full(s), ph);
+        if (FP8)
+            fp_mbar_wait(bar.vt_empty(s), ph ^ 1);
+        if (edge) { /* the consumers are done with vmask[s] (the waits above) */
+            if (ptid < VM_WORDS)
+                vmask[s][ptid] = 0;
+            fp_named_bar_sync(5, FP_SM90_PREPARERS);
+        }
+        if constexpr (FP8) {
+            /* units in flight: as many as the producer's 40 registers hold */
+            if (edge)
+                fp_sm90_transpose_v8<DK, BN, 2, true>(sv + s * KV_BYTES, svt + s * VT_BYTES,
+                                                      vmask[s], ptid);
+            else
+                fp_sm90_transpose_v8<DK, BN, (DK >= 256 ? 4 : 3), false>(
+                    sv + s * KV_BYTES, svt + s * VT_BYTES, vmask[s], ptid);
+            fp_mbar_arrive(bar.v_empty(s));
+        } else if (edge) {
+            fp_sm90_scrub_v<TI, BN, NP, DK >= 256 ? 2 : 4, PRODUCER_REGS == 40 ? 4 : 1>(
+                gv + s * KV_BYTES, vmask[s], ptid);
+        }
+        if (FP8 || edge) {
+            fp_fence_proxy_async_smem(); /* generic writes, before wgmma reads them */
+            bar.pv_phase(pv_bits, s);
+            fp_mbar_arrive(bar.pv_ready(s));
+        }
+        if (!FP8)
+            fp_mbar_arrive(bar.v_empty(s));
+    }
+}
+
+/* S = Q K^T of the K tile in stage `stage` (issued, not waited for); q_rows: the consumer
+ * warpgroup's 64 rows of the Q tile's first panel. */
+template <typename TI, typename CFG>
+FP_DEV void fp_sm90_fwd_qk(float (&s)[CFG::BN / 2], uint32_t q_rows, uint32_t sk, int stage)
+{
+    constexpr int BM = FP_SM90_BM, DK = CFG::DK, BN = CFG::BN, EB = sizeof(TI);
+    constexpr int KSTEPS = DK * EB / 32;        /* wgmma steps (32 bytes of K each) */
+    constexpr uint32_t KV_BYTES = BN * DK * EB; /* one K stage */
+    fp_wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < KSTEPS; ++kk) {
+        const uint32_t off = (kk % 4) * 32; /* 32 bytes into the panel */
+        const uint64_t da = fp_wgmma_desc(q_rows + (kk / 4) * BM * 128 + off, 16, 1024);
+        const uint64_t db =
+            fp_wgmma_desc(sk + stage * KV_BYTES + (kk / 4) * BN * 128 + off, 16, 1024);
+        if constexpr (EB == 1)
+            fp_wgmma_e4m3<BN>::ss(s, da, db, kk > 0);
+        else
+            fp_wgmma<TI, BN>::ss(s, da, db, kk > 0);
+    }
+    fp_wgmma_commit();
+}
+
+/* O += P V of the V tile in stage `stage` (at sv; fp8: of the V^T tile at svt), issued, not
+ * waited for; pa: P as the A fragments (fp_sm90_fwd_pack_p). */
+template <typename TI, typename CFG>
+FP_DEV void fp_sm90_fwd_pv(float (&o)[CFG::DK / 2],
+                           const uint32_t (&pa)[CFG::BN / (sizeof(TI) == 1 ? 32 : 16)][4],
+                           uint32_t sv, uint32_t svt, int stage)
+{
+    constexpr int DK = CFG::DK, BN = CFG::BN, EB = sizeof(TI);
+    constexpr int PK = EB == 1 ? 32 : 16; /* wgmma K */
+    constexpr uint32_t KV_BYTES = BN * DK * EB;
+    constexpr uint32_t VT_BYTES = EB == 1 ? CFG::VT_PANELS * DK * 128 : 0;
+    fp_wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < BN / PK; ++kk) {
+        if constexpr (EB == 1)
+            fp_wgmma_e4m3<DK>::rs(
+                o, pa[kk],
+                fp_wgmma_desc(svt + stage * VT_BYTES + (kk / 4) * DK * 128 + (kk % 4) * 32, 16,
+                              1024));
+        else
+            fp_wgmma<TI, DK>::rs(
+                o, pa[kk], fp_wgmma_desc(sv + stage * KV_BYTES + kk * 16 * 128, BN * 128, 1024));
+    }
+    fp_wgmma_commit();
+}
+
+/* P from the S accumulator to the A fragments (fp8: V^T's key order makes the accumulator's 4
+ * values of a row per 16 keys one register, fp_sm90_transpose_v8). */
+template <typename TI, int BN>
+FP_DEV void fp_sm90_fwd_pack_p(uint32_t (&pa)[BN / (sizeof(TI) == 1 ? 32 : 16)][4],
+                               const float (&s)[BN / 2])
+{
+    constexpr int PK = sizeof(TI) == 1 ? 32 : 16;
+#pragma unroll
+    for (int kk = 0; kk < BN / PK; ++kk) {
+        if constexpr (sizeof(TI) == 1) {
+            const float *c = s + 16 * kk;
+            pa[kk][0] = fp_pack4_e4m3(c[0], c[1], c[4], c[5]);
+            pa[kk][1] = fp_pack4_e4m3(c[2], c[3], c[6], c[7]);
+            pa[kk][2] = fp_pack4_e4m3(c[8], c[9], c[12], c[13]);
+            pa[kk][3] = fp_pack4_e4m3(c[10], c[11], c[14], c[15]);
+        } else {
+            pa[kk][0] = fp_pack2<TI>(s[8 * kk + 0], s[8 * kk + 1]);
+            pa[kk][1] = fp_pack2<TI>(s[8 * kk + 2], s[8 * kk + 3]);
+            pa[kk][2] = fp_pack2<TI>(s[8 * kk + 4], s[8 * kk + 5]);
+            pa[kk][3] = fp_pack2<TI>(s[8 * kk + 6], s[8 * kk + 7]);
+        }
+    }
+}
+
+/* The consumers' step on S of the key block from j0 (this thread's rows i_lo, i_lo + 8; t its
+ * lane in the quad): softcap / ALiBi (transform), the mask outside the fully visible keys
+ * full_lo .. full_hi, row maxima, the online-softmax update of st; S becomes the unrounded P and
+ * l grows by this thread's part of the row sums (sc: the scale to log2 units, 1 after the
+ * transform). alpha: the rows' rescale factors; returns whether O must be rescaled (always,
+ * unless LAZY). */
+template <int BN, bool LAZY>
+FP_DEV bool fp_sm90_fwd_softmax(float (&s)[BN / 2], int j0, float (&alpha)[2],
+                                fp_softmax_state (&st)[2], bool transform, const fp_sm90_xform &xf,
+                                const fp_mask32 &mk, float sc, int i_lo, int t, int full_lo,
+                                int full_hi)
+{
+    if (transform)
+        fp_sm90_transform<BN>(s, xf, i_lo, j0, t);
+    if (!(j0 >= full_lo && j0 + BN <= full_hi))
+        fp_sm90_mask<BN>(s, mk, i_lo, j0, t);
+    float mxs[2];
+    bool grow = false;
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+        float mx = -INFINITY;
+#pragma unroll
+        for (int j = 0; j < BN / 8; ++j)
+            mx = fmaxf(mx, fmaxf(s[4 * j + 2 * r], s[4 * j + 2 * r + 1]));
+        mxs[r] = fp_quad_max(mx) * sc;
+        grow |= mxs[r] > st[r].m + FP_SM90_RESCALE_SLACK;
+    }
+    const bool rescale = !LAZY || __any_sync(0xffffffffu, grow);
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+        alpha[r] = rescale ? fp_softmax_update_exp2(&st[r], mxs[r]) : 1.0f;
+        const float mu = fp_softmax_exp_base(&st[r]);
+        float l = 0.0f;
+#pragma unroll
+        for (int j = 0; j < BN / 8; ++j)
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+                float &x = s[4 * j + 2 * r + e];
+                x = fp_exp2(fmaf(x, sc, -mu));
+                l += x;
+            }
+        st[r].l += l;
+    }
+    return rescale;
+}
+
 // q, o: (B, Nq, H, D); k, v: (B, Nk, Hkv, D); lse: (B, H, Nq); grid (q blocks, H, B * splits)
 // TI: the inputs' type (f16, bf16, or e4m3 as uint8_t); TO: o's (f16 or bf16)
 template <typename TI, typename TO, typename CFG>
@@ -317,17 +590,11 @@ __global__ void __launch_bounds__(FP_SM90_THREADS, 1)
     constexpr bool LAZY = CFG::LAZY;
     constexpr int EB = sizeof(TI); /* bytes per input element */
     constexpr bool FP8 = EB == 1;
-    constexpr int NP = DK * EB / 128;           /* 128-byte panels of a tile */
-    constexpr int KSTEPS = DK * EB / 32;        /* Q K^T wgmma steps (32 bytes of K each) */
-    constexpr int PK = FP8 ? 32 : 16;           /* P V wgmma K */
-    constexpr uint32_t KV_BYTES = BN * DK * EB; /* one K or V stage */
+    constexpr int PK = FP8 ? 32 : 16;                                  /* P V wgmma K */
+    constexpr uint32_t KV_BYTES = BN * DK * EB;                        /* one K or V stage */
     constexpr uint32_t VT_BYTES = FP8 ? CFG::VT_PANELS * DK * 128 : 0; /* one V^T stage (fp8) */
     constexpr int VM_WORDS = (BN + 31) / 32;                           /* vmask words of a stage */
-    /* The producer warpgroup's registers per thread after setmaxnreg (the consumers get the
-     * rest: 128 x 40 + 256 x 232 = 128 x 24 + 256 x 240 = the block's 384 x 168): 40 for the fp8
-     * transposes and the DK = 64 kernel's guard scrub (4 chunks in flight); 24 elsewhere, so
-     * that the f16 / bf16 consumers of the larger head dims keep 240 (docs/bench/). */
-    constexpr int PRODUCER_REGS = FP8 || DK <= 64 ? 40 : 24;
+    constexpr int PRODUCER_REGS = fp_sm90f_producer_regs(EB, DK);
     static_assert(!FP8 || BN % 32 == 0, "fp8 tiles: whole wgmma K steps of keys");
     const fp_sm80_args &a = prm.a;
 
@@ -337,27 +604,7 @@ __global__ void __launch_bounds__(FP_SM90_THREADS, 1)
     unsigned char *const gq = fp_smem_raw + (sq - raw); /* generic pointer to the Q tile */
     const uint32_t sk = sq + BM * DK * EB, sv = sk + ST * KV_BYTES, svt = sv + ST * KV_BYTES;
     const uint32_t bars = svt + ST * VT_BYTES;
-    const uint32_t q_full = bars;
-    auto k_full = [&](int s) { return bars + 8u * (1 + s); };
-    auto v_full = [&](int s) { return bars + 8u * (1 + ST + s); };
-    auto k_empty = [&](int s) { return bars + 8u * (1 + 2 * ST + s); };
-    auto v_empty = [&](int s) { return bars + 8u * (1 + 3 * ST + s); };
-    /* The V preparers' work on stage s is done: the V^T stage is made (fp8: every block), or the
-     * V stage is scrubbed (f16 / bf16: edge blocks only; the consumers take the other blocks' V
-     * straight from v_full). Its phases count the blocks that pass through it, per stage
-     * (pv_phase below). The preparers wait on v_full for every block and arrive on v_empty, so
-     * that they never fall a phase behind the producer. */
-    auto pv_ready = [&](int s) { return bars + 8u * (1 + 4 * ST + s); };
-    /* the parity of stage s's next pv_ready phase, from a bit mask of the stages' parities that
-     * the block's walk toggles (both sides make the same walk) */
-    auto pv_phase = [&](uint32_t &bits, int s) {
-        const uint32_t ph = (bits >> s) & 1u;
-        bits ^= 1u << s;
-        return ph;
-    };
-    auto vt_empty = [&](int s) { return bars + 8u * (1 + 5 * ST + s); }; /* fp8 */
-    /* the consumers are done with the P V operand: V (f16 / bf16) or V^T (fp8) */
-    auto pv_empty = [&](int s) { return FP8 ? vt_empty(s) : v_empty(s); };
+    const fp_sm90f_bars<ST, FP8> bar{bars};
     /* The masked-key guard's flags: the keys of a stage's edge block whose V row held a
      * non-finite element (up to 128 keys, bit k of word k / 32) */
     __shared__ uint32_t vmask[ST][VM_WORDS];
@@ -391,16 +638,16 @@ __global__ void __launch_bounds__(FP_SM90_THREADS, 1)
     auto block_full = [&](int j0) { return j0 >= full_lo && j0 + BN <= full_hi; };
 
     if (tid == 0) {
-        fp_mbar_init(q_full, 1);
+        fp_mbar_init(bar.q_full(), 1);
         for (int s = 0; s < ST; ++s) {
-            fp_mbar_init(k_full(s), 1);
-            fp_mbar_init(v_full(s), 1);
-            fp_mbar_init(k_empty(s), FP_SM90_CONSUMER_THREADS);
-            fp_mbar_init(v_empty(s),
+            fp_mbar_init(bar.k_full(s), 1);
+            fp_mbar_init(bar.v_full(s), 1);
+            fp_mbar_init(bar.k_empty(s), FP_SM90_CONSUMER_THREADS);
+            fp_mbar_init(bar.v_empty(s),
                          FP8 ? FP_SM90_PREPARERS : FP_SM90_CONSUMER_THREADS + FP_SM90_PREPARERS);
-            fp_mbar_init(pv_ready(s), FP_SM90_PREPARERS);
+            fp_mbar_init(bar.pv_ready(s), FP_SM90_PREPARERS);
             if (FP8)
-                fp_mbar_init(vt_empty(s), FP_SM90_CONSUMER_THREADS);
+                fp_mbar_init(bar.vt_empty(s), FP_SM90_CONSUMER_THREADS);
         }
         fp_mbar_fence_init();
     }
@@ -413,80 +660,12 @@ __global__ void __launch_bounds__(FP_SM90_THREADS, 1)
             fp_setmaxnreg_dec<40>();
         else
             fp_setmaxnreg_dec<24>();
-        if (wtid >= 32 && n > 0) {
-            const int ptid = wtid - 32;
-            uint32_t pv_bits = 0;
-            for (int it = 0; it < n; ++it) {
-                const int nb = nb_end - 1 - it, s = it % ST, j0 = nb * BN;
-                const uint32_t ph = (it / ST) & 1;
-                /* The masked-key guard (sm80/common.cuh). In a key block that some row of this
-                 * query block sees only in part (an edge block: the diagonal of a causal mask,
-                 * a sequence's last block, whose tail TMA fills with the next varlen sequence's
-                 * tokens), a masked P of 0 would meet that key's V row in P V, and 0 x NaN is
-                 * NaN: there the V operand's non-finite elements become 0 and their keys are
-                 * flagged, and the consumers give the rows that see a flagged key O = NaN, the
-                 * value a non-finite V element gives the rows that see it. */
-                const bool edge = !block_full(j0);
-                fp_mbar_wait(v_full(s), ph);
-                if (FP8)
-                    fp_mbar_wait(vt_empty(s), ph ^ 1);
-                if (edge) { /* the consumers are done with vmask[s] (the waits above) */
-                    if (ptid < VM_WORDS)
-                        vmask[s][ptid] = 0;
-                    fp_named_bar_sync(5, FP_SM90_PREPARERS);
-                }
-                if constexpr (FP8) {
-                    /* units in flight: as many as the producer's 40 registers hold */
-                    if (edge)
-                        fp_sm90_transpose_v8<DK, BN, 2, true>(sv + s * KV_BYTES, svt + s * VT_BYTES,
-                                                              vmask[s], ptid);
-                    else
-                        fp_sm90_transpose_v8<DK, BN, (DK >= 256 ? 4 : 3), false>(
-                            sv + s * KV_BYTES, svt + s * VT_BYTES, vmask[s], ptid);
-                    fp_mbar_arrive(v_empty(s));
-                } else if (edge) {
-                    fp_sm90_scrub_v<TI, BN, NP, DK >= 256 ? 2 : 4, PRODUCER_REGS == 40 ? 4 : 1>(
-                        gq + (sv - sq) + s * KV_BYTES, vmask[s], ptid);
-                }
-                if (FP8 || edge) {
-                    fp_fence_proxy_async_smem(); /* generic writes, before wgmma reads them */
-                    pv_phase(pv_bits, s);
-                    fp_mbar_arrive(pv_ready(s));
-                }
-                if (!FP8)
-                    fp_mbar_arrive(v_empty(s));
-            }
-        }
-        if (wtid == 0 && n > 0) {
-            fp_tma_prefetch_desc(&prm.tq);
-            fp_tma_prefetch_desc(&prm.tk);
-            fp_tma_prefetch_desc(&prm.tv);
-            /* varlen maps are (D, packed tokens, heads, 1): the batch coordinate is 0 */
-            const int qb = a.cu_q ? 0 : b, kvh = h / a.group;
-            const int q_row = (int)seq.q_start + m0, k_row = (int)seq.k_start;
-            constexpr int PCOLS = 128 / EB; /* columns of a 128-byte panel */
-            fp_mbar_arrive_expect_tx(q_full, BM * DK * EB);
-#pragma unroll
-            for (int p = 0; p < NP; ++p)
-                fp_tma_load_4d(sq + p * BM * 128, &prm.tq, q_full, PCOLS * p, q_row, h, qb);
-#pragma unroll 1 /* within the producer's 24 registers */
-            for (int it = 0; it < n; ++it) {
-                const int nb = nb_end - 1 - it, s = it % ST;
-                const uint32_t ph = (it / ST) & 1;
-                fp_mbar_wait(k_empty(s), ph ^ 1);
-                fp_mbar_arrive_expect_tx(k_full(s), KV_BYTES);
-#pragma unroll
-                for (int p = 0; p < NP; ++p)
-                    fp_tma_load_4d(sk + s * KV_BYTES + p * BN * 128, &prm.tk, k_full(s), PCOLS * p,
-                                   k_row + nb * BN, kvh, qb);
-                fp_mbar_wait(v_empty(s), ph ^ 1);
-                fp_mbar_arrive_expect_tx(v_full(s), KV_BYTES);
-#pragma unroll
-                for (int p = 0; p < NP; ++p)
-                    fp_tma_load_4d(sv + s * KV_BYTES + p * BN * 128, &prm.tv, v_full(s), PCOLS * p,
-                                   k_row + nb * BN, kvh, qb);
-            }
-        }
+        if (wtid >= 32 && n > 0)
+            fp_sm90_fwd_prepare_v<TI, CFG>(bar, gq + (sv - sq), sv, svt, vmask, full_lo, full_hi,
+                                           nb_end, n, wtid - 32);
+        if (wtid == 0 && n > 0)
+            fp_sm90_fwd_load<TI, CFG>(prm, bar, sq, sk, sv, a.cu_q ? 0 : b, h, h / a.group,
+                                      (int)seq.q_start + m0, (int)seq.k_start, nb_end, n);
     } else {
         /* ---- consumers: warpgroup w owns rows 64 w .. 64 w + 63 of each query block ---- */
         if constexpr (PRODUCER_REGS == 40)
@@ -498,58 +677,6 @@ __global__ void __launch_bounds__(FP_SM90_THREADS, 1)
         const int row_in = 64 * w + 16 * warp + g; /* this thread's rows: row_in, row_in + 8 */
         const uint32_t q_rows = sq + 64 * w * 128; /* the warpgroup's 64 rows of panel 0 */
 
-        /* S = Q K^T of the K tile in stage s (issued, not waited for) */
-        auto qk = [&](float(&s)[BN / 2], int stage) {
-            fp_wgmma_fence();
-#pragma unroll
-            for (int kk = 0; kk < KSTEPS; ++kk) {
-                const uint32_t off = (kk % 4) * 32; /* 32 bytes into the panel */
-                const uint64_t da = fp_wgmma_desc(q_rows + (kk / 4) * BM * 128 + off, 16, 1024);
-                const uint64_t db =
-                    fp_wgmma_desc(sk + stage * KV_BYTES + (kk / 4) * BN * 128 + off, 16, 1024);
-                if constexpr (FP8)
-                    fp_wgmma_e4m3<BN>::ss(s, da, db, kk > 0);
-                else
-                    fp_wgmma<TI, BN>::ss(s, da, db, kk > 0);
-            }
-            fp_wgmma_commit();
-        };
-        /* O += P V of the V (V^T) tile in stage s (issued, not waited for) */
-        auto pv = [&](float(&o)[DK / 2], const uint32_t(&pa)[BN / PK][4], int stage) {
-            fp_wgmma_fence();
-#pragma unroll
-            for (int kk = 0; kk < BN / PK; ++kk) {
-                if constexpr (FP8)
-                    fp_wgmma_e4m3<DK>::rs(
-                        o, pa[kk],
-                        fp_wgmma_desc(svt + stage * VT_BYTES + (kk / 4) * DK * 128 + (kk % 4) * 32,
-                                      16, 1024));
-                else
-                    fp_wgmma<TI, DK>::rs(
-                        o, pa[kk],
-                        fp_wgmma_desc(sv + stage * KV_BYTES + kk * 16 * 128, BN * 128, 1024));
-            }
-            fp_wgmma_commit();
-        };
-        /* P from the S accumulator to the A fragments (fp8: V^T's key order makes the
-         * accumulator's 4 values of a row per 16 keys one register, fp_sm90_transpose_v8) */
-        auto pack_p = [&](uint32_t(&pa)[BN / PK][4], const float(&s)[BN / 2]) {
-#pragma unroll
-            for (int kk = 0; kk < BN / PK; ++kk) {
-                if constexpr (FP8) {
-                    const float *c = s + 16 * kk;
-                    pa[kk][0] = fp_pack4_e4m3(c[0], c[1], c[4], c[5]);
-                    pa[kk][1] = fp_pack4_e4m3(c[2], c[3], c[6], c[7]);
-                    pa[kk][2] = fp_pack4_e4m3(c[8], c[9], c[12], c[13]);
-                    pa[kk][3] = fp_pack4_e4m3(c[10], c[11], c[14], c[15]);
-                } else {
-                    pa[kk][0] = fp_pack2<TI>(s[8 * kk + 0], s[8 * kk + 1]);
-                    pa[kk][1] = fp_pack2<TI>(s[8 * kk + 2], s[8 * kk + 3]);
-                    pa[kk][2] = fp_pack2<TI>(s[8 * kk + 4], s[8 * kk + 5]);
-                    pa[kk][3] = fp_pack2<TI>(s[8 * kk + 6], s[8 * kk + 7]);
-                }
-            }
-        };
         /* Ping-pong: the two warpgroups take turns issuing their matrix products; each turn
          * ends by opening the other's, so one warpgroup's softmax runs while the other's
          * products occupy the tensor cores. Turn barriers 3 + w (256 threads: the owner syncs,
@@ -593,9 +720,9 @@ __global__ void __launch_bounds__(FP_SM90_THREADS, 1)
                 const int stage = it_ % ST, j0 = (nb_end - 1 - it_) * BN;
                 const bool edge = !block_full(j0);
                 if (FP8 || edge)
-                    fp_mbar_wait(pv_ready(stage), pv_phase(pv_bits, stage));
+                    fp_mbar_wait(bar.pv_ready(stage), bar.pv_phase(pv_bits, stage));
                 else
-                    fp_mbar_wait(v_full(stage), (it_ / ST) & 1);
+                    fp_mbar_wait(bar.v_full(stage), (it_ / ST) & 1);
                 if (!edge)
                     return;
                 const uint32_t *vm = vmask[stage];
@@ -613,77 +740,41 @@ __global__ void __launch_bounds__(FP_SM90_THREADS, 1)
                 }
             };
 
-            /* Mask / transform, row maxima, online-softmax update; S becomes the unrounded P
-             * and l grows by this thread's part of the row sums. alpha: the rows' rescale
-             * factors; returns whether O must be rescaled (always, unless LAZY). */
-            auto softmax = [&](float(&s)[BN / 2], int nb, float(&alpha)[2]) -> bool {
-                const int j0 = nb * BN;
-                if (a.transform)
-                    fp_sm90_transform<BN>(s, xf, i_lo, j0, t);
-                if (!block_full(j0))
-                    fp_sm90_mask<BN>(s, mk, i_lo, j0, t);
-                float mxs[2];
-                bool grow = false;
-#pragma unroll
-                for (int r = 0; r < 2; ++r) {
-                    float mx = -INFINITY;
-#pragma unroll
-                    for (int j = 0; j < BN / 8; ++j)
-                        mx = fmaxf(mx, fmaxf(s[4 * j + 2 * r], s[4 * j + 2 * r + 1]));
-                    mxs[r] = fp_quad_max(mx) * sc;
-                    grow |= mxs[r] > st[r].m + FP_SM90_RESCALE_SLACK;
-                }
-                const bool rescale = !LAZY || __any_sync(0xffffffffu, grow);
-#pragma unroll
-                for (int r = 0; r < 2; ++r) {
-                    alpha[r] = rescale ? fp_softmax_update_exp2(&st[r], mxs[r]) : 1.0f;
-                    const float mu = fp_softmax_exp_base(&st[r]);
-                    float l = 0.0f;
-#pragma unroll
-                    for (int j = 0; j < BN / 8; ++j)
-#pragma unroll
-                        for (int e = 0; e < 2; ++e) {
-                            float &x = s[4 * j + 2 * r + e];
-                            x = fp_exp2(fmaf(x, sc, -mu));
-                            l += x;
-                        }
-                    st[r].l += l;
-                }
-                return rescale;
-            };
-
             if (n > 0) {
                 if (w == 1)
                     fp_named_bar_arrive(3, 256);
-                fp_mbar_wait(q_full, 0);
+                fp_mbar_wait(bar.q_full(), 0);
                 float s[BN / 2];
                 uint32_t pa[BN / PK][4];
                 float alpha[2];
                 turn_begin();
-                fp_mbar_wait(k_full(0), 0);
-                qk(s, 0);
+                fp_mbar_wait(bar.k_full(0), 0);
+                fp_sm90_fwd_qk<TI, CFG>(s, q_rows, sk, 0);
                 turn_end(false);
                 fp_wgmma_wait<0>();
                 fp_wgmma_fence_regs(s);
-                fp_mbar_arrive(k_empty(0));
-                softmax(s, nb_end - 1, alpha);
-                pack_p(pa, s);
+                fp_mbar_arrive(bar.k_empty(0));
+                fp_sm90_fwd_softmax<BN, LAZY>(s, (nb_end - 1) * BN, alpha, st, a.transform, xf, mk,
+                                              sc, i_lo, t, full_lo, full_hi);
+                fp_sm90_fwd_pack_p<TI, BN>(pa, s);
                 for (int it = 1; it < n; ++it) {
                     const int cur = it, prev = it - 1;
                     turn_begin();
-                    fp_mbar_wait(k_full(cur % ST), (cur / ST) & 1);
-                    qk(s, cur % ST);
+                    fp_mbar_wait(bar.k_full(cur % ST), (cur / ST) & 1);
+                    fp_sm90_fwd_qk<TI, CFG>(s, q_rows, sk, cur % ST);
                     wait_pv(prev);
-                    pv(o, pa, prev % ST);
+                    fp_sm90_fwd_pv<TI, CFG>(o, pa, sv, svt, prev % ST);
                     turn_end(false);
                     fp_wgmma_wait<1>(); /* S (it) has landed; P V (it - 1) may still run */
                     fp_wgmma_fence_regs(s);
-                    fp_mbar_arrive(k_empty(cur % ST));
-                    const bool rescale = softmax(s, nb_end - 1 - it, alpha);
+                    fp_mbar_arrive(bar.k_empty(cur % ST));
+                    const bool rescale = fp_sm90_fwd_softmax<BN, LAZY>(
+                        s, (nb_end - 1 - it) * BN, alpha, st, a.transform, xf, mk, sc, i_lo, t,
+                        full_lo, full_hi);
                     fp_wgmma_wait<0>();
                     fp_wgmma_fence_regs(o);
                     fp_fence_u32(pa);
-                    fp_mbar_arrive(pv_empty(prev % ST));
+                    fp_mbar_arrive(bar.pv_empty(prev % ST));
                     if (rescale) {
 #pragma unroll
                         for (int j = 0; j < DK / 8; ++j) {
@@ -693,16 +784,16 @@ __global__ void __launch_bounds__(FP_SM90_THREADS, 1)
                             o[4 * j + 3] *= alpha[1];
                         }
                     }
-                    pack_p(pa, s);
+                    fp_sm90_fwd_pack_p<TI, BN>(pa, s);
                 }
                 const int last = n - 1;
                 turn_begin();
                 wait_pv(last);
-                pv(o, pa, last % ST);
+                fp_sm90_fwd_pv<TI, CFG>(o, pa, sv, svt, last % ST);
                 turn_end(true);
                 fp_wgmma_wait<0>();
                 fp_wgmma_fence_regs(o);
-                fp_mbar_arrive(pv_empty(last % ST));
+                fp_mbar_arrive(bar.pv_empty(last % ST));
             }
 
             /* Finalize: O = acc / l, LSE = m + log l (natural log); rows that saw nothing: 0,

@@ -9,20 +9,11 @@
  *     every kernel's code.
  */
 #include "core/kernel_args.h"
+#include "tests/test_util.h"
 
 #include <math.h>
 #include <stddef.h>
 #include <stdio.h>
-
-static int failures;
-
-#define CHECK(cond)                                                                                \
-    do {                                                                                           \
-        if (!(cond)) {                                                                             \
-            fprintf(stderr, "test_kernel_args: %s:%d: %s\n", __FILE__, __LINE__, #cond);           \
-            failures++;                                                                            \
-        }                                                                                          \
-    } while (0)
 
 static void view(fp_tensor_view *t, void *data, int64_t sb, int64_t ss, int64_t sh)
 {
@@ -128,8 +119,8 @@ int main(void)
     test_varlen_paged();
     if (sizeof(void *) == 8)
         test_layout();
-    if (failures) {
-        fprintf(stderr, "test_kernel_args: %d check(s) failed\n", failures);
+    if (tu_failures) {
+        fprintf(stderr, "test_kernel_args: %d check(s) failed\n", tu_failures);
         return 1;
     }
     printf("test_kernel_args: fill (dense GQA, varlen paged) and layout checked\n");

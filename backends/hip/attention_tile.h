@@ -108,21 +108,22 @@ typedef struct fp_hip_seq {
 
 __device__ __forceinline__ fp_hip_seq fp_hip_seq_of(const fp_hip_args &a, int b)
 {
-    const fp_seq q = fp_seq_lookup(a.cu_q, a.cu_k, a.seqlen_q, a.seqlen_k, b);
+    const fp_seq q = fp_seq_lookup(a.cu_q, a.cu_k, a.nq, a.nk, b);
     fp_hip_seq s;
     s.q_off = q.q_start;
     s.nq = q.nq;
     s.k_off = q.k_start;
     s.k_cap = q.nk;
     s.nk = fp_seq_used_keys(a.seqused_k, b, q.nk);
-    s.tok0 = a.cu_q ? q.q_start : (int64_t)b * a.seqlen_q;
+    s.tok0 = a.cu_q ? q.q_start : (int64_t)b * a.nq;
     return s;
 }
 
 /* Element (b, off, h, 0) of a q/k/v/o-shaped tensor. */
-__device__ __forceinline__ uint16_t *fp_hip_row0(const fp_hip_tensor &t, int b, int64_t off, int h)
+__device__ __forceinline__ uint16_t *fp_hip_row0(const fp_kernel_tensor &t, int b, int64_t off,
+                                                 int h)
 {
-    return (uint16_t *)t.data + b * t.sb + off * t.ss + h * t.sh;
+    return (uint16_t *)t.ptr + b * t.sb + off * t.ss + h * t.sh;
 }
 
 /* dst[r][c] = row (row0 + r), column c of `src` (rows `rs` elements apart), for r < ROWS and
@@ -426,7 +427,7 @@ template <class T, int DMAX, class MMA> __device__ void fp_hip_forward_tile(cons
 
     const int groups = a.heads / a.pack_group; /* blocks along x per batch entry */
     const int b = blockIdx.x / groups, split = blockIdx.y;
-    const int64_t qb = a.heavy_first ? a.num_q_blocks - 1 - blockIdx.z : blockIdx.z;
+    const int64_t qb = a.reverse ? a.num_q_blocks - 1 - blockIdx.z : blockIdx.z;
     const fp_hip_seq sq = fp_hip_seq_of(a, b);
     fp_hip_rows w;
     w.i0 = qb * BQ;
@@ -436,7 +437,7 @@ template <class T, int DMAX, class MMA> __device__ void fp_hip_forward_tile(cons
     if (w.i0 >= rows)
         return; /* a shorter sequence of a varlen batch */
     const int kh = w.h0 / (a.heads / a.kv_heads);
-    const int d = a.head_dim, dpad = (d + 15) & ~15;
+    const int d = a.d, dpad = (d + 15) & ~15;
     const fp_hip_score sc = fp_hip_score_of(a, sq, w.h0);
     /* The tokens of the block's rows */
     const int64_t t0 = w.i0 / w.g, t1 = (fp_hip_min64(w.i0 + BQ, rows) - 1) / w.g + 1;
@@ -452,8 +453,8 @@ template <class T, int DMAX, class MMA> __device__ void fp_hip_forward_tile(cons
     fp_hip_load_q_rows<BQ>(sm.q, a, sq, b, w, d, dpad);
     const uint16_t *kp, *vp;
     if (a.block_table) {
-        kp = (const uint16_t *)a.k.data + kh * a.k.sh;
-        vp = (const uint16_t *)a.v.data + kh * a.v.sh;
+        kp = (const uint16_t *)a.k.ptr + kh * a.k.sh;
+        vp = (const uint16_t *)a.v.ptr + kh * a.v.sh;
     } else {
         kp = fp_hip_row0(a.k, b, sq.k_off, kh);
         vp = fp_hip_row0(a.v, b, sq.k_off, kh);
@@ -502,8 +503,8 @@ template <class T, int DMAX, class MMA> __device__ void fp_hip_forward_tile(cons
         /* a row that saw a non-finite V element: O NaN (the CPU backend: only those elements) */
         sm.oscale[r] = seen != 0.0f ? NAN : fp_softmax_out_scale(&st);
         if (i < sq.nq) {
-            if (a.num_splits > 1)
-                a.part_lse[((int64_t)split * a.heads + hr) * a.total_q + sq.tok0 + i] =
+            if (a.splits > 1)
+                a.lse_part[((int64_t)split * a.heads + hr) * a.total_q + sq.tok0 + i] =
                     fp_softmax_lse_exp2(&st);
             else if (a.lse)
                 a.lse[b * a.lse_sb + hr * a.lse_sh + (sq.q_off + i) * a.lse_ss] =
@@ -518,8 +519,8 @@ template <class T, int DMAX, class MMA> __device__ void fp_hip_forward_tile(cons
         if (ie >= sq.nq || c >= d)
             continue;
         const int he = fp_hip_row_head(w, rr);
-        if (a.num_splits > 1)
-            a.part_o[(((int64_t)split * a.heads + he) * a.total_q + sq.tok0 + ie) * d + c] =
+        if (a.splits > 1)
+            a.o_part[(((int64_t)split * a.heads + he) * a.total_q + sq.tok0 + ie) * d + c] =
                 o.get(e) * sm.oscale[rr];
         else
             fp_hip_row0(a.o, b, sq.q_off + ie, he)[c] = T::store(o.get(e) * sm.oscale[rr]);
@@ -531,14 +532,14 @@ template <class T> __device__ void fp_hip_combine_rows(const fp_hip_args &a)
 {
     const int b = blockIdx.x / a.heads, h = blockIdx.x % a.heads;
     const fp_hip_seq sq = fp_hip_seq_of(a, b);
-    const int d = a.head_dim, c = threadIdx.x;
+    const int d = a.d, c = threadIdx.x;
     for (int64_t i = blockIdx.y; i < sq.nq; i += gridDim.y) {
         float lse = -INFINITY, acc = 0.0f;
-        for (int s = 0; s < a.num_splits; s++) {
+        for (int s = 0; s < a.splits; s++) {
             const int64_t row = ((int64_t)s * a.heads + h) * a.total_q + sq.tok0 + i;
             float wa, wb;
-            lse = fp_softmax_merge(lse, a.part_lse[row], &wa, &wb);
-            acc = wa * acc + (c < d ? wb * a.part_o[row * d + c] : 0.0f);
+            lse = fp_softmax_merge(lse, a.lse_part[row], &wa, &wb);
+            acc = wa * acc + (c < d ? wb * a.o_part[row * d + c] : 0.0f);
         }
         if (c < d)
             fp_hip_row0(a.o, b, sq.q_off, h)[i * a.o.ss + c] = T::store(acc);
@@ -560,7 +561,7 @@ template <class T> __device__ void fp_hip_bwd_prep_rows(const fp_hip_args &a)
     const uint16_t *o = fp_hip_row0(a.o, b, sq.q_off + i, h);
     const uint16_t *g = fp_hip_row0(a.dout, b, sq.q_off + i, h);
     float sum = 0.0f;
-    for (int c = 0; c < a.head_dim; c++)
+    for (int c = 0; c < a.d; c++)
         sum += T::load(o[c]) * T::load(g[c]);
     a.delta[(int64_t)h * a.total_q + sq.tok0 + i] = sum;
 }
@@ -583,7 +584,7 @@ __device__ __forceinline__ void fp_hip_load_query_side(fp_hip_bwd_smem<DMAX, BQ,
                                                        const fp_hip_args &a, int b, int h,
                                                        const fp_hip_seq &sq, int64_t i0, int dpad)
 {
-    const int d = a.head_dim;
+    const int d = a.d;
     fp_hip_load_tile<BQ>(sm.q, fp_hip_row0(a.q, b, sq.q_off, h), a.q.ss, i0, sq.nq, d, dpad,
                          a.vec_ok);
     fp_hip_load_tile<BQ>(sm.dout, fp_hip_row0(a.dout, b, sq.q_off, h), a.dout.ss, i0, sq.nq, d,
@@ -641,7 +642,7 @@ template <class T, int DMAX, class MMA> __device__ void fp_hip_bwd_dkdv_tile(con
     const int64_t j0 = (int64_t)blockIdx.z * BK;
     if (j0 >= sq.k_cap)
         return;
-    const int d = a.head_dim, dpad = (d + 15) & ~15, group = a.heads / a.kv_heads;
+    const int d = a.d, dpad = (d + 15) & ~15, group = a.heads / a.kv_heads;
     typename MMA::template acc<BK, DMAX> dk, dv;
     dk.zero();
     dv.zero();
@@ -689,13 +690,13 @@ template <class T, int DMAX, class MMA> __device__ void fp_hip_bwd_dq_tile(const
     __shared__ fp_hip_bwd_smem<DMAX, BQ, BK> sm;
 
     const int b = blockIdx.x / a.heads, h = blockIdx.x % a.heads;
-    const int64_t qb = a.heavy_first ? a.num_q_blocks - 1 - blockIdx.z : blockIdx.z;
+    const int64_t qb = a.reverse ? a.num_q_blocks - 1 - blockIdx.z : blockIdx.z;
     const fp_hip_seq sq = fp_hip_seq_of(a, b);
     const int64_t i0 = qb * BQ;
     if (i0 >= sq.nq)
         return;
     const int kh = h / (a.heads / a.kv_heads);
-    const int d = a.head_dim, dpad = (d + 15) & ~15;
+    const int d = a.d, dpad = (d + 15) & ~15;
     const fp_hip_score sc = fp_hip_score_of(a, sq, h);
     int nb0, nb1;
     fp_geom_key_blocks(i0, fp_hip_min64(i0 + BQ, sq.nq), sq.nq, sq.nk, a.left, a.right, BK, &nb0,

@@ -27,50 +27,17 @@ static int aligned_view(const fp_tensor_view *t)
                         t->stride[FP_S] % 8 == 0 && t->stride[FP_H] % 8 == 0);
 }
 
-static fp_hip_tensor tensor_of(const fp_tensor_view *t)
-{
-    fp_hip_tensor r = {t->data, t->stride[FP_B], t->stride[FP_S], t->stride[FP_H]};
-    return r;
-}
-
+/* The kernels' block of a validated problem: core's fill and this backend's own fields. */
 static void make_args(const fp_problem *p, fp_hip_args *a)
 {
     memset(a, 0, sizeof *a);
-    a->batch = (int)p->batch;
-    a->heads = (int)p->heads;
+    fp_kernel_args_fill(p, a);
     a->kv_heads = (int)p->kv_heads;
-    a->head_dim = (int)p->head_dim;
-    a->seqlen_q = p->seqlen_q;
-    a->seqlen_k = p->seqlen_k;
     a->total_q = p->total_q;
-    a->cu_q = p->varlen ? p->cu_seqlens_q : NULL;
-    a->cu_k = p->varlen ? p->cu_seqlens_k : NULL;
-    a->scale = p->scale;
-    a->softcap = p->softcap;
-    a->left = p->window_left;
-    a->right = p->window_right;
-    a->alibi = p->alibi_slopes;
     const fp_tensor_view *views[] = {&p->q, &p->k, &p->v, &p->o, &p->dout, &p->dq, &p->dk, &p->dv};
     a->vec_ok = 1;
     for (size_t i = 0; i < sizeof views / sizeof views[0]; i++)
         a->vec_ok &= aligned_view(views[i]);
-    a->q = tensor_of(&p->q);
-    a->k = tensor_of(&p->k);
-    a->v = tensor_of(&p->v);
-    a->o = tensor_of(&p->o);
-    a->dout = tensor_of(&p->dout);
-    a->dq = tensor_of(&p->dq);
-    a->dk = tensor_of(&p->dk);
-    a->dv = tensor_of(&p->dv);
-    a->lse = (float *)p->lse.data;
-    a->lse_sb = p->lse.stride[0];
-    a->lse_sh = p->lse.stride[1];
-    a->lse_ss = p->lse.stride[2];
-    a->seqused_k = p->seqused_k;
-    a->block_table = p->block_table;
-    a->bt_stride = p->block_table ? p->block_table_stride : 0;
-    a->page_size = p->block_table ? p->page_size : 0;
-    a->num_pages = p->block_table ? p->num_pages : 0;
     a->pack_group = 1;
 }
 
@@ -199,8 +166,8 @@ static flashport_status run_forward(fp_hip_ctx *ctx, const fp_problem *p, size_t
     if (plan.num_q_blocks > FP_HIP_GRID_YZ_MAX)
         return too_many_blocks("the forward's query blocks", plan.num_q_blocks);
     a.num_q_blocks = plan.num_q_blocks;
-    a.heavy_first = plan.heavy_first;
-    a.num_splits = plan.num_splits;
+    a.reverse = plan.heavy_first;
+    a.splits = plan.num_splits;
     a.keys_per_split = plan.keys_per_split;
     /* split-KV partials: O (f32) and LSE of every (split, head, packed query row) */
     const size_t rows = (size_t)plan.num_splits * (size_t)p->heads * (size_t)p->total_q;
@@ -230,8 +197,8 @@ static flashport_status run_forward(fp_hip_ctx *ctx, const fp_problem *p, size_t
     float *ws;
     flashport_status st = workspace(ctx, p, ws_bytes, &ws);
     if (st == FLASHPORT_OK) {
-        a.part_o = ws;
-        a.part_lse = ws + rows * (size_t)p->head_dim;
+        a.o_part = ws;
+        a.lse_part = ws + rows * (size_t)p->head_dim;
         st = launch(ctx, kernel, grid, &a, "forward kernel launch (split-KV)");
     }
     if (st == FLASHPORT_OK) {
@@ -272,8 +239,8 @@ static flashport_status run_backward(fp_hip_ctx *ctx, const fp_problem *p, size_
     if (key_blocks > FP_HIP_GRID_YZ_MAX)
         return too_many_blocks("the backward's key blocks", key_blocks);
     a.num_q_blocks = plan.num_q_blocks;
-    a.heavy_first = plan.heavy_first;
-    a.num_splits = 1;
+    a.reverse = plan.heavy_first;
+    a.splits = 1;
     const size_t ws_bytes = (size_t)p->heads * (size_t)p->total_q * sizeof(float); /* delta */
     if (query) {
         *query = ws_bytes;

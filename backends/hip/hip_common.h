@@ -21,6 +21,7 @@
 #endif
 
 #include "core/backend.h"
+#include "core/kernel_args.h"
 
 #include <stdint.h>
 #include <stdio.h>
@@ -29,41 +30,20 @@
 #define FP_HIP_MAX_HEAD_DIM      256
 #define FP_HIP_HEAD_DIM_MULTIPLE 8
 
-/* One q/k/v/o-shaped tensor: element strides of batch, sequence and head; the head dim is
- * contiguous (caps.needs_contiguous_dim). Varlen tensors have sb == 0. */
-typedef struct fp_hip_tensor {
-    void *data;
-    int64_t sb, ss, sh;
-} fp_hip_tensor;
-
-/* Everything a kernel reads, passed by value. Sequence lengths of varlen problems come from
- * cu_q/cu_k on the device; seqlen_q/k are then the maxima that sized the grid. */
-typedef struct fp_hip_args {
-    int batch, heads, kv_heads, head_dim;
-    int64_t seqlen_q, seqlen_k;
+/* Everything a kernel reads, passed by value: core/kernel_args.h's block (filled from the problem
+ * by fp_kernel_args_fill; the fields the CUDA kernels read too) and this backend's launch plan.
+ * Sequence lengths of varlen problems come from cu_q/cu_k on the device; nq and nk are then
+ * the maxima that sized the grid. The split-KV partials (o_part, lse_part) are
+ * [split, H, total_q, D] and [split, H, total_q]. */
+typedef struct fp_hip_args : fp_kernel_args {
+    int kv_heads;
     int64_t total_q; /* packed query tokens: B * Nq dense, cu_q[B] varlen (workspace rows) */
-    const int32_t *cu_q, *cu_k; /* NULL for dense problems */
-    float scale, softcap;       /* softcap 0 = off */
-    int64_t left, right;        /* window, -1 = unbounded, causal folded in */
-    const float *alibi;         /* [H] or NULL */
-    int vec_ok;                 /* every row starts 16-byte aligned: loaders use 16-byte loads */
-    fp_hip_tensor q, k, v, o, dout, dq, dk, dv;
-    float *lse; /* [B, H, Nq] by the strides below; may be NULL in the forward */
-    int64_t lse_sb, lse_sh, lse_ss;
-    /* Launch plan (core/plan.h): grid z runs over query blocks, heaviest first if asked. */
+    int vec_ok;      /* every row starts 16-byte aligned: loaders use 16-byte loads */
+    /* Launch plan (core/plan.h): grid z runs over query blocks, heaviest first (reverse) if
+     * asked. */
     int64_t num_q_blocks;
-    int heavy_first;
-    int num_splits;
-    int64_t keys_per_split;
-    /* Workspace: split-KV partials [split, H, total_q, D] and [split, H, total_q]; the backward's
-     * rowsum(dO * O) as [H, total_q]. */
-    float *part_o, *part_lse, *delta;
-    /* KV cache (fp_problem's fields): seqused_k [B] or NULL; block_table [B, bt_stride] or NULL,
-     * k and v then [num_pages, page_size, Hkv, D] (sb the page stride) and seqlen_k the
-     * capacity bt_stride * page_size. */
-    const int32_t *seqused_k;
-    const int32_t *block_table;
-    int64_t bt_stride, page_size, num_pages;
+    /* Workspace: the backward's rowsum(dO * O) as [H, total_q]. */
+    float *delta;
     /* GQA packing (forward): the query rows of a block are (token, head) pairs of the
      * pack_group heads that share a kv head, token major, so each K / V tile is read once for
      * all of them; grid x then runs over B * H / pack_group. 1 = one head per block. */

@@ -981,7 +981,7 @@ __global__ void __launch_bounds__(128) fp_sm80_bwd_dkdv_sum(const fp_sm80_args a
                 acc[6] += y.z;
                 acc[7] += y.w;
             }
-            const fp_cuda_view &out = which ? a.dk : a.dv;
+            const fp_kernel_tensor &out = which ? a.dk : a.dv;
             const float f = which ? a.scale : 1.0f;
             T *dst = reinterpret_cast<T *>(const_cast<void *>(out.ptr)) +
                      fp_cuda_row(out, b, sq_.k_start + n0 + r, kvh) + c;

@@ -24,49 +24,18 @@
 #include "backends/cuda/ptx/sm80.cuh"
 #include "core/backend.h"
 #include "core/geometry.h"
+#include "core/kernel_args.h"
 #include "core/mask.h"
 #include "core/online_softmax.h"
 
 /* ---- argument blocks (filled by the launchers, passed by value) ---------------------------- */
 
-/* One q/k/v/o-shaped tensor: base pointer and element strides [batch, seq, head]. The head-dim
- * stride is 1 (the backend's caps ask the core for it). */
-typedef struct fp_cuda_view {
-    const void *ptr;
-    int64_t sb, ss, sh;
-} fp_cuda_view;
-
-typedef struct fp_sm80_args {
-    fp_cuda_view q, k, v, o;
-    float *lse; /* may be NULL in the forward */
-    int64_t lse_sb, lse_sh, lse_ss;
-    const int32_t *cu_q, *cu_k; /* varlen: B + 1 offsets in device memory; NULL when dense */
-    int nq, nk;                 /* dense lengths, or varlen maxima */
-    /* KV cache (fp_problem's fields): seqused_k ([B], device memory, NULL = none) is each
-     * sequence's key count, the mask's Nk. block_table ([B, bt_stride] int32, NULL = dense):
-     * k and v are [num_pages, page_size, Hkv, D], their batch stride the page stride, and nk
-     * the capacity bt_stride * page_size; fp_paged_page (core/geometry.h) finds a key's page.
-     * Only the decode kernel (decode/fwd.cu) reads paged caches. */
-    const int32_t *seqused_k;
-    const int32_t *block_table;
-    int64_t bt_stride;
-    int page_size, num_pages;
-    int heads, group;        /* query heads, query heads per kv head */
-    int d;                   /* the problem's head dim (<= the kernel's, multiple of 8) */
-    int64_t left, right;     /* window, -1 = unbounded, causal folded in */
-    float scale, scale_log2; /* scale and scale * log2(e) */
-    float softcap;           /* 0 = off */
-    const float *alibi;      /* [H] or NULL */
-    int transform;           /* softcap or ALiBi: scores go through fp_score_transform */
-    int reverse;             /* launch the last query blocks first (causal: the heaviest) */
-    /* forward split-KV */
-    int splits;
-    int64_t keys_per_split; /* a multiple of the key block */
-    float *o_part;          /* [splits, B, H, nq, d] f32, normalized per split */
-    float *lse_part;        /* [splits, B, H, nq] natural log */
-    int batch;
-    /* backward */
-    fp_cuda_view dout, dq, dk, dv;
+/* The kernels' argument block: core/kernel_args.h's (the fields the HIP kernels read too,
+ * filled from the problem by fp_kernel_args_fill, kept first so that its layout is the
+ * kernels' parameter layout) and the fields of this path's backward. The forward's split-KV
+ * partials (o_part, lse_part) are [splits, B, H, nq, d] f32 and [splits, B, H, nq]. Only the
+ * decode kernel (decode/fwd.cu) reads paged caches. */
+typedef struct fp_sm80_args : fp_kernel_args {
     float *ws_lse2;  /* [B, H, nq_pad]: LSE * log2(e), +inf where a row sees nothing */
     float *ws_dsum;  /* [B, H, nq_pad]: rowsum(dO * O) */
     float *dq_accum; /* [B, H, nq_pad, DK] f32 (DK: the kernel's head dim), atomic mode only */
@@ -80,53 +49,11 @@ typedef struct fp_sm80_args {
     float *dkv_part;
 } fp_sm80_args;
 
-static inline fp_cuda_view fp_cuda_view_of(const fp_tensor_view &t)
-{
-    fp_cuda_view v;
-    v.ptr = t.data;
-    v.sb = t.stride[FP_B];
-    v.ss = t.stride[FP_S];
-    v.sh = t.stride[FP_H];
-    return v;
-}
-
 /* The argument block of a validated problem (forward and backward fields). */
 static inline void fp_sm80_fill_args(const fp_problem *p, fp_sm80_args *a)
 {
     memset(a, 0, sizeof *a);
-    a->q = fp_cuda_view_of(p->q);
-    a->k = fp_cuda_view_of(p->k);
-    a->v = fp_cuda_view_of(p->v);
-    a->o = fp_cuda_view_of(p->o);
-    a->lse = (float *)p->lse.data;
-    a->lse_sb = p->lse.stride[0];
-    a->lse_sh = p->lse.stride[1];
-    a->lse_ss = p->lse.stride[2];
-    a->cu_q = p->varlen ? p->cu_seqlens_q : NULL;
-    a->cu_k = p->varlen ? p->cu_seqlens_k : NULL;
-    a->seqused_k = p->seqused_k;
-    a->block_table = p->block_table;
-    a->bt_stride = p->block_table ? p->block_table_stride : 0;
-    a->page_size = p->block_table ? (int)p->page_size : 0;
-    a->num_pages = p->block_table ? (int)p->num_pages : 0;
-    a->nq = (int)p->seqlen_q;
-    a->nk = (int)p->seqlen_k;
-    a->batch = (int)p->batch;
-    a->heads = (int)p->heads;
-    a->group = (int)(p->heads / p->kv_heads);
-    a->d = (int)p->head_dim;
-    a->left = p->window_left;
-    a->right = p->window_right;
-    a->scale = p->scale;
-    a->scale_log2 = p->scale * FP_LOG2E;
-    a->softcap = p->softcap;
-    a->alibi = p->alibi_slopes;
-    a->transform = p->softcap > 0.0f || p->alibi_slopes != NULL;
-    a->dout = fp_cuda_view_of(p->dout);
-    a->dq = fp_cuda_view_of(p->dq);
-    a->dk = fp_cuda_view_of(p->dk);
-    a->dv = fp_cuda_view_of(p->dv);
-    a->splits = 1;
+    fp_kernel_args_fill(p, a);
     a->group_splits = 1;
 }
 
@@ -173,7 +100,7 @@ FP_DEV fp_cuda_seq fp_cuda_seq_of(const fp_sm80_args &a, int b)
 }
 
 /* Element offset of row (b, token, h) of a view; token is the packed index (start + position). */
-FP_DEV int64_t fp_cuda_row(const fp_cuda_view &v, int b, int64_t token, int h)
+FP_DEV int64_t fp_cuda_row(const fp_kernel_tensor &v, int b, int64_t token, int h)
 {
     return (int64_t)b * v.sb + token * v.ss + (int64_t)h * v.sh;
 }

@@ -35,4 +35,6 @@ const fp_ukernels fp_ukernels_avx512 = {
     uk_dec_pv,
     NULL,
     NULL,
+    uk_dec_scores_f16,
+    uk_dec_pv_f16,
 };

@@ -18,7 +18,8 @@
  *   dec_scores, dec_pv (and their _bf16 forms where gemm_bf16 is): against products summed in
  *                 double, for ragged heads, rows, d and key counts; the rows of k and v are
  *                 followed by NaN and q's padding columns hold NaN, so a read past d shows;
- *                 dec_scores_f16 and dec_pv_f16 bit for bit against them on the rows in f32
+ *                 dec_scores_f16 likewise, dec_pv_f16 bit for bit against dec_pv on the rows
+ *                 converted to f32
  *   interleave_bf16, dsoftmax_cols, scale_rows, cvt_f16, cvt_bf16 (every 16-bit pattern),
  *   store_f16, store_bf16 (bit for bit as core/dtype.h, NaN, infinities, denormals, overflow)
  * Then one end-to-end bf16 and f16 forward and backward with an odd head dim and odd sequence
@@ -290,7 +291,7 @@ static void check_decode_steps(const fp_ukernels *uk, tu_rng *rng, int bf16)
     }
 }
 
-/* dec_scores_f16 and dec_pv_f16 bit for bit against dec_scores and dec_pv on the same rows
+/* dec_scores_f16 against sums in double, dec_pv_f16 bit for bit against dec_pv on the same rows
  * converted to f32 (the contract: the same sums), for ragged heads, rows, d and key counts, with
  * and without prefetch hints. The f16 rows of d elements are followed by f16 NaN, so a read past
  * d poisons a result. */
@@ -359,10 +360,16 @@ static void check_decode_f16(const fp_ukernels *uk, tu_rng *rng)
             for (int r = 0; r < rows && !bad; r++) {
                 for (int i = 0; i < keys && !bad; i++) {
                     const size_t at = (size_t)(h * rows + r) * lds + (size_t)i;
-                    bad = !CHECK_MSG(memcmp(&s[at], &s16[at], sizeof(float)) == 0,
+                    double want = 0.0, mag = 0.0;
+                    for (int e = 0; e < d; e++) {
+                        const double t = (double)q[h * qhs + r * ldq + e] * kf[i][h * khs + e];
+                        want += t;
+                        mag += fabs(t);
+                    }
+                    bad = !CHECK_MSG(fabs(s16[at] - want) <= 2.0 * (d + 1) * 0x1p-24 * mag,
                                      "%s dec_scores_f16 heads=%d rows=%d d=%d keys=%d: "
-                                     "s[%d][%d][%d] = %.9g, dec_scores %.9g",
-                                     table, heads, rows, d, keys, h, r, i, (double)s16[at],
+                                     "s[%d][%d][%d] = %.9g, want %.9g (dec_scores %.9g)",
+                                     table, heads, rows, d, keys, h, r, i, (double)s16[at], want,
                                      (double)s[at]);
                 }
                 for (int e = 0; e < d && !bad; e++) {

@@ -135,8 +135,8 @@ typedef struct fp_ukernels {
      *                    must be 0.
      * The _f16 forms take f16 k and v rows (row pointers, a key block) and f32 q and P, each row
      * converted to f32 as it is loaded; every table has them.
-     *   dec_scores_f16   s[h * shs + r * lds + i] = dec_scores of key i, for i < keys, with the
-     *                    same sums as dec_scores on the rows converted to f32.
+     *   dec_scores_f16   s[h * shs + r * lds + i] = dec_scores of key i, for i < keys; the
+     *                    sums in any order.
      *   dec_pv_f16       dec_pv on the rows converted to f32, the same sums.
      * pf: NULL, or pf_rows addresses (pf[i], i < pf_rows) whose pf_bytes bytes each dec_pv and
      * the _bf16 and _f16 forms ask the caches for, in that order (a prefetch hint, never a read),

@@ -25,7 +25,10 @@
  */
 #include "backends/cpu/ukernel_avx512.h"
 
+#define UK_OWN_DEC_SCORES_F16
 #include "backends/cpu/ukernel_ops.h"
+
+#include "backends/cpu/ukernel_avx512_dec.h"
 
 #include <string.h>
 
@@ -124,25 +127,6 @@ static void uk_interleave_bf16(int n, const uint16_t *even, const uint16_t *odd,
         _mm512_mask_storeu_epi32(dst + c, m0, _mm512_permutex2var_epi16(e, lo, o));
         _mm512_mask_storeu_epi32(dst + c + 16, m1, _mm512_permutex2var_epi16(e, hi, o));
     }
-}
-
-/* The sums of the lanes of a[0 .. 16), a[j]'s in lane j: four folds, each adding two shuffles
- * of a pair of vectors (within 64-bit, 128-bit, 256-bit, then 512-bit halves), 45 operations for
- * 16 dot products instead of a fold chain per vector. */
-static inline __m512 hsum16(const __m512 *a)
-{
-    __m512 b[8], c[4], d[2];
-    for (int i = 0; i < 8; i++) /* per 128-bit lane: a2i, a2i+1, a2i, a2i+1 (two halves each) */
-        b[i] = _mm512_add_ps(_mm512_unpacklo_ps(a[2 * i], a[2 * i + 1]),
-                             _mm512_unpackhi_ps(a[2 * i], a[2 * i + 1]));
-    for (int i = 0; i < 4; i++) /* per 128-bit lane: a4i .. a4i+3 */
-        c[i] = _mm512_add_ps(_mm512_shuffle_ps(b[2 * i], b[2 * i + 1], 0x44),
-                             _mm512_shuffle_ps(b[2 * i], b[2 * i + 1], 0xee));
-    for (int i = 0; i < 2; i++) /* 128-bit lanes: c2i (two halves), c2i+1 (two halves) */
-        d[i] = _mm512_add_ps(_mm512_shuffle_f32x4(c[2 * i], c[2 * i + 1], 0x88),
-                             _mm512_shuffle_f32x4(c[2 * i], c[2 * i + 1], 0xdd));
-    return _mm512_add_ps(_mm512_shuffle_f32x4(d[0], d[1], 0x88),
-                         _mm512_shuffle_f32x4(d[0], d[1], 0xdd));
 }
 
 /* The first `left` of 32 bf16 lanes (none when left <= 0). */
@@ -290,6 +274,6 @@ const fp_ukernels fp_ukernels_avx512bf16 = {
     uk_dec_pv,
     uk_dec_scores_bf16,
     uk_dec_pv_bf16,
-    uk_dec_scores_f16,
+    avx512_dec_scores_f16,
     uk_dec_pv_f16,
 };

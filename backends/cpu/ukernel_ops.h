@@ -198,6 +198,7 @@ static void uk_dec_scores(int heads, int rows, int d, const float *q, ptrdiff_t 
     uk_dec_scores_key(heads, rows, d, q, qhs, ldq, k, 0, khs, s, shs, lds, NULL);
 }
 
+#ifndef UK_OWN_DEC_SCORES_F16 /* an ISA file may have its own */
 /* dec_scores_f16 (ukernel.h): dec_scores key by key over the block, the f16 rows converted as
  * they are loaded, the pf rows asked for a few lines a kv head. */
 static void uk_dec_scores_f16(int heads, int rows, int d, int keys, const float *q, ptrdiff_t qhs,
@@ -209,6 +210,7 @@ static void uk_dec_scores_f16(int heads, int rows, int d, int keys, const float 
     for (int i = 0; i < keys; i++)
         uk_dec_scores_key(heads, rows, d, q, qhs, ldq, k[i], 1, khs, s + i, shs, lds, &pc);
 }
+#endif
 
 /* dec_pv (ukernel.h) on f32 or f16 (half) V rows: per kv head, four rows by UK_PV_VECS vectors
  * of o's columns held in registers across all the keys, each key's vectors loaded once for the

@@ -1,8 +1,9 @@
 /*
  * AVX-512 decode steps shared by ukernel_avx512.c and ukernel_avx512bf16.c (contract in
  * ukernel.h), included after ukernel_ops.h (they use its pf_cursor): hsum16, the fold that sums
- * 16 dot products at once, and dec_scores_f16 on it (the generic one sums each row's lanes on its
- * own, most of its work besides the FMAs).
+ * 16 dot products at once, the four-keys-by-four-rows step's key pointers and stores, and
+ * dec_scores_f16 on them (the generic one sums each row's lanes on its own, most of its work
+ * besides the FMAs).
  */
 #ifndef FLASHPORT_BACKENDS_CPU_UKERNEL_AVX512_DEC_H
 #define FLASHPORT_BACKENDS_CPU_UKERNEL_AVX512_DEC_H
@@ -26,6 +27,31 @@ static inline __m512 hsum16(const __m512 *a)
                          _mm512_shuffle_f32x4(d[0], d[1], 0xdd));
 }
 
+/* The four keys of a step from key i0 (of keys): a missing key reads key i0 again (its sums are
+ * not stored). Returns how many are real. */
+static inline int key_quad(const uint16_t *const *k, int i0, int keys, const uint16_t **kr)
+{
+    const int nk = keys - i0 < 4 ? keys - i0 : 4;
+    for (int i = 0; i < 4; i++)
+        kr[i] = k[i0 + (i < nk ? i : 0)];
+    return nk;
+}
+
+/* Four rows' sums of four keys (acc[4 r + i]: row r, key i) folded by hsum16 and stored to the
+ * first nr rows of s (lds apart), the first nk keys of each. */
+static inline void store_quad(const __m512 *acc, float *s, ptrdiff_t lds, int nk, int nr)
+{
+    const __mmask8 km = (__mmask8)((1u << nk) - 1u);
+    const __m512 t = hsum16(acc);
+    _mm_mask_storeu_ps(s, km, _mm512_castps512_ps128(t));
+    if (nr > 1)
+        _mm_mask_storeu_ps(s + lds, km, _mm512_extractf32x4_ps(t, 1));
+    if (nr > 2)
+        _mm_mask_storeu_ps(s + 2 * lds, km, _mm512_extractf32x4_ps(t, 2));
+    if (nr > 3)
+        _mm_mask_storeu_ps(s + 3 * lds, km, _mm512_extractf32x4_ps(t, 3));
+}
+
 /* dec_scores_f16 (ukernel.h): four keys by four rows a step, 16 FMA accumulators (16 lanes a
  * product, masked loads for the tail of d: zeros, nothing past d is read), each f16 row converted
  * by vcvtph2ps as it is loaded, folded by hsum16 into one vector whose 128-bit lanes are the
@@ -38,11 +64,8 @@ static void avx512_dec_scores_f16(int heads, int rows, int d, int keys, const fl
 {
     pf_cursor pc = pf_start(pf, pf_rows, pf_bytes, (keys + 3) / 4 * heads);
     for (int i0 = 0; i0 < keys; i0 += 4) {
-        const int nk = keys - i0 < 4 ? keys - i0 : 4;
-        const __mmask8 km = (__mmask8)((1u << nk) - 1u);
         const uint16_t *kr[4];
-        for (int i = 0; i < 4; i++) /* a missing key reads key i0 again; its sums are not stored */
-            kr[i] = k[i0 + (i < nk ? i : 0)];
+        const int nk = key_quad(k, i0, keys, kr);
         for (int h = 0; h < heads; h++) {
             pf_step(&pc);
             for (int r0 = 0; r0 < rows; r0 += 4) {
@@ -65,15 +88,7 @@ static void avx512_dec_scores_f16(int heads, int rows, int d, int keys, const fl
                                 acc[4 * r + i] = _mm512_fmadd_ps(qv, kv[i], acc[4 * r + i]);
                         }
                 }
-                const __m512 t = hsum16(acc);
-                float *sr = s + h * shs + r0 * lds + i0;
-                _mm_mask_storeu_ps(sr, km, _mm512_castps512_ps128(t));
-                if (nr > 1)
-                    _mm_mask_storeu_ps(sr + lds, km, _mm512_extractf32x4_ps(t, 1));
-                if (nr > 2)
-                    _mm_mask_storeu_ps(sr + 2 * lds, km, _mm512_extractf32x4_ps(t, 2));
-                if (nr > 3)
-                    _mm_mask_storeu_ps(sr + 3 * lds, km, _mm512_extractf32x4_ps(t, 3));
+                store_quad(acc, s + h * shs + r0 * lds + i0, lds, nk, nr);
             }
         }
     }

@@ -147,11 +147,8 @@ static void uk_dec_scores_bf16(int heads, int rows, int d, int keys, const uint1
 {
     pf_cursor pc = pf_start(pf, pf_rows, pf_bytes, (keys + 3) / 4 * heads);
     for (int i0 = 0; i0 < keys; i0 += 4) {
-        const int nk = keys - i0 < 4 ? keys - i0 : 4;
-        const __mmask8 km = (__mmask8)((1u << nk) - 1u);
         const uint16_t *kr[4];
-        for (int i = 0; i < 4; i++) /* a missing key reads key i0 again; its sums are not stored */
-            kr[i] = k[i0 + (i < nk ? i : 0)];
+        const int nk = key_quad(k, i0, keys, kr);
         for (int h = 0; h < heads; h++) {
             pf_step(&pc);
             for (int r0 = 0; r0 < rows; r0 += 4) {
@@ -175,15 +172,7 @@ static void uk_dec_scores_bf16(int heads, int rows, int d, int keys, const uint1
                                 acc[4 * r + i] = _mm512_dpbf16_ps(acc[4 * r + i], qv, kv[i]);
                         }
                 }
-                const __m512 t = hsum16(acc);
-                float *sr = s + h * shs + r0 * lds + i0;
-                _mm_mask_storeu_ps(sr, km, _mm512_castps512_ps128(t));
-                if (nr > 1)
-                    _mm_mask_storeu_ps(sr + lds, km, _mm512_extractf32x4_ps(t, 1));
-                if (nr > 2)
-                    _mm_mask_storeu_ps(sr + 2 * lds, km, _mm512_extractf32x4_ps(t, 2));
-                if (nr > 3)
-                    _mm_mask_storeu_ps(sr + 3 * lds, km, _mm512_extractf32x4_ps(t, 3));
+                store_quad(acc, s + h * shs + r0 * lds + i0, lds, nk, nr);
             }
         }
     }

@@ -17,7 +17,9 @@
  *                 of every size, nothing written outside the rows x cols block
  *   dec_scores, dec_pv (and their _bf16 forms where gemm_bf16 is): against products summed in
  *                 double, for ragged heads, rows, d and key counts; the rows of k and v are
- *                 followed by NaN and q's padding columns hold NaN, so a read past d shows
+ *                 followed by NaN and q's padding columns hold NaN, so a read past d shows;
+ *                 dec_scores_f16 likewise, dec_pv_f16 bit for bit against dec_pv on the rows
+ *                 converted to f32
  *   interleave_bf16, dsoftmax_cols, scale_rows, cvt_f16, cvt_bf16 (every 16-bit pattern),
  *   store_f16, store_bf16 (bit for bit as core/dtype.h, NaN, infinities, denormals, overflow)
  * Then one end-to-end bf16 and f16 forward and backward with an odd head dim and odd sequence
@@ -286,6 +288,111 @@ static void check_decode_steps(const fp_ukernels *uk, tu_rng *rng, int bf16)
         free(s);
         free(o);
         free(o0);
+    }
+}
+
+/* dec_scores_f16 against sums in double, dec_pv_f16 bit for bit against dec_pv on the same rows
+ * converted to f32 (the contract: the same sums), for ragged heads, rows, d and key counts, with
+ * and without prefetch hints. The f16 rows of d elements are followed by f16 NaN, so a read past
+ * d poisons a result. */
+static void check_decode_f16(const fp_ukernels *uk, tu_rng *rng)
+{
+    int bad = 0;
+    for (int trial = 0; trial < 100 && !bad; trial++) {
+        const int heads = 1 + (int)(tu_rng_u32(rng) % 3), rows = 1 + (int)(tu_rng_u32(rng) % 9);
+        const int d = 1 + (int)(tu_rng_u32(rng) % 150);
+        const int keys = 1 + (int)(tu_rng_u32(rng) % DEC_KEYS);
+        const int ldq = LD(d), ldo = LD(d), ldp = LD(DEC_KEYS + 1), lds = ldp;
+        const ptrdiff_t khs = d + 7, qhs = (ptrdiff_t)rows * ldq, ohs = (ptrdiff_t)rows * ldo;
+        const size_t kn = (size_t)heads * (size_t)khs + 16, qn = (size_t)heads * (size_t)qhs;
+        const size_t sn = (size_t)heads * rows * lds, on = (size_t)heads * ohs;
+        float *q = alloc_f(qn), *p = alloc_f((size_t)heads * rows * ldp);
+        float *s = alloc_f(sn), *s16 = alloc_f(sn), *o = alloc_f(on), *o16 = alloc_f(on);
+        uint16_t *k[DEC_KEYS], *v[DEC_KEYS];
+        float *kf[DEC_KEYS], *vf[DEC_KEYS];
+        int ok = q && p && s && s16 && o && o16;
+        for (int i = 0; i < DEC_KEYS; i++) {
+            k[i] = malloc(kn * sizeof(uint16_t));
+            v[i] = malloc(kn * sizeof(uint16_t));
+            kf[i] = alloc_f(kn);
+            vf[i] = alloc_f(kn);
+            ok = ok && k[i] && v[i] && kf[i] && vf[i];
+        }
+        if (!CHECK(ok))
+            return;
+        for (size_t i = 0; i < qn; i++)
+            q[i] = (int)(i % ldq) < d ? tu_rng_uniform(rng, -1.0f, 1.0f) : NAN;
+        for (size_t i = 0; i < kn; i++) {
+            const int in_row = (ptrdiff_t)(i % khs) < d && i < (size_t)heads * khs;
+            for (int j = 0; j < DEC_KEYS; j++) {
+                k[j][i] = in_row ? fp_f32_to_f16(tu_rng_uniform(rng, -1.0f, 1.0f)) : 0x7e00;
+                v[j][i] = in_row ? fp_f32_to_f16(tu_rng_uniform(rng, -1.0f, 1.0f)) : 0x7e00;
+                kf[j][i] = fp_f16_to_f32(k[j][i]);
+                vf[j][i] = fp_f16_to_f32(v[j][i]);
+            }
+        }
+        for (int i = 0; i < heads * rows * ldp; i++)
+            p[i] = i % ldp < keys ? tu_rng_uniform(rng, 0.0f, 1.0f) : 0.0f;
+        for (size_t i = 0; i < on; i++)
+            o[i] = o16[i] = tu_rng_uniform(rng, -1.0f, 1.0f);
+        memset(s, 0, sizeof(float) * sn);
+        memset(s16, 0, sizeof(float) * sn);
+        const uint16_t *kk[DEC_KEYS], *vv[DEC_KEYS];
+        const float *vvf[DEC_KEYS];
+        const char *pf[DEC_KEYS]; /* prefetch hints on odd trials */
+        for (int i = 0; i < DEC_KEYS; i++) {
+            kk[i] = k[i];
+            vv[i] = v[i];
+            vvf[i] = vf[i];
+            pf[i] = (const char *)k[i];
+        }
+        const size_t pf_bytes = trial % 2 ? kn * sizeof(uint16_t) : 0;
+        for (int i = 0; i < keys; i++)
+            uk->dec_scores(heads, rows, d, q, qhs, ldq, kf[i], khs, s + i, (ptrdiff_t)rows * lds,
+                           lds);
+        uk->dec_scores_f16(heads, rows, d, keys, q, qhs, ldq, kk, khs, s16, (ptrdiff_t)rows * lds,
+                           lds, pf_bytes ? pf : NULL, keys, pf_bytes);
+        uk->dec_pv(heads, rows, d, keys, p, (ptrdiff_t)rows * ldp, ldp, vvf, khs, o, ohs, ldo, NULL,
+                   0, 0);
+        uk->dec_pv_f16(heads, rows, d, keys, p, (ptrdiff_t)rows * ldp, ldp, vv, khs, o16, ohs, ldo,
+                       pf_bytes ? pf : NULL, keys, pf_bytes);
+        for (int h = 0; h < heads && !bad; h++)
+            for (int r = 0; r < rows && !bad; r++) {
+                for (int i = 0; i < keys && !bad; i++) {
+                    const size_t at = (size_t)(h * rows + r) * lds + (size_t)i;
+                    double want = 0.0, mag = 0.0;
+                    for (int e = 0; e < d; e++) {
+                        const double t = (double)q[h * qhs + r * ldq + e] * kf[i][h * khs + e];
+                        want += t;
+                        mag += fabs(t);
+                    }
+                    bad = !CHECK_MSG(fabs(s16[at] - want) <= 2.0 * (d + 1) * 0x1p-24 * mag,
+                                     "%s dec_scores_f16 heads=%d rows=%d d=%d keys=%d: "
+                                     "s[%d][%d][%d] = %.9g, want %.9g (dec_scores %.9g)",
+                                     table, heads, rows, d, keys, h, r, i, (double)s16[at], want,
+                                     (double)s[at]);
+                }
+                for (int e = 0; e < d && !bad; e++) {
+                    const size_t at = (size_t)(h * ohs + r * ldo + e);
+                    bad = !CHECK_MSG(memcmp(&o[at], &o16[at], sizeof(float)) == 0,
+                                     "%s dec_pv_f16 heads=%d rows=%d d=%d keys=%d: o[%d][%d][%d] "
+                                     "= %.9g, dec_pv %.9g",
+                                     table, heads, rows, d, keys, h, r, e, (double)o16[at],
+                                     (double)o[at]);
+                }
+            }
+        for (int i = 0; i < DEC_KEYS; i++) {
+            free(k[i]);
+            free(v[i]);
+            free(kf[i]);
+            free(vf[i]);
+        }
+        free(q);
+        free(p);
+        free(s);
+        free(s16);
+        free(o);
+        free(o16);
     }
 }
 
@@ -725,6 +832,7 @@ int main(void)
         CHECK_MSG(!uk->gemm_bf16 == !uk->dec_scores_bf16 && !uk->gemm_bf16 == !uk->dec_pv_bf16,
                   "%s: the decode bf16 entries must be present exactly where gemm_bf16 is", table);
         check_decode_steps(uk, &rng, 0);
+        check_decode_f16(uk, &rng);
         if (uk->gemm_bf16) {
             check_gemm_bf16(uk, &rng);
             check_round_bf16(uk, &rng);

@@ -14,15 +14,16 @@
  * kv heads, so that K and V are read in the cache's own order ([N, Hkv, D] rows, or a page's
  * [page_size, Hkv, D]): one sequential stream each per task. The rows are asked for one phase
  * ahead, in address order: while a block's scores are computed, its V rows; while its P V runs,
- * the next block's K rows (and for f32, its V rows too); the bf16 steps and f32's dec_pv spread
- * these requests over their products (ukernel.h's pf), the K^T path asks key by key, and the paths
- * that convert rows key by key ask NEAR_KEYS keys ahead in the stream they read. The hardware
- * prefetchers alone left the loop waiting on memory, and requests in any other order (a kv
+ * the next block's K rows (and for f32, its V rows too); the bf16 and f16 steps and f32's dec_pv
+ * spread these requests over their products (ukernel.h's pf), the K^T path asks key by key, and
+ * the paths that convert rows key by key ask NEAR_KEYS keys ahead in the stream they read. The
+ * hardware prefetchers alone left the loop waiting on memory, and requests in any other order (a kv
  * head's rows of the block in turn) were read at about half the rate. Per block:
  *   S     the table's dec_scores (ukernel.h) for units of at most DOT_ROWS rows: a key's row
  *         against the unit's query rows, held in L1, summed across the vector lanes (bf16 on
  *         avx512bf16: dec_scores_bf16 over the block, four keys by four rows a step, vdpbf16ps
- *         on the caller's rows, no transposition, no conversion). f32, and units of more rows,
+ *         on the caller's rows, no transposition, no conversion; f16: dec_scores_f16 over the
+ *         block, each row converted as it is loaded). f32, and units of more rows,
  *         transpose K in 16-key runs for all the task's heads at once (f16 rows converted
  *         first) and run the table's gemm over K^T (bf16: gemm_bf16 on pairs). For f32 that
  *         sums the products in the order of the backward's gemm: the forward's LSE then matches
@@ -33,7 +34,8 @@
  *   O     the table's dec_pv over the block, O's rows in registers across it, a kv head at a
  *         time (rows converted to f32: CONVERTED_KEYS keys a call); bf16 on avx512bf16: P
  *         rounded to bf16 (as flash_fwd.c's bf16 path does) and dec_pv_bf16 (V pairs by
- *         vpermt2w, vdpbf16ps). bf16 and converted units of more than DOT_ROWS rows take
+ *         vpermt2w, vdpbf16ps); f16: dec_pv_f16 over the block, V converted as it is loaded.
+ *         bf16 and converted units of more than DOT_ROWS rows take
  *         gemm_bf16 on V pairs (interleave_bf16), or gemm on V rows converted to f32 (f16, bf16
  *         without vdpbf16ps).
  *
@@ -86,10 +88,10 @@ static int f32_rows(const fp_problem *p, const fp_tensor_view *t)
  * keys' rows themselves. */
 enum { CONVERTED_KEYS = 16 };
 
-/* The paths that convert rows to f32 key by key (f16, bf16 without vdpbf16ps) ask for the rows
- * of the stream they read this many keys ahead instead of a phase ahead: their conversions are
- * slow enough that requests a block ahead went out in bursts that stalled them (f16 read at
- * about 0.65x). */
+/* The paths that convert rows to f32 key by key (bf16 without vdpbf16ps, strided head dims) ask
+ * for the rows of the stream they read this many keys ahead instead of a phase ahead: their
+ * conversions are slow enough that requests a block ahead went out in bursts that stalled them
+ * (f16 read at about 0.65x before it took the block-wide _f16 steps). */
 enum { NEAR_KEYS = 8 };
 
 /* Rows of O a task keeps at most (its units' rows together): 512 rows of D = 128 f32 are 256 KiB,
@@ -141,6 +143,7 @@ typedef struct dec_ctx {
     const fp_ukernels *uk;
     dec_layout L;
     int bf16;            /* bf16 dot products (gemm_bf16) on K, V and Q in place */
+    int f16;             /* f16 K and V rows with a contiguous head dim: read in place */
     int64_t group;       /* query heads per kv head */
     int64_t chunk_heads; /* query heads per unit */
     int64_t chunks;      /* units per kv head */
@@ -249,8 +252,8 @@ static size_t ahead_rows(const dec_ctx *c, const fp_tensor_view *t, int64_t b, c
     return (size_t)p->head_dim * c->es * (size_t)nu;
 }
 
-/* The bf16 rows of keys [j0, j0 + n) of view t (kv head kvh0) for the _bf16 steps. */
-static void bf16_rows(const dec_ctx *c, const fp_tensor_view *t, int64_t b, const fp_seq *seq,
+/* The 16-bit rows of keys [j0, j0 + n) of view t (kv head kvh0) for the _bf16 and _f16 steps. */
+static void half_rows(const dec_ctx *c, const fp_tensor_view *t, int64_t b, const fp_seq *seq,
                       int64_t j0, int n, int64_t kvh0, const uint16_t **rows)
 {
     const char *at[BLOCK_K];
@@ -326,15 +329,19 @@ static void dec_scores(const dec_ctx *c, float *scratch, int64_t b, const fp_seq
     const int d = (int)p->head_dim;
     float *s = scratch + L->s;
     const ptrdiff_t shs = (ptrdiff_t)rows * L->ldk;
-    if (c->bf16) { /* the block's V rows asked for meanwhile */
+    if (c->bf16 || c->f16) { /* the whole block; its V rows asked for meanwhile */
         const uint16_t *k[BLOCK_K];
         const char *pf[BLOCK_K];
         const size_t pf_bytes = ahead_rows(c, &p->v, b, seq, j0, n, hi, kvh0, nu, pf);
-        const int pf_rows = n;
-        bf16_rows(c, &p->k, b, seq, j0, n, kvh0, k);
-        c->uk->dec_scores_bf16(nu, rows, d, n, (const uint16_t *)q, (ptrdiff_t)rows * 2 * L->ldd,
-                               2 * L->ldd, k, (ptrdiff_t)p->k.stride[FP_H], s, shs, L->ldk,
-                               pf_bytes ? pf : NULL, pf_rows, pf_bytes);
+        const ptrdiff_t khs = (ptrdiff_t)p->k.stride[FP_H];
+        half_rows(c, &p->k, b, seq, j0, n, kvh0, k);
+        if (c->bf16)
+            c->uk->dec_scores_bf16(nu, rows, d, n, (const uint16_t *)q,
+                                   (ptrdiff_t)rows * 2 * L->ldd, 2 * L->ldd, k, khs, s, shs, L->ldk,
+                                   pf_bytes ? pf : NULL, n, pf_bytes);
+        else /* f16 rows converted as they are loaded */
+            c->uk->dec_scores_f16(nu, rows, d, n, q, (ptrdiff_t)rows * L->ldd, L->ldd, k, khs, s,
+                                  shs, L->ldk, pf_bytes ? pf : NULL, n, pf_bytes);
         return;
     }
     for (int x = 0; x < n; x++) {
@@ -582,17 +589,23 @@ static void dec_values(const dec_ctx *c, float *scratch, int64_t b, const fp_seq
         dec_values_gemm(c, scratch, b, seq, kvh0, nu, rows, o, j0, n, hi);
         return;
     }
-    if (c->bf16) {
-        uint16_t *pb = (uint16_t *)(scratch + L->pb); /* the units' rows of P in bf16, ldk apart */
-        c->uk->round_bf16(nu * rows, n, s, L->ldk, pb, L->ldk, NULL, 0);
-        /* the next block's K rows asked for meanwhile */
+    if (c->bf16 || (c->f16 && rows <= DOT_ROWS)) {
+        /* the whole block; the next block's K rows asked for meanwhile */
         const uint16_t *v[BLOCK_K];
         const char *pf[BLOCK_K];
         const size_t pf_bytes =
             j0 + BLOCK_K < hi ? ahead_rows(c, &p->k, b, seq, j0 + BLOCK_K, n, hi, kvh0, nu, pf) : 0;
-        bf16_rows(c, &p->v, b, seq, j0, n, kvh0, v);
-        c->uk->dec_pv_bf16(nu, rows, d, n, pb, shs, L->ldk, v, (ptrdiff_t)p->v.stride[FP_H], o, ohs,
-                           L->ldd, pf_bytes ? pf : NULL, n, pf_bytes);
+        const ptrdiff_t vhs = (ptrdiff_t)p->v.stride[FP_H];
+        half_rows(c, &p->v, b, seq, j0, n, kvh0, v);
+        if (c->f16) { /* f16 rows converted as they are loaded */
+            c->uk->dec_pv_f16(nu, rows, d, n, s, shs, L->ldk, v, vhs, o, ohs, L->ldd,
+                              pf_bytes ? pf : NULL, n, pf_bytes);
+            return;
+        }
+        uint16_t *pb = (uint16_t *)(scratch + L->pb); /* the units' rows of P in bf16, ldk apart */
+        c->uk->round_bf16(nu * rows, n, s, L->ldk, pb, L->ldk, NULL, 0);
+        c->uk->dec_pv_bf16(nu, rows, d, n, pb, shs, L->ldk, v, vhs, o, ohs, L->ldd,
+                           pf_bytes ? pf : NULL, n, pf_bytes);
         return;
     }
     if (rows > DOT_ROWS && (p->dtype != FLASHPORT_F32 || p->v.stride[FP_D] != 1)) {
@@ -796,6 +809,7 @@ flashport_status fp_cpu_decode_forward(const fp_problem *p, const fp_ukernels *u
     c.group = p->heads / p->kv_heads;
     c.bf16 = p->dtype == FLASHPORT_BF16 && uk->gemm_bf16 && p->head_dim % 2 == 0 &&
              p->q.stride[FP_D] == 1 && p->k.stride[FP_D] == 1 && p->v.stride[FP_D] == 1;
+    c.f16 = p->dtype == FLASHPORT_F16 && p->k.stride[FP_D] == 1 && p->v.stride[FP_D] == 1;
     /* Whole heads per unit, at most DECODE_ROWS rows, the group cut into equal chunks. */
     int64_t per = DECODE_ROWS / p->seqlen_q;
     c.chunk_heads = c.group;
@@ -830,7 +844,8 @@ flashport_status fp_cpu_decode_forward(const fp_problem *p, const fp_ukernels *u
                        (long long)c.per_task, uk->name,
                        c.bf16                      ? "bf16 dot products (vdpbf16ps), P in bf16"
                        : p->dtype == FLASHPORT_F32 ? "f32 products"
-                                                   : "f32 products on K/V rows converted to f32",
+                       : c.f16 ? "f32 products on f16 rows converted as they are loaded"
+                               : "f32 products on K/V rows converted to f32",
                        p->block_table ? ", paged K/V" : "", (int)c.plan.num_splits,
                        (long long)c.plan.keys_per_split, (long long)c.plan.num_tasks, workers);
     if (c.plan.num_tasks == 0)

@@ -133,10 +133,15 @@ typedef struct fp_ukernels {
      *                    k[i][h * khs ..], for i < keys; the sums in any order.
      *   dec_pv_bf16      dec_pv over keys >= 1 keys in pairs: with an odd count p[... + keys]
      *                    must be 0.
+     * The _f16 forms take f16 k and v rows (row pointers, a key block) and f32 q and P, each row
+     * converted to f32 as it is loaded; every table has them.
+     *   dec_scores_f16   s[h * shs + r * lds + i] = dec_scores of key i, for i < keys; the
+     *                    sums in any order.
+     *   dec_pv_f16       dec_pv on the rows converted to f32, the same sums.
      * pf: NULL, or pf_rows addresses (pf[i], i < pf_rows) whose pf_bytes bytes each dec_pv and
-     * the _bf16 forms ask the caches for, in that order (a prefetch hint, never a read), spread
-     * over their work: the rows the caller streams next, requested between the products rather
-     * than in one burst that would stall on the core's outstanding misses. */
+     * the _bf16 and _f16 forms ask the caches for, in that order (a prefetch hint, never a read),
+     * spread over their work: the rows the caller streams next, requested between the products
+     * rather than in one burst that would stall on the core's outstanding misses. */
     void (*dec_scores)(int heads, int rows, int d, const float *q, ptrdiff_t qhs, ptrdiff_t ldq,
                        const float *k, ptrdiff_t khs, float *s, ptrdiff_t shs, ptrdiff_t lds);
     void (*dec_pv)(int heads, int rows, int d, int keys, const float *p, ptrdiff_t phs,
@@ -150,6 +155,14 @@ typedef struct fp_ukernels {
                         ptrdiff_t ldp, const uint16_t *const *v, ptrdiff_t vhs, float *o,
                         ptrdiff_t ohs, ptrdiff_t ldo, const char *const *pf, int pf_rows,
                         size_t pf_bytes);
+    void (*dec_scores_f16)(int heads, int rows, int d, int keys, const float *q, ptrdiff_t qhs,
+                           ptrdiff_t ldq, const uint16_t *const *k, ptrdiff_t khs, float *s,
+                           ptrdiff_t shs, ptrdiff_t lds, const char *const *pf, int pf_rows,
+                           size_t pf_bytes);
+    void (*dec_pv_f16)(int heads, int rows, int d, int keys, const float *p, ptrdiff_t phs,
+                       ptrdiff_t ldp, const uint16_t *const *v, ptrdiff_t vhs, float *o,
+                       ptrdiff_t ohs, ptrdiff_t ldo, const char *const *pf, int pf_rows,
+                       size_t pf_bytes);
 } fp_ukernels;
 
 /* The tables this build contains: which ones depends on the target architecture and the

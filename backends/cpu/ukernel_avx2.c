@@ -72,6 +72,10 @@ static inline float uk_hsum(uk_vec x)
     h = _mm_add_ps(h, _mm_movehl_ps(h, h));
     return _mm_cvtss_f32(_mm_add_ss(h, _mm_movehdup_ps(h)));
 }
+static inline uk_vec uk_load_f16(const uint16_t *p)
+{
+    return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)p));
+}
 
 static inline uk_vec uk_exp2(uk_vec x)
 {
@@ -196,4 +200,6 @@ const fp_ukernels fp_ukernels_avx2 = {
     uk_dec_pv,
     NULL,
     NULL,
+    uk_dec_scores_f16,
+    uk_dec_pv_f16,
 };

@@ -12,7 +12,10 @@
  */
 #include "backends/cpu/ukernel_avx512.h"
 
+#define UK_OWN_DEC_SCORES_F16
 #include "backends/cpu/ukernel_ops.h"
+
+#include "backends/cpu/ukernel_avx512_dec.h"
 
 const fp_ukernels fp_ukernels_avx512 = {
     "avx512",
@@ -35,4 +38,6 @@ const fp_ukernels fp_ukernels_avx512 = {
     uk_dec_pv,
     NULL,
     NULL,
+    avx512_dec_scores_f16,
+    uk_dec_pv_f16,
 };

@@ -62,6 +62,10 @@ static inline float uk_hsum(uk_vec x)
 {
     return _mm512_reduce_add_ps(x);
 }
+static inline uk_vec uk_load_f16(const uint16_t *p)
+{
+    return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(const void *)p));
+}
 
 static inline uk_vec uk_exp2(uk_vec x)
 {

@@ -25,7 +25,10 @@
  */
 #include "backends/cpu/ukernel_avx512.h"
 
+#define UK_OWN_DEC_SCORES_F16
 #include "backends/cpu/ukernel_ops.h"
+
+#include "backends/cpu/ukernel_avx512_dec.h"
 
 #include <string.h>
 
@@ -126,25 +129,6 @@ static void uk_interleave_bf16(int n, const uint16_t *even, const uint16_t *odd,
     }
 }
 
-/* The sums of the lanes of a[0 .. 16), a[j]'s in lane j: four folds, each adding two shuffles
- * of a pair of vectors (within 64-bit, 128-bit, 256-bit, then 512-bit halves), 45 operations for
- * 16 dot products instead of a fold chain per vector. */
-static inline __m512 hsum16(const __m512 *a)
-{
-    __m512 b[8], c[4], d[2];
-    for (int i = 0; i < 8; i++) /* per 128-bit lane: a2i, a2i+1, a2i, a2i+1 (two halves each) */
-        b[i] = _mm512_add_ps(_mm512_unpacklo_ps(a[2 * i], a[2 * i + 1]),
-                             _mm512_unpackhi_ps(a[2 * i], a[2 * i + 1]));
-    for (int i = 0; i < 4; i++) /* per 128-bit lane: a4i .. a4i+3 */
-        c[i] = _mm512_add_ps(_mm512_shuffle_ps(b[2 * i], b[2 * i + 1], 0x44),
-                             _mm512_shuffle_ps(b[2 * i], b[2 * i + 1], 0xee));
-    for (int i = 0; i < 2; i++) /* 128-bit lanes: c2i (two halves), c2i+1 (two halves) */
-        d[i] = _mm512_add_ps(_mm512_shuffle_f32x4(c[2 * i], c[2 * i + 1], 0x88),
-                             _mm512_shuffle_f32x4(c[2 * i], c[2 * i + 1], 0xdd));
-    return _mm512_add_ps(_mm512_shuffle_f32x4(d[0], d[1], 0x88),
-                         _mm512_shuffle_f32x4(d[0], d[1], 0xdd));
-}
-
 /* The first `left` of 32 bf16 lanes (none when left <= 0). */
 static inline __mmask32 mask32(int left)
 {
@@ -163,11 +147,8 @@ static void uk_dec_scores_bf16(int heads, int rows, int d, int keys, const uint1
 {
     pf_cursor pc = pf_start(pf, pf_rows, pf_bytes, (keys + 3) / 4 * heads);
     for (int i0 = 0; i0 < keys; i0 += 4) {
-        const int nk = keys - i0 < 4 ? keys - i0 : 4;
-        const __mmask8 km = (__mmask8)((1u << nk) - 1u);
         const uint16_t *kr[4];
-        for (int i = 0; i < 4; i++) /* a missing key reads key i0 again; its sums are not stored */
-            kr[i] = k[i0 + (i < nk ? i : 0)];
+        const int nk = key_quad(k, i0, keys, kr);
         for (int h = 0; h < heads; h++) {
             pf_step(&pc);
             for (int r0 = 0; r0 < rows; r0 += 4) {
@@ -191,15 +172,7 @@ static void uk_dec_scores_bf16(int heads, int rows, int d, int keys, const uint1
                                 acc[4 * r + i] = _mm512_dpbf16_ps(acc[4 * r + i], qv, kv[i]);
                         }
                 }
-                const __m512 t = hsum16(acc);
-                float *sr = s + h * shs + r0 * lds + i0;
-                _mm_mask_storeu_ps(sr, km, _mm512_castps512_ps128(t));
-                if (nr > 1)
-                    _mm_mask_storeu_ps(sr + lds, km, _mm512_extractf32x4_ps(t, 1));
-                if (nr > 2)
-                    _mm_mask_storeu_ps(sr + 2 * lds, km, _mm512_extractf32x4_ps(t, 2));
-                if (nr > 3)
-                    _mm_mask_storeu_ps(sr + 3 * lds, km, _mm512_extractf32x4_ps(t, 3));
+                store_quad(acc, s + h * shs + r0 * lds + i0, lds, nk, nr);
             }
         }
     }
@@ -290,4 +263,6 @@ const fp_ukernels fp_ukernels_avx512bf16 = {
     uk_dec_pv,
     uk_dec_scores_bf16,
     uk_dec_pv_bf16,
+    avx512_dec_scores_f16,
+    uk_dec_pv_f16,
 };

@@ -59,6 +59,10 @@ static inline float uk_hsum(uk_vec x)
 {
     return vaddvq_f32(x);
 }
+static inline uk_vec uk_load_f16(const uint16_t *p)
+{
+    return vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16(p)));
+}
 
 static inline uk_vec uk_exp2(uk_vec x)
 {
@@ -120,4 +124,6 @@ const fp_ukernels fp_ukernels_neon = {
     uk_dec_pv,
     NULL,
     NULL,
+    uk_dec_scores_f16,
+    uk_dec_pv_f16,
 };

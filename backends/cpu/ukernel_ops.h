@@ -1,7 +1,8 @@
 /*
  * The fp_ukernels entries that every vector ISA implements the same way (ukernel.h has the
  * contract): the f32 product (ukernel_gemm.h), the column-wise softmax pieces and the decode steps
- * (dec_scores, dec_pv, and pf_cursor, the prefetch schedule the _bf16 ones share). Included once by
+ * (dec_scores, dec_pv, their _f16 forms, and pf_cursor, the prefetch schedule the _bf16 ones
+ * share). Included once by
  * each ukernel_<isa>.c after it defines its vector primitives:
  *   uk_vec, UK_LANES (divides FP_TILE_COLS), UK_MR, UK_NV
  *   uk_zero(), uk_set1(x), uk_load(p), uk_store(p, v)     unaligned loads and stores
@@ -9,6 +10,7 @@
  *   uk_madd(a, b, c)    a * b + c (fused where the ISA has FMA)
  *   uk_exp2(x)          2^x as the contract says (0 below -126, -inf included)
  *   uk_hsum(x)          the sum of x's lanes
+ *   uk_load_f16(p)      UK_LANES f16 values from p, converted to f32 (exact)
  * Column-wise: a tile holds keys down its rows and query rows across
  * its columns, so a query's softmax statistics are lane-wise reductions down a column, with no
  * horizontal shuffles.
@@ -112,36 +114,6 @@ static void uk_scale_rows(int rows, int cols, float *x, ptrdiff_t ldx, const flo
     }
 }
 
-/* dec_scores (ukernel.h): per kv head, rows in fours sharing each load of the key's row, one
- * accumulator a row, summed across its lanes at the end; the tail of d past the last whole
- * vector is scalar. */
-static void uk_dec_scores(int heads, int rows, int d, const float *q, ptrdiff_t qhs, ptrdiff_t ldq,
-                          const float *k, ptrdiff_t khs, float *s, ptrdiff_t shs, ptrdiff_t lds)
-{
-    const int dv = d - d % UK_LANES;
-    for (int h = 0; h < heads; h++) {
-        const float *kh = k + h * khs, *qh = q + h * qhs;
-        float *sh = s + h * shs;
-        for (int r0 = 0; r0 < rows; r0 += 4) {
-            const int nr = rows - r0 < 4 ? rows - r0 : 4;
-            uk_vec acc[4] = {uk_zero(), uk_zero(), uk_zero(), uk_zero()};
-            for (int e = 0; e < dv; e += UK_LANES) {
-                const uk_vec kv = uk_load(kh + e);
-#pragma GCC unroll 4
-                for (int r = 0; r < 4; r++)
-                    if (r < nr)
-                        acc[r] = uk_madd(uk_load(qh + (r0 + r) * ldq + e), kv, acc[r]);
-            }
-            for (int r = 0; r < nr; r++) {
-                float t = uk_hsum(acc[r]);
-                for (int e = dv; e < d; e++)
-                    t += qh[(r0 + r) * ldq + e] * kh[e];
-                sh[(r0 + r) * lds] = t;
-            }
-        }
-    }
-}
-
 /* The prefetch rows of a call (ukernel.h's pf) walked in address order, a few lines at each step
  * of the products: sequential requests, spread over the call's work. */
 typedef struct pf_cursor {
@@ -171,15 +143,87 @@ static inline __attribute__((always_inline)) void pf_step(pf_cursor *c)
     }
 }
 
-/* dec_pv (ukernel.h): per kv head, four rows by UK_PV_VECS vectors of o's columns held in
- * registers across all the keys, each key's vectors loaded once for the four rows; the tail of d
- * past the last whole vector is scalar. The same order of sums as one key at a time. */
+/* Element e of a row of f32 (half = 0) or f16 values (half = 1). */
+static inline float uk_elem(const void *row, int half, int e)
+{
+    return half ? fp_f16_to_f32(((const uint16_t *)row)[e]) : ((const float *)row)[e];
+}
+
+/* UK_LANES elements of such a row from element e, in f32. */
+static inline __attribute__((always_inline)) uk_vec uk_load_row(const void *row, int half, int e)
+{
+    return half ? uk_load_f16((const uint16_t *)row + e) : uk_load((const float *)row + e);
+}
+
+/* One key of dec_scores (ukernel.h) on f32 or f16 (half) K: per kv head, rows in fours sharing
+ * each load of the key's row (f16 converted as it is loaded), one accumulator a row, summed
+ * across its lanes at the end; the tail of d past the last whole vector is scalar. pc: the
+ * call's prefetch schedule, a step a kv head (NULL: none). */
+static inline __attribute__((always_inline)) void
+uk_dec_scores_key(int heads, int rows, int d, const float *q, ptrdiff_t qhs, ptrdiff_t ldq,
+                  const void *k, int half, ptrdiff_t khs, float *s, ptrdiff_t shs, ptrdiff_t lds,
+                  pf_cursor *pc)
+{
+    const int dv = d - d % UK_LANES;
+    const size_t es = half ? sizeof(uint16_t) : sizeof(float);
+    for (int h = 0; h < heads; h++) {
+        if (pc)
+            pf_step(pc);
+        const void *kh = (const char *)k + (size_t)(h * khs) * es;
+        const float *qh = q + h * qhs;
+        float *sh = s + h * shs;
+        for (int r0 = 0; r0 < rows; r0 += 4) {
+            const int nr = rows - r0 < 4 ? rows - r0 : 4;
+            uk_vec acc[4] = {uk_zero(), uk_zero(), uk_zero(), uk_zero()};
+            for (int e = 0; e < dv; e += UK_LANES) {
+                const uk_vec kv = uk_load_row(kh, half, e);
+#pragma GCC unroll 4
+                for (int r = 0; r < 4; r++)
+                    if (r < nr)
+                        acc[r] = uk_madd(uk_load(qh + (r0 + r) * ldq + e), kv, acc[r]);
+            }
+            for (int r = 0; r < nr; r++) {
+                float t = uk_hsum(acc[r]);
+                for (int e = dv; e < d; e++)
+                    t += qh[(r0 + r) * ldq + e] * uk_elem(kh, half, e);
+                sh[(r0 + r) * lds] = t;
+            }
+        }
+    }
+}
+
+static void uk_dec_scores(int heads, int rows, int d, const float *q, ptrdiff_t qhs, ptrdiff_t ldq,
+                          const float *k, ptrdiff_t khs, float *s, ptrdiff_t shs, ptrdiff_t lds)
+{
+    uk_dec_scores_key(heads, rows, d, q, qhs, ldq, k, 0, khs, s, shs, lds, NULL);
+}
+
+#ifndef UK_OWN_DEC_SCORES_F16 /* an ISA file may have its own */
+/* dec_scores_f16 (ukernel.h): dec_scores key by key over the block, the f16 rows converted as
+ * they are loaded, the pf rows asked for a few lines a kv head. */
+static void uk_dec_scores_f16(int heads, int rows, int d, int keys, const float *q, ptrdiff_t qhs,
+                              ptrdiff_t ldq, const uint16_t *const *k, ptrdiff_t khs, float *s,
+                              ptrdiff_t shs, ptrdiff_t lds, const char *const *pf, int pf_rows,
+                              size_t pf_bytes)
+{
+    pf_cursor pc = pf_start(pf, pf_rows, pf_bytes, keys * heads);
+    for (int i = 0; i < keys; i++)
+        uk_dec_scores_key(heads, rows, d, q, qhs, ldq, k[i], 1, khs, s + i, shs, lds, &pc);
+}
+#endif
+
+/* dec_pv (ukernel.h) on f32 or f16 (half) V rows: per kv head, four rows by UK_PV_VECS vectors
+ * of o's columns held in registers across all the keys, each key's vectors loaded once for the
+ * four rows (f16 converted as they are loaded); the tail of d past the last whole vector is
+ * scalar. The same order of sums as one key at a time. */
 enum { UK_PV_VECS = 4 };
 
-static void uk_dec_pv(int heads, int rows, int d, int keys, const float *p, ptrdiff_t phs,
-                      ptrdiff_t ldp, const float *const *v, ptrdiff_t vhs, float *o, ptrdiff_t ohs,
-                      ptrdiff_t ldo, const char *const *pf, int pf_rows, size_t pf_bytes)
+static inline __attribute__((always_inline)) void
+uk_dec_pv_rows(int heads, int rows, int d, int keys, const float *p, ptrdiff_t phs, ptrdiff_t ldp,
+               const void *const *v, int half, ptrdiff_t vhs, float *o, ptrdiff_t ohs,
+               ptrdiff_t ldo, const char *const *pf, int pf_rows, size_t pf_bytes)
 {
+    const size_t es = half ? sizeof(uint16_t) : sizeof(float);
     const int dv = d - d % UK_LANES, chunk = UK_PV_VECS * UK_LANES;
     pf_cursor pc = pf_start(pf, pf_rows, pf_bytes,
                             heads * ((rows + 3) / 4) * ((dv + chunk - 1) / chunk) * keys);
@@ -199,11 +243,11 @@ static void uk_dec_pv(int heads, int rows, int d, int keys, const float *p, ptrd
                             r < nr && g < nv ? uk_load(oh + r * ldo + e + g * UK_LANES) : uk_zero();
                 for (int i = 0; i < keys; i++) {
                     pf_step(&pc);
-                    const float *vi = v[i] + h * vhs + e;
+                    const void *vi = (const char *)v[i] + (size_t)(h * vhs) * es;
                     uk_vec vv[UK_PV_VECS];
 #pragma GCC unroll 4
                     for (int g = 0; g < UK_PV_VECS; g++)
-                        vv[g] = g < nv ? uk_load(vi + g * UK_LANES) : uk_zero();
+                        vv[g] = g < nv ? uk_load_row(vi, half, e + g * UK_LANES) : uk_zero();
 #pragma GCC unroll 4
                     for (int r = 0; r < 4; r++)
                         if (r < nr) {
@@ -224,8 +268,26 @@ static void uk_dec_pv(int heads, int rows, int d, int keys, const float *p, ptrd
                 for (int e = dv; e < d; e++) {
                     float acc = oh[r * ldo + e];
                     for (int i = 0; i < keys; i++)
-                        acc += ph[r * ldp + i] * v[i][h * vhs + e];
+                        acc += ph[r * ldp + i] *
+                               uk_elem((const char *)v[i] + (size_t)(h * vhs) * es, half, e);
                     oh[r * ldo + e] = acc;
                 }
         }
+}
+
+static void uk_dec_pv(int heads, int rows, int d, int keys, const float *p, ptrdiff_t phs,
+                      ptrdiff_t ldp, const float *const *v, ptrdiff_t vhs, float *o, ptrdiff_t ohs,
+                      ptrdiff_t ldo, const char *const *pf, int pf_rows, size_t pf_bytes)
+{
+    uk_dec_pv_rows(heads, rows, d, keys, p, phs, ldp, (const void *const *)v, 0, vhs, o, ohs, ldo,
+                   pf, pf_rows, pf_bytes);
+}
+
+static void uk_dec_pv_f16(int heads, int rows, int d, int keys, const float *p, ptrdiff_t phs,
+                          ptrdiff_t ldp, const uint16_t *const *v, ptrdiff_t vhs, float *o,
+                          ptrdiff_t ohs, ptrdiff_t ldo, const char *const *pf, int pf_rows,
+                          size_t pf_bytes)
+{
+    uk_dec_pv_rows(heads, rows, d, keys, p, phs, ldp, (const void *const *)v, 1, vhs, o, ohs, ldo,
+                   pf, pf_rows, pf_bytes);
 }

@@ -68,6 +68,13 @@ static inline float uk_hsum(uk_vec x)
 {
     return (x[0] + x[1]) + (x[2] + x[3]);
 }
+static inline uk_vec uk_load_f16(const uint16_t *p)
+{
+    uk_vec r;
+    for (int i = 0; i < UK_LANES; i++)
+        r[i] = fp_f16_to_f32(p[i]);
+    return r;
+}
 
 /* 2^x per the contract: 0 below -126 (and for -inf), NaN stays NaN. */
 static inline float exp2_lane(float x)
@@ -131,4 +138,6 @@ const fp_ukernels fp_ukernels_scalar = {
     uk_dec_pv,
     NULL,
     NULL,
+    uk_dec_scores_f16,
+    uk_dec_pv_f16,
 };

@@ -311,15 +311,23 @@ FP_DEV void fp_sm90_scrub_v(unsigned char *v, uint32_t *vmask, int ptid)
     }
 }
 
-/* The producer warpgroup's registers per thread after setmaxnreg, for inputs of eb bytes and
- * head dim dk (the consumers get the rest: 128 x 40 + 256 x 232 = 128 x 24 + 256 x 240 = the
- * block's 384 x 168): 40 for the fp8 transposes and the DK = 64 kernel's guard scrub (4 chunks
- * in flight); 24 elsewhere, so that the f16 / bf16 consumers of the larger head dims keep 240
- * (docs/bench/). */
-__host__ __device__ constexpr int fp_sm90f_producer_regs(int eb, int dk)
-{
-    return eb == 1 || dk <= 64 ? 40 : 24;
-}
+/* What the kernel and its steps derive from the inputs' type TI and the configuration CFG. */
+template <typename TI, typename CFG> struct fp_sm90f_dims {
+    static constexpr int EB = sizeof(TI); /* bytes per input element */
+    static constexpr bool FP8 = EB == 1;
+    static constexpr int NP = CFG::DK * EB / 128;    /* 128-byte panels of a tile */
+    static constexpr int PCOLS = 128 / EB;           /* columns of a 128-byte panel */
+    static constexpr int KSTEPS = CFG::DK * EB / 32; /* Q K^T wgmma steps (32 bytes of K each) */
+    static constexpr int PK = FP8 ? 32 : 16;         /* P V wgmma K */
+    static constexpr uint32_t KV_BYTES = CFG::BN * CFG::DK * EB; /* one K or V stage */
+    static constexpr uint32_t VT_BYTES = FP8 ? CFG::VT_PANELS * CFG::DK * 128 : 0; /* V^T (fp8) */
+    static constexpr int VM_WORDS = (CFG::BN + 31) / 32; /* vmask words of a stage */
+    /* The producer warpgroup's registers per thread after setmaxnreg (the consumers get the
+     * rest: 128 x 40 + 256 x 232 = 128 x 24 + 256 x 240 = the block's 384 x 168): 40 for the fp8
+     * transposes and the DK = 64 kernel's guard scrub (4 chunks in flight); 24 elsewhere, so
+     * that the f16 / bf16 consumers of the larger head dims keep 240 (docs/bench/). */
+    static constexpr int PRODUCER_REGS = FP8 || CFG::DK <= 64 ? 40 : 24;
+};
 
 /* The forward's mbarriers, 8 bytes each from `base`: the Q tile landed; per stage s, its K / V
  * tiles landed (full) and their readers done (empty); the V preparers done with it (pv_ready:
@@ -371,33 +379,31 @@ FP_DEV void fp_sm90_fwd_load(const fp_sm90_fwd_params &prm,
                              uint32_t sk, uint32_t sv, int qb, int h, int kvh, int q_row, int k_row,
                              int nb_end, int n)
 {
-    constexpr int BM = FP_SM90_BM, DK = CFG::DK, BN = CFG::BN, ST = CFG::ST, EB = sizeof(TI);
-    constexpr int NP = DK * EB / 128;           /* 128-byte panels of a tile */
-    constexpr uint32_t KV_BYTES = BN * DK * EB; /* one K or V stage */
-    constexpr int PCOLS = 128 / EB;             /* columns of a 128-byte panel */
+    typedef fp_sm90f_dims<TI, CFG> X;
+    constexpr int BM = FP_SM90_BM, DK = CFG::DK, BN = CFG::BN, ST = CFG::ST;
     fp_tma_prefetch_desc(&prm.tq);
     fp_tma_prefetch_desc(&prm.tk);
     fp_tma_prefetch_desc(&prm.tv);
-    fp_mbar_arrive_expect_tx(bar.q_full(), BM * DK * EB);
+    fp_mbar_arrive_expect_tx(bar.q_full(), BM * DK * X::EB);
 #pragma unroll
-    for (int p = 0; p < NP; ++p)
-        fp_tma_load_4d(sq + p * BM * 128, &prm.tq, bar.q_full(), PCOLS * p, q_row, h, qb);
+    for (int p = 0; p < X::NP; ++p)
+        fp_tma_load_4d(sq + p * BM * 128, &prm.tq, bar.q_full(), X::PCOLS * p, q_row, h, qb);
 #pragma unroll 1 /* within the producer's 24 registers */
     for (int it = 0; it < n; ++it) {
         const int nb = nb_end - 1 - it, s = it % ST;
         const uint32_t ph = (it / ST) & 1;
         fp_mbar_wait(bar.k_empty(s), ph ^ 1);
-        fp_mbar_arrive_expect_tx(bar.k_full(s), KV_BYTES);
+        fp_mbar_arrive_expect_tx(bar.k_full(s), X::KV_BYTES);
 #pragma unroll
-        for (int p = 0; p < NP; ++p)
-            fp_tma_load_4d(sk + s * KV_BYTES + p * BN * 128, &prm.tk, bar.k_full(s), PCOLS * p,
-                           k_row + nb * BN, kvh, qb);
+        for (int p = 0; p < X::NP; ++p)
+            fp_tma_load_4d(sk + s * X::KV_BYTES + p * BN * 128, &prm.tk, bar.k_full(s),
+                           X::PCOLS * p, k_row + nb * BN, kvh, qb);
         fp_mbar_wait(bar.v_empty(s), ph ^ 1);
-        fp_mbar_arrive_expect_tx(bar.v_full(s), KV_BYTES);
+        fp_mbar_arrive_expect_tx(bar.v_full(s), X::KV_BYTES);
 #pragma unroll
-        for (int p = 0; p < NP; ++p)
-            fp_tma_load_4d(sv + s * KV_BYTES + p * BN * 128, &prm.tv, bar.v_full(s), PCOLS * p,
-                           k_row + nb * BN, kvh, qb);
+        for (int p = 0; p < X::NP; ++p)
+            fp_tma_load_4d(sv + s * X::KV_BYTES + p * BN * 128, &prm.tv, bar.v_full(s),
+                           X::PCOLS * p, k_row + nb * BN, kvh, qb);
     }
 }
 
@@ -411,12 +417,8 @@ FP_DEV void fp_sm90_fwd_prepare_v(const fp_sm90f_bars<CFG::ST, sizeof(TI) == 1> 
                                   uint32_t (*vmask)[(CFG::BN + 31) / 32], int full_lo, int full_hi,
                                   int nb_end, int n, int ptid)
 {
-    constexpr int DK = CFG::DK, BN = CFG::BN, ST = CFG::ST, EB = sizeof(TI);
-    constexpr bool FP8 = EB == 1;
-    constexpr int NP = DK * EB / 128, VM_WORDS = (BN + 31) / 32;
-    constexpr uint32_t KV_BYTES = BN * DK * EB;
-    constexpr uint32_t VT_BYTES = FP8 ? CFG::VT_PANELS * DK * 128 : 0;
-    constexpr int PRODUCER_REGS = fp_sm90f_producer_regs(EB, DK);
+    typedef fp_sm90f_dims<TI, CFG> X;
+    constexpr int DK = CFG::DK, BN = CFG::BN, ST = CFG::ST;
     uint32_t pv_bits = 0;
     for (int it = 0; it < n; ++it) {
         const int nb = nb_end - 1 - it, s = it % ST, j0 = nb * BN;
@@ -430,32 +432,32 @@ FP_DEV void fp_sm90_fwd_prepare_v(const fp_sm90f_bars<CFG::ST, sizeof(TI) == 1> 
          * value a non-finite V element gives the rows that see it. */
         const bool edge = !(j0 >= full_lo && j0 + BN <= full_hi);
         fp_mbar_wait(bar.v_full(s), ph);
-        if (FP8)
+        if (X::FP8)
             fp_mbar_wait(bar.vt_empty(s), ph ^ 1);
         if (edge) { /* the consumers are done with vmask[s] (the waits above) */
-            if (ptid < VM_WORDS)
+            if (ptid < X::VM_WORDS)
                 vmask[s][ptid] = 0;
             fp_named_bar_sync(5, FP_SM90_PREPARERS);
         }
-        if constexpr (FP8) {
+        if constexpr (X::FP8) {
             /* units in flight: as many as the producer's 40 registers hold */
             if (edge)
-                fp_sm90_transpose_v8<DK, BN, 2, true>(sv + s * KV_BYTES, svt + s * VT_BYTES,
+                fp_sm90_transpose_v8<DK, BN, 2, true>(sv + s * X::KV_BYTES, svt + s * X::VT_BYTES,
                                                       vmask[s], ptid);
             else
                 fp_sm90_transpose_v8<DK, BN, (DK >= 256 ? 4 : 3), false>(
-                    sv + s * KV_BYTES, svt + s * VT_BYTES, vmask[s], ptid);
+                    sv + s * X::KV_BYTES, svt + s * X::VT_BYTES, vmask[s], ptid);
             fp_mbar_arrive(bar.v_empty(s));
         } else if (edge) {
-            fp_sm90_scrub_v<TI, BN, NP, DK >= 256 ? 2 : 4, PRODUCER_REGS == 40 ? 4 : 1>(
-                gv + s * KV_BYTES, vmask[s], ptid);
+            fp_sm90_scrub_v<TI, BN, X::NP, DK >= 256 ? 2 : 4, X::PRODUCER_REGS == 40 ? 4 : 1>(
+                gv + s * X::KV_BYTES, vmask[s], ptid);
         }
-        if (FP8 || edge) {
+        if (X::FP8 || edge) {
             fp_fence_proxy_async_smem(); /* generic writes, before wgmma reads them */
             bar.pv_phase(pv_bits, s);
             fp_mbar_arrive(bar.pv_ready(s));
         }
-        if (!FP8)
+        if (!X::FP8)
             fp_mbar_arrive(bar.v_empty(s));
     }
 }
@@ -465,17 +467,16 @@ FP_DEV void fp_sm90_fwd_prepare_v(const fp_sm90f_bars<CFG::ST, sizeof(TI) == 1> 
 template <typename TI, typename CFG>
 FP_DEV void fp_sm90_fwd_qk(float (&s)[CFG::BN / 2], uint32_t q_rows, uint32_t sk, int stage)
 {
-    constexpr int BM = FP_SM90_BM, DK = CFG::DK, BN = CFG::BN, EB = sizeof(TI);
-    constexpr int KSTEPS = DK * EB / 32;        /* wgmma steps (32 bytes of K each) */
-    constexpr uint32_t KV_BYTES = BN * DK * EB; /* one K stage */
+    typedef fp_sm90f_dims<TI, CFG> X;
+    constexpr int BM = FP_SM90_BM, BN = CFG::BN;
     fp_wgmma_fence();
 #pragma unroll
-    for (int kk = 0; kk < KSTEPS; ++kk) {
+    for (int kk = 0; kk < X::KSTEPS; ++kk) {
         const uint32_t off = (kk % 4) * 32; /* 32 bytes into the panel */
         const uint64_t da = fp_wgmma_desc(q_rows + (kk / 4) * BM * 128 + off, 16, 1024);
         const uint64_t db =
-            fp_wgmma_desc(sk + stage * KV_BYTES + (kk / 4) * BN * 128 + off, 16, 1024);
-        if constexpr (EB == 1)
+            fp_wgmma_desc(sk + stage * X::KV_BYTES + (kk / 4) * BN * 128 + off, 16, 1024);
+        if constexpr (X::FP8)
             fp_wgmma_e4m3<BN>::ss(s, da, db, kk > 0);
         else
             fp_wgmma<TI, BN>::ss(s, da, db, kk > 0);
@@ -487,38 +488,36 @@ FP_DEV void fp_sm90_fwd_qk(float (&s)[CFG::BN / 2], uint32_t q_rows, uint32_t sk
  * waited for; pa: P as the A fragments (fp_sm90_fwd_pack_p). */
 template <typename TI, typename CFG>
 FP_DEV void fp_sm90_fwd_pv(float (&o)[CFG::DK / 2],
-                           const uint32_t (&pa)[CFG::BN / (sizeof(TI) == 1 ? 32 : 16)][4],
+                           const uint32_t (&pa)[CFG::BN / fp_sm90f_dims<TI, CFG>::PK][4],
                            uint32_t sv, uint32_t svt, int stage)
 {
-    constexpr int DK = CFG::DK, BN = CFG::BN, EB = sizeof(TI);
-    constexpr int PK = EB == 1 ? 32 : 16; /* wgmma K */
-    constexpr uint32_t KV_BYTES = BN * DK * EB;
-    constexpr uint32_t VT_BYTES = EB == 1 ? CFG::VT_PANELS * DK * 128 : 0;
+    typedef fp_sm90f_dims<TI, CFG> X;
+    constexpr int DK = CFG::DK, BN = CFG::BN;
     fp_wgmma_fence();
 #pragma unroll
-    for (int kk = 0; kk < BN / PK; ++kk) {
-        if constexpr (EB == 1)
+    for (int kk = 0; kk < BN / X::PK; ++kk) {
+        if constexpr (X::FP8)
             fp_wgmma_e4m3<DK>::rs(
                 o, pa[kk],
-                fp_wgmma_desc(svt + stage * VT_BYTES + (kk / 4) * DK * 128 + (kk % 4) * 32, 16,
+                fp_wgmma_desc(svt + stage * X::VT_BYTES + (kk / 4) * DK * 128 + (kk % 4) * 32, 16,
                               1024));
         else
             fp_wgmma<TI, DK>::rs(
-                o, pa[kk], fp_wgmma_desc(sv + stage * KV_BYTES + kk * 16 * 128, BN * 128, 1024));
+                o, pa[kk], fp_wgmma_desc(sv + stage * X::KV_BYTES + kk * 16 * 128, BN * 128, 1024));
     }
     fp_wgmma_commit();
 }
 
 /* P from the S accumulator to the A fragments (fp8: V^T's key order makes the accumulator's 4
  * values of a row per 16 keys one register, fp_sm90_transpose_v8). */
-template <typename TI, int BN>
-FP_DEV void fp_sm90_fwd_pack_p(uint32_t (&pa)[BN / (sizeof(TI) == 1 ? 32 : 16)][4],
-                               const float (&s)[BN / 2])
+template <typename TI, typename CFG>
+FP_DEV void fp_sm90_fwd_pack_p(uint32_t (&pa)[CFG::BN / fp_sm90f_dims<TI, CFG>::PK][4],
+                               const float (&s)[CFG::BN / 2])
 {
-    constexpr int PK = sizeof(TI) == 1 ? 32 : 16;
+    typedef fp_sm90f_dims<TI, CFG> X;
 #pragma unroll
-    for (int kk = 0; kk < BN / PK; ++kk) {
-        if constexpr (sizeof(TI) == 1) {
+    for (int kk = 0; kk < CFG::BN / X::PK; ++kk) {
+        if constexpr (X::FP8) {
             const float *c = s + 16 * kk;
             pa[kk][0] = fp_pack4_e4m3(c[0], c[1], c[4], c[5]);
             pa[kk][1] = fp_pack4_e4m3(c[2], c[3], c[6], c[7]);
@@ -588,13 +587,10 @@ __global__ void __launch_bounds__(FP_SM90_THREADS, 1)
 #if FP_SM90_DEVICE
     constexpr int BM = FP_SM90_BM, DK = CFG::DK, BN = CFG::BN, ST = CFG::ST;
     constexpr bool LAZY = CFG::LAZY;
-    constexpr int EB = sizeof(TI); /* bytes per input element */
-    constexpr bool FP8 = EB == 1;
-    constexpr int PK = FP8 ? 32 : 16;                                  /* P V wgmma K */
-    constexpr uint32_t KV_BYTES = BN * DK * EB;                        /* one K or V stage */
-    constexpr uint32_t VT_BYTES = FP8 ? CFG::VT_PANELS * DK * 128 : 0; /* one V^T stage (fp8) */
-    constexpr int VM_WORDS = (BN + 31) / 32;                           /* vmask words of a stage */
-    constexpr int PRODUCER_REGS = fp_sm90f_producer_regs(EB, DK);
+    typedef fp_sm90f_dims<TI, CFG> X;
+    constexpr int EB = X::EB, PK = X::PK, VM_WORDS = X::VM_WORDS;
+    constexpr bool FP8 = X::FP8;
+    constexpr uint32_t KV_BYTES = X::KV_BYTES, VT_BYTES = X::VT_BYTES;
     static_assert(!FP8 || BN % 32 == 0, "fp8 tiles: whole wgmma K steps of keys");
     const fp_sm80_args &a = prm.a;
 
@@ -656,7 +652,7 @@ __global__ void __launch_bounds__(FP_SM90_THREADS, 1)
     if (wg == 0) {
         /* ---- producer warpgroup: thread 0 issues every TMA load; warps 1 .. 3 (the V
          * preparers) make V^T (fp8) and run the masked-key guard's scrub ---- */
-        if constexpr (PRODUCER_REGS == 40)
+        if constexpr (X::PRODUCER_REGS == 40)
             fp_setmaxnreg_dec<40>();
         else
             fp_setmaxnreg_dec<24>();
@@ -668,7 +664,7 @@ __global__ void __launch_bounds__(FP_SM90_THREADS, 1)
                                       (int)seq.q_start + m0, (int)seq.k_start, nb_end, n);
     } else {
         /* ---- consumers: warpgroup w owns rows 64 w .. 64 w + 63 of each query block ---- */
-        if constexpr (PRODUCER_REGS == 40)
+        if constexpr (X::PRODUCER_REGS == 40)
             fp_setmaxnreg_inc<232>();
         else
             fp_setmaxnreg_inc<240>();
@@ -756,7 +752,7 @@ __global__ void __launch_bounds__(FP_SM90_THREADS, 1)
                 fp_mbar_arrive(bar.k_empty(0));
                 fp_sm90_fwd_softmax<BN, LAZY>(s, (nb_end - 1) * BN, alpha, st, a.transform, xf, mk,
                                               sc, i_lo, t, full_lo, full_hi);
-                fp_sm90_fwd_pack_p<TI, BN>(pa, s);
+                fp_sm90_fwd_pack_p<TI, CFG>(pa, s);
                 for (int it = 1; it < n; ++it) {
                     const int cur = it, prev = it - 1;
                     turn_begin();
@@ -784,7 +780,7 @@ __global__ void __launch_bounds__(FP_SM90_THREADS, 1)
                             o[4 * j + 3] *= alpha[1];
                         }
                     }
-                    fp_sm90_fwd_pack_p<TI, BN>(pa, s);
+                    fp_sm90_fwd_pack_p<TI, CFG>(pa, s);
                 }
                 const int last = n - 1;
                 turn_begin();

@@ -65,12 +65,6 @@ static double now_ms(void)
     return ts.tv_sec * 1e3 + ts.tv_nsec * 1e-6;
 }
 
-static int is_unsupported(flashport_status s)
-{
-    return s == FLASHPORT_ERR_UNSUPPORTED_HEAD_DIM || s == FLASHPORT_ERR_UNSUPPORTED_DTYPE ||
-           s == FLASHPORT_ERR_UNSUPPORTED_LAYOUT || s == FLASHPORT_ERR_UNSUPPORTED_FEATURE;
-}
-
 static void report_status(const char *what, flashport_status s)
 {
     fprintf(stderr, "  %s: %s: %s\n", what, flashport_status_string(s), flashport_last_error());
@@ -468,9 +462,9 @@ static int verdict_of(flashport_status s, int required, const char *dir)
     if (s == FLASHPORT_OK)
         return PASS;
     report_status(dir, s);
-    if (is_unsupported(s) && !required)
+    if (tu_is_unsupported(s) && !required)
         return UNSUPPORTED;
-    if (is_unsupported(s))
+    if (tu_is_unsupported(s))
         fprintf(stderr, "  docs/semantics.md requires this backend to run this case\n");
     return FAIL;
 }

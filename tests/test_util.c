@@ -88,6 +88,12 @@ double tu_unit_roundoff(flashport_dtype dtype)
     }
 }
 
+int tu_is_unsupported(flashport_status s)
+{
+    return s == FLASHPORT_ERR_UNSUPPORTED_HEAD_DIM || s == FLASHPORT_ERR_UNSUPPORTED_DTYPE ||
+           s == FLASHPORT_ERR_UNSUPPORTED_LAYOUT || s == FLASHPORT_ERR_UNSUPPORTED_FEATURE;
+}
+
 float tu_round(float x, flashport_dtype dtype)
 {
     switch (dtype) {

@@ -62,6 +62,10 @@ size_t tu_dtype_size(flashport_dtype dtype);
 /* Unit roundoff of the storage dtype: 2^-24 (f32), 2^-11 (f16), 2^-8 (bf16), 2^-4 (e4m3),
  * 2^-3 (e5m2). */
 double tu_unit_roundoff(flashport_dtype dtype);
+
+/* Whether s says the backend has no kernel for this call (head dim, dtype, layout or feature):
+ * not a failure of the call's checks. */
+int tu_is_unsupported(flashport_status s);
 /* x rounded to the nearest value the dtype can store, as f32. */
 float tu_round(float x, flashport_dtype dtype);
 

@@ -138,6 +138,8 @@ typedef struct fp_ukernels {
      *   dec_scores_f16   s[h * shs + r * lds + i] = dec_scores of key i, for i < keys; the
      *                    sums in any order.
      *   dec_pv_f16       dec_pv on the rows converted to f32, the same sums.
+     * The _bf16_f32 forms are the _f16 forms on bf16 rows (widened by a shift, exact), for tables
+     * without a bf16 dot product; NULL where a table has none (bf16 then converts rows key by key).
      * pf: NULL, or pf_rows addresses (pf[i], i < pf_rows) whose pf_bytes bytes each dec_pv and
      * the _bf16 and _f16 forms ask the caches for, in that order (a prefetch hint, never a read),
      * spread over their work: the rows the caller streams next, requested between the products
@@ -163,6 +165,14 @@ typedef struct fp_ukernels {
                        ptrdiff_t ldp, const uint16_t *const *v, ptrdiff_t vhs, float *o,
                        ptrdiff_t ohs, ptrdiff_t ldo, const char *const *pf, int pf_rows,
                        size_t pf_bytes);
+    void (*dec_scores_bf16_f32)(int heads, int rows, int d, int keys, const float *q, ptrdiff_t qhs,
+                                ptrdiff_t ldq, const uint16_t *const *k, ptrdiff_t khs, float *s,
+                                ptrdiff_t shs, ptrdiff_t lds, const char *const *pf, int pf_rows,
+                                size_t pf_bytes);
+    void (*dec_pv_bf16_f32)(int heads, int rows, int d, int keys, const float *p, ptrdiff_t phs,
+                            ptrdiff_t ldp, const uint16_t *const *v, ptrdiff_t vhs, float *o,
+                            ptrdiff_t ohs, ptrdiff_t ldo, const char *const *pf, int pf_rows,
+                            size_t pf_bytes);
 } fp_ukernels;
 
 /* The tables this build contains: which ones depends on the target architecture and the

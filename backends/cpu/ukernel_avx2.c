@@ -18,7 +18,8 @@
  * shifting into the high half; there is no bf16 dot product, so bf16 runs the f32 products.
  * Decode: dec_scores_f16 and dec_scores_bf16_f32 take two keys by four rows a step (8
  * accumulators, each query vector loaded once for both keys), folded by hsum8; dec_pv and its
- * 16-bit forms hold 4 rows x 2 vectors of O (UK_PV_VECS), the generic steps of ukernel_ops.h.
+ * 16-bit forms are the generic steps of ukernel_ops.h (4 rows x 4 vectors of O: 4 x 2, which
+ * does not spill, was no faster for f16 and slower for f32 on Zen 3).
  * Target: x86-64 with AVX2, FMA, F16C (compiled with those flags alone; isa.c checks the CPU).
  * Known differences from the reference: f32 accumulation with FMA; the polynomial exp2.
  * Numbers: docs/performance-cpu.md (measured with FLASHPORT_CPU_ISA=avx2 on the Zen 4
@@ -88,10 +89,7 @@ static inline uk_vec uk_load_bf16(const uint16_t *p)
 {
     return bf16x8(_mm_loadu_si128((const __m128i *)(const void *)p));
 }
-#define UK_HAS_LOAD_BF16 1
-/* dec_pv's register block: 4 rows x 2 vectors, 8 accumulators, the key's 2 vectors and P's
- * broadcast within the 16 registers (4 x 4 would spill). */
-#define UK_PV_VECS            2
+#define UK_HAS_LOAD_BF16      1
 #define UK_OWN_DEC_SCORES_F16 1
 
 static inline uk_vec uk_exp2(uk_vec x)
@@ -167,6 +165,25 @@ static inline __attribute__((always_inline)) void scores_step(__m256 *acc, const
         }
 }
 
+/* Lanes 2 r and 2 r + 1 of t (row r's scores of two keys) to s + r * lds, for the first nr rows
+ * and nk keys. */
+static inline void store_pairs(__m256 t, float *s, ptrdiff_t lds, int nr, int nk)
+{
+    const __m128 lo = _mm256_castps256_ps128(t), hi = _mm256_extractf128_ps(t, 1);
+    if (nk == 2 && nr == 4) {
+        _mm_storel_pi((__m64 *)(void *)s, lo);
+        _mm_storeh_pi((__m64 *)(void *)(s + lds), lo);
+        _mm_storel_pi((__m64 *)(void *)(s + 2 * lds), hi);
+        _mm_storeh_pi((__m64 *)(void *)(s + 3 * lds), hi);
+        return;
+    }
+    float u[8];
+    _mm256_storeu_ps(u, t);
+    for (int r = 0; r < nr; r++)
+        for (int i = 0; i < nk; i++)
+            s[r * lds + i] = u[2 * r + i];
+}
+
 /* dec_scores_f16 / _bf16_f32 (ukernel.h): two keys by four rows a step, 8 accumulators (the
  * query row loaded once for both keys), each 16-bit row converted as it is loaded (vcvtph2ps, or
  * a shift for bf16), folded by hsum8 into one vector of the step's 8 scores; the tail of d is
@@ -200,12 +217,7 @@ avx2_dec_scores_h16(int heads, int rows, int d, int keys, const float *q, ptrdif
                 if (dv < d)
                     scores_step(acc, qh + dv, ldq, nr, load_h16(kh0 + dv, d - dv, bf16),
                                 load_h16(kh1 + dv, d - dv, bf16), &tail);
-                float t[8];
-                _mm256_storeu_ps(t, hsum8(acc));
-                float *sh = s + h * shs + r0 * lds + i0;
-                for (int r = 0; r < nr; r++)
-                    for (int i = 0; i < nk; i++)
-                        sh[r * lds + i] = t[2 * r + i];
+                store_pairs(hsum8(acc), s + h * shs + r0 * lds + i0, lds, nr, nk);
             }
         }
     }

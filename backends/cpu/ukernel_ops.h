@@ -14,8 +14,6 @@
  * and may define
  *   uk_load_bf16(p)     the same for bf16, with UK_HAS_LOAD_BF16: the table then has the
  *                       generic _bf16_f32 decode steps
- *   UK_PV_VECS          vectors of O's columns a dec_pv step holds per row (default 4: 16
- *                       accumulators, for 32 registers; 2 where there are 16)
  * Column-wise: a tile holds keys down its rows and query rows across
  * its columns, so a query's softmax statistics are lane-wise reductions down a column, with no
  * horizontal shuffles.
@@ -257,9 +255,7 @@ static void uk_dec_scores_bf16_f32(int heads, int rows, int d, int keys, const f
  * columns held in registers across all the keys, each key's vectors loaded once for the four rows
  * (16-bit rows converted as they are loaded); the tail of d past the last whole vector is
  * scalar. The same order of sums as one key at a time. */
-#ifndef UK_PV_VECS
-#define UK_PV_VECS 4
-#endif
+enum { UK_PV_VECS = 4 };
 
 static inline __attribute__((always_inline)) void
 uk_dec_pv_rows(int heads, int rows, int d, int keys, const float *p, ptrdiff_t phs, ptrdiff_t ldp,

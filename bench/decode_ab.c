@@ -339,22 +339,22 @@ int main(int argc, char **argv)
         if (!v)
             die(a, "needs a value");
         i++;
+        const struct {
+            const char *name;
+            ab_list *list;
+        } lists[] = {{"--hdim", &hdims},  {"--nq", &nqs},       {"--paged", &pageds},
+                     {"--heads", &heads}, {"--kv-heads", &kvh}, {"--nk", &nks},
+                     {"--batch", &batch}};
+        int found = 0;
+        for (size_t j = 0; j < sizeof lists / sizeof lists[0] && !found; j++)
+            if (!strcmp(a, lists[j].name)) {
+                parse_list(v, lists[j].list);
+                found = 1;
+            }
+        if (found)
+            continue;
         if (!strcmp(a, "--dtype"))
             parse_dtypes(v, &dtypes);
-        else if (!strcmp(a, "--hdim"))
-            parse_list(v, &hdims);
-        else if (!strcmp(a, "--nq"))
-            parse_list(v, &nqs);
-        else if (!strcmp(a, "--paged"))
-            parse_list(v, &pageds);
-        else if (!strcmp(a, "--heads"))
-            parse_list(v, &heads);
-        else if (!strcmp(a, "--kv-heads"))
-            parse_list(v, &kvh);
-        else if (!strcmp(a, "--nk"))
-            parse_list(v, &nks);
-        else if (!strcmp(a, "--batch"))
-            parse_list(v, &batch);
         else if (!strcmp(a, "--rounds"))
             rounds = atoi(v);
         else if (!strcmp(a, "--iters"))

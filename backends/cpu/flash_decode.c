@@ -149,11 +149,8 @@ typedef struct dec_ctx {
     /* f16 K and V rows with a contiguous head dim (bf16 too on tables with _bf16_f32 steps and
      * no vdpbf16ps): read in place by these steps, each row converted to f32 as it is loaded;
      * NULL otherwise */
-    void (*scores_h16)(int, int, int, int, const float *, ptrdiff_t, ptrdiff_t,
-                       const uint16_t *const *, ptrdiff_t, float *, ptrdiff_t, ptrdiff_t,
-                       const char *const *, int, size_t);
-    void (*pv_h16)(int, int, int, int, const float *, ptrdiff_t, ptrdiff_t, const uint16_t *const *,
-                   ptrdiff_t, float *, ptrdiff_t, ptrdiff_t, const char *const *, int, size_t);
+    fp_dec_scores_h16 *scores_h16;
+    fp_dec_pv_h16 *pv_h16;
     int64_t group;       /* query heads per kv head */
     int64_t chunk_heads; /* query heads per unit */
     int64_t chunks;      /* units per kv head */

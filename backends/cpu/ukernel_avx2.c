@@ -18,12 +18,13 @@
  * shifting into the high half; there is no bf16 dot product, so bf16 runs the f32 products.
  * Decode: dec_scores_f16 and dec_scores_bf16_f32 take two keys by four rows a step (8
  * accumulators, each query vector loaded once for both keys), folded by hsum8; dec_pv and its
- * 16-bit forms are the generic steps of ukernel_ops.h (4 rows x 4 vectors of O: 4 x 2, which
- * does not spill, was no faster for f16 and slower for f32 on Zen 3).
+ * 16-bit forms are the generic steps of ukernel_ops.h (4 rows x 4 vectors of O; a 4 x 2 block,
+ * which does not spill on 16 registers, measured no faster).
  * Target: x86-64 with AVX2, FMA, F16C (compiled with those flags alone; isa.c checks the CPU).
  * Known differences from the reference: f32 accumulation with FMA; the polynomial exp2.
  * Numbers: docs/performance-cpu.md (measured with FLASHPORT_CPU_ISA=avx2 on the Zen 4
- * development machine, whose 256-bit FMA throughput per cycle equals its 512-bit one).
+ * development machine, whose 256-bit FMA throughput per cycle equals its 512-bit one; decode
+ * also on an AVX2-only Zen 3, docs/performance-cpu.md "AVX2 on an AMD EPYC").
  */
 #include "backends/cpu/ukernel.h"
 

@@ -19,7 +19,8 @@
  *                 double, for ragged heads, rows, d and key counts; the rows of k and v are
  *                 followed by NaN and q's padding columns hold NaN, so a read past d shows;
  *                 dec_scores_f16 likewise, dec_pv_f16 bit for bit against dec_pv on the rows
- *                 converted to f32
+ *                 converted to f32; the _bf16_f32 forms the same way on bf16 rows, where a table
+ *                 has them (present in pairs)
  *   interleave_bf16, dsoftmax_cols, scale_rows, cvt_f16, cvt_bf16 (every 16-bit pattern),
  *   store_f16, store_bf16 (bit for bit as core/dtype.h, NaN, infinities, denormals, overflow)
  * Then one end-to-end bf16 and f16 forward and backward with an odd head dim and odd sequence
@@ -293,10 +294,16 @@ static void check_decode_steps(const fp_ukernels *uk, tu_rng *rng, int bf16)
 
 /* dec_scores_f16 against sums in double, dec_pv_f16 bit for bit against dec_pv on the same rows
  * converted to f32 (the contract: the same sums), for ragged heads, rows, d and key counts, with
- * and without prefetch hints. The f16 rows of d elements are followed by f16 NaN, so a read past
- * d poisons a result. */
-static void check_decode_f16(const fp_ukernels *uk, tu_rng *rng)
+ * and without prefetch hints; bf16: the _bf16_f32 forms. The 16-bit rows of d elements are
+ * followed by NaN, so a read past d poisons a result. */
+static void check_decode_h16(const fp_ukernels *uk, tu_rng *rng, int bf16)
 {
+    const char *form = bf16 ? "_bf16_f32" : "_f16";
+    const uint16_t nan16 = bf16 ? 0x7fc0 : 0x7e00;
+    if (!CHECK_MSG(!uk->dec_scores_bf16_f32 == !uk->dec_pv_bf16_f32,
+                   "%s: dec_scores_bf16_f32 and dec_pv_bf16_f32 not present together", table) ||
+        (bf16 && !uk->dec_scores_bf16_f32))
+        return;
     int bad = 0;
     for (int trial = 0; trial < 100 && !bad; trial++) {
         const int heads = 1 + (int)(tu_rng_u32(rng) % 3), rows = 1 + (int)(tu_rng_u32(rng) % 9);
@@ -325,10 +332,12 @@ static void check_decode_f16(const fp_ukernels *uk, tu_rng *rng)
         for (size_t i = 0; i < kn; i++) {
             const int in_row = (ptrdiff_t)(i % khs) < d && i < (size_t)heads * khs;
             for (int j = 0; j < DEC_KEYS; j++) {
-                k[j][i] = in_row ? fp_f32_to_f16(tu_rng_uniform(rng, -1.0f, 1.0f)) : 0x7e00;
-                v[j][i] = in_row ? fp_f32_to_f16(tu_rng_uniform(rng, -1.0f, 1.0f)) : 0x7e00;
-                kf[j][i] = fp_f16_to_f32(k[j][i]);
-                vf[j][i] = fp_f16_to_f32(v[j][i]);
+                const float x = tu_rng_uniform(rng, -1.0f, 1.0f),
+                            y = tu_rng_uniform(rng, -1.0f, 1.0f);
+                k[j][i] = !in_row ? nan16 : bf16 ? fp_f32_to_bf16(x) : fp_f32_to_f16(x);
+                v[j][i] = !in_row ? nan16 : bf16 ? fp_f32_to_bf16(y) : fp_f32_to_f16(y);
+                kf[j][i] = bf16 ? fp_bf16_to_f32(k[j][i]) : fp_f16_to_f32(k[j][i]);
+                vf[j][i] = bf16 ? fp_bf16_to_f32(v[j][i]) : fp_f16_to_f32(v[j][i]);
             }
         }
         for (int i = 0; i < heads * rows * ldp; i++)
@@ -350,12 +359,14 @@ static void check_decode_f16(const fp_ukernels *uk, tu_rng *rng)
         for (int i = 0; i < keys; i++)
             uk->dec_scores(heads, rows, d, q, qhs, ldq, kf[i], khs, s + i, (ptrdiff_t)rows * lds,
                            lds);
-        uk->dec_scores_f16(heads, rows, d, keys, q, qhs, ldq, kk, khs, s16, (ptrdiff_t)rows * lds,
-                           lds, pf_bytes ? pf : NULL, keys, pf_bytes);
+        (bf16 ? uk->dec_scores_bf16_f32 : uk->dec_scores_f16)(heads, rows, d, keys, q, qhs, ldq, kk,
+                                                              khs, s16, (ptrdiff_t)rows * lds, lds,
+                                                              pf_bytes ? pf : NULL, keys, pf_bytes);
         uk->dec_pv(heads, rows, d, keys, p, (ptrdiff_t)rows * ldp, ldp, vvf, khs, o, ohs, ldo, NULL,
                    0, 0);
-        uk->dec_pv_f16(heads, rows, d, keys, p, (ptrdiff_t)rows * ldp, ldp, vv, khs, o16, ohs, ldo,
-                       pf_bytes ? pf : NULL, keys, pf_bytes);
+        (bf16 ? uk->dec_pv_bf16_f32 : uk->dec_pv_f16)(heads, rows, d, keys, p,
+                                                      (ptrdiff_t)rows * ldp, ldp, vv, khs, o16, ohs,
+                                                      ldo, pf_bytes ? pf : NULL, keys, pf_bytes);
         for (int h = 0; h < heads && !bad; h++)
             for (int r = 0; r < rows && !bad; r++) {
                 for (int i = 0; i < keys && !bad; i++) {
@@ -367,17 +378,17 @@ static void check_decode_f16(const fp_ukernels *uk, tu_rng *rng)
                         mag += fabs(t);
                     }
                     bad = !CHECK_MSG(fabs(s16[at] - want) <= 2.0 * (d + 1) * 0x1p-24 * mag,
-                                     "%s dec_scores_f16 heads=%d rows=%d d=%d keys=%d: "
+                                     "%s dec_scores%s heads=%d rows=%d d=%d keys=%d: "
                                      "s[%d][%d][%d] = %.9g, want %.9g (dec_scores %.9g)",
-                                     table, heads, rows, d, keys, h, r, i, (double)s16[at], want,
-                                     (double)s[at]);
+                                     table, form, heads, rows, d, keys, h, r, i, (double)s16[at],
+                                     want, (double)s[at]);
                 }
                 for (int e = 0; e < d && !bad; e++) {
                     const size_t at = (size_t)(h * ohs + r * ldo + e);
                     bad = !CHECK_MSG(memcmp(&o[at], &o16[at], sizeof(float)) == 0,
-                                     "%s dec_pv_f16 heads=%d rows=%d d=%d keys=%d: o[%d][%d][%d] "
+                                     "%s dec_pv%s heads=%d rows=%d d=%d keys=%d: o[%d][%d][%d] "
                                      "= %.9g, dec_pv %.9g",
-                                     table, heads, rows, d, keys, h, r, e, (double)o16[at],
+                                     table, form, heads, rows, d, keys, h, r, e, (double)o16[at],
                                      (double)o[at]);
                 }
             }
@@ -832,7 +843,8 @@ int main(void)
         CHECK_MSG(!uk->gemm_bf16 == !uk->dec_scores_bf16 && !uk->gemm_bf16 == !uk->dec_pv_bf16,
                   "%s: the decode bf16 entries must be present exactly where gemm_bf16 is", table);
         check_decode_steps(uk, &rng, 0);
-        check_decode_f16(uk, &rng);
+        check_decode_h16(uk, &rng, 0);
+        check_decode_h16(uk, &rng, 1);
         if (uk->gemm_bf16) {
             check_gemm_bf16(uk, &rng);
             check_round_bf16(uk, &rng);

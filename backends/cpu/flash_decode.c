@@ -23,7 +23,8 @@
  *         against the unit's query rows, held in L1, summed across the vector lanes (bf16 on
  *         avx512bf16: dec_scores_bf16 over the block, four keys by four rows a step, vdpbf16ps
  *         on the caller's rows, no transposition, no conversion; f16: dec_scores_f16 over the
- *         block, each row converted as it is loaded). f32, and units of more rows,
+ *         block, each row converted as it is loaded; bf16 on tables without vdpbf16ps that have
+ *         them: dec_scores_bf16_f32, the same on bf16 rows). f32, and units of more rows,
  *         transpose K in 16-key runs for all the task's heads at once (f16 rows converted
  *         first) and run the table's gemm over K^T (bf16: gemm_bf16 on pairs). For f32 that
  *         sums the products in the order of the backward's gemm: the forward's LSE then matches
@@ -34,7 +35,8 @@
  *   O     the table's dec_pv over the block, O's rows in registers across it, a kv head at a
  *         time (rows converted to f32: CONVERTED_KEYS keys a call); bf16 on avx512bf16: P
  *         rounded to bf16 (as flash_fwd.c's bf16 path does) and dec_pv_bf16 (V pairs by
- *         vpermt2w, vdpbf16ps); f16: dec_pv_f16 over the block, V converted as it is loaded.
+ *         vpermt2w, vdpbf16ps); f16: dec_pv_f16 over the block, V converted as it is loaded
+ *         (bf16 without vdpbf16ps: dec_pv_bf16_f32 where the table has it).
  *         bf16 and converted units of more than DOT_ROWS rows take
  *         gemm_bf16 on V pairs (interleave_bf16), or gemm on V rows converted to f32 (f16, bf16
  *         without vdpbf16ps).
@@ -88,7 +90,8 @@ static int f32_rows(const fp_problem *p, const fp_tensor_view *t)
  * keys' rows themselves. */
 enum { CONVERTED_KEYS = 16 };
 
-/* The paths that convert rows to f32 key by key (bf16 without vdpbf16ps, strided head dims) ask
+/* The paths that convert rows to f32 key by key (strided head dims, bf16 on tables with neither
+ * vdpbf16ps nor the _bf16_f32 steps) ask
  * for the rows of the stream they read this many keys ahead instead of a phase ahead: their
  * conversions are slow enough that requests a block ahead went out in bursts that stalled them
  * (f16 read at about 0.65x before it took the block-wide _f16 steps). */
@@ -142,8 +145,12 @@ typedef struct dec_ctx {
     const fp_problem *p;
     const fp_ukernels *uk;
     dec_layout L;
-    int bf16;            /* bf16 dot products (gemm_bf16) on K, V and Q in place */
-    int f16;             /* f16 K and V rows with a contiguous head dim: read in place */
+    int bf16; /* bf16 dot products (gemm_bf16) on K, V and Q in place */
+    /* f16 K and V rows with a contiguous head dim (bf16 too on tables with _bf16_f32 steps and
+     * no vdpbf16ps): read in place by these steps, each row converted to f32 as it is loaded;
+     * NULL otherwise */
+    fp_dec_scores_h16 *scores_h16;
+    fp_dec_pv_h16 *pv_h16;
     int64_t group;       /* query heads per kv head */
     int64_t chunk_heads; /* query heads per unit */
     int64_t chunks;      /* units per kv head */
@@ -329,7 +336,7 @@ static void dec_scores(const dec_ctx *c, float *scratch, int64_t b, const fp_seq
     const int d = (int)p->head_dim;
     float *s = scratch + L->s;
     const ptrdiff_t shs = (ptrdiff_t)rows * L->ldk;
-    if (c->bf16 || c->f16) { /* the whole block; its V rows asked for meanwhile */
+    if (c->bf16 || c->scores_h16) { /* the whole block; its V rows asked for meanwhile */
         const uint16_t *k[BLOCK_K];
         const char *pf[BLOCK_K];
         const size_t pf_bytes = ahead_rows(c, &p->v, b, seq, j0, n, hi, kvh0, nu, pf);
@@ -339,9 +346,9 @@ static void dec_scores(const dec_ctx *c, float *scratch, int64_t b, const fp_seq
             c->uk->dec_scores_bf16(nu, rows, d, n, (const uint16_t *)q,
                                    (ptrdiff_t)rows * 2 * L->ldd, 2 * L->ldd, k, khs, s, shs, L->ldk,
                                    pf_bytes ? pf : NULL, n, pf_bytes);
-        else /* f16 rows converted as they are loaded */
-            c->uk->dec_scores_f16(nu, rows, d, n, q, (ptrdiff_t)rows * L->ldd, L->ldd, k, khs, s,
-                                  shs, L->ldk, pf_bytes ? pf : NULL, n, pf_bytes);
+        else /* 16-bit rows converted as they are loaded */
+            c->scores_h16(nu, rows, d, n, q, (ptrdiff_t)rows * L->ldd, L->ldd, k, khs, s, shs,
+                          L->ldk, pf_bytes ? pf : NULL, n, pf_bytes);
         return;
     }
     for (int x = 0; x < n; x++) {
@@ -589,7 +596,7 @@ static void dec_values(const dec_ctx *c, float *scratch, int64_t b, const fp_seq
         dec_values_gemm(c, scratch, b, seq, kvh0, nu, rows, o, j0, n, hi);
         return;
     }
-    if (c->bf16 || (c->f16 && rows <= DOT_ROWS)) {
+    if (c->bf16 || (c->pv_h16 && rows <= DOT_ROWS)) {
         /* the whole block; the next block's K rows asked for meanwhile */
         const uint16_t *v[BLOCK_K];
         const char *pf[BLOCK_K];
@@ -597,9 +604,9 @@ static void dec_values(const dec_ctx *c, float *scratch, int64_t b, const fp_seq
             j0 + BLOCK_K < hi ? ahead_rows(c, &p->k, b, seq, j0 + BLOCK_K, n, hi, kvh0, nu, pf) : 0;
         const ptrdiff_t vhs = (ptrdiff_t)p->v.stride[FP_H];
         half_rows(c, &p->v, b, seq, j0, n, kvh0, v);
-        if (c->f16) { /* f16 rows converted as they are loaded */
-            c->uk->dec_pv_f16(nu, rows, d, n, s, shs, L->ldk, v, vhs, o, ohs, L->ldd,
-                              pf_bytes ? pf : NULL, n, pf_bytes);
+        if (c->pv_h16) { /* 16-bit rows converted as they are loaded */
+            c->pv_h16(nu, rows, d, n, s, shs, L->ldk, v, vhs, o, ohs, L->ldd, pf_bytes ? pf : NULL,
+                      n, pf_bytes);
             return;
         }
         uint16_t *pb = (uint16_t *)(scratch + L->pb); /* the units' rows of P in bf16, ldk apart */
@@ -809,7 +816,15 @@ flashport_status fp_cpu_decode_forward(const fp_problem *p, const fp_ukernels *u
     c.group = p->heads / p->kv_heads;
     c.bf16 = p->dtype == FLASHPORT_BF16 && uk->gemm_bf16 && p->head_dim % 2 == 0 &&
              p->q.stride[FP_D] == 1 && p->k.stride[FP_D] == 1 && p->v.stride[FP_D] == 1;
-    c.f16 = p->dtype == FLASHPORT_F16 && p->k.stride[FP_D] == 1 && p->v.stride[FP_D] == 1;
+    if (p->k.stride[FP_D] == 1 && p->v.stride[FP_D] == 1) {
+        if (p->dtype == FLASHPORT_F16) {
+            c.scores_h16 = uk->dec_scores_f16;
+            c.pv_h16 = uk->dec_pv_f16;
+        } else if (p->dtype == FLASHPORT_BF16 && !c.bf16 && uk->dec_scores_bf16_f32) {
+            c.scores_h16 = uk->dec_scores_bf16_f32;
+            c.pv_h16 = uk->dec_pv_bf16_f32;
+        }
+    }
     /* Whole heads per unit, at most DECODE_ROWS rows, the group cut into equal chunks. */
     int64_t per = DECODE_ROWS / p->seqlen_q;
     c.chunk_heads = c.group;
@@ -844,8 +859,8 @@ flashport_status fp_cpu_decode_forward(const fp_problem *p, const fp_ukernels *u
                        (long long)c.per_task, uk->name,
                        c.bf16                      ? "bf16 dot products (vdpbf16ps), P in bf16"
                        : p->dtype == FLASHPORT_F32 ? "f32 products"
-                       : c.f16 ? "f32 products on f16 rows converted as they are loaded"
-                               : "f32 products on K/V rows converted to f32",
+                       : c.scores_h16 ? "f32 products on 16-bit rows converted as they are loaded"
+                                      : "f32 products on K/V rows converted to f32",
                        p->block_table ? ", paged K/V" : "", (int)c.plan.num_splits,
                        (long long)c.plan.keys_per_split, (long long)c.plan.num_tasks, workers);
     if (c.plan.num_tasks == 0)

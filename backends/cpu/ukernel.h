@@ -50,6 +50,17 @@
 #define FP_EXP2_C5 1.339753857e-03f
 #define FP_EXP2_C6 1.549740118e-04f
 
+/* The decode steps on 16-bit K or V rows converted to f32 as they are loaded (the _f16 and
+ * _bf16_f32 entries below). */
+typedef void fp_dec_scores_h16(int heads, int rows, int d, int keys, const float *q, ptrdiff_t qhs,
+                               ptrdiff_t ldq, const uint16_t *const *k, ptrdiff_t khs, float *s,
+                               ptrdiff_t shs, ptrdiff_t lds, const char *const *pf, int pf_rows,
+                               size_t pf_bytes);
+typedef void fp_dec_pv_h16(int heads, int rows, int d, int keys, const float *p, ptrdiff_t phs,
+                           ptrdiff_t ldp, const uint16_t *const *v, ptrdiff_t vhs, float *o,
+                           ptrdiff_t ohs, ptrdiff_t ldo, const char *const *pf, int pf_rows,
+                           size_t pf_bytes);
+
 typedef struct fp_ukernels {
     const char *name;     /* FLASHPORT_CPU_ISA spelling: "avx512bf16", "avx512", ... */
     const char *describe; /* one line for FLASHPORT_LOG: vector width, register block */
@@ -138,6 +149,8 @@ typedef struct fp_ukernels {
      *   dec_scores_f16   s[h * shs + r * lds + i] = dec_scores of key i, for i < keys; the
      *                    sums in any order.
      *   dec_pv_f16       dec_pv on the rows converted to f32, the same sums.
+     * The _bf16_f32 forms are the _f16 forms on bf16 rows (widened by a shift, exact), for tables
+     * without a bf16 dot product; NULL where a table has none (bf16 then converts rows key by key).
      * pf: NULL, or pf_rows addresses (pf[i], i < pf_rows) whose pf_bytes bytes each dec_pv and
      * the _bf16 and _f16 forms ask the caches for, in that order (a prefetch hint, never a read),
      * spread over their work: the rows the caller streams next, requested between the products
@@ -155,14 +168,10 @@ typedef struct fp_ukernels {
                         ptrdiff_t ldp, const uint16_t *const *v, ptrdiff_t vhs, float *o,
                         ptrdiff_t ohs, ptrdiff_t ldo, const char *const *pf, int pf_rows,
                         size_t pf_bytes);
-    void (*dec_scores_f16)(int heads, int rows, int d, int keys, const float *q, ptrdiff_t qhs,
-                           ptrdiff_t ldq, const uint16_t *const *k, ptrdiff_t khs, float *s,
-                           ptrdiff_t shs, ptrdiff_t lds, const char *const *pf, int pf_rows,
-                           size_t pf_bytes);
-    void (*dec_pv_f16)(int heads, int rows, int d, int keys, const float *p, ptrdiff_t phs,
-                       ptrdiff_t ldp, const uint16_t *const *v, ptrdiff_t vhs, float *o,
-                       ptrdiff_t ohs, ptrdiff_t ldo, const char *const *pf, int pf_rows,
-                       size_t pf_bytes);
+    fp_dec_scores_h16 *dec_scores_f16;
+    fp_dec_pv_h16 *dec_pv_f16;
+    fp_dec_scores_h16 *dec_scores_bf16_f32;
+    fp_dec_pv_h16 *dec_pv_bf16_f32;
 } fp_ukernels;
 
 /* The tables this build contains: which ones depends on the target architecture and the

@@ -16,10 +16,15 @@
  * time would need more than the 16 registers (measured slower). transpose32: 8 x 8 word blocks
  * by shuffles (packing Q^T and dO^T). f16 storage converts with vcvtph2ps (F16C), bf16 by
  * shifting into the high half; there is no bf16 dot product, so bf16 runs the f32 products.
+ * Decode: dec_scores_f16 and dec_scores_bf16_f32 take two keys by four rows a step (8
+ * accumulators, each query vector loaded once for both keys), folded by hsum8; dec_pv and its
+ * 16-bit forms are the generic steps of ukernel_ops.h (4 rows x 4 vectors of O; a 4 x 2 block,
+ * which does not spill on 16 registers, measured no faster).
  * Target: x86-64 with AVX2, FMA, F16C (compiled with those flags alone; isa.c checks the CPU).
  * Known differences from the reference: f32 accumulation with FMA; the polynomial exp2.
  * Numbers: docs/performance-cpu.md (measured with FLASHPORT_CPU_ISA=avx2 on the Zen 4
- * development machine, whose 256-bit FMA throughput per cycle equals its 512-bit one).
+ * development machine, whose 256-bit FMA throughput per cycle equals its 512-bit one; decode
+ * also on an AVX2-only Zen 3, docs/performance-cpu.md "AVX2 on an AMD EPYC").
  */
 #include "backends/cpu/ukernel.h"
 
@@ -76,6 +81,17 @@ static inline uk_vec uk_load_f16(const uint16_t *p)
 {
     return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)p));
 }
+/* bf16 is the high half of an f32: widen to 32 bits, shift into place. */
+static inline __m256 bf16x8(__m128i h)
+{
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+}
+static inline uk_vec uk_load_bf16(const uint16_t *p)
+{
+    return bf16x8(_mm_loadu_si128((const __m128i *)(const void *)p));
+}
+#define UK_HAS_LOAD_BF16      1
+#define UK_OWN_DEC_SCORES_F16 1
 
 static inline uk_vec uk_exp2(uk_vec x)
 {
@@ -104,6 +120,127 @@ static inline uk_vec uk_exp2(uk_vec x)
 }
 
 #include "backends/cpu/ukernel_ops.h"
+
+/* 8 elements of a 16-bit row (f16, or bf16 when bf16) from p, in f32; n < 8: the first n, zeros
+ * after them, nothing past p + n read. */
+static inline __attribute__((always_inline)) __m256 load_h16(const uint16_t *p, int n, int bf16)
+{
+    __m128i h;
+    if (n >= 8) {
+        h = _mm_loadu_si128((const __m128i *)(const void *)p);
+    } else {
+        uint16_t t[8] = {0};
+        memcpy(t, p, sizeof(uint16_t) * (size_t)n);
+        h = _mm_loadu_si128((const __m128i *)(const void *)t);
+    }
+    return bf16 ? bf16x8(h) : _mm256_cvtph_ps(h);
+}
+
+/* Lane j of the result: the sum of the lanes of a[j]. */
+static inline __m256 hsum8(const __m256 *a)
+{
+    const __m256 t0 = _mm256_hadd_ps(a[0], a[1]), t1 = _mm256_hadd_ps(a[2], a[3]);
+    const __m256 t2 = _mm256_hadd_ps(a[4], a[5]), t3 = _mm256_hadd_ps(a[6], a[7]);
+    const __m256 u0 = _mm256_hadd_ps(t0, t1), u1 = _mm256_hadd_ps(t2, t3);
+    /* 128-bit lane l of u0: a0 .. a3's sums over their lane l (u1: a4 .. a7) */
+    return _mm256_add_ps(_mm256_permute2f128_ps(u0, u1, 0x20),
+                         _mm256_permute2f128_ps(u0, u1, 0x31));
+}
+
+/* acc[2 r + i] += query row r's 8 elements from q (rows ldq apart, the first nr) times key i's;
+ * tail: the lanes of q to load (the rest 0), NULL for all. */
+static inline __attribute__((always_inline)) void scores_step(__m256 *acc, const float *q,
+                                                              ptrdiff_t ldq, int nr, __m256 kv0,
+                                                              __m256 kv1, const __m256i *tail)
+{
+#pragma GCC unroll 4
+    for (int r = 0; r < 4; r++)
+        if (r < nr) {
+            __m256 qv =
+                tail ? _mm256_maskload_ps(q + r * ldq, *tail) : _mm256_loadu_ps(q + r * ldq);
+            /* In a register for both products: GCC would fold the load into each FMA, two loads
+             * of q where one will do, and the loads, not the FMAs, would bound the step. */
+            __asm__("" : "+x"(qv));
+            acc[2 * r] = _mm256_fmadd_ps(qv, kv0, acc[2 * r]);
+            acc[2 * r + 1] = _mm256_fmadd_ps(qv, kv1, acc[2 * r + 1]);
+        }
+}
+
+/* Lanes 2 r and 2 r + 1 of t (row r's scores of two keys) to s + r * lds, for the first nr rows
+ * and nk keys. */
+static inline void store_pairs(__m256 t, float *s, ptrdiff_t lds, int nr, int nk)
+{
+    const __m128 lo = _mm256_castps256_ps128(t), hi = _mm256_extractf128_ps(t, 1);
+    if (nk == 2 && nr == 4) {
+        _mm_storel_pi((__m64 *)(void *)s, lo);
+        _mm_storeh_pi((__m64 *)(void *)(s + lds), lo);
+        _mm_storel_pi((__m64 *)(void *)(s + 2 * lds), hi);
+        _mm_storeh_pi((__m64 *)(void *)(s + 3 * lds), hi);
+        return;
+    }
+    float u[8];
+    _mm256_storeu_ps(u, t);
+    for (int r = 0; r < nr; r++)
+        for (int i = 0; i < nk; i++)
+            s[r * lds + i] = u[2 * r + i];
+}
+
+/* dec_scores_f16 / _bf16_f32 (ukernel.h): two keys by four rows a step, 8 accumulators (the
+ * query row loaded once for both keys), each 16-bit row converted as it is loaded (vcvtph2ps, or
+ * a shift for bf16), folded by hsum8 into one vector of the step's 8 scores; the tail of d is
+ * masked (zeros, nothing past d read). A step's kv heads one after the other, so the rows are read
+ * as the cache holds them; the pf rows asked for a few lines a kv head. */
+static inline __attribute__((always_inline)) void
+avx2_dec_scores_h16(int heads, int rows, int d, int keys, const float *q, ptrdiff_t qhs,
+                    ptrdiff_t ldq, const uint16_t *const *k, int bf16, ptrdiff_t khs, float *s,
+                    ptrdiff_t shs, ptrdiff_t lds, const char *const *pf, int pf_rows,
+                    size_t pf_bytes)
+{
+    pf_cursor pc = pf_start(pf, pf_rows, pf_bytes, (keys + 1) / 2 * heads);
+    const int dv = d - d % 8;
+    const __m256i tail =
+        _mm256_cmpgt_epi32(_mm256_set1_epi32(d - dv), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+    for (int i0 = 0; i0 < keys; i0 += 2) {
+        const int nk = keys - i0 < 2 ? keys - i0 : 2;
+        const uint16_t *k0 = k[i0], *k1 = k[i0 + nk - 1];
+        for (int h = 0; h < heads; h++) {
+            pf_step(&pc);
+            const uint16_t *kh0 = k0 + h * khs, *kh1 = k1 + h * khs;
+            for (int r0 = 0; r0 < rows; r0 += 4) {
+                const int nr = rows - r0 < 4 ? rows - r0 : 4;
+                const float *qh = q + h * qhs + r0 * ldq;
+                __m256 acc[8];
+                for (int i = 0; i < 8; i++)
+                    acc[i] = _mm256_setzero_ps();
+                for (int e = 0; e < dv; e += 8)
+                    scores_step(acc, qh + e, ldq, nr, load_h16(kh0 + e, 8, bf16),
+                                load_h16(kh1 + e, 8, bf16), NULL);
+                if (dv < d)
+                    scores_step(acc, qh + dv, ldq, nr, load_h16(kh0 + dv, d - dv, bf16),
+                                load_h16(kh1 + dv, d - dv, bf16), &tail);
+                store_pairs(hsum8(acc), s + h * shs + r0 * lds + i0, lds, nr, nk);
+            }
+        }
+    }
+}
+
+static void avx2_dec_scores_f16(int heads, int rows, int d, int keys, const float *q, ptrdiff_t qhs,
+                                ptrdiff_t ldq, const uint16_t *const *k, ptrdiff_t khs, float *s,
+                                ptrdiff_t shs, ptrdiff_t lds, const char *const *pf, int pf_rows,
+                                size_t pf_bytes)
+{
+    avx2_dec_scores_h16(heads, rows, d, keys, q, qhs, ldq, k, 0, khs, s, shs, lds, pf, pf_rows,
+                        pf_bytes);
+}
+
+static void avx2_dec_scores_bf16_f32(int heads, int rows, int d, int keys, const float *q,
+                                     ptrdiff_t qhs, ptrdiff_t ldq, const uint16_t *const *k,
+                                     ptrdiff_t khs, float *s, ptrdiff_t shs, ptrdiff_t lds,
+                                     const char *const *pf, int pf_rows, size_t pf_bytes)
+{
+    avx2_dec_scores_h16(heads, rows, d, keys, q, qhs, ldq, k, 1, khs, s, shs, lds, pf, pf_rows,
+                        pf_bytes);
+}
 
 /* transpose32 by 8 x 8 blocks of words: 8 row loads, the usual three shuffle stages (32-bit,
  * 64-bit and 128-bit interleaves), 8 column stores. Edge blocks (fewer than 8 rows or columns
@@ -140,11 +277,6 @@ static void avx2_transpose32(int rows, int cols, const void *src, ptrdiff_t lds,
         uk_transpose32_generic(rows8, cols - cols8, s + 4 * cols8, lds, dst + cols8 * ldd, ldd);
     if (rows8 < rows)
         uk_transpose32_generic(rows - rows8, cols, s + rows8 * lds, lds, dst + rows8, ldd);
-}
-
-static inline __m256 bf16x8(__m128i h)
-{
-    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
 }
 
 static void cvt_f16(int n, const uint16_t *src, float *dst)
@@ -200,6 +332,8 @@ const fp_ukernels fp_ukernels_avx2 = {
     uk_dec_pv,
     NULL,
     NULL,
-    uk_dec_scores_f16,
+    avx2_dec_scores_f16,
     uk_dec_pv_f16,
+    avx2_dec_scores_bf16_f32,
+    uk_dec_pv_bf16_f32,
 };

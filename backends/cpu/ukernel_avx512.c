@@ -40,4 +40,6 @@ const fp_ukernels fp_ukernels_avx512 = {
     NULL,
     avx512_dec_scores_f16,
     uk_dec_pv_f16,
+    NULL,
+    NULL,
 };

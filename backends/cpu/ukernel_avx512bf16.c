@@ -265,4 +265,6 @@ const fp_ukernels fp_ukernels_avx512bf16 = {
     uk_dec_pv_bf16,
     avx512_dec_scores_f16,
     uk_dec_pv_f16,
+    NULL,
+    NULL,
 };

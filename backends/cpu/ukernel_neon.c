@@ -126,4 +126,6 @@ const fp_ukernels fp_ukernels_neon = {
     NULL,
     uk_dec_scores_f16,
     uk_dec_pv_f16,
+    NULL,
+    NULL,
 };

@@ -11,6 +11,9 @@
  *   uk_exp2(x)          2^x as the contract says (0 below -126, -inf included)
  *   uk_hsum(x)          the sum of x's lanes
  *   uk_load_f16(p)      UK_LANES f16 values from p, converted to f32 (exact)
+ * and may define
+ *   uk_load_bf16(p)     the same for bf16, with UK_HAS_LOAD_BF16: the table then has the
+ *                       generic _bf16_f32 decode steps
  * Column-wise: a tile holds keys down its rows and query rows across
  * its columns, so a query's softmax statistics are lane-wise reductions down a column, with no
  * horizontal shuffles.
@@ -143,29 +146,46 @@ static inline __attribute__((always_inline)) void pf_step(pf_cursor *c)
     }
 }
 
-/* Element e of a row of f32 (half = 0) or f16 values (half = 1). */
-static inline float uk_elem(const void *row, int half, int e)
+/* The storage of the K or V rows a decode step reads. */
+enum { UK_ROW_F32, UK_ROW_F16, UK_ROW_BF16 };
+
+static inline size_t uk_row_es(int kind)
 {
-    return half ? fp_f16_to_f32(((const uint16_t *)row)[e]) : ((const float *)row)[e];
+    return kind == UK_ROW_F32 ? sizeof(float) : sizeof(uint16_t);
+}
+
+/* Element e of a row of that kind, in f32. */
+static inline float uk_elem(const void *row, int kind, int e)
+{
+    if (kind == UK_ROW_F16)
+        return fp_f16_to_f32(((const uint16_t *)row)[e]);
+    if (kind == UK_ROW_BF16)
+        return fp_bf16_to_f32(((const uint16_t *)row)[e]);
+    return ((const float *)row)[e];
 }
 
 /* UK_LANES elements of such a row from element e, in f32. */
-static inline __attribute__((always_inline)) uk_vec uk_load_row(const void *row, int half, int e)
+static inline __attribute__((always_inline)) uk_vec uk_load_row(const void *row, int kind, int e)
 {
-    return half ? uk_load_f16((const uint16_t *)row + e) : uk_load((const float *)row + e);
+#ifdef UK_HAS_LOAD_BF16
+    if (kind == UK_ROW_BF16)
+        return uk_load_bf16((const uint16_t *)row + e);
+#endif
+    return kind == UK_ROW_F16 ? uk_load_f16((const uint16_t *)row + e)
+                              : uk_load((const float *)row + e);
 }
 
-/* One key of dec_scores (ukernel.h) on f32 or f16 (half) K: per kv head, rows in fours sharing
- * each load of the key's row (f16 converted as it is loaded), one accumulator a row, summed
- * across its lanes at the end; the tail of d past the last whole vector is scalar. pc: the
+/* One key of dec_scores (ukernel.h) on K rows of any kind: per kv head, rows in fours sharing
+ * each load of the key's row (16-bit rows converted as they are loaded), one accumulator a row,
+ * summed across its lanes at the end; the tail of d past the last whole vector is scalar. pc: the
  * call's prefetch schedule, a step a kv head (NULL: none). */
 static inline __attribute__((always_inline)) void
 uk_dec_scores_key(int heads, int rows, int d, const float *q, ptrdiff_t qhs, ptrdiff_t ldq,
-                  const void *k, int half, ptrdiff_t khs, float *s, ptrdiff_t shs, ptrdiff_t lds,
+                  const void *k, int kind, ptrdiff_t khs, float *s, ptrdiff_t shs, ptrdiff_t lds,
                   pf_cursor *pc)
 {
     const int dv = d - d % UK_LANES;
-    const size_t es = half ? sizeof(uint16_t) : sizeof(float);
+    const size_t es = uk_row_es(kind);
     for (int h = 0; h < heads; h++) {
         if (pc)
             pf_step(pc);
@@ -176,7 +196,7 @@ uk_dec_scores_key(int heads, int rows, int d, const float *q, ptrdiff_t qhs, ptr
             const int nr = rows - r0 < 4 ? rows - r0 : 4;
             uk_vec acc[4] = {uk_zero(), uk_zero(), uk_zero(), uk_zero()};
             for (int e = 0; e < dv; e += UK_LANES) {
-                const uk_vec kv = uk_load_row(kh, half, e);
+                const uk_vec kv = uk_load_row(kh, kind, e);
 #pragma GCC unroll 4
                 for (int r = 0; r < 4; r++)
                     if (r < nr)
@@ -185,7 +205,7 @@ uk_dec_scores_key(int heads, int rows, int d, const float *q, ptrdiff_t qhs, ptr
             for (int r = 0; r < nr; r++) {
                 float t = uk_hsum(acc[r]);
                 for (int e = dv; e < d; e++)
-                    t += qh[(r0 + r) * ldq + e] * uk_elem(kh, half, e);
+                    t += qh[(r0 + r) * ldq + e] * uk_elem(kh, kind, e);
                 sh[(r0 + r) * lds] = t;
             }
         }
@@ -195,35 +215,54 @@ uk_dec_scores_key(int heads, int rows, int d, const float *q, ptrdiff_t qhs, ptr
 static void uk_dec_scores(int heads, int rows, int d, const float *q, ptrdiff_t qhs, ptrdiff_t ldq,
                           const float *k, ptrdiff_t khs, float *s, ptrdiff_t shs, ptrdiff_t lds)
 {
-    uk_dec_scores_key(heads, rows, d, q, qhs, ldq, k, 0, khs, s, shs, lds, NULL);
+    uk_dec_scores_key(heads, rows, d, q, qhs, ldq, k, UK_ROW_F32, khs, s, shs, lds, NULL);
+}
+
+/* dec_scores_f16 / _bf16_f32 (ukernel.h): dec_scores key by key over the block, the 16-bit
+ * rows converted as they are loaded, the pf rows asked for a few lines a kv head. */
+static inline __attribute__((always_inline)) void
+uk_dec_scores_h16(int heads, int rows, int d, int keys, const float *q, ptrdiff_t qhs,
+                  ptrdiff_t ldq, const uint16_t *const *k, int kind, ptrdiff_t khs, float *s,
+                  ptrdiff_t shs, ptrdiff_t lds, const char *const *pf, int pf_rows, size_t pf_bytes)
+{
+    pf_cursor pc = pf_start(pf, pf_rows, pf_bytes, keys * heads);
+    for (int i = 0; i < keys; i++)
+        uk_dec_scores_key(heads, rows, d, q, qhs, ldq, k[i], kind, khs, s + i, shs, lds, &pc);
 }
 
 #ifndef UK_OWN_DEC_SCORES_F16 /* an ISA file may have its own */
-/* dec_scores_f16 (ukernel.h): dec_scores key by key over the block, the f16 rows converted as
- * they are loaded, the pf rows asked for a few lines a kv head. */
 static void uk_dec_scores_f16(int heads, int rows, int d, int keys, const float *q, ptrdiff_t qhs,
                               ptrdiff_t ldq, const uint16_t *const *k, ptrdiff_t khs, float *s,
                               ptrdiff_t shs, ptrdiff_t lds, const char *const *pf, int pf_rows,
                               size_t pf_bytes)
 {
-    pf_cursor pc = pf_start(pf, pf_rows, pf_bytes, keys * heads);
-    for (int i = 0; i < keys; i++)
-        uk_dec_scores_key(heads, rows, d, q, qhs, ldq, k[i], 1, khs, s + i, shs, lds, &pc);
+    uk_dec_scores_h16(heads, rows, d, keys, q, qhs, ldq, k, UK_ROW_F16, khs, s, shs, lds, pf,
+                      pf_rows, pf_bytes);
+}
+#if defined(UK_HAS_LOAD_BF16)
+static void uk_dec_scores_bf16_f32(int heads, int rows, int d, int keys, const float *q,
+                                   ptrdiff_t qhs, ptrdiff_t ldq, const uint16_t *const *k,
+                                   ptrdiff_t khs, float *s, ptrdiff_t shs, ptrdiff_t lds,
+                                   const char *const *pf, int pf_rows, size_t pf_bytes)
+{
+    uk_dec_scores_h16(heads, rows, d, keys, q, qhs, ldq, k, UK_ROW_BF16, khs, s, shs, lds, pf,
+                      pf_rows, pf_bytes);
 }
 #endif
+#endif
 
-/* dec_pv (ukernel.h) on f32 or f16 (half) V rows: per kv head, four rows by UK_PV_VECS vectors
- * of o's columns held in registers across all the keys, each key's vectors loaded once for the
- * four rows (f16 converted as they are loaded); the tail of d past the last whole vector is
+/* dec_pv (ukernel.h) on V rows of any kind: per kv head, four rows by UK_PV_VECS vectors of o's
+ * columns held in registers across all the keys, each key's vectors loaded once for the four rows
+ * (16-bit rows converted as they are loaded); the tail of d past the last whole vector is
  * scalar. The same order of sums as one key at a time. */
 enum { UK_PV_VECS = 4 };
 
 static inline __attribute__((always_inline)) void
 uk_dec_pv_rows(int heads, int rows, int d, int keys, const float *p, ptrdiff_t phs, ptrdiff_t ldp,
-               const void *const *v, int half, ptrdiff_t vhs, float *o, ptrdiff_t ohs,
+               const void *const *v, int kind, ptrdiff_t vhs, float *o, ptrdiff_t ohs,
                ptrdiff_t ldo, const char *const *pf, int pf_rows, size_t pf_bytes)
 {
-    const size_t es = half ? sizeof(uint16_t) : sizeof(float);
+    const size_t es = uk_row_es(kind);
     const int dv = d - d % UK_LANES, chunk = UK_PV_VECS * UK_LANES;
     pf_cursor pc = pf_start(pf, pf_rows, pf_bytes,
                             heads * ((rows + 3) / 4) * ((dv + chunk - 1) / chunk) * keys);
@@ -247,7 +286,7 @@ uk_dec_pv_rows(int heads, int rows, int d, int keys, const float *p, ptrdiff_t p
                     uk_vec vv[UK_PV_VECS];
 #pragma GCC unroll 4
                     for (int g = 0; g < UK_PV_VECS; g++)
-                        vv[g] = g < nv ? uk_load_row(vi, half, e + g * UK_LANES) : uk_zero();
+                        vv[g] = g < nv ? uk_load_row(vi, kind, e + g * UK_LANES) : uk_zero();
 #pragma GCC unroll 4
                     for (int r = 0; r < 4; r++)
                         if (r < nr) {
@@ -269,7 +308,7 @@ uk_dec_pv_rows(int heads, int rows, int d, int keys, const float *p, ptrdiff_t p
                     float acc = oh[r * ldo + e];
                     for (int i = 0; i < keys; i++)
                         acc += ph[r * ldp + i] *
-                               uk_elem((const char *)v[i] + (size_t)(h * vhs) * es, half, e);
+                               uk_elem((const char *)v[i] + (size_t)(h * vhs) * es, kind, e);
                     oh[r * ldo + e] = acc;
                 }
         }
@@ -279,8 +318,8 @@ static void uk_dec_pv(int heads, int rows, int d, int keys, const float *p, ptrd
                       ptrdiff_t ldp, const float *const *v, ptrdiff_t vhs, float *o, ptrdiff_t ohs,
                       ptrdiff_t ldo, const char *const *pf, int pf_rows, size_t pf_bytes)
 {
-    uk_dec_pv_rows(heads, rows, d, keys, p, phs, ldp, (const void *const *)v, 0, vhs, o, ohs, ldo,
-                   pf, pf_rows, pf_bytes);
+    uk_dec_pv_rows(heads, rows, d, keys, p, phs, ldp, (const void *const *)v, UK_ROW_F32, vhs, o,
+                   ohs, ldo, pf, pf_rows, pf_bytes);
 }
 
 static void uk_dec_pv_f16(int heads, int rows, int d, int keys, const float *p, ptrdiff_t phs,
@@ -288,6 +327,17 @@ static void uk_dec_pv_f16(int heads, int rows, int d, int keys, const float *p, 
                           ptrdiff_t ohs, ptrdiff_t ldo, const char *const *pf, int pf_rows,
                           size_t pf_bytes)
 {
-    uk_dec_pv_rows(heads, rows, d, keys, p, phs, ldp, (const void *const *)v, 1, vhs, o, ohs, ldo,
-                   pf, pf_rows, pf_bytes);
+    uk_dec_pv_rows(heads, rows, d, keys, p, phs, ldp, (const void *const *)v, UK_ROW_F16, vhs, o,
+                   ohs, ldo, pf, pf_rows, pf_bytes);
 }
+
+#if defined(UK_HAS_LOAD_BF16)
+static void uk_dec_pv_bf16_f32(int heads, int rows, int d, int keys, const float *p, ptrdiff_t phs,
+                               ptrdiff_t ldp, const uint16_t *const *v, ptrdiff_t vhs, float *o,
+                               ptrdiff_t ohs, ptrdiff_t ldo, const char *const *pf, int pf_rows,
+                               size_t pf_bytes)
+{
+    uk_dec_pv_rows(heads, rows, d, keys, p, phs, ldp, (const void *const *)v, UK_ROW_BF16, vhs, o,
+                   ohs, ldo, pf, pf_rows, pf_bytes);
+}
+#endif

@@ -76,6 +76,15 @@ static inline uk_vec uk_load_f16(const uint16_t *p)
     return r;
 }
 
+static inline uk_vec uk_load_bf16(const uint16_t *p)
+{
+    uk_vec r;
+    for (int i = 0; i < UK_LANES; i++)
+        r[i] = fp_bf16_to_f32(p[i]);
+    return r;
+}
+#define UK_HAS_LOAD_BF16 1
+
 /* 2^x per the contract: 0 below -126 (and for -inf), NaN stays NaN. */
 static inline float exp2_lane(float x)
 {
@@ -140,4 +149,6 @@ const fp_ukernels fp_ukernels_scalar = {
     NULL,
     uk_dec_scores_f16,
     uk_dec_pv_f16,
+    uk_dec_scores_bf16_f32,
+    uk_dec_pv_bf16_f32,
 };

@@ -88,6 +88,7 @@ def cases_for(label, make, sync, torch_ops):
         import flashport.torch as ft
 
         qg, kg, vg = (x.clone().requires_grad_() for x in (q, k, v))
+        op_args = (None, None, None, 0.0, -1, 0, True, 0.0, 0, 0, False)
 
         def fwd_bwd():
             ft.attention(qg, kg, vg, causal=True).backward(do)
@@ -102,8 +103,11 @@ def cases_for(label, make, sync, torch_ops):
              lambda: ft.flash_attn_func(qg, kg, vg, causal=True)),
             ("flashport.torch.attention + .backward()", "fwd+bwd", fwd_bwd),
             ("torch.ops.flashport.attention_forward (the op)", "fwd",
-             lambda: torch_ops.attention_forward(q, k, v, None, None, None, 0.0, -1, 0, True, 0.0,
-                                                 0, 0, False)),
+             lambda: torch_ops.attention_forward(q, k, v, *op_args)),
+            ("the op, q, k, v require grad", "fwd",
+             lambda: torch_ops.attention_forward(qg, kg, vg, *op_args)),
+            ("torch.ops.flashport.attention_backward (the op)", "bwd",
+             lambda: torch_ops.attention_backward(do, q, k, v, o, lse, *op_args)),
         ]
         cases += [(f"floor: {name}", None, fn) for name, fn in torch_floors(q, qg, kg, vg, do)]
     return [(f"{label}: {name}", base, fn, sync) for name, base, fn in cases]

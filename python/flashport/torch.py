@@ -7,7 +7,9 @@
 Two ops in the ``flashport`` namespace, ``torch.ops.flashport.attention_forward`` (returns o and
 lse) and ``torch.ops.flashport.attention_backward``; the forward has an autograd formula that
 calls the backward op, and both have fake (meta) implementations, so torch.compile traces them
-without running them. They run on the tensors' device, on torch's current stream.
+without running them. They run on the tensors' device, on torch's current stream. Their
+autograd kernels run the implementation themselves when nothing lies between them and it in
+torch's dispatch (plain CPU or CUDA tensors), instead of redispatching from Python.
 ``attention`` calls the op under torch.compile, tracing, dispatch / function modes and functorch
 transforms; a plain eager call runs the op's own implementation without torch's dispatch of a
 Python op (which costs more than the attention of a small problem), through an
@@ -67,70 +69,117 @@ def _backward_impl(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, o: Tensor, lse
                         _fe.fp8.get(q.dtype, 0))
 
 
-_forward = torch.library.custom_op("flashport::attention_forward", _forward_impl,
-                                   mutates_args=())
-_backward = torch.library.custom_op("flashport::attention_backward", _backward_impl,
-                                    mutates_args=())
+# The two ops, defined and registered through torch.library's low-level API rather than
+# torch.library.custom_op: custom_op's own autograd kernel always redispatches from Python, so a
+# dispatched call crosses from the dispatcher into Python twice (autograd, then the backend
+# kernel), each time converting all 14 arguments. Here the autograd kernel calls the backend
+# implementation itself whenever the dispatcher's next kernel would be exactly that (a CPU or
+# CUDA tensor, nothing in between: no mode, subclass, fake tensor or functionalization), and
+# redispatches otherwise, so whatever watches or transforms ops still sees the op.
+_lib = torch.library.Library("flashport", "DEF")
+_OPTIONAL_INPUTS = "Tensor? alibi_slopes, Tensor? cu_seqlens_q, Tensor? cu_seqlens_k"
+_PARAMS = ("float scale, SymInt window_left, SymInt window_right, bool causal, float softcap, "
+           "SymInt max_seqlen_q, SymInt max_seqlen_k, bool deterministic")
+_lib.define(f"attention_forward(Tensor q, Tensor k, Tensor v, {_OPTIONAL_INPUTS}, {_PARAMS}) "
+            "-> (Tensor, Tensor)", tags=(torch.Tag.pt2_compliant_tag,))
+_lib.define(f"attention_backward(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor o, "
+            f"Tensor lse, {_OPTIONAL_INPUTS}, {_PARAMS}) -> (Tensor, Tensor, Tensor)",
+            tags=(torch.Tag.pt2_compliant_tag,))
+_forward = torch.ops.flashport.attention_forward.default
+_backward = torch.ops.flashport.attention_backward.default
+_lib.impl("attention_forward", _forward_impl, "CompositeExplicitAutograd")
+_lib.impl("attention_backward", _backward_impl, "CompositeExplicitAutograd")
+
+_after_autograd = torch._C._after_autograd_keyset
+_after_inplace_or_view = torch._C._after_ADInplaceOrView_keyset
+_OWN_KERNEL_KEYS = (torch._C.DispatchKey.CPU, torch._C.DispatchKey.CUDA)
+_below_autograd = torch._C._AutoDispatchBelowAutograd
+_any_requires_grad = torch._C._any_requires_grad
+_grad_enabled = torch.is_grad_enabled
 
 
-@_forward.register_fake
+def _goes_to_impl(keyset) -> bool:
+    """Whether the dispatcher's next kernel after autograd is the op's own implementation."""
+    return (keyset & _after_inplace_or_view).highestPriorityTypeId() in _OWN_KERNEL_KEYS
+
+
+def _redispatch(op, keyset, args):
+    with _below_autograd():
+        return op.redispatch(keyset & _after_autograd, *args)
+
+
+@torch.library.register_fake("flashport::attention_forward", lib=_lib)
 def _forward_fake(q, k, v, alibi_slopes, cu_seqlens_q, cu_seqlens_k, *args):
     lse_shape = _lse_shape(q, cu_seqlens_q is not None) or (0,)
     o_dtype = torch.bfloat16 if q.dtype in _fe.fp8 else q.dtype
     return (torch.empty_like(q, dtype=o_dtype), q.new_empty(lse_shape, dtype=torch.float32))
 
 
-@_backward.register_fake
+@torch.library.register_fake("flashport::attention_backward", lib=_lib)
 def _backward_fake(dout, q, k, v, o, lse, *args):
     return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
 
 
-def _save(ctx, q, k, v, alibi, cu_q, cu_k, params, o, lse):
-    ctx.save_for_backward(q, k, v, o, lse, alibi, cu_q, cu_k)
-    ctx.params = params
-    ctx.mark_non_differentiable(lse)
-    # The backward never reads lse's gradient: not having torch fill one with zeros each time.
-    ctx.set_materialize_grads(False)
-
-
-def _input_grads(ctx, dout, backward):
-    q, k, v, o, lse, alibi, cu_q, cu_k = ctx.saved_tensors
-    # A gradient arriving as a broadcast (o.sum().backward() gives stride 0 everywhere) or
-    # otherwise without a unit last stride, which GPU backends need, becomes a dense copy.
-    if dout.stride(-1) != 1:
-        dout = dout.contiguous()
-    return backward(dout, q, k, v, o, lse, alibi, cu_q, cu_k, *ctx.params)
-
-
-def _setup_context(ctx, inputs, output):
-    q, k, v, alibi, cu_q, cu_k = inputs[:6]
-    _save(ctx, q, k, v, alibi, cu_q, cu_k, inputs[6:], *output)
-
-
-def _autograd_backward(ctx, dout, dlse):
-    return _input_grads(ctx, dout, _backward) + (None,) * 11
-
-
-_forward.register_autograd(_autograd_backward, setup_context=_setup_context)
-
-
 class _Attention(torch.autograd.Function):
-    """The op's autograd formula for eager calls that may skip the dispatcher (attention): the same
-    forward, saved tensors and backward, without the custom op's Python dispatch."""
+    """The forward's autograd formula: the op's autograd kernel, and attention()'s eager calls
+    with a gradient (keyset None: plain tensors, the implementation called directly)."""
 
     @staticmethod
-    def forward(ctx, q, k, v, alibi, cu_q, cu_k, params):
-        o, lse = _forward_impl(q, k, v, alibi, cu_q, cu_k, *params)
-        _save(ctx, q, k, v, alibi, cu_q, cu_k, params, o, lse)
+    def forward(ctx, keyset, q, k, v, alibi, cu_q, cu_k, params):
+        ctx.direct = keyset is None or _goes_to_impl(keyset)
+        if ctx.direct:
+            o, lse = _forward_impl(q, k, v, alibi, cu_q, cu_k, *params)
+        else:
+            o, lse = _redispatch(_forward, keyset, (q, k, v, alibi, cu_q, cu_k, *params))
+        ctx.save_for_backward(q, k, v, o, lse, alibi, cu_q, cu_k)
+        ctx.params = params
+        ctx.mark_non_differentiable(lse)
+        # The backward never reads lse's gradient: not having torch fill one with zeros each time.
+        ctx.set_materialize_grads(False)
         return o, lse
 
     @staticmethod
     def backward(ctx, dout, dlse):
-        # With create_graph (grad mode on here) through the backward op, which has no autograd
-        # formula: a gradient of these gradients raises, as it does through the custom op,
-        # instead of being taken as zero.
-        backward = _backward if torch.is_grad_enabled() else _backward_impl
-        return _input_grads(ctx, dout, backward) + (None,) * 4
+        q, k, v, o, lse, alibi, cu_q, cu_k = ctx.saved_tensors
+        # A gradient arriving as a broadcast (o.sum().backward() gives stride 0 everywhere) or
+        # otherwise without a unit last stride, which GPU backends need, becomes a dense copy.
+        if dout.stride(-1) != 1:
+            dout = dout.contiguous()
+        # Through the backward op where the forward went through the dispatcher (so a mode or a
+        # trace sees it), and with create_graph (grad mode on here), where the op's autograd
+        # kernel refuses a gradient of these gradients instead of taking it as zero.
+        backward = _backward_impl if ctx.direct and not _grad_enabled() else _backward
+        return (None,) + backward(dout, q, k, v, o, lse, alibi, cu_q, cu_k, *ctx.params) + \
+            (None,) * 4
+
+
+class _NoDerivative(torch.autograd.Function):
+    """The backward op's autograd formula: none, so a gradient through it raises."""
+
+    @staticmethod
+    def forward(ctx, keyset, *args):
+        return _redispatch(_backward, keyset, args)
+
+    @staticmethod
+    def backward(ctx, *grads):
+        raise RuntimeError("flashport.attention_backward has no derivative: gradients of "
+                           "flashport's gradients (create_graph) are not supported")
+
+
+def _forward_autograd(keyset, *args):
+    if _grad_enabled() and _any_requires_grad(*args[:4]):
+        return _Attention.apply(keyset, *args[:6], args[6:])
+    return _forward_impl(*args) if _goes_to_impl(keyset) else _redispatch(_forward, keyset, args)
+
+
+def _backward_autograd(keyset, *args):
+    if _grad_enabled() and _any_requires_grad(*args[:7]):
+        return _NoDerivative.apply(keyset, *args)
+    return _backward_impl(*args) if _goes_to_impl(keyset) else _redispatch(_backward, keyset, args)
+
+
+_lib.impl("attention_forward", _forward_autograd, "Autograd", with_keyset=True)
+_lib.impl("attention_backward", _backward_autograd, "Autograd", with_keyset=True)
 
 
 _dispatch_modes = torch._C._len_torch_dispatch_stack
@@ -138,7 +187,6 @@ _function_modes = torch._C._is_torch_function_mode_enabled
 _transforms = torch._C._are_functorch_transforms_active
 _tracing = torch._C._get_tracing_state
 _is_compiling = torch.compiler.is_compiling
-_grad_enabled = torch.is_grad_enabled
 
 
 def _max_len(cu, given):
@@ -178,7 +226,8 @@ def attention(q, k, v, *, causal=False, window=(-1, -1), softcap=0.0, alibi_slop
         o, lse = _forward(q, k, v, alibi_slopes, cu_seqlens_q, cu_seqlens_k, *params)
     elif _grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad or
                               (alibi_slopes is not None and alibi_slopes.requires_grad)):
-        o, lse = _Attention.apply(q, k, v, alibi_slopes, cu_seqlens_q, cu_seqlens_k, params)
+        o, lse = _Attention.apply(None, q, k, v, alibi_slopes, cu_seqlens_q, cu_seqlens_k,
+                                  params)
     else:
         o, lse = _forward_impl(q, k, v, alibi_slopes, cu_seqlens_q, cu_seqlens_k, *params)
     return (o, lse) if return_lse else o

@@ -2,10 +2,14 @@
  * Flash attention forward, sm90 path (Hopper, sm_90a): TMA + wgmma + warp specialization.
  *
  * Algorithm (the FlashAttention-3 forward's structure, written from the paper and the PTX ISA):
- * one thread block of three warpgroups per (query block of 128 rows, head, batch [, KV split]).
+ * thread blocks of three warpgroups; each runs one or more tiles (query block of 128 rows, head,
+ * batch [, KV split]): one tile per block, or, where every tile costs the same and they
+ * outnumber the SMs, a persistent grid of one block per SM walking the tiles (fp_sm90_fwd_grid),
+ * whose next tile's loads overlap its current tile's last products and store.
  *   producer (warpgroup 0; setmaxnreg gives its registers to the consumers): thread 0 issues
- *     the TMA loads of the Q tile once, then the K and V tiles of each key block into a ring of
- *     ST shared-memory stages. Each stage has a "full" mbarrier (the TMA bytes landed) and an
+ *     the TMA loads of each tile's Q tile (once the consumers are done with the last one) and
+ *     the K and V tiles of its key blocks into a ring of ST shared-memory stages that runs on
+ *     from tile to tile. Each stage has a "full" mbarrier (the TMA bytes landed) and an
  *     "empty" one (its readers are done with it) for K and for V. Warps 1 .. 3, the V
  *     preparers, take each V stage between its arrival and P V: the masked-key guard's scrub in
  *     edge blocks (f16 / bf16), the V^T transpose (fp8); the consumers wait on their "ready"
@@ -88,6 +92,7 @@ extern "C" flashport_status fp_cuda_sm90_forward(const fp_cuda_ctx *ctx, const f
 #include "core/plan.h"
 #include "core/problem.h"
 
+#include <limits.h>
 #include <math.h>
 #include <stdlib.h>
 
@@ -105,16 +110,23 @@ template <int DK_, int BN_, int ST_, bool LAZY_> struct fp_sm90_cfg {
     static constexpr bool LAZY = LAZY_;
     static_assert(DK % 64 == 0 && BN % 16 == 0 && BN <= 256, "tile shape");
     static constexpr int VT_PANELS = (BN + 127) / 128; /* fp8: 128-key panels of V^T */
-    /* Shared memory for inputs of eb bytes: Q, ST K stages, ST V stages (fp8: and ST V^T
-     * stages of DK rows x 128 bytes), the mbarriers, and 1024 bytes of slack to align the tiles
-     * to the swizzle atom */
-    static constexpr size_t smem(int eb)
+    /* Q tiles for inputs of eb bytes: one, or in the persistent kernel two where they fit beside
+     * the stages (the producer loads a block's next tile's Q while the consumers work on its
+     * current one) */
+    __host__ __device__ static constexpr int q_tiles(int eb, bool persist)
     {
-        return (size_t)(FP_SM90_BM + 2 * ST * BN) * DK * eb +
-               (eb == 1 ? (size_t)ST * VT_PANELS * DK * 128 + (1 + 6 * ST) * 8 : (1 + 5 * ST) * 8) +
+        return persist && DK * eb <= 256 ? 2 : 1;
+    }
+    /* Shared memory for inputs of eb bytes: the Q tiles, ST K stages, ST V stages (fp8: and ST
+     * V^T stages of DK rows x 128 bytes), the mbarriers (fp_sm90f_bars), and 1024 bytes of
+     * slack to align the tiles to the swizzle atom */
+    static constexpr size_t smem(int eb, bool persist)
+    {
+        return (size_t)(q_tiles(eb, persist) * FP_SM90_BM + 2 * ST * BN) * DK * eb +
+               (eb == 1 ? (size_t)ST * VT_PANELS * DK * 128 + (4 + 6 * ST) * 8 : (4 + 5 * ST) * 8) +
                1024;
     }
-    static constexpr size_t SMEM = smem(2);
+    static constexpr size_t SMEM = smem(2, false);
 };
 
 /* The configurations, by the kernel's head dim. The rest of each choice was timed against
@@ -139,6 +151,8 @@ typedef struct fp_sm90_fwd_params {
     CUtensorMap tq, tk, tv; /* 4-d maps (D, tokens, heads, batch); boxes of 128 bytes x rows */
     fp_sm80_args a;         /* fp8: scale and scale_log2 carry descale_q descale_k */
     float descale_v;        /* fp8: O's factor; 1 otherwise */
+    int q_blocks;           /* query blocks per (batch, head, split) */
+    int tiles;              /* q_blocks x heads x batch x splits: the kernel's work items */
 } fp_sm90_fwd_params;
 
 /* The fp8 kernel's V^T, made in shared memory by the producer warpgroup's V preparers (ptid):
@@ -319,7 +333,8 @@ template <typename TI, typename CFG> struct fp_sm90f_dims {
     static constexpr int PCOLS = 128 / EB;           /* columns of a 128-byte panel */
     static constexpr int KSTEPS = CFG::DK * EB / 32; /* Q K^T wgmma steps (32 bytes of K each) */
     static constexpr int PK = FP8 ? 32 : 16;         /* P V wgmma K */
-    static constexpr uint32_t KV_BYTES = CFG::BN * CFG::DK * EB; /* one K or V stage */
+    static constexpr uint32_t Q_BYTES = FP_SM90_BM * CFG::DK * EB; /* one Q tile */
+    static constexpr uint32_t KV_BYTES = CFG::BN * CFG::DK * EB;   /* one K or V stage */
     static constexpr uint32_t VT_BYTES = FP8 ? CFG::VT_PANELS * CFG::DK * 128 : 0; /* V^T (fp8) */
     static constexpr int VM_WORDS = (CFG::BN + 31) / 32; /* vmask words of a stage */
     /* The producer warpgroup's registers per thread after setmaxnreg (the consumers get the
@@ -329,31 +344,25 @@ template <typename TI, typename CFG> struct fp_sm90f_dims {
     static constexpr int PRODUCER_REGS = FP8 || CFG::DK <= 64 ? 40 : 24;
 };
 
-/* The forward's mbarriers, 8 bytes each from `base`: the Q tile landed; per stage s, its K / V
- * tiles landed (full) and their readers done (empty); the V preparers done with it (pv_ready:
- * the V^T stage made (fp8: every block), or the V stage scrubbed (f16 / bf16: edge blocks only;
- * the consumers take the other blocks' V straight from v_full); its phases count the blocks that
- * pass through it, per stage (pv_phase)); fp8's V^T readers done (vt_empty). */
+/* The forward's mbarriers, 8 bytes each from `base`: per stage s, its K / V tiles landed (full)
+ * and their readers done (empty); the V preparers done with it (pv_ready: the V^T stage made
+ * (fp8: every block), or the V stage scrubbed (f16 / bf16: edge blocks only; the consumers take
+ * the other blocks' V straight from v_full); its phases count the blocks that pass through it,
+ * per stage (pv_phase)); fp8's V^T readers done (vt_empty); per Q tile i, it landed (q_full)
+ * and its readers are done (q_empty: with it, and with O staged in it). */
 template <int ST, bool FP8> struct fp_sm90f_bars {
+    static constexpr int NS = FP8 ? 6 : 5; /* mbarriers per stage */
     uint32_t base;
-    __device__ __forceinline__ uint32_t q_full() const { return base; }
-    __device__ __forceinline__ uint32_t k_full(int s) const { return base + 8u * (1 + s); }
-    __device__ __forceinline__ uint32_t v_full(int s) const { return base + 8u * (1 + ST + s); }
-    __device__ __forceinline__ uint32_t k_empty(int s) const
+    __device__ __forceinline__ uint32_t k_full(int s) const { return base + 8u * s; }
+    __device__ __forceinline__ uint32_t v_full(int s) const { return base + 8u * (ST + s); }
+    __device__ __forceinline__ uint32_t k_empty(int s) const { return base + 8u * (2 * ST + s); }
+    __device__ __forceinline__ uint32_t v_empty(int s) const { return base + 8u * (3 * ST + s); }
+    __device__ __forceinline__ uint32_t pv_ready(int s) const { return base + 8u * (4 * ST + s); }
+    __device__ __forceinline__ uint32_t vt_empty(int s) const { return base + 8u * (5 * ST + s); }
+    __device__ __forceinline__ uint32_t q_full(int i) const { return base + 8u * (NS * ST + i); }
+    __device__ __forceinline__ uint32_t q_empty(int i) const
     {
-        return base + 8u * (1 + 2 * ST + s);
-    }
-    __device__ __forceinline__ uint32_t v_empty(int s) const
-    {
-        return base + 8u * (1 + 3 * ST + s);
-    }
-    __device__ __forceinline__ uint32_t pv_ready(int s) const
-    {
-        return base + 8u * (1 + 4 * ST + s);
-    }
-    __device__ __forceinline__ uint32_t vt_empty(int s) const
-    {
-        return base + 8u * (1 + 5 * ST + s);
+        return base + 8u * (NS * ST + 2 + i);
     }
     /* the consumers are done with the P V operand: V (f16 / bf16) or V^T (fp8) */
     __device__ __forceinline__ uint32_t pv_empty(int s) const
@@ -370,34 +379,47 @@ template <int ST, bool FP8> struct fp_sm90f_bars {
     }
 };
 
-/* The producer's thread 0: the Q tile (rows from q_row of head h), then K and V of the key
- * blocks nb_end - 1 down to nb_end - n (rows from k_row of kv head kvh) into the ring of ST
- * stages at sk, sv; qb: the batch coordinate of the tensor maps (0 for varlen's packed maps). */
-template <typename TI, typename CFG>
+/* The producer's thread 0, one tile: K and V of the key blocks nb_end - 1 down to nb_end - n
+ * (rows from k_row of kv head kvh) into the ring of ST stages at sk, sv, which goes on from the
+ * kv blocks of the block's earlier tiles; its Q tile (rows from q_row of head h; the block's
+ * qc-th, in Q tile qc % QTILES at sq) once the consumers are done with that Q tile's last tile:
+ * first, unless that wait is for the tile now running (one Q tile, past the block's first tile),
+ * then after the first K. qb: the batch coordinate of the tensor maps (0 for varlen's packed
+ * maps). */
+template <typename TI, typename CFG, int QTILES>
 FP_DEV void fp_sm90_fwd_load(const fp_sm90_fwd_params &prm,
                              const fp_sm90f_bars<CFG::ST, sizeof(TI) == 1> &bar, uint32_t sq,
                              uint32_t sk, uint32_t sv, int qb, int h, int kvh, int q_row, int k_row,
-                             int nb_end, int n)
+                             int nb_end, int n, unsigned kv, unsigned qc)
 {
     typedef fp_sm90f_dims<TI, CFG> X;
-    constexpr int BM = FP_SM90_BM, DK = CFG::DK, BN = CFG::BN, ST = CFG::ST;
-    fp_tma_prefetch_desc(&prm.tq);
-    fp_tma_prefetch_desc(&prm.tk);
-    fp_tma_prefetch_desc(&prm.tv);
-    fp_mbar_arrive_expect_tx(bar.q_full(), BM * DK * X::EB);
+    constexpr int BM = FP_SM90_BM, BN = CFG::BN, ST = CFG::ST;
+    const bool q_first = QTILES > 1 || qc == 0;
+    auto load_q = [&]() {
+        const unsigned qt = qc % QTILES, use = qc / QTILES;
+        if (use > 0)
+            fp_mbar_wait(bar.q_empty(qt), (use - 1) & 1);
+        fp_mbar_arrive_expect_tx(bar.q_full(qt), X::Q_BYTES);
 #pragma unroll
-    for (int p = 0; p < X::NP; ++p)
-        fp_tma_load_4d(sq + p * BM * 128, &prm.tq, bar.q_full(), X::PCOLS * p, q_row, h, qb);
+        for (int p = 0; p < X::NP; ++p)
+            fp_tma_load_4d(sq + qt * X::Q_BYTES + p * BM * 128, &prm.tq, bar.q_full(qt),
+                           X::PCOLS * p, q_row, h, qb);
+    };
+    if (q_first)
+        load_q();
 #pragma unroll 1 /* within the producer's 24 registers */
     for (int it = 0; it < n; ++it) {
-        const int nb = nb_end - 1 - it, s = it % ST;
-        const uint32_t ph = (it / ST) & 1;
+        const int nb = nb_end - 1 - it;
+        const unsigned s = (kv + it) % ST;
+        const uint32_t ph = ((kv + it) / ST) & 1;
         fp_mbar_wait(bar.k_empty(s), ph ^ 1);
         fp_mbar_arrive_expect_tx(bar.k_full(s), X::KV_BYTES);
 #pragma unroll
         for (int p = 0; p < X::NP; ++p)
             fp_tma_load_4d(sk + s * X::KV_BYTES + p * BN * 128, &prm.tk, bar.k_full(s),
                            X::PCOLS * p, k_row + nb * BN, kvh, qb);
+        if (it == 0 && !q_first)
+            load_q();
         fp_mbar_wait(bar.v_empty(s), ph ^ 1);
         fp_mbar_arrive_expect_tx(bar.v_full(s), X::KV_BYTES);
 #pragma unroll
@@ -407,22 +429,23 @@ FP_DEV void fp_sm90_fwd_load(const fp_sm90_fwd_params &prm,
     }
 }
 
-/* The producer warpgroup's warps 1 .. 3, the V preparers (ptid 0 .. 95): each V stage (at sv,
- * generic gv) between its arrival and the consumers' P V, for the key blocks nb_end - 1 down to
- * nb_end - n: fp8's V^T (at svt), and the masked-key guard's scrub in edge blocks (those outside
- * the fully visible keys full_lo .. full_hi). */
+/* The producer warpgroup's warps 1 .. 3, the V preparers (ptid 0 .. 95), one tile: each V stage
+ * (at sv, generic gv; the ring goes on from the block's earlier tiles' kv blocks, and so do the
+ * pv_ready phases in pv_bits) between its arrival and the consumers' P V, for the key blocks
+ * nb_end - 1 down to nb_end - n: fp8's V^T (at svt), and the masked-key guard's scrub in edge
+ * blocks (those outside the fully visible keys full_lo .. full_hi). */
 template <typename TI, typename CFG>
 FP_DEV void fp_sm90_fwd_prepare_v(const fp_sm90f_bars<CFG::ST, sizeof(TI) == 1> &bar,
                                   unsigned char *gv, uint32_t sv, uint32_t svt,
                                   uint32_t (*vmask)[(CFG::BN + 31) / 32], int full_lo, int full_hi,
-                                  int nb_end, int n, int ptid)
+                                  int nb_end, int n, unsigned kv, uint32_t &pv_bits, int ptid)
 {
     typedef fp_sm90f_dims<TI, CFG> X;
     constexpr int DK = CFG::DK, BN = CFG::BN, ST = CFG::ST;
-    uint32_t pv_bits = 0;
     for (int it = 0; it < n; ++it) {
-        const int nb = nb_end - 1 - it, s = it % ST, j0 = nb * BN;
-        const uint32_t ph = (it / ST) & 1;
+        const int nb = nb_end - 1 - it, j0 = nb * BN;
+        const unsigned s = (kv + it) % ST;
+        const uint32_t ph = ((kv + it) / ST) & 1;
         /* The masked-key guard (sm80/common.cuh). In a key block that some row of this
          * query block sees only in part (an edge block: the diagonal of a causal mask,
          * a sequence's last block, whose tail TMA fills with the next varlen sequence's
@@ -578,9 +601,70 @@ FP_DEV bool fp_sm90_fwd_softmax(float (&s)[BN / 2], int j0, float (&alpha)[2],
     return rescale;
 }
 
-// q, o: (B, Nq, H, D); k, v: (B, Nk, Hkv, D); lse: (B, H, Nq); grid (q blocks, H, B * splits)
+/* One work item of the forward, a tile: the query block, head, batch and KV split of tile
+ * number `tile`, and the key blocks it visits. Tiles are numbered as a launch grid of one block
+ * per tile would be: query blocks fastest (the last first when the plan asks heavy-first), then
+ * heads, then batch x splits. live: the query block starts inside its sequence (varlen's shorter
+ * sequences have fewer); n: its key blocks, nb_end - 1 down to nb_end - n (0 when not live);
+ * full_lo .. full_hi: the keys every row of it sees whole (the others are its edge blocks). */
+struct fp_sm90f_tile {
+    fp_cuda_seq seq;
+    int h, b, split, m0;
+    int nb_end, n, full_lo, full_hi;
+    bool live;
+};
+
+template <int BN, bool PERSIST>
+FP_DEV fp_sm90f_tile fp_sm90f_tile_of(const fp_sm90_fwd_params &prm, int tile)
+{
+    const fp_sm80_args &a = prm.a;
+    fp_sm90f_tile w;
+    int qx, z; /* the tile's block coordinates on a grid of one block per tile */
+    if constexpr (PERSIST) {
+        const int rest = tile / prm.q_blocks;
+        qx = tile % prm.q_blocks;
+        w.h = rest % a.heads;
+        z = rest / a.heads;
+    } else {
+        qx = blockIdx.x;
+        w.h = blockIdx.y;
+        z = blockIdx.z;
+    }
+    const int qblk = a.reverse ? prm.q_blocks - 1 - qx : qx;
+    w.b = z / a.splits;
+    w.split = z % a.splits;
+    w.seq = fp_cuda_seq_of(a, w.b);
+    const int nq = w.seq.nq, nk = w.seq.nk;
+    w.m0 = qblk * FP_SM90_BM;
+    w.live = w.m0 < nq;
+    w.n = 0;
+    w.nb_end = 0;
+    w.full_lo = w.full_hi = 0;
+    if (!w.live)
+        return w;
+    const int m1 = min(w.m0 + FP_SM90_BM, nq);
+    int nb_begin, nb_end;
+    fp_geom_key_blocks(w.m0, m1, nq, nk, a.left, a.right, BN, &nb_begin, &nb_end);
+    if (a.splits > 1) {
+        const int per = (int)(a.keys_per_split / BN);
+        nb_begin = max(nb_begin, w.split * per);
+        nb_end = min(nb_end, (w.split + 1) * per);
+    }
+    w.nb_end = nb_end;
+    w.n = max(nb_end - nb_begin, 0);
+    int64_t lo, hi;
+    fp_mask_full_range(w.m0, m1, nq, nk, a.left, a.right, &lo, &hi);
+    w.full_lo = (int)lo;
+    w.full_hi = (int)max(hi, (int64_t)0);
+    return w;
+}
+
+// q, o: (B, Nq, H, D); k, v: (B, Nk, Hkv, D); lse: (B, H, Nq).
+// PERSIST: a grid of at most prm.tiles blocks, block x running tiles x, x + gridDim.x, ...,
+// its mbarrier rings and phases running on from tile to tile; else one block per tile on the
+// grid (q blocks, H, B * splits).
 // TI: the inputs' type (f16, bf16, or e4m3 as uint8_t); TO: o's (f16 or bf16)
-template <typename TI, typename TO, typename CFG>
+template <typename TI, typename TO, typename CFG, bool PERSIST>
 __global__ void __launch_bounds__(FP_SM90_THREADS, 1)
     fp_sm90_fwd_kernel(const __grid_constant__ fp_sm90_fwd_params prm)
 {
@@ -591,14 +675,22 @@ __global__ void __launch_bounds__(FP_SM90_THREADS, 1)
     constexpr int EB = X::EB, PK = X::PK, VM_WORDS = X::VM_WORDS;
     constexpr bool FP8 = X::FP8;
     constexpr uint32_t KV_BYTES = X::KV_BYTES, VT_BYTES = X::VT_BYTES;
+    constexpr int QTILES = CFG::q_tiles(EB, PERSIST);
     static_assert(!FP8 || BN % 32 == 0, "fp8 tiles: whole wgmma K steps of keys");
+    /* the tiles this block runs: first, end, step */
+    const int tile0 = PERSIST ? (int)blockIdx.x : 0, tiles = PERSIST ? prm.tiles : 1;
+    const int tstep = PERSIST ? (int)gridDim.x : 1;
+    /* O is staged in the Q tile (f16 / bf16); fp8's Q tile is too small for it: O is stored
+     * from registers, and the Q tile is free once the last Q K^T has landed */
+    constexpr bool STAGE_O = !FP8;
     const fp_sm80_args &a = prm.a;
 
     extern __shared__ unsigned char fp_smem_raw[];
     const uint32_t raw = fp_smem_addr(fp_smem_raw);
     const uint32_t sq = (raw + 1023u) & ~1023u;
-    unsigned char *const gq = fp_smem_raw + (sq - raw); /* generic pointer to the Q tile */
-    const uint32_t sk = sq + BM * DK * EB, sv = sk + ST * KV_BYTES, svt = sv + ST * KV_BYTES;
+    unsigned char *const gq = fp_smem_raw + (sq - raw); /* generic pointer to the Q tiles */
+    const uint32_t sk = sq + QTILES * X::Q_BYTES, sv = sk + ST * KV_BYTES;
+    const uint32_t svt = sv + ST * KV_BYTES;
     const uint32_t bars = svt + ST * VT_BYTES;
     const fp_sm90f_bars<ST, FP8> bar{bars};
     /* The masked-key guard's flags: the keys of a stage's edge block whose V row held a
@@ -606,35 +698,27 @@ __global__ void __launch_bounds__(FP_SM90_THREADS, 1)
     __shared__ uint32_t vmask[ST][VM_WORDS];
 
     const int tid = threadIdx.x, wg = tid >> 7, wtid = tid & 127;
-    const int qblk = a.reverse ? gridDim.x - 1 - blockIdx.x : blockIdx.x;
-    const int h = blockIdx.y;
-    const int b = blockIdx.z / a.splits, split = blockIdx.z % a.splits;
-    const fp_cuda_seq seq = fp_cuda_seq_of(a, b);
-    const int nq = seq.nq, nk = seq.nk;
-    const int m0 = qblk * BM;
-    if (m0 >= nq)
-        return;
-    int nb_begin, nb_end;
-    fp_geom_key_blocks(m0, min(m0 + BM, nq), nq, nk, a.left, a.right, BN, &nb_begin, &nb_end);
-    if (a.splits > 1) {
-        const int per = (int)(a.keys_per_split / BN);
-        nb_begin = max(nb_begin, split * per);
-        nb_end = min(nb_end, (split + 1) * per);
+    /* The tile of a block of the per-tile grid, found before setmaxnreg leaves the producer
+     * warpgroup too few registers for its geometry; the persistent kernel's roles find theirs
+     * in their walks (tile_at). */
+    fp_sm90f_tile only{};
+    if constexpr (!PERSIST) {
+        only = fp_sm90f_tile_of<BN, false>(prm, 0);
+        if (!only.live)
+            return;
     }
-    const int n = max(nb_end - nb_begin, 0);
-    /* Key blocks every row of the query block sees whole take no per-element mask and no guard;
-     * the others are its edge blocks. */
-    int full_lo, full_hi;
-    {
-        int64_t lo, hi;
-        fp_mask_full_range(m0, min(m0 + BM, nq), nq, nk, a.left, a.right, &lo, &hi);
-        full_lo = (int)lo;
-        full_hi = (int)max(hi, (int64_t)0);
-    }
-    auto block_full = [&](int j0) { return j0 >= full_lo && j0 + BN <= full_hi; };
+    auto tile_at = [&](int tile) {
+        if constexpr (PERSIST)
+            return fp_sm90f_tile_of<BN, true>(prm, tile);
+        else
+            return only;
+    };
 
     if (tid == 0) {
-        fp_mbar_init(bar.q_full(), 1);
+        for (int i = 0; i < QTILES; ++i) {
+            fp_mbar_init(bar.q_full(i), 1);
+            fp_mbar_init(bar.q_empty(i), FP_SM90_CONSUMER_THREADS);
+        }
         for (int s = 0; s < ST; ++s) {
             fp_mbar_init(bar.k_full(s), 1);
             fp_mbar_init(bar.v_full(s), 1);
@@ -656,12 +740,35 @@ __global__ void __launch_bounds__(FP_SM90_THREADS, 1)
             fp_setmaxnreg_dec<40>();
         else
             fp_setmaxnreg_dec<24>();
-        if (wtid >= 32 && n > 0)
-            fp_sm90_fwd_prepare_v<TI, CFG>(bar, gq + (sv - sq), sv, svt, vmask, full_lo, full_hi,
-                                           nb_end, n, wtid - 32);
-        if (wtid == 0 && n > 0)
-            fp_sm90_fwd_load<TI, CFG>(prm, bar, sq, sk, sv, a.cu_q ? 0 : b, h, h / a.group,
-                                      (int)seq.q_start + m0, (int)seq.k_start, nb_end, n);
+        /* kv: the key blocks of the block's earlier tiles (where the stage ring stands); qc:
+         * its earlier tiles that loaded Q */
+        if (wtid >= 32) {
+            uint32_t pv_bits = 0;
+            unsigned kv = 0;
+            for (int tile = tile0; tile < tiles; tile += tstep) {
+                const fp_sm90f_tile tl = tile_at(tile);
+                if (tl.n == 0)
+                    continue;
+                fp_sm90_fwd_prepare_v<TI, CFG>(bar, gq + (sv - sq), sv, svt, vmask, tl.full_lo,
+                                               tl.full_hi, tl.nb_end, tl.n, kv, pv_bits, wtid - 32);
+                kv += tl.n;
+            }
+        } else if (wtid == 0) {
+            fp_tma_prefetch_desc(&prm.tq);
+            fp_tma_prefetch_desc(&prm.tk);
+            fp_tma_prefetch_desc(&prm.tv);
+            unsigned kv = 0, qc = 0;
+            for (int tile = tile0; tile < tiles; tile += tstep) {
+                const fp_sm90f_tile tl = tile_at(tile);
+                if (tl.n == 0)
+                    continue;
+                fp_sm90_fwd_load<TI, CFG, QTILES>(prm, bar, sq, sk, sv, a.cu_q ? 0 : tl.b, tl.h,
+                                                  tl.h / a.group, (int)tl.seq.q_start + tl.m0,
+                                                  (int)tl.seq.k_start, tl.nb_end, tl.n, kv, qc);
+                kv += tl.n;
+                ++qc;
+            }
+        }
     } else {
         /* ---- consumers: warpgroup w owns rows 64 w .. 64 w + 63 of each query block ---- */
         if constexpr (X::PRODUCER_REGS == 40)
@@ -671,7 +778,6 @@ __global__ void __launch_bounds__(FP_SM90_THREADS, 1)
         const int w = wg - 1, warp = wtid >> 5, lane = tid & 31;
         const int g = lane >> 2, t = lane & 3;
         const int row_in = 64 * w + 16 * warp + g; /* this thread's rows: row_in, row_in + 8 */
-        const uint32_t q_rows = sq + 64 * w * 128; /* the warpgroup's 64 rows of panel 0 */
 
         /* Ping-pong: the two warpgroups take turns issuing their matrix products; each turn
          * ends by opening the other's, so one warpgroup's softmax runs while the other's
@@ -684,7 +790,21 @@ __global__ void __launch_bounds__(FP_SM90_THREADS, 1)
                 fp_named_bar_arrive(3 + (1 - w), 256);
         };
 
-        {
+        __shared__ uint8_t rowbad[FP_SM90_BM];
+        unsigned kv = 0, qc = 0; /* as the producer's */
+        uint32_t pv_bits = 0;
+        for (int tile = tile0; tile < tiles; tile += tstep) {
+            const fp_sm90f_tile tl = tile_at(tile);
+            if (!tl.live)
+                continue;
+            const int h = tl.h, b = tl.b, split = tl.split, m0 = tl.m0;
+            const fp_cuda_seq &seq = tl.seq;
+            const int nq = seq.nq, nk = seq.nk, nb_end = tl.nb_end, n = tl.n;
+            const int full_lo = tl.full_lo, full_hi = tl.full_hi;
+            const unsigned qt = qc % QTILES;                             /* this tile's Q tile */
+            const uint32_t q_rows = sq + qt * X::Q_BYTES + 64 * w * 128; /* ours, of panel 0 */
+            unsigned char *const gqt = gq + qt * X::Q_BYTES;
+            auto block_full = [&](int j0) { return j0 >= full_lo && j0 + BN <= full_hi; };
             const int i_lo = m0 + row_in;
             const float sc = a.transform ? 1.0f : a.scale_log2;
             fp_sm90_xform xf;
@@ -708,17 +828,17 @@ __global__ void __launch_bounds__(FP_SM90_THREADS, 1)
              * (fp8), V scrubbed by them (f16 / bf16 edge blocks), or V as TMA wrote it. In edge
              * blocks, the rows of this warpgroup that see a key the guard flagged are marked
              * (rowbad, one thread per row): they end with O = NaN. */
-            __shared__ uint8_t rowbad[FP_SM90_BM];
+            if (PERSIST && tile != tile0) /* the warpgroup has read the last tile's marks */
+                fp_named_bar_sync(1 + w, 128);
             if (wtid < 64)
                 rowbad[64 * w + wtid] = 0;
-            uint32_t pv_bits = 0;
             auto wait_pv = [&](int it_) {
-                const int stage = it_ % ST, j0 = (nb_end - 1 - it_) * BN;
+                const int stage = (kv + it_) % ST, j0 = (nb_end - 1 - it_) * BN;
                 const bool edge = !block_full(j0);
                 if (FP8 || edge)
                     fp_mbar_wait(bar.pv_ready(stage), bar.pv_phase(pv_bits, stage));
                 else
-                    fp_mbar_wait(bar.v_full(stage), (it_ / ST) & 1);
+                    fp_mbar_wait(bar.v_full(stage), ((kv + it_) / ST) & 1);
                 if (!edge)
                     return;
                 const uint32_t *vm = vmask[stage];
@@ -739,38 +859,43 @@ __global__ void __launch_bounds__(FP_SM90_THREADS, 1)
             if (n > 0) {
                 if (w == 1)
                     fp_named_bar_arrive(3, 256);
-                fp_mbar_wait(bar.q_full(), 0);
+                fp_mbar_wait(bar.q_full(qt), (qc / QTILES) & 1);
                 float s[BN / 2];
                 uint32_t pa[BN / PK][4];
                 float alpha[2];
                 turn_begin();
-                fp_mbar_wait(bar.k_full(0), 0);
-                fp_sm90_fwd_qk<TI, CFG>(s, q_rows, sk, 0);
+                fp_mbar_wait(bar.k_full(kv % ST), (kv / ST) & 1);
+                fp_sm90_fwd_qk<TI, CFG>(s, q_rows, sk, kv % ST);
                 turn_end(false);
                 fp_wgmma_wait<0>();
                 fp_wgmma_fence_regs(s);
-                fp_mbar_arrive(bar.k_empty(0));
+                fp_mbar_arrive(bar.k_empty(kv % ST));
+                if (!STAGE_O && n == 1)
+                    fp_mbar_arrive(bar.q_empty(qt));
                 fp_sm90_fwd_softmax<BN, LAZY>(s, (nb_end - 1) * BN, alpha, st, a.transform, xf, mk,
                                               sc, i_lo, t, full_lo, full_hi);
                 fp_sm90_fwd_pack_p<TI, CFG>(pa, s);
                 for (int it = 1; it < n; ++it) {
-                    const int cur = it, prev = it - 1;
+                    const int prev = it - 1;
+                    const unsigned cs = (kv + it) % ST, ps = (kv + prev) % ST;
                     turn_begin();
-                    fp_mbar_wait(bar.k_full(cur % ST), (cur / ST) & 1);
-                    fp_sm90_fwd_qk<TI, CFG>(s, q_rows, sk, cur % ST);
+                    fp_mbar_wait(bar.k_full(cs), ((kv + it) / ST) & 1);
+                    fp_sm90_fwd_qk<TI, CFG>(s, q_rows, sk, cs);
                     wait_pv(prev);
-                    fp_sm90_fwd_pv<TI, CFG>(o, pa, sv, svt, prev % ST);
+                    fp_sm90_fwd_pv<TI, CFG>(o, pa, sv, svt, ps);
                     turn_end(false);
                     fp_wgmma_wait<1>(); /* S (it) has landed; P V (it - 1) may still run */
                     fp_wgmma_fence_regs(s);
-                    fp_mbar_arrive(bar.k_empty(cur % ST));
+                    fp_mbar_arrive(bar.k_empty(cs));
+                    if (!STAGE_O && it == n - 1) /* the last Q K^T has landed */
+                        fp_mbar_arrive(bar.q_empty(qt));
                     const bool rescale = fp_sm90_fwd_softmax<BN, LAZY>(
                         s, (nb_end - 1 - it) * BN, alpha, st, a.transform, xf, mk, sc, i_lo, t,
                         full_lo, full_hi);
                     fp_wgmma_wait<0>();
                     fp_wgmma_fence_regs(o);
                     fp_fence_u32(pa);
-                    fp_mbar_arrive(bar.pv_empty(prev % ST));
+                    fp_mbar_arrive(bar.pv_empty(ps));
                     if (rescale) {
 #pragma unroll
                         for (int j = 0; j < DK / 8; ++j) {
@@ -783,13 +908,14 @@ __global__ void __launch_bounds__(FP_SM90_THREADS, 1)
                     fp_sm90_fwd_pack_p<TI, CFG>(pa, s);
                 }
                 const int last = n - 1;
+                const unsigned ls = (kv + last) % ST;
                 turn_begin();
                 wait_pv(last);
-                fp_sm90_fwd_pv<TI, CFG>(o, pa, sv, svt, last % ST);
+                fp_sm90_fwd_pv<TI, CFG>(o, pa, sv, svt, ls);
                 turn_end(true);
                 fp_wgmma_wait<0>();
                 fp_wgmma_fence_regs(o);
-                fp_mbar_arrive(bar.pv_empty(last % ST));
+                fp_mbar_arrive(bar.pv_empty(ls));
             }
 
             /* Finalize: O = acc / l, LSE = m + log l (natural log); rows that saw nothing: 0,
@@ -826,7 +952,7 @@ __global__ void __launch_bounds__(FP_SM90_THREADS, 1)
                 TO *og = reinterpret_cast<TO *>(const_cast<void *>(a.o.ptr)) +
                          fp_cuda_row(a.o, b, seq.q_start + r0, h);
                 constexpr int CH = DK / 8;
-                if (FP8 && n > 0) {
+                if (!STAGE_O && n > 0) {
                     /* The Q tile (fp8) is too small to stage O: 4-byte stores from registers,
                      * a quad's 16 bytes of a row per column group. */
 #pragma unroll
@@ -850,7 +976,7 @@ __global__ void __launch_bounds__(FP_SM90_THREADS, 1)
 #pragma unroll
                         for (int r = 0; r < 2; ++r) {
                             const int row = 16 * warp + g + 8 * r; /* within the warpgroup's 64 */
-                            unsigned char *dst = gq + (j / 8) * BM * 128 + (64 * w + row) * 128 +
+                            unsigned char *dst = gqt + (j / 8) * BM * 128 + (64 * w + row) * 128 +
                                                  (((j % 8) ^ (row & 7)) << 4) + 4 * t;
                             *reinterpret_cast<uint32_t *>(dst) = fp_pack2<TO>(
                                 o[4 * j + 2 * r] * fac[r], o[4 * j + 2 * r + 1] * fac[r]);
@@ -861,7 +987,7 @@ __global__ void __launch_bounds__(FP_SM90_THREADS, 1)
                         const int row = idx / CH, c = idx % CH;
                         if (row < nrows && c < nch)
                             *reinterpret_cast<uint4 *>(og + (int64_t)row * a.o.ss + c * 8) =
-                                *reinterpret_cast<const uint4 *>(gq + (c / 8) * BM * 128 +
+                                *reinterpret_cast<const uint4 *>(gqt + (c / 8) * BM * 128 +
                                                                  (64 * w + row) * 128 +
                                                                  (((c % 8) ^ (row & 7)) << 4));
                     }
@@ -883,6 +1009,14 @@ __global__ void __launch_bounds__(FP_SM90_THREADS, 1)
                     }
                 }
             }
+            if (n > 0) {
+                if (STAGE_O) { /* done with the Q tile: the producer may load the next one */
+                    fp_fence_proxy_async_smem();
+                    fp_mbar_arrive(bar.q_empty(qt));
+                }
+                kv += n;
+                ++qc;
+            }
         }
     }
 #endif
@@ -890,22 +1024,52 @@ __global__ void __launch_bounds__(FP_SM90_THREADS, 1)
 
 /* ---- host ---------------------------------------------------------------------------------- */
 
+/* The persistent kernel's grid for a problem of `tiles` tiles of key_blocks key blocks each, or
+ * 0 for the kernel of one block per tile. The persistent kernel runs a block per SM over the
+ * tiles: each block's next tile's loads overlap its current tile's last products and its store,
+ * and no block is launched or retired between tiles. It pays where tiles are short (at most 8
+ * key blocks: their prologue and epilogue are a large share) and outnumber the SMs, and where
+ * every tile costs the same (no causal mask or window, no varlen or seqused_k), which a static
+ * walk balances. FLASHPORT_CUDA_SM90_FWD_GRID=N (read at each call, for tests and A/B timings)
+ * forces the persistent kernel on a grid of at most N blocks for every problem, 0 the kernel of
+ * one block per tile; any other value (e.g. "auto") leaves the choice to the rule. */
+static int64_t fp_sm90_fwd_persistent(const fp_cuda_ctx *ctx, const fp_problem *p, int64_t tiles,
+                                      int64_t key_blocks)
+{
+    const char *force = getenv("FLASHPORT_CUDA_SM90_FWD_GRID");
+    char *end = NULL;
+    const long long n = force ? strtoll(force, &end, 10) : 0;
+    if (force && end != force && *end == '\0')
+        return n > 0 ? (n < tiles ? n : tiles) : 0;
+    const bool uniform = p->window_left < 0 && p->window_right < 0 && !p->varlen && !p->seqused_k;
+    return uniform && key_blocks <= 8 && tiles > ctx->sm_count ? ctx->sm_count : 0;
+}
+
+/* Launches one of the forward kernels on `grid` */
+template <typename TI, typename TO, typename CFG, bool PERSIST>
+static cudaError_t fp_sm90_fwd_start(dim3 grid, cudaStream_t stream, const fp_sm90_fwd_params &prm)
+{
+    constexpr size_t smem = CFG::smem(sizeof(TI), PERSIST);
+    static_assert(smem + 512 <= 227 * 1024, "one block per SM, with the kernel's static arrays");
+    void (*kernel)(const fp_sm90_fwd_params) = fp_sm90_fwd_kernel<TI, TO, CFG, PERSIST>;
+    const cudaError_t e =
+        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+    if (e != cudaSuccess) {
+        (void)cudaGetLastError();
+        return e;
+    }
+    kernel<<<grid, FP_SM90_THREADS, smem, stream>>>(prm);
+    return cudaGetLastError();
+}
+
 template <typename TI, typename TO, typename CFG>
 static flashport_status fp_sm90_launch(const fp_cuda_ctx *ctx, const fp_problem *p,
                                        fp_sm90_fwd_params &prm, const char *why_path, void *ws,
                                        size_t *query)
 {
     constexpr int DK = CFG::DK, BN = CFG::BN;
-    constexpr size_t smem = CFG::smem(sizeof(TI));
     fp_sm80_args &a = prm.a;
     const cudaStream_t stream = ctx->stream;
-    void (*kernel)(const fp_sm90_fwd_params) = fp_sm90_fwd_kernel<TI, TO, CFG>;
-    cudaError_t e =
-        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
-    if (e != cudaSuccess) {
-        (void)cudaGetLastError();
-        return fp_cuda_error(FLASHPORT_ERR_DEVICE, e, "sm90 forward kernel setup");
-    }
     const fp_plan_shape shape = fp_problem_plan_shape(p);
     fp_plan_target target;
     target.workers = ctx->sm_count; /* one block per SM */
@@ -917,6 +1081,13 @@ static flashport_status fp_sm90_launch(const fp_cuda_ctx *ctx, const fp_problem 
     const bool empty = plan.num_q_blocks == 0 || p->batch == 0 || p->heads == 0;
     /* split-KV partials, as the sm80 path lays them out (its combine merges them) */
     const size_t rows = (size_t)plan.num_splits * p->batch * p->heads * a.nq;
+    /* the kernel's work items (fp_sm90f_tile), numbered in int */
+    const int64_t tiles = plan.num_q_blocks * p->heads * p->batch * plan.num_splits;
+    if (tiles > INT_MAX)
+        return fp_cuda_refuse(FLASHPORT_ERR_BAD_SIZE,
+                              "sm90 forward: %lld tiles of 128 queries exceed the kernel's int "
+                              "indices",
+                              (long long)tiles);
     if (query) {
         *query = empty || plan.num_splits <= 1 ? 0 : rows * (size_t)(a.d + 1) * sizeof(float);
         return FLASHPORT_OK;
@@ -931,14 +1102,26 @@ static flashport_status fp_sm90_launch(const fp_cuda_ctx *ctx, const fp_problem 
         a.o_part = (float *)ws;
         a.lse_part = a.o_part + rows * a.d;
     }
-    dim3 grid((unsigned)plan.num_q_blocks, (unsigned)p->heads, (unsigned)(p->batch * a.splits));
-    kernel<<<grid, FP_SM90_THREADS, smem, stream>>>(prm);
-    e = cudaGetLastError();
+    prm.q_blocks = (int)plan.num_q_blocks;
+    prm.tiles = (int)tiles;
+    /* the persistent kernel is built for f16 / bf16 inputs */
+    const int64_t persist =
+        sizeof(TI) == 2 ? fp_sm90_fwd_persistent(ctx, p, tiles, (p->seqlen_k + BN - 1) / BN) : 0;
+    cudaError_t e = cudaSuccess;
+    if constexpr (sizeof(TI) == 2) {
+        if (persist > 0)
+            e = fp_sm90_fwd_start<TI, TO, CFG, true>(dim3((unsigned)persist), stream, prm);
+    }
+    if (persist == 0)
+        e = fp_sm90_fwd_start<TI, TO, CFG, false>(
+            dim3((unsigned)plan.num_q_blocks, (unsigned)p->heads, (unsigned)(p->batch * a.splits)),
+            stream, prm);
     fp_cuda_log("forward: sm90 D%d %skernel (TMA + wgmma, BM %d, BN %d, %d stages, 2 consumer "
-                "warpgroups, ping-pong%s) for D=%lld, grid %ux%ux%u, %d split(s); %s",
+                "warpgroups, ping-pong%s) for D=%lld, %lld tiles, %s%lld blocks, %d split(s); %s",
                 DK, sizeof(TI) == 1 ? "fp8 e4m3 (V^T in shared memory) " : "", FP_SM90_BM, BN,
-                CFG::ST, CFG::LAZY ? ", lazy rescale" : "", (long long)p->head_dim, grid.x, grid.y,
-                grid.z, a.splits, why_path);
+                CFG::ST, CFG::LAZY ? ", lazy rescale" : "", (long long)p->head_dim,
+                (long long)tiles, persist ? "persistent, " : "",
+                (long long)(persist ? persist : tiles), a.splits, why_path);
     if (e == cudaSuccess && a.splits > 1)
         e = fp_cuda_fwd_combine(p, &a, stream);
     return e == cudaSuccess ? FLASHPORT_OK

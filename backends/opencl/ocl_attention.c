@@ -4,9 +4,13 @@
  * the handle, the tile plan, the backward's scratch (the caller's workspace or a buffer of the
  * call), and the launches of the forward and of the two backward kernels.
  *
- * Kernel variants: one, the plain path (local-memory tiles, f32 arithmetic), on every device. No
- * subgroup or matrix-extension variant (docs/opencl.md says why); FLASHPORT_LOG lists the
- * device's extensions at open and names the variant of every call.
+ * Kernel variants (ocl_plan.h): the plain path (local-memory tiles, f32 FMAs) on every device;
+ * for f16 and bf16 storage on NVIDIA devices of compute capability >= 8.0, the tensor-core path
+ * (kernels/mma_nv.cl: mma.sync through inline PTX), unless FLASHPORT_OPENCL_MMA=0; if its build
+ * fails the handle logs why and builds the plain path from then on. FLASHPORT_OPENCL_MMA=emulate
+ * builds the tensor-core path with the instruction emulated in local memory, on any device (the
+ * test of its layouts; a failed build is then an error). FLASHPORT_LOG lists the device's
+ * extensions at open and names the variant of every build and call.
  */
 #define _POSIX_C_SOURCE 200809L /* clock_gettime */
 
@@ -23,6 +27,8 @@
 extern const char fp_ocl_program_source[];
 
 static const char *const dtype_names[3] = {"f32", "f16", "bf16"};
+static const char *const variant_names[3] = {"plain kernels", "tensor-core kernels (mma.sync)",
+                                             "emulated tensor-core kernels"};
 
 static double now_ms(void)
 {
@@ -54,14 +60,16 @@ void fp_ocl_release_programs(fp_ocl_ctx *ctx)
     ctx->num_programs = 0;
 }
 
-/* The program for (dtype, head dim d, tile t) in the current context, built on first use (lock
- * held). */
+/* The program for (dtype, head dim d, tile t, variant) in the current context, built on first use
+ * (lock held). A tensor-core build that fails switches the handle to the plain path (logged) and
+ * gives *out = NULL with FLASHPORT_OK: the caller plans again. */
 static flashport_status get_program(fp_ocl_ctx *ctx, flashport_dtype dtype, int64_t d, int64_t t,
-                                    const fp_ocl_program **out)
+                                    int variant, const fp_ocl_program **out)
 {
+    *out = NULL;
     for (int i = 0; i < ctx->num_programs; i++) {
         const fp_ocl_program *pr = &ctx->programs[i];
-        if (pr->dtype == dtype && pr->head_dim == d && pr->tile == t) {
+        if (pr->dtype == dtype && pr->head_dim == d && pr->tile == t && pr->variant == variant) {
             *out = pr;
             return FLASHPORT_OK;
         }
@@ -71,21 +79,32 @@ static flashport_status get_program(fp_ocl_ctx *ctx, flashport_dtype dtype, int6
     const double t0 = now_ms();
     const char *src = fp_ocl_program_source;
     cl_int err;
-    fp_ocl_program pr = {dtype, d, t, NULL, NULL, NULL, NULL};
+    fp_ocl_program pr = {dtype, d, t, variant, NULL, NULL, NULL, NULL};
     pr.program = cl->clCreateProgramWithSource(ctx->context, 1, &src, NULL, &err);
     flashport_status st = fp_ocl_check(err, "clCreateProgramWithSource");
     if (st != FLASHPORT_OK)
         return st;
-    char options[128];
+    char options[192];
     snprintf(options, sizeof options,
-             "-cl-std=CL1.2 -DFP_OCL_DTYPE=%d -DFP_OCL_D=%lld -DFP_OCL_T=%lld", dt, (long long)d,
-             (long long)t);
+             "-cl-std=CL1.2 -DFP_OCL_DTYPE=%d -DFP_OCL_D=%lld -DFP_OCL_T=%lld -DFP_OCL_MMA=%d "
+             "-DFP_OCL_MMA_EMULATE=%d",
+             dt, (long long)d, (long long)t, variant != FP_OCL_PLAIN,
+             variant == FP_OCL_MMA_EMULATED);
     err = cl->clBuildProgram(pr.program, 1, &ctx->device, options, NULL, NULL);
     if (err != CL_SUCCESS) {
         char log[1536] = "";
         (void)cl->clGetProgramBuildInfo(pr.program, ctx->device, CL_PROGRAM_BUILD_LOG,
                                         sizeof log - 1, log, NULL);
         release_program(cl, &pr);
+        if (variant == FP_OCL_MMA_NV) { /* the plain path serves every call from now on */
+            if (fp_ocl_host()->log_enabled())
+                fp_ocl_host()->log("opencl: building the %s (%s) for '%s' failed (OpenCL error "
+                                   "%d), using the plain kernels from now on: %s",
+                                   variant_names[variant], options, ctx->device_name, (int)err,
+                                   log);
+            ctx->mma = FP_OCL_PLAIN;
+            return FLASHPORT_OK;
+        }
         return fp_ocl_host()->set_error(FLASHPORT_ERR_DEVICE,
                                         "opencl: building the attention program (%s) for '%s' "
                                         "failed (OpenCL error %d): %s",
@@ -122,10 +141,10 @@ static flashport_status get_program(fp_ocl_ctx *ctx, flashport_dtype dtype, int6
     ctx->programs[ctx->num_programs] = pr;
     *out = &ctx->programs[ctx->num_programs++];
     if (fp_ocl_host()->log_enabled())
-        fp_ocl_host()->log("opencl: built the plain kernels for %s, D = %lld, %lld x %lld tiles "
-                           "on '%s' in %.0f ms",
-                           dtype_names[dt], (long long)d, (long long)t, (long long)t,
-                           ctx->device_name, now_ms() - t0);
+        fp_ocl_host()->log("opencl: built the %s for %s, D = %lld, %lld x %lld tiles on '%s' in "
+                           "%.0f ms",
+                           variant_names[variant], dtype_names[dt], (long long)d, (long long)t,
+                           (long long)t, ctx->device_name, now_ms() - t0);
     return FLASHPORT_OK;
 }
 
@@ -252,10 +271,12 @@ static flashport_status set_args(const fp_ocl_api *cl, cl_kernel k, const fp_ocl
     return fp_ocl_check(err, "clSetKernelArg");
 }
 
-/* The tile size of a call, or the error for a head dim no tile fits (lock held). */
-static flashport_status plan(const fp_ocl_ctx *ctx, const fp_problem *p, int kind, int64_t *t)
+/* The variant and tile size of a call, or the error for a head dim no tile fits (lock held). */
+static flashport_status plan(const fp_ocl_ctx *ctx, const fp_problem *p, int kind, int64_t *t,
+                             int *variant)
 {
-    *t = fp_ocl_tile(kind, fp_ocl_dim_class(p->head_dim), ctx->local_mem);
+    *variant = fp_ocl_plan(kind, fp_ocl_dim_class(p->head_dim), ctx->local_mem, ctx->mma,
+                           p->dtype == FLASHPORT_F32, t);
     if (*t == 0)
         return fp_ocl_host()->set_error(FLASHPORT_ERR_UNSUPPORTED_HEAD_DIM,
                                         "opencl: head dim %lld needs more local memory than "
@@ -264,35 +285,61 @@ static flashport_status plan(const fp_ocl_ctx *ctx, const fp_problem *p, int kin
     return FLASHPORT_OK;
 }
 
-static void log_call(const fp_ocl_ctx *ctx, const fp_problem *p, const char *dir, int64_t t)
+/* The program of a planned call (lock held); planned again for the plain path when its
+ * tensor-core build failed (whose tiles may differ). */
+static flashport_status program_for(fp_ocl_ctx *ctx, const fp_problem *p, int kind, int64_t *t,
+                                    int variant, const fp_ocl_program **pr)
+{
+    const int64_t d = fp_ocl_dim_class(p->head_dim);
+    flashport_status st = get_program(ctx, p->dtype, d, *t, variant, pr);
+    if (st == FLASHPORT_OK && !*pr) {
+        st = plan(ctx, p, kind, t, &variant);
+        if (st == FLASHPORT_OK)
+            st = get_program(ctx, p->dtype, d, *t, variant, pr);
+    }
+    return st;
+}
+
+/* Bytes of one [t, D] local tile of a program (ocl_plan.h). */
+static size_t tile_bytes(const fp_ocl_program *pr)
+{
+    return (size_t)(pr->tile * fp_ocl_tile_ld(pr->head_dim, pr->variant) *
+                    fp_ocl_tile_elem_bytes(pr->variant));
+}
+
+static void log_call(const fp_ocl_ctx *ctx, const fp_problem *p, const char *dir,
+                     const fp_ocl_program *pr)
 {
     if (fp_ocl_host()->log_enabled())
-        fp_ocl_host()->log("opencl: %s %s D=%lld on '%s': plain kernels (no subgroup variant), "
-                           "head-dim class %lld, tiles %lldx%lld, %d work-items",
+        fp_ocl_host()->log("opencl: %s %s D=%lld on '%s': %s, head-dim class %lld, tiles "
+                           "%lldx%lld, %d work-items",
                            dir, dtype_names[dtype_index(p->dtype)], (long long)p->head_dim,
-                           ctx->device_name, (long long)fp_ocl_dim_class(p->head_dim), (long long)t,
-                           (long long)t, FP_OCL_WG);
+                           ctx->device_name, variant_names[pr->variant], (long long)pr->head_dim,
+                           (long long)pr->tile, (long long)pr->tile, FP_OCL_WG);
 }
 
 flashport_status fp_ocl_forward(fp_ocl_ctx *ctx, const fp_problem *p)
 {
     const fp_ocl_api *cl = ctx->cl;
     int64_t t = 0;
+    int variant = FP_OCL_PLAIN;
     fp_ocl_args a;
     bound m;
     const fp_ocl_program *pr = NULL;
     pthread_mutex_lock(&ctx->lock);
-    flashport_status st = plan(ctx, p, FP_OCL_FORWARD, &t);
+    flashport_status st = plan(ctx, p, FP_OCL_FORWARD, &t, &variant);
     if (st == FLASHPORT_OK)
         st = bind_problem(ctx, p, 0, &a, &m);
     if (st == FLASHPORT_OK)
-        st = get_program(ctx, p->dtype, fp_ocl_dim_class(p->head_dim), t, &pr);
+        st = program_for(ctx, p, FP_OCL_FORWARD, &t, variant, &pr);
     const size_t blocks = (size_t)((p->seqlen_q + t - 1) / (t ? t : 1));
     if (st == FLASHPORT_OK && blocks > 0 && p->heads > 0 && p->batch > 0) {
-        log_call(ctx, p, "forward", t);
+        log_call(ctx, p, "forward", pr);
         const cl_mem bufs[8] = {m.q, m.k, m.v, m.o, m.lse, m.cu_q, m.cu_k, m.alibi};
-        const size_t ld = (size_t)fp_ocl_tile_ld(fp_ocl_dim_class(p->head_dim)), tt = (size_t)t;
-        const size_t local[4] = {tt * ld * 4, tt * ld * 4, tt * tt * 4, tt * 4};
+        const size_t tb = tile_bytes(pr), tt = (size_t)t, ls = (size_t)fp_ocl_score_ld(t);
+        /* K and V share one tile on the plain path (kernels/flash.cl's FP_OCL_KV_APART). */
+        const size_t kv = pr->variant == FP_OCL_PLAIN ? tb : 2 * tb;
+        const size_t local[4] = {tb, kv, tt * ls * 4, tt * 4};
         st = set_args(cl, pr->fwd, &a, bufs, 8, local, 4);
         const size_t global[3] = {blocks * FP_OCL_WG, (size_t)p->heads, (size_t)p->batch};
         const size_t wg[3] = {FP_OCL_WG, 1, 1};
@@ -315,9 +362,10 @@ flashport_status fp_ocl_workspace_size(fp_ocl_ctx *ctx, const fp_problem *p, int
                                        size_t *bytes)
 {
     int64_t t = 0;
+    int variant;
     *bytes = 0;
     pthread_mutex_lock(&ctx->lock);
-    flashport_status st = plan(ctx, p, backward ? FP_OCL_BACKWARD : FP_OCL_FORWARD, &t);
+    flashport_status st = plan(ctx, p, backward ? FP_OCL_BACKWARD : FP_OCL_FORWARD, &t, &variant);
     pthread_mutex_unlock(&ctx->lock);
     if (st == FLASHPORT_OK && backward)
         *bytes = delta_bytes(p);
@@ -355,17 +403,18 @@ flashport_status fp_ocl_backward(fp_ocl_ctx *ctx, const fp_problem *p)
 {
     const fp_ocl_api *cl = ctx->cl;
     int64_t t = 0;
+    int variant = FP_OCL_PLAIN;
     fp_ocl_args a;
     bound m;
     const fp_ocl_program *pr = NULL;
     cl_mem delta = NULL, owned = NULL;
     cl_event dq_done = NULL;
     pthread_mutex_lock(&ctx->lock);
-    flashport_status st = plan(ctx, p, FP_OCL_BACKWARD, &t);
+    flashport_status st = plan(ctx, p, FP_OCL_BACKWARD, &t, &variant);
     if (st == FLASHPORT_OK)
         st = bind_problem(ctx, p, 1, &a, &m);
     if (st == FLASHPORT_OK)
-        st = get_program(ctx, p->dtype, fp_ocl_dim_class(p->head_dim), t, &pr);
+        st = program_for(ctx, p, FP_OCL_BACKWARD, &t, variant, &pr);
     if (st == FLASHPORT_OK && (p->batch == 0 || p->heads == 0)) {
         pthread_mutex_unlock(&ctx->lock);
         return FLASHPORT_OK;
@@ -373,16 +422,15 @@ flashport_status fp_ocl_backward(fp_ocl_ctx *ctx, const fp_problem *p)
     if (st == FLASHPORT_OK)
         st = take_delta(ctx, p, &a, &delta, &owned);
     if (st == FLASHPORT_OK)
-        log_call(ctx, p, "backward", t);
-    const size_t ld = (size_t)fp_ocl_tile_ld(fp_ocl_dim_class(p->head_dim)), tt = (size_t)t,
+        log_call(ctx, p, "backward", pr);
+    const size_t tb = pr ? tile_bytes(pr) : 0, tt = (size_t)t, ls = (size_t)fp_ocl_score_ld(t),
                  wg[3] = {FP_OCL_WG, 1, 1};
     const size_t q_blocks = (size_t)((p->seqlen_q + t - 1) / (t ? t : 1));
     const size_t k_blocks = (size_t)((p->seqlen_k + t - 1) / (t ? t : 1));
     if (st == FLASHPORT_OK && q_blocks > 0) {
         const cl_mem bufs[11] = {m.q,  m.k,   m.v,    m.o,    m.lse,  m.dout,
                                  m.dq, delta, m.cu_q, m.cu_k, m.alibi};
-        const size_t local[6] = {tt * ld * 4, tt * ld * 4, tt * ld * 4,
-                                 tt * ld * 4, tt * tt * 4, 2 * tt * 4};
+        const size_t local[6] = {tb, tb, tb, tb, tt * ls * 4, 2 * tt * 4};
         st = set_args(cl, pr->bwd_dq, &a, bufs, 11, local, 6);
         const size_t global[3] = {q_blocks * FP_OCL_WG, (size_t)p->heads, (size_t)p->batch};
         if (st == FLASHPORT_OK)
@@ -393,8 +441,7 @@ flashport_status fp_ocl_backward(fp_ocl_ctx *ctx, const fp_problem *p)
     if (st == FLASHPORT_OK && k_blocks > 0) {
         const cl_mem bufs[11] = {m.q,  m.k,   m.v,    m.lse,  m.dout, m.dk,
                                  m.dv, delta, m.cu_q, m.cu_k, m.alibi};
-        const size_t local[7] = {tt * ld * 4, tt * ld * 4, tt * ld * 4, tt * ld * 4,
-                                 tt * tt * 4, tt * tt * 4, 2 * tt * 4};
+        const size_t local[7] = {tb, tb, tb, tb, tt * ls * 4, tt * ls * 4, 2 * tt * 4};
         st = set_args(cl, pr->bwd_dkdv, &a, bufs, 11, local, 7);
         const size_t global[3] = {k_blocks * FP_OCL_WG, (size_t)p->kv_heads, (size_t)p->batch};
         if (st == FLASHPORT_OK) /* waits for the delta even on an out-of-order queue */

@@ -70,11 +70,12 @@ typedef struct fp_ocl_alloc {
     cl_mem mem;
 } fp_ocl_alloc;
 
-/* One built program: the kernels for one dtype, head-dim class and tile size (kernels/flash.cl
- * takes them as compile-time constants). */
+/* One built program: the kernels for one dtype, head-dim class, tile size and variant
+ * (kernels/flash.cl takes them as compile-time constants). */
 typedef struct fp_ocl_program {
     flashport_dtype dtype;
     int64_t head_dim, tile;
+    int variant; /* FP_OCL_PLAIN, FP_OCL_MMA_NV or FP_OCL_MMA_EMULATED (ocl_plan.h) */
     cl_program program;
     cl_kernel fwd, bwd_dq, bwd_dkdv;
 } fp_ocl_program;
@@ -95,6 +96,11 @@ typedef struct fp_ocl_ctx {
     char platform_name[128], device_name[128];
     size_t local_mem; /* bytes of local memory per work-group */
     size_t max_alloc; /* CL_DEVICE_MAX_MEM_ALLOC_SIZE: the largest one buffer may be */
+    /* The tensor-core variant f16 / bf16 programs get (ocl_plan.h's fp_ocl_variant): FP_OCL_MMA_NV
+     * on NVIDIA devices of compute capability >= 8.0 (or FLASHPORT_OPENCL_MMA=nv),
+     * FP_OCL_MMA_EMULATED when FLASHPORT_OPENCL_MMA=emulate, FP_OCL_PLAIN when
+     * FLASHPORT_OPENCL_MMA=0, on other devices, or after an FP_OCL_MMA_NV build failed (logged). */
+    int mma;
     /* Programs of the current context, built on first use and kept (ocl_attention.c); when
      * the cache is full the oldest is released. */
     fp_ocl_program programs[FP_OCL_MAX_PROGRAMS];

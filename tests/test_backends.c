@@ -11,6 +11,9 @@
  * write fails, and an element outside the output views that it overwrites fails too. Its
  * backward receives its own forward's O and LSE.
  *
+ * --filter keeps the cases whose name contains TEXT, or with a leading '^' those whose name
+ * starts with the rest ("^f16 ": the f16 cases, not the bf16 ones).
+ *
  * Pass rule (tests/test_util.h): per tensor, max-abs and relative L2 error within
  * TU_TOL_FACTOR x those of a naive same-precision computation, plus a floor of 2 dtype units.
  * Deterministic cases run the backward twice and require bitwise-identical gradients.
@@ -618,6 +621,12 @@ done_nodata:
     count(t, bwd);
 }
 
+static int name_matches(const char *name, const char *filter)
+{
+    return filter[0] == '^' ? !strncmp(name, filter + 1, strlen(filter + 1))
+                            : strstr(name, filter) != NULL;
+}
+
 int main(int argc, char **argv)
 {
     const char *backend_name = getenv("FLASHPORT_BACKEND"), *filter = NULL;
@@ -675,7 +684,7 @@ int main(int argc, char **argv)
     for (int i = 0; i < n; i++) {
         char name[200];
         tc_case_name(&cases[i], name, sizeof name);
-        if ((quick && !cases[i].quick) || (filter && !strstr(name, filter)))
+        if ((quick && !cases[i].quick) || (filter && !name_matches(name, filter)))
             continue;
         run_case(be, ref, &cases[i], i, &t);
         fflush(stdout);

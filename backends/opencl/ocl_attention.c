@@ -4,9 +4,20 @@
  * the handle, the tile plan, the backward's scratch (the caller's workspace or a buffer of the
  * call), and the launches of the forward and of the two backward kernels.
  *
- * Kernel variants: one, the plain path (local-memory tiles, f32 arithmetic), on every device. No
- * subgroup or matrix-extension variant (docs/opencl.md says why); FLASHPORT_LOG lists the
- * device's extensions at open and names the variant of every call.
+ * Kernel variants (ocl_plan.h): the plain path (local-memory tiles, f32 FMAs) on every device;
+ * for f16 and bf16 storage on NVIDIA devices of compute capability >= 8.0, the tensor-core path
+ * (kernels/mma_nv.cl: mma.sync through inline PTX), unless FLASHPORT_OPENCL_MMA=0. A tensor-core
+ * program the driver refuses is remembered by its key (dtype, head-dim class, tile) and its
+ * calls are planned again on the plain path with the plain path's own tiles (logged with the
+ * driver's build log); the other keys are unaffected. FLASHPORT_OPENCL_MMA=emulate builds the
+ * tensor-core path with the instruction emulated in local memory, on any device (the test of its
+ * layouts; a failed build is then an error). FLASHPORT_LOG lists the device's extensions at open
+ * and names the variant of every build and call.
+ *
+ * The first run of each kernel of a program is waited for, with the local memory the driver says
+ * it takes checked against the device's first: a kernel that faults (NVIDIA's error -9999, after
+ * which the context fails every call) is named in the error of the call that ran it, not in
+ * whatever call happens to wait next.
  */
 #define _POSIX_C_SOURCE 200809L /* clock_gettime */
 
@@ -15,6 +26,7 @@
 #include "backends/opencl/ocl_plan.h"
 
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
@@ -23,6 +35,8 @@
 extern const char fp_ocl_program_source[];
 
 static const char *const dtype_names[3] = {"f32", "f16", "bf16"};
+static const char *const variant_names[3] = {"plain kernels", "tensor-core kernels (mma.sync)",
+                                             "emulated tensor-core kernels"};
 
 static double now_ms(void)
 {
@@ -36,12 +50,14 @@ static int dtype_index(flashport_dtype dt)
     return dt == FLASHPORT_F32 ? 0 : dt == FLASHPORT_F16 ? 1 : 2;
 }
 
+static const char *const kernel_names[3] = {"fp_ocl_forward", "fp_ocl_backward_dq",
+                                            "fp_ocl_backward_dkdv"};
+
 static void release_program(const fp_ocl_api *cl, fp_ocl_program *pr)
 {
-    cl_kernel ks[3] = {pr->fwd, pr->bwd_dq, pr->bwd_dkdv};
     for (int j = 0; j < 3; j++)
-        if (ks[j])
-            (void)cl->clReleaseKernel(ks[j]);
+        if (pr->kernels[j])
+            (void)cl->clReleaseKernel(pr->kernels[j]);
     if (pr->program)
         (void)cl->clReleaseProgram(pr->program);
     memset(pr, 0, sizeof *pr);
@@ -54,15 +70,81 @@ void fp_ocl_release_programs(fp_ocl_ctx *ctx)
     ctx->num_programs = 0;
 }
 
-/* The program for (dtype, head dim d, tile t) in the current context, built on first use (lock
- * held). */
-static flashport_status get_program(fp_ocl_ctx *ctx, flashport_dtype dtype, int64_t d, int64_t t,
-                                    const fp_ocl_program **out)
+/* The driver's build log of a program (malloc'ed; NULL where it gives none). */
+static char *read_build_log(const fp_ocl_api *cl, cl_program program, cl_device_id device)
 {
+    size_t len = 0;
+    if (cl->clGetProgramBuildInfo(program, device, CL_PROGRAM_BUILD_LOG, 0, NULL, &len) !=
+            CL_SUCCESS ||
+        len <= 1)
+        return NULL;
+    char *log = malloc(len + 1);
+    if (log && cl->clGetProgramBuildInfo(program, device, CL_PROGRAM_BUILD_LOG, len, log, NULL) !=
+                   CL_SUCCESS) {
+        free(log);
+        return NULL;
+    }
+    if (log)
+        log[len] = '\0';
+    return log;
+}
+
+/* A build log shortened to `size` bytes for a one-line message: its lines that mention an error
+ * (ptxas and the front end say "error"), or where none does, its end; line breaks become " | "
+ * or spaces. */
+static void build_log_excerpt(const char *log, char *out, size_t size)
+{
+    size_t n = 0;
+    out[0] = '\0';
+    if (!log) {
+        snprintf(out, size, "(the driver gave no build log)");
+        return;
+    }
+    for (const char *line = log; *line && n + 1 < size;) {
+        const char *end = strchr(line, '\n');
+        const int width = (int)(end ? (size_t)(end - line) : strlen(line));
+        const char *err = strstr(line, "error");
+        if (err && (!end || err < end))
+            n += (size_t)snprintf(out + n, size - n, "%s%.*s", n ? " | " : "", width, line);
+        line = end ? end + 1 : line + width;
+    }
+    if (n == 0) { /* no line names an error: the log's end */
+        const size_t total = strlen(log), keep = total < size - 1 ? total : size - 1;
+        memcpy(out, log + total - keep, keep);
+        out[keep] = '\0';
+        for (char *c = out; *c; c++)
+            if (*c == '\n')
+                *c = ' ';
+    }
+}
+
+/* Keeps a program (or a failed key) in the handle's cache, releasing the oldest when it is full;
+ * returns its place. */
+static fp_ocl_program *cache_put(fp_ocl_ctx *ctx, const fp_ocl_program *pr)
+{
+    if (ctx->num_programs == FP_OCL_MAX_PROGRAMS) { /* full: the oldest goes */
+        release_program(ctx->cl, &ctx->programs[0]);
+        memmove(&ctx->programs[0], &ctx->programs[1],
+                (FP_OCL_MAX_PROGRAMS - 1) * sizeof ctx->programs[0]);
+        ctx->num_programs--;
+    }
+    ctx->programs[ctx->num_programs] = *pr;
+    return &ctx->programs[ctx->num_programs++];
+}
+
+/* The program for (dtype, head-dim class d, tile t, variant) in the current context, built on
+ * first use and kept (lock held). A tensor-core (FP_OCL_MMA_NV) build the driver refuses is kept
+ * as a failed key, logged once with the driver's log, and gives *out = NULL with FLASHPORT_OK:
+ * the caller plans the call again on the plain path. Any other failed build is the call's error,
+ * with an excerpt of the driver's log. */
+static flashport_status get_program(fp_ocl_ctx *ctx, flashport_dtype dtype, int64_t d, int64_t t,
+                                    int variant, fp_ocl_program **out)
+{
+    *out = NULL;
     for (int i = 0; i < ctx->num_programs; i++) {
-        const fp_ocl_program *pr = &ctx->programs[i];
-        if (pr->dtype == dtype && pr->head_dim == d && pr->tile == t) {
-            *out = pr;
+        fp_ocl_program *pr = &ctx->programs[i];
+        if (pr->dtype == dtype && pr->head_dim == d && pr->tile == t && pr->variant == variant) {
+            *out = pr->failed ? NULL : pr;
             return FLASHPORT_OK;
         }
     }
@@ -71,61 +153,72 @@ static flashport_status get_program(fp_ocl_ctx *ctx, flashport_dtype dtype, int6
     const double t0 = now_ms();
     const char *src = fp_ocl_program_source;
     cl_int err;
-    fp_ocl_program pr = {dtype, d, t, NULL, NULL, NULL, NULL};
+    fp_ocl_program pr = {.dtype = dtype, .head_dim = d, .tile = t, .variant = variant};
     pr.program = cl->clCreateProgramWithSource(ctx->context, 1, &src, NULL, &err);
     flashport_status st = fp_ocl_check(err, "clCreateProgramWithSource");
     if (st != FLASHPORT_OK)
         return st;
-    char options[128];
+    char options[192];
     snprintf(options, sizeof options,
-             "-cl-std=CL1.2 -DFP_OCL_DTYPE=%d -DFP_OCL_D=%lld -DFP_OCL_T=%lld", dt, (long long)d,
-             (long long)t);
+             "-cl-std=CL1.2 -DFP_OCL_DTYPE=%d -DFP_OCL_D=%lld -DFP_OCL_T=%lld -DFP_OCL_MMA=%d "
+             "-DFP_OCL_MMA_EMULATE=%d",
+             dt, (long long)d, (long long)t, variant != FP_OCL_PLAIN,
+             variant == FP_OCL_MMA_EMULATED);
     err = cl->clBuildProgram(pr.program, 1, &ctx->device, options, NULL, NULL);
     if (err != CL_SUCCESS) {
-        char log[1536] = "";
-        (void)cl->clGetProgramBuildInfo(pr.program, ctx->device, CL_PROGRAM_BUILD_LOG,
-                                        sizeof log - 1, log, NULL);
+        char *full = read_build_log(cl, pr.program, ctx->device), log[640];
+        build_log_excerpt(full, log, sizeof log);
+        if (fp_ocl_host()->log_enabled()) /* all of it: what the next GPU run needs to read */
+            fp_ocl_host()->log("opencl: the driver's build log of %s (OpenCL error %d):\n%s\n"
+                               "opencl: (end of the build log)",
+                               options, (int)err, full ? full : "(none)");
+        free(full);
         release_program(cl, &pr);
+        if (variant == FP_OCL_MMA_NV) {
+            if (fp_ocl_host()->log_enabled())
+                fp_ocl_host()->log("opencl: building the %s (%s) for '%s' failed (OpenCL error "
+                                   "%d), the plain kernels serve this key from now on; build "
+                                   "log: %s",
+                                   variant_names[variant], options, ctx->device_name, (int)err,
+                                   log);
+            pr = (fp_ocl_program){.dtype = dtype, .head_dim = d, .tile = t, .variant = variant};
+            pr.failed = 1;
+            (void)cache_put(ctx, &pr);
+            return FLASHPORT_OK;
+        }
         return fp_ocl_host()->set_error(FLASHPORT_ERR_DEVICE,
-                                        "opencl: building the attention program (%s) for '%s' "
-                                        "failed (OpenCL error %d): %s",
-                                        options, ctx->device_name, (int)err, log);
+                                        "opencl: building the %s (%s) for '%s' failed (OpenCL "
+                                        "error %d); build log: %s",
+                                        variant_names[variant], options, ctx->device_name, (int)err,
+                                        log);
     }
-    static const char *const names[3] = {"fp_ocl_forward", "fp_ocl_backward_dq",
-                                         "fp_ocl_backward_dkdv"};
-    cl_kernel *ks[3] = {&pr.fwd, &pr.bwd_dq, &pr.bwd_dkdv};
     for (int j = 0; j < 3 && st == FLASHPORT_OK; j++) {
-        *ks[j] = cl->clCreateKernel(pr.program, names[j], &err);
-        st = fp_ocl_check(err, names[j]);
+        pr.kernels[j] = cl->clCreateKernel(pr.program, kernel_names[j], &err);
+        st = fp_ocl_check(err, kernel_names[j]);
     }
     for (int j = 0; j < 3 && st == FLASHPORT_OK; j++) {
         size_t wg = 0;
-        st = fp_ocl_check(cl->clGetKernelWorkGroupInfo(
-                              *ks[j], ctx->device, CL_KERNEL_WORK_GROUP_SIZE, sizeof wg, &wg, NULL),
+        st = fp_ocl_check(cl->clGetKernelWorkGroupInfo(pr.kernels[j], ctx->device,
+                                                       CL_KERNEL_WORK_GROUP_SIZE, sizeof wg, &wg,
+                                                       NULL),
                           "clGetKernelWorkGroupInfo");
         if (st == FLASHPORT_OK && wg < FP_OCL_WG)
             st = fp_ocl_host()->set_error(FLASHPORT_ERR_UNSUPPORTED_FEATURE,
                                           "opencl: '%s' runs %s (D = %lld) with at most %zu "
                                           "work-items per work-group; the kernels need %d",
-                                          ctx->device_name, names[j], (long long)d, wg, FP_OCL_WG);
+                                          ctx->device_name, kernel_names[j], (long long)d, wg,
+                                          FP_OCL_WG);
     }
     if (st != FLASHPORT_OK) {
         release_program(cl, &pr);
         return st;
     }
-    if (ctx->num_programs == FP_OCL_MAX_PROGRAMS) { /* full: the oldest goes */
-        release_program(cl, &ctx->programs[0]);
-        memmove(&ctx->programs[0], &ctx->programs[1],
-                (FP_OCL_MAX_PROGRAMS - 1) * sizeof ctx->programs[0]);
-        ctx->num_programs--;
-    }
-    ctx->programs[ctx->num_programs] = pr;
-    *out = &ctx->programs[ctx->num_programs++];
+    *out = cache_put(ctx, &pr);
     if (fp_ocl_host()->log_enabled())
-        fp_ocl_host()->log("opencl: built the plain kernels for %s, D = %lld, %lld x %lld tiles "
-                           "on '%s' in %.0f ms",
-                           dtype_names[dt], (long long)d, (long long)t, (long long)t,
-                           ctx->device_name, now_ms() - t0);
+        fp_ocl_host()->log("opencl: built the %s for %s, D = %lld, %lld x %lld tiles on '%s' in "
+                           "%.0f ms",
+                           variant_names[variant], dtype_names[dt], (long long)d, (long long)t,
+                           (long long)t, ctx->device_name, now_ms() - t0);
     return FLASHPORT_OK;
 }
 
@@ -239,23 +332,14 @@ static flashport_status bind_problem(const fp_ocl_ctx *ctx, const fp_problem *p,
     return st;
 }
 
-/* Sets the kernel's arguments: the block, then buffers, then `nlocal` local tiles. */
-static flashport_status set_args(const fp_ocl_api *cl, cl_kernel k, const fp_ocl_args *a,
-                                 const cl_mem *bufs, int nbufs, const size_t *local, int nlocal)
+/* The variant and tile size of a call on the device's variant `device` (ctx->mma, or
+ * FP_OCL_PLAIN once a tensor-core build of the call's key failed), or the error for a head dim no
+ * tile fits (lock held). */
+static flashport_status plan(const fp_ocl_ctx *ctx, const fp_problem *p, int kind, int device,
+                             int64_t *t, int *variant)
 {
-    cl_uint i = 0;
-    cl_int err = cl->clSetKernelArg(k, i++, sizeof *a, a);
-    for (int b = 0; b < nbufs && err == CL_SUCCESS; b++)
-        err = cl->clSetKernelArg(k, i++, sizeof(cl_mem), &bufs[b]);
-    for (int l = 0; l < nlocal && err == CL_SUCCESS; l++)
-        err = cl->clSetKernelArg(k, i++, local[l], NULL);
-    return fp_ocl_check(err, "clSetKernelArg");
-}
-
-/* The tile size of a call, or the error for a head dim no tile fits (lock held). */
-static flashport_status plan(const fp_ocl_ctx *ctx, const fp_problem *p, int kind, int64_t *t)
-{
-    *t = fp_ocl_tile(kind, fp_ocl_dim_class(p->head_dim), ctx->local_mem);
+    *variant = fp_ocl_plan(kind, fp_ocl_dim_class(p->head_dim), ctx->local_mem, device,
+                           p->dtype == FLASHPORT_F32, t);
     if (*t == 0)
         return fp_ocl_host()->set_error(FLASHPORT_ERR_UNSUPPORTED_HEAD_DIM,
                                         "opencl: head dim %lld needs more local memory than "
@@ -264,42 +348,123 @@ static flashport_status plan(const fp_ocl_ctx *ctx, const fp_problem *p, int kin
     return FLASHPORT_OK;
 }
 
-static void log_call(const fp_ocl_ctx *ctx, const fp_problem *p, const char *dir, int64_t t)
+/* The program of a call planned at tile t on `variant`; where that is a tensor-core key the
+ * driver refused (get_program: now or earlier), the call is planned again on the plain path,
+ * whose tiles are its own (ocl_plan.h's table; lock held). */
+static flashport_status program_for(fp_ocl_ctx *ctx, const fp_problem *p, int kind, int64_t t,
+                                    int variant, fp_ocl_program **pr)
+{
+    const int64_t d = fp_ocl_dim_class(p->head_dim);
+    flashport_status st = get_program(ctx, p->dtype, d, t, variant, pr);
+    if (st == FLASHPORT_OK && !*pr) {
+        st = plan(ctx, p, kind, FP_OCL_PLAIN, &t, &variant);
+        if (st == FLASHPORT_OK)
+            st = get_program(ctx, p->dtype, d, t, variant, pr);
+    }
+    return st;
+}
+
+static void log_call(const fp_ocl_ctx *ctx, const fp_problem *p, const char *dir,
+                     const fp_ocl_program *pr)
 {
     if (fp_ocl_host()->log_enabled())
-        fp_ocl_host()->log("opencl: %s %s D=%lld on '%s': plain kernels (no subgroup variant), "
-                           "head-dim class %lld, tiles %lldx%lld, %d work-items",
+        fp_ocl_host()->log("opencl: %s %s D=%lld on '%s': %s, head-dim class %lld, tiles "
+                           "%lldx%lld, %d work-items",
                            dir, dtype_names[dtype_index(p->dtype)], (long long)p->head_dim,
-                           ctx->device_name, (long long)fp_ocl_dim_class(p->head_dim), (long long)t,
-                           (long long)t, FP_OCL_WG);
+                           ctx->device_name, variant_names[pr->variant], (long long)pr->head_dim,
+                           (long long)pr->tile, (long long)pr->tile, FP_OCL_WG);
+}
+
+/* The local memory the driver says kernel k of pr takes with its arguments set, checked against
+ * the device's before its first launch (lock held). */
+static flashport_status check_local_mem(const fp_ocl_ctx *ctx, const fp_ocl_program *pr, int k)
+{
+    cl_ulong used = 0;
+    flashport_status st = fp_ocl_check(
+        ctx->cl->clGetKernelWorkGroupInfo(pr->kernels[k], ctx->device, CL_KERNEL_LOCAL_MEM_SIZE,
+                                          sizeof used, &used, NULL),
+        "clGetKernelWorkGroupInfo(CL_KERNEL_LOCAL_MEM_SIZE)");
+    const size_t planned = fp_ocl_kernel_local_bytes(k, pr->tile, pr->head_dim, pr->variant);
+    if (fp_ocl_host()->log_enabled())
+        fp_ocl_host()->log("opencl: %s of the %s for %s, D = %lld, T = %lld takes %llu bytes of "
+                           "local memory by the driver's count (planned: %zu of %zu)",
+                           kernel_names[k], variant_names[pr->variant],
+                           dtype_names[dtype_index(pr->dtype)], (long long)pr->head_dim,
+                           (long long)pr->tile, (unsigned long long)used, planned, ctx->local_mem);
+    if (st == FLASHPORT_OK && used > ctx->local_mem)
+        st = fp_ocl_host()->set_error(FLASHPORT_ERR_DEVICE,
+                                      "opencl: %s of the %s for %s, D = %lld, T = %lld needs %llu "
+                                      "bytes of local memory; '%s' has %zu (the planner counted "
+                                      "%zu)",
+                                      kernel_names[k], variant_names[pr->variant],
+                                      dtype_names[dtype_index(pr->dtype)], (long long)pr->head_dim,
+                                      (long long)pr->tile, (unsigned long long)used,
+                                      ctx->device_name, ctx->local_mem, planned);
+    return st;
+}
+
+/* Enqueues kernel k of pr over `groups` work-groups (x) by global[1] x global[2]: the argument
+ * block, the buffers, then the local tiles of ocl_plan.h's fp_ocl_local_args. The first launch
+ * of each kernel of a program checks its local memory and is waited for, so that a kernel the
+ * device cannot run is this call's error, named (lock held). */
+static flashport_status launch(fp_ocl_ctx *ctx, fp_ocl_program *pr, int k, const fp_ocl_args *a,
+                               const cl_mem *bufs, int nbufs, size_t groups, size_t global1,
+                               size_t global2, const cl_event *wait, cl_event *done)
+{
+    const fp_ocl_api *cl = ctx->cl;
+    size_t local[FP_OCL_MAX_LOCAL_ARGS];
+    const int nlocal = fp_ocl_local_args(k, pr->tile, pr->head_dim, pr->variant, local);
+    cl_uint i = 0;
+    cl_int err = cl->clSetKernelArg(pr->kernels[k], i++, sizeof *a, a);
+    for (int b = 0; b < nbufs && err == CL_SUCCESS; b++)
+        err = cl->clSetKernelArg(pr->kernels[k], i++, sizeof(cl_mem), &bufs[b]);
+    for (int l = 0; l < nlocal && err == CL_SUCCESS; l++)
+        err = cl->clSetKernelArg(pr->kernels[k], i++, local[l], NULL);
+    flashport_status st = fp_ocl_check(err, "clSetKernelArg");
+    if (st == FLASHPORT_OK && !pr->ran[k])
+        st = check_local_mem(ctx, pr, k);
+    const size_t global[3] = {groups * FP_OCL_WG, global1, global2}, wg[3] = {FP_OCL_WG, 1, 1};
+    if (st == FLASHPORT_OK)
+        st = fp_ocl_check(cl->clEnqueueNDRangeKernel(ctx->queue, pr->kernels[k], 3, NULL, global,
+                                                     wg, wait ? 1 : 0, wait, done),
+                          kernel_names[k]);
+    if (st == FLASHPORT_OK && !pr->ran[k]) {
+        err = cl->clFinish(ctx->queue);
+        if (err != CL_SUCCESS)
+            return fp_ocl_host()->set_error(
+                FLASHPORT_ERR_DEVICE,
+                "opencl: the first run of %s of the %s for %s, D = %lld, T = %lld on '%s' failed "
+                "(OpenCL error %d%s)",
+                kernel_names[k], variant_names[pr->variant], dtype_names[dtype_index(pr->dtype)],
+                (long long)pr->head_dim, (long long)pr->tile, ctx->device_name, (int)err,
+                err == -9999 ? ": NVIDIA's code for a fault inside a kernel, after which the "
+                               "context fails every call"
+                             : "");
+        pr->ran[k] = 1;
+    }
+    return st;
 }
 
 flashport_status fp_ocl_forward(fp_ocl_ctx *ctx, const fp_problem *p)
 {
-    const fp_ocl_api *cl = ctx->cl;
-    int64_t t = 0;
     fp_ocl_args a;
     bound m;
-    const fp_ocl_program *pr = NULL;
+    fp_ocl_program *pr = NULL;
+    int64_t t = 0;
+    int variant = FP_OCL_PLAIN;
     pthread_mutex_lock(&ctx->lock);
-    flashport_status st = plan(ctx, p, FP_OCL_FORWARD, &t);
+    flashport_status st = plan(ctx, p, FP_OCL_FORWARD, ctx->mma, &t, &variant);
     if (st == FLASHPORT_OK)
         st = bind_problem(ctx, p, 0, &a, &m);
     if (st == FLASHPORT_OK)
-        st = get_program(ctx, p->dtype, fp_ocl_dim_class(p->head_dim), t, &pr);
-    const size_t blocks = (size_t)((p->seqlen_q + t - 1) / (t ? t : 1));
+        st = program_for(ctx, p, FP_OCL_FORWARD, t, variant, &pr);
+    t = pr ? pr->tile : 1; /* the plain path's own tile where a tensor-core build failed */
+    const size_t blocks = (size_t)((p->seqlen_q + t - 1) / t);
     if (st == FLASHPORT_OK && blocks > 0 && p->heads > 0 && p->batch > 0) {
-        log_call(ctx, p, "forward", t);
+        log_call(ctx, p, "forward", pr);
         const cl_mem bufs[8] = {m.q, m.k, m.v, m.o, m.lse, m.cu_q, m.cu_k, m.alibi};
-        const size_t ld = (size_t)fp_ocl_tile_ld(fp_ocl_dim_class(p->head_dim)), tt = (size_t)t;
-        const size_t local[4] = {tt * ld * 4, tt * ld * 4, tt * tt * 4, tt * 4};
-        st = set_args(cl, pr->fwd, &a, bufs, 8, local, 4);
-        const size_t global[3] = {blocks * FP_OCL_WG, (size_t)p->heads, (size_t)p->batch};
-        const size_t wg[3] = {FP_OCL_WG, 1, 1};
-        if (st == FLASHPORT_OK)
-            st = fp_ocl_check(
-                cl->clEnqueueNDRangeKernel(ctx->queue, pr->fwd, 3, NULL, global, wg, 0, NULL, NULL),
-                "clEnqueueNDRangeKernel(fp_ocl_forward)");
+        st = launch(ctx, pr, FP_OCL_KERNEL_FORWARD, &a, bufs, 8, blocks, (size_t)p->heads,
+                    (size_t)p->batch, NULL, NULL);
     }
     pthread_mutex_unlock(&ctx->lock);
     return st;
@@ -315,9 +480,11 @@ flashport_status fp_ocl_workspace_size(fp_ocl_ctx *ctx, const fp_problem *p, int
                                        size_t *bytes)
 {
     int64_t t = 0;
+    int variant;
     *bytes = 0;
     pthread_mutex_lock(&ctx->lock);
-    flashport_status st = plan(ctx, p, backward ? FP_OCL_BACKWARD : FP_OCL_FORWARD, &t);
+    flashport_status st =
+        plan(ctx, p, backward ? FP_OCL_BACKWARD : FP_OCL_FORWARD, ctx->mma, &t, &variant);
     pthread_mutex_unlock(&ctx->lock);
     if (st == FLASHPORT_OK && backward)
         *bytes = delta_bytes(p);
@@ -354,18 +521,19 @@ static flashport_status take_delta(const fp_ocl_ctx *ctx, const fp_problem *p, f
 flashport_status fp_ocl_backward(fp_ocl_ctx *ctx, const fp_problem *p)
 {
     const fp_ocl_api *cl = ctx->cl;
-    int64_t t = 0;
     fp_ocl_args a;
     bound m;
-    const fp_ocl_program *pr = NULL;
+    fp_ocl_program *pr = NULL;
     cl_mem delta = NULL, owned = NULL;
     cl_event dq_done = NULL;
+    int64_t t = 0;
+    int variant = FP_OCL_PLAIN;
     pthread_mutex_lock(&ctx->lock);
-    flashport_status st = plan(ctx, p, FP_OCL_BACKWARD, &t);
+    flashport_status st = plan(ctx, p, FP_OCL_BACKWARD, ctx->mma, &t, &variant);
     if (st == FLASHPORT_OK)
         st = bind_problem(ctx, p, 1, &a, &m);
     if (st == FLASHPORT_OK)
-        st = get_program(ctx, p->dtype, fp_ocl_dim_class(p->head_dim), t, &pr);
+        st = program_for(ctx, p, FP_OCL_BACKWARD, t, variant, &pr);
     if (st == FLASHPORT_OK && (p->batch == 0 || p->heads == 0)) {
         pthread_mutex_unlock(&ctx->lock);
         return FLASHPORT_OK;
@@ -373,35 +541,22 @@ flashport_status fp_ocl_backward(fp_ocl_ctx *ctx, const fp_problem *p)
     if (st == FLASHPORT_OK)
         st = take_delta(ctx, p, &a, &delta, &owned);
     if (st == FLASHPORT_OK)
-        log_call(ctx, p, "backward", t);
-    const size_t ld = (size_t)fp_ocl_tile_ld(fp_ocl_dim_class(p->head_dim)), tt = (size_t)t,
-                 wg[3] = {FP_OCL_WG, 1, 1};
-    const size_t q_blocks = (size_t)((p->seqlen_q + t - 1) / (t ? t : 1));
-    const size_t k_blocks = (size_t)((p->seqlen_k + t - 1) / (t ? t : 1));
+        log_call(ctx, p, "backward", pr);
+    t = pr ? pr->tile : 1;
+    const size_t q_blocks = (size_t)((p->seqlen_q + t - 1) / t);
+    const size_t k_blocks = (size_t)((p->seqlen_k + t - 1) / t);
     if (st == FLASHPORT_OK && q_blocks > 0) {
         const cl_mem bufs[11] = {m.q,  m.k,   m.v,    m.o,    m.lse,  m.dout,
                                  m.dq, delta, m.cu_q, m.cu_k, m.alibi};
-        const size_t local[6] = {tt * ld * 4, tt * ld * 4, tt * ld * 4,
-                                 tt * ld * 4, tt * tt * 4, 2 * tt * 4};
-        st = set_args(cl, pr->bwd_dq, &a, bufs, 11, local, 6);
-        const size_t global[3] = {q_blocks * FP_OCL_WG, (size_t)p->heads, (size_t)p->batch};
-        if (st == FLASHPORT_OK)
-            st = fp_ocl_check(cl->clEnqueueNDRangeKernel(ctx->queue, pr->bwd_dq, 3, NULL, global,
-                                                         wg, 0, NULL, &dq_done),
-                              "clEnqueueNDRangeKernel(fp_ocl_backward_dq)");
+        st = launch(ctx, pr, FP_OCL_KERNEL_DQ, &a, bufs, 11, q_blocks, (size_t)p->heads,
+                    (size_t)p->batch, NULL, &dq_done);
     }
     if (st == FLASHPORT_OK && k_blocks > 0) {
         const cl_mem bufs[11] = {m.q,  m.k,   m.v,    m.lse,  m.dout, m.dk,
                                  m.dv, delta, m.cu_q, m.cu_k, m.alibi};
-        const size_t local[7] = {tt * ld * 4, tt * ld * 4, tt * ld * 4, tt * ld * 4,
-                                 tt * tt * 4, tt * tt * 4, 2 * tt * 4};
-        st = set_args(cl, pr->bwd_dkdv, &a, bufs, 11, local, 7);
-        const size_t global[3] = {k_blocks * FP_OCL_WG, (size_t)p->kv_heads, (size_t)p->batch};
-        if (st == FLASHPORT_OK) /* waits for the delta even on an out-of-order queue */
-            st = fp_ocl_check(cl->clEnqueueNDRangeKernel(ctx->queue, pr->bwd_dkdv, 3, NULL, global,
-                                                         wg, dq_done ? 1 : 0,
-                                                         dq_done ? &dq_done : NULL, NULL),
-                              "clEnqueueNDRangeKernel(fp_ocl_backward_dkdv)");
+        /* waits for the delta even on an out-of-order queue */
+        st = launch(ctx, pr, FP_OCL_KERNEL_DKDV, &a, bufs, 11, k_blocks, (size_t)p->kv_heads,
+                    (size_t)p->batch, dq_done ? &dq_done : NULL, NULL);
     }
     if (dq_done)
         (void)cl->clReleaseEvent(dq_done);

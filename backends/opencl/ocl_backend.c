@@ -23,6 +23,7 @@
 #define _POSIX_C_SOURCE 200809L
 
 #include "backends/opencl/ocl_host.h"
+#include "backends/opencl/ocl_plan.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -147,6 +148,36 @@ static flashport_status pick_device(const fp_ocl_api *cl, int index, cl_platform
                                list.want ? " (FLASHPORT_OPENCL_PLATFORM applied)" : "");
 }
 
+/* cl_nv_device_attribute_query; defined here since not every copy of cl_ext.h has it. */
+#ifndef CL_DEVICE_COMPUTE_CAPABILITY_MAJOR_NV
+#define CL_DEVICE_COMPUTE_CAPABILITY_MAJOR_NV 0x4000
+#endif
+#ifndef CL_DEVICE_COMPUTE_CAPABILITY_MINOR_NV
+#define CL_DEVICE_COMPUTE_CAPABILITY_MINOR_NV 0x4001
+#endif
+
+/* The tensor-core variant of the device (ocl_plan.h): FP_OCL_MMA_NV where NVIDIA's driver reports
+ * compute capability >= 8.0 (mma.sync m16n8k16 with bf16), else FP_OCL_PLAIN;
+ * FLASHPORT_OPENCL_MMA=0 forces the plain path (for A/B runs), =emulate the emulated variant on
+ * any device (the test of the tensor-core layouts), =nv the real one on any device (the test of
+ * the fallback when a driver refuses it). */
+static int device_mma(const fp_ocl_api *cl, cl_device_id dev)
+{
+    const char *env = getenv("FLASHPORT_OPENCL_MMA");
+    if (env && !strcmp(env, "0"))
+        return FP_OCL_PLAIN;
+    if (env && !strcmp(env, "emulate"))
+        return FP_OCL_MMA_EMULATED;
+    if (env && !strcmp(env, "nv"))
+        return FP_OCL_MMA_NV;
+    cl_uint major = 0;
+    if (cl->clGetDeviceInfo(dev, CL_DEVICE_COMPUTE_CAPABILITY_MAJOR_NV, sizeof major, &major,
+                            NULL) == CL_SUCCESS &&
+        major >= 8)
+        return FP_OCL_MMA_NV;
+    return FP_OCL_PLAIN;
+}
+
 /* Names and limits of ctx->device, read again when the handle adopts a caller's device. */
 static flashport_status read_device(fp_ocl_ctx *ctx)
 {
@@ -169,6 +200,7 @@ static flashport_status read_device(fp_ocl_ctx *ctx)
         return st;
     ctx->local_mem = (size_t)local;
     ctx->max_alloc = (size_t)max_alloc;
+    ctx->mma = device_mma(cl, ctx->device);
     memset(ctx->platform_name, 0, sizeof ctx->platform_name);
     memset(ctx->device_name, 0, sizeof ctx->device_name);
     (void)cl->clGetPlatformInfo(platform, CL_PLATFORM_NAME, sizeof ctx->platform_name - 1,
@@ -180,10 +212,12 @@ static flashport_status read_device(fp_ocl_ctx *ctx)
         (void)cl->clGetDeviceInfo(ctx->device, CL_DEVICE_OPENCL_C_VERSION, sizeof version - 1,
                                   version, NULL);
         (void)cl->clGetDeviceInfo(ctx->device, CL_DEVICE_EXTENSIONS, sizeof ext - 1, ext, NULL);
-        host_api->log("opencl: device %d: '%s' on platform '%s' (%s, %zu KiB local memory); "
-                      "extensions: %s",
+        static const char *const mma[3] = {"none", "mma.sync through inline PTX",
+                                           "emulated (FLASHPORT_OPENCL_MMA=emulate)"};
+        host_api->log("opencl: device %d: '%s' on platform '%s' (%s, %zu KiB local memory; "
+                      "tensor-core variant for f16 / bf16: %s); extensions: %s",
                       ctx->index, ctx->device_name, ctx->platform_name, version,
-                      ctx->local_mem / 1024, ext);
+                      ctx->local_mem / 1024, mma[ctx->mma], ext);
     }
     return FLASHPORT_OK;
 }
@@ -516,14 +550,6 @@ static flashport_status ocl_device_count(int *count)
     *count = cl && list_devices(cl, &list) == CL_SUCCESS ? list.n : 0;
     return FLASHPORT_OK;
 }
-
-/* cl_nv_device_attribute_query; defined here since not every copy of cl_ext.h has it. */
-#ifndef CL_DEVICE_COMPUTE_CAPABILITY_MAJOR_NV
-#define CL_DEVICE_COMPUTE_CAPABILITY_MAJOR_NV 0x4000
-#endif
-#ifndef CL_DEVICE_COMPUTE_CAPABILITY_MINOR_NV
-#define CL_DEVICE_COMPUTE_CAPABILITY_MINOR_NV 0x4001
-#endif
 
 /* name: the device's; arch: "sm_XY" where NVIDIA's driver gives the compute capability (then
  * compute_major / minor are it), else the device's OpenCL version ("OpenCL 3.0", and its

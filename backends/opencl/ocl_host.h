@@ -70,13 +70,19 @@ typedef struct fp_ocl_alloc {
     cl_mem mem;
 } fp_ocl_alloc;
 
-/* One built program: the kernels for one dtype, head-dim class and tile size (kernels/flash.cl
- * takes them as compile-time constants). */
+/* One program key (dtype, head-dim class, tile size, variant; kernels/flash.cl takes them as
+ * compile-time constants) and what building it gave: its three kernels, or failed = 1 when the
+ * driver refused a tensor-core build (kept so that the key is not built again and its calls go
+ * to the plain path; every other key, tensor-core ones included, is built on its own). ran[k]:
+ * kernel k (FP_OCL_KERNEL_*) has completed one run, checked (ocl_attention.c's launch). */
 typedef struct fp_ocl_program {
     flashport_dtype dtype;
     int64_t head_dim, tile;
+    int variant; /* FP_OCL_PLAIN, FP_OCL_MMA_NV or FP_OCL_MMA_EMULATED (ocl_plan.h) */
+    int failed;
+    int ran[3];
     cl_program program;
-    cl_kernel fwd, bwd_dq, bwd_dkdv;
+    cl_kernel kernels[3]; /* fp_ocl_forward, fp_ocl_backward_dq, fp_ocl_backward_dkdv */
 } fp_ocl_program;
 
 enum { FP_OCL_MAX_PROGRAMS = 64 };
@@ -95,8 +101,13 @@ typedef struct fp_ocl_ctx {
     char platform_name[128], device_name[128];
     size_t local_mem; /* bytes of local memory per work-group */
     size_t max_alloc; /* CL_DEVICE_MAX_MEM_ALLOC_SIZE: the largest one buffer may be */
-    /* Programs of the current context, built on first use and kept (ocl_attention.c); when
-     * the cache is full the oldest is released. */
+    /* The tensor-core variant f16 / bf16 programs get (ocl_plan.h's fp_ocl_plan): FP_OCL_MMA_NV
+     * on NVIDIA devices of compute capability >= 8.0 (or FLASHPORT_OPENCL_MMA=nv),
+     * FP_OCL_MMA_EMULATED when FLASHPORT_OPENCL_MMA=emulate, FP_OCL_PLAIN when
+     * FLASHPORT_OPENCL_MMA=0 or on other devices. */
+    int mma;
+    /* Programs of the current context by key, built on first use and kept, failed tensor-core
+     * builds included (ocl_attention.c); when the cache is full the oldest is released. */
     fp_ocl_program programs[FP_OCL_MAX_PROGRAMS];
     int num_programs;
     /* Live allocations, sorted by base. lock guards them, the queue and the programs. */

@@ -1,7 +1,7 @@
 /*
  * Tile planning of the OpenCL kernels as pure functions (tested in tests/opencl/test_opencl.c):
- * which program (head-dim class, tile size) serves a head dim on a device with a given amount of
- * local memory per work-group. kernels/flash.cl takes both as compile-time constants.
+ * which program (head-dim class, tile size, variant) serves a head dim on a device with a given
+ * amount of local memory per work-group. kernels/flash.cl takes them as compile-time constants.
  */
 #ifndef FLASHPORT_BACKENDS_OPENCL_PLAN_H
 #define FLASHPORT_BACKENDS_OPENCL_PLAN_H
@@ -12,6 +12,11 @@
 #include <stdint.h>
 
 enum { FP_OCL_FORWARD, FP_OCL_BACKWARD };
+
+/* Kernel variants (micro-tile policies of kernels/flash.cl): plain f32 FMAs; NVIDIA's tensor cores
+ * through inline PTX (kernels/mma_nv.cl); the same policy with the tensor-core instruction
+ * emulated in local memory (the test of the former on any device). */
+enum { FP_OCL_PLAIN, FP_OCL_MMA_NV, FP_OCL_MMA_EMULATED };
 
 /* The head-dim class a program is built for: the problem's head dim rounded up to one of a few
  * sizes, so a handful of programs serve every D in 1..256 (each build costs seconds on PoCL);
@@ -25,33 +30,128 @@ static inline int64_t fp_ocl_dim_class(int64_t d)
     return 0;
 }
 
-/* Row pitch of the local tiles: odd, so work-items reading one column of different rows hit
- * different banks. */
-static inline int64_t fp_ocl_tile_ld(int64_t d)
+/* The [t, d] local tiles (q, k, v, dO) of a variant: f32 values with an odd row pitch on the plain
+ * path, so work-items reading one column of different rows hit different banks; the 16-bit
+ * storage bits with a pitch of d + 2 on the tensor-core paths, so a fragment's pair of
+ * neighbours in a row is one aligned 32-bit load and successive rows start one bank apart. */
+static inline int64_t fp_ocl_tile_elem_bytes(int variant)
 {
-    return d | 1;
+    return variant == FP_OCL_PLAIN ? 4 : 2;
 }
 
-/* Local memory of one work-group with t x t tiles of head-dim class d, per kernel. */
-static inline size_t fp_ocl_tile_local_bytes(int kind, int64_t t, int64_t d)
+static inline int64_t fp_ocl_tile_ld(int64_t d, int variant)
 {
-    const int64_t ld = fp_ocl_tile_ld(d);
-    if (kind == FP_OCL_FORWARD) /* q, k|v, scores, row factors */
-        return (size_t)((2 * t * ld + t * t + t) * 4);
-    /* dK/dV, the larger of the two backward kernels: q, dO, k, v, P, dS, LSE and delta */
-    return (size_t)((4 * t * ld + 2 * t * t + 2 * t) * 4);
+    return variant == FP_OCL_PLAIN ? d | 1 : d + 2;
 }
 
-/* The tile size t (= query rows = keys per tile) for head-dim class d on a device with `local`
- * bytes of local memory per work-group: the largest of 64, 32, 16, 8 whose output micro-tile fits
- * a work-item's registers ((t / 8) * ceil(d / 16) <= FP_OCL_ACC, kernels/flash.cl) and whose
- * tiles fit local memory; 0 when none does. */
-static inline int64_t fp_ocl_tile(int kind, int64_t d, size_t local)
+/* Row pitch of the [t, t] score tiles, odd for the same reason. */
+static inline int64_t fp_ocl_score_ld(int64_t t)
+{
+    return t | 1;
+}
+
+/* The three kernels of a program (kernels/flash.cl), for fp_ocl_local_args. */
+enum { FP_OCL_KERNEL_FORWARD, FP_OCL_KERNEL_DQ, FP_OCL_KERNEL_DKDV };
+
+#define FP_OCL_MAX_LOCAL_ARGS 7
+/* Every __local argument is counted rounded up to this many bytes: a driver may place each at
+ * an aligned offset of its work-group's local memory, and 16 bytes is the widest alignment an
+ * OpenCL C type asks for (float4 / uint4). */
+#define FP_OCL_LOCAL_ALIGN 16
+
+/* The __local kernel arguments of `kernel` with t x t tiles of head-dim class d, in argument
+ * order, in bytes (ocl_attention.c passes exactly these; the planner sums them); returns their
+ * count. [t, d] tiles (q, k, v, dO): fp_ocl_tile_ld and fp_ocl_tile_elem_bytes; [t, t] f32 score
+ * tiles (S / P, dS) with pitch fp_ocl_score_ld; per-row f32 values (the forward's row factors,
+ * the backward's LSE and delta). */
+static inline int fp_ocl_local_args(int kernel, int64_t t, int64_t d, int variant,
+                                    size_t bytes[FP_OCL_MAX_LOCAL_ARGS])
+{
+    const size_t tile = (size_t)(t * fp_ocl_tile_ld(d, variant) * fp_ocl_tile_elem_bytes(variant));
+    const size_t scores = (size_t)(t * fp_ocl_score_ld(t)) * 4, rows = (size_t)t * 4;
+    int n = 0;
+    if (kernel == FP_OCL_KERNEL_FORWARD) {
+        bytes[n++] = tile; /* q */
+        /* k and v: one buffer on the plain path (K, then V of the same block), side by side on
+         * the tensor-core paths (kernels/flash.cl's FP_OCL_KV_APART) */
+        bytes[n++] = variant == FP_OCL_PLAIN ? tile : 2 * tile;
+        bytes[n++] = scores;
+        bytes[n++] = rows;
+        return n;
+    }
+    for (int i = 0; i < 4; i++) /* q, dO, k, v */
+        bytes[n++] = tile;
+    bytes[n++] = scores; /* dS (and P in the dK/dV kernel) */
+    if (kernel == FP_OCL_KERNEL_DKDV)
+        bytes[n++] = scores;
+    bytes[n++] = 2 * rows; /* LSE and delta */
+    return n;
+}
+
+/* The kernels' own __local array (FP_OCL_SCRATCH floats in kernels/flash.cl and mma_nv.cl): the
+ * emulated instruction's A 16 x 16 and B 16 x 8 f32 for each of the 4 warps; one float in the
+ * other variants, which do not use it. */
+static inline size_t fp_ocl_static_local_bytes(int variant)
+{
+    return (size_t)(variant == FP_OCL_MMA_EMULATED ? (FP_OCL_WG / 32) * (16 * 16 + 16 * 8) : 1) * 4;
+}
+
+static inline size_t fp_ocl_local_round(size_t bytes)
+{
+    return (bytes + FP_OCL_LOCAL_ALIGN - 1) / FP_OCL_LOCAL_ALIGN * FP_OCL_LOCAL_ALIGN;
+}
+
+/* Local memory one work-group of `kernel` takes: its arguments and its own array, each rounded
+ * up to FP_OCL_LOCAL_ALIGN. */
+static inline size_t fp_ocl_kernel_local_bytes(int kernel, int64_t t, int64_t d, int variant)
+{
+    size_t bytes[FP_OCL_MAX_LOCAL_ARGS];
+    const int n = fp_ocl_local_args(kernel, t, d, variant, bytes);
+    size_t total = fp_ocl_local_round(fp_ocl_static_local_bytes(variant));
+    for (int i = 0; i < n; i++)
+        total += fp_ocl_local_round(bytes[i]);
+    return total;
+}
+
+/* Local memory of one work-group of a variant with t x t tiles of head-dim class d: the forward
+ * kernel's, or the larger of the two backward kernels' (dK/dV's: one more score tile). */
+static inline size_t fp_ocl_tile_local_bytes(int kind, int64_t t, int64_t d, int variant)
+{
+    if (kind == FP_OCL_FORWARD)
+        return fp_ocl_kernel_local_bytes(FP_OCL_KERNEL_FORWARD, t, d, variant);
+    const size_t dq = fp_ocl_kernel_local_bytes(FP_OCL_KERNEL_DQ, t, d, variant);
+    const size_t dkdv = fp_ocl_kernel_local_bytes(FP_OCL_KERNEL_DKDV, t, d, variant);
+    return dq > dkdv ? dq : dkdv;
+}
+
+/* The tile size t (= query rows = keys per tile) of a variant for head-dim class d on a device
+ * with `local` bytes of local memory per work-group: the largest of 64, 32, 16, 8 whose output
+ * micro-tile fits a work-item's registers ((t / 8) * ceil(d / 16) <= FP_OCL_ACC, the same count
+ * in both micro-tile policies of kernels/flash.cl) and whose tiles fit local memory; 0 when none
+ * does. */
+static inline int64_t fp_ocl_tile(int kind, int64_t d, size_t local, int variant)
 {
     for (int64_t t = 64; t >= 8; t /= 2)
-        if ((t / 8) * ((d + 15) / 16) <= FP_OCL_ACC && fp_ocl_tile_local_bytes(kind, t, d) <= local)
+        if ((t / 8) * ((d + 15) / 16) <= FP_OCL_ACC &&
+            fp_ocl_tile_local_bytes(kind, t, d, variant) <= local)
             return t;
     return 0;
+}
+
+/* The variant and tile of one call: the device's tensor-core variant (`device`, FP_OCL_PLAIN
+ * where it has none) for f16 and bf16 storage when its tiles have at least 16 rows (one m16
+ * strip), else the plain path (f32 storage; head dims whose 16-bit tiles do not fit). Sets *t
+ * to 0 when no tile fits. */
+static inline int fp_ocl_plan(int kind, int64_t d, size_t local, int device, int f32_storage,
+                              int64_t *t)
+{
+    if (device != FP_OCL_PLAIN && !f32_storage) {
+        *t = fp_ocl_tile(kind, d, local, device);
+        if (*t >= 16)
+            return device;
+    }
+    *t = fp_ocl_tile(kind, d, local, FP_OCL_PLAIN);
+    return FP_OCL_PLAIN;
 }
 
 #endif /* FLASHPORT_BACKENDS_OPENCL_PLAN_H */

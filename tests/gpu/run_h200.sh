@@ -168,7 +168,7 @@ if has opencl; then
     # $OUT/opencl; OCL_DIMS / OCL_SEQLENS narrow its grid (default: D = 128, N = 2048 and 8192).
     start=$(date +%s)
     OUT="$OUT/opencl" BUILD="$BUILD" DIMS="${OCL_DIMS:-128}" SEQLENS="${OCL_SEQLENS:-2048 8192}" \
-        bash tests/gpu/run_opencl_h200.sh device test bench sdpa report >/dev/null 2>&1
+        bash tests/gpu/run_opencl_h200.sh device probe test bench sdpa report >/dev/null 2>&1
     note "opencl: rc=$? in $(($(date +%s) - start)) s"
     tee -a "$SUMMARY" <"$OUT/opencl/summary.txt" | tail -20
 fi

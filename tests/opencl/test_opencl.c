@@ -149,30 +149,99 @@ static flashport_status forward(flashport_backend *be, float *o_host)
     return s;
 }
 
-/* docs/opencl.md's tile table: PoCL (1 MiB of local memory) and a 48 KiB device (NVIDIA). */
+/* docs/opencl.md's tile table: PoCL (1 MiB of local memory) and a 48 KiB device (NVIDIA), the
+ * plain path, and on the 48 KiB device the tensor-core variant for bf16 / f16 (16-bit tiles). */
 static void check_plan(void)
 {
     static const struct {
-        int64_t d, cls, pocl_fwd, pocl_bwd, kib48_fwd, kib48_bwd;
+        int64_t d, cls, pocl_fwd, pocl_bwd, kib48_fwd, kib48_bwd, mma_fwd, mma_bwd;
     } want[] = {
-        {1, 16, 64, 64, 64, 32},   {16, 16, 64, 64, 64, 32},   {24, 32, 64, 64, 64, 32},
-        {40, 64, 64, 64, 32, 32},  {64, 64, 64, 64, 32, 32},   {72, 96, 32, 32, 32, 16},
-        {96, 96, 32, 32, 32, 16},  {128, 128, 32, 32, 32, 16}, {160, 192, 16, 16, 16, 8},
-        {192, 192, 16, 16, 16, 8}, {200, 256, 16, 16, 16, 8},  {256, 256, 16, 16, 16, 8},
+        {1, 16, 64, 64, 64, 32, 64, 64},   {16, 16, 64, 64, 64, 32, 64, 64},
+        {24, 32, 64, 64, 64, 32, 64, 32},  {40, 64, 64, 64, 32, 32, 64, 32},
+        {64, 64, 64, 64, 32, 32, 64, 32},  {72, 96, 32, 32, 32, 16, 32, 32},
+        {96, 96, 32, 32, 32, 16, 32, 32},  {128, 128, 32, 32, 32, 16, 32, 32},
+        {160, 192, 16, 16, 16, 8, 16, 16}, {192, 192, 16, 16, 16, 8, 16, 16},
+        {200, 256, 16, 16, 16, 8, 16, 16}, {256, 256, 16, 16, 16, 8, 16, 16},
     };
     for (size_t i = 0; i < sizeof want / sizeof want[0]; i++) {
         const int64_t c = fp_ocl_dim_class(want[i].d);
-        const int64_t got[4] = {
-            fp_ocl_tile(FP_OCL_FORWARD, c, 1 << 20), fp_ocl_tile(FP_OCL_BACKWARD, c, 1 << 20),
-            fp_ocl_tile(FP_OCL_FORWARD, c, 48 << 10), fp_ocl_tile(FP_OCL_BACKWARD, c, 48 << 10)};
+        int64_t got[8] = {fp_ocl_tile(FP_OCL_FORWARD, c, 1 << 20, FP_OCL_PLAIN),
+                          fp_ocl_tile(FP_OCL_BACKWARD, c, 1 << 20, FP_OCL_PLAIN),
+                          fp_ocl_tile(FP_OCL_FORWARD, c, 48 << 10, FP_OCL_PLAIN),
+                          fp_ocl_tile(FP_OCL_BACKWARD, c, 48 << 10, FP_OCL_PLAIN)};
+        const int v[4] = {
+            fp_ocl_plan(FP_OCL_FORWARD, c, 48 << 10, FP_OCL_MMA_NV, 0, &got[4]),
+            fp_ocl_plan(FP_OCL_BACKWARD, c, 48 << 10, FP_OCL_MMA_NV, 0, &got[5]),
+            fp_ocl_plan(FP_OCL_FORWARD, c, 48 << 10, FP_OCL_MMA_NV, 1, &got[6]), /* f32 */
+            fp_ocl_plan(FP_OCL_BACKWARD, c, 48 << 10, FP_OCL_PLAIN, 0, &got[7])};
         CHECK_MSG(c == want[i].cls && got[0] == want[i].pocl_fwd && got[1] == want[i].pocl_bwd &&
-                      got[2] == want[i].kib48_fwd && got[3] == want[i].kib48_bwd,
-                  "D %lld: class %lld, tiles %lld %lld %lld %lld", (long long)want[i].d,
-                  (long long)c, (long long)got[0], (long long)got[1], (long long)got[2],
-                  (long long)got[3]);
+                      got[2] == want[i].kib48_fwd && got[3] == want[i].kib48_bwd &&
+                      got[4] == want[i].mma_fwd && got[5] == want[i].mma_bwd &&
+                      v[0] == FP_OCL_MMA_NV && v[1] == FP_OCL_MMA_NV && v[2] == FP_OCL_PLAIN &&
+                      got[6] == got[2] && v[3] == FP_OCL_PLAIN && got[7] == got[3],
+                  "D %lld: class %lld, tiles %lld %lld %lld %lld, tensor-core %lld %lld "
+                  "(variants %d %d), f32 %lld (%d), no tensor cores %lld (%d)",
+                  (long long)want[i].d, (long long)c, (long long)got[0], (long long)got[1],
+                  (long long)got[2], (long long)got[3], (long long)got[4], (long long)got[5], v[0],
+                  v[1], (long long)got[6], v[2], (long long)got[7], v[3]);
     }
     CHECK(fp_ocl_dim_class(257) == 0);
-    CHECK(fp_ocl_tile(FP_OCL_BACKWARD, 256, 16 << 10) == 0); /* does not fit: unsupported */
+    CHECK(fp_ocl_tile(FP_OCL_BACKWARD, 256, 16 << 10, FP_OCL_PLAIN) == 0); /* unsupported */
+    /* The emulation's scratch counts against local memory: 6 KiB less room than the real one,
+     * whose own array is one float (16 bytes rounded). */
+    CHECK(fp_ocl_tile_local_bytes(FP_OCL_FORWARD, 32, 128, FP_OCL_MMA_EMULATED) ==
+          fp_ocl_tile_local_bytes(FP_OCL_FORWARD, 32, 128, FP_OCL_MMA_NV) + 6144 - 16);
+    /* Where 16-bit tiles of 16 rows do not fit (34 KiB, D = 256: only 8 rows), the plain path
+     * serves, with its own 8-row tiles. */
+    int64_t t = -1;
+    CHECK(fp_ocl_plan(FP_OCL_BACKWARD, 256, 34 << 10, FP_OCL_MMA_NV, 0, &t) == FP_OCL_PLAIN &&
+          t == 8 && fp_ocl_tile(FP_OCL_BACKWARD, 256, 34 << 10, FP_OCL_MMA_NV) == 8);
+}
+
+/* Every program a 48 KiB device (NVIDIA's CL_DEVICE_LOCAL_MEM_SIZE) can be given, for every head
+ * dim 1..256, storage type, direction and device variant, tensor-core builds refused or not:
+ * each of its three kernels' local memory, counted argument by argument as the launches pass
+ * them (each argument and the kernel's own array rounded up to 16 bytes), fits; the tile is the
+ * largest that fits (twice it would not, or breaks the register rule); the tensor-core variant
+ * is chosen for f16 / bf16 exactly where its tiles have 16 rows or more, and the plain path's
+ * plan (a refused build's fallback) does not depend on the variant the device has. */
+static void check_plan_48k(void)
+{
+    const size_t local = 48 << 10;
+    int programs = 0;
+    for (int64_t hd = 1; hd <= 256; hd++)
+        for (int kind = FP_OCL_FORWARD; kind <= FP_OCL_BACKWARD; kind++)
+            for (int f32 = 0; f32 <= 1; f32++)
+                for (int device = FP_OCL_PLAIN; device <= FP_OCL_MMA_EMULATED; device++) {
+                    const int64_t c = fp_ocl_dim_class(hd);
+                    int64_t t = 0, tp = 0;
+                    const int v = fp_ocl_plan(kind, c, local, device, f32, &t);
+                    const int plain = fp_ocl_plan(kind, c, local, FP_OCL_PLAIN, f32, &tp);
+                    size_t worst = 0;
+                    for (int k = FP_OCL_KERNEL_FORWARD; k <= FP_OCL_KERNEL_DKDV; k++) {
+                        if ((k == FP_OCL_KERNEL_FORWARD) != (kind == FP_OCL_FORWARD))
+                            continue;
+                        const size_t b = fp_ocl_kernel_local_bytes(k, t, c, v);
+                        worst = b > worst ? b : worst;
+                    }
+                    const int64_t t2 = 2 * t;
+                    const int larger_fits = t2 <= 64 && (t2 / 8) * ((c + 15) / 16) <= FP_OCL_ACC &&
+                                            fp_ocl_tile_local_bytes(kind, t2, c, v) <= local;
+                    const int want_mma =
+                        device != FP_OCL_PLAIN && !f32 && fp_ocl_tile(kind, c, local, device) >= 16;
+                    CHECK_MSG(t >= 8 && worst <= local &&
+                                  worst == fp_ocl_tile_local_bytes(kind, t, c, v) && !larger_fits &&
+                                  (v != FP_OCL_PLAIN) == want_mma &&
+                                  (v == FP_OCL_PLAIN || v == device) && plain == FP_OCL_PLAIN &&
+                                  (v != FP_OCL_PLAIN || t == tp) && (v == FP_OCL_PLAIN || t >= 16),
+                              "48 KiB, D %lld (class %lld), %s, %s storage, device variant %d: "
+                              "variant %d, T %lld (plain %lld), %zu bytes, a larger tile fits: %d",
+                              (long long)hd, (long long)c, kind ? "backward" : "forward",
+                              f32 ? "f32" : "16-bit", device, v, (long long)t, (long long)tp, worst,
+                              larger_fits);
+                    programs++;
+                }
+    CHECK(programs == 256 * 2 * 2 * 3);
 }
 
 /* FLASHPORT_OPENCL_PLATFORM as the test found it, put back after the checks that change it. */
@@ -481,6 +550,7 @@ int main(int argc, char **argv)
     setvbuf(stdout, NULL, _IONBF, 0); /* in order with the failures on stderr, in one log */
     section("tile planner");
     check_plan();
+    check_plan_48k();
     if (argc > 1 && strcmp(argv[1], "--no-device") == 0)
         return check_no_device();
     flashport_backend *be = NULL;

@@ -14,53 +14,33 @@
  *   Every sum runs in a fixed order and nothing is accumulated across work-groups, so the
  *   backward is deterministic whether asked or not, and extra memory is the delta (B H Nq f32).
  *
- * Target: any OpenCL 1.2 device (the plain path): f32 arithmetic, storage f32, f16 (vload_half /
- * vstore_half_rte, so cl_khr_fp16 is not needed) or bf16 (ushort bits), chosen at program build
- * time by FP_OCL_DTYPE (0, 1, 2), with the head-dim class FP_OCL_D and the tile FP_OCL_T. A
- * work-group is FP_OCL_WG = 128 work-items; each owns register micro-tiles of the score and
- * output tiles (see D, T, SR, SC, DPT below).
+ * Target: any OpenCL 1.2 device: f32 arithmetic; storage f32, f16 or bf16 (kernels/shape.cl),
+ * chosen at program build time by FP_OCL_DTYPE (0, 1, 2), with the head-dim class FP_OCL_D and
+ * the tile FP_OCL_T. A work-group is FP_OCL_WG = 128 work-items; each owns register micro-tiles
+ * of the score and output tiles, laid out by a micro-tile policy: the plain one below (f32 FMAs
+ * from local memory, every device), or with FP_OCL_MMA = 1 the tensor-core one of
+ * kernels/mma_nv.cl (mma.sync through inline PTX on NVIDIA, f16 / bf16 storage, T >= 16; or its
+ * local-memory emulation with FP_OCL_MMA_EMULATE = 1, the test of its layouts on any device).
+ * The kernels below are written once over the policy.
  *
- * Configuration (fp_ocl_tile in ocl_plan.h; T = query rows = keys per tile):
+ * Configuration (fp_ocl_plan in ocl_plan.h; T = query rows = keys per tile):
  *   T = the largest of 64, 32, 16, 8 with (T / 8) * ceil(D / 16) <= FP_OCL_ACC (32) whose local
- *   tiles fit the device's local memory. PoCL: 64 (D <= 64), 32 (D <= 128), 16 (D <= 256);
- *   a 48 KiB device: forward 64 (D <= 32), 32 (D <= 128), 16; backward 32 (D <= 64), 16
- *   (D <= 128), 8.
+ *   tiles fit the device's local memory. Plain path: PoCL: 64 (D <= 64), 32 (D <= 128), 16
+ *   (D <= 256); a 48 KiB device: forward 64 (D <= 32), 32 (D <= 128), 16; backward 32 (D <= 64),
+ *   16 (D <= 128), 8. The tensor-core policy's 16-bit tiles: mma_nv.cl.
  *
  * Known differences from the reference: f32 accumulation (the reference uses double); P is not
- * rounded to the storage type before P V; the dtype rounding of f16 / bf16 outputs is
+ * rounded to the storage type before P V on the plain path (the tensor-core one rounds P and dS
+ * to it, as the CUDA path does); the dtype rounding of f16 / bf16 outputs is
  * round-to-nearest-even as core/dtype.h. Numbers: docs/opencl.md.
  */
-
-#if FP_OCL_DTYPE == 0
-typedef float fp_elem;
-#define FP_LOAD(p, i)     ((p)[i])
-#define FP_STORE(p, i, x) ((p)[i] = (x))
-#elif FP_OCL_DTYPE == 1
-typedef half fp_elem;
-#define FP_LOAD(p, i)     vload_half((size_t)(i), (p))
-#define FP_STORE(p, i, x) vstore_half_rte((x), (size_t)(i), (p))
-#else
-typedef ushort fp_elem;
-#define FP_LOAD(p, i)     as_float((uint)(p)[i] << 16)
-#define FP_STORE(p, i, x) ((p)[i] = fp_ocl_to_bf16(x))
-
-/* core/dtype.h's fp_f32_to_bf16: round to nearest even, NaN stays NaN. */
-static inline ushort fp_ocl_to_bf16(float f)
-{
-    uint u = as_uint(f);
-    if ((u & 0x7fffffffu) > 0x7f800000u)
-        return (ushort)((u >> 16) | 0x40u);
-    u += 0x7fffu + ((u >> 16) & 1u);
-    return (ushort)(u >> 16);
-}
-#endif
 
 /* Where sequence b's tokens start and how many there are (core/problem.h's fp_problem_seq). */
 typedef struct fp_ocl_seq {
     long q_start, nq, k_start, nk;
 } fp_ocl_seq;
 
-static inline fp_ocl_seq fp_ocl_seq_of(const fp_ocl_args *a, __global const int *cu_q,
+FP_OCL_INLINE fp_ocl_seq fp_ocl_seq_of(const fp_ocl_args *a, __global const int *cu_q,
                                        __global const int *cu_k, long b)
 {
     fp_ocl_seq s;
@@ -79,60 +59,69 @@ static inline fp_ocl_seq fp_ocl_seq_of(const fp_ocl_args *a, __global const int 
 }
 
 /* Element (b, token, h, 0) of a q/k/v/o-shaped view. */
-static inline long fp_ocl_row0(fp_ocl_view v, long b, long token, long h)
+FP_OCL_INLINE long fp_ocl_row0(fp_ocl_view v, long b, long token, long h)
 {
     return v.off + b * v.s[0] + token * v.s[1] + h * v.s[2];
 }
 
-static inline long fp_ocl_lse_at(const fp_ocl_args *a, long b, long h, long token)
+FP_OCL_INLINE long fp_ocl_lse_at(const fp_ocl_args *a, long b, long h, long token)
 {
     return a->lse.off + b * a->lse.s[0] + h * a->lse.s[1] + token * a->lse.s[2];
 }
 
 /* The backward's delta of (b, h, row i of sequence b): [H, total_q] packed like the LSE. */
-static inline long fp_ocl_delta_at(const fp_ocl_args *a, const fp_ocl_seq *s, long b, long h,
+FP_OCL_INLINE long fp_ocl_delta_at(const fp_ocl_args *a, const fp_ocl_seq *s, long b, long h,
                                    long i)
 {
     return a->delta_off +
            (a->varlen ? h * a->total_q + s->q_start + i : (b * a->heads + h) * a->nq + i);
 }
 
-/* Compile-time shape of one program (ocl_attention.c builds one per dtype, head-dim class and
- * tile, planned by ocl_plan.h): D the head-dim class (16, 32, 64, 96, 128, 192 or 256; the
- * problem's head dim a.head_dim <= D, the tiles zero-filled beyond it, so dot products over D
- * are exact), T query rows = keys per tile, LD the row pitch of the local tiles (odd, so
- * work-items reading one column of different rows hit different banks). The work-group is an
- * 8 x 16 grid of work-items (ty, tx); tiles are split over it with register micro-tiles:
- *   score tile [T, T]: rows ty + 8 a (a < SR), keys tx + 16 b (b < SC);
- *   output tile [T, D]: rows ty + 8 a (a < SR), dims tx + 16 j (j < DPT).
- * Out-of-range keys and dims are guarded; SR * DPT <= FP_OCL_ACC by the planner's rule. */
-#define D   FP_OCL_D
-#define T   FP_OCL_T
-#define LD  (D | 1)
-#define SR  (T / 8)
-#define SC  ((T + 15) / 16)
-#define DPT ((D + 15) / 16)
+/* The plain micro-tile policy (FP_OCL_MMA = 0; mma_nv.cl is the tensor-core one): the work-group
+ * is an 8 x 16 grid of work-items (ty, tx); tiles are split over it with register micro-tiles:
+ *   score tile [T, T]: rows ty + 8 a (a < SR), keys tx + 16 b (b < SC), element a SC + b;
+ *   output tile [T, D]: rows ty + 8 a (a < SR), dims tx + 16 j (j < DPT), element a DPT + j.
+ * Out-of-range keys and dims are guarded; SR * DPT <= FP_OCL_ACC by the planner's rule.
+ * Either policy gives: fp_tile and LD, the element type and row pitch of the [T, D] local tiles,
+ * FP_TILE_PUT (a global element as a tile element) and FP_TILE_GET (a tile element as f32),
+ * FP_OCL_SN and FP_OCL_ON, the accumulator elements of a work-item's
+ * score and output micro-tiles, fp_ocl_s_at / fp_ocl_o_at, where element e lies in its tile
+ * (a key or dim past T or D means none: skipped), the products fp_ocl_tile_dots and
+ * fp_ocl_tile_mm, FP_OCL_SCRATCH, the floats of local scratch they take, and FP_OCL_KV_APART,
+ * whether the forward's K and V tiles have a buffer each (ocl_plan.h sizes it so). */
+#if !FP_OCL_MMA
+typedef float fp_tile; /* the [T, D] local tiles: f32 values, odd pitch */
+#define LD                (D | 1)
+#define FP_TILE_PUT(x, i) FP_LOAD(x, i)
+#define FP_TILE_GET(t, i) ((t)[i])
+#define SR                (T / 8)
+#define SC                ((T + 15) / 16)
+#define DPT               ((D + 15) / 16)
+#define FP_OCL_SN         (SR * SC)
+#define FP_OCL_ON         (SR * DPT)
+#define FP_OCL_SCRATCH    1
+#define FP_OCL_KV_APART   0
 
-/* Rows [r0, r0 + n) of a [seq, dim] slice (row0: element of row 0, dim 0) with hd dims into
- * t[r * LD + d], zeros in rows n .. T - 1 and dims hd .. D - 1 so partial tiles compute on
- * finite values and add nothing. */
-static inline void fp_ocl_load_tile(__local float *t, __global const fp_elem *x, long row0,
-                                    long srow, long sdim, long r0, int n, int hd)
+FP_OCL_INLINE void fp_ocl_s_at(int e, int *r, int *c)
 {
-    for (int e = get_local_id(0); e < T * D; e += FP_OCL_WG) {
-        const int r = e / D, d = e - r * D;
-        t[r * LD + d] = r < n && d < hd ? FP_LOAD(x, row0 + (r0 + r) * srow + d * sdim) : 0.0f;
-    }
+    *r = get_local_id(0) / 16 + 8 * (e / SC);
+    *c = get_local_id(0) % 16 + 16 * (e % SC);
 }
 
-/* acc[a][b] = x[row ty + 8 a] . y[row tx + 16 b] over D, for this work-item's micro-tile. */
-static inline void fp_ocl_tile_dots(__local const float *x, __local const float *y,
-                                    float acc[SR][SC])
+FP_OCL_INLINE void fp_ocl_o_at(int e, int *r, int *d)
+{
+    *r = get_local_id(0) / 16 + 8 * (e / DPT);
+    *d = get_local_id(0) % 16 + 16 * (e % DPT);
+}
+
+/* acc[a SC + b] = x[row ty + 8 a] . y[row tx + 16 b] over D, for this work-item's micro-tile
+ * (scratch: unused by this policy). */
+FP_OCL_INLINE void fp_ocl_tile_dots(__local const fp_tile *x, __local const fp_tile *y,
+                                    float acc[FP_OCL_SN], __local float *scratch)
 {
     const int ty = get_local_id(0) / 16, tx = get_local_id(0) % 16;
-    for (int a = 0; a < SR; a++)
-        for (int b = 0; b < SC; b++)
-            acc[a][b] = 0.0f;
+    for (int e = 0; e < FP_OCL_SN; e++)
+        acc[e] = 0.0f;
     for (int d = 0; d < D; d++) {
         float xa[SR], yb[SC];
         for (int a = 0; a < SR; a++)
@@ -141,62 +130,86 @@ static inline void fp_ocl_tile_dots(__local const float *x, __local const float 
             yb[b] = tx + 16 * b < T ? y[(tx + 16 * b) * LD + d] : 0.0f;
         for (int a = 0; a < SR; a++)
             for (int b = 0; b < SC; b++)
-                acc[a][b] = fma(xa[a], yb[b], acc[a][b]);
+                acc[a * SC + b] = fma(xa[a], yb[b], acc[a * SC + b]);
     }
 }
 
-/* acc[a][j] += sum over n < count of p(row ty + 8 a, n) * y[n * LD + tx + 16 j], where
- * p(r, n) = pt[r * T + n] (transposed = 0) or pt[n * T + r] (transposed = 1). */
-static inline void fp_ocl_tile_mm(__local const float *pt, int transposed, __local const float *y,
-                                  int count, float acc[SR][DPT])
+/* acc[a DPT + j] += sum over n < count of p(row ty + 8 a, n) * y[n * LD + tx + 16 j], where
+ * p(r, n) = pt[r * LS + n] (transposed = 0) or pt[n * LS + r] (transposed = 1). */
+FP_OCL_INLINE void fp_ocl_tile_mm(__local const float *pt, int transposed, __local const fp_tile *y,
+                                  int count, float acc[FP_OCL_ON], __local float *scratch)
 {
     const int ty = get_local_id(0) / 16, tx = get_local_id(0) % 16;
     for (int n = 0; n < count; n++) {
         float pa[SR], yj[DPT];
         for (int a = 0; a < SR; a++)
-            pa[a] = transposed ? pt[n * T + ty + 8 * a] : pt[(ty + 8 * a) * T + n];
+            pa[a] = transposed ? pt[n * LS + ty + 8 * a] : pt[(ty + 8 * a) * LS + n];
         for (int j = 0; j < DPT; j++)
             yj[j] = tx + 16 * j < D ? y[n * LD + tx + 16 * j] : 0.0f;
         for (int a = 0; a < SR; a++)
             for (int j = 0; j < DPT; j++)
-                acc[a][j] = fma(pa[a], yj[j], acc[a][j]);
+                acc[a * DPT + j] = fma(pa[a], yj[j], acc[a * DPT + j]);
+    }
+}
+#endif /* !FP_OCL_MMA */
+
+/* Rows [r0, r0 + n) of a [seq, dim] slice (row0: element of row 0, dim 0) with hd dims into
+ * t[r * LD + d], zeros in rows n .. T - 1 and dims hd .. D - 1 so partial tiles compute on
+ * finite values and add nothing. */
+FP_OCL_INLINE void fp_ocl_load_tile(__local fp_tile *t, __global const fp_elem *x, long row0,
+                                    long srow, long sdim, long r0, int n, int hd)
+{
+#if FP_OCL_MMA
+    if (fp_ocl_load_tile16(t, x, row0, srow, sdim, r0, n, hd))
+        return;
+#endif
+    for (int e = get_local_id(0); e < T * D; e += FP_OCL_WG) {
+        const int r = e / D, d = e - r * D;
+        t[r * LD + d] =
+            r < n && d < hd ? FP_TILE_PUT(x, row0 + (r0 + r) * srow + d * sdim) : (fp_tile)0;
     }
 }
 
-/* Stores rows ty + 8 a < n, dims tx + 16 j < hd of acc * factor(row) to x (row0: element of
- * tile row 0, dim 0); factor is rowf[r] where rowf is given, else `scale`. */
-static inline void fp_ocl_store_tile(__global fp_elem *x, long row0, long srow, long sdim, int n,
-                                     int hd, float acc[SR][DPT], __local const float *rowf,
+/* Stores the output micro-tile's elements of rows < n, dims < hd, times factor(row), to x (row0:
+ * element of tile row 0, dim 0); factor is rowf[r] where rowf is given, else `scale`. */
+FP_OCL_INLINE void fp_ocl_store_tile(__global fp_elem *x, long row0, long srow, long sdim, int n,
+                                     int hd, float acc[FP_OCL_ON], __local const float *rowf,
                                      float scale)
 {
-    const int ty = get_local_id(0) / 16, tx = get_local_id(0) % 16;
-    for (int a = 0; a < SR; a++) {
-        const int r = ty + 8 * a;
-        if (r >= n)
-            continue;
-        const float f = rowf ? rowf[r] : scale;
-        for (int j = 0; j < DPT; j++) {
-            const int d = tx + 16 * j;
-            if (d < hd)
-                FP_STORE(x, row0 + r * srow + d * sdim, acc[a][j] * f);
-        }
+    FP_OCL_UNROLL
+    for (int e = 0; e < FP_OCL_ON; e++) {
+        int r, d;
+        fp_ocl_o_at(e, &r, &d);
+        if (r < n && d < hd)
+            FP_STORE(x, row0 + r * srow + d * sdim, acc[e] * (rowf ? rowf[r] : scale));
     }
 }
 
-static inline void fp_ocl_zero(float acc[SR][DPT])
+/* Where score element e lies in the tile (row *r, key *c; a key past T: no element) and whether
+ * query i0 + *r sees key j0 + *c (both inside the sequence, and the mask lets it). */
+FP_OCL_INLINE int fp_ocl_s_seen(const fp_ocl_args *a, const fp_ocl_seq *s, int e, long i0, int rows,
+                                long j0, int cols, int *r, int *c)
 {
-    for (int a = 0; a < SR; a++)
-        for (int j = 0; j < DPT; j++)
-            acc[a][j] = 0.0f;
+    fp_ocl_s_at(e, r, c);
+    return *r < rows && *c < cols &&
+           fp_mask_visible(i0 + *r, j0 + *c, s->nq, s->nk, a->left, a->right);
+}
+
+FP_OCL_INLINE void fp_ocl_zero(float acc[FP_OCL_ON])
+{
+    FP_OCL_UNROLL
+    for (int e = 0; e < FP_OCL_ON; e++)
+        acc[e] = 0.0f;
 }
 
 __kernel __attribute__((reqd_work_group_size(FP_OCL_WG, 1, 1))) void
 fp_ocl_forward(const fp_ocl_args a, __global const fp_elem *q, __global const fp_elem *k,
                __global const fp_elem *v, __global fp_elem *o, __global float *lse,
                __global const int *cu_q, __global const int *cu_k, __global const float *alibi,
-               __local float *sq, __local float *skv, __local float *ss, __local float *srow)
+               __local fp_tile *sq, __local fp_tile *skv, __local float *ss, __local float *srow)
 {
-    const int tid = get_local_id(0), ty = tid / 16, tx = tid % 16, hd = (int)a.head_dim;
+    __local float scratch[FP_OCL_SCRATCH];
+    const int tid = get_local_id(0), hd = (int)a.head_dim;
     const long h = get_group_id(1), b = get_group_id(2);
     const fp_ocl_seq s = fp_ocl_seq_of(&a, cu_q, cu_k, b);
     const long i0 = (long)get_group_id(0) * T;
@@ -206,55 +219,63 @@ fp_ocl_forward(const fp_ocl_args a, __global const fp_elem *q, __global const fp
     const long hk = h / (a.heads / a.kv_heads);
     const float slope = a.has_alibi ? alibi[a.alibi_off + h] : 0.0f;
     const long k0 = fp_ocl_row0(a.k, b, s.k_start, hk), v0 = fp_ocl_row0(a.v, b, s.k_start, hk);
+    /* V's tile: K's buffer again (plain path), or its own (FP_OCL_KV_APART) so that K and V of a
+     * key block are copied in one phase. */
+    __local fp_tile *sv = skv + (FP_OCL_KV_APART ? T * LD : 0);
 
     fp_ocl_load_tile(sq, q, fp_ocl_row0(a.q, b, s.q_start, h), a.q.s[1], a.q.s[3], i0, rows, hd);
     fp_softmax_state st; /* row tid's, for tid < T */
     fp_softmax_init(&st);
-    float acc[SR][DPT];
+    float acc[FP_OCL_ON];
     fp_ocl_zero(acc);
 
     int64_t lo, hi;
     fp_mask_block_range(i0, i0 + rows, s.nq, s.nk, a.left, a.right, &lo, &hi);
     for (long j0 = lo < hi ? lo / T * T : hi; j0 < hi; j0 += T) {
         const int cols = (int)min((long)T, s.nk - j0);
-        barrier(CLK_LOCAL_MEM_FENCE); /* the previous block's readers of skv and ss are done */
+        barrier(CLK_LOCAL_MEM_FENCE); /* the previous block's readers of skv, sv and ss are done */
         fp_ocl_load_tile(skv, k, k0, a.k.s[1], a.k.s[3], j0, cols, hd);
+        if (FP_OCL_KV_APART)
+            fp_ocl_load_tile(sv, v, v0, a.v.s[1], a.v.s[3], j0, cols, hd);
         barrier(CLK_LOCAL_MEM_FENCE);
-        float sc[SR][SC];
-        fp_ocl_tile_dots(sq, skv, sc);
-        for (int x = 0; x < SR; x++)
-            for (int y = 0; y < SC; y++) {
-                const int r = ty + 8 * x, c = tx + 16 * y;
-                const long i = i0 + r, j = j0 + c;
-                if (c >= T)
-                    continue;
-                float z = -INFINITY;
-                if (r < rows && c < cols && fp_mask_visible(i, j, s.nq, s.nk, a.left, a.right))
-                    z = fp_score_transform(sc[x][y] * a.scale, a.softcap, slope,
-                                           fp_alibi_distance(i, j, s.nq, s.nk));
-                ss[r * T + c] = z;
-            }
+        float sc[FP_OCL_SN];
+        fp_ocl_tile_dots(sq, skv, sc, scratch);
+        FP_OCL_UNROLL
+        for (int e = 0; e < FP_OCL_SN; e++) {
+            int r, c;
+            const int seen = fp_ocl_s_seen(&a, &s, e, i0, rows, j0, cols, &r, &c);
+            if (c < T)
+                ss[r * LS + c] =
+                    seen ? fp_score_transform(sc[e] * a.scale, a.softcap, slope,
+                                              fp_alibi_distance(i0 + r, j0 + c, s.nq, s.nk))
+                         : -INFINITY;
+        }
         barrier(CLK_LOCAL_MEM_FENCE);
         if (tid < T) {
             float mx = -INFINITY;
             for (int c = 0; c < cols; c++)
-                mx = fmax(mx, ss[tid * T + c]);
+                mx = fmax(mx, ss[tid * LS + c]);
             srow[tid] = fp_softmax_update(&st, mx);
             float sum = 0.0f;
             for (int c = 0; c < T; c++) {
-                const float p = c < cols ? fp_softmax_weight(&st, ss[tid * T + c]) : 0.0f;
-                ss[tid * T + c] = p;
+                const float p = c < cols ? fp_softmax_weight(&st, ss[tid * LS + c]) : 0.0f;
+                ss[tid * LS + c] = p;
                 sum += p;
             }
             st.l += sum;
         }
         barrier(CLK_LOCAL_MEM_FENCE); /* P and alpha written; every reader of K is done */
-        fp_ocl_load_tile(skv, v, v0, a.v.s[1], a.v.s[3], j0, cols, hd);
-        barrier(CLK_LOCAL_MEM_FENCE);
-        for (int x = 0; x < SR; x++)
-            for (int y = 0; y < DPT; y++)
-                acc[x][y] *= srow[ty + 8 * x];
-        fp_ocl_tile_mm(ss, 0, skv, cols, acc);
+        if (!FP_OCL_KV_APART) {
+            fp_ocl_load_tile(sv, v, v0, a.v.s[1], a.v.s[3], j0, cols, hd);
+            barrier(CLK_LOCAL_MEM_FENCE);
+        }
+        FP_OCL_UNROLL
+        for (int e = 0; e < FP_OCL_ON; e++) {
+            int r, d;
+            fp_ocl_o_at(e, &r, &d);
+            acc[e] *= srow[r];
+        }
+        fp_ocl_tile_mm(ss, 0, sv, cols, acc, scratch);
     }
 
     barrier(CLK_LOCAL_MEM_FENCE); /* the last block's readers of srow are done */
@@ -272,43 +293,41 @@ fp_ocl_forward(const fp_ocl_args a, __global const fp_elem *q, __global const fp
  * tiles and each row's LSE (srow[r]) and delta (srow[T + r]), into sp and sds ([T, T]; sp may be
  * NULL: dQ needs dS only). dS is d loss / d(q . k): softcap's derivative and the scale are
  * folded in. */
-static inline void fp_ocl_grad_scores(const fp_ocl_args *a, const fp_ocl_seq *s, float slope,
-                                      long i0, int rows, long j0, int cols, __local const float *sq,
-                                      __local const float *sdo, __local const float *sk,
-                                      __local const float *sv, __local const float *srow,
-                                      __local float *sp, __local float *sds)
+FP_OCL_INLINE void fp_ocl_grad_scores(const fp_ocl_args *a, const fp_ocl_seq *s, float slope,
+                                      long i0, int rows, long j0, int cols,
+                                      __local const fp_tile *sq, __local const fp_tile *sdo,
+                                      __local const fp_tile *sk, __local const fp_tile *sv,
+                                      __local const float *srow, __local float *sp,
+                                      __local float *sds, __local float *scratch)
 {
-    const int ty = get_local_id(0) / 16, tx = get_local_id(0) % 16;
-    float qk[SR][SC], dov[SR][SC];
-    fp_ocl_tile_dots(sq, sk, qk);
-    fp_ocl_tile_dots(sdo, sv, dov);
-    for (int x = 0; x < SR; x++)
-        for (int y = 0; y < SC; y++) {
-            const int r = ty + 8 * x, c = tx + 16 * y;
-            const long i = i0 + r, j = j0 + c;
-            if (c >= T)
-                continue;
-            float p = 0.0f, ds = 0.0f;
-            if (r < rows && c < cols && srow[r] > -INFINITY &&
-                fp_mask_visible(i, j, s->nq, s->nk, a->left, a->right)) {
-                const float capped =
-                    fp_score_transform(qk[x][y] * a->scale, a->softcap, 0.0f, 0.0f);
-                const float score = capped - slope * fp_alibi_distance(i, j, s->nq, s->nk);
-                p = exp(score - srow[r]);
-                ds = p * (dov[x][y] - srow[T + r]) * fp_softcap_grad(capped, a->softcap) * a->scale;
-            }
-            if (sp)
-                sp[r * T + c] = p;
-            sds[r * T + c] = ds;
+    float qk[FP_OCL_SN], dov[FP_OCL_SN];
+    fp_ocl_tile_dots(sq, sk, qk, scratch);
+    fp_ocl_tile_dots(sdo, sv, dov, scratch);
+    FP_OCL_UNROLL
+    for (int e = 0; e < FP_OCL_SN; e++) {
+        int r, c;
+        const int seen = fp_ocl_s_seen(a, s, e, i0, rows, j0, cols, &r, &c);
+        if (c >= T)
+            continue;
+        float p = 0.0f, ds = 0.0f;
+        if (seen && srow[r] > -INFINITY) {
+            const float capped = fp_score_transform(qk[e] * a->scale, a->softcap, 0.0f, 0.0f);
+            const float score = capped - slope * fp_alibi_distance(i0 + r, j0 + c, s->nq, s->nk);
+            p = exp(score - srow[r]);
+            ds = p * (dov[e] - srow[T + r]) * fp_softcap_grad(capped, a->softcap) * a->scale;
         }
+        if (sp)
+            sp[r * LS + c] = p;
+        sds[r * LS + c] = ds;
+    }
 }
 
 /* Loads the query side of a backward tile: q and dO rows and each row's LSE into srow[r]; the
  * rows' delta into srow[T + r] is the caller's. */
-static inline void fp_ocl_load_query_side(const fp_ocl_args *a, const fp_ocl_seq *s, long b, long h,
+FP_OCL_INLINE void fp_ocl_load_query_side(const fp_ocl_args *a, const fp_ocl_seq *s, long b, long h,
                                           long i0, int rows, __global const fp_elem *q,
                                           __global const fp_elem *dout, __global const float *lse,
-                                          __local float *sq, __local float *sdo,
+                                          __local fp_tile *sq, __local fp_tile *sdo,
                                           __local float *srow)
 {
     const int tid = get_local_id(0), hd = (int)a->head_dim;
@@ -325,9 +344,10 @@ fp_ocl_backward_dq(const fp_ocl_args a, __global const fp_elem *q, __global cons
                    __global const fp_elem *v, __global const fp_elem *o, __global const float *lse,
                    __global const fp_elem *dout, __global fp_elem *dq, __global float *delta,
                    __global const int *cu_q, __global const int *cu_k, __global const float *alibi,
-                   __local float *sq, __local float *sdo, __local float *sk, __local float *sv,
-                   __local float *sds, __local float *srow)
+                   __local fp_tile *sq, __local fp_tile *sdo, __local fp_tile *sk,
+                   __local fp_tile *sv, __local float *sds, __local float *srow)
 {
+    __local float scratch[FP_OCL_SCRATCH];
     const int tid = get_local_id(0), hd = (int)a.head_dim;
     const long h = get_group_id(1), b = get_group_id(2);
     const fp_ocl_seq s = fp_ocl_seq_of(&a, cu_q, cu_k, b);
@@ -345,11 +365,11 @@ fp_ocl_backward_dq(const fp_ocl_args a, __global const fp_elem *q, __global cons
         const long o0 = fp_ocl_row0(a.o, b, s.q_start + i0 + tid, h);
         float dl = 0.0f;
         for (int d = 0; d < hd; d++)
-            dl = fma(sdo[tid * LD + d], FP_LOAD(o, o0 + d * a.o.s[3]), dl);
+            dl = fma(FP_TILE_GET(sdo, tid * LD + d), FP_LOAD(o, o0 + d * a.o.s[3]), dl);
         srow[T + tid] = dl;
         delta[fp_ocl_delta_at(&a, &s, b, h, i0 + tid)] = dl;
     }
-    float acc[SR][DPT];
+    float acc[FP_OCL_ON];
     fp_ocl_zero(acc);
 
     int64_t lo, hi;
@@ -360,9 +380,10 @@ fp_ocl_backward_dq(const fp_ocl_args a, __global const fp_elem *q, __global cons
         fp_ocl_load_tile(sk, k, k0, a.k.s[1], a.k.s[3], j0, cols, hd);
         fp_ocl_load_tile(sv, v, v0, a.v.s[1], a.v.s[3], j0, cols, hd);
         barrier(CLK_LOCAL_MEM_FENCE);
-        fp_ocl_grad_scores(&a, &s, slope, i0, rows, j0, cols, sq, sdo, sk, sv, srow, 0, sds);
+        fp_ocl_grad_scores(&a, &s, slope, i0, rows, j0, cols, sq, sdo, sk, sv, srow, 0, sds,
+                           scratch);
         barrier(CLK_LOCAL_MEM_FENCE);
-        fp_ocl_tile_mm(sds, 0, sk, cols, acc);
+        fp_ocl_tile_mm(sds, 0, sk, cols, acc, scratch);
     }
     fp_ocl_store_tile(dq, fp_ocl_row0(a.dq, b, s.q_start + i0, h), a.dq.s[1], a.dq.s[3], rows, hd,
                       acc, 0, 1.0f);
@@ -373,10 +394,11 @@ fp_ocl_backward_dkdv(const fp_ocl_args a, __global const fp_elem *q, __global co
                      __global const fp_elem *v, __global const float *lse,
                      __global const fp_elem *dout, __global fp_elem *dk, __global fp_elem *dv,
                      __global const float *delta, __global const int *cu_q,
-                     __global const int *cu_k, __global const float *alibi, __local float *sq,
-                     __local float *sdo, __local float *sk, __local float *sv, __local float *sp,
-                     __local float *sds, __local float *srow)
+                     __global const int *cu_k, __global const float *alibi, __local fp_tile *sq,
+                     __local fp_tile *sdo, __local fp_tile *sk, __local fp_tile *sv,
+                     __local float *sp, __local float *sds, __local float *srow)
 {
+    __local float scratch[FP_OCL_SCRATCH];
     const int tid = get_local_id(0), hd = (int)a.head_dim;
     const long hk = get_group_id(1), b = get_group_id(2);
     const fp_ocl_seq s = fp_ocl_seq_of(&a, cu_q, cu_k, b);
@@ -388,7 +410,7 @@ fp_ocl_backward_dkdv(const fp_ocl_args a, __global const fp_elem *q, __global co
 
     fp_ocl_load_tile(sk, k, fp_ocl_row0(a.k, b, s.k_start, hk), a.k.s[1], a.k.s[3], j0, cols, hd);
     fp_ocl_load_tile(sv, v, fp_ocl_row0(a.v, b, s.k_start, hk), a.v.s[1], a.v.s[3], j0, cols, hd);
-    float acc_k[SR][DPT], acc_v[SR][DPT]; /* rows: keys of the block */
+    float acc_k[FP_OCL_ON], acc_v[FP_OCL_ON]; /* rows: keys of the block */
     fp_ocl_zero(acc_k);
     fp_ocl_zero(acc_v);
 
@@ -405,10 +427,11 @@ fp_ocl_backward_dkdv(const fp_ocl_args a, __global const fp_elem *q, __global co
             if (tid < T)
                 srow[T + tid] = tid < rows ? delta[fp_ocl_delta_at(&a, &s, b, h, i0 + tid)] : 0.0f;
             barrier(CLK_LOCAL_MEM_FENCE);
-            fp_ocl_grad_scores(&a, &s, slope, i0, rows, j0, cols, sq, sdo, sk, sv, srow, sp, sds);
+            fp_ocl_grad_scores(&a, &s, slope, i0, rows, j0, cols, sq, sdo, sk, sv, srow, sp, sds,
+                               scratch);
             barrier(CLK_LOCAL_MEM_FENCE);
-            fp_ocl_tile_mm(sp, 1, sdo, rows, acc_v);
-            fp_ocl_tile_mm(sds, 1, sq, rows, acc_k);
+            fp_ocl_tile_mm(sp, 1, sdo, rows, acc_v, scratch);
+            fp_ocl_tile_mm(sds, 1, sq, rows, acc_k, scratch);
         }
     }
     fp_ocl_store_tile(dk, fp_ocl_row0(a.dk, b, s.k_start + j0, hk), a.dk.s[1], a.dk.s[3], cols, hd,

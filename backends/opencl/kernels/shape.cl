@@ -1,0 +1,55 @@
+/*
+ * The compile-time shape of one OpenCL program (ocl_attention.c builds one per dtype, head-dim
+ * class, tile and variant): the storage type and the tile geometry, shared by the micro-tile
+ * policies (flash.cl's plain one, mma_nv.cl's tensor-core one) and the kernels of flash.cl.
+ *
+ * Storage: FP_OCL_DTYPE 0 f32, 1 f16 (vload_half / vstore_half_rte, so cl_khr_fp16 is not
+ * needed), 2 bf16 (ushort bits); arithmetic is f32 in every case.
+ */
+
+#if FP_OCL_DTYPE == 0
+typedef float fp_elem;
+#define FP_LOAD(p, i)     ((p)[i])
+#define FP_STORE(p, i, x) ((p)[i] = (x))
+#elif FP_OCL_DTYPE == 1
+typedef half fp_elem;
+#define FP_LOAD(p, i)     vload_half((size_t)(i), (p))
+#define FP_STORE(p, i, x) vstore_half_rte((x), (size_t)(i), (p))
+#else
+typedef ushort fp_elem;
+#define FP_LOAD(p, i)     as_float((uint)(p)[i] << 16)
+#define FP_STORE(p, i, x) ((p)[i] = fp_ocl_to_bf16(x))
+
+/* core/dtype.h's fp_f32_to_bf16: round to nearest even, NaN stays NaN. */
+static inline ushort fp_ocl_to_bf16(float f)
+{
+    uint u = as_uint(f);
+    if ((u & 0x7fffffffu) > 0x7f800000u)
+        return (ushort)((u >> 16) | 0x40u);
+    u += 0x7fffu + ((u >> 16) & 1u);
+    return (ushort)(u >> 16);
+}
+#endif
+
+/* D the head-dim class (16, 32, 64, 96, 128, 192 or 256; the problem's head dim a.head_dim <= D,
+ * the tiles zero-filled beyond it, so dot products over D are exact), T query rows = keys per
+ * tile, LS the row pitch of the [T, T] f32 score tiles (odd, so work-items reading one column of
+ * different rows hit different banks; ocl_plan.h sizes them the same way). The [T, D] tiles'
+ * element type fp_tile and pitch LD belong to the micro-tile policy (flash.cl, mma_nv.cl). */
+#define D  FP_OCL_D
+#define T  FP_OCL_T
+#define LS (T | 1)
+
+/* In the tensor-core programs for NVIDIA every helper is inlined and the loops over a work-item's
+ * accumulator elements are unrolled, so that accumulators, fragments and tile positions live in
+ * registers (passed by pointer to a called function, or indexed by a loop variable, an array goes
+ * to private memory). Elsewhere the compiler decides: the plain programs, the fallback on every
+ * driver, use nothing a driver might refuse, and PoCL's compile time grows with forced unrolling
+ * (most with the emulation's barriers) while the CI runs the whole table through it. */
+#if FP_OCL_MMA && !FP_OCL_MMA_EMULATE
+#define FP_OCL_INLINE static inline __attribute__((always_inline))
+#define FP_OCL_UNROLL _Pragma("unroll")
+#else
+#define FP_OCL_INLINE static inline
+#define FP_OCL_UNROLL
+#endif

@@ -102,9 +102,8 @@ typedef struct fp_ocl_ctx {
     size_t local_mem; /* bytes of local memory per work-group */
     size_t max_alloc; /* CL_DEVICE_MAX_MEM_ALLOC_SIZE: the largest one buffer may be */
     /* The tensor-core variant f16 / bf16 programs get (ocl_plan.h's fp_ocl_plan): FP_OCL_MMA_NV
-     * on NVIDIA devices of compute capability >= 8.0 (or FLASHPORT_OPENCL_MMA=nv),
-     * FP_OCL_MMA_EMULATED when FLASHPORT_OPENCL_MMA=emulate, FP_OCL_PLAIN when
-     * FLASHPORT_OPENCL_MMA=0 or on other devices. */
+     * when FLASHPORT_OPENCL_MMA=nv, FP_OCL_MMA_EMULATED when FLASHPORT_OPENCL_MMA=emulate,
+     * FP_OCL_PLAIN otherwise (ocl_backend.c's device_mma says why). */
     int mma;
     /* Programs of the current context by key, built on first use and kept, failed tensor-core
      * builds included (ocl_attention.c); when the cache is full the oldest is released. */

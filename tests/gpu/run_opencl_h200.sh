@@ -30,7 +30,7 @@
 # prints the opencl / plain, opencl / cuda, opencl / SDPA math and opencl / mem-eff ratios from
 # the CSVs in $OUT (bench and sdpa append to them). Environment: BUILD (build folder, default
 # build-ocl), PLATFORM (FLASHPORT_OPENCL_PLATFORM, default NVIDIA), MODES (the table's variants,
-# default "auto 0": FLASHPORT_OPENCL_MMA unset-like, then the plain path forced), DIMS and SEQLENS
+# default "0": the plain path; "0 nv" adds the tensor-core variant), DIMS and SEQLENS
 # (bench grid, default "64 128 256" and "512 2048 8192 16384"), TOKENS and HIDDEN (B * N and
 # H * D of the grid, default 16384 and 2048), BACKENDS (flashport-bench backends, default
 # "opencl opencl-plain cuda"; opencl-plain is opencl with FLASHPORT_OPENCL_MMA=0), ITERS (timed
@@ -120,7 +120,7 @@ if has test; then
     # Each log gets a header per call and is appended to, so no later call overwrites it. The
     # table runs one process per variant and dtype (fp8: forward only; the backend refuses it).
     start=$(date +%s)
-    for mma in ${MODES:-auto 0}; do
+    for mma in ${MODES:-0}; do
         for part in "^f32 " "^f16 " "^bf16 " "^e"; do # ^e: fp8 (e4m3, e5m2), refused by the backend
             tmp="$OUT/table.tmp"
             {
@@ -151,7 +151,7 @@ if has test; then
     # This call's sections of test_backends.log (4 per variant): each process's result and
     # failures, then the sums per variant (the whole table, every dtype). A process that exits
     # non-zero with no failure counted is the fp8 one, where nothing passes (every case refused).
-    sections=$((4 * $(echo ${MODES:-auto 0} | wc -w)))
+    sections=$((4 * $(echo ${MODES:-0} | wc -w)))
     awk -v want="$sections" '/^### /{n++} {l[NR] = $0; h[NR] = n}
         END{for (i = 1; i <= NR; i++) if (h[i] > n - want) print l[i]}' \
         "$OUT/test_backends.log" >"$OUT/table.tmp"

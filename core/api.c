@@ -240,26 +240,29 @@ flashport_status flashport_free(flashport_backend *be, void *ptr)
     return ptr ? be->ops->free_fn(be->ctx, ptr) : FLASHPORT_OK;
 }
 
-flashport_status flashport_memcpy_to_device(flashport_backend *be, void *dst, const void *src,
-                                            size_t bytes)
+/* The copies' common checks; to_device picks the backend's direction. */
+static flashport_status copy_checked(flashport_backend *be, void *dst, const void *src,
+                                     size_t bytes, int to_device)
 {
     CHECK_BACKEND(be);
     if (bytes == 0)
         return FLASHPORT_OK;
     if (!dst || !src)
         return fp_set_error(FLASHPORT_ERR_NULL_POINTER, "memcpy: dst or src is NULL");
-    return be->ops->copy_to_device(be->ctx, dst, src, bytes);
+    return to_device ? be->ops->copy_to_device(be->ctx, dst, src, bytes)
+                     : be->ops->copy_to_host(be->ctx, dst, src, bytes);
+}
+
+flashport_status flashport_memcpy_to_device(flashport_backend *be, void *dst, const void *src,
+                                            size_t bytes)
+{
+    return copy_checked(be, dst, src, bytes, 1);
 }
 
 flashport_status flashport_memcpy_to_host(flashport_backend *be, void *dst, const void *src,
                                           size_t bytes)
 {
-    CHECK_BACKEND(be);
-    if (bytes == 0)
-        return FLASHPORT_OK;
-    if (!dst || !src)
-        return fp_set_error(FLASHPORT_ERR_NULL_POINTER, "memcpy: dst or src is NULL");
-    return be->ops->copy_to_host(be->ctx, dst, src, bytes);
+    return copy_checked(be, dst, src, bytes, 0);
 }
 
 flashport_status flashport_synchronize(flashport_backend *be)
@@ -374,6 +377,20 @@ flashport_status flashport_set_workspace(flashport_backend *be, void *workspace,
     return FLASHPORT_OK;
 }
 
+/* Validation, then the backend's forward or backward. */
+static flashport_status run_call(flashport_backend *be, flashport_direction dir,
+                                 const flashport_attention_params *params, const fp_call_tensors *t)
+{
+    fp_problem p;
+    flashport_status st = validate_call(be, dir, params, t, &p);
+    if (st != FLASHPORT_OK)
+        return st;
+    const int backward = dir == FLASHPORT_BACKWARD;
+    if (fp_log_enabled())
+        log_call(backward ? "backward" : "forward", be, &p);
+    return backward ? be->ops->backward(be->ctx, &p) : be->ops->forward(be->ctx, &p);
+}
+
 flashport_status flashport_attention_forward(flashport_backend *be,
                                              const flashport_attention_params *params,
                                              const flashport_tensor *q, const flashport_tensor *k,
@@ -382,13 +399,7 @@ flashport_status flashport_attention_forward(flashport_backend *be,
 {
     CHECK_BACKEND(be);
     fp_call_tensors t = {q, k, v, o, lse, NULL, NULL, NULL, NULL};
-    fp_problem p;
-    flashport_status st = validate_call(be, FLASHPORT_FORWARD, params, &t, &p);
-    if (st != FLASHPORT_OK)
-        return st;
-    if (fp_log_enabled())
-        log_call("forward", be, &p);
-    return be->ops->forward(be->ctx, &p);
+    return run_call(be, FLASHPORT_FORWARD, params, &t);
 }
 
 flashport_status flashport_attention_backward(
@@ -399,11 +410,5 @@ flashport_status flashport_attention_backward(
 {
     CHECK_BACKEND(be);
     fp_call_tensors t = {q, k, v, o, lse, dout, dq, dk, dv};
-    fp_problem p;
-    flashport_status st = validate_call(be, FLASHPORT_BACKWARD, params, &t, &p);
-    if (st != FLASHPORT_OK)
-        return st;
-    if (fp_log_enabled())
-        log_call("backward", be, &p);
-    return be->ops->backward(be->ctx, &p);
+    return run_call(be, FLASHPORT_BACKWARD, params, &t);
 }

@@ -738,59 +738,43 @@ __global__ __launch_bounds__(FP_HIP_THREADS) void fp_hip_bwd_dq_kernel(fp_hip_ar
     fp_hip_bwd_dq_tile<T, DMAX, MMA>(a);
 }
 
-template <class T, class MMA> fp_hip_kernel_fn fp_hip_fwd_pick(int dmax)
-{
-    switch (dmax) {
-    case 64:
-        return fp_hip_fwd_kernel<T, 64, MMA>;
-    case 128:
-        return fp_hip_fwd_kernel<T, 128, MMA>;
-    case 256:
-        return fp_hip_fwd_kernel<T, 256, MMA>;
-    default:
-        return NULL;
-    }
-}
+/* The forward and backward kernels of path MMA for one element type and head-dim class. */
+typedef struct fp_hip_kernel_set {
+    fp_hip_kernel_fn fwd;
+    fp_hip_bwd_kernels bwd;
+} fp_hip_kernel_set;
 
-/* The forward kernel of path MMA for a dtype and head-dim class. */
-template <class MMA> fp_hip_kernel_fn fp_hip_fwd_table(flashport_dtype dtype, int dmax)
+template <class T, int DMAX, class MMA> fp_hip_kernel_set fp_hip_kernels_of()
 {
-    if (dtype == FLASHPORT_F16)
-        return fp_hip_fwd_pick<fp_hip_f16, MMA>(dmax);
-    if (dtype == FLASHPORT_BF16)
-        return fp_hip_fwd_pick<fp_hip_bf16, MMA>(dmax);
-    return NULL;
-}
-
-template <class T, class MMA> fp_hip_bwd_kernels fp_hip_bwd_pick(int dmax)
-{
-    fp_hip_bwd_kernels k = {NULL, NULL};
-    switch (dmax) {
-    case 64:
-        k.dkdv = fp_hip_bwd_dkdv_kernel<T, 64, MMA>;
-        k.dq = fp_hip_bwd_dq_kernel<T, 64, MMA>;
-        break;
-    case 128:
-        k.dkdv = fp_hip_bwd_dkdv_kernel<T, 128, MMA>;
-        k.dq = fp_hip_bwd_dq_kernel<T, 128, MMA>;
-        break;
-    case 256:
-        k.dkdv = fp_hip_bwd_dkdv_kernel<T, 256, MMA>;
-        k.dq = fp_hip_bwd_dq_kernel<T, 256, MMA>;
-        break;
-    default:
-        break;
-    }
+    const fp_hip_kernel_set k = {
+        fp_hip_fwd_kernel<T, DMAX, MMA>,
+        {fp_hip_bwd_dkdv_kernel<T, DMAX, MMA>, fp_hip_bwd_dq_kernel<T, DMAX, MMA>}};
     return k;
 }
 
-template <class MMA> fp_hip_bwd_kernels fp_hip_bwd_table(flashport_dtype dtype, int dmax)
+template <class T, class MMA> fp_hip_kernel_set fp_hip_kernels_by_dmax(int dmax)
 {
+    const fp_hip_kernel_set none = {NULL, {NULL, NULL}};
+    switch (dmax) {
+    case 64:
+        return fp_hip_kernels_of<T, 64, MMA>();
+    case 128:
+        return fp_hip_kernels_of<T, 128, MMA>();
+    case 256:
+        return fp_hip_kernels_of<T, 256, MMA>();
+    default:
+        return none;
+    }
+}
+
+/* The kernels of path MMA for a dtype and head-dim class; NULL where there is none. */
+template <class MMA> fp_hip_kernel_set fp_hip_kernels(flashport_dtype dtype, int dmax)
+{
+    const fp_hip_kernel_set none = {NULL, {NULL, NULL}};
     if (dtype == FLASHPORT_F16)
-        return fp_hip_bwd_pick<fp_hip_f16, MMA>(dmax);
+        return fp_hip_kernels_by_dmax<fp_hip_f16, MMA>(dmax);
     if (dtype == FLASHPORT_BF16)
-        return fp_hip_bwd_pick<fp_hip_bf16, MMA>(dmax);
-    fp_hip_bwd_kernels none = {NULL, NULL};
+        return fp_hip_kernels_by_dmax<fp_hip_bf16, MMA>(dmax);
     return none;
 }
 

@@ -10,10 +10,10 @@
 
 fp_hip_kernel_fn fp_hip_fwd_kernel_generic(flashport_dtype dtype, int dmax)
 {
-    return fp_hip_fwd_table<fp_hip_mma_generic>(dtype, dmax);
+    return fp_hip_kernels<fp_hip_mma_generic>(dtype, dmax).fwd;
 }
 
 fp_hip_bwd_kernels fp_hip_bwd_kernels_generic(flashport_dtype dtype, int dmax)
 {
-    return fp_hip_bwd_table<fp_hip_mma_generic>(dtype, dmax);
+    return fp_hip_kernels<fp_hip_mma_generic>(dtype, dmax).bwd;
 }

@@ -273,29 +273,30 @@ static flashport_status run_backward(fp_hip_ctx *ctx, const fp_problem *p, size_
     return st;
 }
 
-/* The lock covers the stream and the workspace for the whole call. */
-flashport_status fp_hip_forward(fp_hip_ctx *ctx, const fp_problem *p)
+/* run(ctx, p, NULL) on the context's device, under the lock, which covers the stream and the
+ * workspace for the whole call. */
+static flashport_status run_locked(fp_hip_ctx *ctx, const fp_problem *p,
+                                   flashport_status (*run)(fp_hip_ctx *, const fp_problem *,
+                                                           size_t *))
 {
     int prev;
     flashport_status st = fp_hip_enter(ctx, &prev);
     if (st != FLASHPORT_OK)
         return st;
     pthread_mutex_lock(&ctx->lock);
-    st = run_forward(ctx, p, NULL);
+    st = run(ctx, p, NULL);
     pthread_mutex_unlock(&ctx->lock);
     return fp_hip_leave(ctx, prev, st);
 }
 
+flashport_status fp_hip_forward(fp_hip_ctx *ctx, const fp_problem *p)
+{
+    return run_locked(ctx, p, run_forward);
+}
+
 flashport_status fp_hip_backward(fp_hip_ctx *ctx, const fp_problem *p)
 {
-    int prev;
-    flashport_status st = fp_hip_enter(ctx, &prev);
-    if (st != FLASHPORT_OK)
-        return st;
-    pthread_mutex_lock(&ctx->lock);
-    st = run_backward(ctx, p, NULL);
-    pthread_mutex_unlock(&ctx->lock);
-    return fp_hip_leave(ctx, prev, st);
+    return run_locked(ctx, p, run_backward);
 }
 
 flashport_status fp_hip_workspace_size(fp_hip_ctx *ctx, const fp_problem *p, int backward,

@@ -38,7 +38,7 @@ compile_cu() {
 }
 build_lib() {
     pids=()
-    for f in sm80/fwd sm80/bwd sm90/sm90_fwd sm90/sm90_bwd decode/fwd layout; do
+    for f in sm80/fwd sm80/bwd emu/sm90_declines decode/fwd layout; do
         compile_cu "$root/backends/cuda/$f.cu" "$out/obj/${f//\//_}.o" &
         pids+=($!)
     done

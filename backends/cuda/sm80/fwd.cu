@@ -29,6 +29,10 @@
  * Split-KV (decode-like shapes, chosen by core/plan.h): each split writes its normalized partial
  * O (f32) and LSE; fp_sm80_fwd_combine merges them in split order.
  *
+ * Kernels: one per schedule (fp_sm80_fwd_two_stage_kernel, fp_sm80_fwd_one_stage_kernel,
+ * fp_sm80_fwd_pingpong_kernel), each its key loop inside the shared block (fp_fwd_block: setup,
+ * the steps of a key block, finalize); fp_fwd_kernel takes a configuration's by its PP and ST.
+ *
  * Tiles (BM x BN, warps): D=64 128x128, 4 warps (for long key loops 256x128, 8 warps in the
  * ping-pong schedule: PP below); D=128 128x64, 4 warps; D=256 64x64, 4 warps, one K and one V
  * buffer, two blocks per SM (ST below; other configurations where two do not fit). Other head
@@ -128,7 +132,7 @@ FP_DEV void fp_pp_bar(int grp)
 #endif
 }
 
-/* The masked-key guard of one edge block (common.cuh; its use in the kernel below): V's tile of
+/* The masked-key guard of one edge block (common.cuh; its use in fp_fwd_block): V's tile of
  * BN keys scrubbed and its keys flagged (vflag), a barrier of the whole block (PP: fp_pp_bar),
  * then rowbad[r] = 1 for each row r of the block (BM rows from m0) that sees a flagged key of
  * the block (keys from j0). Not inlined: it runs at a point where the kernel holds its S and O
@@ -233,7 +237,7 @@ FP_DEV void fp_fwd_load_kv(T *buf0, const T *g, int64_t ss, int nb, int nb_begin
 }
 
 /* ---- the schedules ---------------------------------------------------------------------------
- * The kernel's steps of a key block nb are lambdas over the block's state (fp_sm80_fwd_kernel):
+ * The kernel's steps of a key block nb are lambdas over the block's state (fp_fwd_block):
  * qk(s, nb): S = Q K^T; softmax_max(s, nb, r0, r1): mask / transform for rows r0 .. r1, row
  * maxima, rescale of O; softmax_exp(s): P and the row sums; pack_p(pa, s): P as P V's A
  * fragments; pv(pa, nb): O += P V; around them the loads of K and V and the masked-key guard of V
@@ -449,20 +453,21 @@ FP_DEV void fp_fwd_store(const fp_sm80_args &a, const float (&o)[MT][DK / 8][4],
     }
 }
 
-// q, o: (B, Nq, H, D); k, v: (B, Nk, Hkv, D); lse: (B, H, Nq); grid (q blocks, H, B * splits)
-template <typename T, int DK, int ALT>
-__global__ void __launch_bounds__(fp_fwd_cfg<DK, ALT>::NW * 32)
-    fp_sm80_fwd_kernel(const fp_sm80_args a)
+/* ---- the block ------------------------------------------------------------------------------
+ * One thread block of the forward around its schedule, shared by the three kernels below: the
+ * setup (the block's rows, key blocks and pointers, Q and the first K / V tiles in flight, O and
+ * the softmax state), the steps of a key block (lambdas over that state), schedule(k) (the
+ * kernel's key loop; k: the steps and what a loop needs of the block), and the finalize. The
+ * kernels differ only in the schedule they pass. */
+template <typename T, int DK, int ALT, class Schedule>
+FP_DEV void fp_fwd_block(const fp_sm80_args &a, const Schedule &schedule)
 {
     constexpr int NW = fp_fwd_cfg<DK, ALT>::NW, MT = fp_fwd_cfg<DK, ALT>::MT;
     constexpr int BN = fp_fwd_cfg<DK, ALT>::BN;
     constexpr bool LAZY = fp_fwd_cfg<DK, ALT>::LAZY;
     constexpr bool FAST = fp_fwd_cfg<DK, ALT>::FAST_LOAD;
-    constexpr bool EARLY_V = fp_fwd_cfg<DK, ALT>::EARLY_V;
     constexpr bool PP = fp_fwd_cfg<DK, ALT>::PP;
     constexpr int ST = fp_fwd_cfg<DK, ALT>::ST;
-    static_assert(!PP || NW == 8, "ping-pong: two groups of four warps");
-    static_assert(ST == 2 || (ST == 1 && !PP && EARLY_V), "one stage: the EARLY_V loop only");
     constexpr int NT = NW * 32, BM = NW * MT * 16;
     constexpr int KT = DK / 16, NB8 = BN / 8, DT8 = DK / 8;
 
@@ -655,32 +660,31 @@ __global__ void __launch_bounds__(fp_fwd_cfg<DK, ALT>::NW * 32)
             });
     };
 
-    /* The schedule: ping-pong, one K/V stage, or two */
-    if constexpr (PP) {
-        /* group 0 (NT / 2 threads): K(nb + 1), V(nb) */
-        auto load_step = [&](int nb) {
-            if (nb + 1 < nb_end)
-                fp_fwd_load_kv<BN, DK, ST, NT / 2, FAST>(sk, kg, a.k.ss, nb + 1, nb_begin, nk,
-                                                         nchunks, tid);
-            fp_fwd_load_kv<BN, DK, ST, NT / 2, FAST>(sv, vg, a.v.ss, nb, nb_begin, nk, nchunks,
-                                                     tid);
-            fp_cp_async_commit();
-        };
-        fp_fwd_pingpong_loop<MT, NB8, BM>(nb_begin, nb_end, m0, nq, warp / 4, load_step, qk,
-                                          softmax_max, softmax_exp, pack_p, pv, edge_block,
-                                          scrub_v);
-    } else if constexpr (ST == 1) {
-        float s[MT][NB8][4];
-        uint32_t pa[BN / 16][MT][4];
-        fp_fwd_one_stage_loop<MT, NB8>(s, pa, nb_begin, nb_end, m0, min(m0 + BM, nq), load_k,
-                                       load_v, qk, softmax_max, softmax_exp, pack_p, pv, guard_v);
-    } else {
-        float s[MT][NB8][4];
-        uint32_t pa[BN / 16][MT][4];
-        fp_fwd_two_stage_loop<MT, NB8, EARLY_V>(s, pa, nb_begin, nb_end, m0, min(m0 + BM, nq),
-                                                load_k, load_v, qk, softmax_max, softmax_exp,
-                                                pack_p, pv, guard_v);
-    }
+    /* S (then P) and P's A fragments of the current key block, for the one- and two-stage loops
+     * (the ping-pong loop keeps its own): here, after the block's other arrays, and not in the
+     * kernels' schedules, where inlined they would come first among the kernel's and change its
+     * machine code (fp_fwd_two_stage_loop) */
+    float s[MT][NB8][4];
+    uint32_t pa[BN / 16][MT][4];
+    /* What the schedule composes: the steps, and the block's key range, rows and K / V buffers */
+    struct {
+        int nb_begin, nb_end, m0, nq, nk, warp, tid, nchunks;
+        T *sk, *sv;
+        const T *kg, *vg;
+        decltype(load_k) &load_k;
+        decltype(load_v) &load_v;
+        decltype(qk) &qk;
+        decltype(softmax_max) &softmax_max;
+        decltype(softmax_exp) &softmax_exp;
+        decltype(pack_p) &pack_p;
+        decltype(pv) &pv;
+        decltype(edge_block) &edge_block;
+        decltype(scrub_v) &scrub_v;
+        decltype(guard_v) &guard_v;
+    } k = {nb_begin,    nb_end, m0, nq,         nk,      warp,   tid, nchunks,
+           sk,          sv,     kg, vg,         load_k,  load_v, qk,  softmax_max,
+           softmax_exp, pack_p, pv, edge_block, scrub_v, guard_v};
+    schedule(k, s, pa);
     fp_cp_async_wait<0>();
 
     /* Finalize */
@@ -689,6 +693,77 @@ __global__ void __launch_bounds__(fp_fwd_cfg<DK, ALT>::NW * 32)
     fp_fwd_row_scales<MT>(st, rowbad, wrow, g, fac, lse);
     fp_fwd_store<T, DK, MT, BM, NT>(a, o, fac, lse, sq, sq_, b, h, split, m0, wrow, nchunks, tid,
                                     lane, g, t);
+}
+
+/* ---- the kernels: one a schedule -------------------------------------------------------------
+ * q, o: (B, Nq, H, D); k, v: (B, Nk, Hkv, D); lse: (B, H, Nq); grid (q blocks, H, B * splits) */
+
+/* Two K and V buffers (fp_fwd_two_stage_loop) */
+template <typename T, int DK, int ALT>
+__global__ void __launch_bounds__(fp_fwd_cfg<DK, ALT>::NW * 32)
+    fp_sm80_fwd_two_stage_kernel(const fp_sm80_args a)
+{
+    using CFG = fp_fwd_cfg<DK, ALT>;
+    static_assert(CFG::ST == 2 && !CFG::PP, "two stages: fp_fwd_cfg's ST = 2");
+    constexpr int MT = CFG::MT, NB8 = CFG::BN / 8, BM = CFG::NW * MT * 16;
+    fp_fwd_block<T, DK, ALT>(a, [](const auto &k, auto &s, auto &pa) {
+        fp_fwd_two_stage_loop<MT, NB8, CFG::EARLY_V>(
+            s, pa, k.nb_begin, k.nb_end, k.m0, min(k.m0 + BM, k.nq), k.load_k, k.load_v, k.qk,
+            k.softmax_max, k.softmax_exp, k.pack_p, k.pv, k.guard_v);
+    });
+}
+
+/* One K and one V buffer (fp_fwd_one_stage_loop) */
+template <typename T, int DK, int ALT>
+__global__ void __launch_bounds__(fp_fwd_cfg<DK, ALT>::NW * 32)
+    fp_sm80_fwd_one_stage_kernel(const fp_sm80_args a)
+{
+    using CFG = fp_fwd_cfg<DK, ALT>;
+    static_assert(CFG::ST == 1 && !CFG::PP && CFG::EARLY_V, "one stage: the EARLY_V loop only");
+    constexpr int MT = CFG::MT, NB8 = CFG::BN / 8, BM = CFG::NW * MT * 16;
+    fp_fwd_block<T, DK, ALT>(a, [](const auto &k, auto &s, auto &pa) {
+        fp_fwd_one_stage_loop<MT, NB8>(s, pa, k.nb_begin, k.nb_end, k.m0, min(k.m0 + BM, k.nq),
+                                       k.load_k, k.load_v, k.qk, k.softmax_max, k.softmax_exp,
+                                       k.pack_p, k.pv, k.guard_v);
+    });
+}
+
+/* Ping-pong (fp_fwd_pingpong_loop) */
+template <typename T, int DK, int ALT>
+__global__ void __launch_bounds__(fp_fwd_cfg<DK, ALT>::NW * 32)
+    fp_sm80_fwd_pingpong_kernel(const fp_sm80_args a)
+{
+    using CFG = fp_fwd_cfg<DK, ALT>;
+    static_assert(CFG::PP && CFG::NW == 8 && CFG::ST == 2, "ping-pong: two groups of four warps");
+    constexpr int MT = CFG::MT, BN = CFG::BN, NB8 = BN / 8, BM = CFG::NW * MT * 16;
+    constexpr int NT = CFG::NW * 32;
+    constexpr bool FAST = CFG::FAST_LOAD;
+    fp_fwd_block<T, DK, ALT>(a, [&](const auto &k, auto &, auto &) {
+        /* group 0 (NT / 2 threads): K(nb + 1), V(nb) */
+        auto load_step = [&](int nb) {
+            if (nb + 1 < k.nb_end)
+                fp_fwd_load_kv<BN, DK, 2, NT / 2, FAST>(k.sk, k.kg, a.k.ss, nb + 1, k.nb_begin,
+                                                        k.nk, k.nchunks, k.tid);
+            fp_fwd_load_kv<BN, DK, 2, NT / 2, FAST>(k.sv, k.vg, a.v.ss, nb, k.nb_begin, k.nk,
+                                                    k.nchunks, k.tid);
+            fp_cp_async_commit();
+        };
+        fp_fwd_pingpong_loop<MT, NB8, BM>(k.nb_begin, k.nb_end, k.m0, k.nq, k.warp / 4, load_step,
+                                          k.qk, k.softmax_max, k.softmax_exp, k.pack_p, k.pv,
+                                          k.edge_block, k.scrub_v);
+    });
+}
+
+/* The kernel of a configuration: its schedule's (fp_fwd_cfg's PP and ST). */
+template <typename T, int DK, int ALT> constexpr auto fp_fwd_kernel()
+{
+    using CFG = fp_fwd_cfg<DK, ALT>;
+    if constexpr (CFG::PP)
+        return fp_sm80_fwd_pingpong_kernel<T, DK, ALT>;
+    else if constexpr (CFG::ST == 1)
+        return fp_sm80_fwd_one_stage_kernel<T, DK, ALT>;
+    else
+        return fp_sm80_fwd_two_stage_kernel<T, DK, ALT>;
 }
 
 /* Merges the splits of each row (one warp per row): O = sum w_s O_s with the LSE weights of
@@ -753,7 +828,7 @@ static flashport_status fp_fwd_launch(const fp_cuda_ctx *ctx, const fp_problem *
 
     const fp_plan_shape shape = fp_problem_plan_shape(p);
     fp_plan_target target;
-    void (*kernel)(const fp_sm80_args) = fp_sm80_fwd_kernel<T, DK, ALT>;
+    void (*kernel)(const fp_sm80_args) = fp_fwd_kernel<T, DK, ALT>();
     cudaError_t e =
         cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
     int resident = 1;

@@ -55,23 +55,6 @@
  * order that varies from run to run (last-bit differences). Numbers: docs/performance.md.
  */
 #include "backends/cuda/cuda_internal.h"
-
-#ifdef FP_CUDA_EMU
-extern "C" flashport_status fp_cuda_sm90_backward(const fp_cuda_ctx *ctx, const fp_problem *p,
-                                                  const char *why, const char **declined, void *ws,
-                                                  size_t *query)
-{
-    (void)ctx;
-    (void)p;
-    (void)why;
-    (void)ws;
-    if (query)
-        *query = 0;
-    *declined = "the CUDA emulator has no TMA or wgmma";
-    return FLASHPORT_OK;
-}
-#else
-
 #include "backends/cuda/dispatch.cuh"
 #include "backends/cuda/sm80/common.cuh"
 #include "backends/cuda/sm90/common.cuh"
@@ -712,5 +695,3 @@ extern "C" flashport_status fp_cuda_sm90_backward(const fp_cuda_ctx *ctx, const 
                                                                       query);
     });
 }
-
-#endif /* FP_CUDA_EMU */

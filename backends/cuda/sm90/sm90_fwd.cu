@@ -61,29 +61,6 @@
  * Numbers: docs/performance.md.
  */
 #include "backends/cuda/cuda_internal.h"
-
-#ifdef FP_CUDA_EMU
-/* The CPU emulator (docs/cuda_emu.md) has no TMA, mbarrier or wgmma: the path declines. */
-extern "C" void fp_cuda_sm90_init(fp_cuda_ctx *ctx)
-{
-    ctx->encode_tiled = NULL;
-}
-
-extern "C" flashport_status fp_cuda_sm90_forward(const fp_cuda_ctx *ctx, const fp_problem *p,
-                                                 const char *why, const char **declined, void *ws,
-                                                 size_t *query)
-{
-    (void)ctx;
-    (void)p;
-    (void)why;
-    (void)ws;
-    if (query)
-        *query = 0;
-    *declined = "the CUDA emulator has no TMA or wgmma";
-    return FLASHPORT_OK;
-}
-#else
-
 #include "backends/cuda/dispatch.cuh"
 #include "backends/cuda/sm80/common.cuh"
 #include "backends/cuda/ptx/sm90.cuh"
@@ -1243,5 +1220,3 @@ extern "C" flashport_status fp_cuda_sm90_forward(const fp_cuda_ctx *ctx, const f
                                                                             ws, query);
     });
 }
-
-#endif /* FP_CUDA_EMU */

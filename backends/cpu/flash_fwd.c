@@ -1,13 +1,13 @@
 /*
  * CPU flash forward: O = softmax(mask(transform(scale * Q K^T))) V and the row LSE, tiled after
- * FlashAttention-2, never holding more than one BLOCK_K x BLOCK_Q score tile per thread. The
+ * FlashAttention-2, never holding more than one BLOCK_K x block_q score tile per thread. The
  * portable framework; every O(m * n * d) product and every per-score step runs in the micro-kernel
  * table chosen at run time (ukernel.h, isa.c).
  *
  * Algorithm: one task per (query block, batch, head) of core/plan.h's fp_plan_forward (no KV
  * splits), numbered by fp_plan_task_at in FP_PLAN_ORDER_LOCALITY: (batch, head) by (batch, head),
  * heaviest query blocks first under a causal mask; an OpenMP dynamic loop runs them, so causal
- * work balances. Scores are kept transposed: S^T (keys down the rows, the block's BLOCK_Q queries
+ * work balances. Scores are kept transposed: S^T (keys down the rows, the block's queries
  * across the columns), so that
  *   - S^T = K Q^T reads K in place as the product's A operand (broadcast from the caller's
  *     tensor, any strides), against Q^T packed once per task;
@@ -32,8 +32,9 @@
  * after its unrounded sum went into l, against the running maximum as a GPU kernel does (the
  * tests' fp8 tolerance covers that); O is scaled by descale_v and stored in o's dtype.
  * Extra memory: the per-thread tiles of fwd_layout, and the stage (at most STAGE_MAX_BYTES).
- * Tile shape: BLOCK_Q = 64 queries (one 4-register column block of the AVX-512 kernel) x
- * BLOCK_K = 64 keys.
+ * Tile shape: block_q queries x BLOCK_K = 64 keys; block_q = BLOCK_Q = 64 (one 4-register
+ * column block of the AVX-512 kernel), or the table's fwd_block_q (AVX2: 256) for sequences of
+ * at least eight such blocks (fwd_block_q).
  * Known differences from the reference: f32 accumulation, the polynomial exp2 (ukernel.h); the
  * scale is applied to the f32 scores (Q is not pre-scaled); bf16 path: P in bf16 for P V.
  * Measured (docs/bench/cpu.md, bench/cpu_targets.sh; 2 threads of the 2-core Zen 4 development
@@ -61,19 +62,31 @@
 
 enum { BLOCK_Q = 64, BLOCK_K = 64 };
 
+/* Queries per task: the table's fwd_block_q where it sets one (AVX2, whose Zen 2/3 cores have
+ * 512 KiB of L2: K and V of one head, streamed again for every query block, come from L3, and
+ * 256 queries a pass quarter that stream) and the sequences hold at least eight such blocks,
+ * else BLOCK_Q: with fewer, a causal mask's triangle cuts into too few tasks for the threads to
+ * balance (measured slower at N = 1024). seqlen_q: the longest sequence. */
+static int fwd_block_q(const fp_ukernels *uk, int64_t seqlen_q)
+{
+    return uk->fwd_block_q > 0 && seqlen_q >= 8 * (int64_t)uk->fwd_block_q ? uk->fwd_block_q
+                                                                           : BLOCK_Q;
+}
+
 /* Largest fp_kv_stage a thread takes (f32 K and V of one kv head): 16 MiB, Nk = 16384 at D = 128.
  * Longer sequences convert per block as before, so extra memory stays bounded per thread. */
 #define STAGE_MAX_BYTES ((size_t)16 << 20)
 
 /* Offsets (floats) of one thread's tiles inside its scratch slice. */
 typedef struct fwd_layout {
-    int ldq, ldd;   /* leading dims: BLOCK_Q-wide and d-wide tiles */
-    size_t qt;      /* Q^T: d x BLOCK_Q f32, or ceil(d/2) x BLOCK_Q bf16 pairs */
-    size_t o;       /* BLOCK_Q x d accumulator */
-    size_t s;       /* S^T, then P^T: BLOCK_K x BLOCK_Q */
-    size_t pp;      /* bf16 path: P^T as pairs, BLOCK_K / 2 x BLOCK_Q */
+    int bq;         /* queries per block (fwd_block_q) */
+    int ldq, ldd;   /* leading dims: bq-wide and d-wide tiles */
+    size_t qt;      /* Q^T: d x bq f32, or ceil(d/2) x bq bf16 pairs */
+    size_t o;       /* bq x d accumulator */
+    size_t s;       /* S^T, then P^T: BLOCK_K x bq */
+    size_t pp;      /* bf16 path: P^T as pairs, BLOCK_K / 2 x bq */
     size_t kt, vt;  /* K and V when not read in place: BLOCK_K x d (f32, bf16 or pairs) */
-    size_t st;      /* BLOCK_Q fp_softmax_state */
+    size_t st;      /* bq fp_softmax_state */
     size_t bm, sub; /* per query: block maximum; subtrahend of the exponent */
     size_t alpha;   /* per query: rescale factor of O */
     size_t bsum;    /* per query: the block's sum of P */
@@ -81,14 +94,15 @@ typedef struct fwd_layout {
     size_t total;
 } fwd_layout;
 
-static fwd_layout fwd_layout_of(int64_t d)
+static fwd_layout fwd_layout_of(int64_t d, int bq)
 {
     fwd_layout L;
-    L.ldq = fp_tile_ld(BLOCK_Q);
+    L.bq = bq;
+    L.ldq = fp_tile_ld(bq);
     L.ldd = fp_tile_ld(d);
     L.qt = 0;
     L.o = L.qt + (size_t)d * L.ldq;
-    L.s = L.o + (size_t)BLOCK_Q * L.ldd;
+    L.s = L.o + (size_t)bq * L.ldd;
     L.pp = L.s + (size_t)BLOCK_K * L.ldq;
     L.kt = L.pp + (size_t)(BLOCK_K + 1) / 2 * L.ldq;
     L.vt = L.kt + (size_t)BLOCK_K * L.ldd;
@@ -255,7 +269,7 @@ static void fwd_block(const fwd_ctx *c, float *scratch, fp_kv_stage *stage, int6
     if (i0 >= seq.nq)
         return;
     const int d = (int)p->head_dim;
-    const int m = (int)(seq.nq - i0 < BLOCK_Q ? seq.nq - i0 : BLOCK_Q);
+    const int m = (int)(seq.nq - i0 < L->bq ? seq.nq - i0 : L->bq);
     const int mp = fp_tile_ld(m);
     const int64_t kvh = fp_kv_head(p, h);
     const float slope = p->alibi_slopes ? p->alibi_slopes[h] : 0.0f;
@@ -422,7 +436,7 @@ flashport_status fp_cpu_flash_forward(const fp_problem *p)
     c.k_direct = c.bf16 ? p->k.stride[FP_D] == 1 && d % 2 == 0 : p->dtype == FLASHPORT_F32;
     c.v_direct =
         !c.bf16 && p->dtype == FLASHPORT_F32 && p->v.stride[FP_D] == 1 && d % FP_TILE_COLS == 0;
-    c.L = fwd_layout_of(d);
+    c.L = fwd_layout_of(d, fwd_block_q(c.uk, p->seqlen_q));
     c.fp8 = fp_is_fp8(p->dtype);
     /* f16, and bf16 without bf16 products, would otherwise convert a key block once per query
      * block that sees it; staged, the products read the f32 copy in place. Paged caches keep
@@ -444,13 +458,13 @@ flashport_status fp_cpu_flash_forward(const fp_problem *p)
                        c.stage      ? ", K and V converted to f32 once per thread and kv head"
                        : c.k_direct ? ", K read in place"
                                     : "",
-                       !c.stage && c.v_direct ? ", V read in place" : "", BLOCK_Q, BLOCK_K,
+                       !c.stage && c.v_direct ? ", V read in place" : "", c.L.bq, BLOCK_K,
                        fp_cpu_threads());
 
     const fp_plan_shape shape = fp_problem_plan_shape(p);
     /* Locality order: the threads work on the query blocks of one (batch, head) together and
      * share its K and V in L3, instead of each streaming another head's from memory. */
-    const fp_plan_target target = {fp_cpu_threads(), BLOCK_Q, BLOCK_K, 1, FP_PLAN_ORDER_LOCALITY};
+    const fp_plan_target target = {fp_cpu_threads(), c.L.bq, BLOCK_K, 1, FP_PLAN_ORDER_LOCALITY};
     const fp_plan plan = fp_plan_forward(&shape, &target);
     if (plan.num_tasks == 0)
         return FLASHPORT_OK;
@@ -483,8 +497,7 @@ flashport_status fp_cpu_flash_forward(const fp_problem *p)
 #endif
         for (int64_t t = 0; t < plan.num_tasks; t++) {
             const fp_plan_task task = fp_plan_task_at(&plan, &shape, t);
-            fwd_block(&c, mine, c.stage ? &st : NULL, task.batch, task.head,
-                      task.q_block * BLOCK_Q);
+            fwd_block(&c, mine, c.stage ? &st : NULL, task.batch, task.head, task.q_block * c.L.bq);
         }
     }
     fp_scratch_free(scratch);

@@ -172,6 +172,11 @@ typedef struct fp_ukernels {
     fp_dec_pv_h16 *dec_pv_f16;
     fp_dec_scores_h16 *dec_scores_bf16_f32;
     fp_dec_pv_h16 *dec_pv_bf16_f32;
+
+    /* Block size, kept beside the kernels as BLIS keeps its own: the forward's query block
+     * (queries a task holds against each key block, a multiple of FP_TILE_COLS), 0 for
+     * flash_fwd.c's default. */
+    int fwd_block_q;
 } fp_ukernels;
 
 /* The tables this build contains: which ones depends on the target architecture and the

@@ -20,11 +20,15 @@
  * accumulators, each query vector loaded once for both keys), folded by hsum8; dec_pv and its
  * 16-bit forms are the generic steps of ukernel_ops.h (4 rows x 4 vectors of O; a 4 x 2 block,
  * which does not spill on 16 registers, measured no faster).
+ * Forward query block: 256 (fwd_block_q). AVX2-only x86 cores include Zen 2/3 with 512 KiB of
+ * L2: K and V of one head do not stay there, so each pass over them is a stream from L3, and
+ * 256 queries a pass make a quarter of the passes of the default 64 (as torch's CPU flash
+ * kernel blocks 256 queries at these lengths).
  * Target: x86-64 with AVX2, FMA, F16C (compiled with those flags alone; isa.c checks the CPU).
  * Known differences from the reference: f32 accumulation with FMA; the polynomial exp2.
  * Numbers: docs/performance-cpu.md (measured with FLASHPORT_CPU_ISA=avx2 on the Zen 4
  * development machine, whose 256-bit FMA throughput per cycle equals its 512-bit one; decode
- * also on an AVX2-only Zen 3, docs/performance-cpu.md "AVX2 on an AMD EPYC").
+ * and the forward also on an AVX2-only Zen 3).
  */
 #include "backends/cpu/ukernel.h"
 
@@ -336,4 +340,5 @@ const fp_ukernels fp_ukernels_avx2 = {
     uk_dec_pv_f16,
     avx2_dec_scores_bf16_f32,
     uk_dec_pv_bf16_f32,
+    256,
 };

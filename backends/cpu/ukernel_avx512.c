@@ -42,4 +42,5 @@ const fp_ukernels fp_ukernels_avx512 = {
     uk_dec_pv_f16,
     NULL,
     NULL,
+    0,
 };

@@ -128,4 +128,5 @@ const fp_ukernels fp_ukernels_neon = {
     uk_dec_pv_f16,
     NULL,
     NULL,
+    0,
 };

@@ -151,4 +151,5 @@ const fp_ukernels fp_ukernels_scalar = {
     uk_dec_pv_f16,
     uk_dec_scores_bf16_f32,
     uk_dec_pv_bf16_f32,
+    0,
 };

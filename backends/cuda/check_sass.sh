@@ -2,7 +2,8 @@
 # Checks that the CUDA plugin's sm90 kernels really are Hopper kernels: disassembles the sm_90a
 # machine code embedded in libflashport_cuda.so and fails unless
 #   - every sm90 forward kernel (fp_sm90_fwd_kernel: f16 and bf16, head-dim classes 64, 128,
-#     192, 256: 8 kernels; fp8 e4m3 inputs with f16 and bf16 outputs, 128 and 256: 4) and
+#     192, 256, per tile and persistent: 16 kernels; fp8 e4m3 inputs with f16 and bf16 outputs,
+#     128 and 256, per tile: 4) and
 #     backward kernel (fp_sm90_bwd_kernel: f16 and bf16, 64 and 128: 4) is present,
 #   - each holds HGMMA (wgmma; QGMMA, the fp8 wgmma, in the fp8 kernels) and UTMALDG (TMA tile
 #     loads) instructions, and each backward kernel REDG (the dQ reductions) and UBLKCP (bulk
@@ -17,7 +18,7 @@
 set -euo pipefail
 
 lib=${1:?usage: check_sass.sh path/to/libflashport_cuda.so}
-expected_fwd=8
+expected_fwd=16
 expected_fp8=4
 expected_bwd=4
 for dir in "${CUOBJDUMP_DIR:-}" /usr/local/cuda/bin; do

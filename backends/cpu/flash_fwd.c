@@ -66,7 +66,7 @@ enum { BLOCK_Q = 64, BLOCK_K = 64 };
  * 512 KiB of L2: K and V of one head, streamed again for every query block, come from L3, and
  * 256 queries a pass quarter that stream) and the sequences hold at least eight such blocks,
  * else BLOCK_Q: with fewer, a causal mask's triangle cuts into too few tasks for the threads to
- * balance (measured slower at N = 1024). seqlen_q: the longest sequence. */
+ * balance (docs/performance-cpu.md). seqlen_q: the longest sequence. */
 static int fwd_block_q(const fp_ukernels *uk, int64_t seqlen_q)
 {
     return uk->fwd_block_q > 0 && seqlen_q >= 8 * (int64_t)uk->fwd_block_q ? uk->fwd_block_q

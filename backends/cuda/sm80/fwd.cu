@@ -766,50 +766,93 @@ template <typename T, int DK, int ALT> constexpr auto fp_fwd_kernel()
         return fp_sm80_fwd_two_stage_kernel<T, DK, ALT>;
 }
 
-/* Merges the splits of each row (one warp per row): O = sum w_s O_s with the LSE weights of
- * fp_softmax_merge, in split order. grid (ceil(nq / 4), H, B), 128 threads. */
+/* Merges the splits of one row (a block per row): LSE = M + log sum_s e^(lse_s - M), M the
+ * partial LSEs' maximum; then O = sum_s e^(lse_s - LSE) O_s, warp w summing splits w, w + 4, ...
+ * in order and the four sums added in warp order (deterministic). No split's loads wait on
+ * another's, so a row's partials are read with many loads in flight (a decode call may have 128
+ * splits). A NaN partial LSE makes the row's LSE and O NaN; a row no split saw a key of gets
+ * O = 0 and LSE = -inf (fp_softmax_merge's rule). grid (nq, H, B), 128 threads. */
 template <typename T>
 __global__ void __launch_bounds__(128) fp_sm80_fwd_combine(const fp_sm80_args a)
 {
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const int i = blockIdx.x * 4 + warp, h = blockIdx.y, b = blockIdx.z;
+    constexpr int NW = 4, COLS = 256; /* d <= 256 */
+    __shared__ float part[NW][COLS];
+    __shared__ float wmax[NW], wsum[NW];
+    __shared__ int wnan[NW];
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    const int i = blockIdx.x, h = blockIdx.y, b = blockIdx.z;
     const fp_cuda_seq sq_ = fp_cuda_seq_of(a, b);
     if (i >= sq_.nq)
         return;
-    float acc[4][2] = {{0.0f, 0.0f}, {0.0f, 0.0f}, {0.0f, 0.0f}, {0.0f, 0.0f}};
-    float lse = -INFINITY;
-    for (int s = 0; s < a.splits; ++s) {
-        const int64_t row = (((int64_t)s * a.batch + b) * a.heads + h) * a.nq + i;
-        float wa, wb;
-        lse = fp_softmax_merge(lse, a.lse_part[row], &wa, &wb);
-        const float *src = a.o_part + row * a.d;
+    /* row (split s, b, h, i) of the partials' layout: row0 + s * per_split */
+    const int64_t row0 = ((int64_t)b * a.heads + h) * a.nq + i;
+    const int64_t per_split = (int64_t)a.batch * a.heads * a.nq;
+    float mx = -INFINITY;
+    int nan = 0;
+    for (int s = tid; s < a.splits; s += NW * 32) {
+        const float x = a.lse_part[row0 + s * per_split];
+        nan |= x != x;
+        mx = fmaxf(mx, x);
+    }
 #pragma unroll
-        for (int c = 0; c < 4; ++c) {
-            const int col = 64 * c + 2 * lane;
-            if (col < a.d) {
-                const float2 x = *reinterpret_cast<const float2 *>(src + col);
-                acc[c][0] = wa * acc[c][0] + wb * x.x;
-                acc[c][1] = wa * acc[c][1] + wb * x.y;
+    for (int off = 16; off > 0; off >>= 1)
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, off));
+    nan = __any_sync(0xffffffffu, nan);
+    if (lane == 0) {
+        wmax[warp] = mx;
+        wnan[warp] = nan;
+    }
+    __syncthreads();
+    mx = fmaxf(fmaxf(wmax[0], wmax[1]), fmaxf(wmax[2], wmax[3]));
+    nan = wnan[0] | wnan[1] | wnan[2] | wnan[3];
+    float sum = 0.0f;
+    if (mx != -INFINITY)
+        for (int s = tid; s < a.splits; s += NW * 32)
+            sum += expf(a.lse_part[row0 + s * per_split] - mx);
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1)
+        sum += __shfl_xor_sync(0xffffffffu, sum, off);
+    if (lane == 0)
+        wsum[warp] = sum;
+    __syncthreads();
+    sum = (wsum[0] + wsum[1]) + (wsum[2] + wsum[3]);
+    const float lse = nan ? NAN : mx == -INFINITY ? -INFINITY : mx + logf(sum);
+
+    float acc[4][2] = {{0.0f, 0.0f}, {0.0f, 0.0f}, {0.0f, 0.0f}, {0.0f, 0.0f}};
+    if (lse != -INFINITY) {
+#pragma unroll 4
+        for (int s = warp; s < a.splits; s += NW) {
+            const int64_t row = row0 + s * per_split;
+            const float w = expf(a.lse_part[row] - lse); /* 0 for a split that saw no key */
+            const float *src = a.o_part + row * a.d;
+#pragma unroll
+            for (int c = 0; c < 4; ++c) {
+                const int col = 64 * c + 2 * lane;
+                if (col < a.d) {
+                    const float2 x = *reinterpret_cast<const float2 *>(src + col);
+                    acc[c][0] = fmaf(w, x.x, acc[c][0]);
+                    acc[c][1] = fmaf(w, x.y, acc[c][1]);
+                }
             }
         }
     }
-    T *og = reinterpret_cast<T *>(const_cast<void *>(a.o.ptr)) +
-            fp_cuda_row(a.o, b, sq_.q_start + i, h);
 #pragma unroll
     for (int c = 0; c < 4; ++c) {
-        const int col = 64 * c + 2 * lane;
-        if (col < a.d) {
-            og[col] = fp_from_f32<T>(acc[c][0]);
-            og[col + 1] = fp_from_f32<T>(acc[c][1]);
-        }
+        part[warp][64 * c + 2 * lane] = acc[c][0];
+        part[warp][64 * c + 2 * lane + 1] = acc[c][1];
     }
-    if (a.lse && lane == 0)
+    __syncthreads();
+    T *og = reinterpret_cast<T *>(const_cast<void *>(a.o.ptr)) +
+            fp_cuda_row(a.o, b, sq_.q_start + i, h);
+    for (int col = tid; col < a.d; col += NW * 32)
+        og[col] = fp_from_f32<T>((part[0][col] + part[1][col]) + (part[2][col] + part[3][col]));
+    if (a.lse && tid == 0)
         a.lse[fp_cuda_lse_off(a, b, sq_.q_start + i, h)] = lse;
 }
 
 cudaError_t fp_cuda_fwd_combine(const fp_problem *p, const fp_sm80_args *a, cudaStream_t stream)
 {
-    dim3 grid((unsigned)((a->nq + 3) / 4), (unsigned)p->heads, (unsigned)p->batch);
+    dim3 grid((unsigned)a->nq, (unsigned)p->heads, (unsigned)p->batch);
     if (p->o_dtype == FLASHPORT_F16) /* o's dtype: the sm90 fp8 kernels' output too */
         fp_sm80_fwd_combine<__half><<<grid, 128, 0, stream>>>(*a);
     else

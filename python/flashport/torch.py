@@ -127,8 +127,8 @@ class _Attention(torch.autograd.Function):
     apply(q, k, v, alibi_slopes, (keyset, cu_seqlens_q, cu_seqlens_k, params)): the arguments
     that are never differentiated travel in one tuple, and only q, k, v, o and lse are saved
     through save_for_backward (alibi_slopes and cu_seqlens, inputs that no gradient flows to,
-    are kept on ctx): torch's cost per argument of apply and per saved tensor is most of this
-    path's host time for a small problem."""
+    are kept on ctx): torch charges per argument of apply and per saved tensor, and on a small
+    problem that is much of this path's host time."""
 
     @staticmethod
     def forward(ctx, q, k, v, alibi, rest):

@@ -20,9 +20,10 @@ that thread: on a loaded machine that leaves out the time spent waiting for a co
 time cannot. CPU backend only.
 
 Rows marked "floor" (torch only) time torch's own parts with no attention inside: allocating o
-and lse, a minimal autograd.Function (forward, and forward + backward through the autograd
-engine) and a minimal torch.library custom op with an autograd formula. They are what
-flashport.torch cannot go below on that path; their figure is absolute, not over the C call.
+and lse, a minimal autograd.Function (forward, forward + backward through the autograd engine,
+and forward saving the tensors a backward reads) and a minimal torch.library custom op with an
+autograd formula. They are what flashport.torch cannot go below on that path; their figure is
+absolute, not over the C call.
 
 Needs a C compiler (cc) and the repository's include/ (run it from a checkout).
 """
@@ -118,9 +119,10 @@ _floor_ops = []
 
 def torch_floors(q, qg, kg, vg, do):
     """torch's own cost of what flashport.torch is built from, with no attention inside: the
-    allocation of outputs like o and lse, an autograd.Function that allocates them (forward, and
-    forward + backward through the autograd engine), and a torch.library custom op with an
-    autograd formula, dispatched. (name, fn) each; absolute times, nothing to subtract."""
+    allocation of outputs like o and lse, an autograd.Function that allocates them (forward, the
+    same saving what a backward reads, and forward + backward through the autograd engine), and
+    a torch.library custom op with an autograd formula, dispatched. (name, fn) each; absolute
+    times, nothing to subtract."""
     import torch
 
     lse_shape = (q.shape[0], q.shape[2], q.shape[1])
@@ -139,6 +141,14 @@ def torch_floors(q, qg, kg, vg, do):
         def backward(ctx, do, dlse):
             return torch.empty_like(do), torch.empty_like(do), torch.empty_like(do)
 
+    class Saving(Minimal):
+        @staticmethod
+        def forward(ctx, q, k, v):
+            o, lse = outputs(q)
+            ctx.save_for_backward(q, k, v, o, lse)  # what the attention's backward reads
+            ctx.mark_non_differentiable(lse)
+            return o, lse
+
     if not _floor_ops:
         def minimal(q: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
             return outputs(q)
@@ -155,6 +165,8 @@ def torch_floors(q, qg, kg, vg, do):
          lambda: Minimal.apply(qg, kg, vg)),
         ("the same + .backward() (torch's autograd engine)",
          lambda: Minimal.apply(qg, kg, vg)[0].backward(do)),
+        ("autograd.Function.apply allocating o, lse and saving q, k, v, o, lse for the backward",
+         lambda: Saving.apply(qg, kg, vg)),
         ("torch.library custom op allocating o, lse, with an autograd formula, dispatched",
          lambda: minimal_op(q)),
     ]

@@ -122,17 +122,24 @@ def _backward_fake(dout, q, k, v, o, lse, *args):
 
 class _Attention(torch.autograd.Function):
     """The forward's autograd formula: the op's autograd kernel, and attention()'s eager calls
-    with a gradient (keyset None: plain tensors, the implementation called directly)."""
+    with a gradient (keyset None: plain tensors, the implementation called directly).
+
+    apply(q, k, v, alibi_slopes, (keyset, cu_seqlens_q, cu_seqlens_k, params)): the arguments
+    that are never differentiated travel in one tuple, and only q, k, v, o and lse are saved
+    through save_for_backward (alibi_slopes and cu_seqlens, inputs that no gradient flows to,
+    are kept on ctx): torch charges per argument of apply and per saved tensor, and on a small
+    problem that is much of this path's host time."""
 
     @staticmethod
-    def forward(ctx, keyset, q, k, v, alibi, cu_q, cu_k, params):
+    def forward(ctx, q, k, v, alibi, rest):
+        keyset, cu_q, cu_k, params = rest
         ctx.direct = keyset is None or _goes_to_impl(keyset)
         if ctx.direct:
             o, lse = _forward_impl(q, k, v, alibi, cu_q, cu_k, *params)
         else:
             o, lse = _redispatch(_forward, keyset, (q, k, v, alibi, cu_q, cu_k, *params))
-        ctx.save_for_backward(q, k, v, o, lse, alibi, cu_q, cu_k)
-        ctx.params = params
+        ctx.save_for_backward(q, k, v, o, lse)
+        ctx.rest = (alibi, cu_q, cu_k, params)
         ctx.mark_non_differentiable(lse)
         # The backward never reads lse's gradient: not having torch fill one with zeros each time.
         ctx.set_materialize_grads(False)
@@ -140,7 +147,8 @@ class _Attention(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, dout, dlse):
-        q, k, v, o, lse, alibi, cu_q, cu_k = ctx.saved_tensors
+        q, k, v, o, lse = ctx.saved_tensors
+        alibi, cu_q, cu_k, params = ctx.rest
         # A gradient arriving as a broadcast (o.sum().backward() gives stride 0 everywhere) or
         # otherwise without a unit last stride, which GPU backends need, becomes a dense copy.
         if dout.stride(-1) != 1:
@@ -149,8 +157,7 @@ class _Attention(torch.autograd.Function):
         # trace sees it), and with create_graph (grad mode on here), where the op's autograd
         # kernel refuses a gradient of these gradients instead of taking it as zero.
         backward = _backward_impl if ctx.direct and not _grad_enabled() else _backward
-        return (None,) + backward(dout, q, k, v, o, lse, alibi, cu_q, cu_k, *ctx.params) + \
-            (None,) * 4
+        return backward(dout, q, k, v, o, lse, alibi, cu_q, cu_k, *params) + (None, None)
 
 
 class _NoDerivative(torch.autograd.Function):
@@ -168,7 +175,7 @@ class _NoDerivative(torch.autograd.Function):
 
 def _forward_autograd(keyset, *args):
     if _grad_enabled() and _any_requires_grad(*args[:4]):
-        return _Attention.apply(keyset, *args[:6], args[6:])
+        return _Attention.apply(*args[:4], (keyset, args[4], args[5], args[6:]))
     return _forward_impl(*args) if _goes_to_impl(keyset) else _redispatch(_forward, keyset, args)
 
 
@@ -196,6 +203,12 @@ def _max_len(cu, given):
     return _fe.max_len(cu) if cu is not None else 0
 
 
+def _params(scale, window, causal, softcap, max_q, max_k, deterministic):
+    """The op's scalar arguments, converted to its schema's types."""
+    return (0.0 if scale is None else float(scale), int(window[0]), int(window[1]), bool(causal),
+            float(softcap), max_q, max_k, bool(deterministic))
+
+
 def attention(q, k, v, *, causal=False, window=(-1, -1), softcap=0.0, alibi_slopes=None,
               scale=None, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None,
               max_seqlen_k=None, return_lse=False, deterministic=False):
@@ -214,8 +227,6 @@ def attention(q, k, v, *, causal=False, window=(-1, -1), softcap=0.0, alibi_slop
     else:
         max_q = _max_len(cu_seqlens_q, max_seqlen_q)
         max_k = _max_len(cu_seqlens_k, max_seqlen_k)
-    params = (0.0 if scale is None else float(scale), int(window[0]), int(window[1]),
-              bool(causal), float(softcap), max_q, max_k, bool(deterministic))
     # The op where something watches or transforms ops: torch.compile, dispatch or function
     # modes (FakeTensorMode, make_fx, FlopCounterMode, torch.device()), functorch transforms,
     # forward-mode AD, torch.jit.trace, tensor subclasses. A plain eager call gets nothing from
@@ -223,13 +234,25 @@ def attention(q, k, v, *, causal=False, window=(-1, -1), softcap=0.0, alibi_slop
     if (_is_compiling() or type(q) is not Tensor or type(k) is not Tensor
             or type(v) is not Tensor or _dispatch_modes() or _function_modes() or _transforms()
             or forward_ad._current_level >= 0 or _tracing() is not None):
-        o, lse = _forward(q, k, v, alibi_slopes, cu_seqlens_q, cu_seqlens_k, *params)
+        o, lse = _forward(q, k, v, alibi_slopes, cu_seqlens_q, cu_seqlens_k,
+                          *_params(scale, window, causal, softcap, max_q, max_k, deterministic))
     elif _grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad or
                               (alibi_slopes is not None and alibi_slopes.requires_grad)):
-        o, lse = _Attention.apply(None, q, k, v, alibi_slopes, cu_seqlens_q, cu_seqlens_k,
-                                  params)
+        o, lse = _Attention.apply(q, k, v, alibi_slopes,
+                                  (None, cu_seqlens_q, cu_seqlens_k,
+                                   _params(scale, window, causal, softcap, max_q, max_k,
+                                           deterministic)))
+    elif _fe.allocates:
+        # No gradient, nothing watching: straight to the extension, which reads the arguments
+        # as the op's schema would convert them (float, int, truth value).
+        o, lse = _C.forward(None, None, q, k, v, None, True, alibi_slopes, cu_seqlens_q,
+                            cu_seqlens_k, 0.0 if scale is None else scale, window[0], window[1],
+                            causal, softcap, max_q, max_k, deterministic, None, None,
+                            *_NO_DESCALE, _fe.fp8.get(q.dtype, 0))
     else:
-        o, lse = _forward_impl(q, k, v, alibi_slopes, cu_seqlens_q, cu_seqlens_k, *params)
+        o, lse = _forward_impl(q, k, v, alibi_slopes, cu_seqlens_q, cu_seqlens_k,
+                               *_params(scale, window, causal, softcap, max_q, max_k,
+                                        deterministic))
     return (o, lse) if return_lse else o
 
 
@@ -251,11 +274,12 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False,
                     window_size=(-1, -1), softcap=0.0, alibi_slopes=None, deterministic=False,
                     return_attn_probs=False):
     """FlashAttention's flash_attn_func: q [B, Nq, H, D], k and v [B, Nk, Hkv, D]."""
-    _check_flash_attn_args(dropout_p)
+    if dropout_p:
+        _check_flash_attn_args(dropout_p)
     o, lse = attention(q, k, v, causal=causal, window=window_size, softcap=softcap,
                        alibi_slopes=alibi_slopes, scale=softmax_scale, return_lse=True,
                        deterministic=deterministic)
-    return _flash_attn_result(o, lse, return_attn_probs)
+    return (o, lse, None) if return_attn_probs else o
 
 
 def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,

@@ -245,15 +245,17 @@ static PyObject *allocate(const char *what, const fp_dl_exchange_api *api, const
     fp_dl_managed_versioned *m = NULL;
     if (api->managed_tensor_allocator(&proto, &m, (void *)what, allocation_error) != 0)
         return NULL;
+    /* The framework owns m once it has a tensor of it, and keeps m's shape and strides as long
+     * as that tensor lives (through this call): the tensor is described from m, not read back. */
+    t->capsule = NULL;
+    t->readonly = 0;
+    t->local = m->dl_tensor;
     void *obj = NULL;
     if (api->managed_tensor_to_py_object_no_sync(m, &obj) != 0) {
         raise_from_python(FLASHPORT_ERR_OUT_OF_MEMORY, what);
         return NULL;
     }
-    if (import_tensor(what, (PyObject *)obj, t, NULL) != 0) {
-        Py_DECREF((PyObject *)obj);
-        return NULL;
-    }
+    t->dl = &t->local;
     return (PyObject *)obj;
 }
 
@@ -680,12 +682,11 @@ static int allocate_outputs(call *c, PyObject *const *tensors, int first, int nt
             raise_from_python(FLASHPORT_ERR_OUT_OF_MEMORY, names[i]);
             return -1;
         }
+        /* Described from the view itself (which lives as long as the tensor), not read back
+         * from the new tensor through the framework. */
         c->obj[i] = obj;
-        if (import_tensor(names[i], obj, &c->t[i], NULL) != 0) {
-            if (n - j - 1 > 0)
-                shared_release(b, n - j - 1);
-            return -1;
-        }
+        c->t[i].local = b->view[j].m.dl_tensor;
+        c->t[i].dl = &c->t[i].local;
     }
     return 0;
 }

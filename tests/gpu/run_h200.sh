@@ -11,9 +11,10 @@
 #   OUT=/tmp/out tests/gpu/run_h200.sh [stages]
 #
 # stages: any of build test bench sanitize profile (default: all, in that order), python (the
-# package's pytest suite on CUDA tensors), decode (issue 18: flashport-bench --decode dense and
-# paged, checked, then compare_torch.py --decode into decode.log and compare_torch_decode.{md,
-# csv}; DECODE_ARGS narrows its grid), opencl (the OpenCL backend through NVIDIA's driver:
+# package's pytest suite on CUDA tensors, then bench/python_overhead.py --backend cuda into
+# python_overhead.txt), decode (issue 18: flashport-bench --decode dense and paged, checked,
+# then compare_torch.py --decode into decode.log and compare_torch_decode.{md, csv}; DECODE_ARGS
+# narrows its grid), opencl (the OpenCL backend through NVIDIA's driver:
 # tests/gpu/run_opencl_h200.sh on this build), and the
 # shorter quicktest (test_backends cuda, the whole table, once per TEST_ENVS entry, and
 # test_cuda_large --quick) and events (one flashport-bench --backend cuda run: CUDA-event timing).
@@ -161,6 +162,14 @@ if has python; then
             python3 -m pytest -q -rs -p no:cacheprovider python/tests
     } >"$OUT/python.log" 2>&1
     note "python: rc=$? in $(($(date +%s) - start)) s: $(tail -1 "$OUT/python.log")"
+    # Issue 20: the package's host overhead per call over the C call, CUDA tensors (torch, and
+    # CuPy where installed), docs/python.md "Host overhead per call".
+    start=$(date +%s)
+    FLASHPORT_PLUGIN_PATH="$PWD/$BUILD/lib" PYTHONPATH="$PWD/$BUILD/py" \
+        python3 bench/python_overhead.py --backend cuda --rounds 3 --reps 1000 \
+        >"$OUT/python_overhead.txt" 2>&1
+    note "python_overhead: rc=$? in $(($(date +%s) - start)) s"
+    grep -E '^\| ' "$OUT/python_overhead.txt" | tee -a "$SUMMARY"
 fi
 
 if has opencl; then

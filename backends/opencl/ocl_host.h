@@ -42,6 +42,7 @@
     X(clCreateProgramWithSource)                                                                   \
     X(clBuildProgram)                                                                              \
     X(clGetProgramBuildInfo)                                                                       \
+    X(clGetProgramInfo)                                                                            \
     X(clReleaseProgram)                                                                            \
     X(clCreateKernel)                                                                              \
     X(clReleaseKernel)                                                                             \

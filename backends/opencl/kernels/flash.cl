@@ -171,17 +171,18 @@ FP_OCL_INLINE void fp_ocl_load_tile(__local fp_tile *t, __global const fp_elem *
 }
 
 /* Stores the output micro-tile's elements of rows < n, dims < hd, times factor(row), to x (row0:
- * element of tile row 0, dim 0); factor is rowf[r] where rowf is given, else `scale`. */
+ * element of tile row 0, dim 0); factor is rowf[r] where by_row, else `scale` (a flag, not a
+ * null test: __local address 0 is a real address, mma_nv.cl's fp_ocl_load_a). */
 FP_OCL_INLINE void fp_ocl_store_tile(__global fp_elem *x, long row0, long srow, long sdim, int n,
                                      int hd, float acc[FP_OCL_ON], __local const float *rowf,
-                                     float scale)
+                                     int by_row, float scale)
 {
     FP_OCL_UNROLL
     for (int e = 0; e < FP_OCL_ON; e++) {
         int r, d;
         fp_ocl_o_at(e, &r, &d);
         if (r < n && d < hd)
-            FP_STORE(x, row0 + r * srow + d * sdim, acc[e] * (rowf ? rowf[r] : scale));
+            FP_STORE(x, row0 + r * srow + d * sdim, acc[e] * (by_row ? rowf[r] : scale));
     }
 }
 
@@ -286,18 +287,18 @@ fp_ocl_forward(const fp_ocl_args a, __global const fp_elem *q, __global const fp
     }
     barrier(CLK_LOCAL_MEM_FENCE);
     fp_ocl_store_tile(o, fp_ocl_row0(a.o, b, s.q_start + i0, h), a.o.s[1], a.o.s[3], rows, hd, acc,
-                      srow, 1.0f);
+                      srow, 1, 1.0f);
 }
 
 /* P and dS of the tile rows [i0, i0 + rows) x keys [j0, j0 + cols), from the local q, dO, K, V
- * tiles and each row's LSE (srow[r]) and delta (srow[T + r]), into sp and sds ([T, T]; sp may be
- * NULL: dQ needs dS only). dS is d loss / d(q . k): softcap's derivative and the scale are
+ * tiles and each row's LSE (srow[r]) and delta (srow[T + r]), into sp (where want_p; dQ needs
+ * dS only) and sds ([T, T]). dS is d loss / d(q . k): softcap's derivative and the scale are
  * folded in. */
 FP_OCL_INLINE void fp_ocl_grad_scores(const fp_ocl_args *a, const fp_ocl_seq *s, float slope,
                                       long i0, int rows, long j0, int cols,
                                       __local const fp_tile *sq, __local const fp_tile *sdo,
                                       __local const fp_tile *sk, __local const fp_tile *sv,
-                                      __local const float *srow, __local float *sp,
+                                      __local const float *srow, int want_p, __local float *sp,
                                       __local float *sds, __local float *scratch)
 {
     float qk[FP_OCL_SN], dov[FP_OCL_SN];
@@ -316,7 +317,7 @@ FP_OCL_INLINE void fp_ocl_grad_scores(const fp_ocl_args *a, const fp_ocl_seq *s,
             p = exp(score - srow[r]);
             ds = p * (dov[e] - srow[T + r]) * fp_softcap_grad(capped, a->softcap) * a->scale;
         }
-        if (sp)
+        if (want_p)
             sp[r * LS + c] = p;
         sds[r * LS + c] = ds;
     }
@@ -380,13 +381,13 @@ fp_ocl_backward_dq(const fp_ocl_args a, __global const fp_elem *q, __global cons
         fp_ocl_load_tile(sk, k, k0, a.k.s[1], a.k.s[3], j0, cols, hd);
         fp_ocl_load_tile(sv, v, v0, a.v.s[1], a.v.s[3], j0, cols, hd);
         barrier(CLK_LOCAL_MEM_FENCE);
-        fp_ocl_grad_scores(&a, &s, slope, i0, rows, j0, cols, sq, sdo, sk, sv, srow, 0, sds,
+        fp_ocl_grad_scores(&a, &s, slope, i0, rows, j0, cols, sq, sdo, sk, sv, srow, 0, sds, sds,
                            scratch);
         barrier(CLK_LOCAL_MEM_FENCE);
         fp_ocl_tile_mm(sds, 0, sk, cols, acc, scratch);
     }
     fp_ocl_store_tile(dq, fp_ocl_row0(a.dq, b, s.q_start + i0, h), a.dq.s[1], a.dq.s[3], rows, hd,
-                      acc, 0, 1.0f);
+                      acc, srow, 0, 1.0f);
 }
 
 __kernel __attribute__((reqd_work_group_size(FP_OCL_WG, 1, 1))) void
@@ -427,15 +428,15 @@ fp_ocl_backward_dkdv(const fp_ocl_args a, __global const fp_elem *q, __global co
             if (tid < T)
                 srow[T + tid] = tid < rows ? delta[fp_ocl_delta_at(&a, &s, b, h, i0 + tid)] : 0.0f;
             barrier(CLK_LOCAL_MEM_FENCE);
-            fp_ocl_grad_scores(&a, &s, slope, i0, rows, j0, cols, sq, sdo, sk, sv, srow, sp, sds,
-                               scratch);
+            fp_ocl_grad_scores(&a, &s, slope, i0, rows, j0, cols, sq, sdo, sk, sv, srow, 1, sp,
+                               sds, scratch);
             barrier(CLK_LOCAL_MEM_FENCE);
             fp_ocl_tile_mm(sp, 1, sdo, rows, acc_v, scratch);
             fp_ocl_tile_mm(sds, 1, sq, rows, acc_k, scratch);
         }
     }
     fp_ocl_store_tile(dk, fp_ocl_row0(a.dk, b, s.k_start + j0, hk), a.dk.s[1], a.dk.s[3], cols, hd,
-                      acc_k, 0, 1.0f);
+                      acc_k, srow, 0, 1.0f);
     fp_ocl_store_tile(dv, fp_ocl_row0(a.dv, b, s.k_start + j0, hk), a.dv.s[1], a.dv.s[3], cols, hd,
-                      acc_v, 0, 1.0f);
+                      acc_v, srow, 0, 1.0f);
 }

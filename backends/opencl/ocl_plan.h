@@ -30,10 +30,11 @@ static inline int64_t fp_ocl_dim_class(int64_t d)
     return 0;
 }
 
-/* The [t, d] local tiles (q, k, v, dO) of a variant: f32 values with an odd row pitch on the plain
- * path, so work-items reading one column of different rows hit different banks; the 16-bit
- * storage bits with a pitch of d + 2 on the tensor-core paths, so a fragment's pair of
- * neighbours in a row is one aligned 32-bit load and successive rows start one bank apart. */
+/* The [t, d] local tiles (q, k, v, dO) of a variant: f32 values with a row pitch of d + 4 on the
+ * plain path, rows 16-byte aligned for its float4 loads and 16 successive rows on distinct bank
+ * quadruples (kernels/flash.cl); the 16-bit storage bits with a pitch of d + 2 on the tensor-core
+ * paths, so a fragment's pair of neighbours in a row is one aligned 32-bit load and successive
+ * rows start one bank apart. Every tile is then a multiple of 16 bytes (d and t multiples of 8). */
 static inline int64_t fp_ocl_tile_elem_bytes(int variant)
 {
     return variant == FP_OCL_PLAIN ? 4 : 2;
@@ -41,7 +42,7 @@ static inline int64_t fp_ocl_tile_elem_bytes(int variant)
 
 static inline int64_t fp_ocl_tile_ld(int64_t d, int variant)
 {
-    return variant == FP_OCL_PLAIN ? d | 1 : d + 2;
+    return variant == FP_OCL_PLAIN ? d + 4 : d + 2;
 }
 
 /* Row pitch of the [t, t] score tiles, odd for the same reason. */

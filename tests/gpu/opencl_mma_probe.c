@@ -32,6 +32,9 @@
  *                               scratch (each kernel's own __local array written once, so that
  *                               it is kept and, if the driver places it first, q is not at
  *                               __local address 0) (d, e)
+ *   plain-bf16-d128[-nounroll]  the plain path's forward (T = 32) against the same reference,
+ *                               as the plugin builds it for a GPU (FP_OCL_UNROLL_ALL = 1) and
+ *                               without: the driver's PTX of each (ld.local / st.local traffic)
  *
  * --emulate builds the frag / dots / mm / real variants with FP_OCL_MMA_EMULATE = 1 (raw ones
  * skip): the probe's own check on a device without tensor cores (PoCL), where the same host-side
@@ -65,6 +68,8 @@ typedef struct variant {
     int d, t, opt;   /* opt: raw: work-group size; frag: PROBE_SYNC; dots: PROBE_COPY; mm:
                         PROBE_TRANSPOSED; real: R_* */
     int pad;         /* dots: PROBE_PAD */
+    int plain;       /* real: the plain program (FP_OCL_MMA = 0) */
+    int nounroll;    /* real: FP_OCL_UNROLL_ALL = 0 where the plugin would set it */
 } variant;
 
 static const char *const frag_names[] = {"none", "diverge", "barrier", "warpsync", "cvt"};
@@ -126,6 +131,15 @@ static int list_variants(variant *v, int max)
                  real_names[x.opt]);
         ADD(x);
     }
+    /* The plain path's forward (the default on every device), bf16 D = 128, T = 32 as on a 48 KiB
+     * device: as the plugin builds it for a GPU, and without forced inlining and unrolling, for
+     * the driver's PTX of both (local-memory traffic of the accumulators: ld.local / st.local). */
+    for (int u = 0; u < 2; u++) {
+        variant x = {
+            .kind = REAL, .dtype = 2, .d = 128, .t = 32, .opt = R_ASIS, .plain = 1, .nounroll = u};
+        snprintf(x.name, sizeof x.name, "plain-bf16-d128%s", u ? "-nounroll" : "");
+        ADD(x);
+    }
 #undef ADD
     return n;
 }
@@ -134,7 +148,7 @@ static const fp_ocl_api *cl;
 static cl_context ctx;
 static cl_command_queue queue;
 static cl_device_id dev;
-static int nvidia;
+static int nvidia, gpu;
 
 static char *read_text(const char *path)
 {
@@ -211,6 +225,10 @@ static int open_device(char *why, size_t n)
     }
     if (!dev)
         dev = first;
+    cl_device_type type = 0;
+    if (dev)
+        cl->clGetDeviceInfo(dev, CL_DEVICE_TYPE, sizeof type, &type, NULL);
+    gpu = !(type & CL_DEVICE_TYPE_CPU); /* the plugin's FP_OCL_UNROLL_ALL */
     if (!dev) {
         snprintf(why, n, "no OpenCL device");
         return 0;
@@ -592,7 +610,10 @@ static void run_real(const variant *v, cl_program pr, int emulated, char *res, s
     if (ok) {
         size_t local[FP_OCL_MAX_LOCAL_ARGS];
         const int nl = fp_ocl_local_args(FP_OCL_KERNEL_FORWARD, T, D,
-                                         emulated ? FP_OCL_MMA_EMULATED : FP_OCL_MMA_NV, local);
+                                         v->plain   ? FP_OCL_PLAIN
+                                         : emulated ? FP_OCL_MMA_EMULATED
+                                                    : FP_OCL_MMA_NV,
+                                         local);
         cl_uint arg = 0;
         cl->clSetKernelArg(k, arg++, sizeof a, &a);
         for (int i = 0; i < 8; i++)
@@ -695,7 +716,9 @@ int main(int argc, char **argv)
                           "    if (get_local_id(0) == 0)\n"
                           "        ((volatile __local float *)scratch)[0] = 0.0f;");
     } else if (v->opt == R_NOINLINE) {
-        src = replace_all(program, "#if FP_OCL_MMA && !FP_OCL_MMA_EMULATE\n#define FP_OCL_INLINE",
+        src = replace_all(program,
+                          "#if (FP_OCL_MMA || FP_OCL_UNROLL_ALL) && !FP_OCL_MMA_EMULATE\n"
+                          "#define FP_OCL_INLINE",
                           "#if 0\n#define FP_OCL_INLINE");
     } else {
         src = program;
@@ -707,12 +730,13 @@ int main(int argc, char **argv)
     }
     char options[512];
     snprintf(options, sizeof options,
-             "-cl-std=CL1.2 -DFP_OCL_DTYPE=%d -DFP_OCL_D=%d -DFP_OCL_T=%d -DFP_OCL_MMA=1 "
-             "-DFP_OCL_MMA_EMULATE=%d -DPROBE_RAW=%d -DPROBE_WG=%d -DPROBE_SYNC=%d "
+             "-cl-std=CL1.2 -DFP_OCL_DTYPE=%d -DFP_OCL_D=%d -DFP_OCL_T=%d -DFP_OCL_MMA=%d "
+             "-DFP_OCL_MMA_EMULATE=%d -DFP_OCL_UNROLL_ALL=%d -DPROBE_RAW=%d -DPROBE_WG=%d "
+             "-DPROBE_SYNC=%d "
              "-DPROBE_COPY=%d -DPROBE_TRANSPOSED=%d -DPROBE_PAD=%d%s%s",
-             v->dtype, v->d, v->t, emulated, v->kind == RAW, v->kind == RAW ? v->opt : 0,
-             v->kind == FRAG ? v->opt : 0, v->kind == DOTS ? v->opt : 16,
-             v->kind == MM ? v->opt : 0, v->pad,
+             v->dtype, v->d, v->t, !v->plain, emulated, gpu && !v->nounroll, v->kind == RAW,
+             v->kind == RAW ? v->opt : 0, v->kind == FRAG ? v->opt : 0,
+             v->kind == DOTS ? v->opt : 16, v->kind == MM ? v->opt : 0, v->pad,
              v->kind == REAL && v->opt == R_NOOPT ? " -cl-opt-disable" : "",
              nvidia ? " -cl-nv-verbose" : "");
     double ms = 0.0;

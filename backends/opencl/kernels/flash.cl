@@ -80,8 +80,16 @@ FP_OCL_INLINE long fp_ocl_delta_at(const fp_ocl_args *a, const fp_ocl_seq *s, lo
 /* The plain micro-tile policy (FP_OCL_MMA = 0; mma_nv.cl is the tensor-core one): the work-group
  * is an 8 x 16 grid of work-items (ty, tx); tiles are split over it with register micro-tiles:
  *   score tile [T, T]: rows ty + 8 a (a < SR), keys tx + 16 b (b < SC), element a SC + b;
- *   output tile [T, D]: rows ty + 8 a (a < SR), dims tx + 16 j (j < DPT), element a DPT + j.
- * Out-of-range keys and dims are guarded; SR * DPT <= FP_OCL_ACC by the planner's rule.
+ *   output tile [T, D]: rows ty + 8 a (a < SR), dims VW tx + 16 VW (j / VW) + j % VW (j < DPT),
+ *   element a DPT + j: runs of VW adjacent dims, so that one row of y is one VW-wide local load.
+ * Out-of-range keys are guarded (every head-dim class is a multiple of 16 VW, so every dim lies
+ * in D); SR * DPT <= FP_OCL_ACC by the planner's rule.
+ * Local loads bound these products on a GPU (a warp's local load costs the issue slot of four
+ * FMAs' worth of a warp's work), so the [T, D] tiles have rows 16-byte aligned (pitch D + 4:
+ * 16 consecutive rows still fall on distinct bank quadruples) and the dot products read x and y
+ * four dims at a time (float4); P and dS stay scalar (the score tiles keep their odd pitch for
+ * the row softmax). This needs every __local argument 16-byte aligned: ocl_plan.h sizes each as
+ * a multiple of 16 bytes, and OpenCL drivers align the local memory they hand out at least so.
  * Either policy gives: fp_tile and LD, the element type and row pitch of the [T, D] local tiles,
  * FP_TILE_PUT (a global element as a tile element) and FP_TILE_GET (a tile element as f32),
  * FP_OCL_SN and FP_OCL_ON, the accumulator elements of a work-item's
@@ -90,17 +98,22 @@ FP_OCL_INLINE long fp_ocl_delta_at(const fp_ocl_args *a, const fp_ocl_seq *s, lo
  * fp_ocl_tile_mm, FP_OCL_SCRATCH, the floats of local scratch they take, and FP_OCL_KV_APART,
  * whether the forward's K and V tiles have a buffer each (ocl_plan.h sizes it so). */
 #if !FP_OCL_MMA
-typedef float fp_tile; /* the [T, D] local tiles: f32 values, odd pitch */
-#define LD                (D | 1)
+typedef float fp_tile; /* the [T, D] local tiles: f32 values, rows 16-byte aligned */
+#define LD                (D + 4)
 #define FP_TILE_PUT(x, i) FP_LOAD(x, i)
 #define FP_TILE_GET(t, i) ((t)[i])
 #define SR                (T / 8)
 #define SC                ((T + 15) / 16)
-#define DPT               ((D + 15) / 16)
+#define DPT               (D / 16)
+#define VW                (D % 64 == 0 ? 4 : D % 32 == 0 ? 2 : 1)
 #define FP_OCL_SN         (SR * SC)
 #define FP_OCL_ON         (SR * DPT)
 #define FP_OCL_SCRATCH    1
 #define FP_OCL_KV_APART   0
+
+#if D % 16 != 0
+#error "the plain policy needs a head-dim class that is a multiple of 16"
+#endif
 
 FP_OCL_INLINE void fp_ocl_s_at(int e, int *r, int *c)
 {
@@ -110,8 +123,9 @@ FP_OCL_INLINE void fp_ocl_s_at(int e, int *r, int *c)
 
 FP_OCL_INLINE void fp_ocl_o_at(int e, int *r, int *d)
 {
+    const int j = e % DPT;
     *r = get_local_id(0) / 16 + 8 * (e / DPT);
-    *d = get_local_id(0) % 16 + 16 * (e % DPT);
+    *d = VW * (get_local_id(0) % 16) + 16 * VW * (j / VW) + j % VW;
 }
 
 /* acc[a SC + b] = x[row ty + 8 a] . y[row tx + 16 b] over D, for this work-item's micro-tile
@@ -120,21 +134,46 @@ FP_OCL_INLINE void fp_ocl_tile_dots(__local const fp_tile *x, __local const fp_t
                                     float acc[FP_OCL_SN], __local float *scratch)
 {
     const int ty = get_local_id(0) / 16, tx = get_local_id(0) % 16;
+    FP_OCL_UNROLL
     for (int e = 0; e < FP_OCL_SN; e++)
         acc[e] = 0.0f;
-    for (int d = 0; d < D; d++) {
-        float xa[SR], yb[SC];
+    for (int d = 0; d < D; d += 4) {
+        float4 xa[SR], yb[SC];
+        FP_OCL_UNROLL
         for (int a = 0; a < SR; a++)
-            xa[a] = x[(ty + 8 * a) * LD + d];
+            xa[a] = *(__local const float4 *)(x + (ty + 8 * a) * LD + d);
+        FP_OCL_UNROLL
         for (int b = 0; b < SC; b++)
-            yb[b] = tx + 16 * b < T ? y[(tx + 16 * b) * LD + d] : 0.0f;
+            yb[b] = tx + 16 * b < T ? *(__local const float4 *)(y + (tx + 16 * b) * LD + d)
+                                    : (float4)(0.0f);
+        FP_OCL_UNROLL
         for (int a = 0; a < SR; a++)
-            for (int b = 0; b < SC; b++)
-                acc[a * SC + b] = fma(xa[a], yb[b], acc[a * SC + b]);
+            FP_OCL_UNROLL
+            for (int b = 0; b < SC; b++) {
+                float s = acc[a * SC + b];
+                s = fma(xa[a].x, yb[b].x, s);
+                s = fma(xa[a].y, yb[b].y, s);
+                s = fma(xa[a].z, yb[b].z, s);
+                acc[a * SC + b] = fma(xa[a].w, yb[b].w, s);
+            }
     }
 }
 
-/* acc[a DPT + j] += sum over n < count of p(row ty + 8 a, n) * y[n * LD + tx + 16 j], where
+/* y[n * LD + d .. d + VW - 1] into v[0 .. VW - 1]: one local load (d a multiple of VW). */
+FP_OCL_INLINE void fp_ocl_load_run(__local const fp_tile *p, float *v)
+{
+#if VW == 4
+    const float4 x = *(__local const float4 *)p;
+    v[0] = x.x, v[1] = x.y, v[2] = x.z, v[3] = x.w;
+#elif VW == 2
+    const float2 x = *(__local const float2 *)p;
+    v[0] = x.x, v[1] = x.y;
+#else
+    v[0] = p[0];
+#endif
+}
+
+/* acc[a DPT + j] += sum over n < count of p(row ty + 8 a, n) * y[n * LD + dim j], where
  * p(r, n) = pt[r * LS + n] (transposed = 0) or pt[n * LS + r] (transposed = 1). */
 FP_OCL_INLINE void fp_ocl_tile_mm(__local const float *pt, int transposed, __local const fp_tile *y,
                                   int count, float acc[FP_OCL_ON], __local float *scratch)
@@ -142,11 +181,15 @@ FP_OCL_INLINE void fp_ocl_tile_mm(__local const float *pt, int transposed, __loc
     const int ty = get_local_id(0) / 16, tx = get_local_id(0) % 16;
     for (int n = 0; n < count; n++) {
         float pa[SR], yj[DPT];
+        FP_OCL_UNROLL
         for (int a = 0; a < SR; a++)
             pa[a] = transposed ? pt[n * LS + ty + 8 * a] : pt[(ty + 8 * a) * LS + n];
-        for (int j = 0; j < DPT; j++)
-            yj[j] = tx + 16 * j < D ? y[n * LD + tx + 16 * j] : 0.0f;
+        FP_OCL_UNROLL
+        for (int j = 0; j < DPT; j += VW)
+            fp_ocl_load_run(y + n * LD + VW * tx + 16 * j, yj + j);
+        FP_OCL_UNROLL
         for (int a = 0; a < SR; a++)
+            FP_OCL_UNROLL
             for (int j = 0; j < DPT; j++)
                 acc[a * DPT + j] = fma(pa[a], yj[j], acc[a * DPT + j]);
     }

@@ -84,12 +84,14 @@ FP_OCL_INLINE long fp_ocl_delta_at(const fp_ocl_args *a, const fp_ocl_seq *s, lo
  *   element a DPT + j: runs of VW adjacent dims, so that one row of y is one VW-wide local load.
  * Out-of-range keys are guarded (every head-dim class is a multiple of 16 VW, so every dim lies
  * in D); SR * DPT <= FP_OCL_ACC by the planner's rule.
- * Local loads bound these products on a GPU (a warp's local load costs the issue slot of four
- * FMAs' worth of a warp's work), so the [T, D] tiles have rows 16-byte aligned (pitch D + 4:
- * 16 consecutive rows still fall on distinct bank quadruples) and the dot products read x and y
- * four dims at a time (float4); P and dS stay scalar (the score tiles keep their odd pitch for
- * the row softmax). This needs every __local argument 16-byte aligned: ocl_plan.h sizes each as
- * a multiple of 16 bytes, and OpenCL drivers align the local memory they hand out at least so.
+ * Local loads bound these products on a GPU (an NVIDIA SM retires four warp-wide FMAs a clock
+ * but serves 128 bytes of local memory), so the [T, D] tiles have rows 16-byte aligned (pitch
+ * D + 4: 16 consecutive rows still fall on distinct bank quadruples) and the dot products read
+ * x and y four dims at a time (float4); P and dS stay scalar (the score tiles keep their odd
+ * pitch for the row softmax). This needs every __local argument 16-byte aligned: ocl_plan.h
+ * sizes each as a multiple of 16 bytes, so it holds wherever a driver starts the arguments at a
+ * 16-byte boundary, as CUDA does for dynamic shared memory (not yet run on NVIDIA's OpenCL:
+ * tests/gpu/run_opencl_mma_probe.sh's plain-bf16-d128 line is the first check there).
  * Either policy gives: fp_tile and LD, the element type and row pitch of the [T, D] local tiles,
  * FP_TILE_PUT (a global element as a tile element) and FP_TILE_GET (a tile element as f32),
  * FP_OCL_SN and FP_OCL_ON, the accumulator elements of a work-item's

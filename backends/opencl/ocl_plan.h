@@ -55,13 +55,15 @@ static inline int64_t fp_ocl_score_ld(int64_t t)
 enum { FP_OCL_KERNEL_FORWARD, FP_OCL_KERNEL_DQ, FP_OCL_KERNEL_DKDV };
 
 #define FP_OCL_MAX_LOCAL_ARGS 7
-/* Every __local argument is counted rounded up to this many bytes: a driver may place each at
- * an aligned offset of its work-group's local memory, and 16 bytes is the widest alignment an
- * OpenCL C type asks for (float4 / uint4). */
+/* Every __local argument gets this many bytes more than its tile, and is counted rounded up to
+ * a multiple of it: the kernels round each argument's address up to 16 bytes (kernels/flash.cl's
+ * FP_OCL_ALIGN16), since a driver may place them at any 4-byte offset (NVIDIA's does), and 16 is
+ * the widest alignment the tiles' loads ask for (float4). */
 #define FP_OCL_LOCAL_ALIGN 16
 
 /* The __local kernel arguments of `kernel` with t x t tiles of head-dim class d, in argument
- * order, in bytes (ocl_attention.c passes exactly these; the planner sums them); returns their
+ * order, in bytes, FP_OCL_LOCAL_ALIGN more than the tile each holds (ocl_attention.c passes
+ * exactly these; the planner sums them); returns their
  * count. [t, d] tiles (q, k, v, dO): fp_ocl_tile_ld and fp_ocl_tile_elem_bytes; [t, t] f32 score
  * tiles (S / P, dS) with pitch fp_ocl_score_ld; per-row f32 values (the forward's row factors,
  * the backward's LSE and delta). */
@@ -78,14 +80,16 @@ static inline int fp_ocl_local_args(int kernel, int64_t t, int64_t d, int varian
         bytes[n++] = variant == FP_OCL_PLAIN ? tile : 2 * tile;
         bytes[n++] = scores;
         bytes[n++] = rows;
-        return n;
+    } else {
+        for (int i = 0; i < 4; i++) /* q, dO, k, v */
+            bytes[n++] = tile;
+        bytes[n++] = scores; /* dS (and P in the dK/dV kernel) */
+        if (kernel == FP_OCL_KERNEL_DKDV)
+            bytes[n++] = scores;
+        bytes[n++] = 2 * rows; /* LSE and delta */
     }
-    for (int i = 0; i < 4; i++) /* q, dO, k, v */
-        bytes[n++] = tile;
-    bytes[n++] = scores; /* dS (and P in the dK/dV kernel) */
-    if (kernel == FP_OCL_KERNEL_DKDV)
-        bytes[n++] = scores;
-    bytes[n++] = 2 * rows; /* LSE and delta */
+    for (int i = 0; i < n; i++) /* room for the kernel's rounding up of the address */
+        bytes[i] += FP_OCL_LOCAL_ALIGN;
     return n;
 }
 

@@ -88,10 +88,10 @@ FP_OCL_INLINE long fp_ocl_delta_at(const fp_ocl_args *a, const fp_ocl_seq *s, lo
  * but serves 128 bytes of local memory), so the [T, D] tiles have rows 16-byte aligned (pitch
  * D + 4: 16 consecutive rows still fall on distinct bank quadruples) and the dot products read
  * x and y four dims at a time (float4); P and dS stay scalar (the score tiles keep their odd
- * pitch for the row softmax). This needs every __local argument 16-byte aligned: ocl_plan.h
- * sizes each as a multiple of 16 bytes, so it holds wherever a driver starts the arguments at a
- * 16-byte boundary, as CUDA does for dynamic shared memory (not yet run on NVIDIA's OpenCL:
- * tests/gpu/run_opencl_mma_probe.sh's plain-bf16-d128 line is the first check there).
+ * pitch for the row softmax). This needs every local tile 16-byte aligned, which a driver does
+ * not promise for __local arguments (NVIDIA's places them 2 or 4 bytes apart): each kernel rounds
+ * its arguments' addresses up to 16 bytes (FP_OCL_ALIGN16, below), in the FP_OCL_LOCAL_ALIGN
+ * bytes the host adds to each (ocl_plan.h).
  * Either policy gives: fp_tile and LD, the element type and row pitch of the [T, D] local tiles,
  * FP_TILE_PUT (a global element as a tile element) and FP_TILE_GET (a tile element as f32),
  * FP_OCL_SN and FP_OCL_ON, the accumulator elements of a work-item's
@@ -248,12 +248,22 @@ FP_OCL_INLINE void fp_ocl_zero(float acc[FP_OCL_ON])
         acc[e] = 0.0f;
 }
 
+/* A __local argument's address rounded up to 16 bytes. Drivers need not align __local
+ * arguments beyond their element type (NVIDIA's OpenCL on the H200 put a forward's four at
+ * offsets 0x402, 0x2504, 0x6708 and 0xa80c, where the tiles' 16-byte and the tensor-core path's
+ * 32-bit loads fault); ocl_plan.h's fp_ocl_local_args gives each argument FP_OCL_LOCAL_ALIGN
+ * bytes more, so the rounded address stays inside it. */
+#define FP_OCL_ALIGN16(T, p) ((__local T *)(((size_t)(p) + 15) & ~(size_t)15))
+
 __kernel __attribute__((reqd_work_group_size(FP_OCL_WG, 1, 1))) void
 fp_ocl_forward(const fp_ocl_args a, __global const fp_elem *q, __global const fp_elem *k,
                __global const fp_elem *v, __global fp_elem *o, __global float *lse,
                __global const int *cu_q, __global const int *cu_k, __global const float *alibi,
-               __local fp_tile *sq, __local fp_tile *skv, __local float *ss, __local float *srow)
+               __local fp_tile *sq_arg, __local fp_tile *skv_arg, __local float *ss_arg,
+               __local float *srow_arg)
 {
+    __local fp_tile *sq = FP_OCL_ALIGN16(fp_tile, sq_arg), *skv = FP_OCL_ALIGN16(fp_tile, skv_arg);
+    __local float *ss = FP_OCL_ALIGN16(float, ss_arg), *srow = FP_OCL_ALIGN16(float, srow_arg);
     __local float scratch[FP_OCL_SCRATCH];
     const int tid = get_local_id(0), hd = (int)a.head_dim;
     const long h = get_group_id(1), b = get_group_id(2);
@@ -390,9 +400,12 @@ fp_ocl_backward_dq(const fp_ocl_args a, __global const fp_elem *q, __global cons
                    __global const fp_elem *v, __global const fp_elem *o, __global const float *lse,
                    __global const fp_elem *dout, __global fp_elem *dq, __global float *delta,
                    __global const int *cu_q, __global const int *cu_k, __global const float *alibi,
-                   __local fp_tile *sq, __local fp_tile *sdo, __local fp_tile *sk,
-                   __local fp_tile *sv, __local float *sds, __local float *srow)
+                   __local fp_tile *sq_arg, __local fp_tile *sdo_arg, __local fp_tile *sk_arg,
+                   __local fp_tile *sv_arg, __local float *sds_arg, __local float *srow_arg)
 {
+    __local fp_tile *sq = FP_OCL_ALIGN16(fp_tile, sq_arg), *sdo = FP_OCL_ALIGN16(fp_tile, sdo_arg);
+    __local fp_tile *sk = FP_OCL_ALIGN16(fp_tile, sk_arg), *sv = FP_OCL_ALIGN16(fp_tile, sv_arg);
+    __local float *sds = FP_OCL_ALIGN16(float, sds_arg), *srow = FP_OCL_ALIGN16(float, srow_arg);
     __local float scratch[FP_OCL_SCRATCH];
     const int tid = get_local_id(0), hd = (int)a.head_dim;
     const long h = get_group_id(1), b = get_group_id(2);
@@ -440,10 +453,15 @@ fp_ocl_backward_dkdv(const fp_ocl_args a, __global const fp_elem *q, __global co
                      __global const fp_elem *v, __global const float *lse,
                      __global const fp_elem *dout, __global fp_elem *dk, __global fp_elem *dv,
                      __global const float *delta, __global const int *cu_q,
-                     __global const int *cu_k, __global const float *alibi, __local fp_tile *sq,
-                     __local fp_tile *sdo, __local fp_tile *sk, __local fp_tile *sv,
-                     __local float *sp, __local float *sds, __local float *srow)
+                     __global const int *cu_k, __global const float *alibi,
+                     __local fp_tile *sq_arg, __local fp_tile *sdo_arg, __local fp_tile *sk_arg,
+                     __local fp_tile *sv_arg, __local float *sp_arg, __local float *sds_arg,
+                     __local float *srow_arg)
 {
+    __local fp_tile *sq = FP_OCL_ALIGN16(fp_tile, sq_arg), *sdo = FP_OCL_ALIGN16(fp_tile, sdo_arg);
+    __local fp_tile *sk = FP_OCL_ALIGN16(fp_tile, sk_arg), *sv = FP_OCL_ALIGN16(fp_tile, sv_arg);
+    __local float *sp = FP_OCL_ALIGN16(float, sp_arg), *sds = FP_OCL_ALIGN16(float, sds_arg);
+    __local float *srow = FP_OCL_ALIGN16(float, srow_arg);
     __local float scratch[FP_OCL_SCRATCH];
     const int tid = get_local_id(0), hd = (int)a.head_dim;
     const long hk = get_group_id(1), b = get_group_id(2);

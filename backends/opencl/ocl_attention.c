@@ -162,9 +162,9 @@ static flashport_status get_program(fp_ocl_ctx *ctx, flashport_dtype dtype, int6
     char options[192];
     snprintf(options, sizeof options,
              "-cl-std=CL1.2 -DFP_OCL_DTYPE=%d -DFP_OCL_D=%lld -DFP_OCL_T=%lld -DFP_OCL_MMA=%d "
-             "-DFP_OCL_MMA_EMULATE=%d",
+             "-DFP_OCL_MMA_EMULATE=%d -DFP_OCL_UNROLL_ALL=%d",
              dt, (long long)d, (long long)t, variant != FP_OCL_PLAIN,
-             variant == FP_OCL_MMA_EMULATED);
+             variant == FP_OCL_MMA_EMULATED, ctx->unroll_all);
     err = cl->clBuildProgram(pr.program, 1, &ctx->device, options, NULL, NULL);
     if (err != CL_SUCCESS) {
         char *full = read_build_log(cl, pr.program, ctx->device), log[640];

@@ -198,6 +198,9 @@ static flashport_status read_device(fp_ocl_ctx *ctx)
     ctx->local_mem = (size_t)local;
     ctx->max_alloc = (size_t)max_alloc;
     ctx->mma = device_mma(cl, ctx->device);
+    cl_device_type type = 0;
+    (void)cl->clGetDeviceInfo(ctx->device, CL_DEVICE_TYPE, sizeof type, &type, NULL);
+    ctx->unroll_all = !(type & CL_DEVICE_TYPE_CPU);
     memset(ctx->platform_name, 0, sizeof ctx->platform_name);
     memset(ctx->device_name, 0, sizeof ctx->device_name);
     (void)cl->clGetPlatformInfo(platform, CL_PLATFORM_NAME, sizeof ctx->platform_name - 1,

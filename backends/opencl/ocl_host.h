@@ -42,6 +42,7 @@
     X(clCreateProgramWithSource)                                                                   \
     X(clBuildProgram)                                                                              \
     X(clGetProgramBuildInfo)                                                                       \
+    X(clGetProgramInfo)                                                                            \
     X(clReleaseProgram)                                                                            \
     X(clCreateKernel)                                                                              \
     X(clReleaseKernel)                                                                             \
@@ -105,6 +106,9 @@ typedef struct fp_ocl_ctx {
      * when FLASHPORT_OPENCL_MMA=nv, FP_OCL_MMA_EMULATED when FLASHPORT_OPENCL_MMA=emulate,
      * FP_OCL_PLAIN otherwise (ocl_backend.c's device_mma says why). */
     int mma;
+    /* Whether the device is not a CPU: its programs are built with FP_OCL_UNROLL_ALL = 1
+     * (kernels/shape.cl says why). */
+    int unroll_all;
     /* Programs of the current context by key, built on first use and kept, failed tensor-core
      * builds included (ocl_attention.c); when the cache is full the oldest is released. */
     fp_ocl_program programs[FP_OCL_MAX_PROGRAMS];

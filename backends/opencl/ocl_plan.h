@@ -30,10 +30,11 @@ static inline int64_t fp_ocl_dim_class(int64_t d)
     return 0;
 }
 
-/* The [t, d] local tiles (q, k, v, dO) of a variant: f32 values with an odd row pitch on the plain
- * path, so work-items reading one column of different rows hit different banks; the 16-bit
- * storage bits with a pitch of d + 2 on the tensor-core paths, so a fragment's pair of
- * neighbours in a row is one aligned 32-bit load and successive rows start one bank apart. */
+/* The [t, d] local tiles (q, k, v, dO) of a variant: f32 values with a row pitch of d + 4 on the
+ * plain path, rows 16-byte aligned for its float4 loads and 16 successive rows on distinct bank
+ * quadruples (kernels/flash.cl); the 16-bit storage bits with a pitch of d + 2 on the tensor-core
+ * paths, so a fragment's pair of neighbours in a row is one aligned 32-bit load and successive
+ * rows start one bank apart. Every tile is then a multiple of 16 bytes (d and t multiples of 8). */
 static inline int64_t fp_ocl_tile_elem_bytes(int variant)
 {
     return variant == FP_OCL_PLAIN ? 4 : 2;
@@ -41,7 +42,7 @@ static inline int64_t fp_ocl_tile_elem_bytes(int variant)
 
 static inline int64_t fp_ocl_tile_ld(int64_t d, int variant)
 {
-    return variant == FP_OCL_PLAIN ? d | 1 : d + 2;
+    return variant == FP_OCL_PLAIN ? d + 4 : d + 2;
 }
 
 /* Row pitch of the [t, t] score tiles, odd for the same reason. */
@@ -54,13 +55,15 @@ static inline int64_t fp_ocl_score_ld(int64_t t)
 enum { FP_OCL_KERNEL_FORWARD, FP_OCL_KERNEL_DQ, FP_OCL_KERNEL_DKDV };
 
 #define FP_OCL_MAX_LOCAL_ARGS 7
-/* Every __local argument is counted rounded up to this many bytes: a driver may place each at
- * an aligned offset of its work-group's local memory, and 16 bytes is the widest alignment an
- * OpenCL C type asks for (float4 / uint4). */
+/* Every __local argument gets this many bytes more than its tile, and is counted rounded up to
+ * a multiple of it: the kernels round each argument's address up to 16 bytes (kernels/flash.cl's
+ * FP_OCL_ALIGN16), since a driver may place them at any 4-byte offset (NVIDIA's does), and 16 is
+ * the widest alignment the tiles' loads ask for (float4). */
 #define FP_OCL_LOCAL_ALIGN 16
 
 /* The __local kernel arguments of `kernel` with t x t tiles of head-dim class d, in argument
- * order, in bytes (ocl_attention.c passes exactly these; the planner sums them); returns their
+ * order, in bytes, FP_OCL_LOCAL_ALIGN more than the tile each holds (ocl_attention.c passes
+ * exactly these; the planner sums them); returns their
  * count. [t, d] tiles (q, k, v, dO): fp_ocl_tile_ld and fp_ocl_tile_elem_bytes; [t, t] f32 score
  * tiles (S / P, dS) with pitch fp_ocl_score_ld; per-row f32 values (the forward's row factors,
  * the backward's LSE and delta). */
@@ -77,14 +80,16 @@ static inline int fp_ocl_local_args(int kernel, int64_t t, int64_t d, int varian
         bytes[n++] = variant == FP_OCL_PLAIN ? tile : 2 * tile;
         bytes[n++] = scores;
         bytes[n++] = rows;
-        return n;
+    } else {
+        for (int i = 0; i < 4; i++) /* q, dO, k, v */
+            bytes[n++] = tile;
+        bytes[n++] = scores; /* dS (and P in the dK/dV kernel) */
+        if (kernel == FP_OCL_KERNEL_DKDV)
+            bytes[n++] = scores;
+        bytes[n++] = 2 * rows; /* LSE and delta */
     }
-    for (int i = 0; i < 4; i++) /* q, dO, k, v */
-        bytes[n++] = tile;
-    bytes[n++] = scores; /* dS (and P in the dK/dV kernel) */
-    if (kernel == FP_OCL_KERNEL_DKDV)
-        bytes[n++] = scores;
-    bytes[n++] = 2 * rows; /* LSE and delta */
+    for (int i = 0; i < n; i++) /* room for the kernel's rounding up of the address */
+        bytes[i] += FP_OCL_LOCAL_ALIGN;
     return n;
 }
 

@@ -5,7 +5,8 @@
 # plan_programs (tests/opencl/plan_programs.c: ocl_plan.h's own plans). Each one's embedded
 # source is compiled by clang as OpenCL C for nvptx64-nvidia-nvcl (sm_80, PTX 7.0; -fgnu-keywords
 # for `asm`, which NVIDIA's compiler takes), with libclc's nvptx built-ins linked in so that
-# get_local_id, barrier, exp, ... are the real instructions and not calls; then assembled by
+# get_local_id, barrier, exp, ... are the real instructions and not calls (FP_OCL_UNROLL_ALL = 1,
+# as the plugin builds for a GPU); then assembled by
 # ptxas for sm_90 as a whole program. A broken asm string, operand or constraint, or anything
 # ptxas refuses, fails here; each program's registers, spills and stack frame per kernel are
 # printed (NVIDIA's own compiler is another front end: this is a check of the PTX we ask for, not
@@ -33,6 +34,7 @@ check() {
         -Xclang -target-feature -Xclang +ptx70 -Xclang -mlink-builtin-bitcode -Xclang "$LIBCLC" \
         -include opencl-c.h -fgnu-keywords -Wno-linker-warnings -O2 -S -DFP_OCL_DTYPE="$1" \
         -DFP_OCL_D="$2" -DFP_OCL_T="$3" -DFP_OCL_MMA="$4" -DFP_OCL_MMA_EMULATE=0 \
+        -DFP_OCL_UNROLL_ALL=1 \
         -o "$TMP/$name.ptx" "$SRC" 2>"$TMP/$name.err"; then
         echo "$name: clang failed:"
         cat "$TMP/$name.err"

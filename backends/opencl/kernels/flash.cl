@@ -80,8 +80,18 @@ FP_OCL_INLINE long fp_ocl_delta_at(const fp_ocl_args *a, const fp_ocl_seq *s, lo
 /* The plain micro-tile policy (FP_OCL_MMA = 0; mma_nv.cl is the tensor-core one): the work-group
  * is an 8 x 16 grid of work-items (ty, tx); tiles are split over it with register micro-tiles:
  *   score tile [T, T]: rows ty + 8 a (a < SR), keys tx + 16 b (b < SC), element a SC + b;
- *   output tile [T, D]: rows ty + 8 a (a < SR), dims tx + 16 j (j < DPT), element a DPT + j.
- * Out-of-range keys and dims are guarded; SR * DPT <= FP_OCL_ACC by the planner's rule.
+ *   output tile [T, D]: rows ty + 8 a (a < SR), dims VW tx + 16 VW (j / VW) + j % VW (j < DPT),
+ *   element a DPT + j: runs of VW adjacent dims, so that one row of y is one VW-wide local load.
+ * Out-of-range keys are guarded (every head-dim class is a multiple of 16 VW, so every dim lies
+ * in D); SR * DPT <= FP_OCL_ACC by the planner's rule.
+ * Local loads bound these products on a GPU (an NVIDIA SM retires four warp-wide FMAs a clock
+ * but serves 128 bytes of local memory), so the [T, D] tiles have rows 16-byte aligned (pitch
+ * D + 4: 16 consecutive rows still fall on distinct bank quadruples) and the dot products read
+ * x and y four dims at a time (float4); P and dS stay scalar (the score tiles keep their odd
+ * pitch for the row softmax). This needs every local tile 16-byte aligned, which a driver does
+ * not promise for __local arguments (NVIDIA's places them 2 or 4 bytes apart): each kernel rounds
+ * its arguments' addresses up to 16 bytes (FP_OCL_ALIGN16, below), in the FP_OCL_LOCAL_ALIGN
+ * bytes the host adds to each (ocl_plan.h).
  * Either policy gives: fp_tile and LD, the element type and row pitch of the [T, D] local tiles,
  * FP_TILE_PUT (a global element as a tile element) and FP_TILE_GET (a tile element as f32),
  * FP_OCL_SN and FP_OCL_ON, the accumulator elements of a work-item's
@@ -90,17 +100,22 @@ FP_OCL_INLINE long fp_ocl_delta_at(const fp_ocl_args *a, const fp_ocl_seq *s, lo
  * fp_ocl_tile_mm, FP_OCL_SCRATCH, the floats of local scratch they take, and FP_OCL_KV_APART,
  * whether the forward's K and V tiles have a buffer each (ocl_plan.h sizes it so). */
 #if !FP_OCL_MMA
-typedef float fp_tile; /* the [T, D] local tiles: f32 values, odd pitch */
-#define LD                (D | 1)
+typedef float fp_tile; /* the [T, D] local tiles: f32 values, rows 16-byte aligned */
+#define LD                (D + 4)
 #define FP_TILE_PUT(x, i) FP_LOAD(x, i)
 #define FP_TILE_GET(t, i) ((t)[i])
 #define SR                (T / 8)
 #define SC                ((T + 15) / 16)
-#define DPT               ((D + 15) / 16)
+#define DPT               (D / 16)
+#define VW                (D % 64 == 0 ? 4 : D % 32 == 0 ? 2 : 1)
 #define FP_OCL_SN         (SR * SC)
 #define FP_OCL_ON         (SR * DPT)
 #define FP_OCL_SCRATCH    1
 #define FP_OCL_KV_APART   0
+
+#if D % 16 != 0
+#error "the plain policy needs a head-dim class that is a multiple of 16"
+#endif
 
 FP_OCL_INLINE void fp_ocl_s_at(int e, int *r, int *c)
 {
@@ -110,8 +125,9 @@ FP_OCL_INLINE void fp_ocl_s_at(int e, int *r, int *c)
 
 FP_OCL_INLINE void fp_ocl_o_at(int e, int *r, int *d)
 {
+    const int j = e % DPT;
     *r = get_local_id(0) / 16 + 8 * (e / DPT);
-    *d = get_local_id(0) % 16 + 16 * (e % DPT);
+    *d = VW * (get_local_id(0) % 16) + 16 * VW * (j / VW) + j % VW;
 }
 
 /* acc[a SC + b] = x[row ty + 8 a] . y[row tx + 16 b] over D, for this work-item's micro-tile
@@ -120,21 +136,46 @@ FP_OCL_INLINE void fp_ocl_tile_dots(__local const fp_tile *x, __local const fp_t
                                     float acc[FP_OCL_SN], __local float *scratch)
 {
     const int ty = get_local_id(0) / 16, tx = get_local_id(0) % 16;
+    FP_OCL_UNROLL
     for (int e = 0; e < FP_OCL_SN; e++)
         acc[e] = 0.0f;
-    for (int d = 0; d < D; d++) {
-        float xa[SR], yb[SC];
+    for (int d = 0; d < D; d += 4) {
+        float4 xa[SR], yb[SC];
+        FP_OCL_UNROLL
         for (int a = 0; a < SR; a++)
-            xa[a] = x[(ty + 8 * a) * LD + d];
+            xa[a] = *(__local const float4 *)(x + (ty + 8 * a) * LD + d);
+        FP_OCL_UNROLL
         for (int b = 0; b < SC; b++)
-            yb[b] = tx + 16 * b < T ? y[(tx + 16 * b) * LD + d] : 0.0f;
+            yb[b] = tx + 16 * b < T ? *(__local const float4 *)(y + (tx + 16 * b) * LD + d)
+                                    : (float4)(0.0f);
+        FP_OCL_UNROLL
         for (int a = 0; a < SR; a++)
-            for (int b = 0; b < SC; b++)
-                acc[a * SC + b] = fma(xa[a], yb[b], acc[a * SC + b]);
+            FP_OCL_UNROLL
+            for (int b = 0; b < SC; b++) {
+                float s = acc[a * SC + b];
+                s = fma(xa[a].x, yb[b].x, s);
+                s = fma(xa[a].y, yb[b].y, s);
+                s = fma(xa[a].z, yb[b].z, s);
+                acc[a * SC + b] = fma(xa[a].w, yb[b].w, s);
+            }
     }
 }
 
-/* acc[a DPT + j] += sum over n < count of p(row ty + 8 a, n) * y[n * LD + tx + 16 j], where
+/* y[n * LD + d .. d + VW - 1] into v[0 .. VW - 1]: one local load (d a multiple of VW). */
+FP_OCL_INLINE void fp_ocl_load_run(__local const fp_tile *p, float *v)
+{
+#if VW == 4
+    const float4 x = *(__local const float4 *)p;
+    v[0] = x.x, v[1] = x.y, v[2] = x.z, v[3] = x.w;
+#elif VW == 2
+    const float2 x = *(__local const float2 *)p;
+    v[0] = x.x, v[1] = x.y;
+#else
+    v[0] = p[0];
+#endif
+}
+
+/* acc[a DPT + j] += sum over n < count of p(row ty + 8 a, n) * y[n * LD + dim j], where
  * p(r, n) = pt[r * LS + n] (transposed = 0) or pt[n * LS + r] (transposed = 1). */
 FP_OCL_INLINE void fp_ocl_tile_mm(__local const float *pt, int transposed, __local const fp_tile *y,
                                   int count, float acc[FP_OCL_ON], __local float *scratch)
@@ -142,11 +183,15 @@ FP_OCL_INLINE void fp_ocl_tile_mm(__local const float *pt, int transposed, __loc
     const int ty = get_local_id(0) / 16, tx = get_local_id(0) % 16;
     for (int n = 0; n < count; n++) {
         float pa[SR], yj[DPT];
+        FP_OCL_UNROLL
         for (int a = 0; a < SR; a++)
             pa[a] = transposed ? pt[n * LS + ty + 8 * a] : pt[(ty + 8 * a) * LS + n];
-        for (int j = 0; j < DPT; j++)
-            yj[j] = tx + 16 * j < D ? y[n * LD + tx + 16 * j] : 0.0f;
+        FP_OCL_UNROLL
+        for (int j = 0; j < DPT; j += VW)
+            fp_ocl_load_run(y + n * LD + VW * tx + 16 * j, yj + j);
+        FP_OCL_UNROLL
         for (int a = 0; a < SR; a++)
+            FP_OCL_UNROLL
             for (int j = 0; j < DPT; j++)
                 acc[a * DPT + j] = fma(pa[a], yj[j], acc[a * DPT + j]);
     }
@@ -171,17 +216,18 @@ FP_OCL_INLINE void fp_ocl_load_tile(__local fp_tile *t, __global const fp_elem *
 }
 
 /* Stores the output micro-tile's elements of rows < n, dims < hd, times factor(row), to x (row0:
- * element of tile row 0, dim 0); factor is rowf[r] where rowf is given, else `scale`. */
+ * element of tile row 0, dim 0); factor is rowf[r] where by_row, else `scale` (a flag, not a
+ * null test: __local address 0 is a real address, mma_nv.cl's fp_ocl_load_a). */
 FP_OCL_INLINE void fp_ocl_store_tile(__global fp_elem *x, long row0, long srow, long sdim, int n,
                                      int hd, float acc[FP_OCL_ON], __local const float *rowf,
-                                     float scale)
+                                     int by_row, float scale)
 {
     FP_OCL_UNROLL
     for (int e = 0; e < FP_OCL_ON; e++) {
         int r, d;
         fp_ocl_o_at(e, &r, &d);
         if (r < n && d < hd)
-            FP_STORE(x, row0 + r * srow + d * sdim, acc[e] * (rowf ? rowf[r] : scale));
+            FP_STORE(x, row0 + r * srow + d * sdim, acc[e] * (by_row ? rowf[r] : scale));
     }
 }
 
@@ -202,12 +248,22 @@ FP_OCL_INLINE void fp_ocl_zero(float acc[FP_OCL_ON])
         acc[e] = 0.0f;
 }
 
+/* A __local argument's address rounded up to 16 bytes. Drivers need not align __local
+ * arguments beyond their element type (NVIDIA's OpenCL on the H200 put a forward's four at
+ * offsets 0x402, 0x2504, 0x6708 and 0xa80c, where the tiles' 16-byte and the tensor-core path's
+ * 32-bit loads fault); ocl_plan.h's fp_ocl_local_args gives each argument FP_OCL_LOCAL_ALIGN
+ * bytes more, so the rounded address stays inside it. */
+#define FP_OCL_ALIGN16(T, p) ((__local T *)(((size_t)(p) + 15) & ~(size_t)15))
+
 __kernel __attribute__((reqd_work_group_size(FP_OCL_WG, 1, 1))) void
 fp_ocl_forward(const fp_ocl_args a, __global const fp_elem *q, __global const fp_elem *k,
                __global const fp_elem *v, __global fp_elem *o, __global float *lse,
                __global const int *cu_q, __global const int *cu_k, __global const float *alibi,
-               __local fp_tile *sq, __local fp_tile *skv, __local float *ss, __local float *srow)
+               __local fp_tile *sq_arg, __local fp_tile *skv_arg, __local float *ss_arg,
+               __local float *srow_arg)
 {
+    __local fp_tile *sq = FP_OCL_ALIGN16(fp_tile, sq_arg), *skv = FP_OCL_ALIGN16(fp_tile, skv_arg);
+    __local float *ss = FP_OCL_ALIGN16(float, ss_arg), *srow = FP_OCL_ALIGN16(float, srow_arg);
     __local float scratch[FP_OCL_SCRATCH];
     const int tid = get_local_id(0), hd = (int)a.head_dim;
     const long h = get_group_id(1), b = get_group_id(2);
@@ -286,18 +342,18 @@ fp_ocl_forward(const fp_ocl_args a, __global const fp_elem *q, __global const fp
     }
     barrier(CLK_LOCAL_MEM_FENCE);
     fp_ocl_store_tile(o, fp_ocl_row0(a.o, b, s.q_start + i0, h), a.o.s[1], a.o.s[3], rows, hd, acc,
-                      srow, 1.0f);
+                      srow, 1, 1.0f);
 }
 
 /* P and dS of the tile rows [i0, i0 + rows) x keys [j0, j0 + cols), from the local q, dO, K, V
- * tiles and each row's LSE (srow[r]) and delta (srow[T + r]), into sp and sds ([T, T]; sp may be
- * NULL: dQ needs dS only). dS is d loss / d(q . k): softcap's derivative and the scale are
+ * tiles and each row's LSE (srow[r]) and delta (srow[T + r]), into sp (where want_p; dQ needs
+ * dS only) and sds ([T, T]). dS is d loss / d(q . k): softcap's derivative and the scale are
  * folded in. */
 FP_OCL_INLINE void fp_ocl_grad_scores(const fp_ocl_args *a, const fp_ocl_seq *s, float slope,
                                       long i0, int rows, long j0, int cols,
                                       __local const fp_tile *sq, __local const fp_tile *sdo,
                                       __local const fp_tile *sk, __local const fp_tile *sv,
-                                      __local const float *srow, __local float *sp,
+                                      __local const float *srow, int want_p, __local float *sp,
                                       __local float *sds, __local float *scratch)
 {
     float qk[FP_OCL_SN], dov[FP_OCL_SN];
@@ -316,7 +372,7 @@ FP_OCL_INLINE void fp_ocl_grad_scores(const fp_ocl_args *a, const fp_ocl_seq *s,
             p = exp(score - srow[r]);
             ds = p * (dov[e] - srow[T + r]) * fp_softcap_grad(capped, a->softcap) * a->scale;
         }
-        if (sp)
+        if (want_p)
             sp[r * LS + c] = p;
         sds[r * LS + c] = ds;
     }
@@ -344,9 +400,12 @@ fp_ocl_backward_dq(const fp_ocl_args a, __global const fp_elem *q, __global cons
                    __global const fp_elem *v, __global const fp_elem *o, __global const float *lse,
                    __global const fp_elem *dout, __global fp_elem *dq, __global float *delta,
                    __global const int *cu_q, __global const int *cu_k, __global const float *alibi,
-                   __local fp_tile *sq, __local fp_tile *sdo, __local fp_tile *sk,
-                   __local fp_tile *sv, __local float *sds, __local float *srow)
+                   __local fp_tile *sq_arg, __local fp_tile *sdo_arg, __local fp_tile *sk_arg,
+                   __local fp_tile *sv_arg, __local float *sds_arg, __local float *srow_arg)
 {
+    __local fp_tile *sq = FP_OCL_ALIGN16(fp_tile, sq_arg), *sdo = FP_OCL_ALIGN16(fp_tile, sdo_arg);
+    __local fp_tile *sk = FP_OCL_ALIGN16(fp_tile, sk_arg), *sv = FP_OCL_ALIGN16(fp_tile, sv_arg);
+    __local float *sds = FP_OCL_ALIGN16(float, sds_arg), *srow = FP_OCL_ALIGN16(float, srow_arg);
     __local float scratch[FP_OCL_SCRATCH];
     const int tid = get_local_id(0), hd = (int)a.head_dim;
     const long h = get_group_id(1), b = get_group_id(2);
@@ -380,13 +439,13 @@ fp_ocl_backward_dq(const fp_ocl_args a, __global const fp_elem *q, __global cons
         fp_ocl_load_tile(sk, k, k0, a.k.s[1], a.k.s[3], j0, cols, hd);
         fp_ocl_load_tile(sv, v, v0, a.v.s[1], a.v.s[3], j0, cols, hd);
         barrier(CLK_LOCAL_MEM_FENCE);
-        fp_ocl_grad_scores(&a, &s, slope, i0, rows, j0, cols, sq, sdo, sk, sv, srow, 0, sds,
+        fp_ocl_grad_scores(&a, &s, slope, i0, rows, j0, cols, sq, sdo, sk, sv, srow, 0, sds, sds,
                            scratch);
         barrier(CLK_LOCAL_MEM_FENCE);
         fp_ocl_tile_mm(sds, 0, sk, cols, acc, scratch);
     }
     fp_ocl_store_tile(dq, fp_ocl_row0(a.dq, b, s.q_start + i0, h), a.dq.s[1], a.dq.s[3], rows, hd,
-                      acc, 0, 1.0f);
+                      acc, srow, 0, 1.0f);
 }
 
 __kernel __attribute__((reqd_work_group_size(FP_OCL_WG, 1, 1))) void
@@ -394,10 +453,15 @@ fp_ocl_backward_dkdv(const fp_ocl_args a, __global const fp_elem *q, __global co
                      __global const fp_elem *v, __global const float *lse,
                      __global const fp_elem *dout, __global fp_elem *dk, __global fp_elem *dv,
                      __global const float *delta, __global const int *cu_q,
-                     __global const int *cu_k, __global const float *alibi, __local fp_tile *sq,
-                     __local fp_tile *sdo, __local fp_tile *sk, __local fp_tile *sv,
-                     __local float *sp, __local float *sds, __local float *srow)
+                     __global const int *cu_k, __global const float *alibi,
+                     __local fp_tile *sq_arg, __local fp_tile *sdo_arg, __local fp_tile *sk_arg,
+                     __local fp_tile *sv_arg, __local float *sp_arg, __local float *sds_arg,
+                     __local float *srow_arg)
 {
+    __local fp_tile *sq = FP_OCL_ALIGN16(fp_tile, sq_arg), *sdo = FP_OCL_ALIGN16(fp_tile, sdo_arg);
+    __local fp_tile *sk = FP_OCL_ALIGN16(fp_tile, sk_arg), *sv = FP_OCL_ALIGN16(fp_tile, sv_arg);
+    __local float *sp = FP_OCL_ALIGN16(float, sp_arg), *sds = FP_OCL_ALIGN16(float, sds_arg);
+    __local float *srow = FP_OCL_ALIGN16(float, srow_arg);
     __local float scratch[FP_OCL_SCRATCH];
     const int tid = get_local_id(0), hd = (int)a.head_dim;
     const long hk = get_group_id(1), b = get_group_id(2);
@@ -427,15 +491,15 @@ fp_ocl_backward_dkdv(const fp_ocl_args a, __global const fp_elem *q, __global co
             if (tid < T)
                 srow[T + tid] = tid < rows ? delta[fp_ocl_delta_at(&a, &s, b, h, i0 + tid)] : 0.0f;
             barrier(CLK_LOCAL_MEM_FENCE);
-            fp_ocl_grad_scores(&a, &s, slope, i0, rows, j0, cols, sq, sdo, sk, sv, srow, sp, sds,
-                               scratch);
+            fp_ocl_grad_scores(&a, &s, slope, i0, rows, j0, cols, sq, sdo, sk, sv, srow, 1, sp,
+                               sds, scratch);
             barrier(CLK_LOCAL_MEM_FENCE);
             fp_ocl_tile_mm(sp, 1, sdo, rows, acc_v, scratch);
             fp_ocl_tile_mm(sds, 1, sq, rows, acc_k, scratch);
         }
     }
     fp_ocl_store_tile(dk, fp_ocl_row0(a.dk, b, s.k_start + j0, hk), a.dk.s[1], a.dk.s[3], cols, hd,
-                      acc_k, 0, 1.0f);
+                      acc_k, srow, 0, 1.0f);
     fp_ocl_store_tile(dv, fp_ocl_row0(a.dv, b, s.k_start + j0, hk), a.dv.s[1], a.dv.s[3], cols, hd,
-                      acc_v, 0, 1.0f);
+                      acc_v, srow, 0, 1.0f);
 }

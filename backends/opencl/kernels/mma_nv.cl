@@ -114,17 +114,21 @@ FP_OCL_INLINE uint fp_ocl_pack2(float lo, float hi)
 }
 
 /* The A fragment (16 x 16) of this lane: register i holds A[g + 8 (i % 2)][2 t + 8 (i / 2) + {0,
- * 1}], from f32 values A[m][k] = pf[m * sm + k * sk] (P, dS) or, where ph is given, from 16-bit
- * tile rows A[m][k] = ph[m * sm + k] (a pair is one aligned 32-bit load: sm and 2 t are even). */
-FP_OCL_INLINE void fp_ocl_load_a(uint a[4], __local const float *pf, __local const fp_tile *ph,
-                                 int sm, int sk)
+ * 1}], element (m, k) at x0 + m * sm + k * sk of x: 16-bit tile elements where x16 (q, dO, k, v
+ * tiles; sk = 1, so a pair is one aligned 32-bit load: x0, sm and 2 t are even), else f32 values
+ * (P, dS), rounded to the storage type. x16 is a flag, never a null test of a pointer: __local
+ * address 0 is a real address (NVIDIA's driver puts the first __local argument there), so a null
+ * __local pointer cannot mean "not given". */
+FP_OCL_INLINE void fp_ocl_load_a(uint a[4], __local const void *x, int x16, int x0, int sm, int sk)
 {
     const int lane = get_local_id(0) % 32, g = lane / 4, t = lane % 4;
+    __local const fp_tile *ph = (__local const fp_tile *)x + x0;
+    __local const float *pf = (__local const float *)x + x0;
     FP_OCL_UNROLL
     for (int i = 0; i < 4; i++) {
         const int m = g + 8 * (i % 2), k = 2 * t + 8 * (i / 2);
-        a[i] = ph ? *(__local const uint *)(ph + m * sm + k)
-                  : fp_ocl_pack2(pf[m * sm + k * sk], pf[m * sm + (k + 1) * sk]);
+        a[i] = x16 ? *(__local const uint *)(ph + m * sm + k)
+                   : fp_ocl_pack2(pf[m * sm + k * sk], pf[m * sm + (k + 1) * sk]);
     }
 }
 
@@ -219,20 +223,19 @@ FP_OCL_INLINE void fp_ocl_o_at(int e, int *r, int *d)
     fp_ocl_mma_at(e, MMA_OCN, r, d);
 }
 
-/* acc (RM x cn m16n8 tiles of this warp) += X Y over kdim: X of T rows, X[m][k] = xf[m * xm +
- * k * xk] (f32) or xh[m * xm + k] (16-bit tile, where given); Y[k][n] = y[k * yk + n * yn] of
- * nt * 8 columns. */
-FP_OCL_INLINE void fp_ocl_mma_product(__local const float *xf, __local const fp_tile *xh, int xm,
-                                      int xk, __local const fp_tile *y, int yk, int yn, int kdim,
-                                      int cn, int nt, float *acc, __local float *scratch)
+/* acc (RM x cn m16n8 tiles of this warp) += X Y over kdim: X of T rows, X[m][k] = x[m * xm +
+ * k * xk], 16-bit tile elements where x16 (then xk = 1), else f32 (fp_ocl_load_a); Y[k][n] =
+ * y[k * yk + n * yn] of nt * 8 columns. */
+FP_OCL_INLINE void fp_ocl_mma_product(__local const void *x, int x16, int xm, int xk,
+                                      __local const fp_tile *y, int yk, int yn, int kdim, int cn,
+                                      int nt, float *acc, __local float *scratch)
 {
     const int w = get_local_id(0) / 32;
     for (int k0 = 0; k0 < kdim; k0 += 16) {
         uint a[MMA_RM][4];
         FP_OCL_UNROLL
         for (int i = 0; i < MMA_RM; i++) {
-            const int x0 = 16 * (w % MMA_WM + MMA_WM * i) * xm + k0 * xk;
-            fp_ocl_load_a(a[i], xf ? xf + x0 : 0, xh ? xh + x0 : 0, xm, xk);
+            fp_ocl_load_a(a[i], x, x16, 16 * (w % MMA_WM + MMA_WM * i) * xm + k0 * xk, xm, xk);
         }
         FP_OCL_UNROLL
         for (int j = 0; j < cn; j++) {
@@ -253,7 +256,7 @@ FP_OCL_INLINE void fp_ocl_tile_dots(__local const fp_tile *x, __local const fp_t
     FP_OCL_UNROLL
     for (int e = 0; e < FP_OCL_SN; e++)
         acc[e] = 0.0f;
-    fp_ocl_mma_product(0, x, LD, 1, y, 1, LD, D, MMA_SCN, T / 8, acc, scratch);
+    fp_ocl_mma_product(x, 1, LD, 1, y, 1, LD, D, MMA_SCN, T / 8, acc, scratch);
 }
 
 /* acc += p y over all T keys, p(r, n) = pt[r * LS + n] (transposed = 0) or pt[n * LS + r]; the
@@ -262,8 +265,8 @@ FP_OCL_INLINE void fp_ocl_tile_mm(__local const float *pt, int transposed, __loc
                                   int count, float acc[FP_OCL_ON], __local float *scratch)
 {
     (void)count;
-    fp_ocl_mma_product(pt, 0, transposed ? 1 : LS, transposed ? LS : 1, y, LD, 1, T, MMA_OCN, D / 8,
-                       acc, scratch);
+    fp_ocl_mma_product(pt, 0, transposed ? 1 : LS, transposed ? LS : 1, y, LD, 1, T, MMA_OCN,
+                       D / 8, acc, scratch);
 }
 
 #endif /* FP_OCL_MMA */

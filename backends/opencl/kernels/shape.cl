@@ -40,13 +40,15 @@ static inline ushort fp_ocl_to_bf16(float f)
 #define T  FP_OCL_T
 #define LS (T | 1)
 
-/* In the tensor-core programs for NVIDIA every helper is inlined and the loops over a work-item's
+/* On GPUs (FP_OCL_UNROLL_ALL, set by the host for every device that is not a CPU) and in the
+ * tensor-core programs for NVIDIA every helper is inlined and the loops over a work-item's
  * accumulator elements are unrolled, so that accumulators, fragments and tile positions live in
  * registers (passed by pointer to a called function, or indexed by a loop variable, an array goes
- * to private memory). Elsewhere the compiler decides: the plain programs, the fallback on every
- * driver, use nothing a driver might refuse, and PoCL's compile time grows with forced unrolling
- * (most with the emulation's barriers) while the CI runs the whole table through it. */
-#if FP_OCL_MMA && !FP_OCL_MMA_EMULATE
+ * to private memory: clang's PTX of the plain forward without it stores all 32 output
+ * accumulators to the stack on every key of P V). On CPUs (PoCL) the compiler decides: PoCL's
+ * compile time grows with forced unrolling (most with the emulation's barriers) while the CI runs
+ * the whole table through it, and its work-item loops keep private arrays in memory anyway. */
+#if (FP_OCL_MMA || FP_OCL_UNROLL_ALL) && !FP_OCL_MMA_EMULATE
 #define FP_OCL_INLINE static inline __attribute__((always_inline))
 #define FP_OCL_UNROLL _Pragma("unroll")
 #else

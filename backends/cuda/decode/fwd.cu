@@ -26,10 +26,9 @@
  *   - seqused_k: each sequence's key count (fp_cuda_seq_of), which the bottom-right mask uses.
  *
  * Masking, softcap and ALiBi per element (fp_mask32, fp_score_transform), online softmax through
- * fp_softmax_update_exp2 / fp_softmax_exp_base (core/online_softmax.h) on every key block, O's
- * rescale skipped where no row of the warp has a new maximum (with 32 rows a block, the rescale's
- * multiplies rival the products' instructions), finalize through fp_cuda_out_scale /
- * fp_cuda_lse_exp2.
+ * fp_softmax_update_exp2 / fp_softmax_exp_base (core/online_softmax.h) on every key block (no
+ * lazy rescale: the exponentials are not what bounds this kernel), finalize through
+ * fp_cuda_out_scale / fp_cuda_lse_exp2.
  *
  * Configurations (head dim DK of the kernel: D <= 64, <= 128, <= 256 with the extra columns
  * zero-filled; fp_dec_cfg): DK 64: 4 warps, BN 64, 4 stages, MT 1 or 2 (66 / 68 KiB); DK 128,
@@ -425,14 +424,10 @@ __global__ void __launch_bounds__(fp_dec_cfg<DK, MT>::NW * 32)
                         mx = fmaxf(mx, x);
                     }
                 const float alpha = fp_softmax_update_exp2(&st[m][r], fp_quad_max(mx));
-                /* O's rescale only when some row of the warp has a new maximum (alpha != 1),
-                 * which after the first key blocks is rare */
-                if (__any_sync(0xffffffffu, alpha != 1.0f)) {
 #pragma unroll
-                    for (int j = 0; j < DT8; ++j) {
-                        o[m][j][2 * r] *= alpha;
-                        o[m][j][2 * r + 1] *= alpha;
-                    }
+                for (int j = 0; j < DT8; ++j) {
+                    o[m][j][2 * r] *= alpha;
+                    o[m][j][2 * r + 1] *= alpha;
                 }
                 const float mu = fp_softmax_exp_base(&st[m][r]);
                 float l = 0.0f;

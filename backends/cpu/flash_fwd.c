@@ -34,7 +34,10 @@
  * Extra memory: the per-thread tiles of fwd_layout, and the stage (at most STAGE_MAX_BYTES).
  * Tile shape: block_q queries x BLOCK_K = 64 keys; block_q = BLOCK_Q = 64 (one 4-register
  * column block of the AVX-512 kernel), or the table's fwd_block_q (AVX2: 256) for sequences of
- * at least eight such blocks (fwd_block_q).
+ * at least eight such blocks (fwd_block_q). A taller task works in sub-blocks of BLOCK_Q queries
+ * against each key block (fwd_sub_block): K and V are fetched once for the task, while the score
+ * tile stays the BLOCK_K x BLOCK_Q of the default (in L1) and the causal diagonal is cut as
+ * finely as with 64-query tasks.
  * Known differences from the reference: f32 accumulation, the polynomial exp2 (ukernel.h); the
  * scale is applied to the f32 scores (Q is not pre-scaled); bf16 path: P in bf16 for P V.
  * Measured (docs/bench/cpu.md, bench/cpu_targets.sh; 2 threads of the 2-core Zen 4 development
@@ -81,10 +84,11 @@ static int fwd_block_q(const fp_ukernels *uk, int64_t seqlen_q)
 typedef struct fwd_layout {
     int bq;         /* queries per block (fwd_block_q) */
     int ldq, ldd;   /* leading dims: bq-wide and d-wide tiles */
+    int lds;        /* leading dim of the sub-block tiles (at most BLOCK_Q queries) */
     size_t qt;      /* Q^T: d x bq f32, or ceil(d/2) x bq bf16 pairs */
     size_t o;       /* bq x d accumulator */
-    size_t s;       /* S^T, then P^T: BLOCK_K x bq */
-    size_t pp;      /* bf16 path: P^T as pairs, BLOCK_K / 2 x bq */
+    size_t s;       /* a sub-block's S^T, then P^T: BLOCK_K x lds */
+    size_t pp;      /* bf16 path: P^T as pairs, BLOCK_K / 2 x lds */
     size_t kt, vt;  /* K and V when not read in place: BLOCK_K x d (f32, bf16 or pairs) */
     size_t st;      /* bq fp_softmax_state */
     size_t bm, sub; /* per query: block maximum; subtrahend of the exponent */
@@ -100,11 +104,12 @@ static fwd_layout fwd_layout_of(int64_t d, int bq)
     L.bq = bq;
     L.ldq = fp_tile_ld(bq);
     L.ldd = fp_tile_ld(d);
+    L.lds = fp_tile_ld(bq < BLOCK_Q ? bq : BLOCK_Q);
     L.qt = 0;
     L.o = L.qt + (size_t)d * L.ldq;
     L.s = L.o + (size_t)bq * L.ldd;
-    L.pp = L.s + (size_t)BLOCK_K * L.ldq;
-    L.kt = L.pp + (size_t)(BLOCK_K + 1) / 2 * L.ldq;
+    L.pp = L.s + (size_t)BLOCK_K * L.lds;
+    L.kt = L.pp + (size_t)(BLOCK_K + 1) / 2 * L.lds;
     L.vt = L.kt + (size_t)BLOCK_K * L.ldd;
     L.st = L.vt + (size_t)BLOCK_K * L.ldd;
     L.bm = L.st + 2 * (size_t)L.ldq;
@@ -258,7 +263,171 @@ static fp_block key_block(const fp_problem *p, const fp_tensor_view *t, int64_t 
     return x;
 }
 
-/* One task: query rows [i0, i0 + m) of (b, h). stage: the thread's stage when c->stage. */
+/* A key block's operands, prepared once for every sub-block of a task: K as the A operand of
+ * S^T = K Q^T (f32 or bf16 elements, strides in elements) and V as the B operand of O += P V (f32
+ * rows ldv apart, or bf16 pairs), with kb and vb the caller's rows for the masked-V check. */
+typedef struct key_ops {
+    int64_t j0;
+    int n;
+    fp_block kb, vb;
+    const void *k;
+    ptrdiff_t krs, kcs;
+    const void *v;
+    ptrdiff_t ldv;
+} key_ops;
+
+/* Query columns [x0, x0 + m) of a task whose first row is i0 (Q^T loaded, the softmax state and O
+ * running) against the key block ko: S^T, the mask, the online softmax and O += P V. Sub-blocks
+ * are independent column ranges of the same arithmetic: a column's result does not depend on how
+ * the task's columns are cut. */
+static void fwd_sub_block(const fwd_ctx *c, float *scratch, const fp_seq *seq, int64_t h,
+                          int64_t i0, int x0, int m, const key_ops *ko)
+{
+    const fp_problem *p = c->p;
+    const fp_ukernels *uk = c->uk;
+    const fwd_layout *L = &c->L;
+    const int d = (int)p->head_dim, n = ko->n, mp = fp_tile_ld(m);
+    const int64_t j0 = ko->j0, q0 = i0 + x0;
+    const float slope = p->alibi_slopes ? p->alibi_slopes[h] : 0.0f;
+    float *qt = scratch + L->qt + x0, *o = scratch + L->o + (size_t)x0 * L->ldd;
+    float *s = scratch + L->s;
+    uint32_t *pp = (uint32_t *)(scratch + L->pp);
+    fp_softmax_state *st = (fp_softmax_state *)(scratch + L->st) + x0;
+    float *bm = scratch + L->bm + x0, *sub = scratch + L->sub + x0;
+    float *alpha = scratch + L->alpha + x0, *bsum = scratch + L->bsum + x0;
+
+    /* S^T = K Q^T, raw dot products. */
+    if (c->bf16)
+        uk->gemm_bf16(n, mp, (d + 1) / 2, ko->k, ko->krs, 2, (const uint32_t *)qt, L->ldq, s,
+                      L->lds, 0);
+    else
+        uk->gemm(n, mp, d, ko->k, ko->krs, ko->kcs, qt, L->ldq, s, L->lds, 0);
+
+    float mul = c->scale * FP_LOG2E;
+    if (p->softcap > 0.0f || slope != 0.0f) {
+        transform_tile(s, L->lds, n, m, q0, j0, seq, p, c->scale, slope);
+        mul = 1.0f;
+    }
+    const int full = fp_mask_block_full(q0, q0 + m, j0, j0 + n, seq->nq, seq->nk, p->window_left,
+                                        p->window_right);
+    if (!full)
+        mask_tile(s, L->lds, n, m, q0, j0, seq, p->window_left, p->window_right);
+
+    /* Online softmax (core/online_softmax.h, exp2 form), one query per column. */
+    for (int x = 0; x < mp; x++)
+        bm[x] = -INFINITY;
+    uk->col_max(n, mp, s, L->lds, bm);
+    int rescale = 0;
+    for (int x = 0; x < m; x++) {
+        const float block_max = bm[x] * mul;
+        alpha[x] = 1.0f;
+        if (block_max > st[x].m) {
+            alpha[x] = fp_softmax_update_exp2(&st[x], block_max);
+            rescale |= alpha[x] != 1.0f;
+        }
+        /* A column that has seen only -inf keeps m = -inf; its scores are all -inf, which give 0
+         * against any finite subtrahend. */
+        sub[x] = fp_softmax_exp_base(&st[x]);
+        bsum[x] = 0.0f;
+    }
+    if (rescale)
+        uk->scale_rows(m, d, o, L->ldd, alpha);
+
+    /* P and O += P V. fp8: V is an f32 tile, P rounded to e4m3. */
+    const fp_block vf = {(void *)ko->v, FLASHPORT_F32, 0, ko->ldv, 1};
+    if (!full && !fp_block_finite(c->fp8 ? &vf : &ko->vb, n, d)) {
+        uk->exp2_cols(n, mp, s, L->lds, mul, sub, bsum);
+        if (c->fp8)
+            round_p_e4m3(s, L->lds, n, m);
+        pv_visible(o, L->ldd, s, L->lds, c->fp8 ? &vf : &ko->vb, n, m, d, q0, j0, seq, p);
+    } else if (c->bf16) {
+        uk->exp2_cols_bf16(n, mp, s, L->lds, mul, sub, bsum, pp, L->lds);
+        uk->gemm_bf16(m, d, (n + 1) / 2, (const uint16_t *)pp, 2, 2 * (ptrdiff_t)L->lds, ko->v,
+                      ko->ldv, o, L->ldd, 1);
+    } else {
+        uk->exp2_cols(n, mp, s, L->lds, mul, sub, bsum);
+        if (c->fp8)
+            round_p_e4m3(s, L->lds, n, m);
+        uk->gemm(m, d, n, s, 1, L->lds, ko->v, ko->ldv, o, L->ldd, 1);
+    }
+    for (int x = 0; x < m; x++)
+        st[x].l += bsum[x];
+}
+
+/* Points ko at key block [j0, j0 + n) of (b, kvh): K and V in place where the products can read
+ * them (or the stage's f32 rows), else converted once into the kt and vt tiles. */
+static void key_ops_of(const fwd_ctx *c, float *scratch, fp_kv_stage *stage, const fp_seq *seq,
+                       int64_t b, int64_t kvh, int64_t j0, int n, int64_t hi, key_ops *ko)
+{
+    const fp_problem *p = c->p;
+    const fp_ukernels *uk = c->uk;
+    const fwd_layout *L = &c->L;
+    const int d = (int)p->head_dim;
+    ko->j0 = j0;
+    ko->n = n;
+    ko->kb = key_block(p, &p->k, b, seq, j0, n, kvh, scratch + L->gk);
+    ko->vb = key_block(p, &p->v, b, seq, j0, n, kvh, scratch + L->gv);
+    if (j0 + BLOCK_K < hi && !p->block_table &&
+        !(stage && fp_kv_stage_ready(stage, b, kvh, j0 + BLOCK_K))) {
+        const int n_next = (int)(hi - j0 - BLOCK_K < BLOCK_K ? hi - j0 - BLOCK_K : BLOCK_K);
+        fp_block next = ko->kb;
+        next.off += BLOCK_K * ko->kb.rs;
+        fp_block_prefetch(&next, n_next, d);
+        next = ko->vb;
+        next.off += BLOCK_K * ko->vb.rs;
+        fp_block_prefetch(&next, n_next, d);
+    }
+    if (stage)
+        fp_kv_stage_rows(stage, b, kvh, seq->nk, j0, n, d, uk, &ko->kb, &ko->vb);
+
+    const fp_block *kb = &ko->kb, *vb = &ko->vb;
+    ko->kcs = 1;
+    if (c->bf16) {
+        ko->k = (const uint16_t *)kb->data + kb->off;
+        ko->krs = kb->rs;
+        if (!c->k_direct) {
+            fp_tile_load_bf16((uint16_t *)(scratch + L->kt), 2 * L->ldd, kb, n, d);
+            ko->k = scratch + L->kt;
+            ko->krs = 2 * L->ldd;
+        }
+        fp_tile_pairs_rows((uint32_t *)(scratch + L->vt), L->ldd, vb, n, d, uk);
+        ko->v = scratch + L->vt;
+        ko->ldv = L->ldd;
+        return;
+    }
+    if (c->fp8) {
+        fp8_tile_load(scratch + L->kt, L->ldd, kb, n, d);
+        fp8_tile_load(scratch + L->vt, L->ldd, vb, n, d);
+        ko->k = scratch + L->kt;
+        ko->krs = L->ldd;
+        ko->v = scratch + L->vt;
+        ko->ldv = L->ldd;
+        return;
+    }
+    if (c->k_direct) {
+        ko->k = (const float *)kb->data + kb->off;
+        ko->krs = kb->rs;
+        ko->kcs = kb->cs;
+    } else {
+        fp_tile_load(scratch + L->kt, L->ldd, kb, n, d, uk);
+        ko->k = scratch + L->kt;
+        ko->krs = L->ldd;
+    }
+    if (c->v_direct) {
+        ko->v = (const float *)vb->data + vb->off;
+        ko->ldv = vb->rs;
+    } else {
+        fp_tile_load(scratch + L->vt, L->ldd, vb, n, d, uk);
+        ko->v = scratch + L->vt;
+        ko->ldv = L->ldd;
+    }
+}
+
+/* One task: query rows [i0, i0 + m) of (b, h), in sub-blocks of at most BLOCK_Q queries against
+ * each key block it sees (stage: the thread's stage when c->stage). A task holds up to bq queries
+ * so that each key block is read from memory once for all of them, and a sub-block's score tile
+ * stays in L1; a sub-block skips the key blocks its own rows cannot see (the diagonal of a causal
+ * mask is cut at BLOCK_Q rows, not bq). */
 static void fwd_block(const fwd_ctx *c, float *scratch, fp_kv_stage *stage, int64_t b, int64_t h,
                       int64_t i0)
 {
@@ -272,13 +441,8 @@ static void fwd_block(const fwd_ctx *c, float *scratch, fp_kv_stage *stage, int6
     const int m = (int)(seq.nq - i0 < L->bq ? seq.nq - i0 : L->bq);
     const int mp = fp_tile_ld(m);
     const int64_t kvh = fp_kv_head(p, h);
-    const float slope = p->alibi_slopes ? p->alibi_slopes[h] : 0.0f;
-    const int transform = p->softcap > 0.0f || slope != 0.0f;
-    float *qt = scratch + L->qt, *o = scratch + L->o, *s = scratch + L->s;
-    uint32_t *pp = (uint32_t *)(scratch + L->pp);
+    float *qt = scratch + L->qt, *o = scratch + L->o, *sub = scratch + L->sub;
     fp_softmax_state *st = (fp_softmax_state *)(scratch + L->st);
-    float *bm = scratch + L->bm, *sub = scratch + L->sub, *alpha = scratch + L->alpha;
-    float *bsum = scratch + L->bsum;
 
     const fp_block qb = {p->q.data, p->dtype, fp_row_offset(&p->q, b, seq.q_start + i0, h),
                          p->q.stride[FP_S], p->q.stride[FP_D]};
@@ -294,111 +458,20 @@ static void fwd_block(const fwd_ctx *c, float *scratch, fp_kv_stage *stage, int6
     }
     memset(o, 0, sizeof(float) * (size_t)m * (size_t)L->ldd);
 
-    const float log2_scale = c->scale * FP_LOG2E;
     int64_t lo, hi;
     fp_mask_block_range(i0, i0 + m, seq.nq, seq.nk, p->window_left, p->window_right, &lo, &hi);
     for (int64_t j0 = lo; j0 < hi; j0 += BLOCK_K) {
         const int n = (int)(hi - j0 < BLOCK_K ? hi - j0 : BLOCK_K);
-        fp_block kb = key_block(p, &p->k, b, &seq, j0, n, kvh, scratch + L->gk);
-        fp_block vb = key_block(p, &p->v, b, &seq, j0, n, kvh, scratch + L->gv);
-        if (j0 + BLOCK_K < hi && !p->block_table &&
-            !(stage && fp_kv_stage_ready(stage, b, kvh, j0 + BLOCK_K))) {
-            const int n_next = (int)(hi - j0 - BLOCK_K < BLOCK_K ? hi - j0 - BLOCK_K : BLOCK_K);
-            fp_block next = kb;
-            next.off += BLOCK_K * kb.rs;
-            fp_block_prefetch(&next, n_next, d);
-            next = vb;
-            next.off += BLOCK_K * vb.rs;
-            fp_block_prefetch(&next, n_next, d);
+        key_ops ko;
+        key_ops_of(c, scratch, stage, &seq, b, kvh, j0, n, hi, &ko);
+        for (int x0 = 0; x0 < m; x0 += BLOCK_Q) {
+            const int ms = m - x0 < BLOCK_Q ? m - x0 : BLOCK_Q;
+            int64_t slo, shi;
+            fp_mask_block_range(i0 + x0, i0 + x0 + ms, seq.nq, seq.nk, p->window_left,
+                                p->window_right, &slo, &shi);
+            if (j0 + n > slo && j0 < shi) /* else every pair is masked: nothing to add */
+                fwd_sub_block(c, scratch, &seq, h, i0, x0, ms, &ko);
         }
-        if (stage)
-            fp_kv_stage_rows(stage, b, kvh, seq.nk, j0, n, d, uk, &kb, &vb);
-
-        /* S^T = K Q^T, raw dot products. */
-        if (c->bf16) {
-            const uint16_t *ka = (const uint16_t *)kb.data + kb.off;
-            ptrdiff_t krs = kb.rs;
-            if (!c->k_direct) {
-                fp_tile_load_bf16((uint16_t *)(scratch + L->kt), 2 * L->ldd, &kb, n, d);
-                ka = (const uint16_t *)(scratch + L->kt);
-                krs = 2 * L->ldd;
-            }
-            uk->gemm_bf16(n, mp, (d + 1) / 2, ka, krs, 2, (const uint32_t *)qt, L->ldq, s, L->ldq,
-                          0);
-        } else if (c->fp8) {
-            fp8_tile_load(scratch + L->kt, L->ldd, &kb, n, d);
-            uk->gemm(n, mp, d, scratch + L->kt, L->ldd, 1, qt, L->ldq, s, L->ldq, 0);
-        } else if (c->k_direct) {
-            uk->gemm(n, mp, d, (const float *)kb.data + kb.off, kb.rs, kb.cs, qt, L->ldq, s, L->ldq,
-                     0);
-        } else {
-            fp_tile_load(scratch + L->kt, L->ldd, &kb, n, d, uk);
-            uk->gemm(n, mp, d, scratch + L->kt, L->ldd, 1, qt, L->ldq, s, L->ldq, 0);
-        }
-
-        float mul = log2_scale;
-        if (transform) {
-            transform_tile(s, L->ldq, n, m, i0, j0, &seq, p, c->scale, slope);
-            mul = 1.0f;
-        }
-        const int full = fp_mask_block_full(i0, i0 + m, j0, j0 + n, seq.nq, seq.nk, p->window_left,
-                                            p->window_right);
-        if (!full)
-            mask_tile(s, L->ldq, n, m, i0, j0, &seq, p->window_left, p->window_right);
-
-        /* Online softmax (core/online_softmax.h, exp2 form), one query per column. */
-        for (int x = 0; x < mp; x++)
-            bm[x] = -INFINITY;
-        uk->col_max(n, mp, s, L->ldq, bm);
-        int rescale = 0;
-        for (int x = 0; x < m; x++) {
-            const float block_max = bm[x] * mul;
-            alpha[x] = 1.0f;
-            if (block_max > st[x].m) {
-                alpha[x] = fp_softmax_update_exp2(&st[x], block_max);
-                rescale |= alpha[x] != 1.0f;
-            }
-            /* A column that has seen only -inf keeps m = -inf; its scores are all -inf, which
-             * give 0 against any finite subtrahend. */
-            sub[x] = fp_softmax_exp_base(&st[x]);
-            bsum[x] = 0.0f;
-        }
-        if (rescale)
-            uk->scale_rows(m, d, o, L->ldd, alpha);
-
-        /* P and O += P V. fp8: V converted to an f32 tile first, P rounded to e4m3. */
-        if (c->fp8) {
-            float *vt = scratch + L->vt;
-            fp8_tile_load(vt, L->ldd, &vb, n, d);
-            const fp_block vf = {vt, FLASHPORT_F32, 0, L->ldd, 1};
-            uk->exp2_cols(n, mp, s, L->ldq, mul, sub, bsum);
-            round_p_e4m3(s, L->ldq, n, m);
-            if (!full && !fp_block_finite(&vf, n, d))
-                pv_visible(o, L->ldd, s, L->ldq, &vf, n, m, d, i0, j0, &seq, p);
-            else
-                uk->gemm(m, d, n, s, 1, L->ldq, vt, L->ldd, o, L->ldd, 1);
-        } else if (!full && !fp_block_finite(&vb, n, d)) {
-            uk->exp2_cols(n, mp, s, L->ldq, mul, sub, bsum);
-            pv_visible(o, L->ldd, s, L->ldq, &vb, n, m, d, i0, j0, &seq, p);
-        } else if (c->bf16) {
-            uk->exp2_cols_bf16(n, mp, s, L->ldq, mul, sub, bsum, pp, L->ldq);
-            uint32_t *vp = (uint32_t *)(scratch + L->vt);
-            fp_tile_pairs_rows(vp, L->ldd, &vb, n, d, uk);
-            uk->gemm_bf16(m, d, (n + 1) / 2, (const uint16_t *)pp, 2, 2 * (ptrdiff_t)L->ldq, vp,
-                          L->ldd, o, L->ldd, 1);
-        } else {
-            uk->exp2_cols(n, mp, s, L->ldq, mul, sub, bsum);
-            const float *vt = (const float *)vb.data + vb.off;
-            ptrdiff_t ldv = vb.rs;
-            if (!c->v_direct) {
-                fp_tile_load(scratch + L->vt, L->ldd, &vb, n, d, uk);
-                vt = scratch + L->vt;
-                ldv = L->ldd;
-            }
-            uk->gemm(m, d, n, s, 1, L->ldq, vt, ldv, o, L->ldd, 1);
-        }
-        for (int x = 0; x < m; x++)
-            st[x].l += bsum[x];
     }
 
     for (int r = 0; r < m; r++) {

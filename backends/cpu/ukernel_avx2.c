@@ -23,7 +23,8 @@
  * Forward query block: 256 (fwd_block_q). AVX2-only x86 cores include Zen 2/3 with 512 KiB of
  * L2: K and V of one head do not stay there, so each pass over them is a stream from L3, and
  * 256 queries a pass make a quarter of the passes of the default 64 (as torch's CPU flash
- * kernel blocks 256 queries at these lengths).
+ * kernel blocks 256 queries at these lengths); flash_fwd.c works through them in 64-query
+ * sub-blocks, so the score tile stays in L1.
  * Target: x86-64 with AVX2, FMA, F16C (compiled with those flags alone; isa.c checks the CPU).
  * Known differences from the reference: f32 accumulation with FMA; the polynomial exp2.
  * Numbers: docs/performance-cpu.md (measured with FLASHPORT_CPU_ISA=avx2 on the Zen 4

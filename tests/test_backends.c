@@ -2,7 +2,7 @@
  * One binary that runs the shared case table (tests/cases.c) against a backend through the
  * public API, forward and backward, and compares every output with the "reference" backend.
  *
- *   test_backends [BACKEND] [--quick] [--filter TEXT] [--workspace]
+ *   test_backends [BACKEND] [--quick] [--filter TEXT] [--workspace] [--forward-only]
  *
  * BACKEND defaults to $FLASHPORT_BACKEND. The oracle is the reference backend run on f32 copies
  * of the case's inputs (exact: the inputs are generated representable in the case's dtype), in
@@ -23,6 +23,8 @@
  * --workspace: each call's scratch (flashport_attention_workspace_size) is allocated with
  * flashport_malloc and handed over with flashport_set_workspace, so GPU backends run the whole
  * table on caller-owned memory.
+ * --forward-only: the forward of each case only (checked as above; no backward, oracle's or the
+ * backend's), for passes that force a forward kernel and leave the backward as it was.
  * Exit: 0 when nothing failed and something passed, 1 otherwise, 77 (skip) when the backend has
  * no device or its plugin is unavailable.
  */
@@ -280,6 +282,7 @@ static int repoison(staged *st, int b)
 }
 
 static int use_workspace; /* --workspace */
+static int forward_only;  /* --forward-only */
 
 /* Before a call: what flashport_attention_supported says of it (*sup) and, with --workspace, the
  * call's scratch from the backend's memory set as the handle's workspace (*ws, NULL if none). */
@@ -514,13 +517,14 @@ static void run_case(flashport_backend *be, flashport_backend *ref, const tc_cas
             : stage(&so, ref, c, &d, FLASHPORT_F32, FLASHPORT_F32, TC_CONTIGUOUS, 0, index);
     if (s == FLASHPORT_OK)
         s = run_forward(&so, c, &d, &oracle);
-    if (s == FLASHPORT_OK && !fp8)
+    if (s == FLASHPORT_OK && !fp8 && !forward_only)
         s = run_backward(&so, 0, &oracle);
     if (!CHECK_MSG(s == FLASHPORT_OK, "oracle failed on %s: %s", name, flashport_last_error()))
         goto done;
     if (!CHECK(tu_naive_forward(&d.prob, naive.o, naive.lse) == 0 &&
-               (fp8 || tu_naive_backward(&d.prob, naive.o, naive.lse, d.dout, naive.dq, naive.dk,
-                                         naive.dv) == 0)))
+               (fp8 || forward_only ||
+                tu_naive_backward(&d.prob, naive.o, naive.lse, d.dout, naive.dq, naive.dk,
+                                  naive.dv) == 0)))
         goto done;
 
     int required = tc_required(c, flashport_backend_name(be), be_arch);
@@ -555,6 +559,10 @@ static void run_case(flashport_backend *be, flashport_backend *ref, const tc_cas
         printf("fwd %-60s %s\n", name, verdict_name[fwd]);
     }
 
+    if (forward_only) {
+        check_inputs_intact(&sb);
+        goto done;
+    }
     if (s != FLASHPORT_OK) { /* the backward needs this forward's O and LSE */
         bwd = fwd;
         printf("bwd %-60s %s (not run: forward did not run)\n", name, verdict_name[bwd]);
@@ -615,10 +623,13 @@ done_nodata:
         fwd = fwd == UNSUPPORTED ? fwd : FAIL;
         bwd = bwd == UNSUPPORTED ? bwd : FAIL;
     }
+    if (forward_only)
+        bwd = UNSUPPORTED; /* not run, not counted */
     if (fwd == FAIL || bwd == FAIL)
         printf("    FAIL: %s (details on stderr)\n", name);
     count(t, fwd);
-    count(t, bwd);
+    if (!forward_only)
+        count(t, bwd);
 }
 
 static int name_matches(const char *name, const char *filter)
@@ -636,12 +647,16 @@ int main(int argc, char **argv)
             quick = 1;
         else if (!strcmp(argv[i], "--workspace"))
             use_workspace = 1;
+        else if (!strcmp(argv[i], "--forward-only"))
+            forward_only = 1;
         else if (!strcmp(argv[i], "--filter") && i + 1 < argc)
             filter = argv[++i];
         else if (argv[i][0] != '-')
             backend_name = argv[i];
         else {
-            fprintf(stderr, "usage: %s [BACKEND] [--quick] [--filter TEXT] [--workspace]\n",
+            fprintf(stderr,
+                    "usage: %s [BACKEND] [--quick] [--filter TEXT] [--workspace] "
+                    "[--forward-only]\n",
                     argv[0]);
             return 1;
         }
@@ -689,9 +704,9 @@ int main(int argc, char **argv)
         run_case(be, ref, &cases[i], i, &t);
         fflush(stdout);
     }
-    printf("%s: %d passed, %d failed, %d unsupported (forward and backward of each case) in "
-           "%.1f s\n",
-           flashport_backend_name(be), t.passed, t.failed, t.unsupported, (now_ms() - t0) / 1e3);
+    printf("%s: %d passed, %d failed, %d unsupported (%s of each case) in %.1f s\n",
+           flashport_backend_name(be), t.passed, t.failed, t.unsupported,
+           forward_only ? "forward" : "forward and backward", (now_ms() - t0) / 1e3);
     flashport_backend_close(ref);
     flashport_backend_close(be);
     if (t.passed == 0 && t.failed == 0) {

@@ -6,7 +6,9 @@
 # and 163 (sm_80-like), and once more at the first with the forward's ping-pong kernel forced
 # (FLASHPORT_CUDA_FWD_PINGPONG=1), once with the backward's GQA group splits forced
 # (FLASHPORT_CUDA_GROUP_SPLITS=4) and once with every forward on the decode kernel, split three
-# ways (FLASHPORT_CUDA_DECODE=1, FLASHPORT_CUDA_DECODE_SPLITS=3); each size and the ping-pong pass
+# ways (FLASHPORT_CUDA_DECODE=1, FLASHPORT_CUDA_DECODE_SPLITS=3); the ping-pong and decode passes
+# run the forward only (test_backends --forward-only: neither setting reaches the backward, which
+# the first pass ran). Each size and the ping-pong pass
 # also run `test_reliability cudaemu --masked-keys` (NaN and inf in keys that rows cannot see:
 # docs/reliability.md). <build> is any configured flashport build folder; its test_backends and
 # test_reliability are built if missing.
@@ -83,8 +85,9 @@ done
 kib=${FP_CUDA_EMU_SMEM_LIST:-227 163}
 kib=${kib%% *}
 echo "== cudaemu, FP_CUDA_EMU_SMEM_KIB=$kib, FLASHPORT_CUDA_FWD_PINGPONG=1"
+# Forward only (--forward-only): the backward does not read the setting, and the first pass ran it.
 FP_CUDA_EMU_SMEM_KIB=$kib FLASHPORT_CUDA_FWD_PINGPONG=1 FLASHPORT_PLUGIN_PATH=$out \
-    "$build/bin/test_backends" cudaemu "$@" || status=1
+    "$build/bin/test_backends" cudaemu "$@" --forward-only || status=1
 FP_CUDA_EMU_SMEM_KIB=$kib FLASHPORT_CUDA_FWD_PINGPONG=1 FLASHPORT_PLUGIN_PATH=$out \
     "$build/bin/test_reliability" cudaemu --masked-keys | grep -E 'CHECK failed|checks failed' ||
     status=1
@@ -95,8 +98,9 @@ echo "== cudaemu, FP_CUDA_EMU_SMEM_KIB=$kib, FLASHPORT_CUDA_GROUP_SPLITS=4"
 FP_CUDA_EMU_SMEM_KIB=$kib FLASHPORT_CUDA_GROUP_SPLITS=4 FLASHPORT_PLUGIN_PATH=$out \
     "$build/bin/test_backends" cudaemu "$@" || status=1
 # Every forward through the decode kernel (decode/fwd.cu), its keys in 3 splits where they have
-# 3 key blocks: GQA packing, masks, varlen and the combine on every case of the table.
+# 3 key blocks: GQA packing, masks, varlen and the combine on every case of the table. Forward
+# only, as for the ping-pong pass: the backward is the first pass's.
 echo "== cudaemu, FP_CUDA_EMU_SMEM_KIB=$kib, FLASHPORT_CUDA_DECODE=1, FLASHPORT_CUDA_DECODE_SPLITS=3"
 FP_CUDA_EMU_SMEM_KIB=$kib FLASHPORT_CUDA_DECODE=1 FLASHPORT_CUDA_DECODE_SPLITS=3 \
-    FLASHPORT_PLUGIN_PATH=$out "$build/bin/test_backends" cudaemu "$@" || status=1
+    FLASHPORT_PLUGIN_PATH=$out "$build/bin/test_backends" cudaemu "$@" --forward-only || status=1
 exit "$status"

@@ -91,7 +91,6 @@ __global__ void __launch_bounds__(128) fp_sm80_bwd_pre(const fp_sm80_args a)
     }
 }
 
-
 /* With seqused_k, keys [nk, capacity) of a sequence take no part in the attention: their dK and
  * dV rows are 0. A kernel of its own, launched only for seqused_k calls, so that the dK/dV
  * kernel's registers do not pay for it. grid (ceil(capacity / 64), Hkv, B), 128 threads. */
@@ -112,7 +111,6 @@ __global__ void __launch_bounds__(128) fp_sm80_bwd_zero_unused(const fp_sm80_arg
         *reinterpret_cast<uint4 *>(dv + fp_cuda_row(a.dv, b, sq_.k_start + r, kvh) + 8 * c) = zero;
     }
 }
-
 
 void fp_cuda_bwd_zero_unused(const fp_problem *p, const fp_sm80_args &a, cudaStream_t stream)
 {
@@ -201,7 +199,6 @@ __global__ void __launch_bounds__(128) fp_sm80_bwd_dkdv_sum(const fp_sm80_args a
     }
 }
 
-
 /* Group splits of a dK/dV kernel (one block per SM): fp_plan_backward_group_splits (core/plan.h)
  * for the kernel's key block. FLASHPORT_CUDA_GROUP_SPLITS (read at each call, for tests
  * and A/B timings) forces a count, the largest divisor of the group not above it; unset, empty
@@ -289,7 +286,6 @@ cudaError_t fp_cuda_bwd_side_dkdv_sum(const fp_problem *p, const fp_sm80_args &a
         return cudaGetLastError();
     });
 }
-
 
 extern "C" flashport_status fp_cuda_sm80_backward(const fp_cuda_ctx *ctx, const fp_problem *p,
                                                   void *ws, size_t *query)

@@ -4,9 +4,10 @@
  * plus the split-KV combine kernel that every path's split forward shares.
  *
  * The kernels are in sm80/fwd.cuh (algorithm, tiles, differences from the reference), and each
- * head dim's family, f16 and bf16, is instantiated by a small file of its own (sm80/inst/fwd_d64.cu,
- * fwd_d128.cu, fwd_d256.cu). This file sees only the families' declarations, so that it and each
- * instantiation file compile alone too (FLASHPORT_CUDA_UNITY=OFF, backends/cuda/CMakeLists.txt).
+ * head dim's family, f16 and bf16, is instantiated by a small file of its own
+ * (sm80/inst/fwd_d64.cu, fwd_d128.cu, fwd_d256.cu). This file sees only the families' declarations,
+ * so that it and each instantiation file compile alone too (FLASHPORT_CUDA_UNITY=OFF,
+ * backends/cuda/CMakeLists.txt).
  */
 #include "backends/cuda/cuda_internal.h"
 #include "backends/cuda/dispatch.cuh"
@@ -101,7 +102,6 @@ static bool fp_fwd_pingpong(const fp_cuda_ctx *ctx, const fp_problem *p)
     const bool masked = p->window_left >= 0 || p->window_right >= 0;
     return blocks >= (masked ? 32 : 16) * plan.num_q_blocks;
 }
-
 
 /* The configuration fp_sm80_pick (sm80/config.h) chooses, launched. */
 extern "C" flashport_status fp_cuda_sm80_forward(const fp_cuda_ctx *ctx, const fp_problem *p,

@@ -834,7 +834,7 @@ static_assert(fp_fwd_smem<64, FP_FWD_D64>() == FP_FWD_SMEM_D64 &&
               "sm80/config.h's forward shared-memory table");
 
 static_assert(fp_fwd_bm<64, FP_FWD_D64_PINGPONG>() == FP_FWD_D64_PINGPONG_BM &&
-                  fp_fwd_cfg<64, FP_FWD_D64_PINGPONG>::BN == FP_FWD_D64_PINGPONG_BN,
+                  (int)fp_fwd_cfg<64, FP_FWD_D64_PINGPONG>::BN == (int)FP_FWD_D64_PINGPONG_BN,
               "sm80/config.h's ping-pong tile");
 
 /* The configuration `alt` of head dim DK (fp_sm80_pick's choice), launched. */

@@ -18,7 +18,7 @@
  * caller's workspace (flashport_set_workspace: then nothing is allocated) or from one
  * cudaMallocAsync on the handle's stream, freed on the stream after the kernels.
  *
- * Kernels: sm80 path (sm80/fwd.cu, sm80/bwd.cu) on compute capability 8.0 and later, f16 and
+ * Kernels: sm80 path (sm80/fwd.cuh, sm80/bwd.cuh) on compute capability 8.0 and later, f16 and
  * bf16, head dims that are multiples of 8 up to 256; on compute capability 9.0 the forward
  * (sm90/sm90_fwd.cu: TMA + wgmma) and the backward up to head dim 128, not deterministic
  * (sm90/sm90_bwd.cu) run on the sm90 path where TMA can read the tensors.

@@ -5,8 +5,10 @@
  *
  *   cuda_backend.c   plugin entry, device open, caps, memory helpers, stream, dispatch
  *   dispatch.cuh     dtype / head dim / configuration index to kernel template instances
- *   sm80/fwd.cu      forward (+ split-KV combine), mma.sync / ldmatrix / cp.async
- *   sm80/bwd.cu      backward: preprocess, dK/dV (+ atomic dQ), deterministic dQ, dQ convert
+ *   sm80/fwd.cu      forward launcher (+ split-KV combine); kernels: sm80/fwd.cuh, mma.sync /
+ *                    ldmatrix / cp.async, instantiated per head dim by sm80/inst/fwd_d*.cu
+ *   sm80/bwd.cu      backward launcher and side passes (preprocess, dQ convert); kernels
+ *                    (dK/dV + atomic dQ, deterministic dQ): sm80/bwd.cuh, sm80/inst/bwd_d*.cu
  *   sm90/sm90_fwd.cu forward on sm_90a: TMA + wgmma + warp specialization
  *   sm90/sm90_bwd.cu backward on sm_90a, the same way
  *   decode/fwd.cu    decode forward (GQA-packed rows, split-KV, paged caches), every cc >= 8.0

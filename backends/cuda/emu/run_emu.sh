@@ -18,8 +18,10 @@
 # The library is rebuilt only when a source under backends/cuda, core or include is newer.
 # Environment: CXX (default clang++), FP_CUDA_EMU_SMEM_LIST (default "227 163"; 99 is an
 # sm_86-like device), FP_CUDA_EMU_THREADS (host threads running blocks, default 2).
-# The .cu files are compiled as C++ after a textual rewrite of kernel<<<...>>>(args) into
-# kernel << fp_emu_cfg(...)(args) (one launch per line, which the sources keep).
+# The .cu and .cuh files are compiled as C++ after a textual rewrite of kernel<<<...>>>(args) into
+# kernel << fp_emu_cfg(...)(args) (one launch per line, which the sources keep): the rewritten
+# copies of backends/cuda go to <build>/cudaemu/src, ahead of the sources on the include path.
+# Each sm80 instantiation file (sm80/inst/) is compiled alone, as with FLASHPORT_CUDA_UNITY=OFF.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/../../.." && pwd)
 build=$(cd "${1:?usage: run_emu.sh <build folder> [test_backends options]}" && pwd)
@@ -30,21 +32,31 @@ out=$build/cudaemu
 mkdir -p "$out/obj" "$out/src"
 
 base=(-std=c++17 -O2 -g -fPIC -Wall -Wno-unknown-pragmas -Wno-pass-failed -DFP_CUDA_EMU
-    -I"$emu/include" -I"$root" -I"$root/include")
-# A .cu file as C++: the launch syntax rewritten, line numbers kept.
+    -I"$emu/include" -I"$out/src" -I"$root" -I"$root/include")
+# backends/cuda's .cu and .cuh files into $out/src/backends/cuda: the launch syntax rewritten,
+# file names and line numbers kept.
+rewrite_sources() {
+    rm -rf "$out/src/backends"
+    (cd "$root" && find backends/cuda -name '*.cu' -o -name '*.cuh') | while read -r f; do
+        mkdir -p "$out/src/$(dirname "$f")"
+        { printf '#line 1 "%s"\n' "$root/$f"; sed -E 's/<<<(.*)>>>/ << fp_emu_cfg(\1)/' "$root/$f"; } \
+            >"$out/src/$f"
+    done
+}
+# A rewritten .cu file (path under backends/cuda) as C++.
 compile_cu() {
-    local src=$1 obj=$2 tmp
-    tmp=$out/src/$(basename "$obj" .o).cpp
-    { printf '#line 1 "%s"\n' "$src"; sed -E 's/<<<(.*)>>>/ << fp_emu_cfg(\1)/' "$src"; } >"$tmp"
-    "$cxx" "${base[@]}" -include "$emu/cuda_emu.h" -x c++ -c "$tmp" -o "$obj"
+    "$cxx" "${base[@]}" -include "$emu/cuda_emu.h" -x c++ -c "$out/src/backends/cuda/$1" -o "$2"
 }
 build_lib() {
+    rewrite_sources
     pids=()
-    for f in sm80/fwd sm80/bwd emu/sm90_declines decode/fwd layout; do
-        compile_cu "$root/backends/cuda/$f.cu" "$out/obj/${f//\//_}.o" &
+    rm -f "$out"/obj/*.o
+    for f in sm80/fwd.cu sm80/bwd.cu $(cd "$root/backends/cuda" && ls sm80/inst/*.cu) \
+        emu/sm90_declines.cu decode/fwd.cu layout.cu; do
+        compile_cu "$f" "$out/obj/${f//\//_}.o" &
         pids+=($!)
     done
-    compile_cu "$emu/selftest.cu" "$out/selftest.o" &
+    compile_cu emu/selftest.cu "$out/selftest.o" &
     pids+=($!)
     "$cxx" "${base[@]}" -x c++ -c "$emu/cuda_emu.cpp" -o "$out/obj/cuda_emu.o" &
     pids+=($!)

@@ -1,6 +1,6 @@
 /*
- * Device building blocks of the sm80 (Ampere-class) attention kernels, shared by sm80/fwd.cu and
- * sm80/bwd.cu: the argument block the launchers fill, sequence and row addressing (over
+ * Device building blocks of the sm80 (Ampere-class) attention kernels, shared by sm80/fwd.cuh and
+ * sm80/bwd.cuh: the argument block the launchers fill, sequence and row addressing (over
  * core/geometry.h), the 32-bit per-element mask, the softmax finalize with the hardware
  * approximations, and small named tile operations (swizzled shared-memory tiles, ldmatrix lane
  * addressing, tile copies, fragment staging, a warp's matrix product: fp_warp_mma). The
@@ -632,5 +632,23 @@ cudaError_t fp_cuda_bwd_side_dkdv_sum(const fp_problem *p, const fp_sm80_args &a
                                       cudaStream_t stream);
 cudaError_t fp_cuda_bwd_side_dq(const fp_problem *p, const fp_sm80_args &a, int dk,
                                 cudaStream_t stream);
+/* Zeroes dk and dv at the keys [nk, capacity) of seqused_k's sequences (sm80/bwd.cu). */
+void fp_cuda_bwd_zero_unused(const fp_problem *p, const fp_sm80_args &a, cudaStream_t stream);
+
+/* The sm80 kernel families: one per kernel head dim (the classes of FP_SM80_DK_CLASSES,
+ * sm80/config.h) and element type T (__half, __nv_bfloat16). A family's run launches its
+ * kernels in the configuration fp_sm80_pick chooses (the forward's: `alt`, an ALT of
+ * sm80/config.h), or with query != NULL sets *query to the workspace bytes. The launchers
+ * (sm80/fwd.cu, sm80/bwd.cu) see only these declarations; the kernel headers (sm80/fwd.cuh,
+ * sm80/bwd.cuh) define them, and one small file per head dim instantiates both dtypes
+ * (sm80/inst/fwd_d64.cu, ...; backends/cuda/CMakeLists.txt compiles them with their launcher). */
+template <typename T, int DK> struct fp_sm80_fwd_family {
+    static flashport_status run(const fp_cuda_ctx *ctx, const fp_problem *p, const fp_sm80_args &a,
+                                int alt, void *ws, size_t *query);
+};
+template <typename T, int DK> struct fp_sm80_bwd_family {
+    static flashport_status run(const fp_cuda_ctx *ctx, const fp_problem *p, const fp_sm80_args &a,
+                                void *ws, size_t *query);
+};
 
 #endif /* FLASHPORT_BACKENDS_CUDA_SM80_COMMON_CUH */

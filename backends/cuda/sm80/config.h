@@ -5,8 +5,8 @@
  * the H200's (227 KiB), the A100's (163) and the sm_86/89 GPUs' (99) shared-memory sizes.
  *
  * Each configuration is a kernel template instance (fp_fwd_cfg<DK, ALT>, fp_bwd_cfg<DK, ALT>,
- * fp_dq_cfg<DK, ALT> in sm80/fwd.cu and sm80/bwd.cu); the byte counts here are checked against the
- * kernels' own shared-memory formulas by static asserts there. In each list a head dim's
+ * fp_dq_cfg<DK, ALT> in sm80/fwd.cuh and sm80/bwd.cuh); the byte counts here are checked against
+ * the kernels' own shared-memory formulas by static asserts there. In each list a head dim's
  * configurations come in order of preference: the first that fits runs.
  *
  *   forward                       tile BM x BN, warps, K/V stages      shared memory
@@ -36,6 +36,13 @@ enum {
     FP_FWD_SMEM_D256_TWO_PER_SM = 98304,
     FP_FWD_SMEM_D256_TWO_STAGE = 163840,
     FP_FWD_SMEM_D256_BN32 = 98304,
+};
+
+/* The D = 64 ping-pong configuration's tile (BM x BN), which its shape rule reads
+ * (fp_fwd_pingpong, sm80/fwd.cu). */
+enum {
+    FP_FWD_D64_PINGPONG_BM = 256,
+    FP_FWD_D64_PINGPONG_BN = 128,
 };
 
 /* The forward configuration of a head dim, as the ALT index of fp_fwd_cfg<DK, ALT>. */

@@ -1,0 +1,6 @@
+/* The sm80 forward's kernels of head-dim class 64 (every configuration of fp_fwd_cfg<64, ALT>,
+ * sm80/fwd.cuh), f16 and bf16. */
+#include "backends/cuda/sm80/fwd.cuh"
+
+template struct fp_sm80_fwd_family<__half, 64>;
+template struct fp_sm80_fwd_family<__nv_bfloat16, 64>;

@@ -210,8 +210,8 @@ FP_DEV void fp_bwd_load_step(const fp_sm80_args &a, T *sq, T *sdo, float *slse, 
 
 /* dK/dV kernel configurations (see the top of the file): NW warps, BN keys, BM query rows per
  * step, and the warp grids of the three products. ALT 0 is preferred; each later one needs
- * less shared memory (sm80/config.h names them; fp_sm80_pick chooses). The tiles won A/B runs
- * on the H200 against smaller query blocks and 4-warp variants (docs/bench/archive/, bwd2d).
+ * less shared memory (sm80/config.h names them; fp_sm80_pick chooses). The alternatives timed
+ * against them (smaller query blocks, 4-warp variants): docs/bench/archive/, bwd2d.
  * P_FIRST: S = Q K^T, then P, then dP = dO V^T, so that P's exp2s (MUFU, 16 per clock per SM)
  * can issue between the dP products' mma instructions; else S and dP in one loop, then P and dS.
  * It pays at D = 64, where a step has twice the exp2s per mma of D = 128, and not at D = 128.
@@ -252,7 +252,7 @@ template <> struct fp_bwd_cfg<256, 2> {
  * kernel without it for sm_80's 163 KiB; 217 KiB at D = 256, whose ALT 1 (BM 32) was already
  * sm_80's (the kernel without it, 209 KiB, would fit no device that the lagged one does not).
  * It also lowers the D = 64 kernel's spills; at D = 256 it went after the dQ reductions, which
- * had gone out in one burst at the end of each step (A/B and ncu: docs/bench/archive/, s6, s7).
+ * had gone out in one burst at the end of each step (the timings: docs/bench/archive/, s6, s7).
  */
 template <int DK, int ALT> struct fp_bwd_dq_lag {
     enum { value = (DK == 64 || DK == 256) && ALT == 0 };
@@ -443,7 +443,7 @@ __global__ void __launch_bounds__(fp_bwd_cfg<DK, ALT>::NW * 32, 1)
         dq_b_off[p] = fp_ldsm_off_bt<DK>(0, lane, dq_d0 / 16 + p);
 
     /* P and dS go to shared memory with stmatrix where the device has it (sm_90: a quarter of
-     * the store instructions; measured 0 .. 3 % faster), else with 32-bit stores. Byte offsets of
+     * the store instructions), else with 32-bit stores. Byte offsets of
      * this thread's 32-bit stores (row s_q0 + g, 8-column piece j; rows 8 and 16 further down
      * share the swizzle, so they are immediates): */
     uint32_t st_off[2 * S_NP];

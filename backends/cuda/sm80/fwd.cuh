@@ -39,8 +39,8 @@
  * ping-pong schedule: PP below); D=128 128x64, 4 warps; D=256 64x64, 4 warps, one K and one V
  * buffer, two blocks per SM (ST below; other configurations where two do not fit). Other head
  * dims (multiples of 8) run on the next larger kernel with the extra columns zero-filled. The
- * configurations are named in sm80/config.h and chosen by fp_sm80_pick; the tile sizes won A/B
- * runs on the H200 against the alternatives listed in docs/bench/archive/ (tiles, s5, s7).
+ * configurations are named in sm80/config.h and chosen by fp_sm80_pick; the alternatives timed
+ * against these tile sizes: docs/bench/archive/ (tiles, s5, s7).
  *
  * Differences from the reference: P is rounded to f16/bf16 before P V (as every tensor-core
  * flash kernel does; the row sum uses the unrounded P); exp2 is the hardware approximation.
@@ -79,8 +79,8 @@
  * before the exponentials instead of after them, so that the exp2s and the P V mma instructions
  * share one basic block and ptxas interleaves them; it pays at D = 256 and 128, not at D = 64,
  * whose exp2 block is twice as long per mma and better hidden by the scheduler's other warp. The
- * 99 KiB / 163 KiB configurations keep the late wait (not timed with it). Each choice's A/B:
- * docs/bench/archive/ (aux, s7). */
+ * 99 KiB / 163 KiB configurations keep the late wait (not timed with the early one). Each choice's
+ * timings: docs/bench/archive/ (aux, s7). */
 template <int DK, int ALT> struct fp_fwd_cfg;
 template <> struct fp_fwd_cfg<64, 0> {
     enum { NW = 4, MT = 2, BN = 128, LAZY = 1, FAST_LOAD = 0, EARLY_V = 0, PP = 0, ST = 2 };
@@ -110,7 +110,7 @@ template <> struct fp_fwd_cfg<256, 2> {
  * block of 8 warps per SM (255 registers), so a block's first and last half and its prologue
  * are not hidden by another block: it pays only where the key loop is long (fp_fwd_pingpong).
  * At D = 128 (key blocks of 64, so that O, S and the rest fit) ptxas spills heavily and it lost
- * everywhere; at D = 256 it gained nothing: only D = 64 has it (A/B: docs/bench/archive/, s5).
+ * everywhere; at D = 256 it gained nothing: only D = 64 has it (docs/bench/archive/, s5).
  */
 /* The barrier between two halves, as two one-way named barriers: group grp arrives at barrier
  * 1 + grp and waits at barrier 2 - grp, which the other group arrives at; each waits until the
@@ -167,8 +167,8 @@ FP_DEV_NOINLINE void fp_fwd_guard(T *vtile, uint8_t *vflag, uint8_t *rowbad, fp_
  * more than FP_FWD_RESCALE_SLACK (log2 units) above the maximum its exponentials use; otherwise
  * that maximum stays, P <= 2^8 and the rescale (D / 8 x 4 multiplies per row pair, an exp2 per
  * row) is skipped. O / l and LSE = m + log l come out the same: both use the same m. After the
- * first key blocks a row's maximum rarely grows by that much, so most blocks skip it (A/B:
- * docs/bench/archive/, pfirst and aux). The table's large-logit cases at D = 64, 128 and 256 make
+ * first key blocks a row's maximum rarely grows by that much, so most blocks skip it
+ * (docs/bench/archive/, pfirst and aux). The table's large-logit cases at D = 64, 128 and 256 make
  * rows rescale mid-row; a forward that never rescales fails the f16 ones (P overflows).
  */
 #define FP_FWD_RESCALE_SLACK 8.0f

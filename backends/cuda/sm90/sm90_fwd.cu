@@ -71,6 +71,7 @@
 
 #include <limits.h>
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 
 enum {
@@ -130,6 +131,12 @@ typedef struct fp_sm90_fwd_params {
     float descale_v;        /* fp8: O's factor; 1 otherwise */
     int q_blocks;           /* query blocks per (batch, head, split) */
     int tiles;              /* q_blocks x heads x batch x splits: the kernel's work items */
+    /* The persistent kernel's walk (fp_sm90f_walk): chunk: (head, batch x split) pairs whose
+     * tiles are numbered together, query blocks slowest within a chunk; counter: NULL for the
+     * static walk (block x runs tiles x, x + gridDim.x, ...), else a zeroed int in the call's
+     * scratch from which the blocks claim their tiles past the first, in order. */
+    int chunk;
+    int *counter;
 } fp_sm90_fwd_params;
 
 /* The fp8 kernel's V^T, made in shared memory by the producer warpgroup's V preparers (ptid):
@@ -579,9 +586,13 @@ FP_DEV bool fp_sm90_fwd_softmax(float (&s)[BN / 2], int j0, float (&alpha)[2],
 }
 
 /* One work item of the forward, a tile: the query block, head, batch and KV split of tile
- * number `tile`, and the key blocks it visits. Tiles are numbered as a launch grid of one block
- * per tile would be: query blocks fastest (the last first when the plan asks heavy-first), then
- * heads, then batch x splits. live: the query block starts inside its sequence (varlen's shorter
+ * number `tile`, and the key blocks it visits. The kernel of one block per tile takes them from
+ * its block coordinates (query blocks, heads, batch x splits); the persistent kernel numbers
+ * them in chunks of prm.chunk (head, batch x split) pairs, heads fastest, and within a chunk
+ * query blocks slowest, so that the tiles of one query block of every pair of the chunk come
+ * together (with chunk = 1: query blocks fastest, then heads, then batch x splits, the order of
+ * the per-tile grid). Query blocks run from the last to the first when the plan asks
+ * heavy-first: a chunk's costliest tiles are claimed first and its cheapest last. live: the query block starts inside its sequence (varlen's shorter
  * sequences have fewer); n: its key blocks, nb_end - 1 down to nb_end - n (0 when not live);
  * full_lo .. full_hi: the keys every row of it sees whole (the others are its edge blocks). */
 struct fp_sm90f_tile {
@@ -598,10 +609,12 @@ FP_DEV fp_sm90f_tile fp_sm90f_tile_of(const fp_sm90_fwd_params &prm, int tile)
     fp_sm90f_tile w;
     int qx, z; /* the tile's block coordinates on a grid of one block per tile */
     if constexpr (PERSIST) {
-        const int rest = tile / prm.q_blocks;
-        qx = tile % prm.q_blocks;
-        w.h = rest % a.heads;
-        z = rest / a.heads;
+        const int per = prm.chunk * prm.q_blocks, first = tile / per * prm.chunk;
+        const int pairs = min(prm.chunk, a.heads * a.batch * a.splits - first);
+        const int r = tile % per, pair = first + r % pairs;
+        qx = r / pairs;
+        w.h = pair % a.heads;
+        z = pair / a.heads;
     } else {
         qx = blockIdx.x;
         w.h = blockIdx.y;
@@ -636,10 +649,53 @@ FP_DEV fp_sm90f_tile fp_sm90f_tile_of(const fp_sm90_fwd_params &prm, int tile)
     return w;
 }
 
+/* The persistent kernel's walk over its tiles, the same sequence for the three roles: the
+ * producer's thread 0 picks each next tile (the first: blockIdx.x; then blockIdx.x + gridDim.x
+ * steps, or with prm.counter the next unclaimed one, in the order of the numbering, claimed when
+ * the producer is ready to load it, which balances tiles of unequal cost) and posts it in a ring
+ * of two slots in shared memory; the consumers and the V preparers read the k-th one from slot
+ * k % 2. full: the slot was written (1 arrival); empty: its readers have read it
+ * (FP_SM90_CONSUMER_THREADS + FP_SM90_PREPARERS arrivals). A tile number >= prm.tiles ends the
+ * walk. */
+struct fp_sm90f_walk {
+    uint64_t *bars; /* full 0, full 1, empty 0, empty 1 */
+    int *slot;      /* 2 tile numbers */
+    enum { READERS = FP_SM90_CONSUMER_THREADS + FP_SM90_PREPARERS };
+    __device__ __forceinline__ void init() const
+    {
+        for (int i = 0; i < 2; ++i) {
+            fp_mbar_init(fp_smem_addr(bars + i), 1);
+            fp_mbar_init(fp_smem_addr(bars + 2 + i), READERS);
+        }
+    }
+    /* the producer's thread 0: the k-th tile, after the (k - 1)-th, `last` */
+    __device__ __forceinline__ int post(const fp_sm90_fwd_params &prm, int k, int last) const
+    {
+        const int tile = k == 0        ? (int)blockIdx.x
+                         : prm.counter ? atomicAdd(prm.counter, 1) + (int)gridDim.x
+                                       : last + (int)gridDim.x;
+        const int i = k & 1;
+        if (k >= 2)
+            fp_mbar_wait(fp_smem_addr(bars + 2 + i), ((k >> 1) - 1) & 1);
+        slot[i] = tile;
+        fp_mbar_arrive(fp_smem_addr(bars + i));
+        return tile;
+    }
+    /* a reader: the k-th tile */
+    __device__ __forceinline__ int read(int k) const
+    {
+        const int i = k & 1;
+        fp_mbar_wait(fp_smem_addr(bars + i), (k >> 1) & 1);
+        const int tile = *(volatile int *)&slot[i];
+        fp_mbar_arrive(fp_smem_addr(bars + 2 + i));
+        return tile;
+    }
+};
+
 // q, o: (B, Nq, H, D); k, v: (B, Nk, Hkv, D); lse: (B, H, Nq).
-// PERSIST: a grid of at most prm.tiles blocks, block x running tiles x, x + gridDim.x, ...,
-// its mbarrier rings and phases running on from tile to tile; else one block per tile on the
-// grid (q blocks, H, B * splits).
+// PERSIST: a grid of at most prm.tiles blocks, each running the tiles of its walk
+// (fp_sm90f_walk), its mbarrier rings and phases running on from tile to tile; else one block
+// per tile on the grid (q blocks, H, B * splits).
 // TI: the inputs' type (f16, bf16, or e4m3 as uint8_t); TO: o's (f16 or bf16)
 template <typename TI, typename TO, typename CFG, bool PERSIST>
 __global__ void __launch_bounds__(FP_SM90_THREADS, 1)
@@ -654,9 +710,6 @@ __global__ void __launch_bounds__(FP_SM90_THREADS, 1)
     constexpr uint32_t KV_BYTES = X::KV_BYTES, VT_BYTES = X::VT_BYTES;
     constexpr int QTILES = CFG::q_tiles(EB, PERSIST);
     static_assert(!FP8 || BN % 32 == 0, "fp8 tiles: whole wgmma K steps of keys");
-    /* the tiles this block runs: first, end, step */
-    const int tile0 = PERSIST ? (int)blockIdx.x : 0, tiles = PERSIST ? prm.tiles : 1;
-    const int tstep = PERSIST ? (int)gridDim.x : 1;
     /* O is staged in the Q tile (f16 / bf16); fp8's Q tile is too small for it: O is stored
      * from registers, and the Q tile is free once the last Q K^T has landed */
     constexpr bool STAGE_O = !FP8;
@@ -677,13 +730,24 @@ __global__ void __launch_bounds__(FP_SM90_THREADS, 1)
     const int tid = threadIdx.x, wg = tid >> 7, wtid = tid & 127;
     /* The tile of a block of the per-tile grid, found before setmaxnreg leaves the producer
      * warpgroup too few registers for its geometry; the persistent kernel's roles find theirs
-     * in their walks (tile_at). */
+     * in their walk: the k-th tile number (next_tile: the producer's thread 0 posts it, the
+     * others read it; past the last one, a number >= prm.tiles) and its tile (tile_at). */
     fp_sm90f_tile only{};
     if constexpr (!PERSIST) {
         only = fp_sm90f_tile_of<BN, false>(prm, 0);
         if (!only.live)
             return;
     }
+    __shared__ uint64_t walk_bars[4];
+    __shared__ int walk_slot[2];
+    const fp_sm90f_walk walk{walk_bars, walk_slot};
+    const int tiles = PERSIST ? prm.tiles : 1;
+    auto next_tile = [&](int k, int last, bool post) {
+        if constexpr (PERSIST)
+            return post ? walk.post(prm, k, last) : walk.read(k);
+        else
+            return k;
+    };
     auto tile_at = [&](int tile) {
         if constexpr (PERSIST)
             return fp_sm90f_tile_of<BN, true>(prm, tile);
@@ -706,6 +770,8 @@ __global__ void __launch_bounds__(FP_SM90_THREADS, 1)
             if (FP8)
                 fp_mbar_init(bar.vt_empty(s), FP_SM90_CONSUMER_THREADS);
         }
+        if (PERSIST)
+            walk.init();
         fp_mbar_fence_init();
     }
     __syncthreads();
@@ -722,7 +788,7 @@ __global__ void __launch_bounds__(FP_SM90_THREADS, 1)
         if (wtid >= 32) {
             uint32_t pv_bits = 0;
             unsigned kv = 0;
-            for (int tile = tile0; tile < tiles; tile += tstep) {
+            for (int k = 0, tile; (tile = next_tile(k, 0, false)) < tiles; ++k) {
                 const fp_sm90f_tile tl = tile_at(tile);
                 if (tl.n == 0)
                     continue;
@@ -735,7 +801,7 @@ __global__ void __launch_bounds__(FP_SM90_THREADS, 1)
             fp_tma_prefetch_desc(&prm.tk);
             fp_tma_prefetch_desc(&prm.tv);
             unsigned kv = 0, qc = 0;
-            for (int tile = tile0; tile < tiles; tile += tstep) {
+            for (int k = 0, tile = 0; (tile = next_tile(k, tile, true)) < tiles; ++k) {
                 const fp_sm90f_tile tl = tile_at(tile);
                 if (tl.n == 0)
                     continue;
@@ -770,7 +836,7 @@ __global__ void __launch_bounds__(FP_SM90_THREADS, 1)
         __shared__ uint8_t rowbad[FP_SM90_BM];
         unsigned kv = 0, qc = 0; /* as the producer's */
         uint32_t pv_bits = 0;
-        for (int tile = tile0; tile < tiles; tile += tstep) {
+        for (int k = 0, tile; (tile = next_tile(k, 0, false)) < tiles; ++k) {
             const fp_sm90f_tile tl = tile_at(tile);
             if (!tl.live)
                 continue;
@@ -805,7 +871,7 @@ __global__ void __launch_bounds__(FP_SM90_THREADS, 1)
              * (fp8), V scrubbed by them (f16 / bf16 edge blocks), or V as TMA wrote it. In edge
              * blocks, the rows of this warpgroup that see a key the guard flagged are marked
              * (rowbad, one thread per row): they end with O = NaN. */
-            if (PERSIST && tile != tile0) /* the warpgroup has read the last tile's marks */
+            if (PERSIST && k > 0) /* the warpgroup has read the last tile's marks */
                 fp_named_bar_sync(1 + w, 128);
             if (wtid < 64)
                 rowbad[64 * w + wtid] = 0;
@@ -1001,25 +1067,57 @@ __global__ void __launch_bounds__(FP_SM90_THREADS, 1)
 
 /* ---- host ---------------------------------------------------------------------------------- */
 
-/* The persistent kernel's grid for a problem of `tiles` tiles of key_blocks key blocks each, or
- * 0 for the kernel of one block per tile. The persistent kernel runs a block per SM over the
- * tiles: each block's next tile's loads overlap its current tile's last products and its store,
- * and no block is launched or retired between tiles. It pays where tiles are short (at most 8
- * key blocks: their prologue and epilogue are a large share) and outnumber the SMs, and where
- * every tile costs the same (no causal mask or window, no varlen or seqused_k), which a static
- * walk balances. FLASHPORT_CUDA_SM90_FWD_GRID=N (read at each call, for tests and A/B timings)
- * forces the persistent kernel on a grid of at most N blocks for every problem, 0 the kernel of
- * one block per tile; any other value (e.g. "auto") leaves the choice to the rule. */
-static int64_t fp_sm90_fwd_persistent(const fp_cuda_ctx *ctx, const fp_problem *p, int64_t tiles,
-                                      int64_t key_blocks)
+/* The forward's grid: blocks = 0, the kernel of one block per tile; else the persistent
+ * kernel on `blocks` blocks (one per SM), walking its tiles statically (every tile costs the
+ * same: no causal mask or window, no varlen or seqused_k) or claiming them (dynamic), in
+ * chunks of `chunk` (head, batch x split) pairs. */
+typedef struct fp_sm90_fwd_grid {
+    int64_t blocks;
+    bool dynamic;
+    int chunk;
+} fp_sm90_fwd_grid;
+
+/* The grid for a problem of `tiles` tiles over `pairs` (head, batch x split) pairs, whose key
+ * blocks number key_blocks (the most one tile visits). The persistent kernel overlaps a block's
+ * next tile's loads with its current tile's last products and its store, and no block is
+ * launched or retired between tiles: it pays where tiles outnumber the SMs and are short (at
+ * most 8 key blocks, where the prologue and epilogue are a large share), or where their costs
+ * differ (causal masks, windows, varlen): there the blocks claim tiles as they free up, the
+ * costliest of a chunk first, so that they end together. A chunk holds the pairs whose K and V
+ * fit in FP_SM90_CHUNK_BYTES of L2, so that the query blocks of a pair, which run at different
+ * times, find them there. FLASHPORT_CUDA_SM90_FWD_GRID=N (read at each call, for tests and A/B
+ * timings) forces the persistent kernel on a grid of at most N blocks for every problem, 0 the
+ * kernel of one block per tile; FLASHPORT_CUDA_SM90_FWD_CHUNK=C forces chunks of C pairs; any
+ * other value (e.g. "auto") leaves the choice to the rule. */
+#define FP_SM90_CHUNK_BYTES (16u << 20)
+static long long fp_sm90_env_count(const char *name)
 {
-    const char *force = getenv("FLASHPORT_CUDA_SM90_FWD_GRID");
+    const char *v = getenv(name);
     char *end = NULL;
-    const long long n = force ? strtoll(force, &end, 10) : 0;
-    if (force && end != force && *end == '\0')
-        return n > 0 ? (n < tiles ? n : tiles) : 0;
+    const long long n = v ? strtoll(v, &end, 10) : -1;
+    return v && end != v && *end == '\0' && n >= 0 ? n : -1;
+}
+
+static fp_sm90_fwd_grid fp_sm90_fwd_grid_of(const fp_cuda_ctx *ctx, const fp_problem *p,
+                                            int64_t tiles, int64_t pairs, int64_t key_blocks)
+{
     const bool uniform = p->window_left < 0 && p->window_right < 0 && !p->varlen && !p->seqused_k;
-    return uniform && key_blocks <= 8 && tiles > ctx->sm_count ? ctx->sm_count : 0;
+    fp_sm90_fwd_grid g;
+    const long long force = fp_sm90_env_count("FLASHPORT_CUDA_SM90_FWD_GRID");
+    if (force >= 0)
+        g.blocks = force < tiles ? force : tiles;
+    else
+        g.blocks = tiles > ctx->sm_count && (!uniform || key_blocks <= 8) ? ctx->sm_count : 0;
+    g.dynamic = g.blocks > 0 && !uniform;
+    const int64_t group = p->heads / p->kv_heads;
+    const int64_t pair_bytes = 2 * p->seqlen_k * p->head_dim *
+                               (int64_t)flashport_dtype_size(p->dtype) / (group > 0 ? group : 1);
+    const long long chunk = fp_sm90_env_count("FLASHPORT_CUDA_SM90_FWD_CHUNK");
+    int64_t c = chunk > 0 ? chunk
+                : g.dynamic ? (int64_t)FP_SM90_CHUNK_BYTES / (pair_bytes > 0 ? pair_bytes : 1)
+                            : 1;
+    g.chunk = (int)(c < 1 ? 1 : c > pairs ? pairs : c);
+    return g;
 }
 
 /* Launches one of the forward kernels on `grid` */
@@ -1059,14 +1157,21 @@ static flashport_status fp_sm90_launch(const fp_cuda_ctx *ctx, const fp_problem 
     /* split-KV partials, as the sm80 path lays them out (its combine merges them) */
     const size_t rows = (size_t)plan.num_splits * p->batch * p->heads * a.nq;
     /* the kernel's work items (fp_sm90f_tile), numbered in int */
-    const int64_t tiles = plan.num_q_blocks * p->heads * p->batch * plan.num_splits;
+    const int64_t pairs = p->heads * p->batch * plan.num_splits;
+    const int64_t tiles = plan.num_q_blocks * pairs;
     if (tiles > INT_MAX)
         return fp_cuda_refuse(FLASHPORT_ERR_BAD_SIZE,
                               "sm90 forward: %lld tiles of 128 queries exceed the kernel's int "
                               "indices",
                               (long long)tiles);
+    /* the persistent kernel is built for f16 / bf16 inputs */
+    fp_sm90_fwd_grid grid = {0, false, 1};
+    if (sizeof(TI) == 2 && !empty)
+        grid = fp_sm90_fwd_grid_of(ctx, p, tiles, pairs, (p->seqlen_k + BN - 1) / BN);
+    /* scratch: the split-KV partials, then the dynamic walk's counter */
+    const size_t part_bytes = plan.num_splits <= 1 ? 0 : rows * (size_t)(a.d + 1) * sizeof(float);
     if (query) {
-        *query = empty || plan.num_splits <= 1 ? 0 : rows * (size_t)(a.d + 1) * sizeof(float);
+        *query = empty ? 0 : part_bytes + (grid.dynamic ? sizeof(int) : 0);
         return FLASHPORT_OK;
     }
     if (empty)
@@ -1081,24 +1186,29 @@ static flashport_status fp_sm90_launch(const fp_cuda_ctx *ctx, const fp_problem 
     }
     prm.q_blocks = (int)plan.num_q_blocks;
     prm.tiles = (int)tiles;
-    /* the persistent kernel is built for f16 / bf16 inputs */
-    const int64_t persist =
-        sizeof(TI) == 2 ? fp_sm90_fwd_persistent(ctx, p, tiles, (p->seqlen_k + BN - 1) / BN) : 0;
+    prm.chunk = grid.chunk;
+    prm.counter = grid.dynamic ? (int *)((char *)ws + part_bytes) : NULL;
+    const int64_t persist = grid.blocks;
     cudaError_t e = cudaSuccess;
     if constexpr (sizeof(TI) == 2) {
-        if (persist > 0)
+        if (persist > 0 && prm.counter)
+            e = cudaMemsetAsync(prm.counter, 0, sizeof(int), stream);
+        if (persist > 0 && e == cudaSuccess)
             e = fp_sm90_fwd_start<TI, TO, CFG, true>(dim3((unsigned)persist), stream, prm);
     }
     if (persist == 0)
         e = fp_sm90_fwd_start<TI, TO, CFG, false>(
             dim3((unsigned)plan.num_q_blocks, (unsigned)p->heads, (unsigned)(p->batch * a.splits)),
             stream, prm);
+    char walk[64] = "";
+    if (persist)
+        snprintf(walk, sizeof walk, "persistent (%s walk, chunks of %d pairs), ",
+                 grid.dynamic ? "claimed" : "static", grid.chunk);
     fp_cuda_log("forward: sm90 D%d %skernel (TMA + wgmma, BM %d, BN %d, %d stages, 2 consumer "
                 "warpgroups, ping-pong%s) for D=%lld, %lld tiles, %s%lld blocks, %d split(s); %s",
                 DK, sizeof(TI) == 1 ? "fp8 e4m3 (V^T in shared memory) " : "", FP_SM90_BM, BN,
                 CFG::ST, CFG::LAZY ? ", lazy rescale" : "", (long long)p->head_dim,
-                (long long)tiles, persist ? "persistent, " : "",
-                (long long)(persist ? persist : tiles), a.splits, why_path);
+                (long long)tiles, walk, (long long)(persist ? persist : tiles), a.splits, why_path);
     if (e == cudaSuccess && a.splits > 1)
         e = fp_cuda_fwd_combine(p, &a, stream);
     return e == cudaSuccess ? FLASHPORT_OK

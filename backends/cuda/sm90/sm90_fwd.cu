@@ -825,21 +825,50 @@ __global__ void __launch_bounds__(FP_SM90_THREADS, 1)
         /* Ping-pong: the two warpgroups take turns issuing their matrix products; each turn
          * ends by opening the other's, so one warpgroup's softmax runs while the other's
          * products occupy the tensor cores. Turn barriers 3 + w (256 threads: the owner syncs,
-         * the other arrives); in each tile warpgroup 1 opens warpgroup 0's first turn and skips
-         * its own last arrival, so every barrier sees as many arrivals as syncs. */
+         * the other arrives). Warpgroup 1's last turn of a tile opens warpgroup 0's first turn
+         * of the block's next tile (more: there is one), so that warpgroup 0's first product
+         * there runs under warpgroup 1's finalize and store (HANDOFF: in the persistent kernel
+         * where the next tile's Q has a Q tile of its own, not the one that O is staged in);
+         * `opened` says it did. Its first
+         * tile's first turn warpgroup 1 opens at that tile's start, and a tile without products
+         * takes up an opened turn (warpgroup 0 syncs), so every barrier sees as many arrivals
+         * as syncs. */
         auto turn_begin = [&]() { fp_named_bar_sync(3 + w, 256); };
-        auto turn_end = [&](bool last) {
-            if (!(last && w == 1))
+        auto turn_end = [&](bool last, bool more) {
+            if (!(last && w == 1 && !more))
                 fp_named_bar_arrive(3 + (1 - w), 256);
+        };
+        constexpr bool HANDOFF = PERSIST && QTILES > 1;
+        bool opened = false;
+        auto close_turn = [&]() {
+            if (opened && w == 0)
+                fp_named_bar_sync(3, 256);
+            opened = false;
         };
 
         __shared__ uint8_t rowbad[FP_SM90_BM];
         unsigned kv = 0, qc = 0; /* as the producer's */
         uint32_t pv_bits = 0;
-        for (int k = 0, tile; (tile = next_tile(k, 0, false)) < tiles; ++k) {
+        int tile = next_tile(0, 0, false), next = 0;
+        for (int k = 0; tile < tiles; ++k, tile = next) {
+            /* the block's next tile number, read once from the walk: at the tile's last turn,
+             * else at its end */
+            bool have_next = false;
+            auto read_next = [&]() {
+                if constexpr (!PERSIST) {
+                    next = tiles; /* the one tile */
+                } else if (!have_next) {
+                    next = next_tile(k + 1, 0, false);
+                    have_next = true;
+                }
+                return next;
+            };
             const fp_sm90f_tile tl = tile_at(tile);
-            if (!tl.live)
+            if (!tl.live) {
+                close_turn();
+                read_next();
                 continue;
+            }
             const int h = tl.h, b = tl.b, split = tl.split, m0 = tl.m0;
             const fp_cuda_seq &seq = tl.seq;
             const int nq = seq.nq, nk = seq.nk, nb_end = tl.nb_end, n = tl.n;
@@ -900,7 +929,7 @@ __global__ void __launch_bounds__(FP_SM90_THREADS, 1)
             };
 
             if (n > 0) {
-                if (w == 1)
+                if (w == 1 && !opened)
                     fp_named_bar_arrive(3, 256);
                 fp_mbar_wait(bar.q_full(qt), (qc / QTILES) & 1);
                 float s[BN / 2];
@@ -909,7 +938,7 @@ __global__ void __launch_bounds__(FP_SM90_THREADS, 1)
                 turn_begin();
                 fp_mbar_wait(bar.k_full(kv % ST), (kv / ST) & 1);
                 fp_sm90_fwd_qk<TI, CFG>(s, q_rows, sk, kv % ST);
-                turn_end(false);
+                turn_end(false, true);
                 fp_wgmma_wait<0>();
                 fp_wgmma_fence_regs(s);
                 fp_mbar_arrive(bar.k_empty(kv % ST));
@@ -926,7 +955,7 @@ __global__ void __launch_bounds__(FP_SM90_THREADS, 1)
                     fp_sm90_fwd_qk<TI, CFG>(s, q_rows, sk, cs);
                     wait_pv(prev);
                     fp_sm90_fwd_pv<TI, CFG>(o, pa, sv, svt, ps);
-                    turn_end(false);
+                    turn_end(false, true);
                     fp_wgmma_wait<1>(); /* S (it) has landed; P V (it - 1) may still run */
                     fp_wgmma_fence_regs(s);
                     fp_mbar_arrive(bar.k_empty(cs));
@@ -952,10 +981,11 @@ __global__ void __launch_bounds__(FP_SM90_THREADS, 1)
                 }
                 const int last = n - 1;
                 const unsigned ls = (kv + last) % ST;
+                opened = HANDOFF && read_next() < tiles;
                 turn_begin();
                 wait_pv(last);
                 fp_sm90_fwd_pv<TI, CFG>(o, pa, sv, svt, ls);
-                turn_end(true);
+                turn_end(true, opened);
                 fp_wgmma_wait<0>();
                 fp_wgmma_fence_regs(o);
                 fp_mbar_arrive(bar.pv_empty(ls));
@@ -1059,7 +1089,10 @@ __global__ void __launch_bounds__(FP_SM90_THREADS, 1)
                 }
                 kv += n;
                 ++qc;
+            } else {
+                close_turn();
             }
+            read_next();
         }
     }
 #endif

@@ -592,9 +592,10 @@ FP_DEV bool fp_sm90_fwd_softmax(float (&s)[BN / 2], int j0, float (&alpha)[2],
  * query blocks slowest, so that the tiles of one query block of every pair of the chunk come
  * together (with chunk = 1: query blocks fastest, then heads, then batch x splits, the order of
  * the per-tile grid). Query blocks run from the last to the first when the plan asks
- * heavy-first: a chunk's costliest tiles are claimed first and its cheapest last. live: the query block starts inside its sequence (varlen's shorter
- * sequences have fewer); n: its key blocks, nb_end - 1 down to nb_end - n (0 when not live);
- * full_lo .. full_hi: the keys every row of it sees whole (the others are its edge blocks). */
+ * heavy-first: a chunk's costliest tiles are claimed first and its cheapest last. live: the query
+ * block starts inside its sequence (varlen's shorter sequences have fewer); n: its key blocks,
+ * nb_end - 1 down to nb_end - n (0 when not live); full_lo .. full_hi: the keys every row of it
+ * sees whole (the others are its edge blocks). */
 struct fp_sm90f_tile {
     fp_cuda_seq seq;
     int h, b, split, m0;
@@ -1146,7 +1147,7 @@ static fp_sm90_fwd_grid fp_sm90_fwd_grid_of(const fp_cuda_ctx *ctx, const fp_pro
     const int64_t pair_bytes = 2 * p->seqlen_k * p->head_dim *
                                (int64_t)flashport_dtype_size(p->dtype) / (group > 0 ? group : 1);
     const long long chunk = fp_sm90_env_count("FLASHPORT_CUDA_SM90_FWD_CHUNK");
-    int64_t c = chunk > 0 ? chunk
+    int64_t c = chunk > 0   ? chunk
                 : g.dynamic ? (int64_t)FP_SM90_CHUNK_BYTES / (pair_bytes > 0 ? pair_bytes : 1)
                             : 1;
     g.chunk = (int)(c < 1 ? 1 : c > pairs ? pairs : c);

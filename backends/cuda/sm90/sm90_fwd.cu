@@ -3,9 +3,10 @@
  *
  * Algorithm (the FlashAttention-3 forward's structure, written from the paper and the PTX ISA):
  * thread blocks of three warpgroups; each runs one or more tiles (query block of 128 rows, head,
- * batch [, KV split]): one tile per block, or, where every tile costs the same and they
- * outnumber the SMs, a persistent grid of one block per SM walking the tiles (fp_sm90_fwd_grid),
- * whose next tile's loads overlap its current tile's last products and store.
+ * batch [, KV split]): one tile per block, or, where the tiles outnumber the SMs and are short
+ * or differ in cost, a persistent grid of one block per SM walking them (fp_sm90_fwd_grid_of,
+ * fp_sm90f_walk: a static walk, or tiles claimed as blocks free up), whose next tile's loads
+ * overlap its current tile's last products and store.
  *   producer (warpgroup 0; setmaxnreg gives its registers to the consumers): thread 0 issues
  *     the TMA loads of each tile's Q tile (once the consumers are done with the last one) and
  *     the K and V tiles of its key blocks into a ring of ST shared-memory stages that runs on

@@ -10,6 +10,9 @@
  *   dV  += P^T dO         dK += dS^T Q                  dQ^T += K^T dS^T  (A = K^T in place)
  * with softcap/ALiBi (fp_score_transform, fp_softcap_grad) and the window (core/mask.h) applied
  * to S^T as in the forward; Di = rowsum(dO * O). scale is applied to dQ and dK when stored.
+ * A pair runs only the block's query columns that see a key of j (block_pair, cut at
+ * FP_TILE_COLS): on a causal diagonal a 128-query block's first 64 rows see nothing of the key
+ * block of its last 64, so that quarter of the diagonal pair is skipped instead of masked.
  *
  * bf16 inputs on a table with bf16 dot products (gemm_bf16: AVX512_BF16, vdpbf16ps) keep every
  * product in bf16 with f32 accumulation, as a GPU flash kernel does: S^T and dP^T read K and V
@@ -290,13 +293,14 @@ static void fill_masked(float *s, int ld, int n, int m, int64_t i0, int64_t j0, 
     }
 }
 
-/* For query rows [i0, i0 + m) (query side loaded) and the key block ks: P^T into s and
- * dS^T = P^T (dP^T - Di) into dp, both n x bq f32; bf16: S^T and dP^T from bf16 operands,
- * and P^T, dS^T also rounded to bf16 (pb, dsb, dsp) for the three products that follow.
+/* For the query rows [i0, i0 + m) that sit in columns [x0, x0 + m) of the loaded query block
+ * (x0 a multiple of FP_TILE_COLS) and the key block ks: P^T into s and dS^T = P^T (dP^T - Di)
+ * into dp, both n x m f32 from column 0; bf16: S^T and dP^T from bf16 operands, and P^T, dS^T
+ * also rounded to bf16 (pb, dsb, dsp) for the three products that follow.
  * Returns 1 when the block straddles the mask and its K, Q or dO holds an infinity or a NaN: the
  * caller then accumulates through accumulate_visible instead of the products. */
 static int block_grads(const bwd_ctx *c, float *scratch, const fp_seq *seq, int64_t b, int64_t h,
-                       int64_t i0, int m, const key_side *ks)
+                       int64_t i0, int x0, int m, const key_side *ks)
 {
     const fp_problem *p = c->p;
     const fp_ukernels *uk = c->uk;
@@ -305,12 +309,14 @@ static int block_grads(const bwd_ctx *c, float *scratch, const fp_seq *seq, int6
     const int64_t j0 = ks->j0;
     const float slope = p->alibi_slopes ? p->alibi_slopes[h] : 0.0f;
     float *s = scratch + L->s, *dp = scratch + L->dp, *g = scratch + L->g;
+    /* Column x0 of the d x bq query tiles: f32 values or bf16 pairs, one 32-bit word each. */
+    float *qt = scratch + L->qt + x0, *dot = scratch + L->dot + x0;
 
     if (c->bf16)
-        uk->gemm_bf16(n, mp, (d + 1) / 2, ks->k, ks->krs, 2, (const uint32_t *)(scratch + L->qt),
-                      L->ldq, s, L->ldq, 0);
+        uk->gemm_bf16(n, mp, (d + 1) / 2, ks->k, ks->krs, 2, (const uint32_t *)qt, L->ldq, s,
+                      L->ldq, 0);
     else
-        uk->gemm(n, mp, d, ks->k, ks->krs, ks->kcs, scratch + L->qt, L->ldq, s, L->ldq, 0);
+        uk->gemm(n, mp, d, ks->k, ks->krs, ks->kcs, qt, L->ldq, s, L->ldq, 0);
     float mul = p->scale * FP_LOG2E;
     if (p->softcap > 0.0f || slope != 0.0f) {
         /* The forward's transform, keeping the softcap gradient for dS. */
@@ -328,16 +334,16 @@ static int block_grads(const bwd_ctx *c, float *scratch, const fp_seq *seq, int6
                                         p->window_right);
     if (!full)
         fill_masked(s, L->ldq, n, m, i0, j0, seq, p, -INFINITY);
-    uk->exp2_cols(n, mp, s, L->ldq, mul, scratch + L->lse, NULL);
+    uk->exp2_cols(n, mp, s, L->ldq, mul, scratch + L->lse + x0, NULL);
     if (!full) /* exactly 0 even against a NaN LSE */
         fill_masked(s, L->ldq, n, m, i0, j0, seq, p, 0.0f);
 
     if (c->bf16)
-        uk->gemm_bf16(n, mp, (d + 1) / 2, ks->v, ks->vrs, 2, (const uint32_t *)(scratch + L->dot),
-                      L->ldq, dp, L->ldq, 0);
+        uk->gemm_bf16(n, mp, (d + 1) / 2, ks->v, ks->vrs, 2, (const uint32_t *)dot, L->ldq, dp,
+                      L->ldq, 0);
     else
-        uk->gemm(n, mp, d, ks->v, ks->vrs, ks->vcs, scratch + L->dot, L->ldq, dp, L->ldq, 0);
-    uk->dsoftmax_cols(n, mp, s, L->ldq, dp, L->ldq, scratch + L->di);
+        uk->gemm(n, mp, d, ks->v, ks->vrs, ks->vcs, dot, L->ldq, dp, L->ldq, 0);
+    uk->dsoftmax_cols(n, mp, s, L->ldq, dp, L->ldq, scratch + L->di + x0);
     if (p->softcap > 0.0f)
         for (int r = 0; r < n; r++)
             for (int x = 0; x < m; x++)
@@ -396,38 +402,74 @@ static void accumulate_visible(const bwd_ctx *c, float *scratch, const fp_seq *s
         }
 }
 
-/* dV += P^T dO and dK += dS^T Q for the block pair just computed; dk, dv: n x d tiles. bf16:
- * the query pairs of P^T and dS^T rows against dO and Q as pairs down the rows. */
-static void accumulate_dkdv(const bwd_ctx *c, float *scratch, int m, int n, float *dk, float *dv)
+/* dV += P^T dO and dK += dS^T Q for the block pair just computed (block_grads' columns
+ * [x0, x0 + m) of the query block); dk, dv: n x d tiles. bf16: the query pairs of P^T and dS^T
+ * rows against dO and Q as pairs down the rows (x0 is even: row x0 / 2 of the pairs). */
+static void accumulate_dkdv(const bwd_ctx *c, float *scratch, int x0, int m, int n, float *dk,
+                            float *dv)
 {
     const bwd_layout *L = &c->L;
     const int d = (int)c->p->head_dim;
     if (c->bf16) {
         const int kp = (m + 1) / 2;
+        const size_t row = (size_t)(x0 / 2) * L->ldd;
         c->uk->gemm_bf16(n, d, kp, (const uint16_t *)(scratch + L->pb), L->ldq, 2,
-                         (const uint32_t *)(scratch + L->dout), L->ldd, dv, L->ldd, 1);
+                         (const uint32_t *)(scratch + L->dout) + row, L->ldd, dv, L->ldd, 1);
         c->uk->gemm_bf16(n, d, kp, (const uint16_t *)(scratch + L->dsb), L->ldq, 2,
-                         (const uint32_t *)(scratch + L->q), L->ldd, dk, L->ldd, 1);
+                         (const uint32_t *)(scratch + L->q) + row, L->ldd, dk, L->ldd, 1);
         return;
     }
-    c->uk->gemm(n, d, m, scratch + L->s, L->ldq, 1, scratch + L->dout, L->ldd, dv, L->ldd, 1);
-    c->uk->gemm(n, d, m, scratch + L->dp, L->ldq, 1, scratch + L->q, L->ldd, dk, L->ldd, 1);
+    const size_t row = (size_t)x0 * L->ldd;
+    c->uk->gemm(n, d, m, scratch + L->s, L->ldq, 1, scratch + L->dout + row, L->ldd, dv, L->ldd, 1);
+    c->uk->gemm(n, d, m, scratch + L->dp, L->ldq, 1, scratch + L->q + row, L->ldd, dk, L->ldd, 1);
 }
 
-/* dQ^T += K^T dS^T for the block pair just computed. bf16: element (x, p) of K^T is the pair
- * x of row p of the kp tile (stride 2 down, 2 ldd across), against dS^T's key pairs. */
-static void accumulate_dq(const bwd_ctx *c, float *scratch, int m, const key_side *ks)
+/* dQ^T += K^T dS^T for the block pair just computed, into columns [x0, x0 + m) of the dQ^T
+ * tile. bf16: element (x, p) of K^T is the pair x of row p of the kp tile (stride 2 down, 2 ldd
+ * across), against dS^T's key pairs. */
+static void accumulate_dq(const bwd_ctx *c, float *scratch, int x0, int m, const key_side *ks)
 {
     const bwd_layout *L = &c->L;
     const int d = (int)c->p->head_dim;
+    float *dqt = scratch + L->dqt + x0;
     if (c->bf16) {
         c->uk->gemm_bf16(d, fp_tile_ld(m), (ks->n + 1) / 2, (const uint16_t *)(scratch + L->kp), 2,
-                         2 * (ptrdiff_t)L->ldd, (const uint32_t *)(scratch + L->dsp), L->ldq,
-                         scratch + L->dqt, L->ldq, 1);
+                         2 * (ptrdiff_t)L->ldd, (const uint32_t *)(scratch + L->dsp), L->ldq, dqt,
+                         L->ldq, 1);
         return;
     }
-    c->uk->gemm(d, fp_tile_ld(m), ks->n, ks->k, ks->kcs, ks->krs, scratch + L->dp, L->ldq,
-                scratch + L->dqt, L->ldq, 1);
+    c->uk->gemm(d, fp_tile_ld(m), ks->n, ks->k, ks->kcs, ks->krs, scratch + L->dp, L->ldq, dqt,
+                L->ldq, 1);
+}
+
+/* One block pair: the loaded query block (rows [i0, i0 + m) of (b, h)) against the key block ks,
+ * adding to dk and dv (n x d tiles; NULL: not wanted) and, when dq, to the dQ^T tile. Only the
+ * query columns that see a key of the block take part, cut at FP_TILE_COLS: on the diagonal of a
+ * causal mask (a 128-query block against the key block of its last 64 rows) and at the edges of
+ * a window, the columns left out have P = dS = 0 there, so their products would add nothing.
+ * Cutting a column range keeps each remaining sum in its order, so the result is the same in
+ * every schedule. */
+static void block_pair(const bwd_ctx *c, float *scratch, const fp_seq *seq, int64_t b, int64_t h,
+                       int64_t i0, int m, const key_side *ks, float *dk, float *dv, int dq)
+{
+    const fp_problem *p = c->p;
+    int64_t r0, r1;
+    fp_geom_rows_for_keys(ks->j0, ks->j0 + ks->n, seq->nq, seq->nk, p->window_left, p->window_right,
+                          &r0, &r1);
+    r0 = r0 > i0 ? (r0 - i0) / FP_TILE_COLS * FP_TILE_COLS : 0;
+    r1 = r1 < i0 + m ? (r1 - i0 + FP_TILE_COLS - 1) / FP_TILE_COLS * FP_TILE_COLS : m;
+    if (r1 <= r0)
+        return;
+    const int x0 = (int)r0, ms = (int)(r1 < m ? r1 : m) - x0;
+    if (block_grads(c, scratch, seq, b, h, i0 + x0, x0, ms, ks)) {
+        accumulate_visible(c, scratch, seq, b, h, i0 + x0, ms, ks, dk, dv,
+                           dq ? scratch + c->L.dqt + x0 : NULL);
+        return;
+    }
+    if (dk)
+        accumulate_dkdv(c, scratch, x0, ms, ks->n, dk, dv);
+    if (dq)
+        accumulate_dq(c, scratch, x0, ms, ks);
 }
 
 static void store_dq(const bwd_ctx *c, float *scratch, const fp_seq *seq, int64_t b, int64_t h,
@@ -547,13 +589,7 @@ static void fused_task(const bwd_ctx *c, float *scratch, float *big, int64_t b, 
                 }
                 const key_side ks = load_key_block(c, scratch, &seq, b, kvh, j0, n, kv);
                 float *dkj = dk + (size_t)j0 * L->ldd, *dvj = dv + (size_t)j0 * L->ldd;
-                if (block_grads(c, scratch, &seq, b, h, i0, m, &ks)) {
-                    accumulate_visible(c, scratch, &seq, b, h, i0, m, &ks, dkj, dvj,
-                                       scratch + L->dqt);
-                } else {
-                    accumulate_dkdv(c, scratch, m, n, dkj, dvj);
-                    accumulate_dq(c, scratch, m, &ks);
-                }
+                block_pair(c, scratch, &seq, b, h, i0, m, &ks, dkj, dvj, 1);
             }
             store_dq(c, scratch, &seq, b, h, i0, m);
         }
@@ -587,10 +623,7 @@ static void dkdv_task(const bwd_ctx *c, float *scratch, int64_t b, int64_t kvh, 
             if (j0 < first || j0 >= end)
                 continue;
             load_query_block(c, scratch, &seq, b, h, i0, m);
-            if (block_grads(c, scratch, &seq, b, h, i0, m, &ks))
-                accumulate_visible(c, scratch, &seq, b, h, i0, m, &ks, dk, dv, NULL);
-            else
-                accumulate_dkdv(c, scratch, m, n, dk, dv);
+            block_pair(c, scratch, &seq, b, h, i0, m, &ks, dk, dv, 0);
         }
     store_dkdv(c, &seq, b, kvh, j0, n, dk, dv);
 }
@@ -612,10 +645,7 @@ static void dq_task(const bwd_ctx *c, float *scratch, int64_t b, int64_t h, int6
         const int n = (int)(seq.nk - j0 < BLOCK_K ? seq.nk - j0 : BLOCK_K);
         prefetch_key_block(c, &seq, b, kvh, j0 + BLOCK_K, end, NULL);
         const key_side ks = load_key_block(c, scratch, &seq, b, kvh, j0, n, NULL);
-        if (block_grads(c, scratch, &seq, b, h, i0, m, &ks))
-            accumulate_visible(c, scratch, &seq, b, h, i0, m, &ks, NULL, NULL, scratch + c->L.dqt);
-        else
-            accumulate_dq(c, scratch, m, &ks);
+        block_pair(c, scratch, &seq, b, h, i0, m, &ks, NULL, NULL, 1);
     }
     store_dq(c, scratch, &seq, b, h, i0, m);
 }

@@ -91,6 +91,7 @@ def cases_for(label, make, sync, torch_ops):
 
         qg, kg, vg = (x.clone().requires_grad_() for x in (q, k, v))
         op_args = (None, None, None, 0.0, -1, 0, True, 0.0, 0, 0, False)
+        params = op_args[3:]
 
         def fwd_bwd():
             ft.attention(qg, kg, vg, causal=True).backward(do)
@@ -103,6 +104,8 @@ def cases_for(label, make, sync, torch_ops):
             ("flash_attn_func, no grad", "fwd", lambda: ft.flash_attn_func(q, k, v, causal=True)),
             ("flash_attn_func, requires_grad", "fwd",
              lambda: ft.flash_attn_func(qg, kg, vg, causal=True)),
+            ("flashport.torch's autograd.Function applied directly (no attention() around it)",
+             "fwd", lambda: ft._Attention.apply(qg, kg, vg, None, (None, None, None, params))),
             ("flashport.torch.attention + .backward()", "fwd+bwd", fwd_bwd),
             ("torch.ops.flashport.attention_forward (the op)", "fwd",
              lambda: torch_ops.attention_forward(q, k, v, *op_args)),

@@ -41,8 +41,10 @@ def _max_lens(fe, cu_q, cu_k, max_q, max_k):
 # Where a frontend allocates in Python (``in_one_buffer``), a call's outputs are views into one
 # new buffer, each at a 256-byte aligned offset (the extension's rule for its own allocations):
 # one allocation and one free a call instead of one each. Their layouts, by the outputs' shapes
-# and dtypes, are computed once.
+# and dtypes, are computed once; the table is emptied when it reaches _MAX_LAYOUTS entries
+# (varlen shapes change with every batch's token count).
 _ALIGN = 256
+_MAX_LAYOUTS = 256
 _layouts = {}
 
 
@@ -67,6 +69,8 @@ def _in_one_buffer(fe, like, specs):
         return (x,), (fe.address(x),)
     layout = _layouts.get(specs)
     if layout is None:
+        if len(_layouts) >= _MAX_LAYOUTS:
+            _layouts.clear()
         layout = _layouts[specs] = _layout(specs)
     total, offsets = layout
     buf = fe.new((total,), fe.uint8, like)

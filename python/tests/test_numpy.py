@@ -397,3 +397,21 @@ def test_output_address_needs_a_shape():
                    False, None, None)
     assert e.value.status_name == "FLASHPORT_ERR_SHAPE_MISMATCH"
     assert (room == 7.0).all()
+
+
+def test_output_layouts_are_bounded(monkeypatch):
+    """The table of output layouts (one entry per shapes and dtypes) does not grow past its bound
+    however many shapes a program sees (varlen token counts), and stays right past it."""
+    from flashport import _api, _frontends
+
+    monkeypatch.setitem(_frontends._frontends, np.ndarray, _OneBufferNumPy())
+    monkeypatch.setattr(_api, "_MAX_LAYOUTS", 4)
+    monkeypatch.setattr(_api, "_layouts", {})
+    rng = np.random.default_rng(12)
+    for n in range(3, 13):
+        q = rng.standard_normal((1, n, 2, 8)).astype(np.float32)
+        o, lse = flashport.attention(q, q, q, return_lse=True)
+        ro, rl = ref.forward(q, q, q)
+        _close(o, ro, TOL[np.float32], f"o, N = {n}")
+        _close(lse, rl, TOL[np.float32], f"lse, N = {n}")
+        assert len(_api._layouts) <= 4

@@ -21,9 +21,10 @@ time cannot. CPU backend only.
 
 Rows marked "floor" (torch only) time torch's own parts with no attention inside: allocating o
 and lse, a minimal autograd.Function (forward, forward + backward through the autograd engine,
-and forward saving the tensors a backward reads) and a minimal torch.library custom op with an
-autograd formula. They are what flashport.torch cannot go below on that path; their figure is
-absolute, not over the C call.
+forward saving the tensors a backward reads, and one of flashport's own apply signature), a
+minimal torch.library custom op with an autograd formula, and ops of flashport's two schemas
+that only allocate their outputs. They are what flashport.torch cannot go below on that path;
+their figure is absolute, not over the C call.
 
 Needs a C compiler (cc) and the repository's include/ (run it from a checkout).
 """
@@ -90,6 +91,7 @@ def cases_for(label, make, sync, torch_ops):
 
         qg, kg, vg = (x.clone().requires_grad_() for x in (q, k, v))
         op_args = (None, None, None, 0.0, -1, 0, True, 0.0, 0, 0, False)
+        params = op_args[3:]
 
         def fwd_bwd():
             ft.attention(qg, kg, vg, causal=True).backward(do)
@@ -102,6 +104,8 @@ def cases_for(label, make, sync, torch_ops):
             ("flash_attn_func, no grad", "fwd", lambda: ft.flash_attn_func(q, k, v, causal=True)),
             ("flash_attn_func, requires_grad", "fwd",
              lambda: ft.flash_attn_func(qg, kg, vg, causal=True)),
+            ("flashport.torch's autograd.Function applied directly (no attention() around it)",
+             "fwd", lambda: ft._Attention.apply(qg, kg, vg, None, (None, None, None, params))),
             ("flashport.torch.attention + .backward()", "fwd+bwd", fwd_bwd),
             ("torch.ops.flashport.attention_forward (the op)", "fwd",
              lambda: torch_ops.attention_forward(q, k, v, *op_args)),
@@ -149,6 +153,23 @@ def torch_floors(q, qg, kg, vg, do):
             ctx.mark_non_differentiable(lse)
             return o, lse
 
+    class SameShape(torch.autograd.Function):
+        """flashport.torch's Function as torch sees it: apply(q, k, v, alibi, one tuple), o and
+        lse out, q, k, v, o, lse saved, the rest on ctx."""
+
+        @staticmethod
+        def forward(ctx, q, k, v, alibi, rest):
+            o, lse = outputs(q)
+            ctx.save_for_backward(q, k, v, o, lse)
+            ctx.rest = rest
+            ctx.mark_non_differentiable(lse)
+            ctx.set_materialize_grads(False)
+            return o, lse
+
+        @staticmethod
+        def backward(ctx, do, dlse):
+            return torch.empty_like(do), torch.empty_like(do), torch.empty_like(do), None, None
+
     if not _floor_ops:
         def minimal(q: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
             return outputs(q)
@@ -157,7 +178,25 @@ def torch_floors(q, qg, kg, vg, do):
         op.register_fake(outputs)
         op.register_autograd(lambda ctx, do, dlse: do, setup_context=lambda ctx, i, o: None)
         _floor_ops.append(torch.ops.flashport_bench.minimal)
-    minimal_op = _floor_ops[0]
+        # flashport's two schemas, defined through torch.library.Library as flashport's are,
+        # with implementations that only allocate the outputs (no autograd kernel: torch's
+        # fallback): what torch charges to dispatch a Python op of those arguments.
+        import flashport.torch as ft
+
+        lib = torch.library.Library("flashport_floor", "DEF")
+        lib.define(f"forward(Tensor q, Tensor k, Tensor v, {ft._OPTIONAL_INPUTS}, {ft._PARAMS}) "
+                   "-> (Tensor, Tensor)")
+        lib.define(f"backward(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor o, Tensor lse, "
+                   f"{ft._OPTIONAL_INPUTS}, {ft._PARAMS}) -> (Tensor, Tensor, Tensor)")
+        lib.impl("forward", lambda q, *args: outputs(q), "CompositeExplicitAutograd")
+        lib.impl("backward", lambda do, q, k, v, *args: (torch.empty_like(q), torch.empty_like(k),
+                                                         torch.empty_like(v)),
+                 "CompositeExplicitAutograd")
+        _floor_ops.extend([torch.ops.flashport_floor.forward, torch.ops.flashport_floor.backward,
+                           lib])
+    minimal_op, fwd_op, bwd_op = _floor_ops[:3]
+    params = (None, None, None, 0.0, -1, 0, True, 0.0, 0, 0, False)
+    rest = (None, None, None, (0.0, -1, 0, True, 0.0, 0, 0, False))
     return [
         ("torch.empty_like(q) + new_empty(lse) (o and lse from torch's allocator)",
          lambda: outputs(q)),
@@ -169,6 +208,12 @@ def torch_floors(q, qg, kg, vg, do):
          lambda: Saving.apply(qg, kg, vg)),
         ("torch.library custom op allocating o, lse, with an autograd formula, dispatched",
          lambda: minimal_op(q)),
+        ("autograd.Function of flashport's shape (apply(q, k, v, alibi, a tuple)) allocating o, "
+         "lse, saving q, k, v, o, lse", lambda: SameShape.apply(qg, kg, vg, None, rest)),
+        ("torch.library op of attention_forward's schema (14 arguments) allocating o, lse, "
+         "dispatched", lambda: fwd_op(q, q, q, *params)),
+        ("torch.library op of attention_backward's schema (17 arguments) allocating dq, dk, dv, "
+         "dispatched", lambda: bwd_op(do, q, q, q, q, q, *params)),
     ]
 
 

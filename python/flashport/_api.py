@@ -38,6 +38,47 @@ def _max_lens(fe, cu_q, cu_k, max_q, max_k):
             fe.max_len(cu_k) if max_k is None else max_k)
 
 
+# Where a frontend allocates in Python (``in_one_buffer``), a call's outputs are views into one
+# new buffer, each at a 256-byte aligned offset (the extension's rule for its own allocations):
+# one allocation and one free a call instead of one each. Their layouts, by the outputs' shapes
+# and dtypes, are computed once; the table is emptied when it reaches _MAX_LAYOUTS entries
+# (varlen shapes change with every batch's token count).
+_ALIGN = 256
+_MAX_LAYOUTS = 256
+_layouts = {}
+
+
+def _layout(specs):
+    offsets, total = [], 0
+    for shape, dtype in specs:
+        offset = -(-total // _ALIGN) * _ALIGN
+        size = dtype.itemsize
+        for n in shape:
+            size *= n
+        offsets.append(offset)
+        total = offset + size
+    return total, tuple(offsets)
+
+
+def _in_one_buffer(fe, like, specs):
+    """New arrays of fe's framework on like's device, one a (shape, dtype) of specs, and their
+    addresses, which the extension writes the outputs at (an output given as an int): the
+    extension describes each one itself instead of exporting it through __dlpack__."""
+    if len(specs) == 1:
+        x = fe.new(*specs[0], like)
+        return (x,), (fe.address(x),)
+    layout = _layouts.get(specs)
+    if layout is None:
+        if len(_layouts) >= _MAX_LAYOUTS:
+            _layouts.clear()
+        layout = _layouts[specs] = _layout(specs)
+    total, offsets = layout
+    buf = fe.new((total,), fe.uint8, like)
+    base = fe.address(buf)
+    return (tuple(fe.view(buf, off, shape, dtype) for off, (shape, dtype) in zip(offsets, specs)),
+            tuple(base + off for off in offsets))
+
+
 def _exported(fe, tensors):
     return tuple(None if x is None else fe.export(x) for x in tensors)
 
@@ -47,16 +88,27 @@ def run_forward(fe, backend, q, k, v, o, lse, alibi, cu_q, cu_k, scale, window_l
                 block_table, descale, code):
     """The forward on q's frontend fe; o None and lse True are allocated (lse None: not
     computed), by the extension where the framework lets it. Returns (o, lse)."""
+    o_at, lse_at = o, lse
     if not fe.allocates:
-        if o is None:
-            o = fe.empty_fp8_out(q) if code else fe.empty_like(q)
-        if lse is True:
-            shape = _lse_shape(q, cu_q is not None)
-            lse = None if shape is None else fe.empty_f32(shape, q)
+        # lse's shape, or None where q's rank gives it none (the library then refuses q)
+        lse_shape = _lse_shape(q, cu_q is not None) if lse is True else None
+        if o is None and not code and fe.in_one_buffer:
+            if lse_shape is None:
+                (o,), (o_at,) = _in_one_buffer(fe, q, ((q.shape, q.dtype),))
+                lse = lse_at = None
+            else:
+                (o, lse), (o_at, lse_at) = _in_one_buffer(
+                    fe, q, ((q.shape, q.dtype), (lse_shape, fe.float32)))
+        else:
+            if o is None:
+                o = o_at = fe.empty_fp8_out(q) if code else fe.empty_like(q)
+            if lse is True:
+                lse = lse_at = None if lse_shape is None else fe.empty_f32(lse_shape, q)
     if fe.raw:
-        return _C.forward(backend, fe.stream(q) if fe.names_stream else None, q, k, v, o, lse,
-                          alibi, cu_q, cu_k, scale, window_left, window_right, causal, softcap,
-                          max_q, max_k, deterministic, seqused_k, block_table, *descale, code)
+        _C.forward(backend, fe.stream(q) if fe.names_stream else None, q, k, v, o_at, lse_at,
+                   alibi, cu_q, cu_k, scale, window_left, window_right, causal, softcap, max_q,
+                   max_k, deterministic, seqused_k, block_table, *descale, code)
+        return o, lse
     t = _exported(fe, (q, k, v, o, lse, alibi, cu_q, cu_k, seqused_k, block_table))
     _C.forward(backend, fe.stream(q), *t[:8], scale, window_left, window_right, causal, softcap,
                max_q, max_k, deterministic, t[8], t[9], *descale, code)
@@ -68,13 +120,18 @@ def run_backward(fe, backend, dout, q, k, v, o, lse, dq, dk, dv, alibi, cu_q, cu
                  seqused_k, code):
     """The backward on q's frontend fe; dq, dk, dv None are allocated, by the extension where
     the framework lets it. code: q's fp8 dtype (the library refuses fp8). Returns (dq, dk, dv)."""
+    at = (dq, dk, dv)
     if not fe.allocates and dq is None:
-        dq, dk, dv = fe.empty_like(q), fe.empty_like(k), fe.empty_like(v)
+        if fe.in_one_buffer:
+            (dq, dk, dv), at = _in_one_buffer(
+                fe, q, ((q.shape, q.dtype), (k.shape, k.dtype), (v.shape, v.dtype)))
+        else:
+            dq, dk, dv = at = fe.empty_like(q), fe.empty_like(k), fe.empty_like(v)
     if fe.raw:
-        return _C.backward(backend, fe.stream(q) if fe.names_stream else None, q, k, v, o, lse,
-                           dout, dq, dk, dv, alibi, cu_q, cu_k, scale, window_left, window_right,
-                           causal, softcap, max_q, max_k, deterministic, seqused_k, None,
-                           *_NO_DESCALE, code)
+        _C.backward(backend, fe.stream(q) if fe.names_stream else None, q, k, v, o, lse, dout,
+                    *at, alibi, cu_q, cu_k, scale, window_left, window_right, causal, softcap,
+                    max_q, max_k, deterministic, seqused_k, None, *_NO_DESCALE, code)
+        return dq, dk, dv
     t = _exported(fe, (q, k, v, o, lse, dout, dq, dk, dv, alibi, cu_q, cu_k, seqused_k))
     _C.backward(backend, fe.stream(q), *t[:12], scale, window_left, window_right, causal,
                 softcap, max_q, max_k, deterministic, t[12], None, *_NO_DESCALE, code)

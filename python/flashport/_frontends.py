@@ -12,7 +12,10 @@ Each frontend says:
   each tensor's ``__dlpack__`` for that stream;
 - ``allocates``: the extension allocates the outputs through the framework's DLPack C exchange
   API (torch 2.15 has it), so ``empty_like`` and friends are not called for a plain call;
-- ``fp8``: the framework's float8 dtypes, as flashport dtype codes.
+- ``fp8``: the framework's float8 dtypes, as flashport dtype codes;
+- ``in_one_buffer``: a call's outputs are allocated in Python as views into one buffer
+  (``new``, ``view``, ``float32``, ``uint8``) and go to the extension as their addresses
+  (``address``), not through ``__dlpack__``.
 """
 from . import _C
 
@@ -47,6 +50,7 @@ class _NumPy:
     names_stream = False
     allocates = False
     fp8 = {}
+    in_one_buffer = False
 
     def __init__(self):
         import numpy
@@ -76,6 +80,7 @@ class _Torch:
     """
 
     names_stream = False
+    in_one_buffer = False
 
     def __init__(self):
         import torch
@@ -121,7 +126,9 @@ class _Torch:
 class _CuPy:
     """CuPy on its current stream: the extension asks each array's ``__dlpack__`` for that
     stream, so CuPy orders nothing extra, and flashport enqueues on the same stream. Where CuPy
-    publishes DLPack's C exchange API, the extension meets it through that, as it does torch."""
+    publishes DLPack's C exchange API, the extension meets it through that, as it does torch;
+    elsewhere a call's outputs are views into one ``cupy.empty`` (CuPy's memory pool costs
+    microseconds an allocation), handed to the extension as their device addresses."""
 
     fp8 = {}
 
@@ -131,7 +138,22 @@ class _CuPy:
         self.cp = cupy
         self.raw = True
         self.allocates = _C.use_exchange_api(cupy.ndarray)
-        self.names_stream = not self.allocates
+        self.names_stream = self.in_one_buffer = not self.allocates
+        self.float32, self.uint8 = cupy.dtype(cupy.float32), cupy.dtype(cupy.uint8)
+        self._get_device = cupy.cuda.runtime.getDevice
+
+    def new(self, shape, dtype, like):
+        """A dense array on like's device (cupy.empty allocates on the current one)."""
+        if like.data.device_id == self._get_device():
+            return self.cp.empty(shape, dtype)
+        with like.device:
+            return self.cp.empty(shape, dtype)
+
+    def address(self, x):
+        return x.data.ptr
+
+    def view(self, buf, offset, shape, dtype):
+        return self.cp.ndarray(shape, dtype, buf.data + offset if offset else buf.data)
 
     def empty_like(self, x):
         return self.cp.empty_like(x)
@@ -160,6 +182,7 @@ class _ArrayAPI:
     names_stream = False
     allocates = False
     fp8 = {}
+    in_one_buffer = False
 
     def __init__(self, xp):
         self.xp = xp
@@ -193,6 +216,7 @@ class _Unknown:
     names_stream = False
     allocates = False
     fp8 = {}
+    in_one_buffer = False
 
     def empty_like(self, x):
         from ._errors import Error, status_code

@@ -98,9 +98,20 @@ _any_requires_grad = torch._C._any_requires_grad
 _grad_enabled = torch.is_grad_enabled
 
 
+_impl_is_next = {}  # a keyset's bits -> _goes_to_impl's answer
+
+
 def _goes_to_impl(keyset) -> bool:
-    """Whether the dispatcher's next kernel after autograd is the op's own implementation."""
-    return (keyset & _after_inplace_or_view).highestPriorityTypeId() in _OWN_KERNEL_KEYS
+    """Whether the dispatcher's next kernel after autograd is the op's own implementation. By
+    the keyset's bits, remembered: the answer is theirs alone, and the DispatchKeySet methods
+    that give it (the mask, the highest key, the comparisons) each cross pybind11, about a
+    microsecond a call together where one raw_repr() and a lookup cost a fifth of that."""
+    bits = keyset.raw_repr()
+    impl = _impl_is_next.get(bits)
+    if impl is None:
+        impl = _impl_is_next[bits] = ((keyset & _after_inplace_or_view).highestPriorityTypeId()
+                                      in _OWN_KERNEL_KEYS)
+    return impl
 
 
 def _redispatch(op, keyset, args):
@@ -133,13 +144,16 @@ class _Attention(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, alibi, rest):
         keyset, cu_q, cu_k, params = rest
-        ctx.direct = keyset is None or _goes_to_impl(keyset)
-        if ctx.direct:
+        direct = keyset is None or _goes_to_impl(keyset)
+        if direct and _fe.allocates:  # as _forward_impl, without its call in between
+            o, lse = _C.forward(None, None, q, k, v, None, True, alibi, cu_q, cu_k, *params, None,
+                                None, *_NO_DESCALE, _fe.fp8.get(q.dtype, 0))
+        elif direct:
             o, lse = _forward_impl(q, k, v, alibi, cu_q, cu_k, *params)
         else:
             o, lse = _redispatch(_forward, keyset, (q, k, v, alibi, cu_q, cu_k, *params))
         ctx.save_for_backward(q, k, v, o, lse)
-        ctx.rest = (alibi, cu_q, cu_k, params)
+        ctx.rest = (direct, alibi, cu_q, cu_k, params)  # one attribute: each costs
         ctx.mark_non_differentiable(lse)
         # The backward never reads lse's gradient: not having torch fill one with zeros each time.
         ctx.set_materialize_grads(False)
@@ -148,7 +162,7 @@ class _Attention(torch.autograd.Function):
     @staticmethod
     def backward(ctx, dout, dlse):
         q, k, v, o, lse = ctx.saved_tensors
-        alibi, cu_q, cu_k, params = ctx.rest
+        direct, alibi, cu_q, cu_k, params = ctx.rest
         # A gradient arriving as a broadcast (o.sum().backward() gives stride 0 everywhere) or
         # otherwise without a unit last stride, which GPU backends need, becomes a dense copy.
         if dout.stride(-1) != 1:
@@ -156,7 +170,7 @@ class _Attention(torch.autograd.Function):
         # Through the backward op where the forward went through the dispatcher (so a mode or a
         # trace sees it), and with create_graph (grad mode on here), where the op's autograd
         # kernel refuses a gradient of these gradients instead of taking it as zero.
-        backward = _backward_impl if ctx.direct and not _grad_enabled() else _backward
+        backward = _backward_impl if direct and not _grad_enabled() else _backward
         return backward(dout, q, k, v, o, lse, alibi, cu_q, cu_k, *params) + (None, None)
 
 
@@ -227,6 +241,15 @@ def attention(q, k, v, *, causal=False, window=(-1, -1), softcap=0.0, alibi_slop
     else:
         max_q = _max_len(cu_seqlens_q, max_seqlen_q)
         max_k = _max_len(cu_seqlens_k, max_seqlen_k)
+    o, lse = _attention(q, k, v, alibi_slopes, cu_seqlens_q, cu_seqlens_k, max_q, max_k, scale,
+                        window, causal, softcap, deterministic)
+    return (o, lse) if return_lse else o
+
+
+def _attention(q, k, v, alibi_slopes, cu_seqlens_q, cu_seqlens_k, max_q, max_k, scale, window,
+               causal, softcap, deterministic):
+    """attention() once its arguments are read, positional (flash_attn_func calls it too, so
+    both take the same path at the same cost): (o, lse)."""
     # The op where something watches or transforms ops: torch.compile, dispatch or function
     # modes (FakeTensorMode, make_fx, FlopCounterMode, torch.device()), functorch transforms,
     # forward-mode AD, torch.jit.trace, tensor subclasses. A plain eager call gets nothing from
@@ -234,26 +257,23 @@ def attention(q, k, v, *, causal=False, window=(-1, -1), softcap=0.0, alibi_slop
     if (_is_compiling() or type(q) is not Tensor or type(k) is not Tensor
             or type(v) is not Tensor or _dispatch_modes() or _function_modes() or _transforms()
             or forward_ad._current_level >= 0 or _tracing() is not None):
-        o, lse = _forward(q, k, v, alibi_slopes, cu_seqlens_q, cu_seqlens_k,
-                          *_params(scale, window, causal, softcap, max_q, max_k, deterministic))
-    elif _grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad or
-                              (alibi_slopes is not None and alibi_slopes.requires_grad)):
-        o, lse = _Attention.apply(q, k, v, alibi_slopes,
-                                  (None, cu_seqlens_q, cu_seqlens_k,
-                                   _params(scale, window, causal, softcap, max_q, max_k,
-                                           deterministic)))
-    elif _fe.allocates:
+        return _forward(q, k, v, alibi_slopes, cu_seqlens_q, cu_seqlens_k,
+                        *_params(scale, window, causal, softcap, max_q, max_k, deterministic))
+    if _grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad or
+                            (alibi_slopes is not None and alibi_slopes.requires_grad)):
+        return _Attention.apply(q, k, v, alibi_slopes,
+                                (None, cu_seqlens_q, cu_seqlens_k,
+                                 _params(scale, window, causal, softcap, max_q, max_k,
+                                         deterministic)))
+    if _fe.allocates:
         # No gradient, nothing watching: straight to the extension, which reads the arguments
         # as the op's schema would convert them (float, int, truth value).
-        o, lse = _C.forward(None, None, q, k, v, None, True, alibi_slopes, cu_seqlens_q,
-                            cu_seqlens_k, 0.0 if scale is None else scale, window[0], window[1],
-                            causal, softcap, max_q, max_k, deterministic, None, None,
-                            *_NO_DESCALE, _fe.fp8.get(q.dtype, 0))
-    else:
-        o, lse = _forward_impl(q, k, v, alibi_slopes, cu_seqlens_q, cu_seqlens_k,
-                               *_params(scale, window, causal, softcap, max_q, max_k,
-                                        deterministic))
-    return (o, lse) if return_lse else o
+        return _C.forward(None, None, q, k, v, None, True, alibi_slopes, cu_seqlens_q,
+                          cu_seqlens_k, 0.0 if scale is None else scale, window[0], window[1],
+                          causal, softcap, max_q, max_k, deterministic, None, None,
+                          *_NO_DESCALE, _fe.fp8.get(q.dtype, 0))
+    return _forward_impl(q, k, v, alibi_slopes, cu_seqlens_q, cu_seqlens_k,
+                         *_params(scale, window, causal, softcap, max_q, max_k, deterministic))
 
 
 def _check_flash_attn_args(dropout_p, block_table=None):
@@ -276,9 +296,8 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False,
     """FlashAttention's flash_attn_func: q [B, Nq, H, D], k and v [B, Nk, Hkv, D]."""
     if dropout_p:
         _check_flash_attn_args(dropout_p)
-    o, lse = attention(q, k, v, causal=causal, window=window_size, softcap=softcap,
-                       alibi_slopes=alibi_slopes, scale=softmax_scale, return_lse=True,
-                       deterministic=deterministic)
+    o, lse = _attention(q, k, v, alibi_slopes, None, None, 0, 0, softmax_scale, window_size,
+                        causal, softcap, deterministic)
     return (o, lse, None) if return_attn_probs else o
 
 

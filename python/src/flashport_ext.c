@@ -72,7 +72,9 @@ typedef struct imported {
     PyObject *capsule; /* owned; keeps the producer's memory alive for the call */
     const fp_dl_tensor *dl;
     int readonly;
-    fp_dl_tensor local; /* dl points here when the tensor came through the exchange API */
+    fp_dl_tensor local; /* dl points here when the tensor came through the exchange API, or
+                         * is an output given by its address */
+    int64_t shape[FLASHPORT_MAX_RANK]; /* local's shape, for an output given by its address */
 } imported;
 
 static PyObject *str_dlpack;     /* "__dlpack__" */
@@ -691,12 +693,36 @@ static int allocate_outputs(call *c, PyObject *const *tensors, int first, int nt
     return 0;
 }
 
+/* Output i given as an int: the address on q's device where the caller has room for it, dense in
+ * the layout this call would allocate it with (output_layout). The package passes these for
+ * frameworks without the exchange API (CuPy): it allocates a call's outputs as one buffer of
+ * the framework and views into it, and hands their addresses here rather than exporting each
+ * view through __dlpack__ again. */
+static int output_at(call *c, int i, int ntensors, int varlen, PyObject *addr, const char *what)
+{
+    imported *t = &c->t[i];
+    memset(&t->local, 0, sizeof t->local);
+    t->local.data = PyLong_AsVoidPtr(addr);
+    if (!t->local.data && PyErr_Occurred())
+        return -1;
+    if (!output_layout(c, i, ntensors, varlen, &t->local.ndim, t->shape, &t->local.dtype)) {
+        raise_status(FLASHPORT_ERR_SHAPE_MISMATCH, "%s: q of rank %d gives it no shape", what,
+                     (int)c->t[0].dl->ndim);
+        return -1;
+    }
+    t->local.device = c->t[0].dl->device;
+    t->local.shape = t->shape;
+    t->dl = &t->local;
+    return 0;
+}
+
 /* args[0] backend, args[1] stream, args[2 .. 2+ntensors) tensors, then alibi, cu_seqlens_q,
  * cu_seqlens_k, scale, window_left, window_right, causal, softcap, max_seqlen_q, max_seqlen_k,
  * deterministic, seqused_k, block_table, and optionally (all four or none) descale_q,
  * descale_k, descale_v and fp8: 0, or the flashport dtype (3 e4m3, 4 e5m2) that uint8 q, k, v
  * hold. An output given as True is allocated here through q's framework, and so is one given as
- * None unless `optional` marks it (then it is left out). The stream: args[1], or where that is
+ * None unless `optional` marks it (then it is left out); one given as an int is the address of
+ * the caller's room for it (output_at). The stream: args[1], or where that is
  * None, the current stream of q's framework (through its exchange API), else the default. */
 static int prepare(call *c, PyObject *const *args, Py_ssize_t nargs, int ntensors,
                    const char *const *names, unsigned optional)
@@ -756,6 +782,11 @@ static int prepare(call *c, PyObject *const *args, Py_ssize_t nargs, int ntensor
         if (is_output && (o == Py_True || (o == Py_None && !(optional >> i & 1u)))) {
             if (!c->t[i].dl)
                 continue;
+        } else if (is_output && PyLong_CheckExact(o)) {
+            Py_INCREF(o);
+            c->obj[i] = o;
+            if (output_at(c, i, ntensors, varlen, o, names[i]) != 0)
+                return -1;
         } else {
             if (o == Py_None && (optional >> i & 1u))
                 continue;
@@ -909,7 +940,7 @@ static const flashport_tensor *opt(const call *c, int i)
 /* forward(backend, stream, q, k, v, o, lse, alibi, cu_q, cu_k, scale, wl, wr, causal, softcap,
  *         max_q, max_k, deterministic, seqused_k, block_table[, descale_q, descale_k, descale_v,
  *         fp8]) -> (o, lse). o None or True: allocated here; lse None: not computed (None
- *         returned), True: allocated here. */
+ *         returned), True: allocated here; an int: written there (output_at), and returned. */
 static PyObject *py_forward(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
     static const char *const names[] = {"q", "k", "v", "o", "lse"};
@@ -936,7 +967,8 @@ static PyObject *py_forward(PyObject *self, PyObject *const *args, Py_ssize_t na
 
 /* backward(backend, stream, q, k, v, o, lse, dout, dq, dk, dv, alibi, cu_q, cu_k, scale, wl, wr,
  *          causal, softcap, max_q, max_k, deterministic, seqused_k, block_table[, descale_q,
- *          descale_k, descale_v, fp8]) -> (dq, dk, dv); each None or True: allocated here. */
+ *          descale_k, descale_v, fp8]) -> (dq, dk, dv); each None or True: allocated here, an
+ *          int: written there (output_at), and returned. */
 static PyObject *py_backward(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
     static const char *const names[] = {"q", "k", "v", "o", "lse", "dout", "dq", "dk", "dv"};

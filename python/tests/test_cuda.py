@@ -68,3 +68,32 @@ def test_cupy_in_and_out():
     assert isinstance(o, cp.ndarray) and o.dtype == cp.float16 and lse.dtype == cp.float32
     ro, _ = ref.forward(q, k, v, causal=True)
     assert np.abs(cp.asnumpy(o).astype(np.float64) - ro).max() <= 4e-3 * max(1, np.abs(ro).max())
+
+
+def test_cupy_outputs_in_one_buffer():
+    """CuPy outputs (o alone, o and lse, dq, dk, dv): CuPy arrays on q's device with q's, k's
+    and v's shapes and dtypes, right against the reference; where CuPy has no exchange API a
+    call's outputs share one allocation (views of one buffer)."""
+    cp = pytest.importorskip("cupy")
+    from flashport import _frontends
+
+    rng = np.random.default_rng(3)
+    q, do = (rng.standard_normal((2, 33, 4, 64)).astype(np.float16) for _ in range(2))
+    k, v = (rng.standard_normal((2, 47, 2, 64)).astype(np.float16) for _ in range(2))
+    cq, ck, cv, cdo = (cp.asarray(x) for x in (q, k, v, do))
+    o_alone = flashport.attention(cq, ck, cv, causal=True)
+    o, lse = flashport.attention(cq, ck, cv, causal=True, return_lse=True)
+    grads = flashport.attention_backward(cdo, cq, ck, cv, o, lse, causal=True)
+    cp.cuda.get_current_stream().synchronize()
+    ro, _ = ref.forward(q, k, v, causal=True)
+    bound = 4e-3 * max(1, np.abs(ro).max())
+    assert np.abs(cp.asnumpy(o_alone).astype(np.float64) - ro).max() <= bound
+    assert cp.array_equal(o, o_alone)
+    for got, x, r in zip(grads, (q, k, v), ref.backward(do, q, k, v, causal=True)):
+        assert isinstance(got, cp.ndarray) and got.shape == x.shape and got.dtype == x.dtype
+        assert got.device == cq.device
+        assert np.abs(cp.asnumpy(got).astype(np.float64) - r).max() <= 2e-2 * max(
+            1, np.abs(r).max())
+    if _frontends.frontend(cq).in_one_buffer:  # the views' memory is one allocation
+        assert o.data.mem is lse.data.mem
+        assert all(g.data.mem is grads[0].data.mem for g in grads)

@@ -319,3 +319,99 @@ def test_extension_asks_dlpack_for_the_callers_stream(stream, asked):
     assert np.array_equal(o, want_o) and np.array_equal(lse, want_lse)
     for a, b in zip(outs, want):
         assert np.array_equal(a, b)
+
+
+class _OneBufferNumPy:
+    """The frontend of a framework whose outputs are views into one buffer handed to the
+    extension by address (CuPy's where it has no exchange API), made of NumPy: it runs that
+    path of the package and the extension on the CPU. Records each buffer it allocates."""
+
+    raw = True
+    names_stream = False
+    allocates = False
+    in_one_buffer = True
+    fp8 = {}
+    float32, uint8 = np.dtype(np.float32), np.dtype(np.uint8)
+
+    def __init__(self):
+        self.buffers = []
+
+    def new(self, shape, dtype, like):
+        x = np.empty(shape, dtype)
+        self.buffers.append(x)
+        return x
+
+    def address(self, x):
+        return x.__array_interface__["data"][0]
+
+    def view(self, buf, offset, shape, dtype):
+        return np.ndarray(shape, dtype, buffer=buf, offset=offset)
+
+
+@pytest.mark.parametrize("varlen", [False, True])
+def test_outputs_in_one_buffer_by_address(monkeypatch, varlen):
+    """Outputs written through their addresses into one buffer: bit for bit the results of
+    outputs allocated one by one, each a view of the call's one buffer at an aligned offset; o
+    alone (no lse) is a buffer of its own."""
+    from flashport import _frontends
+
+    rng = np.random.default_rng(11)
+    shapes = [(29, 4, 24), (37, 2, 24)] if varlen else [(2, 29, 4, 24), (2, 37, 2, 24)]
+    q, do = (rng.standard_normal(shapes[0]).astype(np.float32) for _ in range(2))
+    k, v = (rng.standard_normal(shapes[1]).astype(np.float32) for _ in range(2))
+    opts = dict(causal=True, softcap=3.0)
+    if varlen:
+        opts.update(cu_seqlens_q=np.array([0, 11, 29], np.int32),
+                    cu_seqlens_k=np.array([0, 20, 37], np.int32), max_seqlen_q=18,
+                    max_seqlen_k=20)
+    want_o, want_lse = flashport.attention(q, k, v, return_lse=True, **opts)
+    want = flashport.attention_backward(do, q, k, v, want_o, want_lse, **opts)
+    fe = _OneBufferNumPy()
+    monkeypatch.setitem(_frontends._frontends, np.ndarray, fe)
+    o, lse = flashport.attention(q, k, v, return_lse=True, **opts)
+    o_alone = flashport.attention(q, k, v, **opts)
+    grads = flashport.attention_backward(do, q, k, v, o, lse, **opts)
+    assert np.array_equal(o, want_o) and np.array_equal(lse, want_lse)
+    assert np.array_equal(o_alone, want_o) and o_alone is fe.buffers[1]
+    for got, x, w in zip(grads, (q, k, v), want):
+        assert got.shape == x.shape and got.dtype == x.dtype and np.array_equal(got, w)
+    assert len(fe.buffers) == 3
+    for outs, buf in (((o, lse), fe.buffers[0]), (grads, fe.buffers[2])):
+        base = buf.__array_interface__["data"][0]
+        offsets = [x.__array_interface__["data"][0] - base for x in outs]
+        assert all(x.base is buf for x in outs) and offsets[0] == 0
+        assert all(off % 256 == 0 for off in offsets)
+        assert offsets[-1] + outs[-1].nbytes <= buf.nbytes
+
+
+def test_output_address_needs_a_shape():
+    """An output given by address whose shape q's rank does not give (lse of a rank-2 q) is
+    refused before anything is written."""
+    from flashport import _C
+
+    q = np.zeros((16, 8), np.float32)
+    room = np.full(64, 7.0, np.float32)
+    at = room.__array_interface__["data"][0]
+    with pytest.raises(flashport.Error) as e:
+        _C.forward("cpu", None, q, q, q, at, at, None, None, None, 0.0, -1, -1, False, 0.0, 0, 0,
+                   False, None, None)
+    assert e.value.status_name == "FLASHPORT_ERR_SHAPE_MISMATCH"
+    assert (room == 7.0).all()
+
+
+def test_output_layouts_are_bounded(monkeypatch):
+    """The table of output layouts (one entry per shapes and dtypes) does not grow past its bound
+    however many shapes a program sees (varlen token counts), and stays right past it."""
+    from flashport import _api, _frontends
+
+    monkeypatch.setitem(_frontends._frontends, np.ndarray, _OneBufferNumPy())
+    monkeypatch.setattr(_api, "_MAX_LAYOUTS", 4)
+    monkeypatch.setattr(_api, "_layouts", {})
+    rng = np.random.default_rng(12)
+    for n in range(3, 13):
+        q = rng.standard_normal((1, n, 2, 8)).astype(np.float32)
+        o, lse = flashport.attention(q, q, q, return_lse=True)
+        ro, rl = ref.forward(q, q, q)
+        _close(o, ro, TOL[np.float32], f"o, N = {n}")
+        _close(lse, rl, TOL[np.float32], f"lse, N = {n}")
+        assert len(_api._layouts) <= 4

@@ -23,9 +23,10 @@ if [ -n "${COVERAGE_CTEST:-}" ]; then
   ctest --test-dir "$build" -j2 $COVERAGE_CTEST >/dev/null || echo "coverage.sh: some tests failed"
 fi
 "$build/bin/fuzz_corpus" "$@"
-# gcov per object of the shared library (CMake names them <source>.o, notes <source>.gcno);
-# totals per source folder.
-objdir="$build/CMakeFiles/flashport.dir"
+# gcov per object of the library (CMake names them <source>.o, notes <source>.gcno); the shared
+# library and the tests' static flashport_internal are made of the same objects, so a ctest run
+# counts the tests linked to either. Totals per source folder.
+objdir="$build/CMakeFiles/flashport_objects.dir"
 for gcda in $(cd "$objdir" && find . -name '*.gcda' | sort); do
   rel=${gcda#./}
   rel=${rel%.gcda}

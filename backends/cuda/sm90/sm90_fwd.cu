@@ -138,6 +138,7 @@ typedef struct fp_sm90_fwd_params {
      * scratch from which the blocks claim their tiles past the first, in order. */
     int chunk;
     int *counter;
+    int handoff; /* the consumers' early turn handoff between tiles (HANDOFF) is on */
 } fp_sm90_fwd_params;
 
 /* The fp8 kernel's V^T, made in shared memory by the producer warpgroup's V preparers (ptid):
@@ -983,7 +984,7 @@ __global__ void __launch_bounds__(FP_SM90_THREADS, 1)
                 }
                 const int last = n - 1;
                 const unsigned ls = (kv + last) % ST;
-                opened = HANDOFF && read_next() < tiles;
+                opened = HANDOFF && prm.handoff && read_next() < tiles;
                 turn_begin();
                 wait_pv(last);
                 fp_sm90_fwd_pv<TI, CFG>(o, pa, sv, svt, ls);
@@ -1123,7 +1124,8 @@ typedef struct fp_sm90_fwd_grid {
  * and V fit in FP_SM90_CHUNK_BYTES of L2, so that the query blocks of a pair, which run at
  * different times, find them there. FLASHPORT_CUDA_SM90_FWD_GRID=N (read at each call, for tests
  * and A/B timings) forces the persistent kernel on a grid of at most N blocks for every problem, 0
- * the kernel of one block per tile; FLASHPORT_CUDA_SM90_FWD_CHUNK=C forces chunks of C pairs; any
+ * the kernel of one block per tile; FLASHPORT_CUDA_SM90_FWD_CHUNK=C forces chunks of C pairs,
+ * FLASHPORT_CUDA_SM90_FWD_HANDOFF=0 turns the consumers' turn handoff between tiles off; any
  * other value (e.g. "auto") leaves the choice to the rule. */
 #define FP_SM90_CHUNK_BYTES (16u << 20)
 #define FP_SM90_CLAIM_KEYS  2048
@@ -1228,6 +1230,7 @@ static flashport_status fp_sm90_launch(const fp_cuda_ctx *ctx, const fp_problem 
     prm.q_blocks = (int)plan.num_q_blocks;
     prm.tiles = (int)tiles;
     prm.chunk = grid.chunk;
+    prm.handoff = fp_sm90_env_count("FLASHPORT_CUDA_SM90_FWD_HANDOFF") != 0;
     prm.counter = grid.dynamic ? (int *)((char *)ws + part_bytes) : NULL;
     const int64_t persist = grid.blocks;
     cudaError_t e = cudaSuccess;

@@ -1114,14 +1114,14 @@ typedef struct fp_sm90_fwd_grid {
 } fp_sm90_fwd_grid;
 
 /* The grid for a problem of `tiles` tiles over `pairs` (head, batch x split) pairs, whose key
- * blocks of BN keys number key_blocks (the most one tile visits), inputs of eb bytes. The
+ * blocks number key_blocks (the most one tile visits), inputs of eb bytes. The
  * persistent kernel overlaps a block's next tile's loads with its current tile's last products
  * and its store, and no block is launched or retired between tiles; its loop over tiles costs
  * the consumers' main loop registers, so it pays only where tiles are short and outnumber the
  * SMs: at most 8 key blocks where every tile costs the same, at most FP_SM90_CLAIM_KEYS keys
- * where costs differ (causal masks, windows, varlen). There the blocks claim tiles as they free
- * up, the costliest of a chunk first, so that they end together; a chunk holds the pairs whose K
- * and V fit in FP_SM90_CHUNK_BYTES of L2, so that the query blocks of a pair, which run at
+ * (Nk) where costs differ (causal masks, windows, varlen). There the blocks claim tiles as they
+ * free up, the costliest of a chunk first, so that they end together; a chunk holds the pairs whose
+ * K and V fit in FP_SM90_CHUNK_BYTES of L2, so that the query blocks of a pair, which run at
  * different times, find them there. FLASHPORT_CUDA_SM90_FWD_GRID=N (read at each call, for tests
  * and A/B timings) forces the persistent kernel on a grid of at most N blocks for every problem, 0
  * the kernel of one block per tile; FLASHPORT_CUDA_SM90_FWD_CHUNK=C forces chunks of C pairs,
@@ -1139,7 +1139,7 @@ static long long fp_sm90_env_count(const char *name)
 
 static fp_sm90_fwd_grid fp_sm90_fwd_grid_of(const fp_cuda_ctx *ctx, const fp_problem *p,
                                             int64_t tiles, int64_t pairs, int64_t key_blocks,
-                                            int64_t bn, int64_t eb)
+                                            int64_t eb)
 {
     const bool uniform = p->window_left < 0 && p->window_right < 0 && !p->varlen && !p->seqused_k;
     fp_sm90_fwd_grid g;
@@ -1147,10 +1147,10 @@ static fp_sm90_fwd_grid fp_sm90_fwd_grid_of(const fp_cuda_ctx *ctx, const fp_pro
     if (force >= 0)
         g.blocks = force < tiles ? force : tiles;
     else
-        g.blocks = tiles > ctx->sm_count &&
-                           (uniform ? key_blocks <= 8 : key_blocks * bn <= FP_SM90_CLAIM_KEYS)
-                       ? ctx->sm_count
-                       : 0;
+        g.blocks =
+            tiles > ctx->sm_count && (uniform ? key_blocks <= 8 : p->seqlen_k <= FP_SM90_CLAIM_KEYS)
+                ? ctx->sm_count
+                : 0;
     g.dynamic = g.blocks > 0 && !uniform;
     const int64_t group = p->heads / p->kv_heads;
     const int64_t pair_bytes = 2 * p->seqlen_k * p->head_dim * eb / (group > 0 ? group : 1);
@@ -1209,8 +1209,7 @@ static flashport_status fp_sm90_launch(const fp_cuda_ctx *ctx, const fp_problem 
     /* the persistent kernel is built for f16 / bf16 inputs */
     fp_sm90_fwd_grid grid = {0, false, 1};
     if (sizeof(TI) == 2 && !empty)
-        grid =
-            fp_sm90_fwd_grid_of(ctx, p, tiles, pairs, (p->seqlen_k + BN - 1) / BN, BN, sizeof(TI));
+        grid = fp_sm90_fwd_grid_of(ctx, p, tiles, pairs, (p->seqlen_k + BN - 1) / BN, sizeof(TI));
     /* scratch: the split-KV partials, then the dynamic walk's counter */
     const size_t part_bytes = plan.num_splits <= 1 ? 0 : rows * (size_t)(a.d + 1) * sizeof(float);
     if (query) {

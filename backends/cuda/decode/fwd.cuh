@@ -405,7 +405,12 @@ __global__ void __launch_bounds__(fp_dec_cfg<DK, MT>::NW * 32)
             fp_mask_block_full(i0, i1, nb * BN, nb * BN + BN, nq, nk, a.left, a.right)
                 ? 0u
                 : fp_dec_guard_v<T, DK>(sv + stage * BN * DK, kw, lane);
-        /* Scores in log2 units, masked ones -inf; row maxima; rescale; P */
+        /* Scores in log2 units, masked ones -inf; row maxima; rescale; P. The sm80 forward's
+         * score step (fp_fwd_scores) has this loop's shape but not its work, so the two share
+         * only the per-element transform (fp_score_log2): here a row's token and ALiBi slope are
+         * per row (GQA packing), not per block; the page bits and the guard's bits join the mask
+         * per element; the scale is applied before the maximum (no lazy rescale), which this
+         * loop takes as it goes. */
         uint32_t pa[MT][4];
 #pragma unroll
         for (int m = 0; m < MT; ++m) {
@@ -419,11 +424,8 @@ __global__ void __launch_bounds__(fp_dec_cfg<DK, MT>::NW * 32)
                         const int kj = j0 + 8 * j + 2 * t + e;
                         float &x = s[m][j][2 * r + e];
                         const float v =
-                            a.transform
-                                ? fp_score_transform(x * a.scale, a.softcap, slope[m][r],
-                                                     fp_alibi_distance(tok[m][r], kj, nq, nk)) *
-                                      FP_LOG2E
-                                : x * a.scale_log2;
+                            a.transform ? fp_score_log2(a, x, slope[m][r], tok[m][r], kj, nq, nk)
+                                        : x * a.scale_log2;
                         const bool vis = page_ok && fp_mask32_visible(mk, tok[m][r], kj);
                         x = vis ? v : -INFINITY;
                         rowbad[m][r] |= vis && ((vbad >> (8 * j + 2 * t + e)) & 1u);

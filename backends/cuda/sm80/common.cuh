@@ -155,6 +155,16 @@ FP_DEV bool fp_mask_row_visible(const fp_mask_row &r, int c)
     return c >= r.lo && c < r.hi;
 }
 
+/* Score x of query row (position) i and key j under softcap and ALiBi, in log2 units:
+ * fp_score_transform (core/mask.h) of the scaled score, times log2(e). The per-element transform
+ * of the forward kernels' score steps (fp_fwd_scores, the decode kernel's). */
+FP_DEV float fp_score_log2(const fp_sm80_args &a, float x, float slope, int i, int j, int nq,
+                           int nk)
+{
+    return fp_score_transform(x * a.scale, a.softcap, slope, fp_alibi_distance(i, j, nq, nk)) *
+           FP_LOG2E;
+}
+
 /* How a block of scores is treated: all visible, per-element mask, or mask plus softcap/ALiBi.
  * A template argument, so each variant is straight-line code (a run-time test per element
  * would split the unrolled tile into hundreds of branches). */

@@ -199,7 +199,7 @@ static const tc_case table[] = {
      .seqused = {150, 33}},
     {FP8(FP8_E4M3, BF16, 1, 4, 2, 37, 160, 128), .page_size = 7, .causal = 1, .use_seqused = 1,
      .seqused = {121}},
-    /* Decode kernels (backends/cuda/decode/fwd.cu, the HIP kernels' GQA packing): a group of 32
+    /* Decode kernels (backends/cuda/decode/fwd.cuh, the HIP kernels' GQA packing): a group of 32
      * (two 16-row tiles of one kv head) on 256-key pages, long enough to split on an emulated
      * H200; speculative decoding Nq = 4 with a group of 8 (32 packed rows, causal); D = 256 on
      * 32-key pages (its 32-key blocks: one page each); D = 72 on the D = 128 kernel, seqused 1

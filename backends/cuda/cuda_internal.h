@@ -10,8 +10,10 @@
  *   sm80/bwd.cu      backward launcher and side passes (preprocess, dQ convert); kernels
  *                    (dK/dV + atomic dQ, deterministic dQ): sm80/bwd.cuh, sm80/inst/bwd_d*.cu
  *   sm90/sm90_fwd.cu forward on sm_90a: TMA + wgmma + warp specialization
- *   sm90/sm90_bwd.cu backward on sm_90a, the same way
- *   decode/fwd.cu    decode forward (GQA-packed rows, split-KV, paged caches), every cc >= 8.0
+ *   sm90/sm90_bwd.cu backward launcher on sm_90a; kernel (the same way): sm90/sm90_bwd.cuh,
+ *                    sm90/inst/bwd_d*.cu
+ *   decode/fwd.cu    decode forward launcher; kernel (GQA-packed rows, split-KV, paged caches,
+ *                    every cc >= 8.0): decode/fwd.cuh, decode/inst/fwd_d*.cu
  *   layout.cu        staging of tensors whose rows are not 16-byte aligned
  */
 #ifndef FLASHPORT_BACKENDS_CUDA_INTERNAL_H

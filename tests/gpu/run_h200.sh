@@ -130,7 +130,7 @@ fi
 if has decode; then
     # Issue 18's decode grid against SDPA (compare_torch.py --decode; DECODE_ARGS narrow it), after
     # a checked flashport-bench decode run on a dense and a paged cache (both on the CUDA
-    # backend's decode kernel, backends/cuda/decode/fwd.cu).
+    # backend's decode kernel, backends/cuda/decode/fwd.cuh).
     start=$(date +%s)
     {
         for paged in "" "--paged 16" "--paged 256"; do

@@ -21,7 +21,8 @@
 # The .cu and .cuh files are compiled as C++ after a textual rewrite of kernel<<<...>>>(args) into
 # kernel << fp_emu_cfg(...)(args) (one launch per line, which the sources keep): the rewritten
 # copies of backends/cuda go to <build>/cudaemu/src, ahead of the sources on the include path.
-# Each sm80 instantiation file (sm80/inst/) is compiled alone, as with FLASHPORT_CUDA_UNITY=OFF.
+# Each instantiation file (sm80/inst/, decode/inst/) is compiled alone, as with
+# FLASHPORT_CUDA_UNITY=OFF.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/../../.." && pwd)
 build=$(cd "${1:?usage: run_emu.sh <build folder> [test_backends options]}" && pwd)
@@ -51,8 +52,9 @@ build_lib() {
     rewrite_sources
     pids=()
     rm -f "$out"/obj/*.o
-    for f in sm80/fwd.cu sm80/bwd.cu $(cd "$root/backends/cuda" && ls sm80/inst/*.cu) \
-        emu/sm90_declines.cu decode/fwd.cu layout.cu; do
+    for f in sm80/fwd.cu sm80/bwd.cu decode/fwd.cu \
+        $(cd "$root/backends/cuda" && ls sm80/inst/*.cu decode/inst/*.cu) emu/sm90_declines.cu \
+        layout.cu; do
         compile_cu "$f" "$out/obj/${f//\//_}.o" &
         pids+=($!)
     done

@@ -34,7 +34,7 @@
  * filled from the problem by fp_kernel_args_fill, kept first so that its layout is the
  * kernels' parameter layout) and the fields of this path's backward. The forward's split-KV
  * partials (o_part, lse_part) are [splits, B, H, nq, d] f32 and [splits, B, H, nq]. Only the
- * decode kernel (decode/fwd.cu) reads paged caches. */
+ * decode kernel (decode/fwd.cuh) reads paged caches. */
 typedef struct fp_sm80_args : fp_kernel_args {
     float *ws_lse2;  /* [B, H, nq_pad]: LSE * log2(e), +inf where a row sees nothing */
     float *ws_dsum;  /* [B, H, nq_pad]: rowsum(dO * O) */
@@ -153,6 +153,16 @@ FP_DEV fp_mask_row fp_mask32_row(const fp_mask32 &m, int i, int jb)
 FP_DEV bool fp_mask_row_visible(const fp_mask_row &r, int c)
 {
     return c >= r.lo && c < r.hi;
+}
+
+/* Score x of query row (position) i and key j under softcap and ALiBi, in log2 units:
+ * fp_score_transform (core/mask.h) of the scaled score, times log2(e). The per-element transform
+ * of the forward kernels' score steps (fp_fwd_scores, the decode kernel's). */
+FP_DEV float fp_score_log2(const fp_sm80_args &a, float x, float slope, int i, int j, int nq,
+                           int nk)
+{
+    return fp_score_transform(x * a.scale, a.softcap, slope, fp_alibi_distance(i, j, nq, nk)) *
+           FP_LOG2E;
 }
 
 /* How a block of scores is treated: all visible, per-element mask, or mask plus softcap/ALiBi.
@@ -562,7 +572,7 @@ FP_DEV int64_t fp_bwd_ws_row(const fp_sm80_args &a, int b, int h, int64_t i)
 /* The steps of a dK/dV kernel: every query block mb_lo <= mb < mb_end that sees the key block,
  * for each query head of the kv head's group in turn. Walked with counters: a division per step
  * costs about twenty instructions per thread. fp_bwd_next_step walks the query blocks first to
- * last (the sm80 kernels), fp_bwd_prev_step last to first (the sm90 kernel: sm90/sm90_bwd.cu says
+ * last (the sm80 kernels), fp_bwd_prev_step last to first (the sm90 kernel: sm90/sm90_bwd.cuh says
  * why); either moves to the next query head after the last block. */
 FP_DEV void fp_bwd_next_step(int &h, int &mb, int mb_lo, int mb_end)
 {
@@ -647,6 +657,16 @@ template <typename T, int DK> struct fp_sm80_fwd_family {
                                 int alt, void *ws, size_t *query);
 };
 template <typename T, int DK> struct fp_sm80_bwd_family {
+    static flashport_status run(const fp_cuda_ctx *ctx, const fp_problem *p, const fp_sm80_args &a,
+                                void *ws, size_t *query);
+};
+
+/* The decode kernel's families (decode/fwd.cu; the same instructions and argument block as the
+ * sm80 kernels): one per head-dim class of FP_DECODE_DK_CLASSES and element type T. run picks
+ * the row tiles a block holds and launches, or with query != NULL sets *query to the workspace
+ * bytes. decode/fwd.cuh defines it; decode/inst/fwd_d64.cu, ... instantiate both dtypes. */
+#define FP_DECODE_DK_CLASSES 64, 128, 256
+template <typename T, int DK> struct fp_decode_fwd_family {
     static flashport_status run(const fp_cuda_ctx *ctx, const fp_problem *p, const fp_sm80_args &a,
                                 void *ws, size_t *query);
 };

@@ -24,8 +24,12 @@
  * partial LSEs' maximum; then O = sum_s e^(lse_s - LSE) O_s, warp w summing splits w, w + 4, ...
  * in order and the four sums added in warp order (deterministic). No split's loads wait on
  * another's, so a row's partials are read with many loads in flight (a decode call may have 128
- * splits). A NaN partial LSE makes the row's LSE and O NaN; a row no split saw a key of gets
- * O = 0 and LSE = -inf (fp_softmax_merge's rule). grid (nq, H, B), 128 threads. */
+ * splits). The partial LSEs are read from global memory once, into shared memory, where the
+ * splits fit FP_COMBINE_LSE_CACHE (the planners cap them at 128 for decode, 64 otherwise); more
+ * splits (forced by FLASHPORT_CUDA_DECODE_SPLITS) re-read them at each of the three uses. A NaN
+ * partial LSE makes the row's LSE and O NaN; a row no split saw a key of gets O = 0 and LSE = -inf
+ * (fp_softmax_merge's rule). grid (nq, H, B), 128 threads. */
+enum { FP_COMBINE_LSE_CACHE = 128 };
 template <typename T>
 __global__ void __launch_bounds__(128) fp_sm80_fwd_combine(const fp_sm80_args a)
 {
@@ -33,6 +37,7 @@ __global__ void __launch_bounds__(128) fp_sm80_fwd_combine(const fp_sm80_args a)
     __shared__ float part[NW][COLS];
     __shared__ float wmax[NW], wsum[NW];
     __shared__ int wnan[NW];
+    __shared__ float lse_s[FP_COMBINE_LSE_CACHE];
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
     const int i = blockIdx.x, h = blockIdx.y, b = blockIdx.z;
     const fp_cuda_seq sq_ = fp_cuda_seq_of(a, b);
@@ -41,10 +46,14 @@ __global__ void __launch_bounds__(128) fp_sm80_fwd_combine(const fp_sm80_args a)
     /* row (split s, b, h, i) of the partials' layout: row0 + s * per_split */
     const int64_t row0 = ((int64_t)b * a.heads + h) * a.nq + i;
     const int64_t per_split = (int64_t)a.batch * a.heads * a.nq;
+    const bool cached = a.splits <= FP_COMBINE_LSE_CACHE;
+    auto lse_of = [&](int s) { return cached ? lse_s[s] : a.lse_part[row0 + s * per_split]; };
     float mx = -INFINITY;
     int nan = 0;
     for (int s = tid; s < a.splits; s += NW * 32) {
         const float x = a.lse_part[row0 + s * per_split];
+        if (cached)
+            lse_s[s] = x;
         nan |= x != x;
         mx = fmaxf(mx, x);
     }
@@ -62,7 +71,7 @@ __global__ void __launch_bounds__(128) fp_sm80_fwd_combine(const fp_sm80_args a)
     float sum = 0.0f;
     if (mx != -INFINITY)
         for (int s = tid; s < a.splits; s += NW * 32)
-            sum += expf(a.lse_part[row0 + s * per_split] - mx);
+            sum += expf(lse_of(s) - mx);
 #pragma unroll
     for (int off = 16; off > 0; off >>= 1)
         sum += __shfl_xor_sync(0xffffffffu, sum, off);
@@ -77,7 +86,7 @@ __global__ void __launch_bounds__(128) fp_sm80_fwd_combine(const fp_sm80_args a)
 #pragma unroll 4
         for (int s = warp; s < a.splits; s += NW) {
             const int64_t row = row0 + s * per_split;
-            const float w = expf(a.lse_part[row] - lse); /* 0 for a split that saw no key */
+            const float w = expf(lse_of(s) - lse); /* 0 for a split that saw no key */
             const float *src = a.o_part + row * a.d;
 #pragma unroll
             for (int c = 0; c < 4; ++c) {

@@ -222,9 +222,7 @@ FP_DEV void fp_fwd_scores(float (*s)[NB8][4], const fp_sm80_args &a, const fp_ma
                     for (int e = 0; e < 2; ++e) {
                         const int kj = jb + 8 * j + e;
                         float &x = s[mt][j][2 * r + e];
-                        const float v = fp_score_transform(x * a.scale, a.softcap, slope,
-                                                           fp_alibi_distance(i, kj, nq, nk)) *
-                                        FP_LOG2E;
+                        const float v = fp_score_log2(a, x, slope, i, kj, nq, nk);
                         x = fp_mask32_visible(mk, i, kj) ? v : -INFINITY;
                     }
             }

@@ -1,0 +1,665 @@
+/*
+ * Flash attention backward, sm90 path (Hopper, sm_90a): TMA + wgmma + warp specialization.
+ *
+ * Algorithm (FlashAttention-2's backward with the FlashAttention-3 paper's Hopper structure,
+ * written from the paper and the PTX ISA), P recomputed from the forward's LSE:
+ *   1. The sm80 path's side pass (fp_cuda_bwd_side_pre): LSE * log2(e) and Dsum = rowsum(dO * O)
+ *      per query row into the [B, H, nq_pad] workspace; the f32 dQ accumulator zeroed.
+ *   2. fp_sm90_bwd_kernel: one thread block of three warpgroups per (key block of BN = 128
+ *      keys, kv head, batch); its dK and dV accumulate in registers over every query block that
+ *      sees the key block, for every query head of the GQA group, or of its slice of the group
+ *      where the grid would be too small (fp_cuda_bwd_group_splits; the slices' f32 partials are
+ *      then added in slice order by the sm80 path's fp_cuda_bwd_side_dkdv_sum).
+ *        producer warpgroup (setmaxnreg gives its registers away): thread 0 issues TMA loads
+ *          of the K and V tiles once, then per step (query head, query block of BM rows) the Q
+ *          and dO tiles (tensor maps) and the rows' LSE2 and Dsum (bulk copies) into a ring of
+ *          ST stages, each with a "full" and an "empty" mbarrier; thread 32 (the dQ writer)
+ *          adds each step's dQ tile from shared memory to the f32 accumulator with one bulk
+ *          reduction (cp.reduce.async.bulk .add.f32).
+ *        consumers (warpgroups 1 and 2, 64 keys each): with the keys as the rows of every
+ *          product, so that P^T and dS^T come out of the accumulators in the layout of wgmma's
+ *          register A operand:
+ *            S^T = K Q^T and dP^T = V dO^T (both operands in shared memory);
+ *            P^T = exp2(S^T scale log2(e) - LSE2), dS^T = P^T (dP^T - Dsum) in registers;
+ *            dV += P^T dO and dK += dS^T Q (A from registers, B = dO / Q MN-major);
+ *            dS^T to shared memory (two buffers, by step parity), one barrier between the two
+ *            warpgroups, then dQ = dS K (both operands MN-major) over all 128 keys: at D = 128
+ *            each warpgroup takes 64 of dQ's columns, at D = 64 (BM = 128) 64 of its rows;
+ *            dQ to a shared tile in the accumulator's order (the sm80 path's fp_dq_frag_off, so
+ *            that the conversion pass is shared), handed to the writer through mbarriers.
+ *   3. fp_cuda_bwd_side_dq: the accumulator scaled into dq.
+ * Query blocks are walked from the last to the first: every key block of a causal mask then
+ * reaches a query block at the same step (the last query blocks see every key block).
+ * Deterministic mode: a counter per (batch, head, query block) makes the key blocks that see the
+ * query block add their dQ tiles one after another in key-block order (the writer waits for its
+ * turn, adds, waits for the add to complete, passes the turn on). Blocks are launched in
+ * key-block order, so a turn's owner has always started; with the walk above, the key blocks
+ * arrive at a query block together and the turns cost a chain of reductions, not a wavefront of
+ * steps. Every sum then has a fixed order: bitwise identical run to run.
+ * Masking mirrors the forward: only query blocks that see the key block are visited
+ * (fp_geom_query_blocks), fp_mask_block_full picks the steps that need no per-element mask, and
+ * the others select (never multiply) P and dS to 0 for keys a row cannot see. Softcap
+ * multiplies dS by fp_softcap_grad of the capped score; ALiBi adds nothing to the gradient.
+ * The masked-key guard (docs/reliability.md): K rows are scrubbed of non-finite elements once per
+ * block where the first step's S^T says they hold one, the Q and dO rows of edge steps (masked
+ * pairs, or rows past the sequence) before their products when the rows' LSE2 / Dsum say one may
+ * hold a non-finite element, so that a masked zero of P or dS never meets a NaN or inf; a visible
+ * pair of a scrubbed row gets its NaN back by a select.
+ *
+ * Configurations (fp_sm90_bwd_cfg, sm90/bwd_config.cuh; 384 threads, one block per SM):
+ * D = 64: BM 128, D = 128: BM 64; BN 128, 2 stages. Other head dims up to 128 run on the next
+ * larger kernel (TMA reads the columns past D as zeros); larger head dims run on the sm80 path.
+ *
+ * Differences from the reference: P and dS are rounded to f16/bf16 before the products that
+ * use them; exp2 is the hardware approximation; outside the deterministic mode dQ is summed in an
+ * order that varies from run to run (last-bit differences). Numbers: docs/performance.md.
+ *
+ * This header holds the kernel and its launch (fp_sm90_bwd_family, sm90/bwd_config.cuh); one
+ * file per head dim instantiates them (sm90/inst/bwd_d64.cu, bwd_d128.cu), the launcher is
+ * sm90/sm90_bwd.cu.
+ */
+#ifndef FLASHPORT_BACKENDS_CUDA_SM90_SM90_BWD_CUH
+#define FLASHPORT_BACKENDS_CUDA_SM90_SM90_BWD_CUH
+
+#include "backends/cuda/cuda_internal.h"
+#include "backends/cuda/sm80/common.cuh"
+#include "backends/cuda/sm90/bwd_config.cuh"
+#include "backends/cuda/sm90/common.cuh"
+
+#include "core/problem.h"
+
+#include <math.h>
+
+typedef struct fp_sm90_bwd_params {
+    CUtensorMap tq, tk, tv, tdo; /* 4-d maps (D, tokens, heads, batch); boxes of 64 x rows */
+    fp_sm80_args a;
+    /* deterministic mode: [B, H, nq_pad / BM] turn counters (zeroed), one per query block: the
+     * key blocks that see it add their dQ in key-block order; NULL otherwise */
+    int *dq_turn;
+} fp_sm90_bwd_params;
+
+/* Byte offset of element (row, column c) in a tile of ROWS rows stored as TMA writes it with
+ * 128-byte swizzling: panels of ROWS x 64 columns, rows of 128 bytes, 1024-byte aligned. */
+template <int ROWS> FP_DEV uint32_t fp_swz128(int row, int c)
+{
+    return (uint32_t)((c / 64) * ROWS * 128 + row * 128 + ((((c % 64) / 8) ^ (row & 7)) << 4) +
+                      (c % 8) * 2);
+}
+
+/* The masked-key guard (docs/reliability.md): row `row` of a shared tile stored as TMA writes it
+ * (ROWS-row panels of 64 columns, 128-byte rows) with its infinite and NaN elements set to 0
+ * (fp_scrub_word); returns whether it had one. The swizzle only permutes a row's 16-byte
+ * chunks, so they are visited in storage order. */
+template <typename T, int ROWS, int DK> FP_DEV bool fp_sm90_scrub_row(unsigned char *tile, int row)
+{
+    bool bad = false;
+#pragma unroll 4
+    for (int c = 0; c < DK / 8; ++c) {
+        bad |= fp_scrub_chunk<T>(
+            reinterpret_cast<uint4 *>(tile + (c / 8) * ROWS * 128 + row * 128 + (c % 8) * 16));
+    }
+    return bad;
+}
+
+/* The block's mbarriers, 8 bytes each from shared address bars: K and V landed; stage s full
+ * (its Q, dO, LSE2 and Dsum landed) and empty (both consumer warpgroups done with it); dQ tile u
+ * full (written by the consumers) and empty (added to the accumulator by the writer). */
+template <typename CFG> FP_DEV uint32_t fp_sm90b_full(uint32_t bars, int s)
+{
+    return bars + 8u * (1 + s);
+}
+template <typename CFG> FP_DEV uint32_t fp_sm90b_empty(uint32_t bars, int s)
+{
+    return bars + 8u * (1 + CFG::ST + s);
+}
+template <typename CFG> FP_DEV uint32_t fp_sm90b_dq_full(uint32_t bars, int u)
+{
+    return bars + 8u * (1 + 2 * CFG::ST + u);
+}
+template <typename CFG> FP_DEV uint32_t fp_sm90b_dq_empty(uint32_t bars, int u)
+{
+    return bars + 8u * (1 + 2 * CFG::ST + CFG::DQB + u);
+}
+
+/* The dQ writer (producer thread 32) of key block kb of batch b: the consumers leave each step's
+ * dQ tile (query head h, query block mb: the steps walk mb_end - 1 down to mb_lo for each head
+ * from h_first) in shared memory at sdq, in the accumulator's order; one bulk reduction adds it
+ * to the BM contiguous rows of the accumulator. Deterministic mode: each query block's counter
+ * says whose turn it is. */
+template <typename CFG>
+FP_DEV void fp_sm90_bwd_dq_writer(const fp_sm90_bwd_params &prm, uint32_t sdq, uint32_t bars, int b,
+                                  int kb, int h_first, int mb_lo, int mb_end, int steps, int nq,
+                                  int nk)
+{
+    constexpr int BM = CFG::BM, BN = CFG::BN, DK = CFG::DK, DQB = CFG::DQB;
+    const fp_sm80_args &a = prm.a;
+    int h = h_first, mb = mb_end - 1;
+    for (int it = 0; it < steps; ++it) {
+        const int u = it % DQB, m0 = mb * BM;
+        fp_mbar_wait(fp_sm90b_dq_full<CFG>(bars, u), (it / DQB) & 1);
+        float *dst = a.dq_accum + fp_bwd_ws_row(a, b, h, m0) * DK;
+        int *turn = NULL;
+        if (prm.dq_turn) {
+            turn = prm.dq_turn + ((int64_t)b * a.heads + h) * (a.nq_pad / BM) + mb;
+            int kb_lo, kb_hi;
+            fp_geom_key_blocks(m0, min(m0 + BM, nq), nq, nk, a.left, a.right, BN, &kb_lo, &kb_hi);
+            while (fp_ld_acquire_gpu(turn) != kb - kb_lo) {
+            }
+            fp_fence_proxy_async_global();
+        }
+        fp_bulk_reduce_add_f32(dst, sdq + u * CFG::DQ_BYTES, CFG::DQ_BYTES);
+        fp_bulk_commit();
+        if (turn) {
+            fp_bulk_wait();
+            fp_fence_proxy_async_global();
+            fp_red_release_gpu(turn, 1);
+        } else {
+            fp_bulk_wait_read();
+        }
+        fp_mbar_arrive(fp_sm90b_dq_empty<CFG>(bars, u));
+        fp_bwd_prev_step(h, mb, mb_lo, mb_end);
+    }
+    fp_bulk_wait();
+}
+
+/* The loader (producer thread 0): the K and V tiles of the key block (rows k_row .. of kv head
+ * kvh, batch coordinate cb) once, then each step's Q and dO tiles (TMA, rows q_start + mb BM ..)
+ * and its rows' LSE2 and Dsum (bulk copies) into stage it % ST, once both consumer warpgroups
+ * have freed it; the steps as in fp_sm90_bwd_dq_writer. */
+template <typename CFG>
+FP_DEV void fp_sm90_bwd_loader(const fp_sm90_bwd_params &prm, uint32_t sk, uint32_t sv, uint32_t sq,
+                               uint32_t sdo, uint32_t srow, uint32_t bars, int b, int cb, int k_row,
+                               int kvh, int64_t q_start, int h_first, int mb_lo, int mb_end,
+                               int steps)
+{
+    constexpr int BM = CFG::BM, BN = CFG::BN, ST = CFG::ST, NP = CFG::DK / 64;
+    constexpr uint32_t Q_BYTES = CFG::Q_BYTES, ROW_BYTES = CFG::ROW_BYTES;
+    const fp_sm80_args &a = prm.a;
+    fp_mbar_arrive_expect_tx(bars, 2 * CFG::KV_BYTES); /* bars: K and V landed */
+#pragma unroll
+    for (int p = 0; p < NP; ++p) {
+        fp_tma_load_4d(sk + p * BN * 128, &prm.tk, bars, 64 * p, k_row, kvh, cb);
+        fp_tma_load_4d(sv + p * BN * 128, &prm.tv, bars, 64 * p, k_row, kvh, cb);
+    }
+    int h = h_first, mb = mb_end - 1;
+    for (int it = 0; it < steps; ++it) {
+        const int s = it % ST;
+        fp_mbar_wait(fp_sm90b_empty<CFG>(bars, s), ((it / ST) & 1) ^ 1);
+        fp_mbar_arrive_expect_tx(fp_sm90b_full<CFG>(bars, s), 2 * Q_BYTES + 2 * ROW_BYTES);
+        const int q_row = (int)q_start + mb * BM;
+#pragma unroll
+        for (int p = 0; p < NP; ++p) {
+            fp_tma_load_4d(sq + s * Q_BYTES + p * BM * 128, &prm.tq, fp_sm90b_full<CFG>(bars, s),
+                           64 * p, q_row, h, cb);
+            fp_tma_load_4d(sdo + s * Q_BYTES + p * BM * 128, &prm.tdo, fp_sm90b_full<CFG>(bars, s),
+                           64 * p, q_row, h, cb);
+        }
+        const int64_t w = fp_bwd_ws_row(a, b, h, (int64_t)mb * BM);
+        fp_bulk_load(srow + s * ROW_BYTES, a.ws_lse2 + w, ROW_BYTES, fp_sm90b_full<CFG>(bars, s));
+        fp_bulk_load(srow + (ST + s) * ROW_BYTES, a.ws_dsum + w, ROW_BYTES,
+                     fp_sm90b_full<CFG>(bars, s));
+        fp_bwd_prev_step(h, mb, mb_lo, mb_end);
+    }
+}
+
+/* ---- the consumers' steps: element 4 j + 2 r + e of a warpgroup's S^T or dP^T accumulator
+ * (BM / 2 floats a thread) is key kr + 8 r (kr: the thread's first key) and query
+ * 8 j + 2 t + e of the step's block (t: lane % 4) */
+
+/* dS^T (da: as wgmma's A fragments, BM / 16 k steps) -> a dS buffer at gds ([key][query], BM / 64
+ * panels of BN rows, as TMA would write it), for the dQ product's B operand. */
+template <int BM, int BN>
+FP_DEV void fp_sm90_bwd_store_ds(unsigned char *gds, const uint32_t (&da)[BM / 16][4], int kr,
+                                 int t)
+{
+#pragma unroll
+    for (int j = 0; j < BM / 8; ++j)
+#pragma unroll
+        for (int r = 0; r < 2; ++r)
+            *reinterpret_cast<uint32_t *>(gds + fp_swz128<BN>(kr + 8 * r, 8 * j + 2 * t)) =
+                da[j / 2][2 * (j % 2) + r];
+}
+
+/* Warpgroup w's 64 x 64 piece of dQ (the m64n64 accumulator dq) -> the dQ tile at tile, in the
+ * accumulator's order (bands of 16 rows, fp_dq_frag_off): element 4 j + 2 r + e is row
+ * 16 band + g + 8 r, column c0 + 8 j + 2 t + e, with the piece's rows or columns by w. */
+template <typename CFG>
+FP_DEV void fp_sm90_bwd_stage_dq(unsigned char *tile_bytes, const float (&dq)[32], int w, int warp,
+                                 int g, int t)
+{
+    const int band = (CFG::DQ_BY_ROWS ? 4 * w : 0) + warp;
+    const int c0 = CFG::DQ_BY_ROWS ? 0 : 64 * w;
+    float *tile = reinterpret_cast<float *>(tile_bytes) + band * 16 * CFG::DK;
+#pragma unroll
+    for (int j = 0; j < 8; ++j)
+#pragma unroll
+        for (int r = 0; r < 2; ++r)
+            *reinterpret_cast<float2 *>(tile + fp_dq_frag_off(g + 8 * r, c0 + 8 * j + 2 * t)) =
+                make_float2(dq[4 * j + 2 * r], dq[4 * j + 2 * r + 1]);
+}
+
+// q, dout, dq: (B, Nq, H, D); k, v, dk, dv: (B, Nk, Hkv, D); grid (key blocks, Hkv, B).
+template <typename T, typename CFG>
+__global__ void __launch_bounds__(FP_SM90B_THREADS, 1)
+    fp_sm90_bwd_kernel(const __grid_constant__ fp_sm90_bwd_params prm)
+{
+#if FP_SM90_DEVICE
+    constexpr int BM = CFG::BM, BN = CFG::BN, DK = CFG::DK, ST = CFG::ST;
+    constexpr uint32_t KV_BYTES = CFG::KV_BYTES, Q_BYTES = CFG::Q_BYTES, ROW_BYTES = CFG::ROW_BYTES,
+                       DS_BYTES = CFG::DS_BYTES;
+    const fp_sm80_args &a = prm.a;
+
+    extern __shared__ unsigned char fp_smem_raw[];
+    const uint32_t raw = fp_smem_addr(fp_smem_raw);
+    const uint32_t sk = (raw + 1023u) & ~1023u;
+    unsigned char *const gbase = fp_smem_raw + (sk - raw); /* generic pointer to sk */
+    const uint32_t sv = sk + KV_BYTES, sq = sv + KV_BYTES, sdo = sq + ST * Q_BYTES;
+    constexpr int DQB = CFG::DQB;
+    constexpr uint32_t DQ_BYTES = CFG::DQ_BYTES;
+    const uint32_t sds = sdo + ST * Q_BYTES, sdq = sds + 2 * DS_BYTES;
+    const uint32_t srow = sdq + DQB * DQ_BYTES;
+    const uint32_t sflags = srow + 2 * ST * ROW_BYTES; /* K's row flags, then each stage's */
+    uint8_t *const kflag = gbase + (sflags - sk);
+    /* Q / dO rows the guard flagged so far, ever growing: a thread that sees no change since its
+     * last look knows this step flagged none */
+    unsigned *const rbad_rows = reinterpret_cast<unsigned *>(kflag + BN + ST * 2 * BM);
+    const uint32_t bars = sflags + BN + ST * 2 * BM + 8;
+    const uint32_t kv_full = bars;
+    /* LSE2 and Dsum of stage s */
+    auto lse_of = [&](int s) {
+        return reinterpret_cast<const float *>(gbase + (srow - sk) + s * ROW_BYTES);
+    };
+    auto dsum_of = [&](int s) {
+        return reinterpret_cast<const float *>(gbase + (srow - sk) + (ST + s) * ROW_BYTES);
+    };
+
+    const int tid = threadIdx.x, wg = tid >> 7, wtid = tid & 127;
+    const int kb = blockIdx.x, b = blockIdx.z;
+    /* this block's slice of the kv head's query heads (all of them without group splits) */
+    const int kvh = blockIdx.y / a.group_splits, split = blockIdx.y % a.group_splits;
+    const int slice = a.group / a.group_splits, h_first = kvh * a.group + split * slice;
+    const fp_cuda_seq seq = fp_cuda_seq_of(a, b);
+    const int nq = seq.nq, nk = seq.nk, n0 = kb * BN;
+    if (n0 >= nk)
+        return;
+    int mb_lo, mb_end;
+    fp_geom_query_blocks(n0, min(n0 + BN, nk), nq, nk, a.left, a.right, BM, &mb_lo, &mb_end);
+    const int steps = slice * (mb_end - mb_lo);
+
+    if (tid == 0) {
+        *rbad_rows = 0;
+        fp_mbar_init(kv_full, 1);
+        for (int s = 0; s < ST; ++s) {
+            fp_mbar_init(fp_sm90b_full<CFG>(bars, s), 1);
+            fp_mbar_init(fp_sm90b_empty<CFG>(bars, s), FP_SM90B_CONSUMER_THREADS);
+        }
+        for (int u = 0; u < DQB; ++u) {
+            fp_mbar_init(fp_sm90b_dq_full<CFG>(bars, u), FP_SM90B_CONSUMER_THREADS);
+            fp_mbar_init(fp_sm90b_dq_empty<CFG>(bars, u), 1);
+        }
+        fp_mbar_fence_init();
+    }
+    __syncthreads();
+
+    if (wg == 0) {
+        /* ---- producer warpgroup: thread 0 issues every load, thread 32 writes dQ ---- */
+        /* the 168 registers a thread starts with: 128 x (168 - 24) given up, 256 x (240 - 168)
+         * taken */
+        fp_setmaxnreg_dec<24>();
+        if (wtid == 32 && steps > 0)
+            fp_sm90_bwd_dq_writer<CFG>(prm, sdq, bars, b, kb, h_first, mb_lo, mb_end, steps, nq,
+                                       nk);
+        if (wtid == 0 && steps > 0) {
+            fp_tma_prefetch_desc(&prm.tq);
+            fp_tma_prefetch_desc(&prm.tdo);
+            /* varlen maps are (D, packed tokens, heads, 1): the batch coordinate is 0 */
+            fp_sm90_bwd_loader<CFG>(prm, sk, sv, sq, sdo, srow, bars, b, a.cu_q ? 0 : b,
+                                    (int)seq.k_start + n0, kvh, seq.q_start, h_first, mb_lo, mb_end,
+                                    steps);
+        }
+        return;
+    }
+
+    /* ---- consumers: warpgroup w owns keys 64 w .. 64 w + 63 of the block ---- */
+    fp_setmaxnreg_inc<240>();
+    const int w = wg - 1, warp = wtid >> 5, lane = tid & 31;
+    const int g = lane >> 2, t = lane & 3;
+    const int kr = 64 * w + 16 * warp + g; /* this thread's keys: n0 + kr, n0 + kr + 8 */
+    const uint32_t k_rows = sk + 64 * w * 128, v_rows = sv + 64 * w * 128;
+
+    float dv[DK / 2], dk[DK / 2];
+#pragma unroll
+    for (int i = 0; i < DK / 2; ++i)
+        dv[i] = dk[i] = 0.0f;
+
+    if (steps > 0) {
+        const fp_mask32 mk = fp_mask32_make(nq, nk, a.left, a.right);
+        fp_mbar_wait(kv_full, 0);
+        /* The guard's K part, at the first step: an S^T row is non-finite for every query when
+         * its K row holds a non-finite element (inf x 0 is NaN too), so a warp whose S^T rows
+         * are finite has clean K rows (its 16 keys); otherwise its lanes 0 .. 15 scrub those
+         * rows (dQ = dS K would meet them with the masked zeros of dS) and flag them in kflag.
+         * The first dQ product's barrier orders the writes before the other warpgroup reads K.
+         * kbad[r]: this thread's key row had one. */
+        bool kbad[2] = {false, false}, kany = false;
+        auto k_guard = [&](const float(&sv)[BM / 2]) {
+            bool bad = false;
+#pragma unroll
+            for (int i = 0; i < BM / 2; ++i)
+                bad |= !isfinite(sv[i]);
+            if (__any_sync(0xffffffffu, bad)) {
+                const int row = 64 * w + 16 * warp + lane;
+                if (lane < 16)
+                    kflag[row] = fp_sm90_scrub_row<T, BN, DK>(gbase, row) ? 1 : 0;
+                fp_fence_proxy_async_smem();
+                __syncwarp();
+                kbad[0] = kflag[kr] != 0;
+                kbad[1] = kflag[kr + 8] != 0;
+                kany = kbad[0] || kbad[1];
+            }
+        };
+        unsigned rbad_seen = 0;
+        /* The steps' P^T = exp2(S^T scale log2(e) - LSE2) over sacc (once S^T has landed) and
+         * dS^T = P^T (dP^T - Dsum) over dpacc (once dP^T has: the two wgmma groups are waited for
+         * in turn, so that the exp2s overlap the dP^T product); lse2, dsum: the step's rows;
+         * first: the block's first step, whose S^T the guard's K part looks at */
+        auto p_ds = [&](float(&sacc)[BM / 2], float(&dpacc)[BM / 2], const float *lse2,
+                        const float *dsum, bool first) {
+            fp_wgmma_wait<1>();
+            fp_wgmma_fence_regs(sacc);
+            if (first)
+                k_guard(sacc);
+#pragma unroll
+            for (int j = 0; j < BM / 8; ++j) {
+                const float2 l = *reinterpret_cast<const float2 *>(lse2 + 8 * j + 2 * t);
+#pragma unroll
+                for (int r = 0; r < 2; ++r) {
+                    sacc[4 * j + 2 * r] = fp_exp2(fmaf(sacc[4 * j + 2 * r], a.scale_log2, -l.x));
+                    sacc[4 * j + 2 * r + 1] =
+                        fp_exp2(fmaf(sacc[4 * j + 2 * r + 1], a.scale_log2, -l.y));
+                }
+            }
+            fp_wgmma_wait<0>();
+            fp_wgmma_fence_regs(dpacc);
+#pragma unroll
+            for (int j = 0; j < BM / 8; ++j) {
+                const float2 d = *reinterpret_cast<const float2 *>(dsum + 8 * j + 2 * t);
+#pragma unroll
+                for (int r = 0; r < 2; ++r) {
+                    dpacc[4 * j + 2 * r] = sacc[4 * j + 2 * r] * (dpacc[4 * j + 2 * r] - d.x);
+                    dpacc[4 * j + 2 * r + 1] =
+                        sacc[4 * j + 2 * r + 1] * (dpacc[4 * j + 2 * r + 1] - d.y);
+                }
+            }
+        };
+        /* the same with softcap / ALiBi: fp_score_transform per element, dS^T times the
+         * softcap's derivative (rows from m0, query head hq) */
+        auto p_ds_transform = [&](float(&sacc)[BM / 2], float(&dpacc)[BM / 2], const float *lse2,
+                                  const float *dsum, int m0, int hq, bool first) {
+            fp_wgmma_wait<0>();
+            fp_wgmma_fence_regs(sacc);
+            fp_wgmma_fence_regs(dpacc);
+            if (first)
+                k_guard(sacc);
+            const float slope = a.alibi ? a.alibi[hq] : 0.0f;
+#pragma unroll
+            for (int j = 0; j < BM / 8; ++j)
+#pragma unroll
+                for (int r = 0; r < 2; ++r)
+#pragma unroll
+                    for (int e = 0; e < 2; ++e) {
+                        const int k = 4 * j + 2 * r + e, i = m0 + 8 * j + 2 * t + e;
+                        const float capped =
+                            fp_score_transform(sacc[k] * a.scale, a.softcap, 0.0f, 0.0f);
+                        const float p = fp_exp2(
+                            (capped - slope * fp_alibi_distance(i, n0 + kr + 8 * r, nq, nk)) *
+                                FP_LOG2E -
+                            lse2[8 * j + 2 * t + e]);
+                        sacc[k] = p;
+                        dpacc[k] = p * (dpacc[k] - dsum[8 * j + 2 * t + e]) *
+                                   fp_softcap_grad(capped, a.softcap);
+                    }
+        };
+        int h = h_first, mb = mb_end - 1;
+        for (int it = 0; it < steps; ++it) {
+            const int s = it % ST, m0 = mb * BM;
+            const uint32_t qs = sq + s * Q_BYTES, dos = sdo + s * Q_BYTES;
+            float sacc[BM / 2], dpacc[BM / 2];
+
+            /* Edge steps (pairs a row cannot see, or rows past the sequence) scrub the stage's Q
+             * and dO rows, one (tensor, row) a thread, for dK = dS^T Q and dV = P^T dO, when a
+             * row's LSE2 or Dsum says it may hold a non-finite element (fp_rows_suspect) */
+            fp_mbar_wait(fp_sm90b_full<CFG>(bars, s), (it / ST) & 1);
+            const bool edge = m0 + BM > nq || !fp_mask_block_full(m0, min(m0 + BM, nq), n0, n0 + BN,
+                                                                  nq, nk, a.left, a.right);
+            uint8_t *const rflag = kflag + BN + s * 2 * BM; /* Q rows, then dO rows */
+            bool rnew = false;                              /* this step flagged a Q or dO row */
+            if (edge && fp_rows_suspect<BM>(lse_of(s), dsum_of(s))) {
+                const int ct = tid - 128;
+                if (ct < 2 * BM) {
+                    const bool bad =
+                        fp_sm90_scrub_row<T, BM, DK>(gbase + ((ct < BM ? qs : dos) - sk), ct % BM);
+                    rflag[ct] = bad ? 1 : 0;
+                    if (bad)
+                        atomicAdd(rbad_rows, 1u);
+                }
+                fp_fence_proxy_async_smem();
+                fp_named_bar_sync(1, FP_SM90B_CONSUMER_THREADS);
+                const unsigned now = *(volatile unsigned *)rbad_rows;
+                rnew = now != rbad_seen;
+                rbad_seen = now;
+            }
+
+            /* S^T = K Q^T and dP^T = V dO^T, issued together */
+            fp_wgmma_fence();
+            fp_wgmma_ss_abt<T, BM, DK / 16>(sacc, k_rows, BN * 128, qs, BM * 128);
+            fp_wgmma_commit();
+            fp_wgmma_ss_abt<T, BM, DK / 16>(dpacc, v_rows, BN * 128, dos, BM * 128);
+            fp_wgmma_commit();
+
+            /* P^T and dS^T: element 4 j + 2 r + e is key n0 + kr + 8 r, query m0 + 8 j + 2 t + e */
+            const float *lse2 = lse_of(s), *dsum = dsum_of(s);
+            if (!a.transform)
+                p_ds(sacc, dpacc, lse2, dsum, it == 0);
+            else
+                p_ds_transform(sacc, dpacc, lse2, dsum, m0, h, it == 0);
+            if (edge || kany) {
+                /* masked pairs get 0 by a select (their dP or Dsum may be NaN); a visible pair
+                 * whose K, Q or dO row the guard scrubbed gets the NaN it would have had */
+#pragma unroll
+                for (int j = 0; j < BM / 8; ++j)
+#pragma unroll
+                    for (int r = 0; r < 2; ++r)
+#pragma unroll
+                        for (int e = 0; e < 2; ++e) {
+                            const int k = 4 * j + 2 * r + e, c = 8 * j + 2 * t + e, i = m0 + c;
+                            const bool vis = i < nq && fp_mask32_visible(mk, i, n0 + kr + 8 * r);
+                            const bool bad =
+                                kbad[r] || (rnew && (rflag[c] != 0 || rflag[BM + c] != 0));
+                            sacc[k] = vis ? (bad ? NAN : sacc[k]) : 0.0f;
+                            dpacc[k] = vis ? (bad ? NAN : dpacc[k]) : 0.0f;
+                        }
+            }
+
+            /* dV += P^T dO, dK += dS^T Q */
+            uint32_t pa[BM / 16][4], da[BM / 16][4];
+#pragma unroll
+            for (int kk = 0; kk < BM / 16; ++kk)
+#pragma unroll
+                for (int q = 0; q < 4; ++q) {
+                    pa[kk][q] = fp_pack2<T>(sacc[8 * kk + 2 * q], sacc[8 * kk + 2 * q + 1]);
+                    da[kk][q] = fp_pack2<T>(dpacc[8 * kk + 2 * q], dpacc[8 * kk + 2 * q + 1]);
+                }
+            fp_wgmma_fence();
+#pragma unroll
+            for (int kk = 0; kk < BM / 16; ++kk)
+                fp_wgmma<T, DK>::rs(dv, pa[kk], fp_wgmma_desc(dos + kk * 16 * 128, BM * 128, 1024));
+#pragma unroll
+            for (int kk = 0; kk < BM / 16; ++kk)
+                fp_wgmma<T, DK>::rs(dk, da[kk], fp_wgmma_desc(qs + kk * 16 * 128, BM * 128, 1024));
+            fp_wgmma_commit();
+
+            /* dS^T -> this step's dS buffer ([key][query], BM / 64 panels of BN rows); the
+             * other buffer may still be read by the other warpgroup's previous dQ product */
+            const uint32_t dsb = sds + (it & 1) * DS_BYTES;
+            fp_sm90_bwd_store_ds<BM, BN>(gbase + (dsb - sk), da, kr, t);
+            fp_fence_proxy_async_smem();
+            fp_named_bar_sync(1, FP_SM90B_CONSUMER_THREADS);
+
+            /* dQ = dS K: 64 rows x 64 columns of it per warpgroup */
+            float dq[32];
+            fp_wgmma_fence();
+#pragma unroll
+            for (int kk = 0; kk < BN / 16; ++kk) {
+                const uint32_t a_off = (CFG::DQ_BY_ROWS ? w * BN * 128 : 0) + kk * 16 * 128;
+                const uint32_t b_off = (CFG::DQ_BY_ROWS ? 0 : w * BN * 128) + kk * 16 * 128;
+                fp_wgmma_ss_tt64<T>(dq, fp_wgmma_desc(dsb + a_off, BN * 128, 1024),
+                                    fp_wgmma_desc(sk + b_off, BN * 128, 1024), kk > 0);
+            }
+            fp_wgmma_commit();
+            fp_wgmma_wait<0>();
+            fp_wgmma_fence_regs(dq);
+            fp_wgmma_fence_regs(dv);
+            fp_wgmma_fence_regs(dk);
+            fp_fence_u32(pa);
+            fp_fence_u32(da);
+            fp_mbar_arrive(fp_sm90b_empty<CFG>(bars, s));
+
+            /* dQ -> the shared tile of this step, in the accumulator's order (bands of 16 rows,
+             * fp_dq_frag_off): element 4 j + 2 r + e is row 16 band + g + 8 r, column
+             * c0 + 8 j + 2 t + e; then the writer warp's turn */
+            const int u = it % DQB;
+            fp_mbar_wait(fp_sm90b_dq_empty<CFG>(bars, u), ((it / DQB) & 1) ^ 1);
+            fp_sm90_bwd_stage_dq<CFG>(gbase + (sdq - sk) + u * DQ_BYTES, dq, w, warp, g, t);
+            fp_fence_proxy_async_smem();
+            fp_mbar_arrive(fp_sm90b_dq_full<CFG>(bars, u));
+            fp_bwd_prev_step(h, mb, mb_lo, mb_end);
+        }
+    }
+
+    if (a.dkv_part) {
+        /* a slice of the group: its f32 sums, which fp_cuda_bwd_side_dkdv_sum adds in slice order
+         * (element 4 j + 2 r + e is key n0 + kr + 8 r, column 8 j + 2 t + e) */
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+            float *pv = a.dkv_part + fp_bwd_part_row(a, 0, split, b, kvh, n0 + kr + 8 * r) * DK;
+            float *pk = a.dkv_part + fp_bwd_part_row(a, 1, split, b, kvh, n0 + kr + 8 * r) * DK;
+#pragma unroll
+            for (int j = 0; j < DK / 8; ++j) {
+                *reinterpret_cast<float2 *>(pv + 8 * j + 2 * t) =
+                    make_float2(dv[4 * j + 2 * r], dv[4 * j + 2 * r + 1]);
+                *reinterpret_cast<float2 *>(pk + 8 * j + 2 * t) =
+                    make_float2(dk[4 * j + 2 * r], dk[4 * j + 2 * r + 1]);
+            }
+        }
+        return;
+    }
+    /* dK (times the softmax scale) and dV, staged in this warpgroup's rows of the K and V tiles
+     * (free once both warpgroups' last dQ product, which reads all of K, has landed), then
+     * written as 16-byte rows */
+    fp_named_bar_sync(1, FP_SM90B_CONSUMER_THREADS);
+#pragma unroll
+    for (int j = 0; j < DK / 8; ++j)
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+            const uint32_t off = fp_swz128<BN>(kr + 8 * r, 8 * j + 2 * t);
+            *reinterpret_cast<uint32_t *>(gbase + off) =
+                fp_pack2<T>(dk[4 * j + 2 * r] * a.scale, dk[4 * j + 2 * r + 1] * a.scale);
+            *reinterpret_cast<uint32_t *>(gbase + (sv - sk) + off) =
+                fp_pack2<T>(dv[4 * j + 2 * r], dv[4 * j + 2 * r + 1]);
+        }
+    fp_named_bar_sync(2 + w, 128);
+    constexpr int CH = DK / 8; /* 16-byte chunks of a row */
+    T *dkg = reinterpret_cast<T *>(const_cast<void *>(a.dk.ptr));
+    T *dvg = reinterpret_cast<T *>(const_cast<void *>(a.dv.ptr));
+#pragma unroll 4
+    for (int idx = wtid; idx < 64 * CH; idx += 128) {
+        const int row = 64 * w + idx / CH, c = idx % CH, key = n0 + row;
+        if (key >= nk || 8 * c >= a.d)
+            continue;
+        const uint32_t off = fp_swz128<BN>(row, 8 * c);
+        *reinterpret_cast<uint4 *>(dkg + fp_cuda_row(a.dk, b, seq.k_start + key, kvh) + 8 * c) =
+            *reinterpret_cast<const uint4 *>(gbase + off);
+        *reinterpret_cast<uint4 *>(dvg + fp_cuda_row(a.dv, b, seq.k_start + key, kvh) + 8 * c) =
+            *reinterpret_cast<const uint4 *>(gbase + (sv - sk) + off);
+    }
+#endif
+}
+
+/* ---- host ---------------------------------------------------------------------------------- */
+
+template <typename T, typename CFG>
+static flashport_status fp_sm90_bwd_run(const fp_cuda_ctx *ctx, const fp_problem *p,
+                                        const char *why, const char **declined, void *ws,
+                                        size_t *query)
+{
+    constexpr int DK = CFG::DK;
+    fp_sm90_bwd_params prm;
+    fp_sm80_args &a = prm.a;
+    fp_sm80_fill_args(p, &a);
+    /* the side passes' workspace (always with the dQ accumulator), then the turn counters of the
+     * deterministic mode */
+    const int splits =
+        p->batch == 0 || p->heads == 0 ? 1 : fp_cuda_bwd_group_splits(ctx, p, CFG::BN);
+    const size_t side = fp_cuda_bwd_side_setup(p, &a, DK, 1, splits, query ? NULL : ws);
+    const size_t turns =
+        side && p->deterministic ? (size_t)p->batch * p->heads * (a.nq_pad / CFG::BM) : 0;
+    const size_t bytes = side ? fp_cuda_ws_round(side) + turns * sizeof(int) : 0;
+    prm.dq_turn = turns && !query ? (int *)((char *)ws + fp_cuda_ws_round(side)) : NULL;
+    if (query)
+        *query = bytes;
+    const int64_t bq = p->varlen ? 1 : p->batch;
+    const int64_t tq = p->varlen ? p->total_q : p->seqlen_q;
+    const int64_t tk = p->varlen ? p->total_k : p->seqlen_k;
+    if (!fp_sm90_tmap(ctx, &prm.tq, p->q, p->dtype, p->head_dim, tq, p->heads, bq, CFG::BM,
+                      declined) ||
+        !fp_sm90_tmap(ctx, &prm.tdo, p->dout, p->dtype, p->head_dim, tq, p->heads, bq, CFG::BM,
+                      declined) ||
+        !fp_sm90_tmap(ctx, &prm.tk, p->k, p->dtype, p->head_dim, tk, p->kv_heads, bq, CFG::BN,
+                      declined) ||
+        !fp_sm90_tmap(ctx, &prm.tv, p->v, p->dtype, p->head_dim, tk, p->kv_heads, bq, CFG::BN,
+                      declined))
+        return FLASHPORT_OK;
+    if (query || bytes == 0)
+        return FLASHPORT_OK;
+
+    const cudaStream_t stream = ctx->stream;
+    void (*kernel)(const fp_sm90_bwd_params) = fp_sm90_bwd_kernel<T, CFG>;
+    cudaError_t e =
+        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)CFG::SMEM);
+    if (e == cudaSuccess && prm.dq_turn)
+        e = cudaMemsetAsync(prm.dq_turn, 0, turns * sizeof(int), stream);
+    if (e == cudaSuccess)
+        e = fp_cuda_bwd_side_pre(p, a, DK, stream);
+    const dim3 grid((unsigned)((a.nk + CFG::BN - 1) / CFG::BN),
+                    (unsigned)(p->kv_heads * a.group_splits), (unsigned)p->batch);
+    if (e == cudaSuccess && grid.x > 0) {
+        kernel<<<grid, FP_SM90B_THREADS, CFG::SMEM, stream>>>(prm);
+        e = cudaGetLastError();
+    }
+    fp_cuda_log("backward: sm90 D%d kernel (TMA + wgmma, BN %d, BM %d, %d stages, 2 consumer "
+                "warpgroups, dQ by bulk reductions%s) for D=%lld, grid %ux%ux%u, group of %d "
+                "query heads in %d split(s); %s",
+                DK, CFG::BN, CFG::BM, CFG::ST, prm.dq_turn ? " in key-block order" : "",
+                (long long)p->head_dim, grid.x, grid.y, grid.z, a.group, a.group_splits, why);
+    if (e == cudaSuccess)
+        e = fp_cuda_bwd_side_dkdv_sum(p, a, DK, stream);
+    if (e == cudaSuccess)
+        e = fp_cuda_bwd_side_dq(p, a, DK, stream);
+    if (e != cudaSuccess) {
+        (void)cudaGetLastError();
+        return fp_cuda_error(FLASHPORT_ERR_DEVICE, e, "sm90 backward kernel launch");
+    }
+    return FLASHPORT_OK;
+}
+
+/* The launch of head dim DK's kernel (fp_sm90_bwd_cfg<DK>). */
+template <typename T, int DK>
+flashport_status fp_sm90_bwd_family<T, DK>::run(const fp_cuda_ctx *ctx, const fp_problem *p,
+                                                const char *why, const char **declined, void *ws,
+                                                size_t *query)
+{
+    return fp_sm90_bwd_run<T, fp_sm90_bwd_cfg<DK>>(ctx, p, why, declined, ws, query);
+}
+
+#endif /* FLASHPORT_BACKENDS_CUDA_SM90_SM90_BWD_CUH */

@@ -19,7 +19,10 @@
  * Decode: dec_scores_f16 and dec_scores_bf16_f32 take two keys by four rows a step (8
  * accumulators, each query vector loaded once for both keys), folded by hsum8; dec_pv_f16 and
  * dec_pv_bf16_f32 hold 4 rows x 3 vectors of O (12 accumulators, no spills; f32's dec_pv is the
- * generic 4 x 4 of ukernel_ops.h, whose loop waits on memory instead).
+ * generic 4 x 4 of ukernel_ops.h, whose loop waits on memory instead); dec_row_max and
+ * dec_exp2_rows give the per-row softmax of flash_decode.c whole vectors (a row's maximum with
+ * a NaN flag, its exponentials and their sum), where the shared code had 16 scalar lanes and a
+ * column of subtrahends to fill per row.
  * Forward query block: 256 (fwd_block_q). AVX2-only x86 cores include Zen 2/3 with 512 KiB of
  * L2: K and V of one head do not stay there, so each pass over them is a stream from L3, and
  * 256 queries a pass make a quarter of the passes of the default 64 (as torch's CPU flash
@@ -34,6 +37,7 @@
 #include "backends/cpu/ukernel.h"
 
 #include <immintrin.h>
+#include <math.h>
 
 typedef __m256 uk_vec;
 #define UK_LANES 8
@@ -353,6 +357,81 @@ static void avx2_dec_pv_bf16_f32(int heads, int rows, int d, int keys, const flo
                      ohs, ldo, pf, pf_rows, pf_bytes);
 }
 
+/* Lanes i < n of a vector: all ones, the rest zero. */
+static inline __m256 lanes_below(int n)
+{
+    return _mm256_castsi256_ps(
+        _mm256_cmpgt_epi32(_mm256_set1_epi32(n), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7)));
+}
+
+/* dec_row_max (ukernel.h): two running maxima a row and a NaN flag (unordered compares ORed),
+ * the tail of n loaded masked and filled with -inf. */
+static void avx2_dec_row_max(int rows, int n, const float *s, ptrdiff_t lds, float *mx)
+{
+    const int nv = n - n % 8;
+    const __m256 tail = lanes_below(n - nv), ninf = _mm256_set1_ps(-INFINITY);
+    for (int r = 0; r < rows; r++) {
+        const float *x = s + r * lds;
+        __m256 m0 = ninf, m1 = ninf, bad = _mm256_setzero_ps();
+        int c = 0;
+        for (; c + 16 <= nv; c += 16) {
+            const __m256 x0 = _mm256_loadu_ps(x + c), x1 = _mm256_loadu_ps(x + c + 8);
+            bad = _mm256_or_ps(bad, _mm256_cmp_ps(x0, x1, _CMP_UNORD_Q));
+            m0 = _mm256_max_ps(m0, x0);
+            m1 = _mm256_max_ps(m1, x1);
+        }
+        if (c < nv) {
+            const __m256 x0 = _mm256_loadu_ps(x + c);
+            bad = _mm256_or_ps(bad, _mm256_cmp_ps(x0, x0, _CMP_UNORD_Q));
+            m0 = _mm256_max_ps(m0, x0);
+        }
+        if (nv < n) {
+            const __m256 x0 =
+                _mm256_blendv_ps(ninf, _mm256_maskload_ps(x + nv, _mm256_castps_si256(tail)), tail);
+            bad = _mm256_or_ps(bad, _mm256_cmp_ps(x0, x0, _CMP_UNORD_Q));
+            m0 = _mm256_max_ps(m0, x0);
+        }
+        m0 = _mm256_max_ps(m0, m1);
+        __m128 h = _mm_max_ps(_mm256_castps256_ps128(m0), _mm256_extractf128_ps(m0, 1));
+        h = _mm_max_ps(h, _mm_movehl_ps(h, h));
+        h = _mm_max_ss(h, _mm_movehdup_ps(h));
+        mx[r] = _mm256_movemask_ps(bad) ? NAN : _mm_cvtss_f32(h);
+    }
+}
+
+/* dec_exp2_rows (ukernel.h): a row at a time, two partial sums; the tail's lanes past n are
+ * zeroed before they are summed. */
+static void avx2_dec_exp2_rows(int rows, int n, float *s, ptrdiff_t lds, float mul,
+                               const float *sub, float *sum)
+{
+    const int nv = n - n % 8;
+    const __m256 tail = lanes_below(n - nv), vmul = _mm256_set1_ps(mul);
+    for (int r = 0; r < rows; r++) {
+        float *x = s + r * lds;
+        const __m256 vsub = _mm256_set1_ps(sub[r]);
+        __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
+        int c = 0;
+        for (; c + 16 <= nv; c += 16) {
+            const __m256 e0 =
+                uk_exp2(_mm256_sub_ps(_mm256_mul_ps(_mm256_loadu_ps(x + c), vmul), vsub));
+            const __m256 e1 =
+                uk_exp2(_mm256_sub_ps(_mm256_mul_ps(_mm256_loadu_ps(x + c + 8), vmul), vsub));
+            _mm256_storeu_ps(x + c, e0);
+            _mm256_storeu_ps(x + c + 8, e1);
+            a0 = _mm256_add_ps(a0, e0);
+            a1 = _mm256_add_ps(a1, e1);
+        }
+        for (; c < n; c += 8) {
+            __m256 e = uk_exp2(_mm256_sub_ps(_mm256_mul_ps(_mm256_loadu_ps(x + c), vmul), vsub));
+            _mm256_storeu_ps(x + c, e);
+            if (c + 8 > n)
+                e = _mm256_and_ps(e, tail);
+            a0 = _mm256_add_ps(a0, e);
+        }
+        sum[r] = uk_hsum(_mm256_add_ps(a0, a1));
+    }
+}
+
 /* transpose32 by 8 x 8 blocks of words: 8 row loads, the usual three shuffle stages (32-bit,
  * 64-bit and 128-bit interleaves), 8 column stores. Edge blocks (fewer than 8 rows or columns
  * left) take the generic word-by-word copy, so nothing outside the rows x cols words is read. */
@@ -447,5 +526,7 @@ const fp_ukernels fp_ukernels_avx2 = {
     avx2_dec_pv_f16,
     avx2_dec_scores_bf16_f32,
     avx2_dec_pv_bf16_f32,
+    avx2_dec_row_max,
+    avx2_dec_exp2_rows,
     256,
 };

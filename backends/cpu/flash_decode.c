@@ -31,7 +31,9 @@
  *         the backward's recomputed scores bit for bit, which the f32 gradient tolerances need.
  *   P     softcap / ALiBi / the window per row (core/mask.h, Nq > 1 rows see different keys),
  *         the online softmax per row (core/online_softmax.h, exp2 form, the table's exp2), O
- *         rescaled when a maximum moved.
+ *         rescaled when a maximum moved; without softcap and ALiBi, on tables that have them, the
+ *         unit's maxima and exponentials by dec_row_max and dec_exp2_rows on whole vectors (this
+ *         file is compiled for the baseline ISA).
  *   O     the table's dec_pv over the block, O's rows in registers across it, a kv head at a
  *         time (rows converted to f32: CONVERTED_KEYS keys a call); bf16 on avx512bf16: P
  *         rounded to bf16 (as flash_fwd.c's bf16 path does) and dec_pv_bf16 (V pairs by

@@ -146,13 +146,19 @@ static inline __attribute__((always_inline)) __m256 load_h16(const uint16_t *p, 
     return bf16 ? bf16x8(h) : _mm256_cvtph_ps(h);
 }
 
-/* Lane j of the result: the sum of the lanes of a[j]. */
+/* Lane j of the result: the sum of the lanes of a[j]. A tree of one-uop shuffles and adds
+ * (vhaddps is several uops on AMD cores). */
 static inline __m256 hsum8(const __m256 *a)
 {
-    const __m256 t0 = _mm256_hadd_ps(a[0], a[1]), t1 = _mm256_hadd_ps(a[2], a[3]);
-    const __m256 t2 = _mm256_hadd_ps(a[4], a[5]), t3 = _mm256_hadd_ps(a[6], a[7]);
-    const __m256 u0 = _mm256_hadd_ps(t0, t1), u1 = _mm256_hadd_ps(t2, t3);
+    __m256 t[4];
+    for (int i = 0; i < 4; i++) /* 128-bit lane l: a[2i] and a[2i + 1]'s pair sums, interleaved */
+        t[i] = _mm256_add_ps(_mm256_unpacklo_ps(a[2 * i], a[2 * i + 1]),
+                             _mm256_unpackhi_ps(a[2 * i], a[2 * i + 1]));
     /* 128-bit lane l of u0: a0 .. a3's sums over their lane l (u1: a4 .. a7) */
+    const __m256 u0 =
+        _mm256_add_ps(_mm256_shuffle_ps(t[0], t[1], 0x44), _mm256_shuffle_ps(t[0], t[1], 0xee));
+    const __m256 u1 =
+        _mm256_add_ps(_mm256_shuffle_ps(t[2], t[3], 0x44), _mm256_shuffle_ps(t[2], t[3], 0xee));
     return _mm256_add_ps(_mm256_permute2f128_ps(u0, u1, 0x20),
                          _mm256_permute2f128_ps(u0, u1, 0x31));
 }

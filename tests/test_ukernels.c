@@ -21,6 +21,9 @@
  *                 dec_scores_f16 likewise, dec_pv_f16 bit for bit against dec_pv on the rows
  *                 converted to f32; the _bf16_f32 forms the same way on bf16 rows, where a table
  *                 has them (present in pairs)
+ *   dec_row_max, dec_exp2_rows   where a table has them: maxima exact (NaN rows, -inf rows),
+ *                 the exponentials bit for bit as exp2_cols makes them, the row sums, NaN padding
+ *                 ignored and nothing written past n rounded up to 8
  *   interleave_bf16, dsoftmax_cols, scale_rows, cvt_f16, cvt_bf16 (every 16-bit pattern),
  *   store_f16, store_bf16 (bit for bit as core/dtype.h, NaN, infinities, denormals, overflow)
  * Then one end-to-end bf16 and f16 forward and backward with an odd head dim and odd sequence
@@ -628,6 +631,79 @@ static void check_softmax_ops(const fp_ukernels *uk, tu_rng *rng)
     }
 }
 
+/* dec_row_max and dec_exp2_rows where a table has them (present together): the maxima exact
+ * (NaN for a row holding one, -inf for a row of -inf), the exponentials bit for bit as
+ * exp2_cols makes them, the sums within rounding; the padding past n holds NaN, which must change
+ * neither, and nothing past n rounded up to 8 is written. */
+static void check_decode_softmax(const fp_ukernels *uk, tu_rng *rng)
+{
+    if (!CHECK_MSG(!uk->dec_row_max == !uk->dec_exp2_rows,
+                   "%s: dec_row_max and dec_exp2_rows not present together", table) ||
+        !uk->dec_row_max)
+        return;
+    for (int trial = 0; trial < 60; trial++) {
+        const int rows = 1 + (int)(tu_rng_u32(rng) % 20), n = 1 + (int)(tu_rng_u32(rng) % 70);
+        const int ld = LD(n), n8 = (n + 7) / 8 * 8;
+        float *s = alloc_f((size_t)rows * ld), *want = alloc_f((size_t)rows * ld);
+        float *mx = alloc_f((size_t)rows), *sub = alloc_f((size_t)rows),
+              *sum = alloc_f((size_t)rows);
+        float *colsub = alloc_f((size_t)ld), *colsum = alloc_f((size_t)ld);
+        for (int r = 0; r < rows; r++)
+            for (int c = 0; c < ld; c++) {
+                const uint32_t u = tu_rng_u32(rng) % 16;
+                float x = u == 0 ? -INFINITY : tu_rng_uniform(rng, -20.0f, 20.0f);
+                if (r % 5 == 3) /* a row without a visible score */
+                    x = -INFINITY;
+                if (r % 7 == 4 && c == (r + trial) % n) /* a NaN score */
+                    x = NAN;
+                s[r * ld + c] = c < n ? x : NAN;
+            }
+        memcpy(want, s, sizeof(float) * (size_t)rows * ld);
+        uk->dec_row_max(rows, n, s, ld, mx);
+        int bad = 0;
+        for (int r = 0; r < rows && !bad; r++) {
+            float m = -INFINITY;
+            int nan = 0;
+            for (int c = 0; c < n; c++) {
+                nan |= isnan(s[r * ld + c]);
+                m = s[r * ld + c] > m ? s[r * ld + c] : m;
+            }
+            bad = !CHECK_MSG(nan ? isnan(mx[r]) : mx[r] == m,
+                             "%s dec_row_max rows=%d n=%d row %d: %g, want %g", table, rows, n, r,
+                             (double)mx[r], nan ? (double)NAN : (double)m);
+            sub[r] = isnan(mx[r]) || mx[r] == -INFINITY ? 0.0f : mx[r] * 0.3f;
+        }
+        uk->dec_exp2_rows(rows, n, s, ld, 0.3f, sub, sum);
+        for (int r = 0; r < rows && !bad; r++) {
+            for (int c = 0; c < ld; c++)
+                colsub[c] = sub[r];
+            memset(colsum, 0, sizeof(float) * (size_t)ld);
+            uk->exp2_cols(1, n, want + r * ld, ld, 0.3f, colsub, colsum);
+            double want_sum = 0.0;
+            for (int c = 0; c < n && !bad; c++) {
+                want_sum += (double)want[r * ld + c];
+                bad = !CHECK_MSG(memcmp(&s[r * ld + c], &want[r * ld + c], sizeof(float)) == 0,
+                                 "%s dec_exp2_rows (%d, %d): %.9g, want %.9g", table, r, c,
+                                 (double)s[r * ld + c], (double)want[r * ld + c]);
+            }
+            for (int c = n8; c < ld && !bad; c++)
+                bad = !CHECK_MSG(isnan(s[r * ld + c]),
+                                 "%s dec_exp2_rows wrote (%d, %d) past n = %d", table, r, c, n);
+            bad = bad || !CHECK_MSG(isnan(want_sum) ? isnan(sum[r])
+                                                    : fabs(sum[r] - want_sum) <= 1e-5 * want_sum,
+                                    "%s dec_exp2_rows sum of row %d: %.9g, want %.9g", table, r,
+                                    (double)sum[r], want_sum);
+        }
+        free(s);
+        free(want);
+        free(mx);
+        free(sub);
+        free(sum);
+        free(colsub);
+        free(colsum);
+    }
+}
+
 static void check_conversions(const fp_ukernels *uk)
 {
     enum { ALL = 65536 };
@@ -852,6 +928,7 @@ int main(void)
         }
         check_exp2(uk);
         check_softmax_ops(uk, &rng);
+        check_decode_softmax(uk, &rng);
         check_conversions(uk);
         check_transpose(uk, &rng);
         printf("%s: %s\n", table, tu_failures == before ? "ok" : "FAILED");

@@ -31,7 +31,9 @@
  *         the backward's recomputed scores bit for bit, which the f32 gradient tolerances need.
  *   P     softcap / ALiBi / the window per row (core/mask.h, Nq > 1 rows see different keys),
  *         the online softmax per row (core/online_softmax.h, exp2 form, the table's exp2), O
- *         rescaled when a maximum moved.
+ *         rescaled when a maximum moved; without softcap and ALiBi, on tables that have them, the
+ *         unit's maxima and exponentials by dec_row_max and dec_exp2_rows on whole vectors (this
+ *         file is compiled for the baseline ISA).
  *   O     the table's dec_pv over the block, O's rows in registers across it, a kv head at a
  *         time (rows converted to f32: CONVERTED_KEYS keys a call); bf16 on avx512bf16: P
  *         rounded to bf16 (as flash_fwd.c's bf16 path does) and dec_pv_bf16 (V pairs by
@@ -476,6 +478,29 @@ static float row_sum(const float *x, int n)
     return t;
 }
 
+/* Row i's scores (srow, keys j0 .. j0 + n) outside its window set to -inf. */
+static void dec_mask_row(const fp_problem *p, const fp_seq *seq, int64_t i, int64_t j0, int n,
+                         float *srow)
+{
+    const int64_t a = fp_mask_lo(i, seq->nq, seq->nk, p->window_left) - j0;
+    const int64_t e = fp_mask_hi(i, seq->nq, seq->nk, p->window_right) - j0;
+    for (int x = 0; x < n; x++)
+        if (x < a || x >= e)
+            srow[x] = -INFINITY;
+}
+
+/* A row's state after a block whose scaled maximum is mx; nan: the block had a NaN score, which
+ * makes the row's state NaN for good (its O and LSE are NaN). Returns O's rescale factor. */
+static float dec_row_state(fp_softmax_state *st, int nan, float mx)
+{
+    if (nan) {
+        st->m = NAN;
+        st->l = NAN;
+        return 1.0f;
+    }
+    return mx > st->m ? fp_softmax_update_exp2(st, mx) : 1.0f;
+}
+
 /* The online softmax step of one unit's rows over a key block whose raw scores are in s (rows
  * x n, turned into P in place): softcap / ALiBi / the window per row (core/mask.h, Nq > 1 rows
  * see different keys), the running maximum and sum (core/online_softmax.h, exp2 form, the
@@ -490,6 +515,26 @@ static void dec_softmax(const dec_ctx *c, float *scratch, const fp_seq *seq, int
     const float log2_scale = p->scale * FP_LOG2E;
     float *alpha = scratch + L->alpha, *sub = scratch + L->sub, *sum = scratch + L->sum;
     int rescale = 0;
+    if (uk->dec_exp2_rows && p->softcap <= 0.0f && !p->alibi_slopes) {
+        /* every row's scores scaled alike: the maxima and the exponentials of all the rows in two
+         * vector passes, the states between them */
+        if (!full)
+            for (int r = 0; r < rows; r++)
+                dec_mask_row(p, seq, r % nq, j0, n, s + (size_t)r * L->ldk);
+        uk->dec_row_max(rows, n, s, L->ldk, sum);
+        for (int r = 0; r < rows; r++) {
+            alpha[r] = dec_row_state(&st[r], isnan(sum[r]), sum[r] * log2_scale);
+            rescale |= alpha[r] != 1.0f;
+            const float base = fp_softmax_exp_base(&st[r]);
+            sub[r] = isnan(base) ? 0.0f : base;
+        }
+        uk->dec_exp2_rows(rows, n, s, L->ldk, log2_scale, sub, sum);
+        for (int r = 0; r < rows; r++)
+            st[r].l += isnan(st[r].m) ? NAN : sum[r];
+        if (rescale)
+            uk->scale_rows(rows, (int)p->head_dim, o, L->ldd, alpha);
+        return;
+    }
     for (int r = 0; r < rows; r++) {
         const int64_t i = r % nq, h = h0 + r / nq;
         const float slope = p->alibi_slopes ? p->alibi_slopes[h] : 0.0f;
@@ -503,24 +548,12 @@ static void dec_softmax(const dec_ctx *c, float *scratch, const fp_seq *seq, int
             }
             mul = 1.0f;
         }
-        if (!full) {
-            const int64_t a = fp_mask_lo(i, seq->nq, seq->nk, p->window_left) - j0;
-            const int64_t e = fp_mask_hi(i, seq->nq, seq->nk, p->window_right) - j0;
-            for (int x = 0; x < n; x++)
-                if (x < a || x >= e)
-                    srow[x] = -INFINITY;
-        }
-        /* A NaN score makes the row's state NaN for good: its O and LSE are NaN. */
+        if (!full)
+            dec_mask_row(p, seq, i, j0, n, srow);
         int nan;
-        float mx = row_max(srow, n, &nan) * mul;
-        alpha[r] = 1.0f;
-        if (nan) {
-            st[r].m = NAN;
-            st[r].l = NAN;
-        } else if (mx > st[r].m) {
-            alpha[r] = fp_softmax_update_exp2(&st[r], mx);
-            rescale |= alpha[r] != 1.0f;
-        }
+        const float mx = row_max(srow, n, &nan);
+        alpha[r] = dec_row_state(&st[r], nan, mx * mul);
+        rescale |= alpha[r] != 1.0f;
         const float base = fp_softmax_exp_base(&st[r]);
         for (int x = 0; x < L->ldk; x++) {
             sub[x] = isnan(base) ? 0.0f : base;

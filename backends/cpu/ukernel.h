@@ -173,6 +173,17 @@ typedef struct fp_ukernels {
     fp_dec_scores_h16 *dec_scores_bf16_f32;
     fp_dec_pv_h16 *dec_pv_bf16_f32;
 
+    /* The decode's per-row softmax pieces, over `rows` rows of n scores (lds apart, lds a multiple
+     * of 8 and at least n rounded up to 8): NULL where a table has none (flash_decode.c then works
+     * a row at a time through exp2_cols).
+     *   dec_row_max    mx[r] = the maximum of row r's n scores, NaN when one of them is NaN.
+     *   dec_exp2_rows  s[r][c] = exp2(s[r][c] * mul - sub[r]) (the multiply and the subtract
+     *                  rounded apart, as exp2_cols does) for c < n, sum[r] = their sum in any
+     *                  order; columns from n to the next multiple of 8 may be written. */
+    void (*dec_row_max)(int rows, int n, const float *s, ptrdiff_t lds, float *mx);
+    void (*dec_exp2_rows)(int rows, int n, float *s, ptrdiff_t lds, float mul, const float *sub,
+                          float *sum);
+
     /* Block size, kept beside the kernels as BLIS keeps its own: the forward's query block
      * (queries a task holds against each key block, a multiple of FP_TILE_COLS), 0 for
      * flash_fwd.c's default. */

@@ -17,9 +17,12 @@
  * by shuffles (packing Q^T and dO^T). f16 storage converts with vcvtph2ps (F16C), bf16 by
  * shifting into the high half; there is no bf16 dot product, so bf16 runs the f32 products.
  * Decode: dec_scores_f16 and dec_scores_bf16_f32 take two keys by four rows a step (8
- * accumulators, each query vector loaded once for both keys), folded by hsum8; dec_pv and its
- * 16-bit forms are the generic steps of ukernel_ops.h (4 rows x 4 vectors of O; a 4 x 2 block,
- * which does not spill on 16 registers, measured no faster).
+ * accumulators, each query vector loaded once for both keys), folded by hsum8; dec_pv_f16 and
+ * dec_pv_bf16_f32 hold 4 rows x 3 vectors of O (12 accumulators, no spills; f32's dec_pv is the
+ * generic 4 x 4 of ukernel_ops.h, whose loop waits on memory instead); dec_row_max and
+ * dec_exp2_rows give the per-row softmax of flash_decode.c whole vectors (a row's maximum with
+ * a NaN flag, its exponentials and their sum), where the shared code had 16 scalar lanes and a
+ * column of subtrahends to fill per row.
  * Forward query block: 256 (fwd_block_q). AVX2-only x86 cores include Zen 2/3 with 512 KiB of
  * L2: K and V of one head do not stay there, so each pass over them is a stream from L3, and
  * 256 queries a pass make a quarter of the passes of the default 64 (as torch's CPU flash
@@ -34,6 +37,7 @@
 #include "backends/cpu/ukernel.h"
 
 #include <immintrin.h>
+#include <math.h>
 
 typedef __m256 uk_vec;
 #define UK_LANES 8
@@ -97,6 +101,7 @@ static inline uk_vec uk_load_bf16(const uint16_t *p)
 }
 #define UK_HAS_LOAD_BF16      1
 #define UK_OWN_DEC_SCORES_F16 1
+#define UK_OWN_DEC_PV_H16     1
 
 static inline uk_vec uk_exp2(uk_vec x)
 {
@@ -141,13 +146,19 @@ static inline __attribute__((always_inline)) __m256 load_h16(const uint16_t *p, 
     return bf16 ? bf16x8(h) : _mm256_cvtph_ps(h);
 }
 
-/* Lane j of the result: the sum of the lanes of a[j]. */
+/* Lane j of the result: the sum of the lanes of a[j]. A tree of one-uop shuffles and adds
+ * (vhaddps is several uops on AMD cores). */
 static inline __m256 hsum8(const __m256 *a)
 {
-    const __m256 t0 = _mm256_hadd_ps(a[0], a[1]), t1 = _mm256_hadd_ps(a[2], a[3]);
-    const __m256 t2 = _mm256_hadd_ps(a[4], a[5]), t3 = _mm256_hadd_ps(a[6], a[7]);
-    const __m256 u0 = _mm256_hadd_ps(t0, t1), u1 = _mm256_hadd_ps(t2, t3);
+    __m256 t[4];
+    for (int i = 0; i < 4; i++) /* 128-bit lane l: a[2i] and a[2i + 1]'s pair sums, interleaved */
+        t[i] = _mm256_add_ps(_mm256_unpacklo_ps(a[2 * i], a[2 * i + 1]),
+                             _mm256_unpackhi_ps(a[2 * i], a[2 * i + 1]));
     /* 128-bit lane l of u0: a0 .. a3's sums over their lane l (u1: a4 .. a7) */
+    const __m256 u0 =
+        _mm256_add_ps(_mm256_shuffle_ps(t[0], t[1], 0x44), _mm256_shuffle_ps(t[0], t[1], 0xee));
+    const __m256 u1 =
+        _mm256_add_ps(_mm256_shuffle_ps(t[2], t[3], 0x44), _mm256_shuffle_ps(t[2], t[3], 0xee));
     return _mm256_add_ps(_mm256_permute2f128_ps(u0, u1, 0x20),
                          _mm256_permute2f128_ps(u0, u1, 0x31));
 }
@@ -247,6 +258,186 @@ static void avx2_dec_scores_bf16_f32(int heads, int rows, int d, int keys, const
                         pf_bytes);
 }
 
+/* Vectors of O a 16-bit dec_pv block holds: 4 rows x 3 vectors is 12 accumulators, with the
+ * key's 3 V vectors and a broadcast of P the 16 ymm registers exactly, so nothing spills across
+ * the keys (the shared 4 x 4 block of ukernel_ops.h spills 4 accumulators every key here). */
+enum { PV_VECS = 3 };
+
+/* O[r][e + g * 8 ..] += sum over the keys of P[r][i] V[i][e + g * 8 ..] for r < nr, g < nv, in
+ * key order; vi(i) = v[i] + off elements. Always inlined with constant nr and nv where it can be,
+ * so that the key loop has no partial-tile tests. */
+static inline __attribute__((always_inline)) void
+pv_block(int nr, int nv, int keys, const float *ph, ptrdiff_t ldp, const void *const *v, int kind,
+         size_t off, float *oh, ptrdiff_t ldo, pf_cursor *pc)
+{
+    const size_t es = uk_row_es(kind);
+    __m256 acc[4][PV_VECS];
+#pragma GCC unroll 4
+    for (int r = 0; r < 4; r++)
+#pragma GCC unroll 4
+        for (int g = 0; g < PV_VECS; g++)
+            acc[r][g] =
+                r < nr && g < nv ? _mm256_loadu_ps(oh + r * ldo + g * 8) : _mm256_setzero_ps();
+    for (int i = 0; i < keys; i++) {
+        pf_step(pc);
+        const void *vi = (const char *)v[i] + off * es;
+        __m256 vv[PV_VECS];
+#pragma GCC unroll 4
+        for (int g = 0; g < PV_VECS; g++)
+            vv[g] = g < nv ? uk_load_row(vi, kind, g * 8) : _mm256_setzero_ps();
+#pragma GCC unroll 4
+        for (int r = 0; r < 4; r++)
+            if (r < nr) {
+                const __m256 pr = _mm256_set1_ps(ph[r * ldp + i]);
+#pragma GCC unroll 4
+                for (int g = 0; g < PV_VECS; g++)
+                    if (g < nv)
+                        acc[r][g] = _mm256_fmadd_ps(pr, vv[g], acc[r][g]);
+            }
+    }
+#pragma GCC unroll 4
+    for (int r = 0; r < 4; r++)
+#pragma GCC unroll 4
+        for (int g = 0; g < PV_VECS; g++)
+            if (r < nr && g < nv)
+                _mm256_storeu_ps(oh + r * ldo + g * 8, acc[r][g]);
+}
+
+/* dec_pv_f16 and dec_pv_bf16_f32 (ukernel.h): per kv head, four rows by PV_VECS vectors of O in
+ * registers across the block, each key's vectors loaded and converted once for the four rows;
+ * the tail of d past the last whole vector is scalar. The same sums in the same order as
+ * ukernel_ops.h's uk_dec_pv_rows (f32 rows keep that one: their loop waits on memory, and the
+ * 4 x 3 block's extra broadcasts measured slower there). */
+static inline __attribute__((always_inline)) void
+avx2_dec_pv_rows(int heads, int rows, int d, int keys, const float *p, ptrdiff_t phs, ptrdiff_t ldp,
+                 const void *const *v, int kind, ptrdiff_t vhs, float *o, ptrdiff_t ohs,
+                 ptrdiff_t ldo, const char *const *pf, int pf_rows, size_t pf_bytes)
+{
+    const size_t es = uk_row_es(kind);
+    const int dv = d - d % 8, chunk = PV_VECS * 8;
+    pf_cursor pc = pf_start(pf, pf_rows, pf_bytes,
+                            heads * ((rows + 3) / 4) * ((dv + chunk - 1) / chunk) * keys);
+    for (int h = 0; h < heads; h++)
+        for (int r0 = 0; r0 < rows; r0 += 4) {
+            const int nr = rows - r0 < 4 ? rows - r0 : 4;
+            const float *ph = p + h * phs + r0 * ldp;
+            float *oh = o + h * ohs + r0 * ldo;
+            for (int e = 0; e < dv; e += chunk) {
+                const int nv = (dv - e) / 8 < PV_VECS ? (dv - e) / 8 : PV_VECS;
+                const size_t off = (size_t)(h * vhs + e);
+                if (nr == 4 && nv == 3)
+                    pv_block(4, 3, keys, ph, ldp, v, kind, off, oh + e, ldo, &pc);
+                else if (nr == 4 && nv == 2)
+                    pv_block(4, 2, keys, ph, ldp, v, kind, off, oh + e, ldo, &pc);
+                else if (nr == 4)
+                    pv_block(4, 1, keys, ph, ldp, v, kind, off, oh + e, ldo, &pc);
+                else
+                    pv_block(nr, nv, keys, ph, ldp, v, kind, off, oh + e, ldo, &pc);
+            }
+            for (int r = 0; r < nr; r++)
+                for (int e = dv; e < d; e++) {
+                    float acc = oh[r * ldo + e];
+                    for (int i = 0; i < keys; i++)
+                        acc += ph[r * ldp + i] *
+                               uk_elem((const char *)v[i] + (size_t)(h * vhs) * es, kind, e);
+                    oh[r * ldo + e] = acc;
+                }
+        }
+}
+
+static void avx2_dec_pv_f16(int heads, int rows, int d, int keys, const float *p, ptrdiff_t phs,
+                            ptrdiff_t ldp, const uint16_t *const *v, ptrdiff_t vhs, float *o,
+                            ptrdiff_t ohs, ptrdiff_t ldo, const char *const *pf, int pf_rows,
+                            size_t pf_bytes)
+{
+    avx2_dec_pv_rows(heads, rows, d, keys, p, phs, ldp, (const void *const *)v, UK_ROW_F16, vhs, o,
+                     ohs, ldo, pf, pf_rows, pf_bytes);
+}
+
+static void avx2_dec_pv_bf16_f32(int heads, int rows, int d, int keys, const float *p,
+                                 ptrdiff_t phs, ptrdiff_t ldp, const uint16_t *const *v,
+                                 ptrdiff_t vhs, float *o, ptrdiff_t ohs, ptrdiff_t ldo,
+                                 const char *const *pf, int pf_rows, size_t pf_bytes)
+{
+    avx2_dec_pv_rows(heads, rows, d, keys, p, phs, ldp, (const void *const *)v, UK_ROW_BF16, vhs, o,
+                     ohs, ldo, pf, pf_rows, pf_bytes);
+}
+
+/* Lanes i < n of a vector: all ones, the rest zero. */
+static inline __m256 lanes_below(int n)
+{
+    return _mm256_castsi256_ps(
+        _mm256_cmpgt_epi32(_mm256_set1_epi32(n), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7)));
+}
+
+/* dec_row_max (ukernel.h): two running maxima a row and a NaN flag (unordered compares ORed),
+ * the tail of n loaded masked and filled with -inf. */
+static void avx2_dec_row_max(int rows, int n, const float *s, ptrdiff_t lds, float *mx)
+{
+    const int nv = n - n % 8;
+    const __m256 tail = lanes_below(n - nv), ninf = _mm256_set1_ps(-INFINITY);
+    for (int r = 0; r < rows; r++) {
+        const float *x = s + r * lds;
+        __m256 m0 = ninf, m1 = ninf, bad = _mm256_setzero_ps();
+        int c = 0;
+        for (; c + 16 <= nv; c += 16) {
+            const __m256 x0 = _mm256_loadu_ps(x + c), x1 = _mm256_loadu_ps(x + c + 8);
+            bad = _mm256_or_ps(bad, _mm256_cmp_ps(x0, x1, _CMP_UNORD_Q));
+            m0 = _mm256_max_ps(m0, x0);
+            m1 = _mm256_max_ps(m1, x1);
+        }
+        if (c < nv) {
+            const __m256 x0 = _mm256_loadu_ps(x + c);
+            bad = _mm256_or_ps(bad, _mm256_cmp_ps(x0, x0, _CMP_UNORD_Q));
+            m0 = _mm256_max_ps(m0, x0);
+        }
+        if (nv < n) {
+            const __m256 x0 =
+                _mm256_blendv_ps(ninf, _mm256_maskload_ps(x + nv, _mm256_castps_si256(tail)), tail);
+            bad = _mm256_or_ps(bad, _mm256_cmp_ps(x0, x0, _CMP_UNORD_Q));
+            m0 = _mm256_max_ps(m0, x0);
+        }
+        m0 = _mm256_max_ps(m0, m1);
+        __m128 h = _mm_max_ps(_mm256_castps256_ps128(m0), _mm256_extractf128_ps(m0, 1));
+        h = _mm_max_ps(h, _mm_movehl_ps(h, h));
+        h = _mm_max_ss(h, _mm_movehdup_ps(h));
+        mx[r] = _mm256_movemask_ps(bad) ? NAN : _mm_cvtss_f32(h);
+    }
+}
+
+/* dec_exp2_rows (ukernel.h): a row at a time, two partial sums; the tail's lanes past n are
+ * zeroed before they are summed. */
+static void avx2_dec_exp2_rows(int rows, int n, float *s, ptrdiff_t lds, float mul,
+                               const float *sub, float *sum)
+{
+    const int nv = n - n % 8;
+    const __m256 tail = lanes_below(n - nv), vmul = _mm256_set1_ps(mul);
+    for (int r = 0; r < rows; r++) {
+        float *x = s + r * lds;
+        const __m256 vsub = _mm256_set1_ps(sub[r]);
+        __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
+        int c = 0;
+        for (; c + 16 <= nv; c += 16) {
+            const __m256 e0 =
+                uk_exp2(_mm256_sub_ps(_mm256_mul_ps(_mm256_loadu_ps(x + c), vmul), vsub));
+            const __m256 e1 =
+                uk_exp2(_mm256_sub_ps(_mm256_mul_ps(_mm256_loadu_ps(x + c + 8), vmul), vsub));
+            _mm256_storeu_ps(x + c, e0);
+            _mm256_storeu_ps(x + c + 8, e1);
+            a0 = _mm256_add_ps(a0, e0);
+            a1 = _mm256_add_ps(a1, e1);
+        }
+        for (; c < n; c += 8) {
+            __m256 e = uk_exp2(_mm256_sub_ps(_mm256_mul_ps(_mm256_loadu_ps(x + c), vmul), vsub));
+            _mm256_storeu_ps(x + c, e);
+            if (c + 8 > n)
+                e = _mm256_and_ps(e, tail);
+            a0 = _mm256_add_ps(a0, e);
+        }
+        sum[r] = uk_hsum(_mm256_add_ps(a0, a1));
+    }
+}
+
 /* transpose32 by 8 x 8 blocks of words: 8 row loads, the usual three shuffle stages (32-bit,
  * 64-bit and 128-bit interleaves), 8 column stores. Edge blocks (fewer than 8 rows or columns
  * left) take the generic word-by-word copy, so nothing outside the rows x cols words is read. */
@@ -338,8 +529,10 @@ const fp_ukernels fp_ukernels_avx2 = {
     NULL,
     NULL,
     avx2_dec_scores_f16,
-    uk_dec_pv_f16,
+    avx2_dec_pv_f16,
     avx2_dec_scores_bf16_f32,
-    uk_dec_pv_bf16_f32,
+    avx2_dec_pv_bf16_f32,
+    avx2_dec_row_max,
+    avx2_dec_exp2_rows,
     256,
 };

@@ -267,5 +267,7 @@ const fp_ukernels fp_ukernels_avx512bf16 = {
     uk_dec_pv_f16,
     NULL,
     NULL,
+    NULL,
+    NULL,
     0,
 };

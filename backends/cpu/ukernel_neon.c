@@ -128,5 +128,7 @@ const fp_ukernels fp_ukernels_neon = {
     uk_dec_pv_f16,
     NULL,
     NULL,
+    NULL,
+    NULL,
     0,
 };

@@ -322,6 +322,7 @@ static void uk_dec_pv(int heads, int rows, int d, int keys, const float *p, ptrd
                    ohs, ldo, pf, pf_rows, pf_bytes);
 }
 
+#ifndef UK_OWN_DEC_PV_H16 /* an ISA file may have its own 16-bit forms */
 static void uk_dec_pv_f16(int heads, int rows, int d, int keys, const float *p, ptrdiff_t phs,
                           ptrdiff_t ldp, const uint16_t *const *v, ptrdiff_t vhs, float *o,
                           ptrdiff_t ohs, ptrdiff_t ldo, const char *const *pf, int pf_rows,
@@ -340,4 +341,5 @@ static void uk_dec_pv_bf16_f32(int heads, int rows, int d, int keys, const float
     uk_dec_pv_rows(heads, rows, d, keys, p, phs, ldp, (const void *const *)v, UK_ROW_BF16, vhs, o,
                    ohs, ldo, pf, pf_rows, pf_bytes);
 }
+#endif
 #endif

@@ -151,5 +151,7 @@ const fp_ukernels fp_ukernels_scalar = {
     uk_dec_pv_f16,
     uk_dec_scores_bf16_f32,
     uk_dec_pv_bf16_f32,
+    NULL,
+    NULL,
     0,
 };

@@ -10,11 +10,13 @@
  * work balances. Scores are kept transposed: S^T (keys down the rows, the block's queries
  * across the columns), so that
  *   - S^T = K Q^T reads K in place as the product's A operand (broadcast from the caller's
- *     tensor, any strides), against Q^T packed once per task;
+ *     tensor, any strides), against Q^T packed once per task; tasks of several sub-blocks (below)
+ *     copy f32 K and V once per key block into tiles instead (fp_tile_ld_sets' stride: the
+ *     caller's rows, H * d apart, would crowd a few L1 sets for every sub-block);
  *   - each query's online-softmax statistics (core/online_softmax.h, exp2 form: scores in log2
  *     units) are lane-wise column reductions;
  *   - O += P V reads P^T as A (a transposed view) against V, in place when it is f32 with
- *     contiguous, 16-aligned rows, else converted to a tile.
+ *     contiguous, 16-aligned rows (and the task one sub-block), else converted to a tile.
  * Per key block: S^T; softcap/ALiBi (fp_score_transform); the window (core/mask.h) on blocks
  * that straddle it (fp_mask_block_full); column max; the online update per query
  * (fp_softmax_update_exp2, skipped when the maximum did not grow, where it would return 1);
@@ -83,7 +85,7 @@ static int fwd_block_q(const fp_ukernels *uk, int64_t seqlen_q)
 /* Offsets (floats) of one thread's tiles inside its scratch slice. */
 typedef struct fwd_layout {
     int bq;         /* queries per block (fwd_block_q) */
-    int ldq, ldd;   /* leading dims: bq-wide and d-wide tiles */
+    int ldq, ldd;   /* leading dims: bq-wide and d-wide tiles (fp_tile_ld_sets) */
     int lds;        /* leading dim of the sub-block tiles (at most BLOCK_Q queries) */
     size_t qt;      /* Q^T: d x bq f32, or ceil(d/2) x bq bf16 pairs */
     size_t o;       /* bq x d accumulator */
@@ -102,8 +104,8 @@ static fwd_layout fwd_layout_of(int64_t d, int bq)
 {
     fwd_layout L;
     L.bq = bq;
-    L.ldq = fp_tile_ld(bq);
-    L.ldd = fp_tile_ld(d);
+    L.ldq = fp_tile_ld_sets(bq);
+    L.ldd = fp_tile_ld_sets(d);
     L.lds = fp_tile_ld(bq < BLOCK_Q ? bq : BLOCK_Q);
     L.qt = 0;
     L.o = L.qt + (size_t)d * L.ldq;
@@ -519,6 +521,11 @@ flashport_status fp_cpu_flash_forward(const fp_problem *p)
               fp_kv_stage_floats(p->seqlen_k, d) * sizeof(float) <= STAGE_MAX_BYTES;
     if (c.stage)
         c.k_direct = c.v_direct = 1;
+    /* Several sub-blocks share each key block: f32 K and V are copied once per task and key block
+     * into tiles at fp_tile_ld_sets' stride, where the caller's rows (H * d apart, a power of two
+     * in most layouts) would keep few L1 sets for every sub-block's products. */
+    if (p->dtype == FLASHPORT_F32 && c.L.bq > BLOCK_Q)
+        c.k_direct = c.v_direct = 0;
     c.scale = c.fp8 ? p->scale * p->descale_q * p->descale_k : p->scale;
     if (fp_host()->log_enabled())
         fp_host()->log("cpu: flash forward (tiled, online softmax), %s micro-kernels: %s%s%s; "

@@ -27,6 +27,16 @@ static inline int fp_tile_ld(int64_t cols)
     return (int)((cols + FP_TILE_COLS - 1) / FP_TILE_COLS * FP_TILE_COLS);
 }
 
+/* fp_tile_ld, one FP_TILE_COLS wider where the row stride would be a multiple of 512 bytes: for
+ * tiles whose 16-column panels the products read down many rows (the B operand of a product, a
+ * panel meant to stay in L1). At such a stride a panel's rows fall into 8 or fewer of the 64 sets
+ * of a 32 KiB 8-way L1 and evict each other, and the panel comes from L2 at every row block. */
+static inline int fp_tile_ld_sets(int64_t cols)
+{
+    const int ld = fp_tile_ld(cols);
+    return ld % 128 == 0 ? ld + FP_TILE_COLS : ld;
+}
+
 /* A block of a strided tensor: element (r, c) is at data + off + r * rs + c * cs. */
 typedef struct fp_block {
     void *data; /* written only by the store functions */

@@ -43,7 +43,7 @@
  * row its dK and dV. A NaN LSE (a visible NaN score in the forward) makes the row's terms NaN.
  * Extra memory: Di (4 * H * total query rows bytes), per-thread tiles, and in the fused schedule
  * two f32 Nk x D buffers per thread (threads <= B * Hkv there), four with f32 products: the
- * task's K and V are staged there as f32 rows d floats apart (copied or converted once per task,
+ * task's K and V are staged there as f32 rows ldd floats apart (copied or converted once per task,
  * then read by every block pair instead of the caller's rows H D floats apart, which share few
  * L1 sets, or a conversion per block pair).
  * Tile shape: block_q queries x BLOCK_K = 64 keys; block_q = 128 for f32 products at

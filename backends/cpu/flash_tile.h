@@ -78,7 +78,8 @@ void fp_tile_pairs_rows(uint32_t *dst, int ld, const fp_block *x, int rows, int 
 void fp_tile_load_bf16(uint16_t *dst, int ld, const fp_block *x, int rows, int d);
 
 /* A thread's f32 copy of the K and V rows of one (batch, kv head), for f16 and bf16 inputs that
- * the products take as f32 (tables without bf16 dot products): each block of FP_STAGE_ROWS keys
+ * the products take as f32 (tables without bf16 dot products), and for f32 on the AVX2 table
+ * (rows fp_tile_ld_sets apart instead of the caller's H * d): each block of FP_STAGE_ROWS keys
  * is converted the first time the thread needs it and read in place by every later query block,
  * instead of being converted again for each (query block, key block) pair. Lives for one call. */
 enum { FP_STAGE_ROWS = 64 };

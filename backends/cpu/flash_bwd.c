@@ -43,11 +43,12 @@
  * row its dK and dV. A NaN LSE (a visible NaN score in the forward) makes the row's terms NaN.
  * Extra memory: Di (4 * H * total query rows bytes), per-thread tiles, and in the fused schedule
  * two f32 Nk x D buffers per thread (threads <= B * Hkv there), four with f32 products: the
- * task's K and V are staged there as f32 rows d floats apart (copied or converted once per task,
+ * task's K and V are staged there as f32 rows ldd floats apart (copied or converted once per task,
  * then read by every block pair instead of the caller's rows H D floats apart, which share few
  * L1 sets, or a conversion per block pair).
  * Tile shape: block_q queries x BLOCK_K = 64 keys; block_q = 128 for f32 products at
- * 64 < d <= 128, else 64 (bwd_block_q).
+ * 64 < d <= 128, else 64 (bwd_block_q); the tiles' leading dims from fp_tile_ld_sets (Q^T and
+ * dO^T at 128 queries, d-wide tiles at d = 128: one line wider than 512 bytes).
  * Known differences from the reference: f32 accumulation, the polynomial exp2; scale applied to
  * the f32 scores, dQ and dK rather than folded into Q. bf16 path: products of bf16 operands, P
  * and dS rounded to bf16 before their products (as the tests' naive bf16 computation does).
@@ -112,8 +113,8 @@ static bwd_layout bwd_layout_of(int64_t d, int bf16)
     const size_t bq = (size_t)bwd_block_q(d, bf16), bk = BLOCK_K;
     bwd_layout L;
     L.bq = (int)bq;
-    L.ldq = fp_tile_ld(L.bq);
-    L.ldd = fp_tile_ld(d);
+    L.ldq = fp_tile_ld_sets(L.bq);
+    L.ldd = fp_tile_ld_sets(d);
     L.qt = 0;
     L.dot = L.qt + (size_t)d * L.ldq;
     L.q = L.dot + (size_t)d * L.ldq;

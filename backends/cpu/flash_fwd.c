@@ -10,11 +10,13 @@
  * work balances. Scores are kept transposed: S^T (keys down the rows, the block's queries
  * across the columns), so that
  *   - S^T = K Q^T reads K in place as the product's A operand (broadcast from the caller's
- *     tensor, any strides), against Q^T packed once per task;
+ *     tensor, any strides), against Q^T packed once per task; on the AVX2 table f32 K and V are
+ *     staged instead (below: the caller's rows, H * d apart, would crowd a few L1 sets in every
+ *     product that reads them);
  *   - each query's online-softmax statistics (core/online_softmax.h, exp2 form: scores in log2
  *     units) are lane-wise column reductions;
  *   - O += P V reads P^T as A (a transposed view) against V, in place when it is f32 with
- *     contiguous, 16-aligned rows, else converted to a tile.
+ *     contiguous, 16-aligned rows (and not staged), else converted to a tile.
  * Per key block: S^T; softcap/ALiBi (fp_score_transform); the window (core/mask.h) on blocks
  * that straddle it (fp_mask_block_full); column max; the online update per query
  * (fp_softmax_update_exp2, skipped when the maximum did not grow, where it would return 1);
@@ -26,7 +28,9 @@
  * f16, and bf16 on tables without bf16 products, convert each thread's K and V once per (batch,
  * kv head) into an fp_kv_stage (flash_tile.h) that the products then read in place, instead of
  * converting a key block again for every query block that sees it (paged caches, and stages over
- * STAGE_MAX_BYTES, still convert per block).
+ * STAGE_MAX_BYTES, still convert per block). On tables that set fwd_block_q (AVX2) f32 K and V
+ * are staged the same way, copied to rows fp_tile_ld_sets apart; where they cannot be, tasks of
+ * several sub-blocks copy each key block into tiles at that stride.
  * fp8 inputs (forward only, docs/semantics.md) convert to f32 tiles (fp_fp8_to_f32_vec, in a
  * loop the compiler vectorizes); the scale folds in descale_q * descale_k; P is rounded to e4m3
  * after its unrounded sum went into l, against the running maximum as a GPU kernel does (the
@@ -83,7 +87,7 @@ static int fwd_block_q(const fp_ukernels *uk, int64_t seqlen_q)
 /* Offsets (floats) of one thread's tiles inside its scratch slice. */
 typedef struct fwd_layout {
     int bq;         /* queries per block (fwd_block_q) */
-    int ldq, ldd;   /* leading dims: bq-wide and d-wide tiles */
+    int ldq, ldd;   /* leading dims: bq-wide and d-wide tiles (fp_tile_ld_sets) */
     int lds;        /* leading dim of the sub-block tiles (at most BLOCK_Q queries) */
     size_t qt;      /* Q^T: d x bq f32, or ceil(d/2) x bq bf16 pairs */
     size_t o;       /* bq x d accumulator */
@@ -102,8 +106,8 @@ static fwd_layout fwd_layout_of(int64_t d, int bq)
 {
     fwd_layout L;
     L.bq = bq;
-    L.ldq = fp_tile_ld(bq);
-    L.ldd = fp_tile_ld(d);
+    L.ldq = fp_tile_ld_sets(bq);
+    L.ldd = fp_tile_ld_sets(d);
     L.lds = fp_tile_ld(bq < BLOCK_Q ? bq : BLOCK_Q);
     L.qt = 0;
     L.o = L.qt + (size_t)d * L.ldq;
@@ -512,13 +516,21 @@ flashport_status fp_cpu_flash_forward(const fp_problem *p)
     c.L = fwd_layout_of(d, fwd_block_q(c.uk, p->seqlen_q));
     c.fp8 = fp_is_fp8(p->dtype);
     /* f16, and bf16 without bf16 products, would otherwise convert a key block once per query
-     * block that sees it; staged, the products read the f32 copy in place. Paged caches keep
-     * converting per block (their rows are not linear in the key). */
-    c.stage = !c.bf16 && (p->dtype == FLASHPORT_F16 || p->dtype == FLASHPORT_BF16) &&
+     * block that sees it; staged, the products read the f32 copy in place. f32 is staged too on
+     * tables that set fwd_block_q (AVX2): the copy's rows lie fp_tile_ld_sets apart, where the
+     * caller's (H * d apart, a power of two in most layouts) crowd a few L1 sets in every product
+     * that reads them; the AVX-512 tables, not measured with it, keep reading f32 in place. Paged
+     * caches keep converting per block (their rows are not linear in the key). */
+    const int stage_f32 = p->dtype == FLASHPORT_F32 && c.uk->fwd_block_q > 0;
+    c.stage = !c.bf16 && (p->dtype == FLASHPORT_F16 || p->dtype == FLASHPORT_BF16 || stage_f32) &&
               !p->block_table &&
               fp_kv_stage_floats(p->seqlen_k, d) * sizeof(float) <= STAGE_MAX_BYTES;
     if (c.stage)
         c.k_direct = c.v_direct = 1;
+    /* f32 that could not be staged (paged, or longer than the stage) in tasks of several
+     * sub-blocks: K and V are copied once per task and key block into tiles at the same stride. */
+    if (stage_f32 && !c.stage && c.L.bq > BLOCK_Q)
+        c.k_direct = c.v_direct = 0;
     c.scale = c.fp8 ? p->scale * p->descale_q * p->descale_k : p->scale;
     if (fp_host()->log_enabled())
         fp_host()->log("cpu: flash forward (tiled, online softmax), %s micro-kernels: %s%s%s; "
@@ -528,7 +540,7 @@ flashport_status fp_cpu_flash_forward(const fp_problem *p)
                        : c.fp8 ? "f32 products on fp8 inputs converted to f32, P rounded to e4m3"
                        : p->dtype == FLASHPORT_F32 ? "f32 products"
                                                    : "f32 products on inputs converted to f32",
-                       c.stage      ? ", K and V converted to f32 once per thread and kv head"
+                       c.stage      ? ", K and V staged as f32 once per thread and kv head"
                        : c.k_direct ? ", K read in place"
                                     : "",
                        !c.stage && c.v_direct ? ", V read in place" : "", c.L.bq, BLOCK_K,

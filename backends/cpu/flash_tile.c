@@ -163,14 +163,14 @@ void fp_tile_load_bf16(uint16_t *dst, int ld, const fp_block *x, int rows, int d
 size_t fp_kv_stage_floats(int64_t capacity, int64_t d)
 {
     const size_t blocks = (size_t)((capacity + FP_STAGE_ROWS - 1) / FP_STAGE_ROWS);
-    return 2 * (size_t)capacity * (size_t)fp_tile_ld(d) +
+    return 2 * (size_t)capacity * (size_t)fp_tile_ld_sets(d) +
            (blocks + sizeof(float) - 1) / sizeof(float);
 }
 
 fp_kv_stage fp_kv_stage_init(float *mem, int64_t capacity, int64_t d)
 {
     fp_kv_stage st;
-    st.ld = fp_tile_ld(d);
+    st.ld = fp_tile_ld_sets(d);
     st.capacity = capacity;
     st.k = mem;
     st.v = mem + (size_t)capacity * (size_t)st.ld;

@@ -27,6 +27,16 @@ static inline int fp_tile_ld(int64_t cols)
     return (int)((cols + FP_TILE_COLS - 1) / FP_TILE_COLS * FP_TILE_COLS);
 }
 
+/* fp_tile_ld, one FP_TILE_COLS wider where the row stride would be a multiple of 512 bytes: for
+ * tiles whose 16-column panels the products read down many rows (the B operand of a product, a
+ * panel meant to stay in L1). At such a stride a panel's rows fall into 8 or fewer of the 64 sets
+ * of a 32 KiB 8-way L1 and evict each other, and the panel comes from L2 at every row block. */
+static inline int fp_tile_ld_sets(int64_t cols)
+{
+    const int ld = fp_tile_ld(cols);
+    return ld % 128 == 0 ? ld + FP_TILE_COLS : ld;
+}
+
 /* A block of a strided tensor: element (r, c) is at data + off + r * rs + c * cs. */
 typedef struct fp_block {
     void *data; /* written only by the store functions */
@@ -68,7 +78,8 @@ void fp_tile_pairs_rows(uint32_t *dst, int ld, const fp_block *x, int rows, int 
 void fp_tile_load_bf16(uint16_t *dst, int ld, const fp_block *x, int rows, int d);
 
 /* A thread's f32 copy of the K and V rows of one (batch, kv head), for f16 and bf16 inputs that
- * the products take as f32 (tables without bf16 dot products): each block of FP_STAGE_ROWS keys
+ * the products take as f32 (tables without bf16 dot products), and for f32 on the AVX2 table
+ * (rows fp_tile_ld_sets apart instead of the caller's H * d): each block of FP_STAGE_ROWS keys
  * is converted the first time the thread needs it and read in place by every later query block,
  * instead of being converted again for each (query block, key block) pair. Lives for one call. */
 enum { FP_STAGE_ROWS = 64 };

@@ -7,9 +7,10 @@
  * vectors and a broadcast fill the 16 registers; per reduction step 2 vector loads and 6
  * broadcasts feed 12 FMAs, within two load ports. Column blocks of 16 keep one k x 16 panel of B
  * (Q^T, V) in L1 while K or P streams through as broadcasts, so no panel is packed here: the
- * forward reads f32 K and V in place and f16 / bf16 from a per-thread f32 stage (F16C or a
- * shift); the backward's fused schedule stages K and V of every dtype as f32 rows once per task
- * (flash_bwd.c).
+ * forward reads f32, f16 and bf16 K and V from a per-thread f32 stage (copied, or converted by
+ * F16C or a shift); the backward's fused schedule stages K and V of
+ * every dtype as f32 rows once per task (flash_bwd.c). Those tiles' strides avoid multiples of
+ * 512 bytes (fp_tile_ld_sets), at which a panel would fall into a few L1 sets.
  * exp2: 1.5 * 2^23 + 127 added to round and bias the exponent in one step, the shared polynomial
  * (ukernel.h), 2^n by a shift into the exponent field; lanes below -126 are zeroed by a mask.
  * The column softmax pieces (ukernel_ops.h) are lane-wise, one column vector at a time: two at a

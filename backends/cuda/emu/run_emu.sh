@@ -113,8 +113,17 @@ FP_CUDA_EMU_SMEM_KIB=$kib FLASHPORT_CUDA_GROUP_SPLITS=4 FLASHPORT_PLUGIN_PATH=$o
     "$build/bin/test_backends" cudaemu "$@" || status=1
 # Every forward through the decode kernel (decode/fwd.cu), its keys in 3 splits where they have
 # 3 key blocks: GQA packing, masks, varlen and the combine on every case of the table. Forward
-# only, as for the ping-pong pass: the backward is the first pass's.
+# only, as for the ping-pong pass: the backward is the first pass's. Then the same with the
+# split combine's block-per-row kernel forced (FLASHPORT_CUDA_COMBINE_ROWS=0: the table's calls
+# have too few splits to reach it by the rule), with the masked-key checks.
 echo "== cudaemu, FP_CUDA_EMU_SMEM_KIB=$kib, FLASHPORT_CUDA_DECODE=1, FLASHPORT_CUDA_DECODE_SPLITS=3"
 FP_CUDA_EMU_SMEM_KIB=$kib FLASHPORT_CUDA_DECODE=1 FLASHPORT_CUDA_DECODE_SPLITS=3 \
     FLASHPORT_PLUGIN_PATH=$out "$build/bin/test_backends" cudaemu "$@" --forward-only || status=1
+echo "== cudaemu, FP_CUDA_EMU_SMEM_KIB=$kib, the decode pass with FLASHPORT_CUDA_COMBINE_ROWS=0"
+FP_CUDA_EMU_SMEM_KIB=$kib FLASHPORT_CUDA_DECODE=1 FLASHPORT_CUDA_DECODE_SPLITS=3 \
+    FLASHPORT_CUDA_COMBINE_ROWS=0 FLASHPORT_PLUGIN_PATH=$out "$build/bin/test_backends" cudaemu \
+    "$@" --forward-only || status=1
+FP_CUDA_EMU_SMEM_KIB=$kib FLASHPORT_CUDA_DECODE=1 FLASHPORT_CUDA_DECODE_SPLITS=3 \
+    FLASHPORT_CUDA_COMBINE_ROWS=0 FLASHPORT_PLUGIN_PATH=$out "$build/bin/test_reliability" \
+    cudaemu --masked-keys | grep -E 'CHECK failed|checks failed' || status=1
 exit "$status"

@@ -20,7 +20,8 @@
 #include <math.h>
 #include <stdlib.h>
 
-/* Merges the splits of one row (a block per row): LSE = M + log sum_s e^(lse_s - M), M the
+/* Merges the splits of one row (a block per row; calls of more than FP_COMBINE_ROWS_SPLITS
+ * splits, decode's long caches): LSE = M + log sum_s e^(lse_s - M), M the
  * partial LSEs' maximum; then O = sum_s e^(lse_s - LSE) O_s, warp w summing splits w, w + 4, ...
  * in order and the four sums added in warp order (deterministic). No split's loads wait on
  * another's, so a row's partials are read with many loads in flight (a decode call may have 128
@@ -113,10 +114,81 @@ __global__ void __launch_bounds__(128) fp_sm80_fwd_combine(const fp_sm80_args a)
         a.lse[fp_cuda_lse_off(a, b, sq_.q_start + i, h)] = lse;
 }
 
+/* The combine of few splits (at most FP_COMBINE_ROWS_SPLITS, the prefill forwards' usual
+ * case): one warp per row, its splits merged one after another with fp_softmax_merge's weights,
+ * in split order (a NaN partial LSE: the row's LSE and O NaN); four rows a block. Where a call has
+ * many rows and few splits, a block per row costs more than its parallel loads gain (H200, prefill
+ * at B = 1 .. 4, N = 256 .. 1024, 2 .. 3 splits: docs/bench/h200-2026-12-02-claimed-walk.md). grid
+ * (ceil(nq / 4), H, B), 128 threads. */
+enum { FP_COMBINE_ROWS_SPLITS = 8 };
+template <typename T>
+__global__ void __launch_bounds__(128) fp_sm80_fwd_combine_rows(const fp_sm80_args a)
+{
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int i = blockIdx.x * 4 + warp, h = blockIdx.y, b = blockIdx.z;
+    const fp_cuda_seq sq_ = fp_cuda_seq_of(a, b);
+    if (i >= sq_.nq)
+        return;
+    float acc[4][2] = {{0.0f, 0.0f}, {0.0f, 0.0f}, {0.0f, 0.0f}, {0.0f, 0.0f}};
+    float lse = -INFINITY;
+    bool nan = false;
+    for (int s = 0; s < a.splits; ++s) {
+        const int64_t row = (((int64_t)s * a.batch + b) * a.heads + h) * a.nq + i;
+        const float part = a.lse_part[row];
+        if (part != part) { /* the row's LSE and O end NaN, as the block-per-row kernel's */
+            nan = true;
+            continue;
+        }
+        float wa, wb;
+        lse = fp_softmax_merge(lse, part, &wa, &wb);
+        const float *src = a.o_part + row * a.d;
+#pragma unroll
+        for (int c = 0; c < 4; ++c) {
+            const int col = 64 * c + 2 * lane;
+            if (col < a.d) {
+                const float2 x = *reinterpret_cast<const float2 *>(src + col);
+                acc[c][0] = wa * acc[c][0] + wb * x.x;
+                acc[c][1] = wa * acc[c][1] + wb * x.y;
+            }
+        }
+    }
+    T *og = reinterpret_cast<T *>(const_cast<void *>(a.o.ptr)) +
+            fp_cuda_row(a.o, b, sq_.q_start + i, h);
+#pragma unroll
+    for (int c = 0; c < 4; ++c) {
+        const int col = 64 * c + 2 * lane;
+        if (col < a.d) {
+            og[col] = fp_from_f32<T>(nan ? NAN : acc[c][0]);
+            og[col + 1] = fp_from_f32<T>(nan ? NAN : acc[c][1]);
+        }
+    }
+    if (a.lse && lane == 0)
+        a.lse[fp_cuda_lse_off(a, b, sq_.q_start + i, h)] = nan ? NAN : lse;
+}
+
+/* FLASHPORT_CUDA_COMBINE_ROWS=N (read at each call; tests and A/B runs): the few-split kernel
+ * for at most N splits instead of FP_COMBINE_ROWS_SPLITS (0: the block-per-row kernel always). */
+static int fp_combine_rows_splits(void)
+{
+    const char *v = getenv("FLASHPORT_CUDA_COMBINE_ROWS");
+    char *end = NULL;
+    const long n = v ? strtol(v, &end, 10) : -1;
+    return v && end != v && *end == '\0' && n >= 0 ? (int)n : FP_COMBINE_ROWS_SPLITS;
+}
+
 cudaError_t fp_cuda_fwd_combine(const fp_problem *p, const fp_sm80_args *a, cudaStream_t stream)
 {
+    const bool f16 = p->o_dtype == FLASHPORT_F16; /* o's dtype: the sm90 fp8 kernels' output too */
+    if (a->splits <= fp_combine_rows_splits()) {
+        dim3 grid((unsigned)((a->nq + 3) / 4), (unsigned)p->heads, (unsigned)p->batch);
+        if (f16)
+            fp_sm80_fwd_combine_rows<__half><<<grid, 128, 0, stream>>>(*a);
+        else
+            fp_sm80_fwd_combine_rows<__nv_bfloat16><<<grid, 128, 0, stream>>>(*a);
+        return cudaGetLastError();
+    }
     dim3 grid((unsigned)a->nq, (unsigned)p->heads, (unsigned)p->batch);
-    if (p->o_dtype == FLASHPORT_F16) /* o's dtype: the sm90 fp8 kernels' output too */
+    if (f16)
         fp_sm80_fwd_combine<__half><<<grid, 128, 0, stream>>>(*a);
     else
         fp_sm80_fwd_combine<__nv_bfloat16><<<grid, 128, 0, stream>>>(*a);

@@ -5,9 +5,9 @@
  * call), and the launches of the forward and of the two backward kernels.
  *
  * Kernel variants (ocl_plan.h): the plain path (local-memory tiles, f32 FMAs) on every device;
- * for f16 and bf16 storage, where FLASHPORT_OPENCL_MMA=nv asks for it, the tensor-core path
- * (kernels/mma_nv.cl: mma.sync through inline PTX; not the default: on an H200 it faults at its
- * first run, docs/opencl.md). A tensor-core
+ * for f16 and bf16 storage on NVIDIA devices of compute capability >= 8.0 (or where
+ * FLASHPORT_OPENCL_MMA=nv asks for it), the tensor-core path (kernels/mma_nv.cl: mma.sync
+ * through inline PTX). A tensor-core
  * program the driver refuses is remembered by its key (dtype, head-dim class, tile) and its
  * calls are planned again on the plain path with the plain path's own tiles (logged with the
  * driver's build log); the other keys are unaffected. FLASHPORT_OPENCL_MMA=emulate builds the

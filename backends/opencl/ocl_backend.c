@@ -156,21 +156,25 @@ static flashport_status pick_device(const fp_ocl_api *cl, int index, cl_platform
 #define CL_DEVICE_COMPUTE_CAPABILITY_MINOR_NV 0x4001
 #endif
 
-/* The tensor-core variant of the device (ocl_plan.h): FP_OCL_PLAIN unless asked. The tensor-core
- * kernels (FP_OCL_MMA_NV: mma.sync m16n8k16 through inline PTX, for NVIDIA devices of compute
- * capability >= 8.0) build on an H200 through NVIDIA's driver 580 but fault at their first run
- * (OpenCL error -36, docs/opencl.md), so they run only where FLASHPORT_OPENCL_MMA=nv asks for
- * them (on any device; where the driver refuses them, each program falls back to the plain
- * path). FLASHPORT_OPENCL_MMA=emulate runs the emulated variant on any device (the test of the
- * tensor-core layouts); =0 or unset, the plain path. */
+/* The tensor-core variant of the device (ocl_plan.h): FP_OCL_MMA_NV (mma.sync m16n8k16 through
+ * inline PTX) where NVIDIA's driver reports compute capability >= 8.0, else FP_OCL_PLAIN; where a
+ * driver refuses a tensor-core program, that program falls back to the plain path.
+ * FLASHPORT_OPENCL_MMA=0 forces the plain path (A/B runs), =nv the tensor-core variant on any
+ * device (the test of the fallback), =emulate the emulated variant on any device (the test of
+ * the tensor-core layouts). */
 static int device_mma(const fp_ocl_api *cl, cl_device_id dev)
 {
-    (void)cl;
-    (void)dev;
     const char *env = getenv("FLASHPORT_OPENCL_MMA");
+    if (env && !strcmp(env, "0"))
+        return FP_OCL_PLAIN;
     if (env && !strcmp(env, "emulate"))
         return FP_OCL_MMA_EMULATED;
     if (env && !strcmp(env, "nv"))
+        return FP_OCL_MMA_NV;
+    cl_uint major = 0;
+    if (cl->clGetDeviceInfo(dev, CL_DEVICE_COMPUTE_CAPABILITY_MAJOR_NV, sizeof major, &major,
+                            NULL) == CL_SUCCESS &&
+        major >= 8)
         return FP_OCL_MMA_NV;
     return FP_OCL_PLAIN;
 }

@@ -103,8 +103,8 @@ typedef struct fp_ocl_ctx {
     size_t local_mem; /* bytes of local memory per work-group */
     size_t max_alloc; /* CL_DEVICE_MAX_MEM_ALLOC_SIZE: the largest one buffer may be */
     /* The tensor-core variant f16 / bf16 programs get (ocl_plan.h's fp_ocl_plan): FP_OCL_MMA_NV
-     * when FLASHPORT_OPENCL_MMA=nv, FP_OCL_MMA_EMULATED when FLASHPORT_OPENCL_MMA=emulate,
-     * FP_OCL_PLAIN otherwise (ocl_backend.c's device_mma says why). */
+     * on NVIDIA devices of compute capability >= 8.0, FP_OCL_PLAIN otherwise, unless
+     * FLASHPORT_OPENCL_MMA says otherwise (ocl_backend.c's device_mma). */
     int mma;
     /* Whether the device is not a CPU: its programs are built with FP_OCL_UNROLL_ALL = 1
      * (kernels/shape.cl says why). */

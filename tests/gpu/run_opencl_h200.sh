@@ -177,11 +177,10 @@ if has bench; then
     for D in ${DIMS:-64 128 256}; do
         for N in ${SEQLENS:-512 2048 8192 16384}; do
             for be in ${BACKENDS:-opencl opencl-plain cuda}; do
-                # opencl: the tensor-core variant (FLASHPORT_OPENCL_MMA=nv; the backend's own
-                # choice on NVIDIA is the plain path while that variant is opt-in);
-                # opencl-plain: the plain path forced, its CSV rows relabelled so report can
-                # set the two side by side.
-                mma=nv csv="$OUT/bench.csv"
+                # opencl: the backend's default (the tensor-core variant on NVIDIA devices of
+                # compute capability >= 8.0); opencl-plain: the plain path forced, its CSV rows
+                # relabelled so report can set the two side by side.
+                mma=auto csv="$OUT/bench.csv"
                 [ "$be" = opencl-plain ] && mma=0 csv="$OUT/bench.plain.tmp" && rm -f "$csv"
                 echo "### $be D=$D N=$N" >>"$OUT/bench.log"
                 FLASHPORT_OPENCL_MMA=$mma timeout 300 "$BUILD/bin/flashport-bench" \

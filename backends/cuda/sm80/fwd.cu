@@ -31,6 +31,22 @@
  * partial LSE makes the row's LSE and O NaN; a row no split saw a key of gets O = 0 and LSE = -inf
  * (fp_softmax_merge's rule). grid (nq, H, B), 128 threads. */
 enum { FP_COMBINE_LSE_CACHE = 128 };
+
+/* One warp's step of a combine: acc = wa acc + wb O_s over the row's d columns at src, the lane
+ * holding columns 64 c + 2 lane, + 1 (c < 4: d <= 256). */
+FP_DEV void fp_combine_add(float (&acc)[4][2], const float *src, int d, int lane, float wa,
+                           float wb)
+{
+#pragma unroll
+    for (int c = 0; c < 4; ++c) {
+        const int col = 64 * c + 2 * lane;
+        if (col < d) {
+            const float2 x = *reinterpret_cast<const float2 *>(src + col);
+            acc[c][0] = fmaf(wb, x.x, wa * acc[c][0]);
+            acc[c][1] = fmaf(wb, x.y, wa * acc[c][1]);
+        }
+    }
+}
 template <typename T>
 __global__ void __launch_bounds__(128) fp_sm80_fwd_combine(const fp_sm80_args a)
 {
@@ -88,16 +104,7 @@ __global__ void __launch_bounds__(128) fp_sm80_fwd_combine(const fp_sm80_args a)
         for (int s = warp; s < a.splits; s += NW) {
             const int64_t row = row0 + s * per_split;
             const float w = expf(lse_of(s) - lse); /* 0 for a split that saw no key */
-            const float *src = a.o_part + row * a.d;
-#pragma unroll
-            for (int c = 0; c < 4; ++c) {
-                const int col = 64 * c + 2 * lane;
-                if (col < a.d) {
-                    const float2 x = *reinterpret_cast<const float2 *>(src + col);
-                    acc[c][0] = fmaf(w, x.x, acc[c][0]);
-                    acc[c][1] = fmaf(w, x.y, acc[c][1]);
-                }
-            }
+            fp_combine_add(acc, a.o_part + row * a.d, a.d, lane, 1.0f, w);
         }
     }
 #pragma unroll
@@ -141,16 +148,7 @@ __global__ void __launch_bounds__(128) fp_sm80_fwd_combine_rows(const fp_sm80_ar
         }
         float wa, wb;
         lse = fp_softmax_merge(lse, part, &wa, &wb);
-        const float *src = a.o_part + row * a.d;
-#pragma unroll
-        for (int c = 0; c < 4; ++c) {
-            const int col = 64 * c + 2 * lane;
-            if (col < a.d) {
-                const float2 x = *reinterpret_cast<const float2 *>(src + col);
-                acc[c][0] = wa * acc[c][0] + wb * x.x;
-                acc[c][1] = wa * acc[c][1] + wb * x.y;
-            }
-        }
+        fp_combine_add(acc, a.o_part + row * a.d, a.d, lane, wa, wb);
     }
     T *og = reinterpret_cast<T *>(const_cast<void *>(a.o.ptr)) +
             fp_cuda_row(a.o, b, sq_.q_start + i, h);

@@ -270,4 +270,5 @@ const fp_ukernels fp_ukernels_avx512bf16 = {
     NULL,
     NULL,
     0,
+    0,
 };

@@ -20,8 +20,9 @@
  * dS^T are computed in f32 (dS from the f32 P) and then rounded to bf16 (round_bf16) for
  * dV += P^T dO, dK += dS^T Q (against Q and dO as pairs down the rows) and dQ^T += K^T dS^T
  * (K as pairs down the rows, dS^T's key pairs). Di uses the same bf16 dot product as dP. Other
- * dtypes, and bf16 on tables without gemm_bf16 (FLASHPORT_CPU_ISA=avx512, avx2, scalar, neon),
- * run f32 products on inputs converted to f32.
+ * dtypes, and bf16 on tables without gemm_bf16 (FLASHPORT_CPU_ISA=avx512, avx2, scalar, neon)
+ * or that set bf16_as_f32 (the AVX-512 tables on Intel cores, isa.c), run f32 products on inputs
+ * converted to f32.
  *
  * Deterministic by construction, in two schedules that give the same bits:
  *   fused      one task per (batch, kv head): for each query head of the group, each query
@@ -679,7 +680,7 @@ flashport_status fp_cpu_flash_backward(const fp_problem *p)
     flashport_status status = fp_cpu_ukernels(&c.uk, NULL);
     if (status != FLASHPORT_OK)
         return status;
-    c.bf16 = p->dtype == FLASHPORT_BF16 && c.uk->gemm_bf16 != NULL;
+    c.bf16 = p->dtype == FLASHPORT_BF16 && c.uk->gemm_bf16 != NULL && !c.uk->bf16_as_f32;
     c.L = bwd_layout_of(p->head_dim, c.bf16);
     /* bf16 K and V in place when their pairs are contiguous and never run past a row, as in
      * flash_fwd.c. */

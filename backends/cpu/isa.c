@@ -12,6 +12,20 @@
  * Feature checks on x86-64: __builtin_cpu_supports for AVX2/FMA/AVX-512 F, BW, VL (it also checks
  * that the OS saves the vector state), CPUID for F16C (leaf 1 ECX bit 29) and AVX512_BF16 (leaf 7
  * sub-leaf 1 EAX bit 5), which not every compiler's __builtin_cpu_supports knows.
+ *
+ * "auto" on Intel cores (CPUID leaf 0's vendor string "GenuineIntel") runs the AVX-512 tables with
+ * Intel's settings, as BLIS keeps one context per core family (docs/performance-cpu.md, the Intel
+ * Xeon section, has the measurements):
+ *   - the forward's 256-query tasks (fwd_block_q, which also stages f32 K and V in flash_fwd.c):
+ *     two 512-bit FMA ports there double the AVX2 rate, and the 64-query tasks' passes over K and
+ *     V from L3 and their in-place rows (H * d apart, crowding a few L1 sets) held the f32 forward
+ *     near 60 % of that peak;
+ *   - bf16 forward and backward on the f32 products (bf16_as_f32): vdpbf16ps issues at a quarter
+ *     of vfmadd231ps' rate there, so its 32 multiply-adds an instruction make half the f32
+ *     products' rate, and bf16 converted to f32 runs faster. Decode keeps its bf16 steps.
+ * AMD's AVX-512 cores (Zen 4, Zen 5) keep the tables as written: they were measured that way and
+ * these settings were not measured there. A name in FLASHPORT_CPU_ISA gives the table as written on
+ * every CPU (the tests run each one so, and an A/B of the two settings needs one build).
  */
 #include "backends/cpu/ukernel.h"
 
@@ -31,6 +45,7 @@ typedef struct isa_entry {
     const fp_ukernels *uk; /* NULL: not built for this architecture */
     int (*runs)(void);     /* the CPU supports it */
     const char *needs;     /* CPU features, for messages */
+    int intel;             /* Intel's settings under "auto" on Intel cores */
 } isa_entry;
 
 static int always(void)
@@ -65,10 +80,22 @@ static int has_avx512bf16(void)
 {
     return has_avx512() && cpuid_bit(7, 1, 0, 5);
 }
+
+static int is_intel(void)
+{
+    unsigned a, b, c, d;
+    if (!__get_cpuid(0, &a, &b, &c, &d))
+        return 0;
+    return b == 0x756e6547u && d == 0x49656e69u && c == 0x6c65746eu; /* "Genu" "ineI" "ntel" */
+}
 #else
 #define has_avx2       always
 #define has_avx512     always
 #define has_avx512bf16 always
+static int is_intel(void)
+{
+    return 0;
+}
 #endif
 
 #if defined(FLASHPORT_UK_AVX2)
@@ -92,16 +119,37 @@ static int has_avx512bf16(void)
 #define NEON_TABLE NULL
 #endif
 
-/* Best first; "auto" takes the first entry that is built and runs. */
+/* Best first; "auto" takes the first entry that is built and runs. intel: the table takes Intel's
+ * settings under "auto" on Intel cores. */
 static const isa_entry isa_table[] = {
     {"avx512bf16", AVX512BF16_TABLE, has_avx512bf16,
-     "x86-64 with AVX-512 F, BW, VL and AVX512_BF16"},
-    {"avx512", AVX512_TABLE, has_avx512, "x86-64 with AVX-512 F, BW, VL"},
-    {"avx2", AVX2_TABLE, has_avx2, "x86-64 with AVX2, FMA and F16C"},
-    {"neon", NEON_TABLE, always, "AArch64"},
-    {"scalar", &fp_ukernels_scalar, always, "any CPU"},
+     "x86-64 with AVX-512 F, BW, VL and AVX512_BF16", 1},
+    {"avx512", AVX512_TABLE, has_avx512, "x86-64 with AVX-512 F, BW, VL", 1},
+    {"avx2", AVX2_TABLE, has_avx2, "x86-64 with AVX2, FMA and F16C", 0},
+    {"neon", NEON_TABLE, always, "AArch64", 0},
+    {"scalar", &fp_ukernels_scalar, always, "any CPU", 0},
 };
 enum { ISA_COUNT = sizeof isa_table / sizeof isa_table[0] };
+
+/* Intel's settings of the AVX-512 tables (see the top of this file). */
+enum { INTEL_FWD_BLOCK_Q = 256 };
+
+/* The table "auto" runs from entry e: e's table, or on Intel cores a copy with Intel's settings.
+ * Called once per process (pthread_once in fp_cpu_ukernels). */
+static const fp_ukernels *auto_table(const isa_entry *e)
+{
+    static fp_ukernels tuned;
+    static char describe[192];
+    if (!e->intel || !is_intel())
+        return e->uk;
+    tuned = *e->uk;
+    tuned.fwd_block_q = INTEL_FWD_BLOCK_Q;
+    tuned.bf16_as_f32 = e->uk->gemm_bf16 != NULL;
+    snprintf(describe, sizeof describe, "%s; Intel: %d-query forward tasks%s", e->uk->describe,
+             INTEL_FWD_BLOCK_Q, tuned.bf16_as_f32 ? ", bf16 on the f32 products" : "");
+    tuned.describe = describe;
+    return &tuned;
+}
 
 typedef struct isa_choice {
     flashport_status status;
@@ -130,7 +178,7 @@ static void choose(isa_choice *c)
     if (!env || !*env || strcmp(env, "auto") == 0) {
         for (int i = 0; i < ISA_COUNT && !c->uk; i++)
             if (isa_table[i].uk && isa_table[i].runs()) {
-                c->uk = isa_table[i].uk;
+                c->uk = auto_table(&isa_table[i]);
                 snprintf(c->why, sizeof c->why,
                          "best this CPU runs (runnable: %s; FLASHPORT_CPU_ISA overrides)",
                          runnable);

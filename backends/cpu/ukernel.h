@@ -188,6 +188,10 @@ typedef struct fp_ukernels {
      * (queries a task holds against each key block, a multiple of FP_TILE_COLS), 0 for
      * flash_fwd.c's default. */
     int fwd_block_q;
+    /* 1: the forward and backward take bf16 inputs through the f32 products (converted as on
+     * tables without gemm_bf16), where gemm_bf16 runs slower than that (isa.c sets it for Intel's
+     * cores under "auto"); the decode steps keep their bf16 forms. 0 in every table as written. */
+    int bf16_as_f32;
 } fp_ukernels;
 
 /* The tables this build contains: which ones depends on the target architecture and the

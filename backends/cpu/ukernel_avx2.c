@@ -536,4 +536,5 @@ const fp_ukernels fp_ukernels_avx2 = {
     avx2_dec_row_max,
     avx2_dec_exp2_rows,
     256,
+    0,
 };

@@ -45,4 +45,5 @@ const fp_ukernels fp_ukernels_avx512 = {
     NULL,
     NULL,
     0,
+    0,
 };

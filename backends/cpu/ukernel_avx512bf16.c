@@ -1,7 +1,9 @@
 /*
  * AVX-512 BF16 micro-kernels (contract in ukernel.h): the AVX-512 f32 table (ukernel_avx512.h,
  * used for f32 and f16 inputs) plus bf16 dot products for bf16 inputs, forward and backward.
- * FLASHPORT_CPU_ISA=avx512bf16; the default where the CPU has AVX512_BF16.
+ * FLASHPORT_CPU_ISA=avx512bf16; the default where the CPU has AVX512_BF16 (on Intel cores with
+ * isa.c's settings, which take the bf16 forward and backward through the f32 products: vdpbf16ps
+ * runs there at half the f32 FMA rate).
  *
  * gemm_bf16: ukernel_gemm.h with vdpbf16ps as the multiply-add. A 32-bit broadcast carries a pair
  * of bf16 (two consecutive elements of a row of K in place, two keys of P, two queries of P^T or
@@ -269,5 +271,6 @@ const fp_ukernels fp_ukernels_avx512bf16 = {
     NULL,
     NULL,
     NULL,
+    0,
     0,
 };

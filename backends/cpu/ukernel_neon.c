@@ -131,4 +131,5 @@ const fp_ukernels fp_ukernels_neon = {
     NULL,
     NULL,
     0,
+    0,
 };

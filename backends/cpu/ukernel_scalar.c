@@ -154,4 +154,5 @@ const fp_ukernels fp_ukernels_scalar = {
     NULL,
     NULL,
     0,
+    0,
 };

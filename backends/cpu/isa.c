@@ -167,11 +167,13 @@ const fp_ukernels *fp_cpu_ukernels_find(const char *name)
     return NULL;
 }
 
-/* Intel cores run vdpbf16ps at half the rate of the f32 FMA or less (the Xeon of
- * docs/performance-cpu.md#decode: one 512-bit vdpbf16ps every two cycles against two FMAs a
- * cycle, so its 32 products an instruction give half the f32 FMA's flops); AMD's Zen 4 and Zen 5
- * run it at the FMA's rate, twice its flops. Decided by the vendor (CPUID leaf 0), once: a
- * measurement at run time would make the choice, and so the sums, vary from run to run. */
+/* Whether vdpbf16ps gives fewer flops than the f32 FMA: on the Intel Xeon of
+ * docs/performance-cpu.md#decode a 512-bit vdpbf16ps issues at a quarter of the FMA's
+ * instruction rate, so its 32 products an instruction give half the FMA's flops, while AMD's
+ * Zen 4 and Zen 5 issue it about as often as an FMA (nearly twice its flops). Only that Intel
+ * model was measured; other Intel cores with AVX512_BF16 are taken to be alike. Decided by the
+ * vendor (CPUID leaf 0), once: a measurement at run time would make the choice, and so the
+ * sums, vary from run to run. */
 static int bf16_dot_slow;
 static pthread_once_t bf16_dot_once = PTHREAD_ONCE_INIT;
 

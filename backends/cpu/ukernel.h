@@ -243,8 +243,8 @@ extern const fp_ukernels fp_ukernels_neon;
 flashport_status fp_cpu_ukernels(const fp_ukernels **uk, const char **why);
 
 /* Whether this CPU's bf16 dot product (vdpbf16ps) gives fewer flops a cycle than its f32 FMA
- * (Intel cores; isa.c says why): then bf16 work bound by the products is cheaper as f32 FMAs on
- * rows widened to f32. 0 on CPUs without it. */
+ * (Intel x86 cores; isa.c says why): then bf16 work bound by the products is cheaper as f32 FMAs
+ * on rows widened to f32. 0 on every other CPU. */
 int fp_cpu_bf16_dot_slow(void);
 
 /* The table spelled `name` when this build has it and this CPU runs it, else NULL (for tests,

@@ -14,9 +14,11 @@
  * kv heads, so that K and V are read in the cache's own order ([N, Hkv, D] rows, or a page's
  * [page_size, Hkv, D]): one sequential stream each per task. The rows are asked for one phase
  * ahead, in address order: while a block's scores are computed, its V rows; while its P V runs,
- * the next block's K rows (and for f32, its V rows too); the bf16 and f16 steps and f32's dec_pv
- * spread these requests over their products (ukernel.h's pf), the K^T path asks key by key, and
- * the paths that convert rows key by key ask NEAR_KEYS keys ahead in the stream they read. The
+ * the next block's K rows (and for f32, its V rows too); the bf16 and f16 steps, f32's dec_pv and
+ * the conversions of units of more than DOT_ROWS rows spread these requests over their work
+ * (ukernel.h's pf_cursor: a key's rows of every kv head asked for at once wait for the core's
+ * free miss slots), the K^T path asks key by key, and the paths that convert rows key by key ask
+ * NEAR_KEYS keys ahead in the stream they read. The
  * hardware prefetchers alone left the loop waiting on memory, and requests in any other order (a kv
  * head's rows of the block in turn) were read at about half the rate. Per block:
  *   S     the table's dec_scores (ukernel.h) for units of at most DOT_ROWS rows: a key's row
@@ -26,7 +28,9 @@
  *         block, each row converted as it is loaded; bf16 on tables without vdpbf16ps that have
  *         them: dec_scores_bf16_f32, the same on bf16 rows). f32, and units of more rows,
  *         transpose K in 16-key runs for all the task's heads at once (f16 rows converted
- *         first) and run the table's gemm over K^T (bf16: gemm_bf16 on pairs). For f32 that
+ *         first) and run the table's gemm over K^T (bf16: gemm_bf16 on pairs; on CPUs whose
+ *         vdpbf16ps gives fewer flops than the f32 FMA, fp_cpu_bf16_dot_slow, bf16 rows are
+ *         widened to f32 as f16's are and take the f32 gemm, P staying f32). For f32 that
  *         sums the products in the order of the backward's gemm: the forward's LSE then matches
  *         the backward's recomputed scores bit for bit, which the f32 gradient tolerances need.
  *   P     softcap / ALiBi / the window per row (core/mask.h, Nq > 1 rows see different keys),
@@ -114,7 +118,7 @@ typedef struct dec_layout {
     size_t kt;       /* units x d x BLOCK_K: each unit's K^T */
     size_t vp;       /* bf16: BLOCK_K / 2 x units x d: V as pairs of keys */
     size_t kf, vf;   /* units x d (V: CONVERTED_KEYS keys' worth): K, V rows converted to f32 */
-    size_t vblk;     /* BLOCK_K x d: one unit's V rows in f32 for pv_visible */
+    size_t vblk;     /* BLOCK_K x (units x d + FP_TILE_COLS): a block's K or V rows in f32 */
     size_t st;       /* task rows fp_softmax_state */
     size_t alpha;    /* task rows rescale factors */
     size_t sub, sum; /* BLOCK_K: one row's subtrahend, broadcast; its column sums */
@@ -135,7 +139,7 @@ static dec_layout dec_layout_of(int64_t d, int task_rows, int units)
     L.kf = L.vp + (size_t)(BLOCK_K / 2) * (size_t)units * L.ldd;
     L.vf = L.kf + (size_t)units * L.ldd;
     L.vblk = L.vf + CONVERTED_KEYS * (size_t)units * L.ldd;
-    L.st = L.vblk + (size_t)BLOCK_K * L.ldd;
+    L.st = L.vblk + (size_t)BLOCK_K * ((size_t)units * L.ldd + FP_TILE_COLS);
     L.alpha = L.st + 2 * (size_t)task_rows;
     L.sub = L.alpha + (size_t)task_rows;
     L.sum = L.sub + (size_t)L.ldk;
@@ -271,6 +275,36 @@ static void half_rows(const dec_ctx *c, const fp_tensor_view *t, int64_t b, cons
         rows[x] = (const uint16_t *)(const void *)at[x];
 }
 
+/* Whether the converted paths of units of more than DOT_ROWS rows widen a key's rows of all nu
+ * kv heads in one call (widen_block): 16-bit rows with a contiguous head dim, the heads adjacent,
+ * d a multiple of FP_TILE_COLS (so that each head's part starts a tile row). */
+static int widen_whole(const dec_ctx *c, const fp_tensor_view *t, int nu)
+{
+    const fp_problem *p = c->p;
+    return (p->dtype == FLASHPORT_F16 || p->dtype == FLASHPORT_BF16) && t->stride[FP_D] == 1 &&
+           (nu == 1 || t->stride[FP_H] == p->head_dim) && p->head_dim % FP_TILE_COLS == 0;
+}
+
+/* The rows of keys [j0, j0 + n) of view t, kv heads [kvh0, kvh0 + nu), widened to f32 a key at a
+ * time (one table call a key instead of one a key and head): key x's rows from dst + x * ld, head
+ * u's part at + u * d, with ld = nu * d + FP_TILE_COLS (a tile's leading dimension, off the
+ * multiples of 512 bytes that would put a block's rows in a few L1 sets). pc: a step a key. */
+static void widen_block(const dec_ctx *c, const fp_tensor_view *t, int64_t b, const fp_seq *seq,
+                        int64_t kvh0, int nu, int64_t j0, int n, float *dst, ptrdiff_t ld,
+                        pf_cursor *pc)
+{
+    const uint16_t *rows[BLOCK_K];
+    const int w = nu * (int)c->p->head_dim;
+    half_rows(c, t, b, seq, j0, n, kvh0, rows);
+    for (int x = 0; x < n; x++) {
+        pf_step(pc);
+        if (c->p->dtype == FLASHPORT_F16)
+            c->uk->cvt_f16(w, rows[x], dst + (size_t)x * (size_t)ld);
+        else
+            c->uk->cvt_bf16(w, rows[x], dst + (size_t)x * (size_t)ld);
+    }
+}
+
 /* The f32 rows of key j for the task's nu units (kv heads kvh0 + u, one unit when a kv head's
  * group is cut into chunks): a pointer to unit 0's row and the distance *hs between two units'
  * rows, in place when the tensor is f32 with a contiguous head dim, else converted into dst
@@ -385,13 +419,20 @@ static void dec_scores_gemm(const dec_ctx *c, float *scratch, int64_t b, const f
     if (!c->bf16 && (p->dtype != FLASHPORT_F32 || p->k.stride[FP_D] != 1)) {
         /* rows converted to f32 first, a unit at a time */
         float *kf = scratch + L->vblk;
+        const char *pf[BLOCK_K];
+        const size_t pf_bytes =
+            ask_v ? ahead_rows(c, &p->v, b, seq, j0, n, j0 + n, kvh0, nu, pf) : 0;
+        const int wide = widen_whole(c, &p->k, nu);
+        const ptrdiff_t ld = wide ? (ptrdiff_t)nu * d + FP_TILE_COLS : L->ldd;
+        pf_cursor pc = pf_start(pf_bytes ? pf : NULL, n, pf_bytes, wide ? n : nu * n);
+        if (wide)
+            widen_block(c, &p->k, b, seq, kvh0, nu, j0, n, kf, ld, &pc);
         for (int u = 0; u < nu; u++) {
-            for (int x = 0; x < n; x++) {
-                if (u == 0 && ask_v)
-                    prefetch_row(c, &p->v, b, seq, j0 + x, kvh0, nu);
+            for (int x = 0; x < n && !wide; x++) {
+                pf_step(&pc);
                 key_row(c, &p->k, b, seq, j0 + x, kvh0 + u, kf + (size_t)x * L->ldd);
             }
-            c->uk->transpose32(n, d, kf, (ptrdiff_t)L->ldd * (ptrdiff_t)sizeof(float),
+            c->uk->transpose32(n, d, kf + (wide ? u * d : 0), ld * (ptrdiff_t)sizeof(float),
                                kt + u * (size_t)L->ldd * L->ldk, L->ldk);
             c->uk->gemm(rows, n, d, q + (size_t)u * rows * L->ldd, L->ldd, 1,
                         (const float *)kt + u * (size_t)L->ldd * L->ldk, L->ldk,
@@ -651,13 +692,22 @@ static void dec_values(const dec_ctx *c, float *scratch, int64_t b, const fp_seq
     if (rows > DOT_ROWS && (p->dtype != FLASHPORT_F32 || p->v.stride[FP_D] != 1)) {
         /* many rows on converted V: gemm over the unit's rows in f32, O in registers */
         float *vblk = scratch + L->vblk;
+        const char *pf[BLOCK_K];
+        const int ahead = hi - (j0 + BLOCK_K) < BLOCK_K ? (int)(hi - (j0 + BLOCK_K)) : BLOCK_K;
+        const size_t pf_bytes =
+            ahead > 0 ? ahead_rows(c, &p->k, b, seq, j0 + BLOCK_K, ahead, hi, kvh0, nu, pf) : 0;
+        const int wide = widen_whole(c, &p->v, nu);
+        const ptrdiff_t ld = wide ? (ptrdiff_t)nu * d + FP_TILE_COLS : L->ldd;
+        pf_cursor pc = pf_start(pf_bytes ? pf : NULL, ahead, pf_bytes, wide ? n : nu * n);
+        if (wide)
+            widen_block(c, &p->v, b, seq, kvh0, nu, j0, n, vblk, ld, &pc);
         for (int u = 0; u < nu; u++) {
-            for (int x = 0; x < n; x++) {
-                if (u == 0 && j0 + x + BLOCK_K < hi)
-                    prefetch_row(c, &p->k, b, seq, j0 + x + BLOCK_K, kvh0, nu);
+            for (int x = 0; x < n && !wide; x++) {
+                pf_step(&pc);
                 key_row(c, &p->v, b, seq, j0 + x, kvh0 + u, vblk + (size_t)x * L->ldd);
             }
-            c->uk->gemm(rows, d, n, s + u * shs, L->ldk, 1, vblk, L->ldd, o + u * ohs, L->ldd, 1);
+            c->uk->gemm(rows, d, n, s + u * shs, L->ldk, 1, vblk + (wide ? u * d : 0), ld,
+                        o + u * ohs, L->ldd, 1);
         }
         return;
     }
@@ -866,6 +916,12 @@ flashport_status fp_cpu_decode_forward(const fp_problem *p, const fp_ukernels *u
     c.chunks = c.group / c.chunk_heads;
     c.units = p->kv_heads * c.chunks;
     c.unit_rows = c.chunk_heads * p->seqlen_q;
+    /* Units of more rows than DOT_ROWS are bound by the products: where vdpbf16ps gives fewer
+     * flops than the f32 FMA, their bf16 rows are widened to f32 (as f16's are) and run f32
+     * products. */
+    const int bf16_widened = c.bf16 && c.unit_rows > DOT_ROWS && fp_cpu_bf16_dot_slow();
+    if (bf16_widened)
+        c.bf16 = 0;
     /* As many consecutive kv heads per task as TASK_ROWS allows: the key blocks of all kv heads
      * then stream in the cache's order; the threads get work from the key splits. A kv head cut
      * into chunks (so many rows that the products, not the read, are the bound) is one unit a
@@ -893,6 +949,8 @@ flashport_status fp_cpu_decode_forward(const fp_problem *p, const fp_ukernels *u
                        c.bf16                      ? "bf16 dot products (vdpbf16ps), P in bf16"
                        : p->dtype == FLASHPORT_F32 ? "f32 products"
                        : c.scores_h16 ? "f32 products on 16-bit rows converted as they are loaded"
+                       : bf16_widened ? "f32 products on bf16 K/V rows widened to f32 (vdpbf16ps "
+                                        "gives fewer flops than the FMA on this CPU)"
                                       : "f32 products on K/V rows converted to f32",
                        p->block_table ? ", paged K/V" : "", (int)c.plan.num_splits,
                        (long long)c.plan.keys_per_split, (long long)c.plan.num_tasks, workers);

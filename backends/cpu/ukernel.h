@@ -50,6 +50,36 @@
 #define FP_EXP2_C5 1.339753857e-03f
 #define FP_EXP2_C6 1.549740118e-04f
 
+/* The prefetch rows of a call (the decode steps' pf below, and flash_decode.c's own loops) walked
+ * in address order, a few lines at each step of the products: sequential requests, spread over
+ * the call's work, never a burst that waits for the core's free miss slots. */
+typedef struct pf_cursor {
+    const char *const *pf;
+    int lines, rows; /* 64-byte lines a row, rows */
+    int row, line;   /* the next line to ask for */
+    int quota;       /* lines a step */
+} pf_cursor;
+
+static inline pf_cursor pf_start(const char *const *pf, int rows, size_t bytes, int steps)
+{
+    pf_cursor c = {pf, (int)((bytes + 63) / 64), pf ? rows : 0, 0, 0, 0};
+    c.quota = steps > 0 ? (c.lines * c.rows + steps - 1) / steps : 0;
+    return c;
+}
+
+/* Always inlined: GCC counts a function of prefetches alone as free of side effects and drops
+ * its calls. */
+static inline __attribute__((always_inline)) void pf_step(pf_cursor *c)
+{
+    for (int n = 0; n < c->quota && c->row < c->rows; n++) {
+        __builtin_prefetch(c->pf[c->row] + (size_t)c->line * 64, 0, 3);
+        if (++c->line == c->lines) {
+            c->line = 0;
+            c->row++;
+        }
+    }
+}
+
 /* The decode steps on 16-bit K or V rows converted to f32 as they are loaded (the _f16 and
  * _bf16_f32 entries below). */
 typedef void fp_dec_scores_h16(int heads, int rows, int d, int keys, const float *q, ptrdiff_t qhs,
@@ -215,6 +245,11 @@ extern const fp_ukernels fp_ukernels_neon;
  * this build or this CPU cannot run (FLASHPORT_ERR_UNSUPPORTED_FEATURE), returns that status with
  * the error set, on every call. *why says how the table was chosen (for FLASHPORT_LOG). */
 flashport_status fp_cpu_ukernels(const fp_ukernels **uk, const char **why);
+
+/* Whether this CPU's bf16 dot product (vdpbf16ps) gives fewer flops a cycle than its f32 FMA
+ * (Intel x86 cores; isa.c says why): then bf16 work bound by the products is cheaper as f32 FMAs
+ * on rows widened to f32. 0 on every other CPU. */
+int fp_cpu_bf16_dot_slow(void);
 
 /* The table spelled `name` when this build has it and this CPU runs it, else NULL (for tests,
  * which check every runnable table in one process). */

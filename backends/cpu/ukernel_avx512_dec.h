@@ -1,7 +1,7 @@
 /*
  * AVX-512 decode steps shared by ukernel_avx512.c and ukernel_avx512bf16.c (contract in
- * ukernel.h), included after ukernel_ops.h (they use its pf_cursor): hsum16, the fold that sums
- * 16 dot products at once, the four-keys-by-four-rows step's key pointers and stores, and
+ * ukernel.h), included after ukernel_ops.h (they use ukernel.h's pf_cursor): hsum16, the fold that
+ * sums 16 dot products at once, the four-keys-by-four-rows step's key pointers and stores, and
  * dec_scores_f16 on them (the generic one sums each row's lanes on its own, most of its work
  * besides the FMAs).
  */

@@ -1,8 +1,8 @@
 /*
  * The fp_ukernels entries that every vector ISA implements the same way (ukernel.h has the
  * contract): the f32 product (ukernel_gemm.h), the column-wise softmax pieces and the decode steps
- * (dec_scores, dec_pv, their _f16 forms, and pf_cursor, the prefetch schedule the _bf16 ones
- * share). Included once by
+ * (dec_scores, dec_pv, their _f16 forms, on ukernel.h's pf_cursor, the prefetch schedule the
+ * _bf16 ones share). Included once by
  * each ukernel_<isa>.c after it defines its vector primitives:
  *   uk_vec, UK_LANES (divides FP_TILE_COLS), UK_MR, UK_NV
  *   uk_zero(), uk_set1(x), uk_load(p), uk_store(p, v)     unaligned loads and stores
@@ -114,35 +114,6 @@ static void uk_scale_rows(int rows, int cols, float *x, ptrdiff_t ldx, const flo
         const uk_vec fr = uk_set1(f[r]);
         for (int c = 0; c < cols; c += UK_LANES)
             uk_store(x + r * ldx + c, uk_mul(uk_load(x + r * ldx + c), fr));
-    }
-}
-
-/* The prefetch rows of a call (ukernel.h's pf) walked in address order, a few lines at each step
- * of the products: sequential requests, spread over the call's work. */
-typedef struct pf_cursor {
-    const char *const *pf;
-    int lines, rows; /* 64-byte lines a row, rows */
-    int row, line;   /* the next line to ask for */
-    int quota;       /* lines a step */
-} pf_cursor;
-
-static inline pf_cursor pf_start(const char *const *pf, int rows, size_t bytes, int steps)
-{
-    pf_cursor c = {pf, (int)((bytes + 63) / 64), pf ? rows : 0, 0, 0, 0};
-    c.quota = steps > 0 ? (c.lines * c.rows + steps - 1) / steps : 0;
-    return c;
-}
-
-/* Always inlined: GCC counts a function of prefetches alone as free of side effects and drops
- * its calls. */
-static inline __attribute__((always_inline)) void pf_step(pf_cursor *c)
-{
-    for (int n = 0; n < c->quota && c->row < c->rows; n++) {
-        __builtin_prefetch(c->pf[c->row] + (size_t)c->line * 64, 0, 3);
-        if (++c->line == c->lines) {
-            c->line = 0;
-            c->row++;
-        }
     }
 }
 

@@ -29,7 +29,7 @@
  *         them: dec_scores_bf16_f32, the same on bf16 rows). f32, and units of more rows,
  *         transpose K in 16-key runs for all the task's heads at once (f16 rows converted
  *         first) and run the table's gemm over K^T (bf16: gemm_bf16 on pairs; on CPUs whose
- *         vdpbf16ps gives fewer flops than the f32 FMA, fp_cpu_bf16_dot_slow, bf16 rows are
+ *         vdpbf16ps gives fewer flops than the f32 FMA, bf16_as_f32, bf16 rows are
  *         widened to f32 as f16's are and take the f32 gemm, P staying f32). For f32 that
  *         sums the products in the order of the backward's gemm: the forward's LSE then matches
  *         the backward's recomputed scores bit for bit, which the f32 gradient tolerances need.
@@ -916,10 +916,10 @@ flashport_status fp_cpu_decode_forward(const fp_problem *p, const fp_ukernels *u
     c.chunks = c.group / c.chunk_heads;
     c.units = p->kv_heads * c.chunks;
     c.unit_rows = c.chunk_heads * p->seqlen_q;
-    /* Units of more rows than DOT_ROWS are bound by the products: where vdpbf16ps gives fewer
-     * flops than the f32 FMA, their bf16 rows are widened to f32 (as f16's are) and run f32
-     * products. */
-    const int bf16_widened = c.bf16 && c.unit_rows > DOT_ROWS && fp_cpu_bf16_dot_slow();
+    /* Units of more rows than DOT_ROWS are bound by the products: on tables that take bf16
+     * through the f32 products (bf16_as_f32: vdpbf16ps gives fewer flops than the f32 FMA),
+     * their bf16 rows are widened to f32 (as f16's are) and run f32 products. */
+    const int bf16_widened = c.bf16 && c.unit_rows > DOT_ROWS && uk->bf16_as_f32;
     if (bf16_widened)
         c.bf16 = 0;
     /* As many consecutive kv heads per task as TASK_ROWS allows: the key blocks of all kv heads

@@ -22,7 +22,11 @@
  *     near 60 % of that peak;
  *   - bf16 forward and backward on the f32 products (bf16_as_f32): vdpbf16ps issues at a quarter
  *     of vfmadd231ps' rate there, so its 32 multiply-adds an instruction make half the f32
- *     products' rate, and bf16 converted to f32 runs faster. Decode keeps its bf16 steps.
+ *     products' rate, and bf16 converted to f32 runs faster. Decode keeps its bf16 steps where
+ *     few rows share a key (bandwidth-bound) and widens bf16 to f32 where many do.
+ *   Only one Intel model (Emerald Rapids, docs/performance-cpu.md) was measured; other Intel cores
+ *   with AVX512_BF16 are taken to be alike. Decided by the vendor, not by a measurement at run
+ *   time, which would make the choice, and so the sums, vary from run to run.
  * AMD's AVX-512 cores (Zen 4, Zen 5) keep the tables as written: they were measured that way and
  * these settings were not measured there. A name in FLASHPORT_CPU_ISA gives the table as written on
  * every CPU (the tests run each one so, and an A/B of the two settings needs one build).
@@ -213,31 +217,6 @@ const fp_ukernels *fp_cpu_ukernels_find(const char *name)
         if (strcmp(name, isa_table[i].name) == 0 && isa_table[i].uk && isa_table[i].runs())
             return isa_table[i].uk;
     return NULL;
-}
-
-/* Whether vdpbf16ps gives fewer flops than the f32 FMA: on the Intel Xeon of
- * docs/performance-cpu.md#decode a 512-bit vdpbf16ps issues at a quarter of the FMA's
- * instruction rate, so its 32 products an instruction give half the FMA's flops, while AMD's
- * Zen 4 and Zen 5 issue it about as often as an FMA (nearly twice its flops). Only that Intel
- * model was measured; other Intel cores with AVX512_BF16 are taken to be alike. Decided by the
- * vendor (CPUID leaf 0), once: a measurement at run time would make the choice, and so the
- * sums, vary from run to run. */
-static int bf16_dot_slow;
-static pthread_once_t bf16_dot_once = PTHREAD_ONCE_INIT;
-
-static void bf16_dot_check(void)
-{
-#if defined(__x86_64__) || defined(__i386__)
-    unsigned r[4] = {0, 0, 0, 0};
-    if (__get_cpuid(0, &r[0], &r[1], &r[2], &r[3]))
-        bf16_dot_slow = r[1] == 0x756e6547u && r[3] == 0x49656e69u && r[2] == 0x6c65746eu;
-#endif
-}
-
-int fp_cpu_bf16_dot_slow(void)
-{
-    pthread_once(&bf16_dot_once, bf16_dot_check);
-    return bf16_dot_slow;
 }
 
 static isa_choice choice;

@@ -220,7 +220,8 @@ typedef struct fp_ukernels {
     int fwd_block_q;
     /* 1: the forward and backward take bf16 inputs through the f32 products (converted as on
      * tables without gemm_bf16), where gemm_bf16 runs slower than that (isa.c sets it for Intel's
-     * cores under "auto"); the decode steps keep their bf16 forms. 0 in every table as written. */
+     * cores under "auto"); decode keeps its bf16 steps for units of few rows and widens the
+     * product-bound ones (flash_decode.c). 0 in every table as written. */
     int bf16_as_f32;
 } fp_ukernels;
 
@@ -245,11 +246,6 @@ extern const fp_ukernels fp_ukernels_neon;
  * this build or this CPU cannot run (FLASHPORT_ERR_UNSUPPORTED_FEATURE), returns that status with
  * the error set, on every call. *why says how the table was chosen (for FLASHPORT_LOG). */
 flashport_status fp_cpu_ukernels(const fp_ukernels **uk, const char **why);
-
-/* Whether this CPU's bf16 dot product (vdpbf16ps) gives fewer flops a cycle than its f32 FMA
- * (Intel x86 cores; isa.c says why): then bf16 work bound by the products is cheaper as f32 FMAs
- * on rows widened to f32. 0 on every other CPU. */
-int fp_cpu_bf16_dot_slow(void);
 
 /* The table spelled `name` when this build has it and this CPU runs it, else NULL (for tests,
  * which check every runnable table in one process). */

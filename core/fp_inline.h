@@ -1,6 +1,8 @@
 /*
  * FP_INLINE: a function qualifier for the small math headers of core/ that the C host code, the
- * CUDA kernels and the HIP kernels all include, so masking and online softmax exist once.
+ * CUDA kernels, the HIP kernels and the OpenCL kernels all include, so masking, online softmax
+ * and geometry exist once. FP_GLOBAL: the address space of the device arrays those headers read
+ * (cu_seqlens, seqused_k, the block table): OpenCL C's __global, nothing elsewhere.
  */
 #ifndef FLASHPORT_CORE_FP_INLINE_H
 #define FLASHPORT_CORE_FP_INLINE_H
@@ -9,6 +11,12 @@
 #define FP_INLINE static __host__ __device__ __forceinline__
 #else
 #define FP_INLINE static inline
+#endif
+
+#ifdef __OPENCL_VERSION__
+#define FP_GLOBAL __global
+#else
+#define FP_GLOBAL
 #endif
 
 #endif /* FLASHPORT_CORE_FP_INLINE_H */

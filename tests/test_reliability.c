@@ -7,7 +7,8 @@
  *                                           f16 and bf16, through the backend's memory, at
  *                                           head dims up to 200; --quick after it: the
  *                                           problems' own head dims only; --kv-cache after
- *                                           it: the KV-cache problems only)
+ *                                           it: the KV-cache problems instead of the others,
+ *                                           for backends that serve seqused_k / paged caches)
  *
  *   masked keys    NaN or inf in the K / V of keys a row cannot see (causal, bottom-right, a
  *                  window that hides the first keys, rows that see nothing) never reaches that
@@ -619,7 +620,6 @@ static void test_masked_keys(flashport_dtype dt)
         inputs_free(&in);
     }
     test_masked_keys_varlen(dt);
-    test_masked_keys_kv_cache(dt);
 }
 
 /* ---- a NaN score a row sees --------------------------------------------------------------- */
@@ -880,7 +880,8 @@ int main(int argc, char **argv)
     backend_name = argc > 1 ? argv[1] : "cpu";
     if (argc > 2 && strcmp(argv[2], "--masked-keys") == 0) {
         /* The GPU kernels' half: NaN / inf in keys a row cannot see, f16 and bf16 only, every
-         * tensor in the backend's memory (e.g. test_reliability cudaemu --masked-keys). */
+         * tensor in the backend's memory (e.g. test_reliability cudaemu --masked-keys); with
+         * --kv-cache the keys past seqused_k instead (test_masked_keys_kv_cache). */
         /* head dims 16 .. 40 (each problem's own), 96 and 200: the GPU backends' kernels for
          * head dims 64, 128 and 256; the last also with the deterministic backward. --quick
          * (after --masked-keys): the first only, for backends with one kernel for every head
@@ -921,8 +922,10 @@ int main(int argc, char **argv)
     }
     test_empty_batch(); /* first: it forks, before any OpenMP thread exists */
     const flashport_dtype dts[] = {FLASHPORT_F32, FLASHPORT_F16, FLASHPORT_BF16};
-    for (int i = 0; i < 3; i++)
+    for (int i = 0; i < 3; i++) {
         test_masked_keys(dts[i]);
+        test_masked_keys_kv_cache(dts[i]);
+    }
     test_visible_nan();
     test_no_keys();
     test_overflow();

@@ -13,6 +13,10 @@
  *               of the kv head and every query block that sees the keys.
  *   Every sum runs in a fixed order and nothing is accumulated across work-groups, so the
  *   backward is deterministic whether asked or not, and extra memory is the delta (B H Nq f32).
+ *   KV cache: a sequence's key count is core/geometry.h's fp_seq_used_keys (seqused_k, clamped
+ *   on the device), every mask and key range aligned to it; K / V rows come through
+ *   kernels/shape.cl's fp_ocl_row_at, dense or paged (fp_paged_page, forward only). Keys past
+ *   the count and rows of out-of-range pages are zero-filled, never read; the latter are masked.
  *
  * Target: any OpenCL 1.2 device: f32 arithmetic; storage f32, f16 or bf16 (kernels/shape.cl),
  * chosen at program build time by FP_OCL_DTYPE (0, 1, 2), with the head-dim class FP_OCL_D and

@@ -2,7 +2,8 @@
  * FP_INLINE: a function qualifier for the small math headers of core/ that the C host code, the
  * CUDA kernels, the HIP kernels and the OpenCL kernels all include, so masking, online softmax
  * and geometry exist once. FP_GLOBAL: the address space of the device arrays those headers read
- * (cu_seqlens, seqused_k, the block table): OpenCL C's __global, nothing elsewhere.
+ * (cu_seqlens, seqused_k, the block table): nothing, except in the OpenCL program, whose prelude
+ * (backends/opencl/kernels/prelude.cl) sets it to __global first.
  */
 #ifndef FLASHPORT_CORE_FP_INLINE_H
 #define FLASHPORT_CORE_FP_INLINE_H
@@ -13,9 +14,7 @@
 #define FP_INLINE static inline
 #endif
 
-#ifdef __OPENCL_VERSION__
-#define FP_GLOBAL __global
-#else
+#ifndef FP_GLOBAL
 #define FP_GLOBAL
 #endif
 

@@ -465,8 +465,8 @@ fp_ocl_backward_dq(const fp_ocl_args a, __global const fp_elem *q, __global cons
         fp_ocl_load_tile(sk, k, &a, &kr, j0, cols, hd);
         fp_ocl_load_tile(sv, v, &a, &vr, j0, cols, hd);
         barrier(CLK_LOCAL_MEM_FENCE);
-        fp_ocl_grad_scores(&a, &s, &kr, slope, i0, rows, j0, cols, sq, sdo, sk, sv, srow, 0, sds, sds,
-                           scratch);
+        fp_ocl_grad_scores(&a, &s, &kr, slope, i0, rows, j0, cols, sq, sdo, sk, sv, srow, 0, sds,
+                           sds, scratch);
         barrier(CLK_LOCAL_MEM_FENCE);
         fp_ocl_tile_mm(sds, 0, sk, cols, acc, scratch);
     }
@@ -480,9 +480,9 @@ fp_ocl_backward_dkdv(const fp_ocl_args a, __global const fp_elem *q, __global co
                      __global const fp_elem *dout, __global fp_elem *dk, __global fp_elem *dv,
                      __global const float *delta, __global const int *cu_q,
                      __global const int *cu_k, __global const float *alibi,
-                     __global const int *used, __global const int *bt, __local fp_tile *sq_arg, __local fp_tile *sdo_arg, __local fp_tile *sk_arg,
-                     __local fp_tile *sv_arg, __local float *sp_arg, __local float *sds_arg,
-                     __local float *srow_arg)
+                     __global const int *used, __global const int *bt, __local fp_tile *sq_arg,
+                     __local fp_tile *sdo_arg, __local fp_tile *sk_arg, __local fp_tile *sv_arg,
+                     __local float *sp_arg, __local float *sds_arg, __local float *srow_arg)
 {
     __local fp_tile *sq = FP_OCL_ALIGN16(fp_tile, sq_arg), *sdo = FP_OCL_ALIGN16(fp_tile, sdo_arg);
     __local fp_tile *sk = FP_OCL_ALIGN16(fp_tile, sk_arg), *sv = FP_OCL_ALIGN16(fp_tile, sv_arg);

@@ -573,16 +573,16 @@ flashport_status fp_ocl_backward(fp_ocl_ctx *ctx, const fp_problem *p)
     const size_t q_blocks = (size_t)((p->seqlen_q + t - 1) / t);
     const size_t k_blocks = (size_t)((p->seqlen_k + t - 1) / t);
     if (st == FLASHPORT_OK && q_blocks > 0) {
-        const cl_mem bufs[13] = {m.q,   m.k,    m.v,    m.o,     m.lse,  m.dout, m.dq,
-                                 delta, m.cu_q, m.cu_k, m.alibi, m.used, m.bt};
-        st = launch(ctx, pr, FP_OCL_KERNEL_DQ, &a, bufs, 13, q_blocks, (size_t)p->heads,
+        const cl_mem bufs[12] = {m.q,  m.k,   m.v,    m.o,    m.lse,   m.dout,
+                                 m.dq, delta, m.cu_q, m.cu_k, m.alibi, m.used};
+        st = launch(ctx, pr, FP_OCL_KERNEL_DQ, &a, bufs, 12, q_blocks, (size_t)p->heads,
                     (size_t)p->batch, NULL, &dq_done);
     }
     if (st == FLASHPORT_OK && k_blocks > 0) {
-        const cl_mem bufs[13] = {m.q,   m.k,    m.v,    m.lse,   m.dout, m.dk, m.dv,
-                                 delta, m.cu_q, m.cu_k, m.alibi, m.used, m.bt};
+        const cl_mem bufs[12] = {m.q,  m.k,   m.v,    m.lse,  m.dout,  m.dk,
+                                 m.dv, delta, m.cu_q, m.cu_k, m.alibi, m.used};
         /* waits for the delta even on an out-of-order queue */
-        st = launch(ctx, pr, FP_OCL_KERNEL_DKDV, &a, bufs, 13, k_blocks, (size_t)p->kv_heads,
+        st = launch(ctx, pr, FP_OCL_KERNEL_DKDV, &a, bufs, 12, k_blocks, (size_t)p->kv_heads,
                     (size_t)p->batch, dq_done ? &dq_done : NULL, NULL);
     }
     if (dq_done)

@@ -67,14 +67,21 @@ FP_OCL_INLINE long fp_ocl_row0(fp_ocl_view v, long b, long token, long h)
     return v.off + b * v.s[0] + token * v.s[1] + h * v.s[2];
 }
 
-/* Rows of sequence s's keys of kv head hk in k or v: dense (and varlen) from the sequence's first
- * key, or through the block table (a.paged; bt the block-table argument). */
+/* Rows of sequence s's keys of kv head hk in k or v, dense (and varlen): from its first key. The
+ * backward's (a paged backward is refused by core/validate.c): rows known dense at compile time
+ * keep the paged code out of its registers. */
+FP_OCL_INLINE fp_ocl_rows fp_ocl_dense_keys(fp_ocl_view v, const fp_ocl_seq *s, long b, long hk)
+{
+    return fp_ocl_dense_rows(fp_ocl_row0(v, b, s->k_start, hk), v.s[1], v.s[3]);
+}
+
+/* The forward's: dense, or through the block table (a.paged; bt the block-table argument). */
 FP_OCL_INLINE fp_ocl_rows fp_ocl_key_rows(const fp_ocl_args *a, fp_ocl_view v,
                                           __global const int *bt, const fp_ocl_seq *s, long b,
                                           long hk)
 {
     if (!a->paged)
-        return fp_ocl_dense_rows(fp_ocl_row0(v, b, s->k_start, hk), v.s[1], v.s[3]);
+        return fp_ocl_dense_keys(v, s, b, hk);
     fp_ocl_rows x = {v.off + hk * v.s[2], v.s[1], v.s[3], v.s[0], 1, b, bt + a->bt_off};
     return x;
 }
@@ -249,15 +256,13 @@ FP_OCL_INLINE void fp_ocl_store_tile(__global fp_elem *x, long row0, long srow, 
 }
 
 /* Where score element e lies in the tile (row *r, key *c; a key past T: no element) and whether
- * query i0 + *r sees key j0 + *c (both inside the sequence, the mask lets it, and on a paged
- * cache the key's page is in range; kr: where the keys lie). */
-FP_OCL_INLINE int fp_ocl_s_seen(const fp_ocl_args *a, const fp_ocl_seq *s, const fp_ocl_rows *kr,
-                                int e, long i0, int rows, long j0, int cols, int *r, int *c)
+ * query i0 + *r sees key j0 + *c (both inside the sequence, and the mask lets it). */
+FP_OCL_INLINE int fp_ocl_s_seen(const fp_ocl_args *a, const fp_ocl_seq *s, int e, long i0, int rows,
+                                long j0, int cols, int *r, int *c)
 {
     fp_ocl_s_at(e, r, c);
     return *r < rows && *c < cols &&
-           fp_mask_visible(i0 + *r, j0 + *c, s->nq, s->nk, a->left, a->right) &&
-           (!kr->paged || fp_ocl_row_at(a, kr, j0 + *c) >= 0);
+           fp_mask_visible(i0 + *r, j0 + *c, s->nq, s->nk, a->left, a->right);
 }
 
 FP_OCL_INLINE void fp_ocl_zero(float acc[FP_OCL_ON])
@@ -320,7 +325,9 @@ fp_ocl_forward(const fp_ocl_args a, __global const fp_elem *q, __global const fp
         FP_OCL_UNROLL
         for (int e = 0; e < FP_OCL_SN; e++) {
             int r, c;
-            const int seen = fp_ocl_s_seen(&a, &s, &kr, e, i0, rows, j0, cols, &r, &c);
+            /* a key of a page out of range is masked (its row was zero-filled) */
+            const int seen = fp_ocl_s_seen(&a, &s, e, i0, rows, j0, cols, &r, &c) &&
+                             (!a.paged || fp_ocl_row_at(&a, &kr, j0 + c) >= 0);
             if (c < T)
                 ss[r * LS + c] =
                     seen ? fp_score_transform(sc[e] * a.scale, a.softcap, slope,
@@ -370,9 +377,8 @@ fp_ocl_forward(const fp_ocl_args a, __global const fp_elem *q, __global const fp
  * tiles and each row's LSE (srow[r]) and delta (srow[T + r]), into sp (where want_p; dQ needs
  * dS only) and sds ([T, T]). dS is d loss / d(q . k): softcap's derivative and the scale are
  * folded in. */
-FP_OCL_INLINE void fp_ocl_grad_scores(const fp_ocl_args *a, const fp_ocl_seq *s,
-                                      const fp_ocl_rows *kr, float slope, long i0, int rows,
-                                      long j0, int cols,
+FP_OCL_INLINE void fp_ocl_grad_scores(const fp_ocl_args *a, const fp_ocl_seq *s, float slope,
+                                      long i0, int rows, long j0, int cols,
                                       __local const fp_tile *sq, __local const fp_tile *sdo,
                                       __local const fp_tile *sk, __local const fp_tile *sv,
                                       __local const float *srow, int want_p, __local float *sp,
@@ -384,7 +390,7 @@ FP_OCL_INLINE void fp_ocl_grad_scores(const fp_ocl_args *a, const fp_ocl_seq *s,
     FP_OCL_UNROLL
     for (int e = 0; e < FP_OCL_SN; e++) {
         int r, c;
-        const int seen = fp_ocl_s_seen(a, s, kr, e, i0, rows, j0, cols, &r, &c);
+        const int seen = fp_ocl_s_seen(a, s, e, i0, rows, j0, cols, &r, &c);
         if (c >= T)
             continue;
         float p = 0.0f, ds = 0.0f;
@@ -424,9 +430,9 @@ fp_ocl_backward_dq(const fp_ocl_args a, __global const fp_elem *q, __global cons
                    __global const fp_elem *v, __global const fp_elem *o, __global const float *lse,
                    __global const fp_elem *dout, __global fp_elem *dq, __global float *delta,
                    __global const int *cu_q, __global const int *cu_k, __global const float *alibi,
-                   __global const int *used, __global const int *bt, __local fp_tile *sq_arg,
-                   __local fp_tile *sdo_arg, __local fp_tile *sk_arg, __local fp_tile *sv_arg,
-                   __local float *sds_arg, __local float *srow_arg)
+                   __global const int *used, __local fp_tile *sq_arg, __local fp_tile *sdo_arg,
+                   __local fp_tile *sk_arg, __local fp_tile *sv_arg, __local float *sds_arg,
+                   __local float *srow_arg)
 {
     __local fp_tile *sq = FP_OCL_ALIGN16(fp_tile, sq_arg), *sdo = FP_OCL_ALIGN16(fp_tile, sdo_arg);
     __local fp_tile *sk = FP_OCL_ALIGN16(fp_tile, sk_arg), *sv = FP_OCL_ALIGN16(fp_tile, sv_arg);
@@ -441,8 +447,8 @@ fp_ocl_backward_dq(const fp_ocl_args a, __global const fp_elem *q, __global cons
     const int rows = (int)min((long)T, s.nq - i0);
     const long hk = h / (a.heads / a.kv_heads);
     const float slope = a.has_alibi ? alibi[a.alibi_off + h] : 0.0f;
-    const fp_ocl_rows kr = fp_ocl_key_rows(&a, a.k, bt, &s, b, hk);
-    const fp_ocl_rows vr = fp_ocl_key_rows(&a, a.v, bt, &s, b, hk);
+    const fp_ocl_rows kr = fp_ocl_dense_keys(a.k, &s, b, hk);
+    const fp_ocl_rows vr = fp_ocl_dense_keys(a.v, &s, b, hk);
 
     fp_ocl_load_query_side(&a, &s, b, h, i0, rows, q, dout, lse, sq, sdo, srow);
     barrier(CLK_LOCAL_MEM_FENCE);
@@ -465,8 +471,8 @@ fp_ocl_backward_dq(const fp_ocl_args a, __global const fp_elem *q, __global cons
         fp_ocl_load_tile(sk, k, &a, &kr, j0, cols, hd);
         fp_ocl_load_tile(sv, v, &a, &vr, j0, cols, hd);
         barrier(CLK_LOCAL_MEM_FENCE);
-        fp_ocl_grad_scores(&a, &s, &kr, slope, i0, rows, j0, cols, sq, sdo, sk, sv, srow, 0, sds,
-                           sds, scratch);
+        fp_ocl_grad_scores(&a, &s, slope, i0, rows, j0, cols, sq, sdo, sk, sv, srow, 0, sds, sds,
+                           scratch);
         barrier(CLK_LOCAL_MEM_FENCE);
         fp_ocl_tile_mm(sds, 0, sk, cols, acc, scratch);
     }
@@ -480,9 +486,9 @@ fp_ocl_backward_dkdv(const fp_ocl_args a, __global const fp_elem *q, __global co
                      __global const fp_elem *dout, __global fp_elem *dk, __global fp_elem *dv,
                      __global const float *delta, __global const int *cu_q,
                      __global const int *cu_k, __global const float *alibi,
-                     __global const int *used, __global const int *bt, __local fp_tile *sq_arg,
-                     __local fp_tile *sdo_arg, __local fp_tile *sk_arg, __local fp_tile *sv_arg,
-                     __local float *sp_arg, __local float *sds_arg, __local float *srow_arg)
+                     __global const int *used, __local fp_tile *sq_arg, __local fp_tile *sdo_arg,
+                     __local fp_tile *sk_arg, __local fp_tile *sv_arg, __local float *sp_arg,
+                     __local float *sds_arg, __local float *srow_arg)
 {
     __local fp_tile *sq = FP_OCL_ALIGN16(fp_tile, sq_arg), *sdo = FP_OCL_ALIGN16(fp_tile, sdo_arg);
     __local fp_tile *sk = FP_OCL_ALIGN16(fp_tile, sk_arg), *sv = FP_OCL_ALIGN16(fp_tile, sv_arg);
@@ -500,8 +506,8 @@ fp_ocl_backward_dkdv(const fp_ocl_args a, __global const fp_elem *q, __global co
      * key (zero-filled and masked, they gather nothing). */
     const int cols = (int)clamp(s.nk - j0, 0L, (long)T), stored = (int)min((long)T, s.k_cap - j0);
     const long group = a.heads / a.kv_heads;
-    const fp_ocl_rows kr = fp_ocl_key_rows(&a, a.k, bt, &s, b, hk);
-    const fp_ocl_rows vr = fp_ocl_key_rows(&a, a.v, bt, &s, b, hk);
+    const fp_ocl_rows kr = fp_ocl_dense_keys(a.k, &s, b, hk);
+    const fp_ocl_rows vr = fp_ocl_dense_keys(a.v, &s, b, hk);
 
     fp_ocl_load_tile(sk, k, &a, &kr, j0, cols, hd);
     fp_ocl_load_tile(sv, v, &a, &vr, j0, cols, hd);
@@ -522,8 +528,8 @@ fp_ocl_backward_dkdv(const fp_ocl_args a, __global const fp_elem *q, __global co
             if (tid < T)
                 srow[T + tid] = tid < rows ? delta[fp_ocl_delta_at(&a, &s, b, h, i0 + tid)] : 0.0f;
             barrier(CLK_LOCAL_MEM_FENCE);
-            fp_ocl_grad_scores(&a, &s, &kr, slope, i0, rows, j0, cols, sq, sdo, sk, sv, srow, 1,
-                               sp, sds, scratch);
+            fp_ocl_grad_scores(&a, &s, slope, i0, rows, j0, cols, sq, sdo, sk, sv, srow, 1, sp,
+                               sds, scratch);
             barrier(CLK_LOCAL_MEM_FENCE);
             fp_ocl_tile_mm(sp, 1, sdo, rows, acc_v, scratch);
             fp_ocl_tile_mm(sds, 1, sq, rows, acc_k, scratch);

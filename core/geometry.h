@@ -1,6 +1,6 @@
 /*
- * Attention geometry shared by every backend (C, CUDA, HIP): where a sequence of a batch lies,
- * which key blocks a block of query rows visits, which query rows a block of keys feeds. The
+ * Attention geometry shared by every backend (C, CUDA, HIP, OpenCL C): where a sequence of a batch
+ * lies, which key blocks a block of query rows visits, which query rows a block of keys feeds. The
  * window rule itself (bottom-right aligned, docs/semantics.md) and the per-element and
  * whole-block visibility tests are core/mask.h; this header turns them into the block ranges
  * that kernels loop over, so that no backend re-derives them.
@@ -28,8 +28,8 @@ typedef struct fp_seq {
 /* Sequence b of a dense (cu_q == NULL: lengths nq, nk, starts 0) or varlen batch (cu_q, cu_k:
  * B + 1 int32 offsets in the memory the caller runs in, host or device). b is an int: a varlen
  * batch indexes int32 offsets, and 32-bit indexing is what the GPU kernels compile best. */
-FP_INLINE fp_seq fp_seq_lookup(const int32_t *cu_q, const int32_t *cu_k, int64_t nq, int64_t nk,
-                               int b)
+FP_INLINE fp_seq fp_seq_lookup(const FP_GLOBAL int32_t *cu_q, const FP_GLOBAL int32_t *cu_k,
+                               int64_t nq, int64_t nk, int b)
 {
     fp_seq s;
     if (cu_q) {
@@ -52,7 +52,7 @@ FP_INLINE fp_seq fp_seq_lookup(const int32_t *cu_q, const int32_t *cu_k, int64_t
  * nk itself when seqused_k is NULL. Host backends get values that core/validate.c has checked;
  * GPU kernels never read seqused_k back on the host, so the clamp is what keeps a bad value from
  * reading past the cache (include/flashport.h). */
-FP_INLINE int64_t fp_seq_used_keys(const int32_t *seqused_k, int b, int64_t nk)
+FP_INLINE int64_t fp_seq_used_keys(const FP_GLOBAL int32_t *seqused_k, int b, int64_t nk)
 {
     if (!seqused_k)
         return nk;
@@ -62,8 +62,9 @@ FP_INLINE int64_t fp_seq_used_keys(const int32_t *seqused_k, int b, int64_t nk)
 
 /* fp_seq_lookup, then the sequence's key count cut to the keys it uses (fp_seq_used_keys). The
  * window, causal mask and ALiBi then align to the used keys (bottom-right). */
-FP_INLINE fp_seq fp_seq_lookup_used(const int32_t *cu_q, const int32_t *cu_k,
-                                    const int32_t *seqused_k, int64_t nq, int64_t nk, int b)
+FP_INLINE fp_seq fp_seq_lookup_used(const FP_GLOBAL int32_t *cu_q, const FP_GLOBAL int32_t *cu_k,
+                                    const FP_GLOBAL int32_t *seqused_k, int64_t nq, int64_t nk,
+                                    int b)
 {
     fp_seq s = fp_seq_lookup(cu_q, cu_k, nq, nk, b);
     s.nk = fp_seq_used_keys(seqused_k, b, s.nk);
@@ -74,8 +75,8 @@ FP_INLINE fp_seq fp_seq_lookup_used(const int32_t *cu_q, const int32_t *cu_k,
  * block-table entry lies outside [0, num_pages) (GPU kernels then treat that page's keys as
  * masked and never dereference it; host backends have refused such a table). The key is row
  * t % page_size of that page. */
-FP_INLINE int64_t fp_paged_page(const int32_t *block_table, int64_t bt_stride, int64_t page_size,
-                                int64_t num_pages, int b, int64_t t)
+FP_INLINE int64_t fp_paged_page(const FP_GLOBAL int32_t *block_table, int64_t bt_stride,
+                                int64_t page_size, int64_t num_pages, int b, int64_t t)
 {
     const int64_t e = block_table[(int64_t)b * bt_stride + t / page_size];
     return (e < 0 || e >= num_pages) ? -1 : e;

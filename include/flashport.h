@@ -318,7 +318,7 @@ typedef struct flashport_attention_params {
      *
      * block_table: int32 [B, block_table_stride] in the backend's memory, or NULL (no paging).
      * When set, k and v are rank 4 [num_pages, page_size, Hkv, D] (both of one shape; page_size
-     * is k's dimension 1, >= 1, and a multiple of 16 on the GPU backends), q, o and lse are dense
+     * is k's dimension 1, >= 1, and a multiple of 16 on cuda and hip), q, o and lse are dense
      * ([B, Nq, H, D], B from q; cu_seqlens must be NULL), seqused_k is required, and logical key
      * t of sequence b is row t % page_size of page block_table[b * block_table_stride +
      * t / page_size]. Only the first ceil(seqused_k[b] / page_size) entries of a row are read.

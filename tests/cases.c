@@ -272,11 +272,12 @@ int tc_required(const tc_case *c, const char *backend_name, const char *arch)
                !(path && !strcmp(path, "sm80")) && c->dtype == FLASHPORT_FP8_E4M3 &&
                !c->use_seqused && c->page_size == 0 && c->head_dim % 8 == 0 && c->head_dim <= 256 &&
                c->layout != TC_DIM_STRIDED;
-    /* The KV-cache cases (seqused_k, paged) are required of the host backends only: a GPU backend
-     * that refuses them (opencl; cuda and hip before they serve the API) counts them as
-     * unsupported, and one that serves them must pass them. */
+    /* The KV-cache cases (seqused_k, paged) are required of the host backends and of opencl,
+     * which serves both at any page size (fp8 aside, above); cuda and hip serve pages of a
+     * multiple of 16 only and count the others as unsupported; a backend must pass whatever of
+     * them it runs. */
     if (c->use_seqused)
-        return 0;
+        return !strcmp(backend_name, "opencl");
     /* FLASHPORT_CUDA_PATH=sm90 forces one path for tests and A/B runs: it serves what that path
      * serves (the sm90 backward: head dims up to 128), and refuses the rest */
     if (!strcmp(backend_name, "cuda") && path && !strcmp(path, "sm90"))

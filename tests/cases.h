@@ -79,11 +79,12 @@ void tc_case_name(const tc_case *c, char *buf, size_t size);
  * everything; GPU backends must run f16/bf16 with D a multiple of 8 up to 256 and a contiguous
  * head dim (not with FLASHPORT_CUDA_PATH=sm90, which forces a path that serves less), except the
  * KV-cache cases (seqused_k, paged), which they may refuse (counted as unsupported) but must pass
- * when they run them. fp8 cases are forward only, required of the host backends, and of the
- * cuda backend on compute capability 9.0 (arch "sm_90", flashport_device_props) for e4m3
- * without a KV cache (its sm90 kernels), unless FLASHPORT_CUDA_PATH=sm80 asks for a path without
- * them. A backend that answers FLASHPORT_ERR_UNSUPPORTED_* for a required case fails it. arch:
- * the device's, or "" when unknown. */
+ * when they run them; opencl must run those (it serves both at any page size). fp8 cases are
+ * forward only, required of the host backends, and of the cuda backend on compute capability 9.0
+ * (arch "sm_90", flashport_device_props) for e4m3 without a KV cache (its sm90 kernels), unless
+ * FLASHPORT_CUDA_PATH=sm80 asks for a path without them. A backend that answers
+ * FLASHPORT_ERR_UNSUPPORTED_* for a required case fails it. arch: the device's, or "" when unknown.
+ */
 int tc_required(const tc_case *c, const char *backend_name, const char *arch);
 
 /* The inputs of a case, on the host, in logical layout (see tu_problem). */

@@ -6,7 +6,9 @@
  *   test_reliability BACKEND --masked-keys  (any backend, GPU ones too: the masked-key checks in
  *                                           f16 and bf16, through the backend's memory, at
  *                                           head dims up to 200; --quick after it: the
- *                                           problems' own head dims only)
+ *                                           problems' own head dims only; --kv-cache after
+ *                                           it: the KV-cache problems instead of the others,
+ *                                           for backends that serve seqused_k / paged caches)
  *
  *   masked keys    NaN or inf in the K / V of keys a row cannot see (causal, bottom-right, a
  *                  window that hides the first keys, rows that see nothing) never reaches that
@@ -14,7 +16,9 @@
  *                  O = 0, LSE = -inf, dQ = 0; a NaN query row never reaches dK / dV of keys it
  *                  cannot see. In f32, f16 and bf16, on shapes that cross the 64-key tiles;
  *                  also a varlen batch whose sequences share tiles (NaN in one sequence's keys
- *                  never reaches another's rows).
+ *                  never reaches another's rows). KV cache: NaN and inf in the keys past
+ *                  seqused_k of a dense cache (O, LSE, dQ clean; dK, dV of those keys exactly 0)
+ *                  and in the rows of a paged cache's last used page past seqused_k (forward).
  *   visible NaN    a NaN score a row sees makes that row's O and LSE NaN (not the empty row's
  *                  0 and -inf); rows that do not see it stay clean.
  *   no keys        backward with Nk = 0 (dense, and varlen with every key length 0) succeeds with
@@ -64,6 +68,11 @@ typedef struct prob {
     int b, nq, nk, h, hkv, d;
     int nseq;
     int32_t cu_q[4], cu_k[4];
+    /* KV cache, dense b = 1 problems only: used > 0 passes seqused_k = {used}; page_size > 0
+     * (a divisor of nk) hands k and v over as a paged cache of nk / page_size pages in reverse
+     * order, whose block table has one more entry, out of range (past the used pages: unread). */
+    int32_t used;
+    int page_size;
     flashport_attention_params p;
 } prob;
 
@@ -122,7 +131,29 @@ static flashport_status run(const char *name, const prob *pr, const float *q, co
     const int64_t ls[3] = {pr->b, pr->h, pr->nq};
     flashport_attention_params params = pr->p;
     void *cu_dev[2] = {NULL, NULL}; /* varlen offsets, in the backend's memory */
-    const float *init[NBUF] = {q, k, v, q, dout ? dout : q, q, k, k, NULL};
+    void *kv_dev[2] = {NULL, NULL}; /* seqused_k, block table */
+    float *paged[2] = {NULL, NULL}; /* k, v in pages (logical page i is page np - 1 - i) */
+    int32_t bt[65];                 /* block table: np entries and one out of range */
+    const int ps = pr->page_size, np = ps > 0 ? pr->nk / ps : 0, row = pr->hkv * pr->d;
+    if (np + 1 > (int)(sizeof bt / sizeof bt[0]) || (ps > 0 && (pr->b != 1 || pr->nk % ps != 0))) {
+        flashport_backend_close(be);
+        return FLASHPORT_ERR_INVALID_VALUE; /* a problem this harness does not build */
+    }
+    for (int x = 0; x < 2 && np > 0; x++) {
+        const float *src = x ? v : k;
+        if (!(paged[x] = malloc(sizeof(float) * (size_t)nk))) {
+            st = FLASHPORT_ERR_OUT_OF_MEMORY;
+            break;
+        }
+        for (int t = 0; t < pr->nk; t++)
+            memcpy(paged[x] + ((int64_t)(np - 1 - t / ps) * ps + t % ps) * row,
+                   src + (int64_t)t * row, sizeof(float) * (size_t)row);
+    }
+    for (int i = 0; i < np; i++)
+        bt[i] = np - 1 - i;
+    bt[np] = np + 1000;
+    const float *init[NBUF] = {
+        q, paged[0] ? paged[0] : k, paged[1] ? paged[1] : v, q, dout ? dout : q, q, k, k, NULL};
     const int64_t count[NBUF] = {nq, nk, nk, nq, nq, nq, nk, nk, nl};
     void *host[NBUF] = {NULL}, *dev[NBUF] = {NULL};
     size_t bytes[NBUF];
@@ -146,15 +177,31 @@ static flashport_status run(const char *name, const prob *pr, const float *q, co
         if ((st = flashport_malloc(be, cb, &cu_dev[x])) == FLASHPORT_OK)
             st = flashport_memcpy_to_device(be, cu_dev[x], x ? pr->cu_k : pr->cu_q, cb);
     }
+    if (st == FLASHPORT_OK && pr->used > 0 &&
+        (st = flashport_malloc(be, sizeof pr->used, &kv_dev[0])) == FLASHPORT_OK &&
+        (st = flashport_memcpy_to_device(be, kv_dev[0], &pr->used, sizeof pr->used)) ==
+            FLASHPORT_OK)
+        params.seqused_k = kv_dev[0];
+    if (st == FLASHPORT_OK && np > 0 &&
+        (st = flashport_malloc(be, sizeof bt, &kv_dev[1])) == FLASHPORT_OK &&
+        (st = flashport_memcpy_to_device(be, kv_dev[1], bt, sizeof bt)) == FLASHPORT_OK) {
+        params.block_table = kv_dev[1];
+        params.block_table_stride = np + 1;
+    }
     if (st != FLASHPORT_OK)
         goto done;
     if (vl) {
         params.cu_seqlens_q = cu_dev[0];
         params.cu_seqlens_k = cu_dev[1];
     }
+    const int64_t pages[4] = {np, ps, pr->hkv, pr->d};
     flashport_tensor tq = flashport_tensor_contiguous(dev[Q], pr->dt, rank, qs + (4 - rank));
-    flashport_tensor tk = flashport_tensor_contiguous(dev[K], pr->dt, rank, ks + (4 - rank));
-    flashport_tensor tv = flashport_tensor_contiguous(dev[V], pr->dt, rank, ks + (4 - rank));
+    flashport_tensor tk = np > 0
+                              ? flashport_tensor_contiguous(dev[K], pr->dt, 4, pages)
+                              : flashport_tensor_contiguous(dev[K], pr->dt, rank, ks + (4 - rank));
+    flashport_tensor tv = np > 0
+                              ? flashport_tensor_contiguous(dev[V], pr->dt, 4, pages)
+                              : flashport_tensor_contiguous(dev[V], pr->dt, rank, ks + (4 - rank));
     flashport_tensor to = flashport_tensor_contiguous(dev[O], pr->dt, rank, qs + (4 - rank));
     flashport_tensor tl =
         flashport_tensor_contiguous(dev[L], FLASHPORT_F32, rank - 1, ls + (4 - rank));
@@ -191,6 +238,10 @@ done:
     }
     flashport_free(be, cu_dev[0]);
     flashport_free(be, cu_dev[1]);
+    flashport_free(be, kv_dev[0]);
+    flashport_free(be, kv_dev[1]);
+    free(paged[0]);
+    free(paged[1]);
     flashport_backend_close(be);
     return st;
 }
@@ -299,7 +350,8 @@ static double tol_of(flashport_dtype dt)
 typedef struct scenario {
     const char *name;
     rows_arg o_rows, lse_rows, dq_rows, dkv_keys, dv_keys;
-    int check_dk; /* dK follows dkv_keys too (else it is not checked) */
+    int check_dk;     /* dK follows dkv_keys too (else it is not checked) */
+    int forward_only; /* no backward (a paged cache): O and LSE only */
 } scenario;
 
 static void run_scenario(const scenario *sc, const prob *pr, const float *q, const float *k,
@@ -311,10 +363,11 @@ static void run_scenario(const scenario *sc, const prob *pr, const float *q, con
         return;
     char what[160];
     const double tol = tol_of(pr->dt);
+    const float *dout_run = sc->forward_only ? NULL : dout;
     flashport_status s1 =
-        run(backend_name, pr, q, k, v, dout, clean.o, clean.lse, clean.dq, clean.dk, clean.dv);
+        run(backend_name, pr, q, k, v, dout_run, clean.o, clean.lse, clean.dq, clean.dk, clean.dv);
     flashport_status s2 =
-        run(backend_name, pr, pq, pk, pv, dout, bad.o, bad.lse, bad.dq, bad.dk, bad.dv);
+        run(backend_name, pr, pq, pk, pv, dout_run, bad.o, bad.lse, bad.dq, bad.dk, bad.dv);
     const int unsupported = s1 == s2 && tu_is_unsupported(s1);
     if (unsupported) {
         scenarios_unsupported++;
@@ -334,16 +387,18 @@ static void run_scenario(const scenario *sc, const prob *pr, const float *q, con
         snprintf(what, sizeof what, "%s %s LSE", sc->name, dn);
         check_rows(what, bad.lse, clean.lse, pr->b, pr->nq, pr->h, 1, 1, rows_rule, &sc->lse_rows,
                    1e-4);
-        snprintf(what, sizeof what, "%s %s dQ", sc->name, dn);
-        check_rows(what, bad.dq, clean.dq, pr->b, pr->nq, pr->h, pr->d, 0, rows_rule, &sc->dq_rows,
-                   tol * 4);
-        snprintf(what, sizeof what, "%s %s dV", sc->name, dn);
-        check_rows(what, bad.dv, clean.dv, pr->b, pr->nk, pr->hkv, pr->d, 0, rows_rule,
-                   &sc->dv_keys, tol * 4);
-        if (sc->check_dk) {
-            snprintf(what, sizeof what, "%s %s dK", sc->name, dn);
-            check_rows(what, bad.dk, clean.dk, pr->b, pr->nk, pr->hkv, pr->d, 0, rows_rule,
-                       &sc->dkv_keys, tol * 4);
+        if (!sc->forward_only) { /* a paged cache has no backward */
+            snprintf(what, sizeof what, "%s %s dQ", sc->name, dn);
+            check_rows(what, bad.dq, clean.dq, pr->b, pr->nq, pr->h, pr->d, 0, rows_rule,
+                       &sc->dq_rows, tol * 4);
+            snprintf(what, sizeof what, "%s %s dV", sc->name, dn);
+            check_rows(what, bad.dv, clean.dv, pr->b, pr->nk, pr->hkv, pr->d, 0, rows_rule,
+                       &sc->dv_keys, tol * 4);
+            if (sc->check_dk) {
+                snprintf(what, sizeof what, "%s %s dK", sc->name, dn);
+                check_rows(what, bad.dk, clean.dk, pr->b, pr->nk, pr->hkv, pr->d, 0, rows_rule,
+                           &sc->dkv_keys, tol * 4);
+            }
         }
     }
     outs_free(&clean);
@@ -413,9 +468,61 @@ static void test_masked_keys_varlen(flashport_dtype dt)
                            {37, 44, ALL_NAN, CLOSE, 0, 0},
                            {49, 72, ANY, CLOSE, 0, 0},
                            {49, 72, ANY, CLOSE, 0, 0},
-                           1};
+                           1,
+                           0};
     run_scenario(&seen, &pr, in.q, in.k, in.v, in.dout, in.pq, in.pk, in.pv);
     inputs_free(&in);
+}
+
+/* KV cache: keys past seqused_k hold NaN and inf (a decode cache's unwritten slots). Dense,
+ * causal 9 x 130 with seqused_k 77 and GQA 2:1: the rows end at key 76 (bottom-right against the
+ * used keys); O, LSE and dQ match the clean run and the dK, dV rows of keys 77 .. 129 are exactly
+ * 0. Paged, pages of 16 (any backend that serves paged caches takes them): Nq = 3, seqused_k 70
+ * of 128 keys, so the last used page (keys 64 .. 79) holds garbage in rows 70 .. 79, the pages
+ * past it too; forward only. Backends that serve neither feature answer UNSUPPORTED_FEATURE on
+ * both runs (counted as unsupported). */
+static void test_masked_keys_kv_cache(flashport_dtype dt)
+{
+    inputs in;
+    prob pr = prob_make(dt, 1, 9, 130, 2, 1, 24);
+    pr.p.causal = 1;
+    pr.used = 77;
+    if (CHECK(inputs_make(&in, &pr, 6))) {
+        for (int t = 77; t < 130; t++) {
+            set_token(in.pk, 1, pr.d, t, 0, t % 3 ? NAN : INFINITY);
+            set_token(in.pv, 1, pr.d, t, 0, t % 2 ? NAN : -INFINITY);
+        }
+        const scenario sc = {"seqused_k 77 of 130, garbage past it",
+                             {0, 0, CLOSE, CLOSE, 0, 0},
+                             {0, 0, CLOSE, CLOSE, 0, 0},
+                             {0, 0, CLOSE, CLOSE, 0, 0},
+                             {77, 130, ZERO, CLOSE, 0, 0},
+                             {77, 130, ZERO, CLOSE, 0, 0},
+                             1,
+                             0};
+        run_scenario(&sc, &pr, in.q, in.k, in.v, in.dout, in.pq, in.pk, in.pv);
+        inputs_free(&in);
+    }
+    pr = prob_make(dt, 1, 3, 128, 4, 2, 32);
+    pr.used = 70;
+    pr.page_size = 16;
+    if (CHECK(inputs_make(&in, &pr, 7))) {
+        for (int t = 70; t < 128; t++)
+            for (int h = 0; h < 2; h++) {
+                set_token(in.pk, 2, pr.d, t, h, t % 2 ? NAN : -INFINITY);
+                set_token(in.pv, 2, pr.d, t, h, t % 3 ? INFINITY : NAN);
+            }
+        const scenario sc = {"paged 16, seqused_k 70 of 128, garbage in the page tail",
+                             {0, 0, CLOSE, CLOSE, 0, 0},
+                             {0, 0, CLOSE, CLOSE, 0, 0},
+                             {0, 0, ANY, ANY, 0, 0},
+                             {0, 0, ANY, ANY, 0, 0},
+                             {0, 0, ANY, ANY, 0, 0},
+                             0,
+                             1};
+        run_scenario(&sc, &pr, in.q, in.k, in.v, in.dout, in.pq, in.pk, in.pv);
+        inputs_free(&in);
+    }
 }
 
 static void test_masked_keys(flashport_dtype dt)
@@ -434,6 +541,7 @@ static void test_masked_keys(flashport_dtype dt)
                              {70, 100, ALL_NAN, CLOSE, 0, 0},
                              {0, 0, ANY, ANY, 0, 0},
                              {0, 0, CLOSE, CLOSE, 0, 0},
+                             0,
                              0};
         run_scenario(&sc, &pr, in.q, in.k, in.v, in.dout, in.pq, in.pk, in.pv);
         /* The same key's K NaN too: rows >= 70 see a NaN score, so their LSE is NaN. */
@@ -444,6 +552,7 @@ static void test_masked_keys(flashport_dtype dt)
                              {70, 100, ALL_NAN, CLOSE, 0, 0},
                              {0, 0, ANY, ANY, 0, 0},
                              {0, 0, ANY, ANY, 0, 0},
+                             0,
                              0};
         run_scenario(&sk, &pr, in.q, in.k, in.v, in.dout, in.pq, in.pk, in.pv);
         inputs_free(&in);
@@ -464,6 +573,7 @@ static void test_masked_keys(flashport_dtype dt)
                              {99, 100, ALL_NAN, CLOSE, 20, ZERO},
                              {0, 0, ANY, ANY, 0, 0},
                              {0, 0, ANY, ANY, 0, 0},
+                             0,
                              0};
         run_scenario(&sc, &pr, in.q, in.k, in.v, in.dout, in.pq, in.pk, in.pv);
         inputs_free(&in);
@@ -486,7 +596,8 @@ static void test_masked_keys(flashport_dtype dt)
                              {0, 0, CLOSE, CLOSE, 0, 0},
                              {0, 106, ZERO, CLOSE, 0, 0},
                              {0, 106, ZERO, CLOSE, 0, 0},
-                             1};
+                             1,
+                             0};
         run_scenario(&sc, &pr, in.q, in.k, in.v, in.dout, in.pq, in.pk, in.pv);
         inputs_free(&in);
     }
@@ -503,7 +614,8 @@ static void test_masked_keys(flashport_dtype dt)
                              {3, 4, ANY, CLOSE, 0, 0},
                              {0, 4, ANY, CLOSE, 0, 0},
                              {0, 4, ANY, CLOSE, 0, 0},
-                             1};
+                             1,
+                             0};
         run_scenario(&sc, &pr, in.q, in.k, in.v, in.dout, in.pq, in.pk, in.pv);
         inputs_free(&in);
     }
@@ -526,6 +638,7 @@ static void test_visible_nan(void)
                          {2, 8, ALL_NAN, CLOSE, 0, 0},
                          {0, 0, ANY, ANY, 0, 0},
                          {0, 0, ANY, ANY, 0, 0},
+                         0,
                          0};
     run_scenario(&sc, &pr, in.q, in.k, in.v, in.dout, in.pq, in.pk, in.pv);
     memcpy(in.pk, in.k, sizeof(float) * 32);
@@ -536,6 +649,7 @@ static void test_visible_nan(void)
                          {5, 6, ALL_NAN, CLOSE, 0, 0},
                          {0, 0, ANY, ANY, 0, 0},
                          {0, 0, ANY, ANY, 0, 0},
+                         0,
                          0};
     run_scenario(&sq, &pr, in.q, in.k, in.v, in.dout, in.pq, in.pk, in.pv);
     inputs_free(&in);
@@ -766,29 +880,52 @@ int main(int argc, char **argv)
     backend_name = argc > 1 ? argv[1] : "cpu";
     if (argc > 2 && strcmp(argv[2], "--masked-keys") == 0) {
         /* The GPU kernels' half: NaN / inf in keys a row cannot see, f16 and bf16 only, every
-         * tensor in the backend's memory (e.g. test_reliability cudaemu --masked-keys). */
+         * tensor in the backend's memory (e.g. test_reliability cudaemu --masked-keys); with
+         * --kv-cache the keys past seqused_k instead (test_masked_keys_kv_cache). */
         /* head dims 16 .. 40 (each problem's own), 96 and 200: the GPU backends' kernels for
          * head dims 64, 128 and 256; the last also with the deterministic backward. --quick
          * (after --masked-keys): the first only, for backends with one kernel for every head
          * dim whose emulation is slow (hipemu). */
+        flashport_backend *probe;
+        const flashport_status ps = flashport_backend_open(backend_name, &probe);
+        if (ps == FLASHPORT_ERR_NO_DEVICE || ps == FLASHPORT_ERR_BACKEND_UNAVAILABLE) {
+            printf("SKIP: backend \"%s\" cannot run here: %s\n", backend_name,
+                   flashport_last_error());
+            return TU_SKIP;
+        }
+        if (ps == FLASHPORT_OK)
+            flashport_backend_close(probe);
         static const int dims[][2] = {{0, 0}, {96, 0}, {200, 0}, {40, 1}};
-        const int runs = argc > 3 && strcmp(argv[3], "--quick") == 0 ? 1 : 4;
+        int runs = 4, kv_only = 0;
+        for (int i = 3; i < argc; i++) {
+            if (!strcmp(argv[i], "--quick"))
+                runs = 1;
+            else if (!strcmp(argv[i], "--kv-cache"))
+                kv_only = 1;
+        }
         for (int i = 0; i < runs; i++) {
             override_d = dims[i][0], force_deterministic = dims[i][1];
-            test_masked_keys(FLASHPORT_F16);
-            test_masked_keys(FLASHPORT_BF16);
+            for (int t = 0; t < 2; t++) {
+                const flashport_dtype dt = t ? FLASHPORT_BF16 : FLASHPORT_F16;
+                if (kv_only)
+                    test_masked_keys_kv_cache(dt);
+                else
+                    test_masked_keys(dt);
+            }
         }
         printf("test_reliability %s --masked-keys: %d scenarios run, %d unsupported, %d checks "
                "failed\n",
                backend_name, scenarios_run, scenarios_unsupported, tu_failures);
         if (tu_failures)
             return 1;
-        return scenarios_run > 0 ? 0 : 77; /* nothing ran: CTest's skip code, never a pass */
+        return scenarios_run > 0 ? 0 : TU_SKIP; /* nothing ran: CTest's skip code, never a pass */
     }
     test_empty_batch(); /* first: it forks, before any OpenMP thread exists */
     const flashport_dtype dts[] = {FLASHPORT_F32, FLASHPORT_F16, FLASHPORT_BF16};
-    for (int i = 0; i < 3; i++)
+    for (int i = 0; i < 3; i++) {
         test_masked_keys(dts[i]);
+        test_masked_keys_kv_cache(dts[i]);
+    }
     test_visible_nan();
     test_no_keys();
     test_overflow();

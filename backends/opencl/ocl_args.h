@@ -38,6 +38,12 @@ typedef struct fp_ocl_args {
     FP_OCL_LONG left, right; /* window, -1 = unbounded; causal folded in */
     FP_OCL_LONG total_q;     /* rows of the backward's delta per head */
     FP_OCL_LONG varlen, has_lse, has_alibi;
+    /* KV cache (include/flashport.h): seqused_k and the block table, int32 in their buffers at
+     * these element offsets, read only where has_used / paged. Paged: k and v are
+     * [num_pages, page_size, Hkv, D], their views' s[0] the page stride and s[1] the row stride
+     * within a page; nk is the capacity bt_stride * page_size. */
+    FP_OCL_LONG used_off, bt_off, has_used, paged;
+    FP_OCL_LONG bt_stride, page_size, num_pages;
     float scale, softcap;
 } fp_ocl_args;
 

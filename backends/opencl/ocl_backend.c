@@ -309,6 +309,10 @@ static void ocl_caps(void *ctx, fp_backend_caps *caps)
     caps->head_dim_multiple = 1;
     caps->needs_contiguous_dim = 0;
     caps->is_host = 0;
+    /* Any page size: the tile copies look up each key row's page (kernels/shape.cl's
+     * fp_ocl_row_at), so a page need not hold whole key blocks. */
+    caps->paged_kv_page_multiple = 1;
+    caps->seqused_k_dirs = FP_SEQUSED_FWD | FP_SEQUSED_BWD;
 }
 
 static flashport_status ocl_malloc(void *p, size_t bytes, void **ptr)

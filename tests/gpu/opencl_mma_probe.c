@@ -596,16 +596,19 @@ static void run_real(const variant *v, cl_program pr, int emulated, char *res, s
     a.left = a.right = -1, a.total_q = N, a.has_lse = 1;
     a.scale = (float)scale;
     cl_kernel k = kernel_of(pr, "fp_ocl_forward", res, n);
-    cl_mem bufs[8] = {buffer(elems * 2, qb),
-                      buffer(elems * 2, kb),
-                      buffer(elems * 2, vb),
-                      buffer(elems * 2, ob),
-                      buffer((size_t)N * 4, NULL),
-                      buffer(64, NULL),
-                      buffer(64, NULL),
-                      buffer(64, NULL)};
+    /* q, k, v, o, lse, then cu_seqlens_q / _k, ALiBi, seqused_k and the block table (unread) */
+    cl_mem bufs[10] = {buffer(elems * 2, qb),
+                       buffer(elems * 2, kb),
+                       buffer(elems * 2, vb),
+                       buffer(elems * 2, ob),
+                       buffer((size_t)N * 4, NULL),
+                       buffer(64, NULL),
+                       buffer(64, NULL),
+                       buffer(64, NULL),
+                       buffer(64, NULL),
+                       buffer(64, NULL)};
     int ok = k != NULL;
-    for (int i = 0; i < 8; i++)
+    for (int i = 0; i < 10; i++)
         ok = ok && bufs[i];
     if (ok) {
         size_t local[FP_OCL_MAX_LOCAL_ARGS];
@@ -616,7 +619,7 @@ static void run_real(const variant *v, cl_program pr, int emulated, char *res, s
                                          local);
         cl_uint arg = 0;
         cl->clSetKernelArg(k, arg++, sizeof a, &a);
-        for (int i = 0; i < 8; i++)
+        for (int i = 0; i < 10; i++)
             cl->clSetKernelArg(k, arg++, sizeof(cl_mem), &bufs[i]);
         for (int i = 0; i < nl; i++)
             cl->clSetKernelArg(k, arg++, local[i], NULL);

@@ -13,6 +13,10 @@
  *               of the kv head and every query block that sees the keys.
  *   Every sum runs in a fixed order and nothing is accumulated across work-groups, so the
  *   backward is deterministic whether asked or not, and extra memory is the delta (B H Nq f32).
+ *   KV cache: a sequence's key count is core/geometry.h's fp_seq_used_keys (seqused_k, clamped
+ *   on the device), every mask and key range aligned to it; K / V rows come through
+ *   kernels/shape.cl's fp_ocl_row_at, dense or paged (fp_paged_page, forward only). Keys past
+ *   the count and rows of out-of-range pages are zero-filled, never read; the latter are masked.
  *
  * Target: any OpenCL 1.2 device: f32 arithmetic; storage f32, f16 or bf16 (kernels/shape.cl),
  * chosen at program build time by FP_OCL_DTYPE (0, 1, 2), with the head-dim class FP_OCL_D and
@@ -35,26 +39,25 @@
  * round-to-nearest-even as core/dtype.h. Numbers: docs/opencl.md.
  */
 
-/* Where sequence b's tokens start and how many there are (core/problem.h's fp_problem_seq). */
+/* Where sequence b's tokens start and how many there are (core/geometry.h's fp_seq_lookup), nk
+ * cut to the keys it uses (fp_seq_used_keys: seqused_k clamped to [0, k_cap], so a bad value
+ * never reads past the sequence). Every mask, window and ALiBi distance below takes nk. */
 typedef struct fp_ocl_seq {
     long q_start, nq, k_start, nk;
+    long k_cap; /* the keys the sequence holds: the backward's dK / dV rows [nk, k_cap) are 0 */
 } fp_ocl_seq;
 
 FP_OCL_INLINE fp_ocl_seq fp_ocl_seq_of(const fp_ocl_args *a, __global const int *cu_q,
-                                       __global const int *cu_k, long b)
+                                       __global const int *cu_k, __global const int *used, long b)
 {
+    const fp_seq q = fp_seq_lookup(a->varlen ? cu_q + a->cu_q_off : 0,
+                                   a->varlen ? cu_k + a->cu_k_off : 0, a->nq, a->nk, (int)b);
     fp_ocl_seq s;
-    if (a->varlen) {
-        s.q_start = cu_q[a->cu_q_off + b];
-        s.nq = cu_q[a->cu_q_off + b + 1] - s.q_start;
-        s.k_start = cu_k[a->cu_k_off + b];
-        s.nk = cu_k[a->cu_k_off + b + 1] - s.k_start;
-    } else {
-        s.q_start = 0;
-        s.nq = a->nq;
-        s.k_start = 0;
-        s.nk = a->nk;
-    }
+    s.q_start = q.q_start;
+    s.nq = q.nq;
+    s.k_start = q.k_start;
+    s.k_cap = q.nk;
+    s.nk = fp_seq_used_keys(a->has_used ? used + a->used_off : 0, (int)b, q.nk);
     return s;
 }
 
@@ -62,6 +65,25 @@ FP_OCL_INLINE fp_ocl_seq fp_ocl_seq_of(const fp_ocl_args *a, __global const int 
 FP_OCL_INLINE long fp_ocl_row0(fp_ocl_view v, long b, long token, long h)
 {
     return v.off + b * v.s[0] + token * v.s[1] + h * v.s[2];
+}
+
+/* Rows of sequence s's keys of kv head hk in k or v, dense (and varlen): from its first key. The
+ * backward's (a paged backward is refused by core/validate.c): rows known dense at compile time
+ * keep the paged code out of its registers. */
+FP_OCL_INLINE fp_ocl_rows fp_ocl_dense_keys(fp_ocl_view v, const fp_ocl_seq *s, long b, long hk)
+{
+    return fp_ocl_dense_rows(fp_ocl_row0(v, b, s->k_start, hk), v.s[1], v.s[3]);
+}
+
+/* The forward's: dense, or through the block table (a.paged; bt the block-table argument). */
+FP_OCL_INLINE fp_ocl_rows fp_ocl_key_rows(const fp_ocl_args *a, fp_ocl_view v,
+                                          __global const int *bt, const fp_ocl_seq *s, long b,
+                                          long hk)
+{
+    if (!a->paged)
+        return fp_ocl_dense_keys(v, s, b, hk);
+    fp_ocl_rows x = {v.off + hk * v.s[2], v.s[1], v.s[3], v.s[0], 1, b, bt + a->bt_off};
+    return x;
 }
 
 FP_OCL_INLINE long fp_ocl_lse_at(const fp_ocl_args *a, long b, long h, long token)
@@ -198,20 +220,22 @@ FP_OCL_INLINE void fp_ocl_tile_mm(__local const float *pt, int transposed, __loc
 }
 #endif /* !FP_OCL_MMA */
 
-/* Rows [r0, r0 + n) of a [seq, dim] slice (row0: element of row 0, dim 0) with hd dims into
- * t[r * LD + d], zeros in rows n .. T - 1 and dims hd .. D - 1 so partial tiles compute on
- * finite values and add nothing. */
-FP_OCL_INLINE void fp_ocl_load_tile(__local fp_tile *t, __global const fp_elem *x, long row0,
-                                    long srow, long sdim, long r0, int n, int hd)
+/* Rows [r0, r0 + n) of a [seq, dim] slice (src: where its rows lie) with hd dims into
+ * t[r * LD + d], zeros in rows n .. T - 1, in rows of a page out of range, and in dims
+ * hd .. D - 1, so partial tiles compute on finite values and add nothing: rows past n (keys past
+ * seqused_k, a page's unused tail) are never read, whatever they hold. */
+FP_OCL_INLINE void fp_ocl_load_tile(__local fp_tile *t, __global const fp_elem *x,
+                                    const fp_ocl_args *a, const fp_ocl_rows *src, long r0, int n,
+                                    int hd)
 {
 #if FP_OCL_MMA
-    if (fp_ocl_load_tile16(t, x, row0, srow, sdim, r0, n, hd))
+    if (fp_ocl_load_tile16(t, x, a, src, r0, n, hd))
         return;
 #endif
     for (int e = get_local_id(0); e < T * D; e += FP_OCL_WG) {
         const int r = e / D, d = e - r * D;
-        t[r * LD + d] =
-            r < n && d < hd ? FP_TILE_PUT(x, row0 + (r0 + r) * srow + d * sdim) : (fp_tile)0;
+        const long at = r < n && d < hd ? fp_ocl_row_at(a, src, r0 + r) : -1;
+        t[r * LD + d] = at >= 0 ? FP_TILE_PUT(x, at + d * src->sdim) : (fp_tile)0;
     }
 }
 
@@ -259,27 +283,29 @@ __kernel __attribute__((reqd_work_group_size(FP_OCL_WG, 1, 1))) void
 fp_ocl_forward(const fp_ocl_args a, __global const fp_elem *q, __global const fp_elem *k,
                __global const fp_elem *v, __global fp_elem *o, __global float *lse,
                __global const int *cu_q, __global const int *cu_k, __global const float *alibi,
-               __local fp_tile *sq_arg, __local fp_tile *skv_arg, __local float *ss_arg,
-               __local float *srow_arg)
+               __global const int *used, __global const int *bt, __local fp_tile *sq_arg,
+               __local fp_tile *skv_arg, __local float *ss_arg, __local float *srow_arg)
 {
     __local fp_tile *sq = FP_OCL_ALIGN16(fp_tile, sq_arg), *skv = FP_OCL_ALIGN16(fp_tile, skv_arg);
     __local float *ss = FP_OCL_ALIGN16(float, ss_arg), *srow = FP_OCL_ALIGN16(float, srow_arg);
     __local float scratch[FP_OCL_SCRATCH];
     const int tid = get_local_id(0), hd = (int)a.head_dim;
     const long h = get_group_id(1), b = get_group_id(2);
-    const fp_ocl_seq s = fp_ocl_seq_of(&a, cu_q, cu_k, b);
+    const fp_ocl_seq s = fp_ocl_seq_of(&a, cu_q, cu_k, used, b);
     const long i0 = (long)get_group_id(0) * T;
     if (i0 >= s.nq)
         return;
     const int rows = (int)min((long)T, s.nq - i0);
     const long hk = h / (a.heads / a.kv_heads);
     const float slope = a.has_alibi ? alibi[a.alibi_off + h] : 0.0f;
-    const long k0 = fp_ocl_row0(a.k, b, s.k_start, hk), v0 = fp_ocl_row0(a.v, b, s.k_start, hk);
+    const fp_ocl_rows qr = fp_ocl_dense_rows(fp_ocl_row0(a.q, b, s.q_start, h), a.q.s[1], a.q.s[3]);
+    const fp_ocl_rows kr = fp_ocl_key_rows(&a, a.k, bt, &s, b, hk);
+    const fp_ocl_rows vr = fp_ocl_key_rows(&a, a.v, bt, &s, b, hk);
     /* V's tile: K's buffer again (plain path), or its own (FP_OCL_KV_APART) so that K and V of a
      * key block are copied in one phase. */
     __local fp_tile *sv = skv + (FP_OCL_KV_APART ? T * LD : 0);
 
-    fp_ocl_load_tile(sq, q, fp_ocl_row0(a.q, b, s.q_start, h), a.q.s[1], a.q.s[3], i0, rows, hd);
+    fp_ocl_load_tile(sq, q, &a, &qr, i0, rows, hd);
     fp_softmax_state st; /* row tid's, for tid < T */
     fp_softmax_init(&st);
     float acc[FP_OCL_ON];
@@ -290,16 +316,18 @@ fp_ocl_forward(const fp_ocl_args a, __global const fp_elem *q, __global const fp
     for (long j0 = lo < hi ? lo / T * T : hi; j0 < hi; j0 += T) {
         const int cols = (int)min((long)T, s.nk - j0);
         barrier(CLK_LOCAL_MEM_FENCE); /* the previous block's readers of skv, sv and ss are done */
-        fp_ocl_load_tile(skv, k, k0, a.k.s[1], a.k.s[3], j0, cols, hd);
+        fp_ocl_load_tile(skv, k, &a, &kr, j0, cols, hd);
         if (FP_OCL_KV_APART)
-            fp_ocl_load_tile(sv, v, v0, a.v.s[1], a.v.s[3], j0, cols, hd);
+            fp_ocl_load_tile(sv, v, &a, &vr, j0, cols, hd);
         barrier(CLK_LOCAL_MEM_FENCE);
         float sc[FP_OCL_SN];
         fp_ocl_tile_dots(sq, skv, sc, scratch);
         FP_OCL_UNROLL
         for (int e = 0; e < FP_OCL_SN; e++) {
             int r, c;
-            const int seen = fp_ocl_s_seen(&a, &s, e, i0, rows, j0, cols, &r, &c);
+            /* a key of a page out of range is masked (its row was zero-filled) */
+            const int seen = fp_ocl_s_seen(&a, &s, e, i0, rows, j0, cols, &r, &c) &&
+                             (!a.paged || fp_ocl_row_at(&a, &kr, j0 + c) >= 0);
             if (c < T)
                 ss[r * LS + c] =
                     seen ? fp_score_transform(sc[e] * a.scale, a.softcap, slope,
@@ -322,7 +350,7 @@ fp_ocl_forward(const fp_ocl_args a, __global const fp_elem *q, __global const fp
         }
         barrier(CLK_LOCAL_MEM_FENCE); /* P and alpha written; every reader of K is done */
         if (!FP_OCL_KV_APART) {
-            fp_ocl_load_tile(sv, v, v0, a.v.s[1], a.v.s[3], j0, cols, hd);
+            fp_ocl_load_tile(sv, v, &a, &vr, j0, cols, hd);
             barrier(CLK_LOCAL_MEM_FENCE);
         }
         FP_OCL_UNROLL
@@ -387,10 +415,12 @@ FP_OCL_INLINE void fp_ocl_load_query_side(const fp_ocl_args *a, const fp_ocl_seq
                                           __local float *srow)
 {
     const int tid = get_local_id(0), hd = (int)a->head_dim;
-    fp_ocl_load_tile(sq, q, fp_ocl_row0(a->q, b, s->q_start, h), a->q.s[1], a->q.s[3], i0, rows,
-                     hd);
-    fp_ocl_load_tile(sdo, dout, fp_ocl_row0(a->dout, b, s->q_start, h), a->dout.s[1], a->dout.s[3],
-                     i0, rows, hd);
+    const fp_ocl_rows qr =
+        fp_ocl_dense_rows(fp_ocl_row0(a->q, b, s->q_start, h), a->q.s[1], a->q.s[3]);
+    const fp_ocl_rows dor =
+        fp_ocl_dense_rows(fp_ocl_row0(a->dout, b, s->q_start, h), a->dout.s[1], a->dout.s[3]);
+    fp_ocl_load_tile(sq, q, a, &qr, i0, rows, hd);
+    fp_ocl_load_tile(sdo, dout, a, &dor, i0, rows, hd);
     if (tid < T)
         srow[tid] = tid < rows ? lse[fp_ocl_lse_at(a, b, h, s->q_start + i0 + tid)] : -INFINITY;
 }
@@ -400,8 +430,9 @@ fp_ocl_backward_dq(const fp_ocl_args a, __global const fp_elem *q, __global cons
                    __global const fp_elem *v, __global const fp_elem *o, __global const float *lse,
                    __global const fp_elem *dout, __global fp_elem *dq, __global float *delta,
                    __global const int *cu_q, __global const int *cu_k, __global const float *alibi,
-                   __local fp_tile *sq_arg, __local fp_tile *sdo_arg, __local fp_tile *sk_arg,
-                   __local fp_tile *sv_arg, __local float *sds_arg, __local float *srow_arg)
+                   __global const int *used, __local fp_tile *sq_arg, __local fp_tile *sdo_arg,
+                   __local fp_tile *sk_arg, __local fp_tile *sv_arg, __local float *sds_arg,
+                   __local float *srow_arg)
 {
     __local fp_tile *sq = FP_OCL_ALIGN16(fp_tile, sq_arg), *sdo = FP_OCL_ALIGN16(fp_tile, sdo_arg);
     __local fp_tile *sk = FP_OCL_ALIGN16(fp_tile, sk_arg), *sv = FP_OCL_ALIGN16(fp_tile, sv_arg);
@@ -409,14 +440,15 @@ fp_ocl_backward_dq(const fp_ocl_args a, __global const fp_elem *q, __global cons
     __local float scratch[FP_OCL_SCRATCH];
     const int tid = get_local_id(0), hd = (int)a.head_dim;
     const long h = get_group_id(1), b = get_group_id(2);
-    const fp_ocl_seq s = fp_ocl_seq_of(&a, cu_q, cu_k, b);
+    const fp_ocl_seq s = fp_ocl_seq_of(&a, cu_q, cu_k, used, b);
     const long i0 = (long)get_group_id(0) * T;
     if (i0 >= s.nq)
         return;
     const int rows = (int)min((long)T, s.nq - i0);
     const long hk = h / (a.heads / a.kv_heads);
     const float slope = a.has_alibi ? alibi[a.alibi_off + h] : 0.0f;
-    const long k0 = fp_ocl_row0(a.k, b, s.k_start, hk), v0 = fp_ocl_row0(a.v, b, s.k_start, hk);
+    const fp_ocl_rows kr = fp_ocl_dense_keys(a.k, &s, b, hk);
+    const fp_ocl_rows vr = fp_ocl_dense_keys(a.v, &s, b, hk);
 
     fp_ocl_load_query_side(&a, &s, b, h, i0, rows, q, dout, lse, sq, sdo, srow);
     barrier(CLK_LOCAL_MEM_FENCE);
@@ -436,8 +468,8 @@ fp_ocl_backward_dq(const fp_ocl_args a, __global const fp_elem *q, __global cons
     for (long j0 = lo < hi ? lo / T * T : hi; j0 < hi; j0 += T) {
         const int cols = (int)min((long)T, s.nk - j0);
         barrier(CLK_LOCAL_MEM_FENCE);
-        fp_ocl_load_tile(sk, k, k0, a.k.s[1], a.k.s[3], j0, cols, hd);
-        fp_ocl_load_tile(sv, v, v0, a.v.s[1], a.v.s[3], j0, cols, hd);
+        fp_ocl_load_tile(sk, k, &a, &kr, j0, cols, hd);
+        fp_ocl_load_tile(sv, v, &a, &vr, j0, cols, hd);
         barrier(CLK_LOCAL_MEM_FENCE);
         fp_ocl_grad_scores(&a, &s, slope, i0, rows, j0, cols, sq, sdo, sk, sv, srow, 0, sds, sds,
                            scratch);
@@ -454,9 +486,9 @@ fp_ocl_backward_dkdv(const fp_ocl_args a, __global const fp_elem *q, __global co
                      __global const fp_elem *dout, __global fp_elem *dk, __global fp_elem *dv,
                      __global const float *delta, __global const int *cu_q,
                      __global const int *cu_k, __global const float *alibi,
-                     __local fp_tile *sq_arg, __local fp_tile *sdo_arg, __local fp_tile *sk_arg,
-                     __local fp_tile *sv_arg, __local float *sp_arg, __local float *sds_arg,
-                     __local float *srow_arg)
+                     __global const int *used, __local fp_tile *sq_arg, __local fp_tile *sdo_arg,
+                     __local fp_tile *sk_arg, __local fp_tile *sv_arg, __local float *sp_arg,
+                     __local float *sds_arg, __local float *srow_arg)
 {
     __local fp_tile *sq = FP_OCL_ALIGN16(fp_tile, sq_arg), *sdo = FP_OCL_ALIGN16(fp_tile, sdo_arg);
     __local fp_tile *sk = FP_OCL_ALIGN16(fp_tile, sk_arg), *sv = FP_OCL_ALIGN16(fp_tile, sv_arg);
@@ -465,20 +497,25 @@ fp_ocl_backward_dkdv(const fp_ocl_args a, __global const fp_elem *q, __global co
     __local float scratch[FP_OCL_SCRATCH];
     const int tid = get_local_id(0), hd = (int)a.head_dim;
     const long hk = get_group_id(1), b = get_group_id(2);
-    const fp_ocl_seq s = fp_ocl_seq_of(&a, cu_q, cu_k, b);
+    const fp_ocl_seq s = fp_ocl_seq_of(&a, cu_q, cu_k, used, b);
     const long j0 = (long)get_group_id(0) * T;
-    if (j0 >= s.nk)
+    if (j0 >= s.k_cap)
         return;
-    const int cols = (int)min((long)T, s.nk - j0);
+    /* The block's keys in use: none where the block lies past seqused_k, whose dK and dV rows
+     * are then stored as zeros, as are rows [nk, k_cap) of the block that holds the last used
+     * key (zero-filled and masked, they gather nothing). */
+    const int cols = (int)clamp(s.nk - j0, 0L, (long)T), stored = (int)min((long)T, s.k_cap - j0);
     const long group = a.heads / a.kv_heads;
+    const fp_ocl_rows kr = fp_ocl_dense_keys(a.k, &s, b, hk);
+    const fp_ocl_rows vr = fp_ocl_dense_keys(a.v, &s, b, hk);
 
-    fp_ocl_load_tile(sk, k, fp_ocl_row0(a.k, b, s.k_start, hk), a.k.s[1], a.k.s[3], j0, cols, hd);
-    fp_ocl_load_tile(sv, v, fp_ocl_row0(a.v, b, s.k_start, hk), a.v.s[1], a.v.s[3], j0, cols, hd);
+    fp_ocl_load_tile(sk, k, &a, &kr, j0, cols, hd);
+    fp_ocl_load_tile(sv, v, &a, &vr, j0, cols, hd);
     float acc_k[FP_OCL_ON], acc_v[FP_OCL_ON]; /* rows: keys of the block */
     fp_ocl_zero(acc_k);
     fp_ocl_zero(acc_v);
 
-    for (long h = hk * group; h < (hk + 1) * group; h++) {
+    for (long h = hk * group; cols > 0 && h < (hk + 1) * group; h++) {
         const float slope = a.has_alibi ? alibi[a.alibi_off + h] : 0.0f;
         for (long i0 = 0; i0 < s.nq; i0 += T) {
             const int rows = (int)min((long)T, s.nq - i0);
@@ -498,8 +535,8 @@ fp_ocl_backward_dkdv(const fp_ocl_args a, __global const fp_elem *q, __global co
             fp_ocl_tile_mm(sds, 1, sq, rows, acc_k, scratch);
         }
     }
-    fp_ocl_store_tile(dk, fp_ocl_row0(a.dk, b, s.k_start + j0, hk), a.dk.s[1], a.dk.s[3], cols, hd,
-                      acc_k, srow, 0, 1.0f);
-    fp_ocl_store_tile(dv, fp_ocl_row0(a.dv, b, s.k_start + j0, hk), a.dv.s[1], a.dv.s[3], cols, hd,
-                      acc_v, srow, 0, 1.0f);
+    fp_ocl_store_tile(dk, fp_ocl_row0(a.dk, b, s.k_start + j0, hk), a.dk.s[1], a.dk.s[3], stored,
+                      hd, acc_k, srow, 0, 1.0f);
+    fp_ocl_store_tile(dv, fp_ocl_row0(a.dv, b, s.k_start + j0, hk), a.dv.s[1], a.dv.s[3], stored,
+                      hd, acc_v, srow, 0, 1.0f);
 }

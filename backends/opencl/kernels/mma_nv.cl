@@ -73,18 +73,22 @@ typedef ushort fp_tile;
 
 /* fp_ocl_load_tile's copy 16 bytes (8 elements) a work-item at a time where the slice allows it:
  * dims contiguous, hd a multiple of 8 and every row 16-byte aligned (the usual [B, N, H, D]
- * layout); the storage bits go to the tile unchanged. 0 when it does not (the element-wise copy
- * serves). The tile's rows (pitch D + 2) are only 4-byte aligned, hence four 32-bit stores. */
-FP_OCL_INLINE int fp_ocl_load_tile16(__local fp_tile *t, __global const fp_elem *x, long row0,
-                                     long srow, long sdim, long r0, int n, int hd)
+ * layout, dense or paged); the storage bits go to the tile unchanged. 0 when it does not (the
+ * element-wise copy serves). The tile's rows (pitch D + 2) are only 4-byte aligned, hence four
+ * 32-bit stores. A paged row's page is looked up once per 8 elements (fp_ocl_row_at). */
+FP_OCL_INLINE int fp_ocl_load_tile16(__local fp_tile *t, __global const fp_elem *x,
+                                     const fp_ocl_args *a, const fp_ocl_rows *src, long r0, int n,
+                                     int hd)
 {
-    if (sdim != 1 || hd % 8 != 0 || row0 % 8 != 0 || srow % 8 != 0)
+    if (src->sdim != 1 || hd % 8 != 0 || src->row0 % 8 != 0 || src->srow % 8 != 0 ||
+        src->spage % 8 != 0)
         return 0;
     for (int e = get_local_id(0); e < T * (D / 8); e += FP_OCL_WG) {
         const int r = e / (D / 8), d = (e - r * (D / 8)) * 8;
+        const long at = r < n && d < hd ? fp_ocl_row_at(a, src, r0 + r) : -1;
         uint4 v = (uint4)(0);
-        if (r < n && d < hd)
-            v = *(__global const uint4 *)((__global const ushort *)x + row0 + (r0 + r) * srow + d);
+        if (at >= 0)
+            v = *(__global const uint4 *)((__global const ushort *)x + at + d);
         __local uint *dst = (__local uint *)(t + r * LD + d);
         dst[0] = v.x;
         dst[1] = v.y;

@@ -9,6 +9,10 @@ typedef long int64_t;
 typedef int int32_t;
 typedef uint uint32_t;
 
+/* core/geometry.h's device arrays (cu_seqlens, seqused_k, the block table) are kernel arguments,
+ * in the __global address space (an unqualified pointer is __private in OpenCL C 1.2). */
+#define FP_GLOBAL __global
+
 #define expf exp
 #define exp2f exp2
 #define logf log

@@ -1,7 +1,9 @@
 /*
  * The compile-time shape of one OpenCL program (ocl_attention.c builds one per dtype, head-dim
  * class, tile and variant): the storage type and the tile geometry, shared by the micro-tile
- * policies (flash.cl's plain one, mma_nv.cl's tensor-core one) and the kernels of flash.cl.
+ * policies (flash.cl's plain one, mma_nv.cl's tensor-core one) and the kernels of flash.cl; and
+ * where the rows of a tile's source lie (dense, or a paged KV cache), which both policies' tile
+ * copies follow.
  *
  * Storage: FP_OCL_DTYPE 0 f32, 1 f16 (vload_half / vstore_half_rte, so cl_khr_fp16 is not
  * needed), 2 bf16 (ushort bits); arithmetic is f32 in every case.
@@ -55,3 +57,28 @@ static inline ushort fp_ocl_to_bf16(float f)
 #define FP_OCL_INLINE static inline
 #define FP_OCL_UNROLL
 #endif
+
+/* Where the rows of a [seq, dim] slice lie: row t at row0 + t srow; or, on a paged KV cache
+ * (paged), row t % page_size of the page that core/geometry.h's fp_paged_page gives for
+ * sequence b's logical key t, row0 then being the element of page 0, row 0 (the kv head folded
+ * in) and spage the page stride. Head-dim elements are sdim apart. */
+typedef struct fp_ocl_rows {
+    long row0, srow, sdim, spage, paged, b;
+    __global const int *bt; /* paged: the block table (its offset applied) */
+} fp_ocl_rows;
+
+FP_OCL_INLINE fp_ocl_rows fp_ocl_dense_rows(long row0, long srow, long sdim)
+{
+    fp_ocl_rows x = {row0, srow, sdim, 0, 0, 0, 0};
+    return x;
+}
+
+/* The element of row t, dim 0, or -1 where t lies in a page whose block-table entry is outside
+ * [0, num_pages): such a page is never dereferenced, its keys are masked (include/flashport.h). */
+FP_OCL_INLINE long fp_ocl_row_at(const fp_ocl_args *a, const fp_ocl_rows *x, long t)
+{
+    if (!x->paged)
+        return x->row0 + t * x->srow;
+    const long pg = fp_paged_page(x->bt, a->bt_stride, a->page_size, a->num_pages, (int)x->b, t);
+    return pg < 0 ? -1 : x->row0 + pg * x->spage + (t % a->page_size) * x->srow;
+}

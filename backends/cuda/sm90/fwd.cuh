@@ -43,10 +43,10 @@
  * e4m3 from registers; descale_q descale_k ride on the scale, descale_v on the final 1 / l; O (f16
  * or bf16) is stored from registers.
  *
- * Configurations (BM x BN, stages; 2 consumer warpgroups in ping-pong, 384 threads, one block
- * per SM; LAZY: O is rescaled only when a row maximum grows by more than 2^8):
- *   DK = 64: 128 x 128, 2;  DK = 128: 128 x 128, 2, LAZY;  DK = 192: 128 x 96, 2, LAZY;
- *   DK = 256: 128 x 80, 2, LAZY;  fp8: DK = 128: 128 x 128, 2, LAZY;  DK = 256: 128 x 96, 2,
+ * Configurations (fp_sm90_cfg, sm90/fwd_config.cuh; BM x BN, stages; 2 consumer warpgroups in
+ * ping-pong, 384 threads, one block per SM; LAZY: O is rescaled only when a row maximum grows by
+ * more than 2^8): DK = 64: 128 x 128, 2;  DK = 128: 128 x 128, 2, LAZY;  DK = 192: 128 x 96, 2,
+ * LAZY; DK = 256: 128 x 80, 2, LAZY;  fp8: DK = 128: 128 x 128, 2, LAZY;  DK = 256: 128 x 96, 2,
  *   LAZY.
  * Head dims that are multiples of 8 run on the next larger DK; TMA reads the columns past D as
  * zeros. Split-KV (chosen by core/plan.h for shapes that leave SMs idle) writes f32 partials
@@ -60,12 +60,19 @@
  * Differences from the reference: P is rounded to f16/bf16 before P V (the row sum uses the
  * unrounded P); exp2, 1/l and log2 are the hardware approximations.
  * Numbers: docs/performance.md.
+ *
+ * This header holds the kernel and its launch (fp_sm90_fwd_family, sm90/fwd_config.cuh); one file
+ * per head dim instantiates them (sm90/inst/fwd_d64.cu ... fwd_d256.cu, f16 and bf16;
+ * fwd_d128_e4m3.cu, fwd_d256_e4m3.cu, e4m3 inputs), the launcher is sm90/fwd.cu.
  */
+#ifndef FLASHPORT_BACKENDS_CUDA_SM90_FWD_CUH
+#define FLASHPORT_BACKENDS_CUDA_SM90_FWD_CUH
+
 #include "backends/cuda/cuda_internal.h"
-#include "backends/cuda/dispatch.cuh"
 #include "backends/cuda/sm80/common.cuh"
 #include "backends/cuda/ptx/sm90.cuh"
 #include "backends/cuda/sm90/common.cuh"
+#include "backends/cuda/sm90/fwd_config.cuh"
 
 #include "core/plan.h"
 #include "core/problem.h"
@@ -73,53 +80,6 @@
 #include <limits.h>
 #include <math.h>
 #include <stdio.h>
-#include <stdlib.h>
-
-enum {
-    FP_SM90_BM = 128,
-    FP_SM90_THREADS = 384,
-    FP_SM90_CONSUMER_THREADS = 256,
-    FP_SM90_PREPARERS = 96 /* the producer warpgroup's warps 1 .. 3 */
-};
-
-/* One kernel configuration: head dim DK (the kernel's; a multiple of 64), key block BN, ST
- * K / V stages, LAZY rescale (see FP_SM90_RESCALE_SLACK). */
-template <int DK_, int BN_, int ST_, bool LAZY_> struct fp_sm90_cfg {
-    static constexpr int DK = DK_, BN = BN_, ST = ST_;
-    static constexpr bool LAZY = LAZY_;
-    static_assert(DK % 64 == 0 && BN % 16 == 0 && BN <= 256, "tile shape");
-    static constexpr int VT_PANELS = (BN + 127) / 128; /* fp8: 128-key panels of V^T */
-    /* Q tiles for inputs of eb bytes: one, or in the persistent kernel two where they fit beside
-     * the stages (the producer loads a block's next tile's Q while the consumers work on its
-     * current one) */
-    __host__ __device__ static constexpr int q_tiles(int eb, bool persist)
-    {
-        return persist && DK * eb <= 256 ? 2 : 1;
-    }
-    /* Shared memory for inputs of eb bytes: the Q tiles, ST K stages, ST V stages (fp8: and ST
-     * V^T stages of DK rows x 128 bytes), the mbarriers (fp_sm90f_bars), and 1024 bytes of
-     * slack to align the tiles to the swizzle atom */
-    static constexpr size_t smem(int eb, bool persist)
-    {
-        return (size_t)(q_tiles(eb, persist) * FP_SM90_BM + 2 * ST * BN) * DK * eb +
-               (eb == 1 ? (size_t)ST * VT_PANELS * DK * 128 + (4 + 6 * ST) * 8 : (4 + 5 * ST) * 8) +
-               1024;
-    }
-    static constexpr size_t SMEM = smem(2, false);
-};
-
-/* The configurations, by the kernel's head dim. The rest of each choice was timed against
- * alternatives on the H200 (docs/bench/archive/README.md): at DK = 256 the Q K^T wgmma with N = 64
- * reads shared memory as fast as it multiplies, N = 80 does not; LAZY pays at DK >= 128, where a
- * rescale touches more of O, and costs at DK = 64. */
-typedef fp_sm90_cfg<64, 128, 2, false> fp_sm90_fwd_d64;
-typedef fp_sm90_cfg<128, 128, 2, true> fp_sm90_fwd_d128;
-typedef fp_sm90_cfg<192, 96, 2, true> fp_sm90_fwd_d192;
-typedef fp_sm90_cfg<256, 80, 2, true> fp_sm90_fwd_d256;
-/* fp8 (e4m3) inputs: the P V product reads V^T (DK rows of BN keys, in panels of 128 keys),
- * so BN is a multiple of 32 (wgmma's fp8 K); head dims up to 128 run on DK = 128. */
-typedef fp_sm90_cfg<128, 128, 2, true> fp_sm90_fwd8_d128;
-typedef fp_sm90_cfg<256, 96, 2, true> fp_sm90_fwd8_d256;
 
 /* LAZY: O and l are rescaled only when a row's block maximum exceeds the maximum its
  * exponentials use by more than this (log2 units; P stays <= 2^8, within f16), as the sm80
@@ -1103,65 +1063,6 @@ __global__ void __launch_bounds__(FP_SM90_THREADS, 1)
 
 /* ---- host ---------------------------------------------------------------------------------- */
 
-/* The forward's grid: blocks = 0, the kernel of one block per tile; else the persistent
- * kernel on `blocks` blocks (one per SM), walking its tiles statically (every tile costs the
- * same: no causal mask or window, no varlen or seqused_k) or claiming them (dynamic), in
- * chunks of `chunk` (head, batch x split) pairs. */
-typedef struct fp_sm90_fwd_grid {
-    int64_t blocks;
-    bool dynamic;
-    int chunk;
-} fp_sm90_fwd_grid;
-
-/* The grid for a problem of `tiles` tiles over `pairs` (head, batch x split) pairs, whose key
- * blocks number key_blocks (the most one tile visits), inputs of eb bytes. The
- * persistent kernel overlaps a block's next tile's loads with its current tile's last products
- * and its store, and no block is launched or retired between tiles; its loop over tiles costs
- * the consumers' main loop registers, so it pays only where tiles are short and outnumber the
- * SMs: at most 8 key blocks where every tile costs the same, at most FP_SM90_CLAIM_KEYS keys
- * (Nk) where costs differ (causal masks, windows, varlen). There the blocks claim tiles as they
- * free up, the costliest of a chunk first, so that they end together; a chunk holds the pairs whose
- * K and V fit in FP_SM90_CHUNK_BYTES of L2, so that the query blocks of a pair, which run at
- * different times, find them there. FLASHPORT_CUDA_SM90_FWD_GRID=N (read at each call, for tests
- * and A/B timings) forces the persistent kernel on a grid of at most N blocks for every problem, 0
- * the kernel of one block per tile; FLASHPORT_CUDA_SM90_FWD_CHUNK=C forces chunks of C pairs,
- * FLASHPORT_CUDA_SM90_FWD_HANDOFF=0 turns the consumers' turn handoff between tiles off; any
- * other value (e.g. "auto") leaves the choice to the rule. */
-#define FP_SM90_CHUNK_BYTES (16u << 20)
-#define FP_SM90_CLAIM_KEYS  2048
-static long long fp_sm90_env_count(const char *name)
-{
-    const char *v = getenv(name);
-    char *end = NULL;
-    const long long n = v ? strtoll(v, &end, 10) : -1;
-    return v && end != v && *end == '\0' && n >= 0 ? n : -1;
-}
-
-static fp_sm90_fwd_grid fp_sm90_fwd_grid_of(const fp_cuda_ctx *ctx, const fp_problem *p,
-                                            int64_t tiles, int64_t pairs, int64_t key_blocks,
-                                            int64_t eb)
-{
-    const bool uniform = p->window_left < 0 && p->window_right < 0 && !p->varlen && !p->seqused_k;
-    fp_sm90_fwd_grid g;
-    const long long force = fp_sm90_env_count("FLASHPORT_CUDA_SM90_FWD_GRID");
-    if (force >= 0)
-        g.blocks = force < tiles ? force : tiles;
-    else
-        g.blocks =
-            tiles > ctx->sm_count && (uniform ? key_blocks <= 8 : p->seqlen_k <= FP_SM90_CLAIM_KEYS)
-                ? ctx->sm_count
-                : 0;
-    g.dynamic = g.blocks > 0 && !uniform;
-    const int64_t group = p->heads / p->kv_heads;
-    const int64_t pair_bytes = 2 * p->seqlen_k * p->head_dim * eb / (group > 0 ? group : 1);
-    const long long chunk = fp_sm90_env_count("FLASHPORT_CUDA_SM90_FWD_CHUNK");
-    int64_t c = chunk > 0   ? chunk
-                : g.dynamic ? (int64_t)FP_SM90_CHUNK_BYTES / (pair_bytes > 0 ? pair_bytes : 1)
-                            : 1;
-    g.chunk = (int)(c < 1 ? 1 : c > pairs ? pairs : c);
-    return g;
-}
-
 /* Launches one of the forward kernels on `grid` */
 template <typename TI, typename TO, typename CFG, bool PERSIST>
 static cudaError_t fp_sm90_fwd_start(dim3 grid, cudaStream_t stream, const fp_sm90_fwd_params &prm)
@@ -1294,82 +1195,15 @@ static flashport_status fp_sm90_run(const fp_cuda_ctx *ctx, const fp_problem *p,
     return fp_sm90_launch<TI, TO, CFG>(ctx, p, prm, why, ws, NULL);
 }
 
-/* The configuration of a head-dim class (backends/cuda/dispatch.cuh): f16 / bf16 inputs, and
- * fp8 e4m3 inputs (FP8) */
-template <int DK, bool FP8> struct fp_sm90_fwd_cfg_of;
-template <> struct fp_sm90_fwd_cfg_of<64, false> {
-    typedef fp_sm90_fwd_d64 type;
-};
-template <> struct fp_sm90_fwd_cfg_of<128, false> {
-    typedef fp_sm90_fwd_d128 type;
-};
-template <> struct fp_sm90_fwd_cfg_of<192, false> {
-    typedef fp_sm90_fwd_d192 type;
-};
-template <> struct fp_sm90_fwd_cfg_of<256, false> {
-    typedef fp_sm90_fwd_d256 type;
-};
-template <> struct fp_sm90_fwd_cfg_of<128, true> {
-    typedef fp_sm90_fwd8_d128 type;
-};
-template <> struct fp_sm90_fwd_cfg_of<256, true> {
-    typedef fp_sm90_fwd8_d256 type;
-};
-
-/* The driver's cuTensorMapEncodeTiled, through the runtime (the plugin links no libcuda). */
-extern "C" void fp_cuda_sm90_init(fp_cuda_ctx *ctx)
+/* The launch of a head-dim class's kernel: the configuration fp_sm90_fwd_cfg_of gives it for
+ * inputs of TI. */
+template <typename TI, typename TO, int DK>
+flashport_status fp_sm90_fwd_family<TI, TO, DK>::run(const fp_cuda_ctx *ctx, const fp_problem *p,
+                                                     const char *why, const char **declined,
+                                                     void *ws, size_t *query)
 {
-    void *fn = NULL;
-    cudaDriverEntryPointQueryResult q;
-    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault,
-                                         &q) != cudaSuccess ||
-        q != cudaDriverEntryPointSuccess)
-        fn = NULL;
-    (void)cudaGetLastError();
-    ctx->encode_tiled = fn;
+    return fp_sm90_run<TI, TO, typename fp_sm90_fwd_cfg_of<DK, sizeof(TI) == 1>::type>(
+        ctx, p, why, declined, ws, query);
 }
 
-extern "C" flashport_status fp_cuda_sm90_forward(const fp_cuda_ctx *ctx, const fp_problem *p,
-                                                 const char *why, const char **declined, void *ws,
-                                                 size_t *query)
-{
-    *declined = NULL;
-    if (query)
-        *query = 0;
-    const bool fp8 = p->dtype == FLASHPORT_FP8_E4M3;
-    if (p->block_table || p->seqused_k || (!fp8 && fp_cuda_decode_wanted(p))) {
-        *declined = p->block_table ? "a paged KV cache runs on the decode kernel"
-                    : p->seqused_k ? "the sm90 path does not read seqused_k"
-                                   : "decode shapes run on the decode kernel";
-        return FLASHPORT_OK;
-    }
-    if (ctx->cc_major != 9 || ctx->cc_minor != 0) {
-        *declined = "the sm90 path needs compute capability 9.0";
-        return FLASHPORT_OK;
-    }
-    if (!ctx->encode_tiled) {
-        *declined = "the driver has no cuTensorMapEncodeTiled";
-        return FLASHPORT_OK;
-    }
-    if (ctx->smem_optin < fp_sm90_fwd_d256::SMEM) {
-        *declined = "the sm90 kernels need more shared memory per block than this device allows";
-        return FLASHPORT_OK;
-    }
-    if (p->dtype == FLASHPORT_FP8_E5M2) {
-        *declined = "the sm90 path has fp8 kernels for e4m3 only";
-        return FLASHPORT_OK;
-    }
-    if (fp8) /* e4m3 inputs; the class's element type is o's */
-        return fp_cuda_dispatch<128, 256>(p->o_dtype, p->head_dim, [&](auto k) {
-            typedef decltype(k) K;
-            return fp_sm90_run<uint8_t, typename K::T,
-                               typename fp_sm90_fwd_cfg_of<K::DK, true>::type>(ctx, p, why,
-                                                                               declined, ws, query);
-        });
-    return fp_cuda_dispatch<64, 128, 192, 256>(p->dtype, p->head_dim, [&](auto k) {
-        typedef decltype(k) K;
-        return fp_sm90_run<typename K::T, typename K::T,
-                           typename fp_sm90_fwd_cfg_of<K::DK, false>::type>(ctx, p, why, declined,
-                                                                            ws, query);
-    });
-}
+#endif /* FLASHPORT_BACKENDS_CUDA_SM90_FWD_CUH */

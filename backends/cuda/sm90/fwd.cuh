@@ -501,6 +501,34 @@ FP_DEV void fp_sm90_fwd_pack_p(uint32_t (&pa)[CFG::BN / fp_sm90f_dims<TI, CFG>::
     }
 }
 
+/* O's rows (this thread's two: r = 0, 1) times their rescale factors alpha */
+template <int DK> FP_DEV void fp_sm90_fwd_rescale_o(float (&o)[DK / 2], const float (&alpha)[2])
+{
+#pragma unroll
+    for (int j = 0; j < DK / 8; ++j) {
+        o[4 * j + 0] *= alpha[0];
+        o[4 * j + 1] *= alpha[0];
+        o[4 * j + 2] *= alpha[1];
+        o[4 * j + 3] *= alpha[1];
+    }
+}
+
+/* The finalize's factors of this thread's rows row_in, row_in + 8 of the warpgroup: their l
+ * summed over the quad, fac = 1 / l (FP8: times descale_v; NaN for the rows the guard marked in
+ * rowbad) and lse = m + log l (natural log; a row that saw nothing: 0 and -inf). */
+template <bool FP8>
+FP_DEV void fp_sm90_fwd_row_scales(fp_softmax_state (&st)[2], const uint8_t *rowbad, int row_in,
+                                   float descale_v, float (&fac)[2], float (&lse)[2])
+{
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+        st[r].l = fp_quad_sum(st[r].l);
+        fac[r] =
+            rowbad[row_in + 8 * r] ? NAN : fp_cuda_out_scale(&st[r]) * (FP8 ? descale_v : 1.0f);
+        lse[r] = fp_cuda_lse_exp2(&st[r]);
+    }
+}
+
 /* The consumers' step on S of the key block from j0 (this thread's rows i_lo, i_lo + 8; t its
  * lane in the quad): softcap / ALiBi (transform), the mask outside the fully visible keys
  * full_lo .. full_hi, row maxima, the online-softmax update of st; S becomes the unrounded P and
@@ -931,15 +959,8 @@ __global__ void __launch_bounds__(FP_SM90_THREADS, 1)
                     fp_wgmma_fence_regs(o);
                     fp_fence_u32(pa);
                     fp_mbar_arrive(bar.pv_empty(ps));
-                    if (rescale) {
-#pragma unroll
-                        for (int j = 0; j < DK / 8; ++j) {
-                            o[4 * j + 0] *= alpha[0];
-                            o[4 * j + 1] *= alpha[0];
-                            o[4 * j + 2] *= alpha[1];
-                            o[4 * j + 3] *= alpha[1];
-                        }
-                    }
+                    if (rescale)
+                        fp_sm90_fwd_rescale_o<DK>(o, alpha);
                     fp_sm90_fwd_pack_p<TI, CFG>(pa, s);
                 }
                 const int last = n - 1;
@@ -958,14 +979,7 @@ __global__ void __launch_bounds__(FP_SM90_THREADS, 1)
              * -inf; rows that saw a non-finite V element: O NaN (the guard). */
             fp_named_bar_sync(1 + w, 128); /* the warpgroup's marks are made */
             float fac[2], lse[2];
-#pragma unroll
-            for (int r = 0; r < 2; ++r) {
-                st[r].l = fp_quad_sum(st[r].l);
-                fac[r] = rowbad[row_in + 8 * r]
-                             ? NAN
-                             : fp_cuda_out_scale(&st[r]) * (FP8 ? prm.descale_v : 1.0f);
-                lse[r] = fp_cuda_lse_exp2(&st[r]);
-            }
+            fp_sm90_fwd_row_scales<FP8>(st, rowbad, row_in, prm.descale_v, fac, lse);
             const int r0 = m0 + 64 * w, nrows = min(64, nq - r0), nch = a.d / 8;
             if (a.splits > 1) {
                 const int64_t rows =

@@ -42,9 +42,8 @@ long long fp_sm90_env_count(const char *name)
     return v && end != v && *end == '\0' && n >= 0 ? n : -1;
 }
 
-fp_sm90_fwd_grid fp_sm90_fwd_grid_of(const fp_cuda_ctx *ctx, const fp_problem *p,
-                                            int64_t tiles, int64_t pairs, int64_t key_blocks,
-                                            int64_t eb)
+fp_sm90_fwd_grid fp_sm90_fwd_grid_of(const fp_cuda_ctx *ctx, const fp_problem *p, int64_t tiles,
+                                     int64_t pairs, int64_t key_blocks, int64_t eb)
 {
     const bool uniform = p->window_left < 0 && p->window_right < 0 && !p->varlen && !p->seqused_k;
     fp_sm90_fwd_grid g;
@@ -113,8 +112,8 @@ extern "C" flashport_status fp_cuda_sm90_forward(const fp_cuda_ctx *ctx, const f
     if (fp8) /* e4m3 inputs; the class's element type is o's */
         return fp_cuda_dispatch<FP_SM90_FWD_E4M3_DK_CLASSES>(p->o_dtype, p->head_dim, [&](auto k) {
             typedef decltype(k) K;
-            return fp_sm90_fwd_family<uint8_t, typename K::T, K::DK>::run(ctx, p, why, declined,
-                                                                          ws, query);
+            return fp_sm90_fwd_family<uint8_t, typename K::T, K::DK>::run(ctx, p, why, declined, ws,
+                                                                          query);
         });
     return fp_cuda_dispatch<FP_SM90_FWD_DK_CLASSES>(p->dtype, p->head_dim, [&](auto k) {
         typedef decltype(k) K;

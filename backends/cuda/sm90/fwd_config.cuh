@@ -85,7 +85,7 @@ template <> struct fp_sm90_fwd_cfg_of<256, true> {
 
 /* The head dims of the kernel classes: f16 / bf16 inputs, and fp8 e4m3 inputs (whose class's
  * element type is o's); problems of smaller head dims run on the next larger. */
-#define FP_SM90_FWD_DK_CLASSES     64, 128, 192, 256
+#define FP_SM90_FWD_DK_CLASSES      64, 128, 192, 256
 #define FP_SM90_FWD_E4M3_DK_CLASSES 128, 256
 
 /* The forward's grid: blocks = 0, the kernel of one block per tile; else the persistent

@@ -26,10 +26,12 @@
  * Key blocks are visited from the last to the first, so for causal masks the blocks that need
  * per-element masking come first and the rest run the unmasked code.
  * The steps, as functions: fp_sm90_fwd_load (the producer's thread 0), fp_sm90_fwd_prepare_v
- * (the V preparers), and the consumers' fp_sm90_fwd_qk, fp_sm90_fwd_softmax, fp_sm90_fwd_pack_p
- * and fp_sm90_fwd_pv; the mbarriers are fp_sm90f_bars. The kernel sets up the block, runs the
- * consumers' loop (the ping-pong turns, the guard's wait, the O rescale) and their store. The
- * rest stays written out in the kernel: moving it changed the machine code (docs/design.md).
+ * (the V preparers), and the consumers' fp_sm90_fwd_qk, fp_sm90_fwd_wait_pv (the P V operand and
+ * the guard's row marks), fp_sm90_fwd_softmax, fp_sm90_fwd_pack_p, fp_sm90_fwd_pv,
+ * fp_sm90_fwd_rescale_o and fp_sm90_fwd_row_scales; the mbarriers, the ring's stages and the
+ * consumers' waits on it are fp_sm90f_bars. The kernel sets up the block, runs the consumers'
+ * loop (the ping-pong turns) and their store. The store stays written out in the kernel: moved
+ * into functions, it changed the machine code (docs/design.md).
  *
  * Tiles are stored as TMA writes them with 128-byte swizzling: a tile of R rows x DK columns is
  * DK / 64 panels of R x 64 elements (128-byte rows, 8-row atoms of 1024 bytes). O is staged in
@@ -315,6 +317,19 @@ template <int ST, bool FP8> struct fp_sm90f_bars {
     {
         return FP8 ? vt_empty(s) : v_empty(s);
     }
+    /* The ring's n-th key block (counted over the block's tiles, as the three roles walk them):
+     * its stage, and the parity of that stage's phase */
+    __device__ __forceinline__ static unsigned stage(unsigned n) { return n % ST; }
+    __device__ __forceinline__ static uint32_t parity(unsigned n) { return (n / ST) & 1; }
+    /* The consumers' waits for the n-th key block's K tile, and its V tile as TMA wrote it */
+    __device__ __forceinline__ void wait_k(unsigned n) const
+    {
+        fp_mbar_wait(k_full(stage(n)), parity(n));
+    }
+    __device__ __forceinline__ void wait_v(unsigned n) const
+    {
+        fp_mbar_wait(v_full(stage(n)), parity(n));
+    }
     /* The parity of stage s's next pv_ready phase, from a bit mask of the stages' parities that
      * the block's walk toggles (the V preparers and the consumers make the same walk). */
     __device__ __forceinline__ static uint32_t pv_phase(uint32_t &bits, int s)
@@ -339,7 +354,7 @@ FP_DEV void fp_sm90_fwd_load(const fp_sm90_fwd_params &prm,
                              int nb_end, int n, unsigned kv, unsigned qc)
 {
     typedef fp_sm90f_dims<TI, CFG> X;
-    constexpr int BM = FP_SM90_BM, BN = CFG::BN, ST = CFG::ST;
+    constexpr int BM = FP_SM90_BM, BN = CFG::BN;
     const bool q_first = QTILES > 1 || qc == 0;
     auto load_q = [&]() {
         const unsigned qt = qc % QTILES, use = qc / QTILES;
@@ -356,8 +371,8 @@ FP_DEV void fp_sm90_fwd_load(const fp_sm90_fwd_params &prm,
 #pragma unroll 1 /* within the producer's 24 registers */
     for (int it = 0; it < n; ++it) {
         const int nb = nb_end - 1 - it;
-        const unsigned s = (kv + it) % ST;
-        const uint32_t ph = ((kv + it) / ST) & 1;
+        const unsigned s = bar.stage(kv + it);
+        const uint32_t ph = bar.parity(kv + it);
         fp_mbar_wait(bar.k_empty(s), ph ^ 1);
         fp_mbar_arrive_expect_tx(bar.k_full(s), X::KV_BYTES);
 #pragma unroll
@@ -387,11 +402,11 @@ FP_DEV void fp_sm90_fwd_prepare_v(const fp_sm90f_bars<CFG::ST, sizeof(TI) == 1> 
                                   int nb_end, int n, unsigned kv, uint32_t &pv_bits, int ptid)
 {
     typedef fp_sm90f_dims<TI, CFG> X;
-    constexpr int DK = CFG::DK, BN = CFG::BN, ST = CFG::ST;
+    constexpr int DK = CFG::DK, BN = CFG::BN;
     for (int it = 0; it < n; ++it) {
         const int nb = nb_end - 1 - it, j0 = nb * BN;
-        const unsigned s = (kv + it) % ST;
-        const uint32_t ph = ((kv + it) / ST) & 1;
+        const unsigned s = bar.stage(kv + it);
+        const uint32_t ph = bar.parity(kv + it);
         /* The masked-key guard (sm80/common.cuh). In a key block that some row of this
          * query block sees only in part (an edge block: the diagonal of a causal mask,
          * a sequence's last block, whose tail TMA fills with the next varlen sequence's
@@ -573,6 +588,53 @@ FP_DEV bool fp_sm90_fwd_softmax(float (&s)[BN / 2], int j0, float (&alpha)[2],
         st[r].l += l;
     }
     return rescale;
+}
+
+/* The consumers' wait for the P V operand of their tile's key block it (the ring's block kv + it;
+ * the tile's key blocks run from nb_end - 1 down): V^T made by the V preparers (fp8), V scrubbed
+ * by them (f16 / bf16 edge blocks: outside the fully visible keys full_lo .. full_hi), or V as
+ * TMA wrote it. In edge blocks, the rows of warpgroup w (from m0 + 64 w) that see a key the guard
+ * flagged in vmask are marked in rowbad (one thread per row, wtid < 64): they end with O = NaN.
+ * Not __forceinline__, and the kernel's values by reference: the compiler simplifies it alone
+ * and then inlines it, as it did the kernel's lambda that this replaces, which keeps the
+ * kernel's machine code (a forced inline changed it). */
+template <int BN>
+static __device__ bool fp_sm90_fwd_block_full(int j0, const int &full_lo, const int &full_hi)
+{
+    return j0 >= full_lo && j0 + BN <= full_hi;
+}
+
+template <typename TI, typename CFG>
+static __device__ void
+fp_sm90_fwd_wait_pv(int it, const unsigned &kv, const int &nb_end, const int &full_lo,
+                    const int &full_hi, const fp_sm90f_bars<CFG::ST, sizeof(TI) == 1> &bar,
+                    uint32_t &pv_bits, const uint32_t (*vmask)[(CFG::BN + 31) / 32],
+                    uint8_t *rowbad, const fp_mask32 &mk, const int &m0, const int &w,
+                    const int &wtid)
+{
+    typedef fp_sm90f_dims<TI, CFG> X;
+    constexpr int BN = CFG::BN;
+    const int stage = bar.stage(kv + it), j0 = (nb_end - 1 - it) * BN;
+    const bool edge = !fp_sm90_fwd_block_full<BN>(j0, full_lo, full_hi);
+    if (X::FP8 || edge)
+        fp_mbar_wait(bar.pv_ready(stage), bar.pv_phase(pv_bits, stage));
+    else
+        bar.wait_v(kv + it);
+    if (!edge)
+        return;
+    const uint32_t *vm = vmask[stage];
+    uint32_t any = 0;
+#pragma unroll
+    for (int i = 0; i < X::VM_WORDS; ++i)
+        any |= vm[i];
+    if (wtid < 64 && any) {
+        const fp_mask_row mr = fp_mask32_row(mk, m0 + 64 * w + wtid, j0);
+        bool bad = false;
+        for (int c = max(mr.lo, 0); c < min(mr.hi, BN); ++c)
+            bad |= ((vm[c >> 5] >> (c & 31)) & 1u) != 0;
+        if (bad)
+            rowbad[64 * w + wtid] = 1;
+    }
 }
 
 /* One work item of the forward, a tile: the query block, head, batch and KV split of tile
@@ -867,7 +929,6 @@ __global__ void __launch_bounds__(FP_SM90_THREADS, 1)
             const unsigned qt = qc % QTILES;                             /* this tile's Q tile */
             const uint32_t q_rows = sq + qt * X::Q_BYTES + 64 * w * 128; /* ours, of panel 0 */
             unsigned char *const gqt = gq + qt * X::Q_BYTES;
-            auto block_full = [&](int j0) { return j0 >= full_lo && j0 + BN <= full_hi; };
             const int i_lo = m0 + row_in;
             const float sc = a.transform ? 1.0f : a.scale_log2;
             fp_sm90_xform xf;
@@ -887,36 +948,13 @@ __global__ void __launch_bounds__(FP_SM90_THREADS, 1)
             fp_softmax_init(&st[0]);
             fp_softmax_init(&st[1]);
 
-            /* Waits until the P V operand of block it_ is ready: V^T made by the V preparers
-             * (fp8), V scrubbed by them (f16 / bf16 edge blocks), or V as TMA wrote it. In edge
-             * blocks, the rows of this warpgroup that see a key the guard flagged are marked
-             * (rowbad, one thread per row): they end with O = NaN. */
             if (PERSIST && k > 0) /* the warpgroup has read the last tile's marks */
                 fp_named_bar_sync(1 + w, 128);
             if (wtid < 64)
                 rowbad[64 * w + wtid] = 0;
             auto wait_pv = [&](int it_) {
-                const int stage = (kv + it_) % ST, j0 = (nb_end - 1 - it_) * BN;
-                const bool edge = !block_full(j0);
-                if (FP8 || edge)
-                    fp_mbar_wait(bar.pv_ready(stage), bar.pv_phase(pv_bits, stage));
-                else
-                    fp_mbar_wait(bar.v_full(stage), ((kv + it_) / ST) & 1);
-                if (!edge)
-                    return;
-                const uint32_t *vm = vmask[stage];
-                uint32_t any = 0;
-#pragma unroll
-                for (int i = 0; i < VM_WORDS; ++i)
-                    any |= vm[i];
-                if (wtid < 64 && any) {
-                    const fp_mask_row mr = fp_mask32_row(mk, m0 + 64 * w + wtid, j0);
-                    bool bad = false;
-                    for (int c = max(mr.lo, 0); c < min(mr.hi, BN); ++c)
-                        bad |= ((vm[c >> 5] >> (c & 31)) & 1u) != 0;
-                    if (bad)
-                        rowbad[64 * w + wtid] = 1;
-                }
+                fp_sm90_fwd_wait_pv<TI, CFG>(it_, kv, nb_end, full_lo, full_hi, bar, pv_bits, vmask,
+                                             rowbad, mk, m0, w, wtid);
             };
 
             if (n > 0) {
@@ -927,12 +965,12 @@ __global__ void __launch_bounds__(FP_SM90_THREADS, 1)
                 uint32_t pa[BN / PK][4];
                 float alpha[2];
                 turn_begin();
-                fp_mbar_wait(bar.k_full(kv % ST), (kv / ST) & 1);
-                fp_sm90_fwd_qk<TI, CFG>(s, q_rows, sk, kv % ST);
+                bar.wait_k(kv);
+                fp_sm90_fwd_qk<TI, CFG>(s, q_rows, sk, bar.stage(kv));
                 turn_end(false, true);
                 fp_wgmma_wait<0>();
                 fp_wgmma_fence_regs(s);
-                fp_mbar_arrive(bar.k_empty(kv % ST));
+                fp_mbar_arrive(bar.k_empty(bar.stage(kv)));
                 if (!STAGE_O && n == 1)
                     fp_mbar_arrive(bar.q_empty(qt));
                 fp_sm90_fwd_softmax<BN, LAZY>(s, (nb_end - 1) * BN, alpha, st, a.transform, xf, mk,
@@ -940,9 +978,9 @@ __global__ void __launch_bounds__(FP_SM90_THREADS, 1)
                 fp_sm90_fwd_pack_p<TI, CFG>(pa, s);
                 for (int it = 1; it < n; ++it) {
                     const int prev = it - 1;
-                    const unsigned cs = (kv + it) % ST, ps = (kv + prev) % ST;
+                    const unsigned cs = bar.stage(kv + it), ps = bar.stage(kv + prev);
                     turn_begin();
-                    fp_mbar_wait(bar.k_full(cs), ((kv + it) / ST) & 1);
+                    bar.wait_k(kv + it);
                     fp_sm90_fwd_qk<TI, CFG>(s, q_rows, sk, cs);
                     wait_pv(prev);
                     fp_sm90_fwd_pv<TI, CFG>(o, pa, sv, svt, ps);
@@ -964,7 +1002,7 @@ __global__ void __launch_bounds__(FP_SM90_THREADS, 1)
                     fp_sm90_fwd_pack_p<TI, CFG>(pa, s);
                 }
                 const int last = n - 1;
-                const unsigned ls = (kv + last) % ST;
+                const unsigned ls = bar.stage(kv + last);
                 opened = HANDOFF && prm.handoff && read_next() < tiles;
                 turn_begin();
                 wait_pv(last);

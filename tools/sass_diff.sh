@@ -18,6 +18,7 @@ split_kernels() { # $1: .so, $2: output dir; one file per (arch, kernel), normal
   mkdir -p "$2"
   "$dump" --dump-sass "$1" | awk -v dir="$2" '
     /code for sm_/ { arch = $NF }
+    /^Fatbin (elf|ptx) code:/ { file = ""; next } # the next section header, not the last kernel
     /Function : / { name = $3; file = dir "/" arch "." name; next }
     file != "" {
       line = $0

@@ -20,8 +20,8 @@
  *
  * Kernels: sm80 path (sm80/fwd.cuh, sm80/bwd.cuh) on compute capability 8.0 and later, f16 and
  * bf16, head dims that are multiples of 8 up to 256; on compute capability 9.0 the forward
- * (sm90/sm90_fwd.cu: TMA + wgmma) and the backward up to head dim 128, not deterministic
- * (sm90/sm90_bwd.cuh) run on the sm90 path where TMA can read the tensors.
+ * (sm90/fwd.cuh: TMA + wgmma) and the backward up to head dim 128, not deterministic
+ * (sm90/bwd.cuh) run on the sm90 path where TMA can read the tensors.
  * FLASHPORT_CUDA_PATH (sm80, sm90, auto; read at each call, for tests and A/B runs) forces a
  * path. f32 is not served (the caps leave it out, so the core answers
  * FLASHPORT_ERR_UNSUPPORTED_DTYPE).

@@ -9,9 +9,11 @@
  *                    ldmatrix / cp.async, instantiated per head dim by sm80/inst/fwd_d*.cu
  *   sm80/bwd.cu      backward launcher and side passes (preprocess, dQ convert); kernels
  *                    (dK/dV + atomic dQ, deterministic dQ): sm80/bwd.cuh, sm80/inst/bwd_d*.cu
- *   sm90/sm90_fwd.cu forward on sm_90a: TMA + wgmma + warp specialization
- *   sm90/sm90_bwd.cu backward launcher on sm_90a; kernel (the same way): sm90/sm90_bwd.cuh,
- *                    sm90/inst/bwd_d*.cu
+ *   sm90/fwd.cu      forward launcher on sm_90a (what the path declines, the persistent grid);
+ *                    kernel (TMA + wgmma + warp specialization): sm90/fwd.cuh, configurations
+ *                    sm90/fwd_config.cuh, sm90/inst/fwd_d*.cu
+ *   sm90/bwd.cu      backward launcher on sm_90a; kernel (the same way): sm90/bwd.cuh,
+ *                    configurations sm90/bwd_config.cuh, sm90/inst/bwd_d*.cu
  *   decode/fwd.cu    decode forward launcher; kernel (GQA-packed rows, split-KV, paged caches,
  *                    every cc >= 8.0): decode/fwd.cuh, decode/inst/fwd_d*.cu
  *   layout.cu        staging of tensors whose rows are not 16-byte aligned

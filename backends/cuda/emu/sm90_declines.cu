@@ -1,7 +1,8 @@
 /*
  * The sm90 path in the CUDA emulator (docs/cuda_emu.md): the emulator has no TMA, mbarrier or
- * wgmma, so run_emu.sh builds this file in place of sm90/sm90_fwd.cu and sm90/sm90_bwd.cu, and
- * the path declines every call (cudaemu runs the sm80 kernels for them).
+ * wgmma, so run_emu.sh builds this file in place of the sm90 launchers and kernels (sm90/fwd.cu,
+ * sm90/bwd.cu and their inst/ files), and the path declines every call (cudaemu runs the sm80
+ * kernels for them).
  */
 #include "backends/cuda/cuda_internal.h"
 

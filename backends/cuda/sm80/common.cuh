@@ -572,7 +572,7 @@ FP_DEV int64_t fp_bwd_ws_row(const fp_sm80_args &a, int b, int h, int64_t i)
 /* The steps of a dK/dV kernel: every query block mb_lo <= mb < mb_end that sees the key block,
  * for each query head of the kv head's group in turn. Walked with counters: a division per step
  * costs about twenty instructions per thread. fp_bwd_next_step walks the query blocks first to
- * last (the sm80 kernels), fp_bwd_prev_step last to first (the sm90 kernel: sm90/sm90_bwd.cuh says
+ * last (the sm80 kernels), fp_bwd_prev_step last to first (the sm90 kernel: sm90/bwd.cuh says
  * why); either moves to the next query head after the last block. */
 FP_DEV void fp_bwd_next_step(int &h, int &mb, int mb_lo, int mb_end)
 {

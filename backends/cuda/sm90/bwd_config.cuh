@@ -1,7 +1,7 @@
 /*
  * The sm90 backward's configurations (fp_sm90_bwd_cfg, one per kernel head dim) and the
- * declaration of its kernel families, which is all the launcher (sm90/sm90_bwd.cu) sees of the
- * kernel: sm90/sm90_bwd.cuh defines them, and one small file per head dim instantiates both
+ * declaration of its kernel families, which is all the launcher (sm90/bwd.cu) sees of the
+ * kernel: sm90/bwd.cuh defines them, and one small file per head dim instantiates both
  * dtypes (sm90/inst/bwd_d64.cu, bwd_d128.cu; backends/cuda/CMakeLists.txt compiles them with
  * their launcher).
  */

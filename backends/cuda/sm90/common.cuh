@@ -1,5 +1,5 @@
 /*
- * What the sm90 kernels (sm90_fwd.cu, sm90_bwd.cu) share: the wgmma instructions by dtype and N,
+ * What the sm90 kernels (sm90/fwd.cuh, sm90/bwd.cuh) share: the wgmma instructions by dtype and N,
  * a register fence, and the TMA descriptors of q/k/v-shaped tensors (host).
  */
 #ifndef FLASHPORT_BACKENDS_CUDA_SM90_COMMON_CUH

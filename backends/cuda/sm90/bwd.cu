@@ -3,7 +3,7 @@
  * *declined and the caller takes the sm80 path) and the head dim's family (fp_sm90_bwd_family,
  * sm90/bwd_config.cuh) launched for the others.
  *
- * The kernel is in sm90/sm90_bwd.cuh (algorithm, configurations, differences from the
+ * The kernel is in sm90/bwd.cuh (algorithm, configurations, differences from the
  * reference), and each head dim's family, f16 and bf16, is instantiated by a small file of its
  * own (sm90/inst/bwd_d64.cu, bwd_d128.cu). This file sees only the families' declarations, so
  * that it and each instantiation file compile alone too (FLASHPORT_CUDA_UNITY=OFF,

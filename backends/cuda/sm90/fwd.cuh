@@ -26,10 +26,12 @@
  * Key blocks are visited from the last to the first, so for causal masks the blocks that need
  * per-element masking come first and the rest run the unmasked code.
  * The steps, as functions: fp_sm90_fwd_load (the producer's thread 0), fp_sm90_fwd_prepare_v
- * (the V preparers), and the consumers' fp_sm90_fwd_qk, fp_sm90_fwd_softmax, fp_sm90_fwd_pack_p
- * and fp_sm90_fwd_pv; the mbarriers are fp_sm90f_bars. The kernel sets up the block, runs the
- * consumers' loop (the ping-pong turns, the guard's wait, the O rescale) and their store. The
- * rest stays written out in the kernel: moving it changed the machine code (docs/design.md).
+ * (the V preparers), and the consumers' fp_sm90_fwd_qk, fp_sm90_fwd_wait_pv (the P V operand and
+ * the guard's row marks), fp_sm90_fwd_softmax, fp_sm90_fwd_pack_p, fp_sm90_fwd_pv,
+ * fp_sm90_fwd_rescale_o and fp_sm90_fwd_row_scales; the mbarriers, the ring's stages and the
+ * consumers' waits on it are fp_sm90f_bars. The kernel sets up the block, runs the consumers'
+ * loop (the ping-pong turns) and their store. The store stays written out in the kernel: moved
+ * into functions, it changed the machine code (docs/design.md).
  *
  * Tiles are stored as TMA writes them with 128-byte swizzling: a tile of R rows x DK columns is
  * DK / 64 panels of R x 64 elements (128-byte rows, 8-row atoms of 1024 bytes). O is staged in
@@ -43,10 +45,10 @@
  * e4m3 from registers; descale_q descale_k ride on the scale, descale_v on the final 1 / l; O (f16
  * or bf16) is stored from registers.
  *
- * Configurations (BM x BN, stages; 2 consumer warpgroups in ping-pong, 384 threads, one block
- * per SM; LAZY: O is rescaled only when a row maximum grows by more than 2^8):
- *   DK = 64: 128 x 128, 2;  DK = 128: 128 x 128, 2, LAZY;  DK = 192: 128 x 96, 2, LAZY;
- *   DK = 256: 128 x 80, 2, LAZY;  fp8: DK = 128: 128 x 128, 2, LAZY;  DK = 256: 128 x 96, 2,
+ * Configurations (fp_sm90_cfg, sm90/fwd_config.cuh; BM x BN, stages; 2 consumer warpgroups in
+ * ping-pong, 384 threads, one block per SM; LAZY: O is rescaled only when a row maximum grows by
+ * more than 2^8): DK = 64: 128 x 128, 2;  DK = 128: 128 x 128, 2, LAZY;  DK = 192: 128 x 96, 2,
+ * LAZY; DK = 256: 128 x 80, 2, LAZY;  fp8: DK = 128: 128 x 128, 2, LAZY;  DK = 256: 128 x 96, 2,
  *   LAZY.
  * Head dims that are multiples of 8 run on the next larger DK; TMA reads the columns past D as
  * zeros. Split-KV (chosen by core/plan.h for shapes that leave SMs idle) writes f32 partials
@@ -60,12 +62,19 @@
  * Differences from the reference: P is rounded to f16/bf16 before P V (the row sum uses the
  * unrounded P); exp2, 1/l and log2 are the hardware approximations.
  * Numbers: docs/performance.md.
+ *
+ * This header holds the kernel and its launch (fp_sm90_fwd_family, sm90/fwd_config.cuh); one file
+ * per head dim instantiates them (sm90/inst/fwd_d64.cu ... fwd_d256.cu, f16 and bf16;
+ * fwd_d128_e4m3.cu, fwd_d256_e4m3.cu, e4m3 inputs), the launcher is sm90/fwd.cu.
  */
+#ifndef FLASHPORT_BACKENDS_CUDA_SM90_FWD_CUH
+#define FLASHPORT_BACKENDS_CUDA_SM90_FWD_CUH
+
 #include "backends/cuda/cuda_internal.h"
-#include "backends/cuda/dispatch.cuh"
 #include "backends/cuda/sm80/common.cuh"
 #include "backends/cuda/ptx/sm90.cuh"
 #include "backends/cuda/sm90/common.cuh"
+#include "backends/cuda/sm90/fwd_config.cuh"
 
 #include "core/plan.h"
 #include "core/problem.h"
@@ -73,53 +82,6 @@
 #include <limits.h>
 #include <math.h>
 #include <stdio.h>
-#include <stdlib.h>
-
-enum {
-    FP_SM90_BM = 128,
-    FP_SM90_THREADS = 384,
-    FP_SM90_CONSUMER_THREADS = 256,
-    FP_SM90_PREPARERS = 96 /* the producer warpgroup's warps 1 .. 3 */
-};
-
-/* One kernel configuration: head dim DK (the kernel's; a multiple of 64), key block BN, ST
- * K / V stages, LAZY rescale (see FP_SM90_RESCALE_SLACK). */
-template <int DK_, int BN_, int ST_, bool LAZY_> struct fp_sm90_cfg {
-    static constexpr int DK = DK_, BN = BN_, ST = ST_;
-    static constexpr bool LAZY = LAZY_;
-    static_assert(DK % 64 == 0 && BN % 16 == 0 && BN <= 256, "tile shape");
-    static constexpr int VT_PANELS = (BN + 127) / 128; /* fp8: 128-key panels of V^T */
-    /* Q tiles for inputs of eb bytes: one, or in the persistent kernel two where they fit beside
-     * the stages (the producer loads a block's next tile's Q while the consumers work on its
-     * current one) */
-    __host__ __device__ static constexpr int q_tiles(int eb, bool persist)
-    {
-        return persist && DK * eb <= 256 ? 2 : 1;
-    }
-    /* Shared memory for inputs of eb bytes: the Q tiles, ST K stages, ST V stages (fp8: and ST
-     * V^T stages of DK rows x 128 bytes), the mbarriers (fp_sm90f_bars), and 1024 bytes of
-     * slack to align the tiles to the swizzle atom */
-    static constexpr size_t smem(int eb, bool persist)
-    {
-        return (size_t)(q_tiles(eb, persist) * FP_SM90_BM + 2 * ST * BN) * DK * eb +
-               (eb == 1 ? (size_t)ST * VT_PANELS * DK * 128 + (4 + 6 * ST) * 8 : (4 + 5 * ST) * 8) +
-               1024;
-    }
-    static constexpr size_t SMEM = smem(2, false);
-};
-
-/* The configurations, by the kernel's head dim. The rest of each choice was timed against
- * alternatives on the H200 (docs/bench/archive/README.md): at DK = 256 the Q K^T wgmma with N = 64
- * reads shared memory as fast as it multiplies, N = 80 does not; LAZY pays at DK >= 128, where a
- * rescale touches more of O, and costs at DK = 64. */
-typedef fp_sm90_cfg<64, 128, 2, false> fp_sm90_fwd_d64;
-typedef fp_sm90_cfg<128, 128, 2, true> fp_sm90_fwd_d128;
-typedef fp_sm90_cfg<192, 96, 2, true> fp_sm90_fwd_d192;
-typedef fp_sm90_cfg<256, 80, 2, true> fp_sm90_fwd_d256;
-/* fp8 (e4m3) inputs: the P V product reads V^T (DK rows of BN keys, in panels of 128 keys),
- * so BN is a multiple of 32 (wgmma's fp8 K); head dims up to 128 run on DK = 128. */
-typedef fp_sm90_cfg<128, 128, 2, true> fp_sm90_fwd8_d128;
-typedef fp_sm90_cfg<256, 96, 2, true> fp_sm90_fwd8_d256;
 
 /* LAZY: O and l are rescaled only when a row's block maximum exceeds the maximum its
  * exponentials use by more than this (log2 units; P stays <= 2^8, within f16), as the sm80
@@ -355,6 +317,19 @@ template <int ST, bool FP8> struct fp_sm90f_bars {
     {
         return FP8 ? vt_empty(s) : v_empty(s);
     }
+    /* The ring's n-th key block (counted over the block's tiles, as the three roles walk them):
+     * its stage, and the parity of that stage's phase */
+    __device__ __forceinline__ static unsigned stage(unsigned n) { return n % ST; }
+    __device__ __forceinline__ static uint32_t parity(unsigned n) { return (n / ST) & 1; }
+    /* The consumers' waits for the n-th key block's K tile, and its V tile as TMA wrote it */
+    __device__ __forceinline__ void wait_k(unsigned n) const
+    {
+        fp_mbar_wait(k_full(stage(n)), parity(n));
+    }
+    __device__ __forceinline__ void wait_v(unsigned n) const
+    {
+        fp_mbar_wait(v_full(stage(n)), parity(n));
+    }
     /* The parity of stage s's next pv_ready phase, from a bit mask of the stages' parities that
      * the block's walk toggles (the V preparers and the consumers make the same walk). */
     __device__ __forceinline__ static uint32_t pv_phase(uint32_t &bits, int s)
@@ -379,7 +354,7 @@ FP_DEV void fp_sm90_fwd_load(const fp_sm90_fwd_params &prm,
                              int nb_end, int n, unsigned kv, unsigned qc)
 {
     typedef fp_sm90f_dims<TI, CFG> X;
-    constexpr int BM = FP_SM90_BM, BN = CFG::BN, ST = CFG::ST;
+    constexpr int BM = FP_SM90_BM, BN = CFG::BN;
     const bool q_first = QTILES > 1 || qc == 0;
     auto load_q = [&]() {
         const unsigned qt = qc % QTILES, use = qc / QTILES;
@@ -396,8 +371,8 @@ FP_DEV void fp_sm90_fwd_load(const fp_sm90_fwd_params &prm,
 #pragma unroll 1 /* within the producer's 24 registers */
     for (int it = 0; it < n; ++it) {
         const int nb = nb_end - 1 - it;
-        const unsigned s = (kv + it) % ST;
-        const uint32_t ph = ((kv + it) / ST) & 1;
+        const unsigned s = bar.stage(kv + it);
+        const uint32_t ph = bar.parity(kv + it);
         fp_mbar_wait(bar.k_empty(s), ph ^ 1);
         fp_mbar_arrive_expect_tx(bar.k_full(s), X::KV_BYTES);
 #pragma unroll
@@ -427,11 +402,11 @@ FP_DEV void fp_sm90_fwd_prepare_v(const fp_sm90f_bars<CFG::ST, sizeof(TI) == 1> 
                                   int nb_end, int n, unsigned kv, uint32_t &pv_bits, int ptid)
 {
     typedef fp_sm90f_dims<TI, CFG> X;
-    constexpr int DK = CFG::DK, BN = CFG::BN, ST = CFG::ST;
+    constexpr int DK = CFG::DK, BN = CFG::BN;
     for (int it = 0; it < n; ++it) {
         const int nb = nb_end - 1 - it, j0 = nb * BN;
-        const unsigned s = (kv + it) % ST;
-        const uint32_t ph = ((kv + it) / ST) & 1;
+        const unsigned s = bar.stage(kv + it);
+        const uint32_t ph = bar.parity(kv + it);
         /* The masked-key guard (sm80/common.cuh). In a key block that some row of this
          * query block sees only in part (an edge block: the diagonal of a causal mask,
          * a sequence's last block, whose tail TMA fills with the next varlen sequence's
@@ -541,6 +516,34 @@ FP_DEV void fp_sm90_fwd_pack_p(uint32_t (&pa)[CFG::BN / fp_sm90f_dims<TI, CFG>::
     }
 }
 
+/* O's rows (this thread's two: r = 0, 1) times their rescale factors alpha */
+template <int DK> FP_DEV void fp_sm90_fwd_rescale_o(float (&o)[DK / 2], const float (&alpha)[2])
+{
+#pragma unroll
+    for (int j = 0; j < DK / 8; ++j) {
+        o[4 * j + 0] *= alpha[0];
+        o[4 * j + 1] *= alpha[0];
+        o[4 * j + 2] *= alpha[1];
+        o[4 * j + 3] *= alpha[1];
+    }
+}
+
+/* The finalize's factors of this thread's rows row_in, row_in + 8 of the warpgroup: their l
+ * summed over the quad, fac = 1 / l (FP8: times descale_v; NaN for the rows the guard marked in
+ * rowbad) and lse = m + log l (natural log; a row that saw nothing: 0 and -inf). */
+template <bool FP8>
+FP_DEV void fp_sm90_fwd_row_scales(fp_softmax_state (&st)[2], const uint8_t *rowbad, int row_in,
+                                   float descale_v, float (&fac)[2], float (&lse)[2])
+{
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+        st[r].l = fp_quad_sum(st[r].l);
+        fac[r] =
+            rowbad[row_in + 8 * r] ? NAN : fp_cuda_out_scale(&st[r]) * (FP8 ? descale_v : 1.0f);
+        lse[r] = fp_cuda_lse_exp2(&st[r]);
+    }
+}
+
 /* The consumers' step on S of the key block from j0 (this thread's rows i_lo, i_lo + 8; t its
  * lane in the quad): softcap / ALiBi (transform), the mask outside the fully visible keys
  * full_lo .. full_hi, row maxima, the online-softmax update of st; S becomes the unrounded P and
@@ -585,6 +588,53 @@ FP_DEV bool fp_sm90_fwd_softmax(float (&s)[BN / 2], int j0, float (&alpha)[2],
         st[r].l += l;
     }
     return rescale;
+}
+
+/* The consumers' wait for the P V operand of their tile's key block it (the ring's block kv + it;
+ * the tile's key blocks run from nb_end - 1 down): V^T made by the V preparers (fp8), V scrubbed
+ * by them (f16 / bf16 edge blocks: outside the fully visible keys full_lo .. full_hi), or V as
+ * TMA wrote it. In edge blocks, the rows of warpgroup w (from m0 + 64 w) that see a key the guard
+ * flagged in vmask are marked in rowbad (one thread per row, wtid < 64): they end with O = NaN.
+ * Not __forceinline__, and the kernel's values by reference: the compiler simplifies it alone
+ * and then inlines it, as it did the kernel's lambda that this replaces, which keeps the
+ * kernel's machine code (a forced inline changed it). */
+template <int BN>
+static __device__ bool fp_sm90_fwd_block_full(int j0, const int &full_lo, const int &full_hi)
+{
+    return j0 >= full_lo && j0 + BN <= full_hi;
+}
+
+template <typename TI, typename CFG>
+static __device__ void
+fp_sm90_fwd_wait_pv(int it, const unsigned &kv, const int &nb_end, const int &full_lo,
+                    const int &full_hi, const fp_sm90f_bars<CFG::ST, sizeof(TI) == 1> &bar,
+                    uint32_t &pv_bits, const uint32_t (*vmask)[(CFG::BN + 31) / 32],
+                    uint8_t *rowbad, const fp_mask32 &mk, const int &m0, const int &w,
+                    const int &wtid)
+{
+    typedef fp_sm90f_dims<TI, CFG> X;
+    constexpr int BN = CFG::BN;
+    const int stage = bar.stage(kv + it), j0 = (nb_end - 1 - it) * BN;
+    const bool edge = !fp_sm90_fwd_block_full<BN>(j0, full_lo, full_hi);
+    if (X::FP8 || edge)
+        fp_mbar_wait(bar.pv_ready(stage), bar.pv_phase(pv_bits, stage));
+    else
+        bar.wait_v(kv + it);
+    if (!edge)
+        return;
+    const uint32_t *vm = vmask[stage];
+    uint32_t any = 0;
+#pragma unroll
+    for (int i = 0; i < X::VM_WORDS; ++i)
+        any |= vm[i];
+    if (wtid < 64 && any) {
+        const fp_mask_row mr = fp_mask32_row(mk, m0 + 64 * w + wtid, j0);
+        bool bad = false;
+        for (int c = max(mr.lo, 0); c < min(mr.hi, BN); ++c)
+            bad |= ((vm[c >> 5] >> (c & 31)) & 1u) != 0;
+        if (bad)
+            rowbad[64 * w + wtid] = 1;
+    }
 }
 
 /* One work item of the forward, a tile: the query block, head, batch and KV split of tile
@@ -879,7 +929,6 @@ __global__ void __launch_bounds__(FP_SM90_THREADS, 1)
             const unsigned qt = qc % QTILES;                             /* this tile's Q tile */
             const uint32_t q_rows = sq + qt * X::Q_BYTES + 64 * w * 128; /* ours, of panel 0 */
             unsigned char *const gqt = gq + qt * X::Q_BYTES;
-            auto block_full = [&](int j0) { return j0 >= full_lo && j0 + BN <= full_hi; };
             const int i_lo = m0 + row_in;
             const float sc = a.transform ? 1.0f : a.scale_log2;
             fp_sm90_xform xf;
@@ -899,36 +948,13 @@ __global__ void __launch_bounds__(FP_SM90_THREADS, 1)
             fp_softmax_init(&st[0]);
             fp_softmax_init(&st[1]);
 
-            /* Waits until the P V operand of block it_ is ready: V^T made by the V preparers
-             * (fp8), V scrubbed by them (f16 / bf16 edge blocks), or V as TMA wrote it. In edge
-             * blocks, the rows of this warpgroup that see a key the guard flagged are marked
-             * (rowbad, one thread per row): they end with O = NaN. */
             if (PERSIST && k > 0) /* the warpgroup has read the last tile's marks */
                 fp_named_bar_sync(1 + w, 128);
             if (wtid < 64)
                 rowbad[64 * w + wtid] = 0;
             auto wait_pv = [&](int it_) {
-                const int stage = (kv + it_) % ST, j0 = (nb_end - 1 - it_) * BN;
-                const bool edge = !block_full(j0);
-                if (FP8 || edge)
-                    fp_mbar_wait(bar.pv_ready(stage), bar.pv_phase(pv_bits, stage));
-                else
-                    fp_mbar_wait(bar.v_full(stage), ((kv + it_) / ST) & 1);
-                if (!edge)
-                    return;
-                const uint32_t *vm = vmask[stage];
-                uint32_t any = 0;
-#pragma unroll
-                for (int i = 0; i < VM_WORDS; ++i)
-                    any |= vm[i];
-                if (wtid < 64 && any) {
-                    const fp_mask_row mr = fp_mask32_row(mk, m0 + 64 * w + wtid, j0);
-                    bool bad = false;
-                    for (int c = max(mr.lo, 0); c < min(mr.hi, BN); ++c)
-                        bad |= ((vm[c >> 5] >> (c & 31)) & 1u) != 0;
-                    if (bad)
-                        rowbad[64 * w + wtid] = 1;
-                }
+                fp_sm90_fwd_wait_pv<TI, CFG>(it_, kv, nb_end, full_lo, full_hi, bar, pv_bits, vmask,
+                                             rowbad, mk, m0, w, wtid);
             };
 
             if (n > 0) {
@@ -939,12 +965,12 @@ __global__ void __launch_bounds__(FP_SM90_THREADS, 1)
                 uint32_t pa[BN / PK][4];
                 float alpha[2];
                 turn_begin();
-                fp_mbar_wait(bar.k_full(kv % ST), (kv / ST) & 1);
-                fp_sm90_fwd_qk<TI, CFG>(s, q_rows, sk, kv % ST);
+                bar.wait_k(kv);
+                fp_sm90_fwd_qk<TI, CFG>(s, q_rows, sk, bar.stage(kv));
                 turn_end(false, true);
                 fp_wgmma_wait<0>();
                 fp_wgmma_fence_regs(s);
-                fp_mbar_arrive(bar.k_empty(kv % ST));
+                fp_mbar_arrive(bar.k_empty(bar.stage(kv)));
                 if (!STAGE_O && n == 1)
                     fp_mbar_arrive(bar.q_empty(qt));
                 fp_sm90_fwd_softmax<BN, LAZY>(s, (nb_end - 1) * BN, alpha, st, a.transform, xf, mk,
@@ -952,9 +978,9 @@ __global__ void __launch_bounds__(FP_SM90_THREADS, 1)
                 fp_sm90_fwd_pack_p<TI, CFG>(pa, s);
                 for (int it = 1; it < n; ++it) {
                     const int prev = it - 1;
-                    const unsigned cs = (kv + it) % ST, ps = (kv + prev) % ST;
+                    const unsigned cs = bar.stage(kv + it), ps = bar.stage(kv + prev);
                     turn_begin();
-                    fp_mbar_wait(bar.k_full(cs), ((kv + it) / ST) & 1);
+                    bar.wait_k(kv + it);
                     fp_sm90_fwd_qk<TI, CFG>(s, q_rows, sk, cs);
                     wait_pv(prev);
                     fp_sm90_fwd_pv<TI, CFG>(o, pa, sv, svt, ps);
@@ -971,19 +997,12 @@ __global__ void __launch_bounds__(FP_SM90_THREADS, 1)
                     fp_wgmma_fence_regs(o);
                     fp_fence_u32(pa);
                     fp_mbar_arrive(bar.pv_empty(ps));
-                    if (rescale) {
-#pragma unroll
-                        for (int j = 0; j < DK / 8; ++j) {
-                            o[4 * j + 0] *= alpha[0];
-                            o[4 * j + 1] *= alpha[0];
-                            o[4 * j + 2] *= alpha[1];
-                            o[4 * j + 3] *= alpha[1];
-                        }
-                    }
+                    if (rescale)
+                        fp_sm90_fwd_rescale_o<DK>(o, alpha);
                     fp_sm90_fwd_pack_p<TI, CFG>(pa, s);
                 }
                 const int last = n - 1;
-                const unsigned ls = (kv + last) % ST;
+                const unsigned ls = bar.stage(kv + last);
                 opened = HANDOFF && prm.handoff && read_next() < tiles;
                 turn_begin();
                 wait_pv(last);
@@ -998,14 +1017,7 @@ __global__ void __launch_bounds__(FP_SM90_THREADS, 1)
              * -inf; rows that saw a non-finite V element: O NaN (the guard). */
             fp_named_bar_sync(1 + w, 128); /* the warpgroup's marks are made */
             float fac[2], lse[2];
-#pragma unroll
-            for (int r = 0; r < 2; ++r) {
-                st[r].l = fp_quad_sum(st[r].l);
-                fac[r] = rowbad[row_in + 8 * r]
-                             ? NAN
-                             : fp_cuda_out_scale(&st[r]) * (FP8 ? prm.descale_v : 1.0f);
-                lse[r] = fp_cuda_lse_exp2(&st[r]);
-            }
+            fp_sm90_fwd_row_scales<FP8>(st, rowbad, row_in, prm.descale_v, fac, lse);
             const int r0 = m0 + 64 * w, nrows = min(64, nq - r0), nch = a.d / 8;
             if (a.splits > 1) {
                 const int64_t rows =
@@ -1102,65 +1114,6 @@ __global__ void __launch_bounds__(FP_SM90_THREADS, 1)
 }
 
 /* ---- host ---------------------------------------------------------------------------------- */
-
-/* The forward's grid: blocks = 0, the kernel of one block per tile; else the persistent
- * kernel on `blocks` blocks (one per SM), walking its tiles statically (every tile costs the
- * same: no causal mask or window, no varlen or seqused_k) or claiming them (dynamic), in
- * chunks of `chunk` (head, batch x split) pairs. */
-typedef struct fp_sm90_fwd_grid {
-    int64_t blocks;
-    bool dynamic;
-    int chunk;
-} fp_sm90_fwd_grid;
-
-/* The grid for a problem of `tiles` tiles over `pairs` (head, batch x split) pairs, whose key
- * blocks number key_blocks (the most one tile visits), inputs of eb bytes. The
- * persistent kernel overlaps a block's next tile's loads with its current tile's last products
- * and its store, and no block is launched or retired between tiles; its loop over tiles costs
- * the consumers' main loop registers, so it pays only where tiles are short and outnumber the
- * SMs: at most 8 key blocks where every tile costs the same, at most FP_SM90_CLAIM_KEYS keys
- * (Nk) where costs differ (causal masks, windows, varlen). There the blocks claim tiles as they
- * free up, the costliest of a chunk first, so that they end together; a chunk holds the pairs whose
- * K and V fit in FP_SM90_CHUNK_BYTES of L2, so that the query blocks of a pair, which run at
- * different times, find them there. FLASHPORT_CUDA_SM90_FWD_GRID=N (read at each call, for tests
- * and A/B timings) forces the persistent kernel on a grid of at most N blocks for every problem, 0
- * the kernel of one block per tile; FLASHPORT_CUDA_SM90_FWD_CHUNK=C forces chunks of C pairs,
- * FLASHPORT_CUDA_SM90_FWD_HANDOFF=0 turns the consumers' turn handoff between tiles off; any
- * other value (e.g. "auto") leaves the choice to the rule. */
-#define FP_SM90_CHUNK_BYTES (16u << 20)
-#define FP_SM90_CLAIM_KEYS  2048
-static long long fp_sm90_env_count(const char *name)
-{
-    const char *v = getenv(name);
-    char *end = NULL;
-    const long long n = v ? strtoll(v, &end, 10) : -1;
-    return v && end != v && *end == '\0' && n >= 0 ? n : -1;
-}
-
-static fp_sm90_fwd_grid fp_sm90_fwd_grid_of(const fp_cuda_ctx *ctx, const fp_problem *p,
-                                            int64_t tiles, int64_t pairs, int64_t key_blocks,
-                                            int64_t eb)
-{
-    const bool uniform = p->window_left < 0 && p->window_right < 0 && !p->varlen && !p->seqused_k;
-    fp_sm90_fwd_grid g;
-    const long long force = fp_sm90_env_count("FLASHPORT_CUDA_SM90_FWD_GRID");
-    if (force >= 0)
-        g.blocks = force < tiles ? force : tiles;
-    else
-        g.blocks =
-            tiles > ctx->sm_count && (uniform ? key_blocks <= 8 : p->seqlen_k <= FP_SM90_CLAIM_KEYS)
-                ? ctx->sm_count
-                : 0;
-    g.dynamic = g.blocks > 0 && !uniform;
-    const int64_t group = p->heads / p->kv_heads;
-    const int64_t pair_bytes = 2 * p->seqlen_k * p->head_dim * eb / (group > 0 ? group : 1);
-    const long long chunk = fp_sm90_env_count("FLASHPORT_CUDA_SM90_FWD_CHUNK");
-    int64_t c = chunk > 0   ? chunk
-                : g.dynamic ? (int64_t)FP_SM90_CHUNK_BYTES / (pair_bytes > 0 ? pair_bytes : 1)
-                            : 1;
-    g.chunk = (int)(c < 1 ? 1 : c > pairs ? pairs : c);
-    return g;
-}
 
 /* Launches one of the forward kernels on `grid` */
 template <typename TI, typename TO, typename CFG, bool PERSIST>
@@ -1294,82 +1247,15 @@ static flashport_status fp_sm90_run(const fp_cuda_ctx *ctx, const fp_problem *p,
     return fp_sm90_launch<TI, TO, CFG>(ctx, p, prm, why, ws, NULL);
 }
 
-/* The configuration of a head-dim class (backends/cuda/dispatch.cuh): f16 / bf16 inputs, and
- * fp8 e4m3 inputs (FP8) */
-template <int DK, bool FP8> struct fp_sm90_fwd_cfg_of;
-template <> struct fp_sm90_fwd_cfg_of<64, false> {
-    typedef fp_sm90_fwd_d64 type;
-};
-template <> struct fp_sm90_fwd_cfg_of<128, false> {
-    typedef fp_sm90_fwd_d128 type;
-};
-template <> struct fp_sm90_fwd_cfg_of<192, false> {
-    typedef fp_sm90_fwd_d192 type;
-};
-template <> struct fp_sm90_fwd_cfg_of<256, false> {
-    typedef fp_sm90_fwd_d256 type;
-};
-template <> struct fp_sm90_fwd_cfg_of<128, true> {
-    typedef fp_sm90_fwd8_d128 type;
-};
-template <> struct fp_sm90_fwd_cfg_of<256, true> {
-    typedef fp_sm90_fwd8_d256 type;
-};
-
-/* The driver's cuTensorMapEncodeTiled, through the runtime (the plugin links no libcuda). */
-extern "C" void fp_cuda_sm90_init(fp_cuda_ctx *ctx)
+/* The launch of a head-dim class's kernel: the configuration fp_sm90_fwd_cfg_of gives it for
+ * inputs of TI. */
+template <typename TI, typename TO, int DK>
+flashport_status fp_sm90_fwd_family<TI, TO, DK>::run(const fp_cuda_ctx *ctx, const fp_problem *p,
+                                                     const char *why, const char **declined,
+                                                     void *ws, size_t *query)
 {
-    void *fn = NULL;
-    cudaDriverEntryPointQueryResult q;
-    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault,
-                                         &q) != cudaSuccess ||
-        q != cudaDriverEntryPointSuccess)
-        fn = NULL;
-    (void)cudaGetLastError();
-    ctx->encode_tiled = fn;
+    return fp_sm90_run<TI, TO, typename fp_sm90_fwd_cfg_of<DK, sizeof(TI) == 1>::type>(
+        ctx, p, why, declined, ws, query);
 }
 
-extern "C" flashport_status fp_cuda_sm90_forward(const fp_cuda_ctx *ctx, const fp_problem *p,
-                                                 const char *why, const char **declined, void *ws,
-                                                 size_t *query)
-{
-    *declined = NULL;
-    if (query)
-        *query = 0;
-    const bool fp8 = p->dtype == FLASHPORT_FP8_E4M3;
-    if (p->block_table || p->seqused_k || (!fp8 && fp_cuda_decode_wanted(p))) {
-        *declined = p->block_table ? "a paged KV cache runs on the decode kernel"
-                    : p->seqused_k ? "the sm90 path does not read seqused_k"
-                                   : "decode shapes run on the decode kernel";
-        return FLASHPORT_OK;
-    }
-    if (ctx->cc_major != 9 || ctx->cc_minor != 0) {
-        *declined = "the sm90 path needs compute capability 9.0";
-        return FLASHPORT_OK;
-    }
-    if (!ctx->encode_tiled) {
-        *declined = "the driver has no cuTensorMapEncodeTiled";
-        return FLASHPORT_OK;
-    }
-    if (ctx->smem_optin < fp_sm90_fwd_d256::SMEM) {
-        *declined = "the sm90 kernels need more shared memory per block than this device allows";
-        return FLASHPORT_OK;
-    }
-    if (p->dtype == FLASHPORT_FP8_E5M2) {
-        *declined = "the sm90 path has fp8 kernels for e4m3 only";
-        return FLASHPORT_OK;
-    }
-    if (fp8) /* e4m3 inputs; the class's element type is o's */
-        return fp_cuda_dispatch<128, 256>(p->o_dtype, p->head_dim, [&](auto k) {
-            typedef decltype(k) K;
-            return fp_sm90_run<uint8_t, typename K::T,
-                               typename fp_sm90_fwd_cfg_of<K::DK, true>::type>(ctx, p, why,
-                                                                               declined, ws, query);
-        });
-    return fp_cuda_dispatch<64, 128, 192, 256>(p->dtype, p->head_dim, [&](auto k) {
-        typedef decltype(k) K;
-        return fp_sm90_run<typename K::T, typename K::T,
-                           typename fp_sm90_fwd_cfg_of<K::DK, false>::type>(ctx, p, why, declined,
-                                                                            ws, query);
-    });
-}
+#endif /* FLASHPORT_BACKENDS_CUDA_SM90_FWD_CUH */

@@ -56,10 +56,10 @@
  *
  * This header holds the kernel and its launch (fp_sm90_bwd_family, sm90/bwd_config.cuh); one
  * file per head dim instantiates them (sm90/inst/bwd_d64.cu, bwd_d128.cu), the launcher is
- * sm90/sm90_bwd.cu.
+ * sm90/bwd.cu.
  */
-#ifndef FLASHPORT_BACKENDS_CUDA_SM90_SM90_BWD_CUH
-#define FLASHPORT_BACKENDS_CUDA_SM90_SM90_BWD_CUH
+#ifndef FLASHPORT_BACKENDS_CUDA_SM90_BWD_CUH
+#define FLASHPORT_BACKENDS_CUDA_SM90_BWD_CUH
 
 #include "backends/cuda/cuda_internal.h"
 #include "backends/cuda/sm80/common.cuh"
@@ -662,4 +662,4 @@ flashport_status fp_sm90_bwd_family<T, DK>::run(const fp_cuda_ctx *ctx, const fp
     return fp_sm90_bwd_run<T, fp_sm90_bwd_cfg<DK>>(ctx, p, why, declined, ws, query);
 }
 
-#endif /* FLASHPORT_BACKENDS_CUDA_SM90_SM90_BWD_CUH */
+#endif /* FLASHPORT_BACKENDS_CUDA_SM90_BWD_CUH */

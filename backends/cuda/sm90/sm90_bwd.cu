@@ -5,8 +5,8 @@
  *
  * The kernel is in sm90/sm90_bwd.cuh (algorithm, configurations, differences from the
  * reference), and each head dim's family, f16 and bf16, is instantiated by a small file of its
- * own (sm90/inst/bwd_d64.cu, bwd_d128.cu). This file sees only the families' declarations, so
- * that it and each instantiation file compile alone too (FLASHPORT_CUDA_UNITY=OFF,
+ * own (sm90/inst/bwd_d64.cu, bwd_d128.cu, bwd_d256.cu). This file sees only the families'
+ * declarations, so that it and each instantiation file compile alone too (FLASHPORT_CUDA_UNITY=OFF,
  * backends/cuda/CMakeLists.txt).
  */
 #include "backends/cuda/cuda_internal.h"
@@ -26,12 +26,11 @@ extern "C" flashport_status fp_cuda_sm90_backward(const fp_cuda_ctx *ctx, const 
         *declined = "the sm90 path needs compute capability 9.0";
     else if (!ctx->encode_tiled)
         *declined = "the driver has no cuTensorMapEncodeTiled";
-    else if (p->head_dim > 128)
-        *declined = "the sm90 backward has kernels for head dims up to 128";
     else if (p->seqused_k)
         *declined = "the sm90 path does not read seqused_k";
     else if (ctx->smem_optin < fp_sm90_bwd_cfg<128>::SMEM ||
-             ctx->smem_optin < fp_sm90_bwd_cfg<64>::SMEM)
+             ctx->smem_optin < fp_sm90_bwd_cfg<64>::SMEM ||
+             (p->head_dim > 128 && ctx->smem_optin < fp_sm90_bwd256_cfg::SMEM))
         *declined = "the sm90 kernels need more shared memory per block than this device allows";
     if (*declined)
         return FLASHPORT_OK;

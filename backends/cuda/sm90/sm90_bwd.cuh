@@ -47,15 +47,17 @@
  * pair of a scrubbed row gets its NaN back by a select.
  *
  * Configurations (fp_sm90_bwd_cfg, sm90/bwd_config.cuh; 384 threads, one block per SM):
- * D = 64: BM 128, D = 128: BM 64; BN 128, 2 stages. Other head dims up to 128 run on the next
- * larger kernel (TMA reads the columns past D as zeros); larger head dims run on the sm80 path.
+ * D = 64: BM 128, D = 128: BM 64; BN 128, 2 stages. Other head dims run on the next larger
+ * kernel (TMA reads the columns past D as zeros); head dims 129 .. 256 on sm90/bwd256.cuh's
+ * kernel, whose warpgroups split the columns of dK and dV instead of the keys.
  *
  * Differences from the reference: P and dS are rounded to f16/bf16 before the products that
  * use them; exp2 is the hardware approximation; outside the deterministic mode dQ is summed in an
  * order that varies from run to run (last-bit differences). Numbers: docs/performance.md.
  *
  * This header holds the kernel and its launch (fp_sm90_bwd_family, sm90/bwd_config.cuh); one
- * file per head dim instantiates them (sm90/inst/bwd_d64.cu, bwd_d128.cu), the launcher is
+ * file per head dim instantiates them (sm90/inst/bwd_d64.cu, bwd_d128.cu; bwd_d256.cu the
+ * head-dim-256 kernel of sm90/bwd256.cuh), the launcher is
  * sm90/sm90_bwd.cu.
  */
 #ifndef FLASHPORT_BACKENDS_CUDA_SM90_SM90_BWD_CUH
@@ -653,13 +655,16 @@ static flashport_status fp_sm90_bwd_run(const fp_cuda_ctx *ctx, const fp_problem
     return FLASHPORT_OK;
 }
 
-/* The launch of head dim DK's kernel (fp_sm90_bwd_cfg<DK>). */
+/* The launch of head dim DK's kernel (fp_sm90_bwd_cfg<DK>; head dim 256: sm90/bwd256.cuh). */
 template <typename T, int DK>
 flashport_status fp_sm90_bwd_family<T, DK>::run(const fp_cuda_ctx *ctx, const fp_problem *p,
                                                 const char *why, const char **declined, void *ws,
                                                 size_t *query)
 {
-    return fp_sm90_bwd_run<T, fp_sm90_bwd_cfg<DK>>(ctx, p, why, declined, ws, query);
+    if constexpr (DK == 256)
+        return fp_sm90_bwd256_run<T>(ctx, p, why, declined, ws, query);
+    else
+        return fp_sm90_bwd_run<T, fp_sm90_bwd_cfg<DK>>(ctx, p, why, declined, ws, query);
 }
 
 #endif /* FLASHPORT_BACKENDS_CUDA_SM90_SM90_BWD_CUH */

@@ -60,8 +60,7 @@ struct fp_sm90b2_bars {
     }
     __device__ __forceinline__ uint32_t dq_empty(int w) const
     {
-        return base +
-               8u * (1 + 2 * fp_sm90_bwd256_cfg::STQ + 2 * fp_sm90_bwd256_cfg::STO + 2 + w);
+        return base + 8u * (1 + 2 * fp_sm90_bwd256_cfg::STQ + 2 * fp_sm90_bwd256_cfg::STO + 2 + w);
     }
 };
 
@@ -173,8 +172,8 @@ __global__ void __launch_bounds__(FP_SM90B_THREADS, 1)
 #if FP_SM90_DEVICE
     using CFG = fp_sm90_bwd256_cfg;
     constexpr int BM = CFG::BM, BN = CFG::BN, DK = CFG::DK, STQ = CFG::STQ, STO = CFG::STO;
-    constexpr uint32_t KV_BYTES = CFG::KV_BYTES, Q_BYTES = CFG::Q_BYTES,
-                       ROW_BYTES = CFG::ROW_BYTES, PT_BYTES = CFG::PT_BYTES;
+    constexpr uint32_t KV_BYTES = CFG::KV_BYTES, Q_BYTES = CFG::Q_BYTES, ROW_BYTES = CFG::ROW_BYTES,
+                       PT_BYTES = CFG::PT_BYTES;
     const fp_sm80_args &a = prm.a;
 
     /* shared memory: K, V, the Q stages, the dO stages, P^T and dS^T (two buffers each), the
@@ -344,11 +343,11 @@ __global__ void __launch_bounds__(FP_SM90B_THREADS, 1)
                             const int k = 4 * j + 2 * r + e, c = qw + 8 * j + 2 * t + e;
                             const float capped =
                                 fp_score_transform(sacc[k] * a.scale, a.softcap, 0.0f, 0.0f);
-                            const float p = fp_exp2(
-                                (capped - slope * fp_alibi_distance(m0 + c, n0 + kr + 8 * r, nq,
-                                                                    nk)) *
-                                    FP_LOG2E -
-                                lse2[c]);
+                            const float p =
+                                fp_exp2((capped - slope * fp_alibi_distance(m0 + c, n0 + kr + 8 * r,
+                                                                            nq, nk)) *
+                                            FP_LOG2E -
+                                        lse2[c]);
                             sacc[k] = p;
                             dpacc[k] =
                                 p * (dpacc[k] - dsum[c]) * fp_softcap_grad(capped, a.softcap);
@@ -437,11 +436,9 @@ __global__ void __launch_bounds__(FP_SM90B_THREADS, 1)
             for (int kk = 0; kk < 2; ++kk) {
                 const int q16 = qo / 16 + kk; /* k step of 16 queries */
                 fp_wgmma_ss_bt128<T>(dv, fp_wgmma_desc(ptb + q16 * 32, 16, 1024),
-                                     fp_wgmma_desc(dos + dcol + 16 * q16 * 128, BM * 128, 1024),
-                                     1);
+                                     fp_wgmma_desc(dos + dcol + 16 * q16 * 128, BM * 128, 1024), 1);
                 fp_wgmma_ss_bt128<T>(dk, fp_wgmma_desc(dsb + q16 * 32, 16, 1024),
-                                     fp_wgmma_desc(qs + dcol + 16 * q16 * 128, BM * 128, 1024),
-                                     1);
+                                     fp_wgmma_desc(qs + dcol + 16 * q16 * 128, BM * 128, 1024), 1);
             }
             fp_wgmma_commit();
 
@@ -477,7 +474,8 @@ __global__ void __launch_bounds__(FP_SM90B_THREADS, 1)
                 for (int j = 0; j < 8; ++j)
 #pragma unroll
                     for (int r = 0; r < 2; ++r)
-                        *reinterpret_cast<float2 *>(band + fp_dq_frag_off(g + 8 * r, 8 * j + 2 * t)) =
+                        *reinterpret_cast<float2 *>(band +
+                                                    fp_dq_frag_off(g + 8 * r, 8 * j + 2 * t)) =
                             make_float2(dq[4 * j + 2 * r], dq[4 * j + 2 * r + 1]);
                 fp_fence_proxy_async_smem();
                 fp_mbar_arrive(bars.dq_full(w));

@@ -538,63 +538,9 @@ template <typename T>
 flashport_status fp_sm90_bwd256_run(const fp_cuda_ctx *ctx, const fp_problem *p, const char *why,
                                     const char **declined, void *ws, size_t *query)
 {
-    using CFG = fp_sm90_bwd256_cfg;
-    constexpr int DK = CFG::DK;
-    fp_sm90_bwd_params prm;
-    fp_sm80_args &a = prm.a;
-    fp_sm80_fill_args(p, &a);
-    const int splits =
-        p->batch == 0 || p->heads == 0 ? 1 : fp_cuda_bwd_group_splits(ctx, p, CFG::BN);
-    const size_t side = fp_cuda_bwd_side_setup(p, &a, DK, 1, splits, query ? NULL : ws);
-    const size_t turns =
-        side && p->deterministic ? (size_t)p->batch * p->heads * (a.nq_pad / CFG::BM) : 0;
-    const size_t bytes = side ? fp_cuda_ws_round(side) + turns * sizeof(int) : 0;
-    prm.dq_turn = turns && !query ? (int *)((char *)ws + fp_cuda_ws_round(side)) : NULL;
-    if (query)
-        *query = bytes;
-    const int64_t bq = p->varlen ? 1 : p->batch;
-    const int64_t tq = p->varlen ? p->total_q : p->seqlen_q;
-    const int64_t tk = p->varlen ? p->total_k : p->seqlen_k;
-    if (!fp_sm90_tmap(ctx, &prm.tq, p->q, p->dtype, p->head_dim, tq, p->heads, bq, CFG::BM,
-                      declined) ||
-        !fp_sm90_tmap(ctx, &prm.tdo, p->dout, p->dtype, p->head_dim, tq, p->heads, bq, CFG::BM,
-                      declined) ||
-        !fp_sm90_tmap(ctx, &prm.tk, p->k, p->dtype, p->head_dim, tk, p->kv_heads, bq, CFG::BN,
-                      declined) ||
-        !fp_sm90_tmap(ctx, &prm.tv, p->v, p->dtype, p->head_dim, tk, p->kv_heads, bq, CFG::BN,
-                      declined))
-        return FLASHPORT_OK;
-    if (query || bytes == 0)
-        return FLASHPORT_OK;
-
-    const cudaStream_t stream = ctx->stream;
-    void (*kernel)(const fp_sm90_bwd_params) = fp_sm90_bwd256_kernel<T>;
-    cudaError_t e =
-        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)CFG::SMEM);
-    if (e == cudaSuccess && prm.dq_turn)
-        e = cudaMemsetAsync(prm.dq_turn, 0, turns * sizeof(int), stream);
-    if (e == cudaSuccess)
-        e = fp_cuda_bwd_side_pre(p, a, DK, stream);
-    const dim3 grid((unsigned)((a.nk + CFG::BN - 1) / CFG::BN),
-                    (unsigned)(p->kv_heads * a.group_splits), (unsigned)p->batch);
-    if (e == cudaSuccess && grid.x > 0) {
-        kernel<<<grid, FP_SM90B_THREADS, CFG::SMEM, stream>>>(prm);
-        e = cudaGetLastError();
-    }
-    fp_cuda_log("backward: sm90 D256 kernel (TMA + wgmma, BN %d shared by 2 consumer warpgroups "
-                "owning 128 columns each, BM %d, %d Q / %d dO stages, dQ by bulk reductions%s) "
-                "for D=%lld, grid %ux%ux%u, group of %d query heads in %d split(s); %s",
-                CFG::BN, CFG::BM, CFG::STQ, CFG::STO, prm.dq_turn ? " in key-block order" : "",
-                (long long)p->head_dim, grid.x, grid.y, grid.z, a.group, a.group_splits, why);
-    if (e == cudaSuccess)
-        e = fp_cuda_bwd_side_dkdv_sum(p, a, DK, stream);
-    if (e == cudaSuccess)
-        e = fp_cuda_bwd_side_dq(p, a, DK, stream);
-    if (e != cudaSuccess) {
-        (void)cudaGetLastError();
-        return fp_cuda_error(FLASHPORT_ERR_DEVICE, e, "sm90 backward kernel launch");
-    }
-    return FLASHPORT_OK;
+    return fp_sm90_bwd_run<T, fp_sm90_bwd256_cfg>(
+        ctx, p, why, declined, ws, query, fp_sm90_bwd256_kernel<T>,
+        "2 Q / 1 dO stages, 2 consumer warpgroups of 128 dK / dV columns");
 }
 
 #endif /* FLASHPORT_BACKENDS_CUDA_SM90_BWD256_CUH */

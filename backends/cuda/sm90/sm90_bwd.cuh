@@ -590,10 +590,13 @@ __global__ void __launch_bounds__(FP_SM90B_THREADS, 1)
 
 /* ---- host ---------------------------------------------------------------------------------- */
 
+/* The side passes and the launch of a backward kernel of configuration CFG (DK, BN, BM, SMEM);
+ * tiling: how the kernel splits its block, for the log. */
 template <typename T, typename CFG>
 static flashport_status fp_sm90_bwd_run(const fp_cuda_ctx *ctx, const fp_problem *p,
                                         const char *why, const char **declined, void *ws,
-                                        size_t *query)
+                                        size_t *query, void (*kernel)(const fp_sm90_bwd_params),
+                                        const char *tiling)
 {
     constexpr int DK = CFG::DK;
     fp_sm90_bwd_params prm;
@@ -626,7 +629,6 @@ static flashport_status fp_sm90_bwd_run(const fp_cuda_ctx *ctx, const fp_problem
         return FLASHPORT_OK;
 
     const cudaStream_t stream = ctx->stream;
-    void (*kernel)(const fp_sm90_bwd_params) = fp_sm90_bwd_kernel<T, CFG>;
     cudaError_t e =
         cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)CFG::SMEM);
     if (e == cudaSuccess && prm.dq_turn)
@@ -639,10 +641,10 @@ static flashport_status fp_sm90_bwd_run(const fp_cuda_ctx *ctx, const fp_problem
         kernel<<<grid, FP_SM90B_THREADS, CFG::SMEM, stream>>>(prm);
         e = cudaGetLastError();
     }
-    fp_cuda_log("backward: sm90 D%d kernel (TMA + wgmma, BN %d, BM %d, %d stages, 2 consumer "
-                "warpgroups, dQ by bulk reductions%s) for D=%lld, grid %ux%ux%u, group of %d "
-                "query heads in %d split(s); %s",
-                DK, CFG::BN, CFG::BM, CFG::ST, prm.dq_turn ? " in key-block order" : "",
+    fp_cuda_log("backward: sm90 D%d kernel (TMA + wgmma, BN %d, BM %d, %s, dQ by bulk "
+                "reductions%s) for D=%lld, grid %ux%ux%u, group of %d query heads in %d "
+                "split(s); %s",
+                DK, CFG::BN, CFG::BM, tiling, prm.dq_turn ? " in key-block order" : "",
                 (long long)p->head_dim, grid.x, grid.y, grid.z, a.group, a.group_splits, why);
     if (e == cudaSuccess)
         e = fp_cuda_bwd_side_dkdv_sum(p, a, DK, stream);
@@ -664,7 +666,9 @@ flashport_status fp_sm90_bwd_family<T, DK>::run(const fp_cuda_ctx *ctx, const fp
     if constexpr (DK == 256)
         return fp_sm90_bwd256_run<T>(ctx, p, why, declined, ws, query);
     else
-        return fp_sm90_bwd_run<T, fp_sm90_bwd_cfg<DK>>(ctx, p, why, declined, ws, query);
+        return fp_sm90_bwd_run<T, fp_sm90_bwd_cfg<DK>>(
+            ctx, p, why, declined, ws, query, fp_sm90_bwd_kernel<T, fp_sm90_bwd_cfg<DK>>,
+            "2 stages, 2 consumer warpgroups of 64 keys");
 }
 
 #endif /* FLASHPORT_BACKENDS_CUDA_SM90_SM90_BWD_CUH */

@@ -101,6 +101,9 @@ static const tc_case table[] = {
      .seqlens_k = {17, 7, 0}},
     {VARLEN(F32, 3, 2, 2, 72), .alibi = 1, WINDOW(8, 8), .seqlens_q = {9, 0, 30},
      .seqlens_k = {0, 5, 31}},
+    /* varlen at the largest head dim, a GQA group, deterministic (the sm90 D = 256 backward) */
+    {VARLEN(BF16, 3, 8, 2, 256), .causal = 1, .deterministic = 1, .seqlens_q = {130, 0, 70},
+     .seqlens_k = {129, 5, 200}},
     /* windows: causal sliding, two-sided, diagonal only, some rows seeing nothing */
     {DENSE(F32, 1, 2, 2, 129, 129, 64), .causal = 1, WINDOW(16, 0)},
     {DENSE(F32, 2, 2, 2, 65, 63, 32), WINDOW(8, 8)},
@@ -113,6 +116,7 @@ static const tc_case table[] = {
     {DENSE(F32, 1, 2, 2, 65, 65, 64), .softcap = 2.0f, .quick = 1},
     {DENSE(F16, 1, 2, 2, 129, 129, 64), .softcap = 30.0f, .causal = 1, .scale = 1.0f},
     {DENSE(BF16, 1, 4, 2, 65, 63, 96), .softcap = 5.0f, .alibi = 1, WINDOW(16, 4)},
+    {DENSE(F16, 1, 4, 2, 65, 129, 192), .softcap = 5.0f, .alibi = 1, WINDOW(16, 4)},
     {DENSE(F32, 1, 2, 1, 63, 65, 128), .softcap = 1.0f, .causal = 1, .deterministic = 1},
     /* The fuzzer's finding (docs/reliability.md): bf16, D = 1, softcap 30 at scale 3, causal with
      * Nq > Nk; rows whose dQ terms cancel, where the avx512bf16 table's bf16 dS rounding shows */

@@ -4,7 +4,8 @@
 #   - every sm90 forward kernel (fp_sm90_fwd_kernel: f16 and bf16, head-dim classes 64, 128,
 #     192, 256, per tile and persistent: 16 kernels; fp8 e4m3 inputs with f16 and bf16 outputs,
 #     128 and 256, per tile: 4) and
-#     backward kernel (fp_sm90_bwd_kernel: f16 and bf16, 64 and 128: 4) is present,
+#     backward kernel (fp_sm90_bwd_kernel: f16 and bf16, 64 and 128: 4; fp_sm90_bwd256_kernel:
+#     f16 and bf16: 2) is present,
 #   - each holds HGMMA (wgmma; QGMMA, the fp8 wgmma, in the fp8 kernels) and UTMALDG (TMA tile
 #     loads) instructions, and each backward kernel REDG (the dQ reductions) and UBLKCP (bulk
 #     copies of the row statistics),
@@ -20,7 +21,7 @@ set -euo pipefail
 lib=${1:?usage: check_sass.sh path/to/libflashport_cuda.so}
 expected_fwd=16
 expected_fp8=4
-expected_bwd=4
+expected_bwd=6
 for dir in "${CUOBJDUMP_DIR:-}" /usr/local/cuda/bin; do
     if [ -n "$dir" ] && [ -x "$dir/cuobjdump" ] && [ -x "$dir/nvdisasm" ]; then
         export PATH=$dir:$PATH
@@ -65,7 +66,7 @@ while read -r name hgmma utmaldg redg ublkcp qgmma; do
             status=1
         fi
         ;;
-    *fp_sm90_bwd_kernel*)
+    *fp_sm90_bwd_kernel* | *fp_sm90_bwd256_kernel*)
         found_bwd=$((found_bwd + 1))
         if [ "$hgmma" -eq 0 ] || [ "$utmaldg" -eq 0 ] || [ "$redg" -eq 0 ] || [ "$ublkcp" -eq 0 ]; then
             echo "check_sass: $name: $hgmma HGMMA, $utmaldg UTMALDG, $redg REDG, $ublkcp UBLKCP" \

@@ -6,8 +6,9 @@ which inline PTX cannot take as an array.
     python3 backends/cuda/ptx/gen_wgmma.py > backends/cuda/ptx/wgmma_gen.cuh
 """
 
-NS = (64, 80, 96, 128, 192, 256)
+NS = (32, 64, 80, 96, 128, 192, 256)
 NS_TT = (64,)  # both operands MN-major: the backward's dQ = dS K
+NS_BT = (128,)  # A K-major, B MN-major: the D = 256 backward's dV += P^T dO, dK += dS^T Q
 DTYPES = (("bf16", "bf16"), ("f16", "f16"))
 NS_F8 = (96, 128, 256)  # e4m3: k32, both operands K-major (fp8 wgmma has no transpose)
 
@@ -16,10 +17,14 @@ def acc_list(n, first):
     return ", ".join("%%%d" % (first + i) for i in range(n // 2))
 
 
-def fn_ss(n, tname, ptx, tt=False):
+def fn_ss(n, tname, ptx, tt=False, bt=False):
     regs = n // 2
-    major = "MN-major (transpose immediates 1)" if tt else "K-major (transpose immediates 0)"
-    suffix = "_tt" if tt else ""
+    if bt:
+        major = "A K-major, B MN-major (transpose immediates 0, 1)"
+    else:
+        major = "MN-major (transpose immediates 1)" if tt else "K-major (transpose immediates 0)"
+    suffix = "_bt" if bt else "_tt" if tt else ""
+    ta, tb = int(tt), int(tt or bt)
     lines = [
         "/* d (+)= A B, m64n%dk16, A and B from shared memory (descriptors), f32 accumulate;" % n,
         " * accumulate = 0 overwrites d. A and B %s. */" % major,
@@ -30,7 +35,7 @@ def fn_ss(n, tname, ptx, tt=False):
         "    asm volatile(\"{\\n.reg .pred p;\\nsetp.ne.b32 p, %%%d, 0;\\n\"" % (regs + 2),
         "                 \"wgmma.mma_async.sync.aligned.m64n%dk16.f32.%s.%s \"" % (n, ptx, ptx),
         "                 \"{%s}, \"" % acc_list(n, 0),
-        "                 \"%%%d, %%%d, p, 1, 1, %d, %d;\\n}\\n\"" % (regs, regs + 1, tt, tt),
+        "                 \"%%%d, %%%d, p, 1, 1, %d, %d;\\n}\\n\"" % (regs, regs + 1, ta, tb),
         "                 : " + ", ".join('"+f"(d[%d])' % i for i in range(regs)),
         "                 : \"l\"(a_desc), \"l\"(b_desc), \"r\"(accumulate));",
         "}",
@@ -107,6 +112,8 @@ def main():
             out.append(fn_rs(n, tname, ptx))
         for n in NS_TT:
             out.append(fn_ss(n, tname, ptx, tt=True))
+        for n in NS_BT:
+            out.append(fn_ss(n, tname, ptx, bt=True))
     for n in NS_F8:
         out.append(fn_f8(n, False))
         out.append(fn_f8(n, True))

@@ -5,8 +5,8 @@
  *
  * The kernel is in sm90/bwd.cuh (algorithm, configurations, differences from the
  * reference), and each head dim's family, f16 and bf16, is instantiated by a small file of its
- * own (sm90/inst/bwd_d64.cu, bwd_d128.cu). This file sees only the families' declarations, so
- * that it and each instantiation file compile alone too (FLASHPORT_CUDA_UNITY=OFF,
+ * own (sm90/inst/bwd_d64.cu, bwd_d128.cu, bwd_d256.cu). This file sees only the families'
+ * declarations, so that it and each instantiation file compile alone too (FLASHPORT_CUDA_UNITY=OFF,
  * backends/cuda/CMakeLists.txt).
  */
 #include "backends/cuda/cuda_internal.h"
@@ -14,6 +14,19 @@
 #include "backends/cuda/sm90/bwd_config.cuh"
 
 #include "core/problem.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+/* Head dims 129 .. 256 take the sm90 kernel (sm90/bwd256.cuh) only with
+ * FLASHPORT_CUDA_SM90_BWD256=1: it passes the case table in the CUDA emulator
+ * (docs/cuda_emu.md), which models the instructions as the PTX ISA describes them, but it has not
+ * yet run on a GPU; docs/performance.md says when it has. */
+static bool fp_sm90_bwd256_enabled()
+{
+    const char *v = getenv("FLASHPORT_CUDA_SM90_BWD256");
+    return v && strcmp(v, "1") == 0;
+}
 
 extern "C" flashport_status fp_cuda_sm90_backward(const fp_cuda_ctx *ctx, const fp_problem *p,
                                                   const char *why, const char **declined, void *ws,
@@ -26,12 +39,14 @@ extern "C" flashport_status fp_cuda_sm90_backward(const fp_cuda_ctx *ctx, const 
         *declined = "the sm90 path needs compute capability 9.0";
     else if (!ctx->encode_tiled)
         *declined = "the driver has no cuTensorMapEncodeTiled";
-    else if (p->head_dim > 128)
-        *declined = "the sm90 backward has kernels for head dims up to 128";
     else if (p->seqused_k)
         *declined = "the sm90 path does not read seqused_k";
+    else if (p->head_dim > 128 && !fp_sm90_bwd256_enabled())
+        *declined = "the sm90 backward of head dims above 128 is opt-in until it has run on a "
+                    "GPU (FLASHPORT_CUDA_SM90_BWD256=1)";
     else if (ctx->smem_optin < fp_sm90_bwd_cfg<128>::SMEM ||
-             ctx->smem_optin < fp_sm90_bwd_cfg<64>::SMEM)
+             ctx->smem_optin < fp_sm90_bwd_cfg<64>::SMEM ||
+             (p->head_dim > 128 && ctx->smem_optin < fp_sm90_bwd256_cfg::SMEM))
         *declined = "the sm90 kernels need more shared memory per block than this device allows";
     if (*declined)
         return FLASHPORT_OK;

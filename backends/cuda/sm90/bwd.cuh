@@ -47,16 +47,17 @@
  * pair of a scrubbed row gets its NaN back by a select.
  *
  * Configurations (fp_sm90_bwd_cfg, sm90/bwd_config.cuh; 384 threads, one block per SM):
- * D = 64: BM 128, D = 128: BM 64; BN 128, 2 stages. Other head dims up to 128 run on the next
- * larger kernel (TMA reads the columns past D as zeros); larger head dims run on the sm80 path.
+ * D = 64: BM 128, D = 128: BM 64; BN 128, 2 stages. Other head dims run on the next larger
+ * kernel (TMA reads the columns past D as zeros); head dims 129 .. 256 on sm90/bwd256.cuh's
+ * kernel, whose warpgroups split the columns of dK and dV instead of the keys.
  *
  * Differences from the reference: P and dS are rounded to f16/bf16 before the products that
  * use them; exp2 is the hardware approximation; outside the deterministic mode dQ is summed in an
  * order that varies from run to run (last-bit differences). Numbers: docs/performance.md.
  *
  * This header holds the kernel and its launch (fp_sm90_bwd_family, sm90/bwd_config.cuh); one
- * file per head dim instantiates them (sm90/inst/bwd_d64.cu, bwd_d128.cu), the launcher is
- * sm90/bwd.cu.
+ * file per head dim instantiates them (sm90/inst/bwd_d64.cu, bwd_d128.cu; bwd_d256.cu the
+ * head-dim-256 kernel of sm90/bwd256.cuh), the launcher is sm90/bwd.cu.
  */
 #ifndef FLASHPORT_BACKENDS_CUDA_SM90_BWD_CUH
 #define FLASHPORT_BACKENDS_CUDA_SM90_BWD_CUH
@@ -588,10 +589,13 @@ __global__ void __launch_bounds__(FP_SM90B_THREADS, 1)
 
 /* ---- host ---------------------------------------------------------------------------------- */
 
+/* The side passes and the launch of a backward kernel of configuration CFG (DK, BN, BM, SMEM);
+ * tiling: how the kernel splits its block, for the log. */
 template <typename T, typename CFG>
 static flashport_status fp_sm90_bwd_run(const fp_cuda_ctx *ctx, const fp_problem *p,
                                         const char *why, const char **declined, void *ws,
-                                        size_t *query)
+                                        size_t *query, void (*kernel)(const fp_sm90_bwd_params),
+                                        const char *tiling)
 {
     constexpr int DK = CFG::DK;
     fp_sm90_bwd_params prm;
@@ -624,7 +628,6 @@ static flashport_status fp_sm90_bwd_run(const fp_cuda_ctx *ctx, const fp_problem
         return FLASHPORT_OK;
 
     const cudaStream_t stream = ctx->stream;
-    void (*kernel)(const fp_sm90_bwd_params) = fp_sm90_bwd_kernel<T, CFG>;
     cudaError_t e =
         cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)CFG::SMEM);
     if (e == cudaSuccess && prm.dq_turn)
@@ -637,10 +640,10 @@ static flashport_status fp_sm90_bwd_run(const fp_cuda_ctx *ctx, const fp_problem
         kernel<<<grid, FP_SM90B_THREADS, CFG::SMEM, stream>>>(prm);
         e = cudaGetLastError();
     }
-    fp_cuda_log("backward: sm90 D%d kernel (TMA + wgmma, BN %d, BM %d, %d stages, 2 consumer "
-                "warpgroups, dQ by bulk reductions%s) for D=%lld, grid %ux%ux%u, group of %d "
-                "query heads in %d split(s); %s",
-                DK, CFG::BN, CFG::BM, CFG::ST, prm.dq_turn ? " in key-block order" : "",
+    fp_cuda_log("backward: sm90 D%d kernel (TMA + wgmma, BN %d, BM %d, %s, dQ by bulk "
+                "reductions%s) for D=%lld, grid %ux%ux%u, group of %d query heads in %d "
+                "split(s); %s",
+                DK, CFG::BN, CFG::BM, tiling, prm.dq_turn ? " in key-block order" : "",
                 (long long)p->head_dim, grid.x, grid.y, grid.z, a.group, a.group_splits, why);
     if (e == cudaSuccess)
         e = fp_cuda_bwd_side_dkdv_sum(p, a, DK, stream);
@@ -653,13 +656,18 @@ static flashport_status fp_sm90_bwd_run(const fp_cuda_ctx *ctx, const fp_problem
     return FLASHPORT_OK;
 }
 
-/* The launch of head dim DK's kernel (fp_sm90_bwd_cfg<DK>). */
+/* The launch of head dim DK's kernel (fp_sm90_bwd_cfg<DK>; head dim 256: sm90/bwd256.cuh). */
 template <typename T, int DK>
 flashport_status fp_sm90_bwd_family<T, DK>::run(const fp_cuda_ctx *ctx, const fp_problem *p,
                                                 const char *why, const char **declined, void *ws,
                                                 size_t *query)
 {
-    return fp_sm90_bwd_run<T, fp_sm90_bwd_cfg<DK>>(ctx, p, why, declined, ws, query);
+    if constexpr (DK == 256)
+        return fp_sm90_bwd256_run<T>(ctx, p, why, declined, ws, query);
+    else
+        return fp_sm90_bwd_run<T, fp_sm90_bwd_cfg<DK>>(
+            ctx, p, why, declined, ws, query, fp_sm90_bwd_kernel<T, fp_sm90_bwd_cfg<DK>>,
+            "2 stages, 2 consumer warpgroups of 64 keys");
 }
 
 #endif /* FLASHPORT_BACKENDS_CUDA_SM90_BWD_CUH */

@@ -1,9 +1,9 @@
 /*
  * The sm90 backward's configurations (fp_sm90_bwd_cfg, one per kernel head dim) and the
  * declaration of its kernel families, which is all the launcher (sm90/bwd.cu) sees of the
- * kernel: sm90/bwd.cuh defines them, and one small file per head dim instantiates both
- * dtypes (sm90/inst/bwd_d64.cu, bwd_d128.cu; backends/cuda/CMakeLists.txt compiles them with
- * their launcher).
+ * kernel: sm90/bwd.cuh and sm90/bwd256.cuh define them, and one small file per head dim
+ * instantiates both dtypes (sm90/inst/bwd_d64.cu, bwd_d128.cu, bwd_d256.cu;
+ * backends/cuda/CMakeLists.txt compiles them with their launcher).
  */
 #ifndef FLASHPORT_BACKENDS_CUDA_SM90_BWD_CONFIG_CUH
 #define FLASHPORT_BACKENDS_CUDA_SM90_BWD_CONFIG_CUH
@@ -37,8 +37,29 @@ template <int DK_> struct fp_sm90_bwd_cfg {
     static_assert(SMEM <= 227 * 1024, "one block per SM");
 };
 
+/* The configuration of head dim 256 (sm90/bwd256.cuh): the two consumer warpgroups share one
+ * block of BN = 64 keys, each owning 128 of dK's and dV's columns (256 columns of two f32
+ * accumulators would not fit one warpgroup's registers); query blocks of BM = 64 rows; STQ
+ * stages of Q and LSE2, STO of dO and Dsum (what 227 KiB hold); P^T and dS^T pass between the
+ * warpgroups through shared memory (two buffers each, by step parity); dQ leaves in pieces of
+ * 64 x 64 (one buffer per warpgroup). */
+struct fp_sm90_bwd256_cfg {
+    static constexpr int DK = 256, BN = 64, BM = 64, STQ = 2, STO = 1;
+    static constexpr uint32_t KV_BYTES = BN * DK * 2, Q_BYTES = BM * DK * 2, ROW_BYTES = BM * 4,
+                              PT_BYTES = BN * BM * 2, PIECE_BYTES = BM * 64 * 4;
+    /* K's row flags (one set per warpgroup's half of the columns), Q's of each Q stage, dO's of
+     * each dO stage, the flagged-row counter */
+    static constexpr uint32_t FLAG_BYTES = 2 * BN + STQ * BM + STO * BM + 8;
+    /* kv_full, q_full / q_empty per Q stage, o_full / o_empty per dO stage, dq_full / dq_empty
+     * per warpgroup */
+    static constexpr int NBARS = 1 + 2 * STQ + 2 * STO + 4;
+    static constexpr size_t SMEM = 2 * KV_BYTES + (STQ + STO) * (Q_BYTES + ROW_BYTES) +
+                                   4 * PT_BYTES + 2 * PIECE_BYTES + FLAG_BYTES + NBARS * 8 + 1024;
+    static_assert(SMEM <= 227 * 1024, "one block per SM");
+};
+
 /* The head dims of the kernel classes: problems of smaller head dims run on the next larger. */
-#define FP_SM90_BWD_DK_CLASSES 64, 128
+#define FP_SM90_BWD_DK_CLASSES 64, 128, 256
 
 /* The sm90 backward's families: one per head-dim class of FP_SM90_BWD_DK_CLASSES and element
  * type T (__half, __nv_bfloat16). run launches the side passes and the kernel, or with
@@ -48,5 +69,10 @@ template <typename T, int DK> struct fp_sm90_bwd_family {
     static flashport_status run(const fp_cuda_ctx *ctx, const fp_problem *p, const char *why,
                                 const char **declined, void *ws, size_t *query);
 };
+
+/* The head-dim-256 kernel's launch (sm90/bwd256.cuh), which fp_sm90_bwd_family<T, 256> runs. */
+template <typename T>
+flashport_status fp_sm90_bwd256_run(const fp_cuda_ctx *ctx, const fp_problem *p, const char *why,
+                                    const char **declined, void *ws, size_t *query);
 
 #endif /* FLASHPORT_BACKENDS_CUDA_SM90_BWD_CONFIG_CUH */

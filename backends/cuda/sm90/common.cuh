@@ -29,12 +29,14 @@ template <typename T, int N> struct fp_wgmma;
         }                                                                                          \
     }
 #if FP_SM90_DEVICE
+FP_SM90_WGMMA(__nv_bfloat16, bf16, 32);
 FP_SM90_WGMMA(__nv_bfloat16, bf16, 80);
 FP_SM90_WGMMA(__nv_bfloat16, bf16, 96);
 FP_SM90_WGMMA(__nv_bfloat16, bf16, 128);
 FP_SM90_WGMMA(__nv_bfloat16, bf16, 192);
 FP_SM90_WGMMA(__nv_bfloat16, bf16, 64);
 FP_SM90_WGMMA(__nv_bfloat16, bf16, 256);
+FP_SM90_WGMMA(__half, f16, 32);
 FP_SM90_WGMMA(__half, f16, 80);
 FP_SM90_WGMMA(__half, f16, 96);
 FP_SM90_WGMMA(__half, f16, 128);
@@ -94,6 +96,20 @@ template <typename T> FP_DEV void fp_wgmma_ss_tt64(float (&d)[32], uint64_t a, u
         fp_wgmma_ss_tt_m64n64k16_f16(d, a, b, acc);
     else
         fp_wgmma_ss_tt_m64n64k16_bf16(d, a, b, acc);
+#else
+    (void)d, (void)a, (void)b, (void)acc;
+#endif
+}
+
+/* wgmma m64n128k16 with A from shared memory K-major and B from shared memory MN-major (the
+ * D = 256 backward's dV += P^T dO and dK += dS^T Q over the other warpgroup's queries). */
+template <typename T> FP_DEV void fp_wgmma_ss_bt128(float (&d)[64], uint64_t a, uint64_t b, int acc)
+{
+#if FP_SM90_DEVICE
+    if constexpr (__is_same(T, __half))
+        fp_wgmma_ss_bt_m64n128k16_f16(d, a, b, acc);
+    else
+        fp_wgmma_ss_bt_m64n128k16_bf16(d, a, b, acc);
 #else
     (void)d, (void)a, (void)b, (void)acc;
 #endif

@@ -1,0 +1,546 @@
+/*
+ * Flash attention backward, sm90 path, head dims 129 .. 256 (kernel head dim 256).
+ *
+ * The algorithm and the producer warpgroup are sm90/bwd.cuh's (P recomputed from the
+ * forward's LSE, the side passes for LSE2 / Dsum and the dQ conversion, dQ added to the f32
+ * accumulator by the producer's writer thread with bulk reductions, the deterministic mode's
+ * turns, the masked-key guard). What differs is how the two consumer warpgroups share a key
+ * block, since two 256-column f32 accumulators (dK, dV) of 64 keys do not fit one warpgroup's
+ * registers:
+ *   - a block holds BN = 64 keys, and both warpgroups work on all 64: warpgroup w owns columns
+ *     128 w .. 128 w + 127 of dK and dV (64 + 64 registers a thread);
+ *   - per step (query head, query block of BM = 64 rows), warpgroup w computes S^T = K Q^T and
+ *     dP^T = V dO^T for its 32 queries (32 w .. 32 w + 31; m64n32, K and V from shared memory),
+ *     then P^T and dS^T for them in registers;
+ *   - dV += P^T dO and dK += dS^T Q over its own 32 queries with P^T and dS^T as register
+ *     operands, and over the other warpgroup's 32 from shared memory: each warpgroup stores its
+ *     half of P^T and dS^T ([key][query], two buffers each by step parity) and one barrier
+ *     between the warpgroups a step makes the other half readable;
+ *   - dQ = dS K (dS from the shared dS^T buffer, both operands MN-major): warpgroup w computes
+ *     columns 128 w .. 128 w + 127 in two m64n64 pieces, each staged in shared memory in the
+ *     accumulator's order and added by the writer thread as four 4 KiB bulk reductions (one
+ *     per band of 16 rows).
+ * Q and LSE2 have STQ = 2 stages, dO and Dsum STO = 1 (what 227 KiB hold): the dO load of step
+ * i + 1 runs under step i's dQ products. (Issuing S^T before waiting for dO made ptxas serialize
+ * the wgmma instructions, warning C7520.)
+ *
+ * Masked-key guard: as in bwd.cuh, except that at the first step each warpgroup scrubs
+ * its half of the columns of the K rows whose S^T row is not finite, between two barriers (the
+ * other warpgroup reads all of K), and a row is bad when either half was; the edge steps' Q and
+ * dO scrub runs once both warpgroups' S^T and dP^T products are done with the tiles.
+ *
+ * Configuration: fp_sm90_bwd256_cfg (sm90/bwd_config.cuh). Differences from the reference: as
+ * bwd.cuh's. Numbers: docs/performance.md.
+ */
+#ifndef FLASHPORT_BACKENDS_CUDA_SM90_BWD256_CUH
+#define FLASHPORT_BACKENDS_CUDA_SM90_BWD256_CUH
+
+#include "backends/cuda/sm90/bwd.cuh"
+
+/* The block's mbarriers, 8 bytes each from shared address bars (fp_sm90_bwd256_cfg::NBARS):
+ * kv_full at bars, then these. */
+struct fp_sm90b2_bars {
+    uint32_t base;
+    __device__ __forceinline__ uint32_t q_full(int s) const { return base + 8u * (1 + s); }
+    __device__ __forceinline__ uint32_t q_empty(int s) const
+    {
+        return base + 8u * (1 + fp_sm90_bwd256_cfg::STQ + s);
+    }
+    __device__ __forceinline__ uint32_t o_full(int s) const
+    {
+        return base + 8u * (1 + 2 * fp_sm90_bwd256_cfg::STQ + s);
+    }
+    __device__ __forceinline__ uint32_t o_empty(int s) const
+    {
+        return base + 8u * (1 + 2 * fp_sm90_bwd256_cfg::STQ + fp_sm90_bwd256_cfg::STO + s);
+    }
+    __device__ __forceinline__ uint32_t dq_full(int w) const
+    {
+        return base + 8u * (1 + 2 * fp_sm90_bwd256_cfg::STQ + 2 * fp_sm90_bwd256_cfg::STO + w);
+    }
+    __device__ __forceinline__ uint32_t dq_empty(int w) const
+    {
+        return base + 8u * (1 + 2 * fp_sm90_bwd256_cfg::STQ + 2 * fp_sm90_bwd256_cfg::STO + 2 + w);
+    }
+};
+
+/* Row `row` of a 128-byte-swizzled tile of ROWS-row panels: its 16-byte chunks c0 .. c1 - 1
+ * (storage order; 8 a panel) with infinite and NaN elements set to 0; whether it had one. */
+template <typename T, int ROWS>
+FP_DEV bool fp_sm90_scrub_row_part(unsigned char *tile, int row, int c0, int c1)
+{
+    bool bad = false;
+#pragma unroll 4
+    for (int c = c0; c < c1; ++c)
+        bad |= fp_scrub_chunk<T>(
+            reinterpret_cast<uint4 *>(tile + (c / 8) * ROWS * 128 + row * 128 + (c % 8) * 16));
+    return bad;
+}
+
+/* The loader (producer thread 0): K and V once, then per step the Q tile and its rows' LSE2
+ * into Q stage it % STQ, and the dO tile and its rows' Dsum into dO stage it % STO, each once
+ * both consumer warpgroups have freed it. */
+FP_DEV void fp_sm90_bwd256_loader(const fp_sm90_bwd_params &prm, uint32_t sk, uint32_t sv,
+                                  uint32_t sq, uint32_t sdo, uint32_t slse, uint32_t sdsum,
+                                  fp_sm90b2_bars bars, int b, int cb, int k_row, int kvh,
+                                  int64_t q_start, int h_first, int mb_lo, int mb_end, int steps)
+{
+    using CFG = fp_sm90_bwd256_cfg;
+    constexpr int BM = CFG::BM, BN = CFG::BN, STQ = CFG::STQ, STO = CFG::STO, NP = CFG::DK / 64;
+    constexpr uint32_t Q_BYTES = CFG::Q_BYTES, ROW_BYTES = CFG::ROW_BYTES;
+    const fp_sm80_args &a = prm.a;
+    fp_mbar_arrive_expect_tx(bars.base, 2 * CFG::KV_BYTES);
+#pragma unroll
+    for (int p = 0; p < NP; ++p) {
+        fp_tma_load_4d(sk + p * BN * 128, &prm.tk, bars.base, 64 * p, k_row, kvh, cb);
+        fp_tma_load_4d(sv + p * BN * 128, &prm.tv, bars.base, 64 * p, k_row, kvh, cb);
+    }
+    int h = h_first, mb = mb_end - 1;
+    for (int it = 0; it < steps; ++it) {
+        const int q_row = (int)q_start + mb * BM;
+        const int64_t w = fp_bwd_ws_row(a, b, h, (int64_t)mb * BM);
+        const int sqi = it % STQ, soi = it % STO;
+        fp_mbar_wait(bars.q_empty(sqi), ((it / STQ) & 1) ^ 1);
+        fp_mbar_arrive_expect_tx(bars.q_full(sqi), Q_BYTES + ROW_BYTES);
+#pragma unroll
+        for (int p = 0; p < NP; ++p)
+            fp_tma_load_4d(sq + sqi * Q_BYTES + p * BM * 128, &prm.tq, bars.q_full(sqi), 64 * p,
+                           q_row, h, cb);
+        fp_bulk_load(slse + sqi * ROW_BYTES, a.ws_lse2 + w, ROW_BYTES, bars.q_full(sqi));
+        fp_mbar_wait(bars.o_empty(soi), ((it / STO) & 1) ^ 1);
+        fp_mbar_arrive_expect_tx(bars.o_full(soi), Q_BYTES + ROW_BYTES);
+#pragma unroll
+        for (int p = 0; p < NP; ++p)
+            fp_tma_load_4d(sdo + soi * Q_BYTES + p * BM * 128, &prm.tdo, bars.o_full(soi), 64 * p,
+                           q_row, h, cb);
+        fp_bulk_load(sdsum + soi * ROW_BYTES, a.ws_dsum + w, ROW_BYTES, bars.o_full(soi));
+        fp_bwd_prev_step(h, mb, mb_lo, mb_end);
+    }
+}
+
+/* The dQ writer (producer thread 32): per step, two pieces of 64 columns from each consumer
+ * warpgroup (piece p of warpgroup w: columns 128 w + 64 p ..), each four bands of 16 rows
+ * that are contiguous 4 KiB runs of the accumulator. Deterministic mode: the step's turn is
+ * taken before its first addition and passed on once all eight have completed. */
+FP_DEV void fp_sm90_bwd256_dq_writer(const fp_sm90_bwd_params &prm, uint32_t sdq,
+                                     fp_sm90b2_bars bars, int b, int kb, int h_first, int mb_lo,
+                                     int mb_end, int steps, int nq, int nk)
+{
+    using CFG = fp_sm90_bwd256_cfg;
+    constexpr int BM = CFG::BM, BN = CFG::BN, DK = CFG::DK;
+    const fp_sm80_args &a = prm.a;
+    int h = h_first, mb = mb_end - 1;
+    for (int it = 0; it < steps; ++it) {
+        const int m0 = mb * BM;
+        float *const blk = a.dq_accum + fp_bwd_ws_row(a, b, h, m0) * DK;
+        int *turn = NULL;
+        if (prm.dq_turn) {
+            turn = prm.dq_turn + ((int64_t)b * a.heads + h) * (a.nq_pad / BM) + mb;
+            int kb_lo, kb_hi;
+            fp_geom_key_blocks(m0, min(m0 + BM, nq), nq, nk, a.left, a.right, BN, &kb_lo, &kb_hi);
+            while (fp_ld_acquire_gpu(turn) != kb - kb_lo) {
+            }
+            fp_fence_proxy_async_global();
+        }
+        for (int p = 0; p < 2; ++p)
+            for (int w = 0; w < 2; ++w) {
+                fp_mbar_wait(bars.dq_full(w), (2 * it + p) & 1);
+                const int c0 = 128 * w + 64 * p;
+#pragma unroll
+                for (int band = 0; band < BM / 16; ++band)
+                    fp_bulk_reduce_add_f32(blk + band * 16 * DK + (c0 / 8) * 128,
+                                           sdq + w * CFG::PIECE_BYTES + band * 4096, 4096);
+                fp_bulk_commit();
+                fp_bulk_wait_read();
+                fp_mbar_arrive(bars.dq_empty(w));
+            }
+        if (turn) {
+            fp_bulk_wait();
+            fp_fence_proxy_async_global();
+            fp_red_release_gpu(turn, 1);
+        }
+        fp_bwd_prev_step(h, mb, mb_lo, mb_end);
+    }
+    fp_bulk_wait();
+}
+
+// q, dout, dq: (B, Nq, H, D); k, v, dk, dv: (B, Nk, Hkv, D); grid (key blocks, Hkv x splits, B).
+template <typename T>
+__global__ void __launch_bounds__(FP_SM90B_THREADS, 1)
+    fp_sm90_bwd256_kernel(const __grid_constant__ fp_sm90_bwd_params prm)
+{
+#if FP_SM90_DEVICE
+    using CFG = fp_sm90_bwd256_cfg;
+    constexpr int BM = CFG::BM, BN = CFG::BN, DK = CFG::DK, STQ = CFG::STQ, STO = CFG::STO;
+    constexpr uint32_t KV_BYTES = CFG::KV_BYTES, Q_BYTES = CFG::Q_BYTES, ROW_BYTES = CFG::ROW_BYTES,
+                       PT_BYTES = CFG::PT_BYTES;
+    const fp_sm80_args &a = prm.a;
+
+    /* shared memory: K, V, the Q stages, the dO stages, P^T and dS^T (two buffers each), the
+     * two dQ pieces, LSE2 of the Q stages, Dsum of the dO stages, the guard's flags and
+     * counter, the barriers */
+    extern __shared__ unsigned char fp_smem_raw[];
+    const uint32_t raw = fp_smem_addr(fp_smem_raw);
+    const uint32_t sk = (raw + 1023u) & ~1023u;
+    unsigned char *const gbase = fp_smem_raw + (sk - raw); /* generic pointer to sk */
+    const uint32_t sv = sk + KV_BYTES, sq = sv + KV_BYTES, sdo = sq + STQ * Q_BYTES;
+    const uint32_t spt = sdo + STO * Q_BYTES, sds = spt + 2 * PT_BYTES;
+    const uint32_t sdq = sds + 2 * PT_BYTES, slse = sdq + 2 * CFG::PIECE_BYTES;
+    const uint32_t sdsum = slse + STQ * ROW_BYTES, sflags = sdsum + STO * ROW_BYTES;
+    uint8_t *const kflag = gbase + (sflags - sk); /* [2][BN]: by the half of K's columns */
+    uint8_t *const qflag = kflag + 2 * BN;        /* [STQ][BM] */
+    uint8_t *const oflag = qflag + STQ * BM;      /* [STO][BM] */
+    unsigned *const rbad_rows = reinterpret_cast<unsigned *>(oflag + STO * BM);
+    const fp_sm90b2_bars bars = {sflags + CFG::FLAG_BYTES};
+    auto smem_f = [&](uint32_t addr) { return reinterpret_cast<float *>(gbase + (addr - sk)); };
+
+    const int tid = threadIdx.x, wg = tid >> 7, wtid = tid & 127;
+    const int kb = blockIdx.x, b = blockIdx.z;
+    const int kvh = blockIdx.y / a.group_splits, split = blockIdx.y % a.group_splits;
+    const int slice = a.group / a.group_splits, h_first = kvh * a.group + split * slice;
+    const fp_cuda_seq seq = fp_cuda_seq_of(a, b);
+    const int nq = seq.nq, nk = seq.nk, n0 = kb * BN;
+    if (n0 >= nk)
+        return;
+    int mb_lo, mb_end;
+    fp_geom_query_blocks(n0, min(n0 + BN, nk), nq, nk, a.left, a.right, BM, &mb_lo, &mb_end);
+    const int steps = slice * (mb_end - mb_lo);
+
+    if (tid == 0) {
+        *rbad_rows = 0;
+        fp_mbar_init(bars.base, 1);
+        for (int s = 0; s < STQ; ++s) {
+            fp_mbar_init(bars.q_full(s), 1);
+            fp_mbar_init(bars.q_empty(s), FP_SM90B_CONSUMER_THREADS);
+        }
+        for (int s = 0; s < STO; ++s) {
+            fp_mbar_init(bars.o_full(s), 1);
+            fp_mbar_init(bars.o_empty(s), FP_SM90B_CONSUMER_THREADS);
+        }
+        for (int w = 0; w < 2; ++w) {
+            fp_mbar_init(bars.dq_full(w), 128);
+            fp_mbar_init(bars.dq_empty(w), 1);
+        }
+        fp_mbar_fence_init();
+    }
+    __syncthreads();
+
+    if (wg == 0) {
+        /* ---- producer warpgroup: thread 0 loads, thread 32 writes dQ ---- */
+        fp_setmaxnreg_dec<24>();
+        if (wtid == 32 && steps > 0)
+            fp_sm90_bwd256_dq_writer(prm, sdq, bars, b, kb, h_first, mb_lo, mb_end, steps, nq, nk);
+        if (wtid == 0 && steps > 0) {
+            fp_tma_prefetch_desc(&prm.tq);
+            fp_tma_prefetch_desc(&prm.tdo);
+            fp_sm90_bwd256_loader(prm, sk, sv, sq, sdo, slse, sdsum, bars, b, a.cu_q ? 0 : b,
+                                  (int)seq.k_start + n0, kvh, seq.q_start, h_first, mb_lo, mb_end,
+                                  steps);
+        }
+        return;
+    }
+
+    /* ---- consumers: all 64 keys; warpgroup w owns dK / dV columns 128 w .., queries 32 w ..
+     * of each step's S^T and dP^T ---- */
+    fp_setmaxnreg_inc<240>();
+    const int w = wg - 1, warp = wtid >> 5, lane = tid & 31;
+    const int g = lane >> 2, t = lane & 3;
+    const int kr = 16 * warp + g; /* this thread's keys: n0 + kr, n0 + kr + 8 */
+    const int qw = 32 * w;        /* this warpgroup's first query of a step */
+
+    float dv[64], dk[64];
+#pragma unroll
+    for (int i = 0; i < 64; ++i)
+        dv[i] = dk[i] = 0.0f;
+
+    if (steps > 0) {
+        const fp_mask32 mk = fp_mask32_make(nq, nk, a.left, a.right);
+        fp_mbar_wait(bars.base, 0);
+        bool kbad[2] = {false, false}, kany = false;
+        /* The guard's K part at the first step (see the file comment): sv_ is this thread's
+         * S^T, whose product has landed. */
+        auto k_guard = [&](const float(&sv_)[16]) {
+            bool bad = false;
+#pragma unroll
+            for (int i = 0; i < 16; ++i)
+                bad |= !isfinite(sv_[i]);
+            const bool wbad = __any_sync(0xffffffffu, bad);
+            fp_named_bar_sync(1, FP_SM90B_CONSUMER_THREADS); /* both S^T products are done */
+            if (lane < 16) {
+                const int row = 16 * warp + lane;
+                kflag[w * BN + row] =
+                    wbad && fp_sm90_scrub_row_part<T, BN>(gbase, row, 16 * w, 16 * w + 16) ? 1 : 0;
+            }
+            fp_fence_proxy_async_smem();
+            fp_named_bar_sync(1, FP_SM90B_CONSUMER_THREADS);
+#pragma unroll
+            for (int r = 0; r < 2; ++r)
+                kbad[r] = kflag[kr + 8 * r] != 0 || kflag[BN + kr + 8 * r] != 0;
+            kany = kbad[0] || kbad[1];
+        };
+        unsigned rbad_seen = 0;
+        int h = h_first, mb = mb_end - 1;
+        for (int it = 0; it < steps; ++it) {
+            const int sqi = it % STQ, soi = it % STO, m0 = mb * BM;
+            const uint32_t qs = sq + sqi * Q_BYTES, dos = sdo + soi * Q_BYTES;
+            const float *const lse2 = smem_f(slse + sqi * ROW_BYTES);
+            const float *const dsum = smem_f(sdsum + soi * ROW_BYTES);
+            float sacc[16], dpacc[16];
+
+            /* S^T = K Q^T and dP^T = V dO^T, this warpgroup's 32 queries (m64n32, both operands
+             * K-major) */
+            fp_mbar_wait(bars.q_full(sqi), (it / STQ) & 1);
+            fp_mbar_wait(bars.o_full(soi), (it / STO) & 1);
+            fp_wgmma_fence();
+            fp_wgmma_ss_abt<T, 32, DK / 16>(sacc, sk, BN * 128, qs + qw * 128, BM * 128);
+            fp_wgmma_commit();
+            fp_wgmma_ss_abt<T, 32, DK / 16>(dpacc, sv, BN * 128, dos + qw * 128, BM * 128);
+            fp_wgmma_commit();
+
+            /* P^T and dS^T: element 4 j + 2 r + e is key n0 + kr + 8 r, query
+             * m0 + qw + 8 j + 2 t + e */
+            if (!a.transform) {
+                fp_wgmma_wait<1>();
+                fp_wgmma_fence_regs(sacc);
+                if (it == 0)
+                    k_guard(sacc);
+#pragma unroll
+                for (int j = 0; j < 4; ++j) {
+                    const float2 l = *reinterpret_cast<const float2 *>(lse2 + qw + 8 * j + 2 * t);
+#pragma unroll
+                    for (int r = 0; r < 2; ++r) {
+                        sacc[4 * j + 2 * r] =
+                            fp_exp2(fmaf(sacc[4 * j + 2 * r], a.scale_log2, -l.x));
+                        sacc[4 * j + 2 * r + 1] =
+                            fp_exp2(fmaf(sacc[4 * j + 2 * r + 1], a.scale_log2, -l.y));
+                    }
+                }
+                fp_wgmma_wait<0>();
+                fp_wgmma_fence_regs(dpacc);
+#pragma unroll
+                for (int j = 0; j < 4; ++j) {
+                    const float2 d = *reinterpret_cast<const float2 *>(dsum + qw + 8 * j + 2 * t);
+#pragma unroll
+                    for (int r = 0; r < 2; ++r) {
+                        dpacc[4 * j + 2 * r] = sacc[4 * j + 2 * r] * (dpacc[4 * j + 2 * r] - d.x);
+                        dpacc[4 * j + 2 * r + 1] =
+                            sacc[4 * j + 2 * r + 1] * (dpacc[4 * j + 2 * r + 1] - d.y);
+                    }
+                }
+            } else {
+                fp_wgmma_wait<0>();
+                fp_wgmma_fence_regs(sacc);
+                fp_wgmma_fence_regs(dpacc);
+                if (it == 0)
+                    k_guard(sacc);
+                const float slope = a.alibi ? a.alibi[h] : 0.0f;
+#pragma unroll
+                for (int j = 0; j < 4; ++j)
+#pragma unroll
+                    for (int r = 0; r < 2; ++r)
+#pragma unroll
+                        for (int e = 0; e < 2; ++e) {
+                            const int k = 4 * j + 2 * r + e, c = qw + 8 * j + 2 * t + e;
+                            const float capped =
+                                fp_score_transform(sacc[k] * a.scale, a.softcap, 0.0f, 0.0f);
+                            const float p =
+                                fp_exp2((capped - slope * fp_alibi_distance(m0 + c, n0 + kr + 8 * r,
+                                                                            nq, nk)) *
+                                            FP_LOG2E -
+                                        lse2[c]);
+                            sacc[k] = p;
+                            dpacc[k] =
+                                p * (dpacc[k] - dsum[c]) * fp_softcap_grad(capped, a.softcap);
+                        }
+            }
+
+            /* Edge steps scrub Q and dO rows that may hold a non-finite element (as in
+             * bwd.cuh), once both warpgroups' products are done with the tiles */
+            const bool edge = m0 + BM > nq || !fp_mask_block_full(m0, min(m0 + BM, nq), n0, n0 + BN,
+                                                                  nq, nk, a.left, a.right);
+            uint8_t *const qf = qflag + sqi * BM, *const of = oflag + soi * BM;
+            bool rnew = false;
+            if (edge && fp_rows_suspect<BM>(lse2, dsum)) {
+                fp_named_bar_sync(1, FP_SM90B_CONSUMER_THREADS);
+                const int ct = tid - 128;
+                if (ct < 2 * BM) {
+                    const bool bad =
+                        fp_sm90_scrub_row<T, BM, DK>(gbase + ((ct < BM ? qs : dos) - sk), ct % BM);
+                    (ct < BM ? qf : of)[ct % BM] = bad ? 1 : 0;
+                    if (bad)
+                        atomicAdd(rbad_rows, 1u);
+                }
+                fp_fence_proxy_async_smem();
+                fp_named_bar_sync(1, FP_SM90B_CONSUMER_THREADS);
+                const unsigned now = *(volatile unsigned *)rbad_rows;
+                rnew = now != rbad_seen;
+                rbad_seen = now;
+            }
+            if (edge || kany) {
+#pragma unroll
+                for (int j = 0; j < 4; ++j)
+#pragma unroll
+                    for (int r = 0; r < 2; ++r)
+#pragma unroll
+                        for (int e = 0; e < 2; ++e) {
+                            const int k = 4 * j + 2 * r + e, c = qw + 8 * j + 2 * t + e, i = m0 + c;
+                            const bool vis = i < nq && fp_mask32_visible(mk, i, n0 + kr + 8 * r);
+                            const bool bad = kbad[r] || (rnew && (qf[c] != 0 || of[c] != 0));
+                            sacc[k] = vis ? (bad ? NAN : sacc[k]) : 0.0f;
+                            dpacc[k] = vis ? (bad ? NAN : dpacc[k]) : 0.0f;
+                        }
+            }
+
+            /* this warpgroup's 32 queries of P^T and dS^T: wgmma A fragments (two k steps),
+             * and into this step's buffers ([key][query], one 64 x 64 panel) */
+            uint32_t pa[2][4], da[2][4];
+#pragma unroll
+            for (int kk = 0; kk < 2; ++kk)
+#pragma unroll
+                for (int q = 0; q < 4; ++q) {
+                    pa[kk][q] = fp_pack2<T>(sacc[8 * kk + 2 * q], sacc[8 * kk + 2 * q + 1]);
+                    da[kk][q] = fp_pack2<T>(dpacc[8 * kk + 2 * q], dpacc[8 * kk + 2 * q + 1]);
+                }
+            const uint32_t ptb = spt + (it & 1) * PT_BYTES, dsb = sds + (it & 1) * PT_BYTES;
+#pragma unroll
+            for (int j = 0; j < 4; ++j)
+#pragma unroll
+                for (int r = 0; r < 2; ++r) {
+                    const uint32_t off = fp_swz128<BN>(kr + 8 * r, qw + 8 * j + 2 * t);
+                    *reinterpret_cast<uint32_t *>(gbase + (ptb - sk) + off) =
+                        pa[j / 2][2 * (j % 2) + r];
+                    *reinterpret_cast<uint32_t *>(gbase + (dsb - sk) + off) =
+                        da[j / 2][2 * (j % 2) + r];
+                }
+            fp_fence_proxy_async_smem();
+
+            /* dV += P^T dO and dK += dS^T Q over this warpgroup's queries (A from registers,
+             * B = dO / Q columns 128 w .., MN-major) */
+            const uint32_t dcol = 2 * w * BM * 128; /* panel 2 w of a Q / dO tile */
+            fp_wgmma_fence();
+#pragma unroll
+            for (int kk = 0; kk < 2; ++kk)
+                fp_wgmma<T, 128>::rs(
+                    dv, pa[kk], fp_wgmma_desc(dos + dcol + (qw + 16 * kk) * 128, BM * 128, 1024));
+#pragma unroll
+            for (int kk = 0; kk < 2; ++kk)
+                fp_wgmma<T, 128>::rs(
+                    dk, da[kk], fp_wgmma_desc(qs + dcol + (qw + 16 * kk) * 128, BM * 128, 1024));
+            fp_wgmma_commit();
+
+            /* the other warpgroup's half of P^T and dS^T is in the buffers after this */
+            fp_named_bar_sync(1, FP_SM90B_CONSUMER_THREADS);
+            const int qo = BM / 2 - qw; /* the other warpgroup's first query */
+            fp_wgmma_fence();
+#pragma unroll
+            for (int kk = 0; kk < 2; ++kk) {
+                const int q16 = qo / 16 + kk; /* k step of 16 queries */
+                fp_wgmma_ss_bt128<T>(dv, fp_wgmma_desc(ptb + q16 * 32, 16, 1024),
+                                     fp_wgmma_desc(dos + dcol + 16 * q16 * 128, BM * 128, 1024), 1);
+                fp_wgmma_ss_bt128<T>(dk, fp_wgmma_desc(dsb + q16 * 32, 16, 1024),
+                                     fp_wgmma_desc(qs + dcol + 16 * q16 * 128, BM * 128, 1024), 1);
+            }
+            fp_wgmma_commit();
+
+            /* dQ = dS K, columns 128 w + 64 p .. in two m64n64 pieces (dS from the dS^T buffer
+             * and K, both MN-major); each piece staged in the accumulator's order (bands of 16
+             * rows, fp_dq_frag_off) for the writer */
+            float *const piece = smem_f(sdq + w * CFG::PIECE_BYTES);
+#pragma unroll
+            for (int p = 0; p < 2; ++p) {
+                float dq[32];
+                fp_wgmma_fence();
+#pragma unroll
+                for (int kk = 0; kk < BN / 16; ++kk)
+                    fp_wgmma_ss_tt64<T>(
+                        dq, fp_wgmma_desc(dsb + kk * 16 * 128, BN * 128, 1024),
+                        fp_wgmma_desc(sk + (2 * w + p) * BN * 128 + kk * 16 * 128, BN * 128, 1024),
+                        kk > 0);
+                fp_wgmma_commit();
+                fp_wgmma_wait<0>();
+                fp_wgmma_fence_regs(dq);
+                if (p == 0) {
+                    /* every product reading this step's Q and dO stages has landed */
+                    fp_wgmma_fence_regs(dv);
+                    fp_wgmma_fence_regs(dk);
+                    fp_fence_u32(pa);
+                    fp_fence_u32(da);
+                    fp_mbar_arrive(bars.q_empty(sqi));
+                    fp_mbar_arrive(bars.o_empty(soi));
+                }
+                fp_mbar_wait(bars.dq_empty(w), ((2 * it + p) & 1) ^ 1);
+                float *const band = piece + warp * 1024;
+#pragma unroll
+                for (int j = 0; j < 8; ++j)
+#pragma unroll
+                    for (int r = 0; r < 2; ++r)
+                        *reinterpret_cast<float2 *>(band +
+                                                    fp_dq_frag_off(g + 8 * r, 8 * j + 2 * t)) =
+                            make_float2(dq[4 * j + 2 * r], dq[4 * j + 2 * r + 1]);
+                fp_fence_proxy_async_smem();
+                fp_mbar_arrive(bars.dq_full(w));
+            }
+            fp_bwd_prev_step(h, mb, mb_lo, mb_end);
+        }
+    }
+
+    if (a.dkv_part) {
+        /* a slice of the group: its f32 sums (fp_cuda_bwd_side_dkdv_sum adds them in slice
+         * order); element 4 j + 2 r + e is key n0 + kr + 8 r, column 128 w + 8 j + 2 t + e */
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+            float *pv = a.dkv_part + fp_bwd_part_row(a, 0, split, b, kvh, n0 + kr + 8 * r) * DK;
+            float *pk = a.dkv_part + fp_bwd_part_row(a, 1, split, b, kvh, n0 + kr + 8 * r) * DK;
+#pragma unroll
+            for (int j = 0; j < 16; ++j) {
+                const int c = 128 * w + 8 * j + 2 * t;
+                *reinterpret_cast<float2 *>(pv + c) =
+                    make_float2(dv[4 * j + 2 * r], dv[4 * j + 2 * r + 1]);
+                *reinterpret_cast<float2 *>(pk + c) =
+                    make_float2(dk[4 * j + 2 * r], dk[4 * j + 2 * r + 1]);
+            }
+        }
+        return;
+    }
+    /* dK (times the softmax scale) and dV staged in this warpgroup's column panels of the K and
+     * V tiles once both warpgroups' products are done with them, then written as 16-byte rows */
+    fp_named_bar_sync(1, FP_SM90B_CONSUMER_THREADS);
+#pragma unroll
+    for (int j = 0; j < 16; ++j)
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+            const uint32_t off = fp_swz128<BN>(kr + 8 * r, 128 * w + 8 * j + 2 * t);
+            *reinterpret_cast<uint32_t *>(gbase + off) =
+                fp_pack2<T>(dk[4 * j + 2 * r] * a.scale, dk[4 * j + 2 * r + 1] * a.scale);
+            *reinterpret_cast<uint32_t *>(gbase + (sv - sk) + off) =
+                fp_pack2<T>(dv[4 * j + 2 * r], dv[4 * j + 2 * r + 1]);
+        }
+    fp_named_bar_sync(2 + w, 128);
+    T *dkg = reinterpret_cast<T *>(const_cast<void *>(a.dk.ptr));
+    T *dvg = reinterpret_cast<T *>(const_cast<void *>(a.dv.ptr));
+#pragma unroll 4
+    for (int idx = wtid; idx < BN * 16; idx += 128) {
+        const int row = idx / 16, c = 16 * w + idx % 16, key = n0 + row;
+        if (key >= nk || 8 * c >= a.d)
+            continue;
+        const uint32_t off = fp_swz128<BN>(row, 8 * c);
+        *reinterpret_cast<uint4 *>(dkg + fp_cuda_row(a.dk, b, seq.k_start + key, kvh) + 8 * c) =
+            *reinterpret_cast<const uint4 *>(gbase + off);
+        *reinterpret_cast<uint4 *>(dvg + fp_cuda_row(a.dv, b, seq.k_start + key, kvh) + 8 * c) =
+            *reinterpret_cast<const uint4 *>(gbase + (sv - sk) + off);
+    }
+#endif
+}
+
+/* ---- host ---------------------------------------------------------------------------------- */
+
+template <typename T>
+flashport_status fp_sm90_bwd256_run(const fp_cuda_ctx *ctx, const fp_problem *p, const char *why,
+                                    const char **declined, void *ws, size_t *query)
+{
+    return fp_sm90_bwd_run<T, fp_sm90_bwd256_cfg>(
+        ctx, p, why, declined, ws, query, fp_sm90_bwd256_kernel<T>,
+        "2 Q / 1 dO stages, 2 consumer warpgroups of 128 dK / dV columns");
+}
+
+#endif /* FLASHPORT_BACKENDS_CUDA_SM90_BWD256_CUH */

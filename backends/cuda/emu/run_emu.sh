@@ -46,20 +46,35 @@ rewrite_sources() {
 }
 # A rewritten .cu file (path under backends/cuda) as C++.
 compile_cu() {
-    "$cxx" "${base[@]}" -include "$emu/cuda_emu.h" -x c++ -c "$out/src/backends/cuda/$1" -o "$2"
+    "$cxx" "${base[@]}" "${@:3}" -include "$emu/cuda_emu.h" -x c++ -c \
+        "$out/src/backends/cuda/$1" -o "$2"
 }
+# FP_CUDA_EMU_SM90=1 (the default): the sm90 backward (sm90/sm90_bwd.cu, sm90/inst/bwd_*.cu)
+# on the emulator's TMA, mbarrier and wgmma; 0: emu/sm90_declines.cu declines the whole sm90 path.
+sm90=${FP_CUDA_EMU_SM90:-1}
 build_lib() {
     rewrite_sources
     pids=()
     rm -f "$out"/obj/*.o
+    local sm90_srcs=() sm90_def=()
+    if [ "$sm90" = 1 ]; then
+        sm90_srcs=(sm90/sm90_bwd.cu $(cd "$root/backends/cuda" && ls sm90/inst/bwd_*.cu))
+        sm90_def=(-DFP_CUDA_EMU_SM90_BWD)
+    fi
     for f in sm80/fwd.cu sm80/bwd.cu decode/fwd.cu \
-        $(cd "$root/backends/cuda" && ls sm80/inst/*.cu decode/inst/*.cu) emu/sm90_declines.cu \
-        layout.cu; do
+        $(cd "$root/backends/cuda" && ls sm80/inst/*.cu decode/inst/*.cu) layout.cu \
+        "${sm90_srcs[@]}"; do
         compile_cu "$f" "$out/obj/${f//\//_}.o" &
         pids+=($!)
     done
+    compile_cu emu/sm90_declines.cu "$out/obj/emu_sm90_declines.cu.o" "${sm90_def[@]}" &
+    pids+=($!)
     compile_cu emu/selftest.cu "$out/selftest.o" &
     pids+=($!)
+    if [ "$sm90" = 1 ]; then
+        compile_cu emu/selftest_sm90.cu "$out/selftest_sm90.o" &
+        pids+=($!)
+    fi
     "$cxx" "${base[@]}" -x c++ -c "$emu/cuda_emu.cpp" -o "$out/obj/cuda_emu.o" &
     pids+=($!)
     # cuda_backend.c as C11 against the emulator's runtime header; its entry point is wrapped by
@@ -72,17 +87,27 @@ build_lib() {
     for p in "${pids[@]}"; do wait "$p"; done
     "$cxx" -shared -o "$out/libflashport_cudaemu.so" "$out"/obj/*.o -lpthread -ldl
     "$cxx" -o "$out/selftest" "$out/selftest.o" "$out"/obj/*.o -lpthread -ldl
+    rm -f "$out/selftest_sm90"
+    if [ "$sm90" = 1 ]; then
+        "$cxx" -o "$out/selftest_sm90" "$out/selftest_sm90.o" "$out"/obj/*.o -lpthread -ldl
+    fi
 }
 # Rebuilt when missing or older than any source it is made of.
 lib=$out/libflashport_cudaemu.so
-if [ ! -e "$lib" ] || [ -n "$(find "$root/backends/cuda" "$root/core" "$root/include" -newer "$lib" \
-    -type f | head -1)" ]; then
+if [ ! -e "$lib" ] || [ "$(cat "$out/sm90" 2>/dev/null)" != "$sm90" ] ||
+    [ -n "$(find "$root/backends/cuda" "$root/core" "$root/include" -newer "$lib" -type f |
+        head -1)" ]; then
     build_lib
+    echo "$sm90" >"$out/sm90"
 fi
 cmake --build "$build" --target test_backends test_reliability >/dev/null
 
 echo "== cudaemu self-test (ldmatrix, mma, shfl against plain loops)"
 "$out/selftest"
+if [ "$sm90" = 1 ]; then
+    echo "== cudaemu sm90 self-test (TMA, mbarrier, bulk copies, wgmma against plain loops)"
+    "$out/selftest_sm90"
+fi
 status=0
 export FP_CUDA_EMU_THREADS=${FP_CUDA_EMU_THREADS:-2}
 for kib in ${FP_CUDA_EMU_SMEM_LIST:-227 163}; do

@@ -30,6 +30,10 @@
  *   __shfl_xor_sync: full mask only.
  * Checks (abort with a message): shared addresses outside the launch's dynamic shared memory or
  * misaligned, cp.async sources and atomics outside every live cudaMalloc allocation.
+ *   The sm90 instructions (mbarrier, TMA and bulk copies, bulk reductions, named barriers,
+ *   ld.acquire / red.release, setmaxnreg, wgmma): see their section below and docs/cuda_emu.md.
+ *   Waits that spin on the GPU (mbarrier try_wait, ld.acquire) yield here; a round of the
+ *   scheduler in which every live thread waits without anything changing is a hang.
  *
  * Launch checks as the hardware's: block size 1..1024, grid y and z <= 65535, no empty grid,
  * dynamic shared memory above 48 KiB only after cudaFuncSetAttribute raised the kernel's limit,

@@ -2,8 +2,8 @@
  * cuda_emu.h: a CPU emulation of the CUDA device names that backends/cuda/ uses, force-included
  * (-include) when run_emu.sh compiles the .cu files as C++ for the CPU (with -DFP_CUDA_EMU and
  * include/ first on the path, for cuda_runtime_api.h, cuda_fp16.h, cuda_bf16.h). It lets the
- * shared test table run the sm80 kernels and the host code on a machine with no GPU
- * (docs/cuda_emu.md).
+ * shared test table run the sm80 kernels, the sm90 backward and the host code on a machine with
+ * no GPU (docs/cuda_emu.md).
  *
  * Execution model (cuda_emu.cpp): a launch runs its blocks one after another (or on
  * FP_CUDA_EMU_THREADS host threads, one block per thread at a time); a block's threads are

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Builds the CUDA backend's sources for a CPU (cuda_emu.h, cuda_emu.cpp; docs/cuda_emu.md) into
-# <build>/cudaemu/libflashport_cudaemu.so, runs the emulator's self-test (selftest.cu: ldmatrix
-# and mma fragments against a plain loop), then the shared test table on backend "cudaemu" once
+# <build>/cudaemu/libflashport_cudaemu.so, runs the emulator's self-tests (selftest.cu: ldmatrix
+# and mma fragments against a plain loop; selftest_sm90.cu: TMA, mbarrier, bulk copies and wgmma),
+# then the shared test table on backend "cudaemu" once
 # per emulated device: FP_CUDA_EMU_SMEM_KIB=227 (sm_90-like: the largest tile configurations)
 # and 163 (sm_80-like), and once more at the first with the forward's ping-pong kernel forced
 # (FLASHPORT_CUDA_FWD_PINGPONG=1), once with the backward's GQA group splits forced
@@ -17,7 +18,9 @@
 #
 # The library is rebuilt only when a source under backends/cuda, core or include is newer.
 # Environment: CXX (default clang++), FP_CUDA_EMU_SMEM_LIST (default "227 163"; 99 is an
-# sm_86-like device), FP_CUDA_EMU_THREADS (host threads running blocks, default 2).
+# sm_86-like device), FP_CUDA_EMU_THREADS (host threads running blocks, default 2),
+# FP_CUDA_EMU_SM90 (default 1: the sm90 backward is built, and runs at 227 KiB; then one more pass
+# there with FLASHPORT_CUDA_PATH=sm80; 0: the sm90 path declines every call).
 # The .cu and .cuh files are compiled as C++ after a textual rewrite of kernel<<<...>>>(args) into
 # kernel << fp_emu_cfg(...)(args) (one launch per line, which the sources keep): the rewritten
 # copies of backends/cuda go to <build>/cudaemu/src, ahead of the sources on the include path.
@@ -130,6 +133,14 @@ FP_CUDA_EMU_SMEM_KIB=$kib FLASHPORT_CUDA_FWD_PINGPONG=1 FLASHPORT_PLUGIN_PATH=$o
 FP_CUDA_EMU_SMEM_KIB=$kib FLASHPORT_CUDA_FWD_PINGPONG=1 FLASHPORT_PLUGIN_PATH=$out \
     "$build/bin/test_reliability" cudaemu --masked-keys | grep -E 'CHECK failed|checks failed' ||
     status=1
+# With the sm90 backward built, the first pass at an sm_90-like size (227 KiB) ran every backward
+# but the seqused_k ones on it: once more with the sm80 path forced (FLASHPORT_CUDA_PATH=sm80),
+# the sm80 backward's 227 KiB configurations, as an H200 runs them where the sm90 path declines.
+if [ "$sm90" = 1 ] && [ "$kib" -ge 227 ]; then
+    echo "== cudaemu, FP_CUDA_EMU_SMEM_KIB=$kib, FLASHPORT_CUDA_PATH=sm80"
+    FP_CUDA_EMU_SMEM_KIB=$kib FLASHPORT_CUDA_PATH=sm80 FLASHPORT_PLUGIN_PATH=$out \
+        "$build/bin/test_backends" cudaemu "$@" || status=1
+fi
 # The backward's GQA group splits (fp_plan_backward_group_splits) run by shape for a few cases
 # only: once more with 4 forced (each group cut into its largest divisor up to 4 slices), at the
 # first size.

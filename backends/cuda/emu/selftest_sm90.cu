@@ -14,15 +14,20 @@
  *   S^T products), both MN-major (m64n64, dS K), A K-major and B MN-major (m64n128, the
  *   D = 256 dV / dK over the other half), A from registers and B MN-major (m64n128), and ss
  *   K-major m64n128; accumulate = 0 ignores d; accumulators read before the wait are NaN;
- *   cp.reduce.async.bulk .add.f32 from two threads into one row; named barriers.
+ *   cp.reduce.async.bulk .add.f32 from two threads into one row; named barriers;
+ *   a wait on an mbarrier phase that can never complete (an arrival short) is reported as a
+ *   hang and stops the run (in a child process), not an endless spin.
  * Inputs are small integers: every sum is exact and the comparison is bitwise. Exit 0 when
  * everything matches, 1 otherwise.
  */
 #include "backends/cuda/sm80/common.cuh"
 #include "backends/cuda/sm90/common.cuh"
 
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 enum { NCASE = 5, KD = 32, MAXN = 128 };
 struct wcase {
@@ -290,8 +295,47 @@ template <typename T> static int run(int bf16)
     return bad != 0;
 }
 
+/* 64 threads wait for a phase of 65 arrivals. */
+__global__ void st90_hang_kernel(int)
+{
+    if (threadIdx.x == 0)
+        fp_mbar_init(0, 65);
+    __syncthreads();
+    fp_mbar_arrive(0);
+    fp_mbar_wait(0, 0);
+}
+
+/* The hang kernel in a child process: it must die by abort with "hang" on stderr. */
+static int run_hang(void)
+{
+    int fds[2];
+    if (pipe(fds) != 0)
+        return 1;
+    const pid_t pid = fork();
+    if (pid == 0) {
+        dup2(fds[1], 2);
+        close(fds[0]);
+        st90_hang_kernel<<<1, 64, 64, 0>>>(0);
+        _exit(0);
+    }
+    close(fds[1]);
+    char msg[4096];
+    size_t n = 0;
+    ssize_t r;
+    while (n < sizeof msg - 1 && (r = read(fds[0], msg + n, sizeof msg - 1 - n)) > 0)
+        n += (size_t)r;
+    msg[n] = 0;
+    close(fds[0]);
+    int status = 0;
+    waitpid(pid, &status, 0);
+    const bool ok = WIFSIGNALED(status) && WTERMSIG(status) == SIGABRT && strstr(msg, "hang:");
+    printf("an mbarrier wait that can never complete is reported as a hang: %s\n",
+           ok ? "ok" : "FAIL");
+    return ok ? 0 : 1;
+}
+
 int main(void)
 {
-    const int bad = run<__half>(0) + run<__nv_bfloat16>(1);
+    const int bad = run<__half>(0) + run<__nv_bfloat16>(1) + run_hang();
     return bad ? 1 : 0;
 }

@@ -84,8 +84,10 @@ template <typename T, int N> static __device__ void wg_case(const st90_args &p, 
         d[i] = c.regs ? (float)(i + tid) : 12345.0f;
     fp_wgmma_fence();
     for (int s = 0; s < KD / 16; ++s) {
-        const uint64_t da = c.ta ? desc(S_A + s * 16 * 128, 8192, 1024) : desc(S_A + 32 * s, 16, 1024);
-        const uint64_t db = c.tb ? desc(S_B + s * 16 * 128, 4096, 1024) : desc(S_B + 32 * s, 16, 1024);
+        const uint64_t da =
+            c.ta ? desc(S_A + s * 16 * 128, 8192, 1024) : desc(S_A + 32 * s, 16, 1024);
+        const uint64_t db =
+            c.tb ? desc(S_B + s * 16 * 128, 4096, 1024) : desc(S_B + 32 * s, 16, 1024);
         if (c.regs) {
             uint32_t a[4];
             for (int r = 0; r < 4; ++r) {
@@ -281,8 +283,7 @@ template <typename T> static int run(int bf16)
                                              "rs B MN-major m64n128", "ss K-major m64n128"};
     for (int ci = 0; ci < NCASE; ++ci) {
         bad += bad_w[ci];
-        printf("%s: wgmma %s: %s\n", bf16 ? "bf16" : "f16", names[ci],
-               bad_w[ci] ? "FAIL" : "ok");
+        printf("%s: wgmma %s: %s\n", bf16 ? "bf16" : "f16", names[ci], bad_w[ci] ? "FAIL" : "ok");
     }
     cudaFree(d_tin);
     cudaFree(d_a);

@@ -129,6 +129,7 @@ struct bulk_red {
     float *dst;
     uint32_t src, bytes;
     long group;
+    uint64_t hash; /* of the source at the issue */
 };
 
 struct fiber {
@@ -886,6 +887,16 @@ void fp_emu_bulk_load(uint32_t dst, const void *src, uint32_t bytes, uint32_t ba
     new_copy(bar, dst, bytes)->src = (const char *)src;
 }
 
+/* FNV-1a of shared bytes: an asynchronous read's source at its issue, compared at its completion
+ * (a change between the two is a race the hardware may or may not see). */
+static uint64_t bytes_hash(const unsigned char *p, size_t n)
+{
+    uint64_t h = 0xcbf29ce484222325ull;
+    for (size_t i = 0; i < n; i++)
+        h = (h ^ p[i]) * 0x100000001b3ull;
+    return h;
+}
+
 void fp_emu_bulk_reduce_add_f32(float *dst, uint32_t src, uint32_t bytes)
 {
     struct fiber *f = W->cur;
@@ -898,7 +909,7 @@ void fp_emu_bulk_reduce_add_f32(float *dst, uint32_t src, uint32_t bytes)
         f->reds_cap = f->reds_cap ? 2 * f->reds_cap : 16;
         f->reds = (struct bulk_red *)realloc(f->reds, (size_t)f->reds_cap * sizeof *f->reds);
     }
-    f->reds[f->nreds++] = {dst, src, bytes, f->bulk_committed};
+    f->reds[f->nreds++] = {dst, src, bytes, f->bulk_committed, bytes_hash(fp_smem + src, bytes)};
 }
 
 void fp_emu_bulk_commit(void)
@@ -917,6 +928,10 @@ static void drain_reds(struct fiber *f, long upto)
             f->reds[kept++] = r;
             continue;
         }
+        if (bytes_hash(fp_smem + r.src, r.bytes) != r.hash)
+            fatal("cp.reduce.async.bulk: its shared source at %u (%u bytes) changed between the "
+                  "issue and the wait_group that completes it",
+                  r.src, r.bytes);
         for (uint32_t e = 0; e < r.bytes / 4; e++) {
             float v;
             memcpy(&v, fp_smem + r.src + 4 * e, 4);
@@ -1006,11 +1021,13 @@ void fp_emu_named_bar(int id, int threads, int wait)
  * the 128 agree on shape, descriptors and immediates) and computes at the wgmma.wait_group that
  * covers its group (the latest moment the ISA allows), once all 128 threads have arrived there.
  * Between the issue and that wait the accumulators read as NaN (the ISA leaves them undefined),
- * their values at the issue kept for the product. The shared-memory operands are read at the
- * wait, so a write to them before it is seen. */
+ * their values at the issue kept for the product. The shared-memory operands are read when the
+ * first thread issues (a hash) and at the wait (the product): a difference (a write to them
+ * after an issue, which nothing orders before the asynchronous read, or before the wait) stops
+ * the run. */
 struct wg_op {
     int n, dtype, ta, tb, scale_d, has_a, contributions;
-    uint64_t adesc, bdesc;
+    uint64_t adesc, bdesc, hash; /* hash: the shared operands when the first thread issued */
     long group;
     float *d[128];
     uint32_t a[128][4];
@@ -1110,6 +1127,24 @@ static float desc_elem(uint64_t desc, int mn, int k, int mn_major, int dtype, co
     }
     L ^= ((L >> 7) & 7) << 4;
     return elem_value(smem_range(L, (size_t)es, 1, what), dtype);
+}
+
+/* The shared operands' values, in the order the product reads them. */
+static uint64_t wgmma_operand_hash(const struct wg_op *op)
+{
+    const int K = op->dtype == FP_EMU_E4M3 ? 32 : 16;
+    uint64_t h = 0xcbf29ce484222325ull;
+    for (int m = 0; m < 64 && !op->has_a; m++)
+        for (int k = 0; k < K; k++) {
+            const float v = desc_elem(op->adesc, m, k, op->ta, op->dtype, "A");
+            h = (h ^ f32_bits(v)) * 0x100000001b3ull;
+        }
+    for (int k = 0; k < K; k++)
+        for (int n = 0; n < op->n; n++) {
+            const float v = desc_elem(op->bdesc, n, k, op->tb, op->dtype, "B");
+            h = (h ^ f32_bits(v)) * 0x100000001b3ull;
+        }
+    return h;
 }
 
 static void compute_wgmma(struct wg_op *op)
@@ -1212,7 +1247,8 @@ void fp_emu_wgmma(float *d, int n, const uint32_t *a, uint64_t a_desc, uint64_t 
         for (int i = 0; i < n / 2; i++)
             d[i] = NAN;
     }
-    op->contributions++;
+    if (op->contributions++ == 0)
+        op->hash = wgmma_operand_hash(op);
     W->progress = 1;
 }
 
@@ -1252,6 +1288,10 @@ void fp_emu_wgmma_wait(int n)
         if (st->ops[done].contributions != 128)
             fatal("wgmma #%ld of warpgroup %d was issued by %d of its 128 threads", st->base + done,
                   wgi, st->ops[done].contributions);
+        if (wgmma_operand_hash(&st->ops[done]) != st->ops[done].hash)
+            fatal("wgmma #%ld of warpgroup %d: its shared-memory operands changed between its "
+                  "issue and the wait_group that completes it",
+                  st->base + done, wgi);
         compute_wgmma(&st->ops[done]);
         done++;
     }

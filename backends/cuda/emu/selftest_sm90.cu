@@ -15,8 +15,9 @@
  *   D = 256 dV / dK over the other half), A from registers and B MN-major (m64n128), and ss
  *   K-major m64n128; accumulate = 0 ignores d; accumulators read before the wait are NaN;
  *   cp.reduce.async.bulk .add.f32 from two threads into one row; named barriers;
- *   a wait on an mbarrier phase that can never complete (an arrival short) is reported as a
- *   hang and stops the run (in a child process), not an endless spin.
+ *   in child processes, that the run stops with the emulator's report for a wait on an mbarrier
+ *   phase that can never complete (an arrival short: a hang, not an endless spin) and for a
+ *   write to a wgmma's shared operand between its issue and its wait_group (a race).
  * Inputs are small integers: every sum is exact and the comparison is bitwise. Exit 0 when
  * everything matches, 1 otherwise.
  */
@@ -306,8 +307,34 @@ __global__ void st90_hang_kernel(int)
     fp_mbar_wait(0, 0);
 }
 
-/* The hang kernel in a child process: it must die by abort with "hang" on stderr. */
-static int run_hang(void)
+/* One warpgroup: m64n32k16 from zeroed operands, one of B's bytes written after the issue. */
+__global__ void st90_race_kernel(int)
+{
+    extern __shared__ __align__(1024) unsigned char fp_smem[];
+    for (int i = threadIdx.x; i < 8192 / 4; i += 128)
+        reinterpret_cast<uint32_t *>(fp_smem)[i] = 0;
+    __syncthreads();
+    float d[16];
+    fp_wgmma_fence();
+    fp_wgmma<__half, 32>::ss(d, desc(0, 16, 1024), desc(4096, 16, 1024), 0);
+    fp_wgmma_commit();
+    if (threadIdx.x == 0)
+        fp_smem[4096 + 2] = 0x3c; /* B (n 0, k 1) */
+    fp_wgmma_wait<0>();
+}
+
+static void launch_hang(void)
+{
+    st90_hang_kernel<<<1, 64, 64, 0>>>(0);
+}
+static void launch_race(void)
+{
+    st90_race_kernel<<<1, 128, 8192, 0>>>(0);
+}
+
+/* A kernel the emulator must stop, in a child process: it must die by abort with `expect` in
+ * its report on stderr. */
+static int run_death(void (*launch)(void), const char *expect, const char *what)
 {
     int fds[2];
     if (pipe(fds) != 0)
@@ -316,7 +343,7 @@ static int run_hang(void)
     if (pid == 0) {
         dup2(fds[1], 2);
         close(fds[0]);
-        st90_hang_kernel<<<1, 64, 64, 0>>>(0);
+        launch();
         _exit(0);
     }
     close(fds[1]);
@@ -329,14 +356,18 @@ static int run_hang(void)
     close(fds[0]);
     int status = 0;
     waitpid(pid, &status, 0);
-    const bool ok = WIFSIGNALED(status) && WTERMSIG(status) == SIGABRT && strstr(msg, "hang:");
-    printf("an mbarrier wait that can never complete is reported as a hang: %s\n",
-           ok ? "ok" : "FAIL");
+    const bool ok = WIFSIGNALED(status) && WTERMSIG(status) == SIGABRT && strstr(msg, expect);
+    printf("%s: %s\n", what, ok ? "ok" : "FAIL");
     return ok ? 0 : 1;
 }
 
 int main(void)
 {
-    const int bad = run<__half>(0) + run<__nv_bfloat16>(1) + run_hang();
+    const int bad =
+        run<__half>(0) + run<__nv_bfloat16>(1) +
+        run_death(launch_hang,
+                  "hang:", "an mbarrier wait that can never complete is reported as a hang") +
+        run_death(launch_race, "operands changed",
+                  "a wgmma operand written between the issue and the wait is reported");
     return bad ? 1 : 0;
 }

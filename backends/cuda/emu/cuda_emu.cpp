@@ -649,6 +649,16 @@ unsigned atomicAdd(unsigned *address, unsigned value)
     return __atomic_fetch_add(address, value, __ATOMIC_RELAXED);
 }
 
+/* FNV-1a of shared bytes: an asynchronous read's source at its issue, compared at its completion
+ * (a change between the two is a race the hardware may or may not see). */
+static uint64_t bytes_hash(const unsigned char *p, size_t n)
+{
+    uint64_t h = 0xcbf29ce484222325ull;
+    for (size_t i = 0; i < n; i++)
+        h = (h ^ p[i]) * 0x100000001b3ull;
+    return h;
+}
+
 /* ---- sm90: mbarrier ----------------------------------------------------------------------- *
  *
  * The barrier is its 8 bytes of shared memory, as on the GPU (so that a kernel writing over it
@@ -720,6 +730,7 @@ enum : uint32_t { TMAP_TAG = 0x7e450a90u };
 
 struct async_copy {
     uint32_t bar, dst, bytes;
+    uint64_t dst_hash;   /* the destination at the issue: nothing may write it in flight */
     const char *src;     /* a bulk copy; NULL: a tensor-map box */
     struct emu_tmap map; /* the box's map, as it was at the issue */
     int coords[4];
@@ -776,6 +787,10 @@ static int land_copies(uint32_t bar)
             kept++;
             continue;
         }
+        if (bytes_hash(fp_smem + c->dst, c->bytes) != c->dst_hash)
+            fatal("a %s copy's shared destination at %u (%u bytes) was written while it was in "
+                  "flight (between the issue and its barrier's wait)",
+                  c->src ? "bulk" : "TMA", c->dst, c->bytes);
         if (c->src)
             memcpy(fp_smem + c->dst, c->src, c->bytes);
         else
@@ -802,6 +817,7 @@ static struct async_copy *new_copy(uint32_t bar, uint32_t dst, uint32_t bytes)
     c->bar = bar;
     c->dst = dst;
     c->bytes = bytes;
+    c->dst_hash = bytes_hash(fp_smem + dst, bytes);
     W->progress = 1;
     return c;
 }
@@ -885,16 +901,6 @@ void fp_emu_bulk_load(uint32_t dst, const void *src, uint32_t bytes, uint32_t ba
     smem_range(dst, bytes, 16, "cp.async.bulk destination");
     check_global(src, bytes, "cp.async.bulk source");
     new_copy(bar, dst, bytes)->src = (const char *)src;
-}
-
-/* FNV-1a of shared bytes: an asynchronous read's source at its issue, compared at its completion
- * (a change between the two is a race the hardware may or may not see). */
-static uint64_t bytes_hash(const unsigned char *p, size_t n)
-{
-    uint64_t h = 0xcbf29ce484222325ull;
-    for (size_t i = 0; i < n; i++)
-        h = (h ^ p[i]) * 0x100000001b3ull;
-    return h;
 }
 
 void fp_emu_bulk_reduce_add_f32(float *dst, uint32_t src, uint32_t bytes)

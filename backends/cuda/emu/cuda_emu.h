@@ -2,8 +2,8 @@
  * cuda_emu.h: a CPU emulation of the CUDA device names that backends/cuda/ uses, force-included
  * (-include) when run_emu.sh compiles the .cu files as C++ for the CPU (with -DFP_CUDA_EMU and
  * include/ first on the path, for cuda_runtime_api.h, cuda_fp16.h, cuda_bf16.h). It lets the
- * shared test table run the sm80 kernels and the host code on a machine with no GPU
- * (docs/cuda_emu.md).
+ * shared test table run the sm80 kernels, the sm90 backward and the host code on a machine with
+ * no GPU (docs/cuda_emu.md).
  *
  * Execution model (cuda_emu.cpp): a launch runs its blocks one after another (or on
  * FP_CUDA_EMU_THREADS host threads, one block per thread at a time); a block's threads are
@@ -36,6 +36,9 @@
 #define __launch_bounds__(...)
 #define __shared__   thread_local
 #define __align__(n) __attribute__((aligned(n)))
+#define __grid_constant__
+/* The sm90 kernels name their dynamic shared memory fp_smem_raw: the same array. */
+#define fp_smem_raw fp_smem
 
 struct dim3 {
     unsigned x, y, z;
@@ -99,7 +102,8 @@ FP_EMU_MINMAX(unsigned long long)
 
 void __syncthreads(void);
 float atomicAdd(float *address, float value);
-float2 atomicAdd(float2 *address, float2 value); /* sm_90: atomic per element */
+unsigned atomicAdd(unsigned *address, unsigned value); /* global or shared */
+float2 atomicAdd(float2 *address, float2 value);       /* sm_90: atomic per element */
 
 /* Shared-window offset of a generic pointer into this block's dynamic shared memory. */
 size_t __cvta_generic_to_shared(const void *ptr);
@@ -141,6 +145,31 @@ void fp_emu_cp_async_wait(int n);
 float fp_emu_ex2_approx_ftz(float x);
 float fp_emu_rcp_approx_ftz(float x);
 float fp_emu_lg2_approx_ftz(float x);
+
+/* The instructions of ptx/sm90.cuh's and ptx/wgmma_gen.cuh's wrappers (#ifdef FP_CUDA_EMU
+ * there; cuda_emu.cpp says what each models). Shared addresses and barriers are byte offsets into
+ * the block's dynamic shared memory. */
+void fp_emu_mbar_init(uint32_t bar, uint32_t count);
+void fp_emu_mbar_arrive(uint32_t bar, uint32_t expect_tx_bytes); /* arrive(.expect_tx) */
+void fp_emu_mbar_wait(uint32_t bar, uint32_t parity);
+void fp_emu_tma_check(const void *tmap);
+void fp_emu_tma_load(uint32_t dst, const void *tmap, uint32_t bar, const int *coords, int rank);
+void fp_emu_bulk_load(uint32_t dst, const void *src, uint32_t bytes, uint32_t bar);
+void fp_emu_bulk_reduce_add_f32(float *dst, uint32_t src, uint32_t bytes);
+void fp_emu_bulk_commit(void);
+void fp_emu_bulk_wait(int n, int read_only);
+int fp_emu_ld_acquire(const int *p);
+void fp_emu_red_release(int *p, int v);
+void fp_emu_setmaxnreg(int n);
+void fp_emu_named_bar(int id, int threads, int wait);
+enum { FP_EMU_F16, FP_EMU_BF16, FP_EMU_E4M3 };
+/* wgmma.mma_async m64nNk16 (k32 for e4m3): d the thread's N / 2 accumulators, a its A fragment
+ * (NULL: A from a_desc), the transpose immediates, scale_d (0: d = A B). */
+void fp_emu_wgmma(float *d, int n, const uint32_t *a, uint64_t a_desc, uint64_t b_desc, int dtype,
+                  int trans_a, int trans_b, int scale_d);
+void fp_emu_wgmma_commit(void);
+void fp_emu_wgmma_wait(int n);
+uint32_t fp_emu_f32_to_e4m3(float x); /* cvt.rn.satfinite.e4m3 */
 
 /* ---- launches ---------------------------------------------------------------------------- */
 

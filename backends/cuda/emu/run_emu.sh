@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Builds the CUDA backend's sources for a CPU (cuda_emu.h, cuda_emu.cpp; docs/cuda_emu.md) into
-# <build>/cudaemu/libflashport_cudaemu.so, runs the emulator's self-test (selftest.cu: ldmatrix
-# and mma fragments against a plain loop), then the shared test table on backend "cudaemu" once
+# <build>/cudaemu/libflashport_cudaemu.so, runs the emulator's self-tests (selftest.cu: ldmatrix
+# and mma fragments against a plain loop; selftest_sm90.cu: TMA, mbarrier, bulk copies and wgmma),
+# then the shared test table on backend "cudaemu" once
 # per emulated device: FP_CUDA_EMU_SMEM_KIB=227 (sm_90-like: the largest tile configurations)
 # and 163 (sm_80-like), and once more at the first with the forward's ping-pong kernel forced
 # (FLASHPORT_CUDA_FWD_PINGPONG=1), once with the backward's GQA group splits forced
@@ -17,7 +18,9 @@
 #
 # The library is rebuilt only when a source under backends/cuda, core or include is newer.
 # Environment: CXX (default clang++), FP_CUDA_EMU_SMEM_LIST (default "227 163"; 99 is an
-# sm_86-like device), FP_CUDA_EMU_THREADS (host threads running blocks, default 2).
+# sm_86-like device), FP_CUDA_EMU_THREADS (host threads running blocks, default 2),
+# FP_CUDA_EMU_SM90 (default 1: the sm90 backward is built, and runs at 227 KiB; then one more pass
+# there with FLASHPORT_CUDA_PATH=sm80; 0: the sm90 path declines every call).
 # The .cu and .cuh files are compiled as C++ after a textual rewrite of kernel<<<...>>>(args) into
 # kernel << fp_emu_cfg(...)(args) (one launch per line, which the sources keep): the rewritten
 # copies of backends/cuda go to <build>/cudaemu/src, ahead of the sources on the include path.
@@ -46,20 +49,35 @@ rewrite_sources() {
 }
 # A rewritten .cu file (path under backends/cuda) as C++.
 compile_cu() {
-    "$cxx" "${base[@]}" -include "$emu/cuda_emu.h" -x c++ -c "$out/src/backends/cuda/$1" -o "$2"
+    "$cxx" "${base[@]}" "${@:3}" -include "$emu/cuda_emu.h" -x c++ -c \
+        "$out/src/backends/cuda/$1" -o "$2"
 }
+# FP_CUDA_EMU_SM90=1 (the default): the sm90 backward (sm90/bwd.cu, sm90/inst/bwd_*.cu)
+# on the emulator's TMA, mbarrier and wgmma; 0: emu/sm90_declines.cu declines the whole sm90 path.
+sm90=${FP_CUDA_EMU_SM90:-1}
 build_lib() {
     rewrite_sources
     pids=()
     rm -f "$out"/obj/*.o
+    local sm90_srcs=() sm90_def=()
+    if [ "$sm90" = 1 ]; then
+        sm90_srcs=(sm90/bwd.cu $(cd "$root/backends/cuda" && ls sm90/inst/bwd_*.cu))
+        sm90_def=(-DFP_CUDA_EMU_SM90_BWD)
+    fi
     for f in sm80/fwd.cu sm80/bwd.cu decode/fwd.cu \
-        $(cd "$root/backends/cuda" && ls sm80/inst/*.cu decode/inst/*.cu) emu/sm90_declines.cu \
-        layout.cu; do
+        $(cd "$root/backends/cuda" && ls sm80/inst/*.cu decode/inst/*.cu) layout.cu \
+        "${sm90_srcs[@]}"; do
         compile_cu "$f" "$out/obj/${f//\//_}.o" &
         pids+=($!)
     done
+    compile_cu emu/sm90_declines.cu "$out/obj/emu_sm90_declines.cu.o" "${sm90_def[@]}" &
+    pids+=($!)
     compile_cu emu/selftest.cu "$out/selftest.o" &
     pids+=($!)
+    if [ "$sm90" = 1 ]; then
+        compile_cu emu/selftest_sm90.cu "$out/selftest_sm90.o" &
+        pids+=($!)
+    fi
     "$cxx" "${base[@]}" -x c++ -c "$emu/cuda_emu.cpp" -o "$out/obj/cuda_emu.o" &
     pids+=($!)
     # cuda_backend.c as C11 against the emulator's runtime header; its entry point is wrapped by
@@ -72,19 +90,31 @@ build_lib() {
     for p in "${pids[@]}"; do wait "$p"; done
     "$cxx" -shared -o "$out/libflashport_cudaemu.so" "$out"/obj/*.o -lpthread -ldl
     "$cxx" -o "$out/selftest" "$out/selftest.o" "$out"/obj/*.o -lpthread -ldl
+    rm -f "$out/selftest_sm90"
+    if [ "$sm90" = 1 ]; then
+        "$cxx" -o "$out/selftest_sm90" "$out/selftest_sm90.o" "$out"/obj/*.o -lpthread -ldl
+    fi
 }
 # Rebuilt when missing or older than any source it is made of.
 lib=$out/libflashport_cudaemu.so
-if [ ! -e "$lib" ] || [ -n "$(find "$root/backends/cuda" "$root/core" "$root/include" -newer "$lib" \
-    -type f | head -1)" ]; then
+if [ ! -e "$lib" ] || [ "$(cat "$out/sm90" 2>/dev/null)" != "$sm90" ] ||
+    [ -n "$(find "$root/backends/cuda" "$root/core" "$root/include" -newer "$lib" -type f |
+        head -1)" ]; then
     build_lib
+    echo "$sm90" >"$out/sm90"
 fi
 cmake --build "$build" --target test_backends test_reliability >/dev/null
 
 echo "== cudaemu self-test (ldmatrix, mma, shfl against plain loops)"
 "$out/selftest"
+if [ "$sm90" = 1 ]; then
+    echo "== cudaemu sm90 self-test (TMA, mbarrier, bulk copies, wgmma against plain loops)"
+    "$out/selftest_sm90"
+fi
 status=0
 export FP_CUDA_EMU_THREADS=${FP_CUDA_EMU_THREADS:-2}
+# The sm90 backward of head dims above 128 is opt-in on a GPU (sm90/bwd.cu): the emulator runs it.
+[ "$sm90" = 1 ] && export FLASHPORT_CUDA_SM90_BWD256=${FLASHPORT_CUDA_SM90_BWD256:-1}
 for kib in ${FP_CUDA_EMU_SMEM_LIST:-227 163}; do
     echo "== cudaemu, FP_CUDA_EMU_SMEM_KIB=$kib"
     t0=$(date +%s)
@@ -105,6 +135,14 @@ FP_CUDA_EMU_SMEM_KIB=$kib FLASHPORT_CUDA_FWD_PINGPONG=1 FLASHPORT_PLUGIN_PATH=$o
 FP_CUDA_EMU_SMEM_KIB=$kib FLASHPORT_CUDA_FWD_PINGPONG=1 FLASHPORT_PLUGIN_PATH=$out \
     "$build/bin/test_reliability" cudaemu --masked-keys | grep -E 'CHECK failed|checks failed' ||
     status=1
+# With the sm90 backward built, the first pass at an sm_90-like size (227 KiB) ran every backward
+# but the seqused_k ones on it: once more with the sm80 path forced (FLASHPORT_CUDA_PATH=sm80),
+# the sm80 backward's 227 KiB configurations, as an H200 runs them where the sm90 path declines.
+if [ "$sm90" = 1 ] && [ "$kib" -ge 227 ]; then
+    echo "== cudaemu, FP_CUDA_EMU_SMEM_KIB=$kib, FLASHPORT_CUDA_PATH=sm80"
+    FP_CUDA_EMU_SMEM_KIB=$kib FLASHPORT_CUDA_PATH=sm80 FLASHPORT_PLUGIN_PATH=$out \
+        "$build/bin/test_backends" cudaemu "$@" || status=1
+fi
 # The backward's GQA group splits (fp_plan_backward_group_splits) run by shape for a few cases
 # only: once more with 4 forced (each group cut into its largest divisor up to 4 slices), at the
 # first size.

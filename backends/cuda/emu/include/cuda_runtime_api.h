@@ -39,6 +39,15 @@ enum cudaMemcpyKind {
 
 enum cudaFuncAttribute { cudaFuncAttributeMaxDynamicSharedMemorySize = 8 };
 
+/* cudaGetDriverEntryPointByVersion: the emulator knows one driver symbol, cuTensorMapEncodeTiled
+ * (its own encoder, for the sm90 path's TMA maps). */
+typedef enum cudaDriverEntryPointQueryResult {
+    cudaDriverEntryPointSuccess = 0,
+    cudaDriverEntryPointSymbolNotFound = 1,
+    cudaDriverEntryPointVersionNotSufficent = 2
+} cudaDriverEntryPointQueryResult;
+enum { cudaEnableDefault = 0 };
+
 struct cudaDeviceProp {
     char name[256];
     size_t totalGlobalMem;
@@ -80,6 +89,9 @@ cudaError_t cudaEventElapsedTime(float *ms, cudaEvent_t start, cudaEvent_t stop)
 cudaError_t cudaFuncSetAttribute(const void *func, enum cudaFuncAttribute attr, int value);
 cudaError_t cudaOccupancyMaxActiveBlocksPerMultiprocessor(int *blocks, const void *func,
                                                           int block_size, size_t dynamic_smem);
+cudaError_t cudaGetDriverEntryPointByVersion(const char *symbol, void **fn, unsigned version,
+                                             unsigned long long flags,
+                                             cudaDriverEntryPointQueryResult *status);
 
 #ifdef __cplusplus
 }

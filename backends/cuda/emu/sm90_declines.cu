@@ -3,9 +3,9 @@
  * sm90 sources it does not emulate. The emulator models TMA, mbarriers, wgmma and the rest of
  * what the sm90 backward uses, so with FP_CUDA_EMU_SM90_BWD (run_emu.sh's default) the backward
  * is the real one (sm90/bwd.cu and sm90/inst/bwd_*.cu) and this file stands in for
- * sm90/fwd.cu and sm90/inst/fwd_*.cu only: fp_cuda_sm90_init looks up cuTensorMapEncodeTiled as that file does
- * (the emulator answers with its own encoder), and the forward declines every call (cudaemu
- * runs the sm80 forward). Without the macro the backward declines too.
+ * sm90/fwd.cu and sm90/inst/fwd_*.cu only: fp_cuda_sm90_init looks up cuTensorMapEncodeTiled as
+ * that file does (the emulator answers with its own encoder), and the forward declines every call
+ * (cudaemu runs the sm80 forward). Without the macro the backward declines too.
  */
 #include "backends/cuda/cuda_internal.h"
 

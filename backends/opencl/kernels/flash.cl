@@ -284,10 +284,12 @@ FP_OCL_INLINE void fp_ocl_zero(float acc[FP_OCL_ON])
 FP_OCL_INLINE int fp_ocl_sees_bad(const fp_ocl_args *a, const fp_ocl_seq *s, long i, long j0,
                                   int cols, __local const float *bad)
 {
+    /* the row's visible keys are one range (core/mask.h) */
+    const int c0 = (int)clamp(fp_mask_lo(i, s->nq, s->nk, a->left) - j0, 0L, (long)cols);
+    const int c1 = (int)clamp(fp_mask_hi(i, s->nq, s->nk, a->right) - j0, 0L, (long)cols);
     int seen = 0;
-    for (int c = 0; c < cols; c++)
-        seen |= FP_OCL_BAD(bad, c) != 0.0f &&
-                fp_mask_visible(i, j0 + c, s->nq, s->nk, a->left, a->right);
+    for (int c = c0; c < c1; c++)
+        seen |= FP_OCL_BAD(bad, c) != 0.0f;
     return seen;
 }
 
@@ -437,11 +439,20 @@ FP_OCL_INLINE void fp_ocl_grad_scores(const fp_ocl_args *a, const fp_ocl_seq *s,
             p = exp(score - srow[r]);
             ds = p * (dov[e] - srow[T + r]) * fp_softcap_grad(capped, a->softcap) * a->scale;
         }
-        if (guard && seen && FP_OCL_BAD(bad, guard == 1 ? c : r) != 0.0f)
-            p = ds = NAN;
         if (want_p)
             sp[r * LS + c] = p;
         sds[r * LS + c] = ds;
+    }
+    /* the guard's select, a pass of its own over this work-item's elements (no barrier needed),
+     * so that the loop above stays the unguarded one */
+    for (int e = 0; guard && e < FP_OCL_SN; e++) {
+        int r, c;
+        if (fp_ocl_s_seen(a, s, e, i0, rows, j0, cols, &r, &c) &&
+            FP_OCL_BAD(bad, guard == 1 ? c : r) != 0.0f) {
+            if (want_p)
+                sp[r * LS + c] = NAN;
+            sds[r * LS + c] = NAN;
+        }
     }
 }
 

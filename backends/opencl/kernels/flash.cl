@@ -17,6 +17,8 @@
  *   on the device), every mask and key range aligned to it; K / V rows come through
  *   kernels/shape.cl's fp_ocl_row_at, dense or paged (fp_paged_page, forward only). Keys past
  *   the count and rows of out-of-range pages are zero-filled, never read; the latter are masked.
+ *   Masked keys holding NaN or inf reach no row and no key that cannot see them: the guard of
+ *   kernels/shape.cl (FP_OCL_BAD) scrubs the operand tiles of edge blocks as they are copied.
  *
  * Target: any OpenCL 1.2 device: f32 arithmetic; storage f32, f16 or bf16 (kernels/shape.cl),
  * chosen at program build time by FP_OCL_DTYPE (0, 1, 2), with the head-dim class FP_OCL_D and

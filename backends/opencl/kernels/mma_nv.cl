@@ -66,7 +66,7 @@ typedef ushort fp_tile;
 #define FP_TILE_INF       0x7c00u
 #endif
 /* A tile element's bits not inf or NaN; fp_ocl_finite2: both of a 32-bit pair. */
-#define FP_TILE_FINITE(v) (((uint)(v)&FP_TILE_INF) != FP_TILE_INF)
+#define FP_TILE_FINITE(v) (((uint)(v) & FP_TILE_INF) != FP_TILE_INF)
 
 FP_OCL_INLINE int fp_ocl_finite2(uint w)
 {
@@ -76,7 +76,8 @@ FP_OCL_INLINE int fp_ocl_finite2(uint w)
 /* w with its non-finite halves set to 0. */
 FP_OCL_INLINE uint fp_ocl_scrub2(uint w)
 {
-    return (FP_TILE_FINITE(w) ? w & 0xffffu : 0u) | (FP_TILE_FINITE(w >> 16) ? w & 0xffff0000u : 0u);
+    return (FP_TILE_FINITE(w) ? w & 0xffffu : 0u) |
+           (FP_TILE_FINITE(w >> 16) ? w & 0xffff0000u : 0u);
 }
 
 #if FP_OCL_MMA_EMULATE

@@ -7,8 +7,8 @@
  *                                           f16 and bf16, through the backend's memory, at
  *                                           head dims up to 200; --quick after it: the
  *                                           problems' own head dims only; --kv-cache after
- *                                           it: the KV-cache problems instead of the others,
- *                                           for backends that serve seqused_k / paged caches)
+ *                                           it: the KV-cache problems too, for backends that
+ *                                           serve seqused_k / paged caches)
  *
  *   masked keys    NaN or inf in the K / V of keys a row cannot see (causal, bottom-right, a
  *                  window that hides the first keys, rows that see nothing) never reaches that
@@ -881,7 +881,7 @@ int main(int argc, char **argv)
     if (argc > 2 && strcmp(argv[2], "--masked-keys") == 0) {
         /* The GPU kernels' half: NaN / inf in keys a row cannot see, f16 and bf16 only, every
          * tensor in the backend's memory (e.g. test_reliability cudaemu --masked-keys); with
-         * --kv-cache the keys past seqused_k instead (test_masked_keys_kv_cache). */
+         * --kv-cache the keys past seqused_k too (test_masked_keys_kv_cache). */
         /* head dims 16 .. 40 (each problem's own), 96 and 200: the GPU backends' kernels for
          * head dims 64, 128 and 256; the last also with the deterministic backward. --quick
          * (after --masked-keys): the first only, for backends with one kernel for every head
@@ -896,21 +896,20 @@ int main(int argc, char **argv)
         if (ps == FLASHPORT_OK)
             flashport_backend_close(probe);
         static const int dims[][2] = {{0, 0}, {96, 0}, {200, 0}, {40, 1}};
-        int runs = 4, kv_only = 0;
+        int runs = 4, kv_cache = 0;
         for (int i = 3; i < argc; i++) {
             if (!strcmp(argv[i], "--quick"))
                 runs = 1;
             else if (!strcmp(argv[i], "--kv-cache"))
-                kv_only = 1;
+                kv_cache = 1;
         }
         for (int i = 0; i < runs; i++) {
             override_d = dims[i][0], force_deterministic = dims[i][1];
             for (int t = 0; t < 2; t++) {
                 const flashport_dtype dt = t ? FLASHPORT_BF16 : FLASHPORT_F16;
-                if (kv_only)
+                test_masked_keys(dt);
+                if (kv_cache)
                     test_masked_keys_kv_cache(dt);
-                else
-                    test_masked_keys(dt);
             }
         }
         printf("test_reliability %s --masked-keys: %d scenarios run, %d unsupported, %d checks "

@@ -17,6 +17,8 @@
  *   on the device), every mask and key range aligned to it; K / V rows come through
  *   kernels/shape.cl's fp_ocl_row_at, dense or paged (fp_paged_page, forward only). Keys past
  *   the count and rows of out-of-range pages are zero-filled, never read; the latter are masked.
+ *   Masked keys holding NaN or inf reach no row and no key that cannot see them: the guard of
+ *   kernels/shape.cl (FP_OCL_BAD) scrubs the operand tiles of edge blocks as they are copied.
  *
  * Target: any OpenCL 1.2 device: f32 arithmetic; storage f32, f16 or bf16 (kernels/shape.cl),
  * chosen at program build time by FP_OCL_DTYPE (0, 1, 2), with the head-dim class FP_OCL_D and
@@ -126,6 +128,7 @@ typedef float fp_tile; /* the [T, D] local tiles: f32 values, rows 16-byte align
 #define LD                (D + 4)
 #define FP_TILE_PUT(x, i) FP_LOAD(x, i)
 #define FP_TILE_GET(t, i) ((t)[i])
+#define FP_TILE_FINITE(v) isfinite(v)
 #define SR                (T / 8)
 #define SC                ((T + 15) / 16)
 #define DPT               (D / 16)
@@ -223,19 +226,25 @@ FP_OCL_INLINE void fp_ocl_tile_mm(__local const float *pt, int transposed, __loc
 /* Rows [r0, r0 + n) of a [seq, dim] slice (src: where its rows lie) with hd dims into
  * t[r * LD + d], zeros in rows n .. T - 1, in rows of a page out of range, and in dims
  * hd .. D - 1, so partial tiles compute on finite values and add nothing: rows past n (keys past
- * seqused_k, a page's unused tail) are never read, whatever they hold. */
+ * seqused_k, a page's unused tail) are never read, whatever they hold. Where scrub, non-finite
+ * elements become 0 and flag their row in bad (FP_OCL_BAD; zeroed beforehand by the caller). */
 FP_OCL_INLINE void fp_ocl_load_tile(__local fp_tile *t, __global const fp_elem *x,
                                     const fp_ocl_args *a, const fp_ocl_rows *src, long r0, int n,
-                                    int hd)
+                                    int hd, int scrub, __local float *bad)
 {
 #if FP_OCL_MMA
-    if (fp_ocl_load_tile16(t, x, a, src, r0, n, hd))
+    if (fp_ocl_load_tile16(t, x, a, src, r0, n, hd, scrub, bad))
         return;
 #endif
     for (int e = get_local_id(0); e < T * D; e += FP_OCL_WG) {
         const int r = e / D, d = e - r * D;
         const long at = r < n && d < hd ? fp_ocl_row_at(a, src, r0 + r) : -1;
-        t[r * LD + d] = at >= 0 ? FP_TILE_PUT(x, at + d * src->sdim) : (fp_tile)0;
+        fp_tile v = at >= 0 ? FP_TILE_PUT(x, at + d * src->sdim) : (fp_tile)0;
+        if (scrub && !FP_TILE_FINITE(v)) {
+            v = (fp_tile)0;
+            FP_OCL_BAD(bad, r) = 1.0f;
+        }
+        t[r * LD + d] = v;
     }
 }
 
@@ -272,6 +281,20 @@ FP_OCL_INLINE void fp_ocl_zero(float acc[FP_OCL_ON])
         acc[e] = 0.0f;
 }
 
+/* Whether query i sees a key of [j0, j0 + cols) whose row bad flags (FP_OCL_BAD): the guard's
+ * select, which gives a visible pair of a scrubbed row its NaN back. */
+FP_OCL_INLINE int fp_ocl_sees_bad(const fp_ocl_args *a, const fp_ocl_seq *s, long i, long j0,
+                                  int cols, __local const float *bad)
+{
+    /* the row's visible keys are one range (core/mask.h) */
+    const int c0 = (int)clamp(fp_mask_lo(i, s->nq, s->nk, a->left) - j0, 0L, (long)cols);
+    const int c1 = (int)clamp(fp_mask_hi(i, s->nq, s->nk, a->right) - j0, 0L, (long)cols);
+    int seen = 0;
+    for (int c = c0; c < c1; c++)
+        seen |= FP_OCL_BAD(bad, c) != 0.0f;
+    return seen;
+}
+
 /* A __local argument's address rounded up to 16 bytes. Drivers need not align __local
  * arguments beyond their element type (NVIDIA's OpenCL on the H200 put a forward's four at
  * offsets 0x402, 0x2504, 0x6708 and 0xa80c, where the tiles' 16-byte and the tensor-core path's
@@ -305,20 +328,27 @@ fp_ocl_forward(const fp_ocl_args a, __global const fp_elem *q, __global const fp
      * key block are copied in one phase. */
     __local fp_tile *sv = skv + (FP_OCL_KV_APART ? T * LD : 0);
 
-    fp_ocl_load_tile(sq, q, &a, &qr, i0, rows, hd);
+    fp_ocl_load_tile(sq, q, &a, &qr, i0, rows, hd, 0, ss);
     fp_softmax_state st; /* row tid's, for tid < T */
     fp_softmax_init(&st);
+    int nan_row = 0; /* row tid's: it sees a key whose V row was scrubbed (O = NaN) */
     float acc[FP_OCL_ON];
     fp_ocl_zero(acc);
+    /* V rows' flags (the guard, above); with FP_OCL_KV_APART V is scrubbed in the loop's first
+     * phase, so the flags are zeroed ahead of it: here, and after each block's last reader. */
+    if (FP_OCL_KV_APART && tid < T)
+        FP_OCL_BAD(ss, tid) = 0.0f;
 
     int64_t lo, hi;
     fp_mask_block_range(i0, i0 + rows, s.nq, s.nk, a.left, a.right, &lo, &hi);
     for (long j0 = lo < hi ? lo / T * T : hi; j0 < hi; j0 += T) {
         const int cols = (int)min((long)T, s.nk - j0);
+        const int edge =
+            !fp_mask_block_full(i0, i0 + rows, j0, j0 + cols, s.nq, s.nk, a.left, a.right);
         barrier(CLK_LOCAL_MEM_FENCE); /* the previous block's readers of skv, sv and ss are done */
-        fp_ocl_load_tile(skv, k, &a, &kr, j0, cols, hd);
+        fp_ocl_load_tile(skv, k, &a, &kr, j0, cols, hd, 0, ss);
         if (FP_OCL_KV_APART)
-            fp_ocl_load_tile(sv, v, &a, &vr, j0, cols, hd);
+            fp_ocl_load_tile(sv, v, &a, &vr, j0, cols, hd, edge, ss);
         barrier(CLK_LOCAL_MEM_FENCE);
         float sc[FP_OCL_SN];
         fp_ocl_tile_dots(sq, skv, sc, scratch);
@@ -347,11 +377,19 @@ fp_ocl_forward(const fp_ocl_args a, __global const fp_elem *q, __global const fp
                 sum += p;
             }
             st.l += sum;
+            if (edge && FP_OCL_KV_APART)
+                nan_row |= fp_ocl_sees_bad(&a, &s, i0 + tid, j0, cols, ss);
+            else if (edge)
+                FP_OCL_BAD(ss, tid) = 0.0f; /* for V's copy, next */
         }
         barrier(CLK_LOCAL_MEM_FENCE); /* P and alpha written; every reader of K is done */
         if (!FP_OCL_KV_APART) {
-            fp_ocl_load_tile(sv, v, &a, &vr, j0, cols, hd);
+            fp_ocl_load_tile(sv, v, &a, &vr, j0, cols, hd, edge, ss);
             barrier(CLK_LOCAL_MEM_FENCE);
+            if (edge && tid < T)
+                nan_row |= fp_ocl_sees_bad(&a, &s, i0 + tid, j0, cols, ss);
+        } else if (edge && tid < T) {
+            FP_OCL_BAD(ss, tid) = 0.0f; /* read in the phase before: for the next block's V */
         }
         FP_OCL_UNROLL
         for (int e = 0; e < FP_OCL_ON; e++) {
@@ -364,7 +402,8 @@ fp_ocl_forward(const fp_ocl_args a, __global const fp_elem *q, __global const fp
 
     barrier(CLK_LOCAL_MEM_FENCE); /* the last block's readers of srow are done */
     if (tid < T) {
-        srow[tid] = fp_softmax_out_scale(&st);
+        /* a row that saw a scrubbed V row: NaN, as its 0 x NaN-free sum would not be */
+        srow[tid] = nan_row ? NAN : fp_softmax_out_scale(&st);
         if (a.has_lse && tid < rows)
             lse[fp_ocl_lse_at(&a, b, h, s.q_start + i0 + tid)] = fp_softmax_lse(&st);
     }
@@ -376,13 +415,15 @@ fp_ocl_forward(const fp_ocl_args a, __global const fp_elem *q, __global const fp
 /* P and dS of the tile rows [i0, i0 + rows) x keys [j0, j0 + cols), from the local q, dO, K, V
  * tiles and each row's LSE (srow[r]) and delta (srow[T + r]), into sp (where want_p; dQ needs
  * dS only) and sds ([T, T]). dS is d loss / d(q . k): softcap's derivative and the scale are
- * folded in. */
+ * folded in. A masked pair's P and dS are selected to 0; a visible pair whose key (guard 1) or
+ * query row (guard 2) bad flags (FP_OCL_BAD: scrubbed) gets P = dS = NaN; guard 0: no flags. */
 FP_OCL_INLINE void fp_ocl_grad_scores(const fp_ocl_args *a, const fp_ocl_seq *s, float slope,
                                       long i0, int rows, long j0, int cols,
                                       __local const fp_tile *sq, __local const fp_tile *sdo,
                                       __local const fp_tile *sk, __local const fp_tile *sv,
                                       __local const float *srow, int want_p, __local float *sp,
-                                      __local float *sds, __local float *scratch)
+                                      __local float *sds, int guard, __local const float *bad,
+                                      __local float *scratch)
 {
     float qk[FP_OCL_SN], dov[FP_OCL_SN];
     fp_ocl_tile_dots(sq, sk, qk, scratch);
@@ -404,23 +445,34 @@ FP_OCL_INLINE void fp_ocl_grad_scores(const fp_ocl_args *a, const fp_ocl_seq *s,
             sp[r * LS + c] = p;
         sds[r * LS + c] = ds;
     }
+    /* the guard's select, a pass of its own over this work-item's elements (no barrier needed),
+     * so that the loop above stays the unguarded one */
+    for (int e = 0; guard && e < FP_OCL_SN; e++) {
+        int r, c;
+        if (fp_ocl_s_seen(a, s, e, i0, rows, j0, cols, &r, &c) &&
+            FP_OCL_BAD(bad, guard == 1 ? c : r) != 0.0f) {
+            if (want_p)
+                sp[r * LS + c] = NAN;
+            sds[r * LS + c] = NAN;
+        }
+    }
 }
 
 /* Loads the query side of a backward tile: q and dO rows and each row's LSE into srow[r]; the
- * rows' delta into srow[T + r] is the caller's. */
+ * rows' delta into srow[T + r] is the caller's. Where scrub, q and dO as fp_ocl_load_tile's. */
 FP_OCL_INLINE void fp_ocl_load_query_side(const fp_ocl_args *a, const fp_ocl_seq *s, long b, long h,
                                           long i0, int rows, __global const fp_elem *q,
                                           __global const fp_elem *dout, __global const float *lse,
                                           __local fp_tile *sq, __local fp_tile *sdo,
-                                          __local float *srow)
+                                          __local float *srow, int scrub, __local float *bad)
 {
     const int tid = get_local_id(0), hd = (int)a->head_dim;
     const fp_ocl_rows qr =
         fp_ocl_dense_rows(fp_ocl_row0(a->q, b, s->q_start, h), a->q.s[1], a->q.s[3]);
     const fp_ocl_rows dor =
         fp_ocl_dense_rows(fp_ocl_row0(a->dout, b, s->q_start, h), a->dout.s[1], a->dout.s[3]);
-    fp_ocl_load_tile(sq, q, a, &qr, i0, rows, hd);
-    fp_ocl_load_tile(sdo, dout, a, &dor, i0, rows, hd);
+    fp_ocl_load_tile(sq, q, a, &qr, i0, rows, hd, scrub, bad);
+    fp_ocl_load_tile(sdo, dout, a, &dor, i0, rows, hd, scrub, bad);
     if (tid < T)
         srow[tid] = tid < rows ? lse[fp_ocl_lse_at(a, b, h, s->q_start + i0 + tid)] : -INFINITY;
 }
@@ -450,7 +502,9 @@ fp_ocl_backward_dq(const fp_ocl_args a, __global const fp_elem *q, __global cons
     const fp_ocl_rows kr = fp_ocl_dense_keys(a.k, &s, b, hk);
     const fp_ocl_rows vr = fp_ocl_dense_keys(a.v, &s, b, hk);
 
-    fp_ocl_load_query_side(&a, &s, b, h, i0, rows, q, dout, lse, sq, sdo, srow);
+    fp_ocl_load_query_side(&a, &s, b, h, i0, rows, q, dout, lse, sq, sdo, srow, 0, sds);
+    if (tid < T)
+        FP_OCL_BAD(sds, tid) = 0.0f; /* K rows' flags (the guard: dS K) */
     barrier(CLK_LOCAL_MEM_FENCE);
     if (tid < rows) {
         const long o0 = fp_ocl_row0(a.o, b, s.q_start + i0 + tid, h);
@@ -467,14 +521,18 @@ fp_ocl_backward_dq(const fp_ocl_args a, __global const fp_elem *q, __global cons
     fp_mask_block_range(i0, i0 + rows, s.nq, s.nk, a.left, a.right, &lo, &hi);
     for (long j0 = lo < hi ? lo / T * T : hi; j0 < hi; j0 += T) {
         const int cols = (int)min((long)T, s.nk - j0);
+        const int edge =
+            !fp_mask_block_full(i0, i0 + rows, j0, j0 + cols, s.nq, s.nk, a.left, a.right);
         barrier(CLK_LOCAL_MEM_FENCE);
-        fp_ocl_load_tile(sk, k, &a, &kr, j0, cols, hd);
-        fp_ocl_load_tile(sv, v, &a, &vr, j0, cols, hd);
+        fp_ocl_load_tile(sk, k, &a, &kr, j0, cols, hd, edge, sds);
+        fp_ocl_load_tile(sv, v, &a, &vr, j0, cols, hd, 0, sds);
         barrier(CLK_LOCAL_MEM_FENCE);
         fp_ocl_grad_scores(&a, &s, slope, i0, rows, j0, cols, sq, sdo, sk, sv, srow, 0, sds, sds,
-                           scratch);
+                           edge, sds, scratch);
         barrier(CLK_LOCAL_MEM_FENCE);
         fp_ocl_tile_mm(sds, 0, sk, cols, acc, scratch);
+        if (edge && tid < T)
+            FP_OCL_BAD(sds, tid) = 0.0f; /* read in the phase before: for the next block's K */
     }
     fp_ocl_store_tile(dq, fp_ocl_row0(a.dq, b, s.q_start + i0, h), a.dq.s[1], a.dq.s[3], rows, hd,
                       acc, srow, 0, 1.0f);
@@ -509,8 +567,10 @@ fp_ocl_backward_dkdv(const fp_ocl_args a, __global const fp_elem *q, __global co
     const fp_ocl_rows kr = fp_ocl_dense_keys(a.k, &s, b, hk);
     const fp_ocl_rows vr = fp_ocl_dense_keys(a.v, &s, b, hk);
 
-    fp_ocl_load_tile(sk, k, &a, &kr, j0, cols, hd);
-    fp_ocl_load_tile(sv, v, &a, &vr, j0, cols, hd);
+    fp_ocl_load_tile(sk, k, &a, &kr, j0, cols, hd, 0, sp);
+    fp_ocl_load_tile(sv, v, &a, &vr, j0, cols, hd, 0, sp);
+    if (tid < T)
+        FP_OCL_BAD(sp, tid) = 0.0f; /* q and dO rows' flags (the guard: P^T dO, dS^T Q) */
     float acc_k[FP_OCL_ON], acc_v[FP_OCL_ON]; /* rows: keys of the block */
     fp_ocl_zero(acc_k);
     fp_ocl_zero(acc_v);
@@ -522,17 +582,21 @@ fp_ocl_backward_dkdv(const fp_ocl_args a, __global const fp_elem *q, __global co
             int64_t lo, hi;
             fp_mask_block_range(i0, i0 + rows, s.nq, s.nk, a.left, a.right, &lo, &hi);
             if (hi <= lo || hi <= j0 || lo >= j0 + cols)
-                continue;                 /* no row of this query block sees these keys */
+                continue; /* no row of this query block sees these keys */
+            const int edge =
+                !fp_mask_block_full(i0, i0 + rows, j0, j0 + cols, s.nq, s.nk, a.left, a.right);
             barrier(CLK_LOCAL_MEM_FENCE); /* the previous block's readers are done */
-            fp_ocl_load_query_side(&a, &s, b, h, i0, rows, q, dout, lse, sq, sdo, srow);
+            fp_ocl_load_query_side(&a, &s, b, h, i0, rows, q, dout, lse, sq, sdo, srow, edge, sp);
             if (tid < T)
                 srow[T + tid] = tid < rows ? delta[fp_ocl_delta_at(&a, &s, b, h, i0 + tid)] : 0.0f;
             barrier(CLK_LOCAL_MEM_FENCE);
             fp_ocl_grad_scores(&a, &s, slope, i0, rows, j0, cols, sq, sdo, sk, sv, srow, 1, sp,
-                               sds, scratch);
+                               sds, edge ? 2 : 0, sp, scratch);
             barrier(CLK_LOCAL_MEM_FENCE);
             fp_ocl_tile_mm(sp, 1, sdo, rows, acc_v, scratch);
             fp_ocl_tile_mm(sds, 1, sq, rows, acc_k, scratch);
+            if (edge && tid < T)
+                FP_OCL_BAD(sp, tid) = 0.0f; /* read in the phase before: for the next q, dO */
         }
     }
     fp_ocl_store_tile(dk, fp_ocl_row0(a.dk, b, s.k_start + j0, hk), a.dk.s[1], a.dk.s[3], stored,

@@ -60,9 +60,25 @@ typedef ushort fp_tile;
 #define FP_TILE_PUT(x, i) (((__global const ushort *)(x))[i])
 #if FP_OCL_DTYPE == 2
 #define FP_TILE_GET(t, i) as_float((uint)(t)[i] << 16)
+#define FP_TILE_INF       0x7f80u /* the exponent bits: all set in inf and NaN */
 #else
 #define FP_TILE_GET(t, i) vload_half((size_t)(i), (__local const half *)(t))
+#define FP_TILE_INF       0x7c00u
 #endif
+/* A tile element's bits not inf or NaN; fp_ocl_finite2: both of a 32-bit pair. */
+#define FP_TILE_FINITE(v) (((uint)(v) & FP_TILE_INF) != FP_TILE_INF)
+
+FP_OCL_INLINE int fp_ocl_finite2(uint w)
+{
+    return FP_TILE_FINITE(w) && FP_TILE_FINITE(w >> 16);
+}
+
+/* w with its non-finite halves set to 0. */
+FP_OCL_INLINE uint fp_ocl_scrub2(uint w)
+{
+    return (FP_TILE_FINITE(w) ? w & 0xffffu : 0u) |
+           (FP_TILE_FINITE(w >> 16) ? w & 0xffff0000u : 0u);
+}
 
 #if FP_OCL_MMA_EMULATE
 /* Per warp: A [16][16] and B [16][8] as f32. */
@@ -75,10 +91,11 @@ typedef ushort fp_tile;
  * dims contiguous, hd a multiple of 8 and every row 16-byte aligned (the usual [B, N, H, D]
  * layout, dense or paged); the storage bits go to the tile unchanged. 0 when it does not (the
  * element-wise copy serves). The tile's rows (pitch D + 2) are only 4-byte aligned, hence four
- * 32-bit stores. A paged row's page is looked up once per 8 elements (fp_ocl_row_at). */
+ * 32-bit stores. A paged row's page is looked up once per 8 elements (fp_ocl_row_at). Where
+ * scrub, non-finite elements become 0 and flag their row (flash.cl's fp_ocl_load_tile). */
 FP_OCL_INLINE int fp_ocl_load_tile16(__local fp_tile *t, __global const fp_elem *x,
                                      const fp_ocl_args *a, const fp_ocl_rows *src, long r0, int n,
-                                     int hd)
+                                     int hd, int scrub, __local float *bad)
 {
     if (src->sdim != 1 || hd % 8 != 0 || src->row0 % 8 != 0 || src->srow % 8 != 0 ||
         src->spage % 8 != 0)
@@ -89,6 +106,12 @@ FP_OCL_INLINE int fp_ocl_load_tile16(__local fp_tile *t, __global const fp_elem 
         uint4 v = (uint4)(0);
         if (at >= 0)
             v = *(__global const uint4 *)((__global const ushort *)x + at + d);
+        if (scrub && !(fp_ocl_finite2(v.x) && fp_ocl_finite2(v.y) && fp_ocl_finite2(v.z) &&
+                       fp_ocl_finite2(v.w))) {
+            v = (uint4)(fp_ocl_scrub2(v.x), fp_ocl_scrub2(v.y), fp_ocl_scrub2(v.z),
+                        fp_ocl_scrub2(v.w));
+            FP_OCL_BAD(bad, r) = 1.0f;
+        }
         __local uint *dst = (__local uint *)(t + r * LD + d);
         dst[0] = v.x;
         dst[1] = v.y;

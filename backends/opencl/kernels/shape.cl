@@ -42,6 +42,17 @@ static inline ushort fp_ocl_to_bf16(float f)
 #define T  FP_OCL_T
 #define LS (T | 1)
 
+/* The guard for masked keys (docs/reliability.md, "GPU kernels: the guard for masked keys"): a
+ * masked pair's P or dS of 0 meets its operand in the products (P V, dS K, P^T dO, dS^T Q), and
+ * 0 x NaN is NaN. In an edge block (fp_mask_block_full false for its rows and keys: the only
+ * blocks that hold a masked pair) the operand tile that meets those zeros is scrubbed as it is
+ * copied: a non-finite element becomes 0 and its row is flagged (FP_OCL_BAD), and a visible pair
+ * whose row was flagged gets its NaN back by a select (the forward's whole O row, the backward's
+ * P and dS). The flags live in column T of a [T, LS] score tile, which LS = T + 1 leaves unused:
+ * flag of row r at FP_OCL_BAD(tile, r). A flag is zeroed in a phase before the one that scrubs,
+ * since several work-items may flag one row (each storing the same 1). */
+#define FP_OCL_BAD(st, r) ((st)[(r)*LS + T])
+
 /* On GPUs (FP_OCL_UNROLL_ALL, set by the host for every device that is not a CPU) and in the
  * tensor-core programs for NVIDIA every helper is inlined and the loops over a work-item's
  * accumulator elements are unrolled, so that accumulators, fragments and tile positions live in

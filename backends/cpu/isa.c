@@ -17,19 +17,18 @@
  * Intel's settings, as BLIS keeps one context per core family (docs/performance-cpu.md, the Intel
  * Xeon section, has the measurements):
  *   - the forward's 256-query tasks (fwd_block_q, which also stages f32 K and V in flash_fwd.c):
- *     two 512-bit FMA ports there double the AVX2 rate, and the 64-query tasks' passes over K and
- *     V from L3 and their in-place rows (H * d apart, crowding a few L1 sets) held the f32 forward
- *     near 60 % of that peak;
- *   - bf16 forward and backward on the f32 products (bf16_as_f32): vdpbf16ps issues at a quarter
- *     of vfmadd231ps' rate there, so its 32 multiply-adds an instruction make half the f32
- *     products' rate, and bf16 converted to f32 runs faster. Decode keeps its bf16 steps where
+ *     with two 512-bit FMA ports the products outrun the 64-query tasks' passes over K and V
+ *     from L3 and their in-place rows (H * d apart, crowding a few L1 sets);
+ *   - bf16 forward and backward on the f32 products (bf16_as_f32): vdpbf16ps issues so much less
+ *     often than vfmadd231ps there that its two multiply-adds a lane give fewer flops than the
+ *     f32 products, and bf16 converted to f32 runs faster. Decode keeps its bf16 steps where
  *     few rows share a key (bandwidth-bound) and widens bf16 to f32 where many do.
  *   Only one Intel model (Emerald Rapids, docs/performance-cpu.md) was measured; other Intel cores
  *   with AVX512_BF16 are taken to be alike. Decided by the vendor, not by a measurement at run
  *   time, which would make the choice, and so the sums, vary from run to run.
- * AMD's AVX-512 cores (Zen 4, Zen 5) keep the tables as written: they were measured that way and
- * these settings were not measured there. A name in FLASHPORT_CPU_ISA gives the table as written on
- * every CPU (the tests run each one so, and an A/B of the two settings needs one build).
+ * AMD's AVX-512 cores (Zen 4, Zen 5) keep the tables as written, which were tuned there. A name in
+ * FLASHPORT_CPU_ISA gives the table as written on every CPU (the tests run each one so, and the
+ * two settings can be compared within one build).
  */
 #include "backends/cpu/ukernel.h"
 

@@ -869,15 +869,8 @@ static void test_status_strings(void)
 static flashport_tensor make(void *data, flashport_dtype dt, int rank, const int64_t *shape,
                              const int64_t *stride)
 {
-    flashport_tensor t;
-    memset(&t, 0, sizeof t);
-    t.data = data;
-    t.dtype = dt;
-    t.rank = rank;
-    for (int i = 0; i < rank; i++) {
-        t.shape[i] = shape[i];
-        t.stride[i] = stride[i];
-    }
+    flashport_tensor t = flashport_tensor_contiguous(data, dt, rank, shape);
+    memcpy(t.stride, stride, (size_t)rank * sizeof *stride);
     return t;
 }
 

@@ -302,14 +302,21 @@ static float naive_score(const tu_problem *p, int64_t h, int64_t i, int64_t j, i
     return *capped - slope * fp_alibi_distance(i, j, nq, nk);
 }
 
-int tu_naive_forward(const tu_problem *p, float *o, float *lse)
+/* The most keys of one sequence, at least 1: the size of the per-row scratch. */
+static int64_t max_keys(const tu_problem *p)
 {
-    const int64_t D = p->head_dim, H = p->heads, Hkv = p->kv_heads, group = H / Hkv;
-    const int64_t total_q = p->cu_q[p->batch];
     int64_t nk_max = 1;
     for (int64_t b = 0; b < p->batch; b++)
         if (p->cu_k[b + 1] - p->cu_k[b] > nk_max)
             nk_max = p->cu_k[b + 1] - p->cu_k[b];
+    return nk_max;
+}
+
+int tu_naive_forward(const tu_problem *p, float *o, float *lse)
+{
+    const int64_t D = p->head_dim, H = p->heads, Hkv = p->kv_heads, group = H / Hkv;
+    const int64_t total_q = p->cu_q[p->batch];
+    const int64_t nk_max = max_keys(p);
     float *s = malloc((size_t)nk_max * sizeof(float));
     float *acc = malloc((size_t)D * sizeof(float));
     if (!s || !acc) {
@@ -363,10 +370,7 @@ int tu_naive_backward(const tu_problem *p, const float *o, const float *lse, con
 {
     const int64_t D = p->head_dim, H = p->heads, Hkv = p->kv_heads, group = H / Hkv;
     const int64_t total_q = p->cu_q[p->batch];
-    int64_t nk_max = 1;
-    for (int64_t b = 0; b < p->batch; b++)
-        if (p->cu_k[b + 1] - p->cu_k[b] > nk_max)
-            nk_max = p->cu_k[b + 1] - p->cu_k[b];
+    const int64_t nk_max = max_keys(p);
     float *dk_acc = malloc((size_t)(nk_max * D) * sizeof(float));
     float *dv_acc = malloc((size_t)(nk_max * D) * sizeof(float));
     float *dq_acc = malloc((size_t)D * sizeof(float));

@@ -243,10 +243,5 @@ int main(void)
     test_refusals();
     rmdir(search_dir);
     rmdir(tmp_root);
-    if (tu_failures) {
-        fprintf(stderr, "test_hostile_plugins: %d checks failed\n", tu_failures);
-        return 1;
-    }
-    printf("test_hostile_plugins: all checks passed\n");
-    return 0;
+    return tu_finish("test_hostile_plugins", "all checks passed");
 }

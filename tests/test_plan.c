@@ -486,10 +486,5 @@ int main(void)
     test_block_cost();
     test_group_splits();
     test_decode_splits();
-    if (tu_failures) {
-        fprintf(stderr, "test_plan: %d check(s) failed\n", tu_failures);
-        return 1;
-    }
-    printf("test_plan: all checks passed\n");
-    return 0;
+    return tu_finish("test_plan", "all checks passed");
 }

@@ -535,10 +535,5 @@ int main(int argc, char **argv)
         test_logging(self);
     }
     teardown();
-    if (tu_failures) {
-        fprintf(stderr, "test_plugins: %d check(s) failed\n", tu_failures);
-        return 1;
-    }
-    printf("test_plugins: all checks passed\n");
-    return 0;
+    return tu_finish("test_plugins", "all checks passed");
 }

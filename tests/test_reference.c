@@ -583,10 +583,5 @@ int main(void)
         check_cpu_fp8(&fp8_cases[i], 400 + i);
     }
     check_round_e4m3();
-    if (tu_failures) {
-        printf("test_reference: %d checks failed\n", tu_failures);
-        return 1;
-    }
-    printf("test_reference: all checks passed\n");
-    return 0;
+    return tu_finish("test_reference", "all checks passed");
 }

@@ -39,6 +39,21 @@ int tu_checkf(int cond, const char *file, int line, const char *fmt, ...)
     return cond;
 }
 
+int tu_finish(const char *name, const char *pass_fmt, ...)
+{
+    if (tu_failures) {
+        fprintf(stderr, "%s: %d check(s) failed\n", name, tu_failures);
+        return 1;
+    }
+    va_list ap;
+    va_start(ap, pass_fmt);
+    printf("%s: ", name);
+    vprintf(pass_fmt, ap);
+    printf("\n");
+    va_end(ap);
+    return 0;
+}
+
 /* ---- RNG ----------------------------------------------------------------------------------- */
 
 tu_rng tu_rng_seed(uint64_t seed)

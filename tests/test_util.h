@@ -41,6 +41,14 @@ int tu_checkf(int cond, const char *file, int line, const char *fmt, ...)
 #endif
     ;
 
+/* The end of a test binary's main: with failed checks, "<name>: N check(s) failed" on stderr and
+ * 1; otherwise "<name>: " and the printf-style pass line on stdout, and 0. */
+int tu_finish(const char *name, const char *pass_fmt, ...)
+#if defined(__GNUC__)
+    __attribute__((format(printf, 2, 3)))
+#endif
+    ;
+
 #define CHECK(cond)          tu_check(!!(cond), __FILE__, __LINE__, #cond)
 #define CHECK_MSG(cond, ...) tu_checkf(!!(cond), __FILE__, __LINE__, __VA_ARGS__)
 

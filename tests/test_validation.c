@@ -1165,10 +1165,5 @@ int main(void)
 
     flashport_backend_close(testdev_backend);
     flashport_backend_close(cpu_backend);
-    if (tu_failures) {
-        fprintf(stderr, "test_validation: %d check(s) failed\n", tu_failures);
-        return 1;
-    }
-    printf("test_validation: %d table cases and the status/helper checks passed\n", n);
-    return 0;
+    return tu_finish("test_validation", "%d table cases and the status/helper checks passed", n);
 }

@@ -164,6 +164,24 @@ typedef struct fp_backend_ops {
 typedef flashport_status (*fp_plugin_entry_fn)(uint32_t core_api_version, const fp_host_api *host,
                                                const fp_backend_ops **ops);
 
+/* The body of a GPU plugin's flashport_plugin_entry: refuses NULL arguments and a core of another
+ * API version; otherwise keeps the core's host api in *keep and hands out the plugin's table.
+ * With another version the host table may have another layout: only its leading api_version
+ * field is safe to read, so that refusal sets no message (the core reports the mismatch). */
+static inline flashport_status fp_plugin_accept(uint32_t core_api_version, const fp_host_api *host,
+                                                const fp_backend_ops **ops,
+                                                const fp_host_api **keep,
+                                                const fp_backend_ops *table)
+{
+    if (!host || !ops)
+        return FLASHPORT_ERR_NULL_POINTER;
+    if (core_api_version != FP_PLUGIN_API_VERSION || host->api_version != FP_PLUGIN_API_VERSION)
+        return FLASHPORT_ERR_BACKEND_UNAVAILABLE;
+    *keep = host;
+    *ops = table;
+    return FLASHPORT_OK;
+}
+
 /* The host api of this process (core/errors.c). Built-in backends use it directly. */
 const fp_host_api *fp_host(void);
 

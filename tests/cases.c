@@ -16,12 +16,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define DENSE(dt, B, H, HKV, NQ, NK, D)                                                            \
-    .dtype = FLASHPORT_##dt, .batch = B, .heads = H, .kv_heads = HKV, .seqlen_q = NQ,              \
-    .seqlen_k = NK, .head_dim = D
-#define VARLEN(dt, B, H, HKV, D)                                                                   \
-    .dtype = FLASHPORT_##dt, .batch = B, .heads = H, .kv_heads = HKV, .head_dim = D, .varlen = 1
-#define WINDOW(L, R) .window = 1, .window_left = L, .window_right = R
 /* fp8 inputs (FP8_E4M3 / FP8_E5M2) with o in odt (BF16 / F16): forward only */
 #define FP8(dt, odt, B, H, HKV, NQ, NK, D)                                                         \
     DENSE(dt, B, H, HKV, NQ, NK, D), .odtype = FLASHPORT_##odt

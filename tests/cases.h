@@ -58,6 +58,15 @@ typedef struct tc_case {
     int quick; /* part of the --quick subset (sanitizer runs) */
 } tc_case;
 
+/* Designated initializers of a case's shape, for the tables of cases.c and test_reference.c:
+ * {DENSE(F16, B, H, HKV, NQ, NK, D), WINDOW(L, R), .causal = 1}. */
+#define DENSE(dt, B, H, HKV, NQ, NK, D)                                                            \
+    .dtype = FLASHPORT_##dt, .batch = B, .heads = H, .kv_heads = HKV, .seqlen_q = NQ,              \
+    .seqlen_k = NK, .head_dim = D
+#define VARLEN(dt, B, H, HKV, D)                                                                   \
+    .dtype = FLASHPORT_##dt, .batch = B, .heads = H, .kv_heads = HKV, .head_dim = D, .varlen = 1
+#define WINDOW(L, R) .window = 1, .window_left = L, .window_right = R
+
 /* Whether a case has fp8 inputs, and the dtype of its o (and dout, and the gradients). */
 static inline int tc_fp8(const tc_case *c)
 {

@@ -543,10 +543,5 @@ int main(void)
 #endif
     flashport_backend_close(dev);
     flashport_backend_close(cpu);
-    if (tu_failures) {
-        printf("test_api: %d check(s) failed\n", tu_failures);
-        return 1;
-    }
-    printf("test_api: all checks passed\n");
-    return 0;
+    return tu_finish("test_api", "all checks passed");
 }

@@ -109,10 +109,5 @@ int main(void)
         free(res);
     }
     pthread_barrier_destroy(&start);
-    if (tu_failures) {
-        fprintf(stderr, "test_concurrency: %d checks failed\n", tu_failures);
-        return 1;
-    }
-    printf("test_concurrency: %d threads x %d rounds passed\n", THREADS, ROUNDS);
-    return 0;
+    return tu_finish("test_concurrency", "%d threads x %d rounds passed", THREADS, ROUNDS);
 }

@@ -245,10 +245,5 @@ int main(void)
     test_seq_lookup();
     test_exp_base();
     test_orders();
-    if (tu_failures) {
-        fprintf(stderr, "test_geometry: %d check(s) failed\n", tu_failures);
-        return 1;
-    }
-    printf("test_geometry: all checks passed\n");
-    return 0;
+    return tu_finish("test_geometry", "all checks passed");
 }

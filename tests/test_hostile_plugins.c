@@ -37,21 +37,6 @@
 
 static char tmp_root[64], search_dir[128], plugin_dir[2048];
 
-static int copy_file(const char *from, const char *to)
-{
-    FILE *in = fopen(from, "rb"), *out = fopen(to, "wb");
-    int ok = in && out;
-    char buf[65536];
-    size_t n;
-    while (ok && (n = fread(buf, 1, sizeof buf, in)) > 0)
-        ok = fwrite(buf, 1, n, out) == n;
-    if (in)
-        fclose(in);
-    if (out && fclose(out) != 0)
-        ok = 0;
-    return ok ? 0 : -1;
-}
-
 static const char *libflashport_path(void)
 {
     static Dl_info info;
@@ -86,7 +71,7 @@ static void test_refusals(void)
               "ELF? no: garbage bytes where a shared object should be\n",
               f);
     fclose(f);
-    if (!CHECK(libflashport_path() && copy_file(libflashport_path(), noentry) == 0))
+    if (!CHECK(libflashport_path() && tu_copy_file(libflashport_path(), noentry) == 0))
         return;
 
     char loads[128]; /* one line per load of a test plugin (tests/plugins/test_plugin.c) */
@@ -206,14 +191,14 @@ static void test_planted(void)
     if (!CHECK(mkdir(dir_a, 0700) == 0 && mkdir(path, 0700) == 0))
         return;
     snprintf(path, sizeof path, "%s/lib/libflashport.so", dir_a);
-    if (!CHECK(libflashport_path() && copy_file(libflashport_path(), path) == 0))
+    if (!CHECK(libflashport_path() && tu_copy_file(libflashport_path(), path) == 0))
         return;
     snprintf(path, sizeof path, "%s/lib", dir_b);
     if (!CHECK(mkdir(dir_b, 0700) == 0 && mkdir(path, 0700) == 0))
         return;
     snprintf(planted, sizeof planted, "%s/libflashport_testplanted.so", plugin_dir);
     snprintf(path, sizeof path, "%s/lib/libflashport_testplanted.so", dir_b);
-    if (!CHECK(copy_file(planted, path) == 0))
+    if (!CHECK(tu_copy_file(planted, path) == 0))
         return;
     fflush(NULL);
     pid_t pid = fork();
@@ -258,10 +243,5 @@ int main(void)
     test_refusals();
     rmdir(search_dir);
     rmdir(tmp_root);
-    if (tu_failures) {
-        fprintf(stderr, "test_hostile_plugins: %d checks failed\n", tu_failures);
-        return 1;
-    }
-    printf("test_hostile_plugins: all checks passed\n");
-    return 0;
+    return tu_finish("test_hostile_plugins", "all checks passed");
 }

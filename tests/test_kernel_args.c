@@ -119,10 +119,5 @@ int main(void)
     test_varlen_paged();
     if (sizeof(void *) == 8)
         test_layout();
-    if (tu_failures) {
-        fprintf(stderr, "test_kernel_args: %d check(s) failed\n", tu_failures);
-        return 1;
-    }
-    printf("test_kernel_args: fill (dense GQA, varlen paged) and layout checked\n");
-    return 0;
+    return tu_finish("test_kernel_args", "fill (dense GQA, varlen paged) and layout checked");
 }

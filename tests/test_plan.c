@@ -323,42 +323,44 @@ static fp_plan_shape make_gqa(int64_t b, int64_t h, int64_t hkv, int64_t nq, int
     return s;
 }
 
+/* fp_plan_backward_group_splits on 132 workers (an H200's SMs) and key blocks of 128 against the
+ * expected count. */
+static void check_splits(const char *name, const fp_plan_shape *s, int32_t want)
+{
+    const int32_t got = fp_plan_backward_group_splits(s, 132, 128);
+    CHECK_MSG(got == want, "%s: %d splits, want %d", name, (int)got, (int)want);
+}
+
 static void test_group_splits(void)
 {
     /* MQA 64:1, B = 4, N = 1024, key blocks of 128: 32 blocks unsplit; 16 splits (512 blocks)
      * is the first divisor past two waves of 132, and each block keeps 4 heads x 8 blocks. */
     fp_plan_shape mqa = make_gqa(4, 64, 1, 1024, 1024, 0);
-    CHECK_MSG(fp_plan_backward_group_splits(&mqa, 132, 128) == 16, "MQA 64:1 B4 N1024: %d",
-              (int)fp_plan_backward_group_splits(&mqa, 132, 128));
+    check_splits("MQA 64:1 B4 N1024", &mqa, 16);
     /* GQA 8:1 at B = 4, N = 4096: 512 blocks unsplit, enough. */
     fp_plan_shape gqa = make_gqa(4, 32, 4, 4096, 4096, 0);
-    CHECK_MSG(fp_plan_backward_group_splits(&gqa, 132, 128) == 1, "GQA 8:1 B4 N4096: %d",
-              (int)fp_plan_backward_group_splits(&gqa, 132, 128));
+    check_splits("GQA 8:1 B4 N4096", &gqa, 1);
     /* ... at B = 3 with a causal mask: 384 blocks are 2.9 waves, but the first key blocks see 32
      * query blocks and the average 16.5, so a worker's share (16.5 x 384 / 132 = 48 block
      * visits) is under twice the heaviest (32): 2 splits. */
     fp_plan_shape gqa_causal = make_gqa(3, 32, 4, 4096, 4096, 1);
-    CHECK_MSG(fp_plan_backward_group_splits(&gqa_causal, 132, 128) == 2,
-              "GQA 8:1 B3 N4096 causal: %d",
-              (int)fp_plan_backward_group_splits(&gqa_causal, 132, 128));
+    check_splits("GQA 8:1 B3 N4096 causal", &gqa_causal, 2);
     /* GQA 8:1 at B = 1, N = 1024: 32 blocks; no divisor of 8 reaches 264, the whole group does. */
     fp_plan_shape gqa1 = make_gqa(1, 32, 4, 1024, 1024, 0);
-    CHECK_MSG(fp_plan_backward_group_splits(&gqa1, 132, 128) == 8, "GQA 8:1 B1 N1024: %d",
-              (int)fp_plan_backward_group_splits(&gqa1, 132, 128));
+    check_splits("GQA 8:1 B1 N1024", &gqa1, 8);
     /* Short sequences: 2 key blocks that each see 2 query blocks; 16 heads allow 4 splits of 4
      * heads (8 steps), not 8 splits of 2 (4 steps). */
     fp_plan_shape tiny = make_gqa(1, 16, 1, 200, 200, 0);
-    CHECK_MSG(fp_plan_backward_group_splits(&tiny, 132, 128) == 4, "MQA 16:1 N200: %d",
-              (int)fp_plan_backward_group_splits(&tiny, 132, 128));
+    check_splits("MQA 16:1 N200", &tiny, 4);
     /* No group, kv_heads 0 (= heads), empty shapes: no split. */
     fp_plan_shape mha = make_gqa(1, 16, 16, 1024, 1024, 0);
-    CHECK(fp_plan_backward_group_splits(&mha, 132, 128) == 1);
+    check_splits("MHA", &mha, 1);
     mha.kv_heads = 0;
-    CHECK(fp_plan_backward_group_splits(&mha, 132, 128) == 1);
+    check_splits("MHA, kv_heads 0", &mha, 1);
     fp_plan_shape none = make_gqa(1, 16, 1, 0, 1024, 0);
-    CHECK(fp_plan_backward_group_splits(&none, 132, 128) == 1);
+    check_splits("Nq 0", &none, 1);
     none = make_gqa(1, 16, 1, 1024, 0, 0);
-    CHECK(fp_plan_backward_group_splits(&none, 132, 128) == 1);
+    check_splits("Nk 0", &none, 1);
 
     tu_rng r = tu_rng_seed(4321);
     for (int it = 0; it < 300; it++) {
@@ -484,10 +486,5 @@ int main(void)
     test_block_cost();
     test_group_splits();
     test_decode_splits();
-    if (tu_failures) {
-        fprintf(stderr, "test_plan: %d check(s) failed\n", tu_failures);
-        return 1;
-    }
-    printf("test_plan: all checks passed\n");
-    return 0;
+    return tu_finish("test_plan", "all checks passed");
 }

@@ -61,21 +61,6 @@ static int contains(const char *s, const char *needle)
 
 /* ---- set-up: the temporary plugin folder --------------------------------------------------- */
 
-static int copy_file(const char *from, const char *to)
-{
-    FILE *in = fopen(from, "rb"), *out = fopen(to, "wb");
-    int ok = in && out;
-    char buf[65536];
-    size_t n;
-    while (ok && (n = fread(buf, 1, sizeof buf, in)) > 0)
-        ok = fwrite(buf, 1, n, out) == n;
-    if (in)
-        fclose(in);
-    if (out && fclose(out) != 0)
-        ok = 0;
-    return ok ? 0 : -1;
-}
-
 static int setup(void)
 {
     const char *env = getenv("FLASHPORT_PLUGIN_PATH");
@@ -99,7 +84,7 @@ static int setup(void)
     fclose(f);
     Dl_info info;
     if (!dladdr((void *)&flashport_version, &info) || !info.dli_fname ||
-        copy_file(info.dli_fname, noentry_path) != 0)
+        tu_copy_file(info.dli_fname, noentry_path) != 0)
         return -1;
     char target[2200];
     snprintf(target, sizeof target, "%s/libflashport_testdev.so", plugin_dir);
@@ -550,10 +535,5 @@ int main(int argc, char **argv)
         test_logging(self);
     }
     teardown();
-    if (tu_failures) {
-        fprintf(stderr, "test_plugins: %d check(s) failed\n", tu_failures);
-        return 1;
-    }
-    printf("test_plugins: all checks passed\n");
-    return 0;
+    return tu_finish("test_plugins", "all checks passed");
 }

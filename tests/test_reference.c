@@ -452,13 +452,6 @@ static void check_score_helpers(void)
     }
 }
 
-#define DENSE(dt, B, H, HKV, NQ, NK, D)                                                            \
-    .dtype = FLASHPORT_##dt, .batch = B, .heads = H, .kv_heads = HKV, .seqlen_q = NQ,              \
-    .seqlen_k = NK, .head_dim = D
-#define VARLEN(dt, B, H, HKV, D)                                                                   \
-    .dtype = FLASHPORT_##dt, .batch = B, .heads = H, .kv_heads = HKV, .head_dim = D, .varlen = 1
-#define WINDOW(L, R) .window = 1, .window_left = L, .window_right = R
-
 static const tc_case forward_cases[] = {
     {DENSE(F32, 2, 4, 2, 5, 7, 8)},
     {DENSE(F32, 1, 2, 1, 9, 4, 3), .causal = 1, .alibi = 1}, /* rows 0..4 see nothing */
@@ -590,10 +583,5 @@ int main(void)
         check_cpu_fp8(&fp8_cases[i], 400 + i);
     }
     check_round_e4m3();
-    if (tu_failures) {
-        printf("test_reference: %d checks failed\n", tu_failures);
-        return 1;
-    }
-    printf("test_reference: all checks passed\n");
-    return 0;
+    return tu_finish("test_reference", "all checks passed");
 }

@@ -931,10 +931,7 @@ int main(int argc, char **argv)
     test_extreme_scale(FLASHPORT_F32);
     test_extreme_scale(FLASHPORT_BF16);
     test_alibi_slopes();
-    if (tu_failures) {
-        fprintf(stderr, "test_reliability %s: %d checks failed\n", backend_name, tu_failures);
-        return 1;
-    }
-    printf("test_reliability %s: all checks passed\n", backend_name);
-    return 0;
+    char name[64];
+    snprintf(name, sizeof name, "test_reliability %s", backend_name);
+    return tu_finish(name, "all checks passed");
 }

@@ -75,10 +75,5 @@ int main(void)
     }
     /* Out of range head dims choose nothing. */
     CHECK(fp_sm80_pick(0, 227 * KIB, 0).dk == 0 && fp_sm80_pick(264, 227 * KIB, 0).fwd == -1);
-    if (tu_failures) {
-        fprintf(stderr, "test_sm80_config: %d check(s) failed\n", tu_failures);
-        return 1;
-    }
-    printf("test_sm80_config: all checks passed\n");
-    return 0;
+    return tu_finish("test_sm80_config", "all checks passed");
 }

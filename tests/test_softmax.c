@@ -197,10 +197,5 @@ int main(void)
     random_rows();
     masked_rows();
     empty_state();
-    if (tu_failures) {
-        printf("test_softmax: %d checks failed\n", tu_failures);
-        return 1;
-    }
-    printf("test_softmax: all checks passed\n");
-    return 0;
+    return tu_finish("test_softmax", "all checks passed");
 }

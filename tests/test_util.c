@@ -39,6 +39,21 @@ int tu_checkf(int cond, const char *file, int line, const char *fmt, ...)
     return cond;
 }
 
+int tu_finish(const char *name, const char *pass_fmt, ...)
+{
+    if (tu_failures) {
+        fprintf(stderr, "%s: %d check(s) failed\n", name, tu_failures);
+        return 1;
+    }
+    va_list ap;
+    va_start(ap, pass_fmt);
+    printf("%s: ", name);
+    vprintf(pass_fmt, ap);
+    printf("\n");
+    va_end(ap);
+    return 0;
+}
+
 /* ---- RNG ----------------------------------------------------------------------------------- */
 
 tu_rng tu_rng_seed(uint64_t seed)
@@ -302,14 +317,21 @@ static float naive_score(const tu_problem *p, int64_t h, int64_t i, int64_t j, i
     return *capped - slope * fp_alibi_distance(i, j, nq, nk);
 }
 
-int tu_naive_forward(const tu_problem *p, float *o, float *lse)
+/* The most keys of one sequence, at least 1: the size of the per-row scratch. */
+static int64_t max_keys(const tu_problem *p)
 {
-    const int64_t D = p->head_dim, H = p->heads, Hkv = p->kv_heads, group = H / Hkv;
-    const int64_t total_q = p->cu_q[p->batch];
     int64_t nk_max = 1;
     for (int64_t b = 0; b < p->batch; b++)
         if (p->cu_k[b + 1] - p->cu_k[b] > nk_max)
             nk_max = p->cu_k[b + 1] - p->cu_k[b];
+    return nk_max;
+}
+
+int tu_naive_forward(const tu_problem *p, float *o, float *lse)
+{
+    const int64_t D = p->head_dim, H = p->heads, Hkv = p->kv_heads, group = H / Hkv;
+    const int64_t total_q = p->cu_q[p->batch];
+    const int64_t nk_max = max_keys(p);
     float *s = malloc((size_t)nk_max * sizeof(float));
     float *acc = malloc((size_t)D * sizeof(float));
     if (!s || !acc) {
@@ -363,10 +385,7 @@ int tu_naive_backward(const tu_problem *p, const float *o, const float *lse, con
 {
     const int64_t D = p->head_dim, H = p->heads, Hkv = p->kv_heads, group = H / Hkv;
     const int64_t total_q = p->cu_q[p->batch];
-    int64_t nk_max = 1;
-    for (int64_t b = 0; b < p->batch; b++)
-        if (p->cu_k[b + 1] - p->cu_k[b] > nk_max)
-            nk_max = p->cu_k[b + 1] - p->cu_k[b];
+    const int64_t nk_max = max_keys(p);
     float *dk_acc = malloc((size_t)(nk_max * D) * sizeof(float));
     float *dv_acc = malloc((size_t)(nk_max * D) * sizeof(float));
     float *dq_acc = malloc((size_t)D * sizeof(float));
@@ -423,4 +442,21 @@ int tu_naive_backward(const tu_problem *p, const float *o, const float *lse, con
     free(dv_acc);
     free(dq_acc);
     return 0;
+}
+
+/* ---- files -------------------------------------------------------------------------------- */
+
+int tu_copy_file(const char *from, const char *to)
+{
+    FILE *in = fopen(from, "rb"), *out = fopen(to, "wb");
+    int ok = in && out;
+    char buf[65536];
+    size_t n;
+    while (ok && (n = fread(buf, 1, sizeof buf, in)) > 0)
+        ok = fwrite(buf, 1, n, out) == n;
+    if (in)
+        fclose(in);
+    if (out && fclose(out) != 0)
+        ok = 0;
+    return ok ? 0 : -1;
 }

@@ -1,6 +1,6 @@
 /*
  * Helpers shared by every test binary: a deterministic RNG, dtype conversions and fills, error
- * metrics and the tolerance rule, a CHECK macro, strided tensor views, and a naive
+ * metrics and the tolerance rule, a CHECK macro, strided tensor views, a file copy, and a naive
  * same-precision attention that sets the error budget of the backends.
  *
  * The tolerance rule (tu_tolerance): a backend's error against the double oracle may be at most
@@ -38,6 +38,14 @@ int tu_check(int cond, const char *file, int line, const char *expr);
 int tu_checkf(int cond, const char *file, int line, const char *fmt, ...)
 #if defined(__GNUC__)
     __attribute__((format(printf, 4, 5)))
+#endif
+    ;
+
+/* The end of a test binary's main: with failed checks, "<name>: N check(s) failed" on stderr and
+ * 1; otherwise "<name>: " and the printf-style pass line on stdout, and 0. */
+int tu_finish(const char *name, const char *pass_fmt, ...)
+#if defined(__GNUC__)
+    __attribute__((format(printf, 2, 3)))
 #endif
     ;
 
@@ -134,6 +142,11 @@ void tu_scatter(const tu_view *v, const float *logical, void *buf, flashport_dty
 void tu_gather(const tu_view *v, const void *buf, flashport_dtype dtype, float *logical);
 /* Sets covered[offset] = 1 for every element of the view. */
 void tu_view_mark(const tu_view *v, uint8_t *covered);
+
+/* ---- files -------------------------------------------------------------------------------- */
+
+/* Copies the file `from` to `to` (created or truncated). Returns 0, or -1 on any failure. */
+int tu_copy_file(const char *from, const char *to);
 
 /* ---- naive same-precision attention -------------------------------------------------------- */
 

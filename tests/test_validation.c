@@ -168,11 +168,13 @@ static flashport_status fixture_call(fixture *f)
                                        a[T_LSE]);
 }
 
-/* Visits every element of a descriptor (rank 1..4); returns how many `pred` rejected. */
-static int64_t count_elements(const flashport_tensor *t,
-                              int (*pred)(const flashport_tensor *, int64_t))
+/* Calls fn(t, off, ctx) with the element offset of every index of a descriptor (rank 1..4);
+ * returns the sum of its answers. */
+static int64_t visit_elements(const flashport_tensor *t,
+                              int64_t (*fn)(const flashport_tensor *t, int64_t off, void *ctx),
+                              void *ctx)
 {
-    int64_t idx[FLASHPORT_MAX_RANK] = {0}, bad = 0;
+    int64_t idx[FLASHPORT_MAX_RANK] = {0}, sum = 0;
     for (int dd = 0; dd < t->rank; dd++)
         if (t->shape[dd] == 0)
             return 0;
@@ -180,18 +182,18 @@ static int64_t count_elements(const flashport_tensor *t,
         int64_t off = 0;
         for (int dd = 0; dd < t->rank; dd++)
             off += idx[dd] * t->stride[dd];
-        bad += !pred(t, off);
+        sum += fn(t, off, ctx);
         int dd = t->rank - 1;
         while (dd >= 0 && ++idx[dd] == t->shape[dd])
             idx[dd--] = 0;
         if (dd < 0)
-            return bad;
+            return sum;
     }
 }
 
-static int written(const flashport_tensor *t, int64_t off)
+static int64_t unwritten(const flashport_tensor *t, int64_t off, void *ctx)
 {
-    return !tu_is_poison(t->data, off, t->dtype);
+    return tu_is_poison(t->data, off, t->dtype);
 }
 
 /* ---- mutations ----------------------------------------------------------------------------- */
@@ -695,7 +697,7 @@ static void run_case(const vcase *c, int index)
         /* every output element written, and no input region touched */
         for (int i = 0; i < NT; i++) {
             if (is_output(&f, i) && f.arg[i])
-                CHECK_MSG(count_elements(f.arg[i], written) == 0,
+                CHECK_MSG(visit_elements(f.arg[i], unwritten, NULL) == 0,
                           "%s: %s has elements the call did not write", name, tensor_names[i]);
             if (!is_output(&f, i))
                 CHECK_MSG(memcmp(f.region[i], f.snapshot + (f.region[i] - f.arena),
@@ -869,16 +871,29 @@ static void test_status_strings(void)
 static flashport_tensor make(void *data, flashport_dtype dt, int rank, const int64_t *shape,
                              const int64_t *stride)
 {
-    flashport_tensor t;
-    memset(&t, 0, sizeof t);
-    t.data = data;
-    t.dtype = dt;
-    t.rank = rank;
-    for (int i = 0; i < rank; i++) {
-        t.shape[i] = shape[i];
-        t.stride[i] = stride[i];
-    }
+    flashport_tensor t = flashport_tensor_contiguous(data, dt, rank, shape);
+    memcpy(t.stride, stride, (size_t)rank * sizeof *stride);
     return t;
+}
+
+typedef struct byte_marks {
+    const unsigned char *base;
+    uint8_t *mark; /* one flag a byte from base */
+    size_t size;
+} byte_marks;
+
+/* Marks the bytes of t's element at off; 1 if one of them was marked already. */
+static int64_t mark_element(const flashport_tensor *t, int64_t off, void *ctx)
+{
+    const byte_marks *bm = ctx;
+    const size_t es = flashport_dtype_size(t->dtype);
+    const size_t at = (size_t)((const unsigned char *)t->data - bm->base) + (size_t)off * es;
+    int64_t seen = 0;
+    for (size_t b = 0; b < es && at + b < bm->size; b++) {
+        seen |= bm->mark[at + b];
+        bm->mark[at + b] = 1;
+    }
+    return seen;
 }
 
 /* Byte offsets (relative to base) covered by t, marked in `mark` (size bytes); returns 1 if two
@@ -886,27 +901,8 @@ static flashport_tensor make(void *data, flashport_dtype dt, int rank, const int
 static int mark_bytes(const flashport_tensor *t, const unsigned char *base, uint8_t *mark,
                       size_t size)
 {
-    int64_t idx[FLASHPORT_MAX_RANK] = {0};
-    size_t es = flashport_dtype_size(t->dtype);
-    int self_overlap = 0;
-    for (int dd = 0; dd < t->rank; dd++)
-        if (t->shape[dd] == 0)
-            return 0;
-    for (;;) {
-        int64_t off = 0;
-        for (int dd = 0; dd < t->rank; dd++)
-            off += idx[dd] * t->stride[dd];
-        size_t at = (size_t)((const unsigned char *)t->data - base) + (size_t)off * es;
-        for (size_t b = 0; b < es && at + b < size; b++) {
-            self_overlap |= mark[at + b];
-            mark[at + b] = 1;
-        }
-        int dd = t->rank - 1;
-        while (dd >= 0 && ++idx[dd] == t->shape[dd])
-            idx[dd--] = 0;
-        if (dd < 0)
-            return self_overlap;
-    }
+    byte_marks bm = {base, mark, size};
+    return visit_elements(t, mark_element, &bm) != 0;
 }
 
 static void test_layout_helpers(void)
@@ -1172,10 +1168,5 @@ int main(void)
 
     flashport_backend_close(testdev_backend);
     flashport_backend_close(cpu_backend);
-    if (tu_failures) {
-        fprintf(stderr, "test_validation: %d check(s) failed\n", tu_failures);
-        return 1;
-    }
-    printf("test_validation: %d table cases and the status/helper checks passed\n", n);
-    return 0;
+    return tu_finish("test_validation", "%d table cases and the status/helper checks passed", n);
 }

@@ -570,13 +570,5 @@ __attribute__((visibility("default"))) flashport_status
 flashport_plugin_entry(uint32_t core_api_version, const fp_host_api *host_api,
                        const fp_backend_ops **ops)
 {
-    if (!host_api || !ops)
-        return FLASHPORT_ERR_NULL_POINTER;
-    /* A core of another API version may lay out fp_host_api differently: touch nothing of it
-     * (the core reports the mismatch). */
-    if (core_api_version != FP_PLUGIN_API_VERSION || host_api->api_version != FP_PLUGIN_API_VERSION)
-        return FLASHPORT_ERR_BACKEND_UNAVAILABLE;
-    host = host_api;
-    *ops = &cuda_ops;
-    return FLASHPORT_OK;
+    return fp_plugin_accept(core_api_version, host_api, ops, &host, &cuda_ops);
 }

@@ -391,6 +391,22 @@ static flashport_status program_for(fp_ocl_ctx *ctx, const fp_problem *p, int ki
     return st;
 }
 
+/* A call's plan on the device's variant, its kernel arguments and buffers, and its program (lock
+ * held), each step only after the previous succeeded. *t: the tile the program runs at (the
+ * plain path's own where a tensor-core build failed), 1 where there is no program. */
+static flashport_status prepare(fp_ocl_ctx *ctx, const fp_problem *p, int kind, fp_ocl_args *a,
+                                bound *m, fp_ocl_program **pr, int64_t *t)
+{
+    int variant = FP_OCL_PLAIN;
+    flashport_status st = plan(ctx, p, kind, ctx->mma, t, &variant);
+    if (st == FLASHPORT_OK)
+        st = bind_problem(ctx, p, kind == FP_OCL_BACKWARD, a, m);
+    if (st == FLASHPORT_OK)
+        st = program_for(ctx, p, kind, *t, variant, pr);
+    *t = *pr ? (*pr)->tile : 1;
+    return st;
+}
+
 static void log_call(const fp_ocl_ctx *ctx, const fp_problem *p, const char *dir,
                      const fp_ocl_program *pr)
 {
@@ -478,14 +494,8 @@ flashport_status fp_ocl_forward(fp_ocl_ctx *ctx, const fp_problem *p)
     bound m;
     fp_ocl_program *pr = NULL;
     int64_t t = 0;
-    int variant = FP_OCL_PLAIN;
     pthread_mutex_lock(&ctx->lock);
-    flashport_status st = plan(ctx, p, FP_OCL_FORWARD, ctx->mma, &t, &variant);
-    if (st == FLASHPORT_OK)
-        st = bind_problem(ctx, p, 0, &a, &m);
-    if (st == FLASHPORT_OK)
-        st = program_for(ctx, p, FP_OCL_FORWARD, t, variant, &pr);
-    t = pr ? pr->tile : 1; /* the plain path's own tile where a tensor-core build failed */
+    flashport_status st = prepare(ctx, p, FP_OCL_FORWARD, &a, &m, &pr, &t);
     const size_t blocks = (size_t)((p->seqlen_q + t - 1) / t);
     if (st == FLASHPORT_OK && blocks > 0 && p->heads > 0 && p->batch > 0) {
         log_call(ctx, p, "forward", pr);
@@ -554,13 +564,8 @@ flashport_status fp_ocl_backward(fp_ocl_ctx *ctx, const fp_problem *p)
     cl_mem delta = NULL, owned = NULL;
     cl_event dq_done = NULL;
     int64_t t = 0;
-    int variant = FP_OCL_PLAIN;
     pthread_mutex_lock(&ctx->lock);
-    flashport_status st = plan(ctx, p, FP_OCL_BACKWARD, ctx->mma, &t, &variant);
-    if (st == FLASHPORT_OK)
-        st = bind_problem(ctx, p, 1, &a, &m);
-    if (st == FLASHPORT_OK)
-        st = program_for(ctx, p, FP_OCL_BACKWARD, t, variant, &pr);
+    flashport_status st = prepare(ctx, p, FP_OCL_BACKWARD, &a, &m, &pr, &t);
     if (st == FLASHPORT_OK && (p->batch == 0 || p->heads == 0)) {
         pthread_mutex_unlock(&ctx->lock);
         return FLASHPORT_OK;
@@ -569,7 +574,6 @@ flashport_status fp_ocl_backward(fp_ocl_ctx *ctx, const fp_problem *p)
         st = take_delta(ctx, p, &a, &delta, &owned);
     if (st == FLASHPORT_OK)
         log_call(ctx, p, "backward", pr);
-    t = pr ? pr->tile : 1;
     const size_t q_blocks = (size_t)((p->seqlen_q + t - 1) / t);
     const size_t k_blocks = (size_t)((p->seqlen_k + t - 1) / t);
     if (st == FLASHPORT_OK && q_blocks > 0) {

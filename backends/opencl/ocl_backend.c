@@ -657,13 +657,5 @@ __attribute__((visibility("default"))) flashport_status
 flashport_plugin_entry(uint32_t core_api_version, const fp_host_api *host,
                        const fp_backend_ops **ops)
 {
-    if (!host || !ops)
-        return FLASHPORT_ERR_NULL_POINTER;
-    /* With another API version the host table may have another layout: only its leading
-     * api_version field is safe to read, so the refusal carries no message of ours. */
-    if (core_api_version != FP_PLUGIN_API_VERSION || host->api_version != FP_PLUGIN_API_VERSION)
-        return FLASHPORT_ERR_BACKEND_UNAVAILABLE;
-    host_api = host;
-    *ops = &ocl_ops;
-    return FLASHPORT_OK;
+    return fp_plugin_accept(core_api_version, host, ops, &host_api, &ocl_ops);
 }

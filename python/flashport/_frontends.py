@@ -43,14 +43,22 @@ def _make(x):
     return _Unknown()
 
 
-class _NumPy:
-    """Host memory, no stream; the extension calls ``__dlpack__`` itself."""
+class _Frontend:
+    """The answers of a frontend that says nothing else (the module's docstring lists them):
+    tensors go through ``export``, no stream is named, outputs are allocated one by one through
+    ``empty_like`` and friends, no float8 dtypes."""
 
-    raw = True
+    raw = False
     names_stream = False
     allocates = False
     fp8 = {}
     in_one_buffer = False
+
+
+class _NumPy(_Frontend):
+    """Host memory, no stream; the extension calls ``__dlpack__`` itself."""
+
+    raw = True
 
     def __init__(self):
         import numpy
@@ -71,16 +79,13 @@ class _NumPy:
         return int((cu[1:] - cu[:-1]).max()) if cu.shape[0] > 1 else 0
 
 
-class _Torch:
+class _Torch(_Frontend):
     """torch on any device. Where torch publishes DLPack's C exchange API (torch 2.15 does) the
     extension does everything through it: reads the tensors, allocates the outputs, asks for
     the current stream. Older torch: torch's own ``__dlpack__`` costs several microseconds in
     Python checks (requires_grad, conjugate bits, a stream handshake this call does not need,
     since it runs on the current stream); its C export, where it exists, is a fraction of that.
     """
-
-    names_stream = False
-    in_one_buffer = False
 
     def __init__(self):
         import torch
@@ -123,14 +128,12 @@ class _Torch:
         return int((cu[1:] - cu[:-1]).max()) if cu.shape[0] > 1 else 0
 
 
-class _CuPy:
+class _CuPy(_Frontend):
     """CuPy on its current stream: the extension asks each array's ``__dlpack__`` for that
     stream, so CuPy orders nothing extra, and flashport enqueues on the same stream. Where CuPy
     publishes DLPack's C exchange API, the extension meets it through that, as it does torch;
     elsewhere a call's outputs are views into one ``cupy.empty`` (CuPy's memory pool costs
     microseconds an allocation), handed to the extension as their device addresses."""
-
-    fp8 = {}
 
     def __init__(self):
         import cupy
@@ -173,16 +176,10 @@ class _CuPy:
         return int((cu[1:] - cu[:-1]).max()) if cu.shape[0] > 1 else 0
 
 
-class _ArrayAPI:
+class _ArrayAPI(_Frontend):
     """Any array-API namespace (NumPy-like libraries, JAX, ...): outputs from ``xp.empty`` on the
     input's device; GPU data on the legacy default stream, which DLPack's stream=1 asks the
     producer to order its work before."""
-
-    raw = False
-    names_stream = False
-    allocates = False
-    fp8 = {}
-    in_one_buffer = False
 
     def __init__(self, xp):
         self.xp = xp
@@ -208,15 +205,11 @@ class _ArrayAPI:
         return int(xp.max(cu[1:] - cu[:-1])) if cu.shape[0] > 1 else 0
 
 
-class _Unknown:
+class _Unknown(_Frontend):
     """Not a tensor flashport knows how to allocate for: the extension reports what is wrong
     (no ``__dlpack__``, or a DLPack tensor whose framework gives no way to allocate outputs)."""
 
     raw = True
-    names_stream = False
-    allocates = False
-    fp8 = {}
-    in_one_buffer = False
 
     def empty_like(self, x):
         from ._errors import Error, status_code

@@ -38,13 +38,19 @@ mkdir -p "$out/obj" "$out/src"
 base=(-std=c++17 -O2 -g -fPIC -Wall -Wno-unknown-pragmas -Wno-pass-failed -DFP_CUDA_EMU
     -I"$emu/include" -I"$out/src" -I"$root" -I"$root/include")
 # backends/cuda's .cu and .cuh files into $out/src/backends/cuda: the launch syntax rewritten,
-# file names and line numbers kept.
+# and each static shared declaration `__shared__ [__align__(A)] T a[..], b[..];` (one line) into
+# FP_EMU_STATIC_SHARED(T, a, [..], A) per declarator (cuda_emu.h); file names and line numbers
+# kept. A declaration the rewrite cannot split stops the build.
 rewrite_sources() {
     rm -rf "$out/src/backends"
     (cd "$root" && find backends/cuda -name '*.cu' -o -name '*.cuh') | while read -r f; do
         mkdir -p "$out/src/$(dirname "$f")"
-        { printf '#line 1 "%s"\n' "$root/$f"; sed -E 's/<<<(.*)>>>/ << fp_emu_cfg(\1)/' "$root/$f"; } \
-            >"$out/src/$f"
+        { printf '#line 1 "%s"\n' "$root/$f"; sed -E 's/<<<(.*)>>>/ << fp_emu_cfg(\1)/' "$root/$f" |
+            perl -pe 'if (/^(\s*)__shared__\s+(?:__align__\((\d+)\)\s+)?([A-Za-z_][\w:]*)\s+([^;]+);(.*)$/) {
+                my ($in, $al, $ty, $ds, $rest) = ($1, $2 || 1, $3, $4, $5);
+                $_ = $in . join(" ", map { /^(\w+)((?:\[[^\]]+\])*)$/ or die "run_emu.sh: cannot rewrite the static __shared__ declarator \"$_\" ($ARGV line $.)\n";
+                    "FP_EMU_STATIC_SHARED($ty, $1, $2, $al);" } split /\s*,\s*/, $ds) . "$rest\n" }'
+        } >"$out/src/$f"
     done
 }
 # A rewritten .cu file (path under backends/cuda) as C++.
@@ -52,26 +58,24 @@ compile_cu() {
     "$cxx" "${base[@]}" "${@:3}" -include "$emu/cuda_emu.h" -x c++ -c \
         "$out/src/backends/cuda/$1" -o "$2"
 }
-# FP_CUDA_EMU_SM90=1 (the default): the sm90 backward (sm90/bwd.cu, sm90/inst/bwd_*.cu)
-# on the emulator's TMA, mbarrier and wgmma; 0: emu/sm90_declines.cu declines the whole sm90 path.
+# FP_CUDA_EMU_SM90=1 (the default): the sm90 forward and backward (sm90/fwd.cu, sm90/bwd.cu,
+# sm90/inst/*.cu) on the emulator's TMA, mbarrier, wgmma and stmatrix; 0: emu/sm90_declines.cu
+# declines the whole sm90 path.
 sm90=${FP_CUDA_EMU_SM90:-1}
 build_lib() {
     rewrite_sources
     pids=()
     rm -f "$out"/obj/*.o
-    local sm90_srcs=() sm90_def=()
+    local sm90_srcs=(emu/sm90_declines.cu)
     if [ "$sm90" = 1 ]; then
-        sm90_srcs=(sm90/bwd.cu $(cd "$root/backends/cuda" && ls sm90/inst/bwd_*.cu))
-        sm90_def=(-DFP_CUDA_EMU_SM90_BWD)
+        sm90_srcs=(sm90/fwd.cu sm90/bwd.cu $(cd "$root/backends/cuda" && ls sm90/inst/*.cu))
     fi
-    for f in sm80/fwd.cu sm80/bwd.cu decode/fwd.cu \
-        $(cd "$root/backends/cuda" && ls sm80/inst/*.cu decode/inst/*.cu) layout.cu \
-        "${sm90_srcs[@]}"; do
+    # the largest files first: with 2 jobs at a time the build ends sooner
+    for f in "${sm90_srcs[@]}" sm80/fwd.cu sm80/bwd.cu decode/fwd.cu \
+        $(cd "$root/backends/cuda" && ls sm80/inst/*.cu decode/inst/*.cu) layout.cu; do
         compile_cu "$f" "$out/obj/${f//\//_}.o" &
         pids+=($!)
     done
-    compile_cu emu/sm90_declines.cu "$out/obj/emu_sm90_declines.cu.o" "${sm90_def[@]}" &
-    pids+=($!)
     compile_cu emu/selftest.cu "$out/selftest.o" &
     pids+=($!)
     if [ "$sm90" = 1 ]; then

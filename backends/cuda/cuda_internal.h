@@ -22,6 +22,7 @@
 #define FLASHPORT_BACKENDS_CUDA_INTERNAL_H
 
 #include "core/backend.h"
+#include "core/problem.h"
 
 #include <cuda_runtime_api.h>
 
@@ -89,6 +90,17 @@ flashport_status fp_cuda_sm80_forward(const fp_cuda_ctx *ctx, const fp_problem *
                                       size_t *query);
 flashport_status fp_cuda_sm80_backward(const fp_cuda_ctx *ctx, const fp_problem *p, void *ws,
                                        size_t *query);
+
+/* The forward's plan (core/plan.h) on a GPU grid of `workers` resident blocks, tiles of
+ * block_q x block_k, split-KV up to 64 splits where the tiles alone leave blocks idle: what every
+ * CUDA forward launcher asks the planner. */
+static inline fp_plan fp_cuda_grid_plan(const fp_problem *p, int64_t workers, int32_t block_q,
+                                        int32_t block_k)
+{
+    const fp_plan_shape shape = fp_problem_plan_shape(p);
+    const fp_plan_target target = {workers, block_q, block_k, 64, FP_PLAN_ORDER_GRID};
+    return fp_plan_forward(&shape, &target);
+}
 
 /* Decode path (decode/fwd.cu): fp_cuda_decode_wanted says whether a forward goes there (a paged
  * cache, or few query rows per kv head); fp_cuda_decode_forward as fp_cuda_sm80_forward. */

@@ -209,13 +209,9 @@ static bool fp_fwd_pingpong(const fp_cuda_ctx *ctx, const fp_problem *p)
     if (force && *force)
         return atoi(force) != 0;
     const fp_plan_shape shape = fp_problem_plan_shape(p);
-    fp_plan_target target;
-    target.workers = ctx->sm_count; /* one block per SM */
-    target.block_q = FP_FWD_D64_PINGPONG_BM;
-    target.block_k = FP_FWD_D64_PINGPONG_BN;
-    target.max_splits = 64;
-    target.order = FP_PLAN_ORDER_GRID;
-    const fp_plan plan = fp_plan_forward(&shape, &target);
+    /* one block per SM */
+    const fp_plan plan =
+        fp_cuda_grid_plan(p, ctx->sm_count, FP_FWD_D64_PINGPONG_BM, FP_FWD_D64_PINGPONG_BN);
     if (plan.num_splits > 1 || plan.num_q_blocks * p->batch * p->heads < ctx->sm_count)
         return false;
     int64_t blocks = 0;

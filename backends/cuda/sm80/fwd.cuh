@@ -780,8 +780,6 @@ static flashport_status fp_fwd_launch(const fp_cuda_ctx *ctx, const fp_problem *
     constexpr size_t smem = fp_fwd_smem<DK, ALT>();
     const cudaStream_t stream = ctx->stream;
 
-    const fp_plan_shape shape = fp_problem_plan_shape(p);
-    fp_plan_target target;
     void (*kernel)(const fp_sm80_args) = fp_fwd_kernel<T, DK, ALT>();
     cudaError_t e =
         cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
@@ -792,12 +790,8 @@ static flashport_status fp_fwd_launch(const fp_cuda_ctx *ctx, const fp_problem *
         (void)cudaGetLastError(); /* not left for the next launch check to find */
         return fp_cuda_error(FLASHPORT_ERR_DEVICE, e, "forward kernel setup");
     }
-    target.workers = (int64_t)ctx->sm_count * (resident > 0 ? resident : 1);
-    target.block_q = BM;
-    target.block_k = BN;
-    target.max_splits = 64;
-    target.order = FP_PLAN_ORDER_GRID;
-    const fp_plan plan = fp_plan_forward(&shape, &target);
+    const fp_plan plan =
+        fp_cuda_grid_plan(p, (int64_t)ctx->sm_count * (resident > 0 ? resident : 1), BM, BN);
     const bool empty = plan.num_q_blocks == 0 || p->batch == 0 || p->heads == 0;
     if (query) {
         *query = empty ? 0 : fp_cuda_fwd_splits(p, &a, plan.num_splits, plan.keys_per_split, NULL);

@@ -102,25 +102,18 @@ template <typename T, int ROWS, int DK> FP_DEV bool fp_sm90_scrub_row(unsigned c
     return bad;
 }
 
-/* The block's mbarriers, 8 bytes each from shared address bars: K and V landed; stage s full
- * (its Q, dO, LSE2 and Dsum landed) and empty (both consumer warpgroups done with it); dQ tile u
- * full (written by the consumers) and empty (added to the accumulator by the writer). */
-template <typename CFG> FP_DEV uint32_t fp_sm90b_full(uint32_t bars, int s)
-{
-    return bars + 8u * (1 + s);
-}
-template <typename CFG> FP_DEV uint32_t fp_sm90b_empty(uint32_t bars, int s)
-{
-    return bars + 8u * (1 + CFG::ST + s);
-}
-template <typename CFG> FP_DEV uint32_t fp_sm90b_dq_full(uint32_t bars, int u)
-{
-    return bars + 8u * (1 + 2 * CFG::ST + u);
-}
-template <typename CFG> FP_DEV uint32_t fp_sm90b_dq_empty(uint32_t bars, int u)
-{
-    return bars + 8u * (1 + 2 * CFG::ST + CFG::DQB + u);
-}
+/* The block's mbarriers, 8 bytes each from shared address base: K and V landed (kv); stage s
+ * full (its Q, dO, LSE2 and Dsum landed) and empty (both consumer warpgroups done with it); dQ
+ * tile u full (written by the consumers) and empty (added to the accumulator by the writer). */
+template <typename CFG> struct fp_sm90b_bars {
+    uint32_t kv;
+    fp_mbar_ring<CFG::ST> stage;
+    fp_mbar_ring<CFG::DQB> dq;
+    __device__ __forceinline__ explicit fp_sm90b_bars(uint32_t base)
+        : kv(base), stage{base + 8u}, dq{stage.end()}
+    {
+    }
+};
 
 /* The dQ writer (producer thread 32) of key block kb of batch b: the consumers leave each step's
  * dQ tile (query head h, query block mb: the steps walk mb_end - 1 down to mb_lo for each head
@@ -128,16 +121,16 @@ template <typename CFG> FP_DEV uint32_t fp_sm90b_dq_empty(uint32_t bars, int u)
  * to the BM contiguous rows of the accumulator. Deterministic mode: each query block's counter
  * says whose turn it is. */
 template <typename CFG>
-FP_DEV void fp_sm90_bwd_dq_writer(const fp_sm90_bwd_params &prm, uint32_t sdq, uint32_t bars, int b,
-                                  int kb, int h_first, int mb_lo, int mb_end, int steps, int nq,
-                                  int nk)
+FP_DEV void fp_sm90_bwd_dq_writer(const fp_sm90_bwd_params &prm, uint32_t sdq,
+                                  fp_sm90b_bars<CFG> bars, int b, int kb, int h_first, int mb_lo,
+                                  int mb_end, int steps, int nq, int nk)
 {
     constexpr int BM = CFG::BM, BN = CFG::BN, DK = CFG::DK, DQB = CFG::DQB;
     const fp_sm80_args &a = prm.a;
     int h = h_first, mb = mb_end - 1;
     for (int it = 0; it < steps; ++it) {
         const int u = it % DQB, m0 = mb * BM;
-        fp_mbar_wait(fp_sm90b_dq_full<CFG>(bars, u), (it / DQB) & 1);
+        fp_mbar_wait(bars.dq.full(u), (it / DQB) & 1);
         float *dst = a.dq_accum + fp_bwd_ws_row(a, b, h, m0) * DK;
         int *turn = NULL;
         if (prm.dq_turn) {
@@ -157,7 +150,7 @@ FP_DEV void fp_sm90_bwd_dq_writer(const fp_sm90_bwd_params &prm, uint32_t sdq, u
         } else {
             fp_bulk_wait_read();
         }
-        fp_mbar_arrive(fp_sm90b_dq_empty<CFG>(bars, u));
+        fp_mbar_arrive(bars.dq.empty(u));
         fp_bwd_prev_step(h, mb, mb_lo, mb_end);
     }
     fp_bulk_wait();
@@ -169,36 +162,35 @@ FP_DEV void fp_sm90_bwd_dq_writer(const fp_sm90_bwd_params &prm, uint32_t sdq, u
  * have freed it; the steps as in fp_sm90_bwd_dq_writer. */
 template <typename CFG>
 FP_DEV void fp_sm90_bwd_loader(const fp_sm90_bwd_params &prm, uint32_t sk, uint32_t sv, uint32_t sq,
-                               uint32_t sdo, uint32_t srow, uint32_t bars, int b, int cb, int k_row,
-                               int kvh, int64_t q_start, int h_first, int mb_lo, int mb_end,
-                               int steps)
+                               uint32_t sdo, uint32_t srow, fp_sm90b_bars<CFG> bars, int b, int cb,
+                               int k_row, int kvh, int64_t q_start, int h_first, int mb_lo,
+                               int mb_end, int steps)
 {
     constexpr int BM = CFG::BM, BN = CFG::BN, ST = CFG::ST, NP = CFG::DK / 64;
     constexpr uint32_t Q_BYTES = CFG::Q_BYTES, ROW_BYTES = CFG::ROW_BYTES;
     const fp_sm80_args &a = prm.a;
-    fp_mbar_arrive_expect_tx(bars, 2 * CFG::KV_BYTES); /* bars: K and V landed */
+    fp_mbar_arrive_expect_tx(bars.kv, 2 * CFG::KV_BYTES);
 #pragma unroll
     for (int p = 0; p < NP; ++p) {
-        fp_tma_load_4d(sk + p * BN * 128, &prm.tk, bars, 64 * p, k_row, kvh, cb);
-        fp_tma_load_4d(sv + p * BN * 128, &prm.tv, bars, 64 * p, k_row, kvh, cb);
+        fp_tma_load_4d(sk + p * BN * 128, &prm.tk, bars.kv, 64 * p, k_row, kvh, cb);
+        fp_tma_load_4d(sv + p * BN * 128, &prm.tv, bars.kv, 64 * p, k_row, kvh, cb);
     }
     int h = h_first, mb = mb_end - 1;
     for (int it = 0; it < steps; ++it) {
         const int s = it % ST;
-        fp_mbar_wait(fp_sm90b_empty<CFG>(bars, s), ((it / ST) & 1) ^ 1);
-        fp_mbar_arrive_expect_tx(fp_sm90b_full<CFG>(bars, s), 2 * Q_BYTES + 2 * ROW_BYTES);
+        fp_mbar_wait(bars.stage.empty(s), ((it / ST) & 1) ^ 1);
+        fp_mbar_arrive_expect_tx(bars.stage.full(s), 2 * Q_BYTES + 2 * ROW_BYTES);
         const int q_row = (int)q_start + mb * BM;
 #pragma unroll
         for (int p = 0; p < NP; ++p) {
-            fp_tma_load_4d(sq + s * Q_BYTES + p * BM * 128, &prm.tq, fp_sm90b_full<CFG>(bars, s),
-                           64 * p, q_row, h, cb);
-            fp_tma_load_4d(sdo + s * Q_BYTES + p * BM * 128, &prm.tdo, fp_sm90b_full<CFG>(bars, s),
-                           64 * p, q_row, h, cb);
+            fp_tma_load_4d(sq + s * Q_BYTES + p * BM * 128, &prm.tq, bars.stage.full(s), 64 * p,
+                           q_row, h, cb);
+            fp_tma_load_4d(sdo + s * Q_BYTES + p * BM * 128, &prm.tdo, bars.stage.full(s), 64 * p,
+                           q_row, h, cb);
         }
         const int64_t w = fp_bwd_ws_row(a, b, h, (int64_t)mb * BM);
-        fp_bulk_load(srow + s * ROW_BYTES, a.ws_lse2 + w, ROW_BYTES, fp_sm90b_full<CFG>(bars, s));
-        fp_bulk_load(srow + (ST + s) * ROW_BYTES, a.ws_dsum + w, ROW_BYTES,
-                     fp_sm90b_full<CFG>(bars, s));
+        fp_bulk_load(srow + s * ROW_BYTES, a.ws_lse2 + w, ROW_BYTES, bars.stage.full(s));
+        fp_bulk_load(srow + (ST + s) * ROW_BYTES, a.ws_dsum + w, ROW_BYTES, bars.stage.full(s));
         fp_bwd_prev_step(h, mb, mb_lo, mb_end);
     }
 }
@@ -264,8 +256,7 @@ __global__ void __launch_bounds__(FP_SM90B_THREADS, 1)
     /* Q / dO rows the guard flagged so far, ever growing: a thread that sees no change since its
      * last look knows this step flagged none */
     unsigned *const rbad_rows = reinterpret_cast<unsigned *>(kflag + BN + ST * 2 * BM);
-    const uint32_t bars = sflags + BN + ST * 2 * BM + 8;
-    const uint32_t kv_full = bars;
+    const fp_sm90b_bars<CFG> bars(sflags + BN + ST * 2 * BM + 8);
     /* LSE2 and Dsum of stage s */
     auto lse_of = [&](int s) {
         return reinterpret_cast<const float *>(gbase + (srow - sk) + s * ROW_BYTES);
@@ -289,15 +280,9 @@ __global__ void __launch_bounds__(FP_SM90B_THREADS, 1)
 
     if (tid == 0) {
         *rbad_rows = 0;
-        fp_mbar_init(kv_full, 1);
-        for (int s = 0; s < ST; ++s) {
-            fp_mbar_init(fp_sm90b_full<CFG>(bars, s), 1);
-            fp_mbar_init(fp_sm90b_empty<CFG>(bars, s), FP_SM90B_CONSUMER_THREADS);
-        }
-        for (int u = 0; u < DQB; ++u) {
-            fp_mbar_init(fp_sm90b_dq_full<CFG>(bars, u), FP_SM90B_CONSUMER_THREADS);
-            fp_mbar_init(fp_sm90b_dq_empty<CFG>(bars, u), 1);
-        }
+        fp_mbar_init(bars.kv, 1);
+        bars.stage.init(1, FP_SM90B_CONSUMER_THREADS);
+        bars.dq.init(FP_SM90B_CONSUMER_THREADS, 1);
         fp_mbar_fence_init();
     }
     __syncthreads();
@@ -335,7 +320,7 @@ __global__ void __launch_bounds__(FP_SM90B_THREADS, 1)
 
     if (steps > 0) {
         const fp_mask32 mk = fp_mask32_make(nq, nk, a.left, a.right);
-        fp_mbar_wait(kv_full, 0);
+        fp_mbar_wait(bars.kv, 0);
         /* The guard's K part, at the first step: an S^T row is non-finite for every query when
          * its K row holds a non-finite element (inf x 0 is NaN too), so a warp whose S^T rows
          * are finite has clean K rows (its 16 keys); otherwise its lanes 0 .. 15 scrub those
@@ -430,7 +415,7 @@ __global__ void __launch_bounds__(FP_SM90B_THREADS, 1)
             /* Edge steps (pairs a row cannot see, or rows past the sequence) scrub the stage's Q
              * and dO rows, one (tensor, row) a thread, for dK = dS^T Q and dV = P^T dO, when a
              * row's LSE2 or Dsum says it may hold a non-finite element (fp_rows_suspect) */
-            fp_mbar_wait(fp_sm90b_full<CFG>(bars, s), (it / ST) & 1);
+            fp_mbar_wait(bars.stage.full(s), (it / ST) & 1);
             const bool edge = m0 + BM > nq || !fp_mask_block_full(m0, min(m0 + BM, nq), n0, n0 + BN,
                                                                   nq, nk, a.left, a.right);
             uint8_t *const rflag = kflag + BN + s * 2 * BM; /* Q rows, then dO rows */
@@ -524,16 +509,16 @@ __global__ void __launch_bounds__(FP_SM90B_THREADS, 1)
             fp_wgmma_fence_regs(dk);
             fp_fence_u32(pa);
             fp_fence_u32(da);
-            fp_mbar_arrive(fp_sm90b_empty<CFG>(bars, s));
+            fp_mbar_arrive(bars.stage.empty(s));
 
             /* dQ -> the shared tile of this step, in the accumulator's order (bands of 16 rows,
              * fp_dq_frag_off): element 4 j + 2 r + e is row 16 band + g + 8 r, column
              * c0 + 8 j + 2 t + e; then the writer warp's turn */
             const int u = it % DQB;
-            fp_mbar_wait(fp_sm90b_dq_empty<CFG>(bars, u), ((it / DQB) & 1) ^ 1);
+            fp_mbar_wait(bars.dq.empty(u), ((it / DQB) & 1) ^ 1);
             fp_sm90_bwd_stage_dq<CFG>(gbase + (sdq - sk) + u * DQ_BYTES, dq, w, warp, g, t);
             fp_fence_proxy_async_smem();
-            fp_mbar_arrive(fp_sm90b_dq_full<CFG>(bars, u));
+            fp_mbar_arrive(bars.dq.full(u));
             fp_bwd_prev_step(h, mb, mb_lo, mb_end);
         }
     }

@@ -37,30 +37,18 @@
 
 #include "backends/cuda/sm90/bwd.cuh"
 
-/* The block's mbarriers, 8 bytes each from shared address bars (fp_sm90_bwd256_cfg::NBARS):
- * kv_full at bars, then these. */
+/* The block's mbarriers (fp_sm90_bwd256_cfg::NBARS), 8 bytes each from shared address base: K and
+ * V landed (kv); Q stage s full (its Q and LSE2 landed) and empty (both consumer warpgroups done
+ * with it); the same for the dO stages (dO and Dsum); dQ piece w full (written by consumer
+ * warpgroup w) and empty (added to the accumulator by the writer). */
 struct fp_sm90b2_bars {
-    uint32_t base;
-    __device__ __forceinline__ uint32_t q_full(int s) const { return base + 8u * (1 + s); }
-    __device__ __forceinline__ uint32_t q_empty(int s) const
+    uint32_t kv;
+    fp_mbar_ring<fp_sm90_bwd256_cfg::STQ> q;
+    fp_mbar_ring<fp_sm90_bwd256_cfg::STO> o;
+    fp_mbar_ring<2> dq;
+    __device__ __forceinline__ explicit fp_sm90b2_bars(uint32_t base)
+        : kv(base), q{base + 8u}, o{q.end()}, dq{o.end()}
     {
-        return base + 8u * (1 + fp_sm90_bwd256_cfg::STQ + s);
-    }
-    __device__ __forceinline__ uint32_t o_full(int s) const
-    {
-        return base + 8u * (1 + 2 * fp_sm90_bwd256_cfg::STQ + s);
-    }
-    __device__ __forceinline__ uint32_t o_empty(int s) const
-    {
-        return base + 8u * (1 + 2 * fp_sm90_bwd256_cfg::STQ + fp_sm90_bwd256_cfg::STO + s);
-    }
-    __device__ __forceinline__ uint32_t dq_full(int w) const
-    {
-        return base + 8u * (1 + 2 * fp_sm90_bwd256_cfg::STQ + 2 * fp_sm90_bwd256_cfg::STO + w);
-    }
-    __device__ __forceinline__ uint32_t dq_empty(int w) const
-    {
-        return base + 8u * (1 + 2 * fp_sm90_bwd256_cfg::STQ + 2 * fp_sm90_bwd256_cfg::STO + 2 + w);
     }
 };
 
@@ -77,43 +65,47 @@ FP_DEV bool fp_sm90_scrub_row_part(unsigned char *tile, int row, int c0, int c1)
     return bad;
 }
 
+/* Step it's load into its stage of `ring` (it % N), once both consumer warpgroups have freed it:
+ * the tile of rows q_row .. of head h from the TMA map (64-column panels) to `tile`, and the
+ * rows' floats from src to `rows` (bulk copy). */
+template <int N>
+FP_DEV void fp_sm90_bwd256_load_stage(const fp_mbar_ring<N> &ring, int it, uint32_t tile,
+                                      const CUtensorMap *map, uint32_t rows, const float *src,
+                                      int q_row, int h, int cb)
+{
+    using CFG = fp_sm90_bwd256_cfg;
+    const int s = it % N;
+    fp_mbar_wait(ring.empty(s), ((it / N) & 1) ^ 1);
+    fp_mbar_arrive_expect_tx(ring.full(s), CFG::Q_BYTES + CFG::ROW_BYTES);
+#pragma unroll
+    for (int p = 0; p < CFG::DK / 64; ++p)
+        fp_tma_load_4d(tile + s * CFG::Q_BYTES + p * CFG::BM * 128, map, ring.full(s), 64 * p,
+                       q_row, h, cb);
+    fp_bulk_load(rows + s * CFG::ROW_BYTES, src, CFG::ROW_BYTES, ring.full(s));
+}
+
 /* The loader (producer thread 0): K and V once, then per step the Q tile and its rows' LSE2
- * into Q stage it % STQ, and the dO tile and its rows' Dsum into dO stage it % STO, each once
- * both consumer warpgroups have freed it. */
+ * into Q stage it % STQ, and the dO tile and its rows' Dsum into dO stage it % STO. */
 FP_DEV void fp_sm90_bwd256_loader(const fp_sm90_bwd_params &prm, uint32_t sk, uint32_t sv,
                                   uint32_t sq, uint32_t sdo, uint32_t slse, uint32_t sdsum,
                                   fp_sm90b2_bars bars, int b, int cb, int k_row, int kvh,
                                   int64_t q_start, int h_first, int mb_lo, int mb_end, int steps)
 {
     using CFG = fp_sm90_bwd256_cfg;
-    constexpr int BM = CFG::BM, BN = CFG::BN, STQ = CFG::STQ, STO = CFG::STO, NP = CFG::DK / 64;
-    constexpr uint32_t Q_BYTES = CFG::Q_BYTES, ROW_BYTES = CFG::ROW_BYTES;
+    constexpr int BM = CFG::BM, BN = CFG::BN, NP = CFG::DK / 64;
     const fp_sm80_args &a = prm.a;
-    fp_mbar_arrive_expect_tx(bars.base, 2 * CFG::KV_BYTES);
+    fp_mbar_arrive_expect_tx(bars.kv, 2 * CFG::KV_BYTES);
 #pragma unroll
     for (int p = 0; p < NP; ++p) {
-        fp_tma_load_4d(sk + p * BN * 128, &prm.tk, bars.base, 64 * p, k_row, kvh, cb);
-        fp_tma_load_4d(sv + p * BN * 128, &prm.tv, bars.base, 64 * p, k_row, kvh, cb);
+        fp_tma_load_4d(sk + p * BN * 128, &prm.tk, bars.kv, 64 * p, k_row, kvh, cb);
+        fp_tma_load_4d(sv + p * BN * 128, &prm.tv, bars.kv, 64 * p, k_row, kvh, cb);
     }
     int h = h_first, mb = mb_end - 1;
     for (int it = 0; it < steps; ++it) {
         const int q_row = (int)q_start + mb * BM;
         const int64_t w = fp_bwd_ws_row(a, b, h, (int64_t)mb * BM);
-        const int sqi = it % STQ, soi = it % STO;
-        fp_mbar_wait(bars.q_empty(sqi), ((it / STQ) & 1) ^ 1);
-        fp_mbar_arrive_expect_tx(bars.q_full(sqi), Q_BYTES + ROW_BYTES);
-#pragma unroll
-        for (int p = 0; p < NP; ++p)
-            fp_tma_load_4d(sq + sqi * Q_BYTES + p * BM * 128, &prm.tq, bars.q_full(sqi), 64 * p,
-                           q_row, h, cb);
-        fp_bulk_load(slse + sqi * ROW_BYTES, a.ws_lse2 + w, ROW_BYTES, bars.q_full(sqi));
-        fp_mbar_wait(bars.o_empty(soi), ((it / STO) & 1) ^ 1);
-        fp_mbar_arrive_expect_tx(bars.o_full(soi), Q_BYTES + ROW_BYTES);
-#pragma unroll
-        for (int p = 0; p < NP; ++p)
-            fp_tma_load_4d(sdo + soi * Q_BYTES + p * BM * 128, &prm.tdo, bars.o_full(soi), 64 * p,
-                           q_row, h, cb);
-        fp_bulk_load(sdsum + soi * ROW_BYTES, a.ws_dsum + w, ROW_BYTES, bars.o_full(soi));
+        fp_sm90_bwd256_load_stage(bars.q, it, sq, &prm.tq, slse, a.ws_lse2 + w, q_row, h, cb);
+        fp_sm90_bwd256_load_stage(bars.o, it, sdo, &prm.tdo, sdsum, a.ws_dsum + w, q_row, h, cb);
         fp_bwd_prev_step(h, mb, mb_lo, mb_end);
     }
 }
@@ -144,7 +136,7 @@ FP_DEV void fp_sm90_bwd256_dq_writer(const fp_sm90_bwd_params &prm, uint32_t sdq
         }
         for (int p = 0; p < 2; ++p)
             for (int w = 0; w < 2; ++w) {
-                fp_mbar_wait(bars.dq_full(w), (2 * it + p) & 1);
+                fp_mbar_wait(bars.dq.full(w), (2 * it + p) & 1);
                 const int c0 = 128 * w + 64 * p;
 #pragma unroll
                 for (int band = 0; band < BM / 16; ++band)
@@ -152,7 +144,7 @@ FP_DEV void fp_sm90_bwd256_dq_writer(const fp_sm90_bwd_params &prm, uint32_t sdq
                                            sdq + w * CFG::PIECE_BYTES + band * 4096, 4096);
                 fp_bulk_commit();
                 fp_bulk_wait_read();
-                fp_mbar_arrive(bars.dq_empty(w));
+                fp_mbar_arrive(bars.dq.empty(w));
             }
         if (turn) {
             fp_bulk_wait();
@@ -191,7 +183,7 @@ __global__ void __launch_bounds__(FP_SM90B_THREADS, 1)
     uint8_t *const qflag = kflag + 2 * BN;        /* [STQ][BM] */
     uint8_t *const oflag = qflag + STQ * BM;      /* [STO][BM] */
     unsigned *const rbad_rows = reinterpret_cast<unsigned *>(oflag + STO * BM);
-    const fp_sm90b2_bars bars = {sflags + CFG::FLAG_BYTES};
+    const fp_sm90b2_bars bars(sflags + CFG::FLAG_BYTES);
     auto smem_f = [&](uint32_t addr) { return reinterpret_cast<float *>(gbase + (addr - sk)); };
 
     const int tid = threadIdx.x, wg = tid >> 7, wtid = tid & 127;
@@ -208,19 +200,10 @@ __global__ void __launch_bounds__(FP_SM90B_THREADS, 1)
 
     if (tid == 0) {
         *rbad_rows = 0;
-        fp_mbar_init(bars.base, 1);
-        for (int s = 0; s < STQ; ++s) {
-            fp_mbar_init(bars.q_full(s), 1);
-            fp_mbar_init(bars.q_empty(s), FP_SM90B_CONSUMER_THREADS);
-        }
-        for (int s = 0; s < STO; ++s) {
-            fp_mbar_init(bars.o_full(s), 1);
-            fp_mbar_init(bars.o_empty(s), FP_SM90B_CONSUMER_THREADS);
-        }
-        for (int w = 0; w < 2; ++w) {
-            fp_mbar_init(bars.dq_full(w), 128);
-            fp_mbar_init(bars.dq_empty(w), 1);
-        }
+        fp_mbar_init(bars.kv, 1);
+        bars.q.init(1, FP_SM90B_CONSUMER_THREADS);
+        bars.o.init(1, FP_SM90B_CONSUMER_THREADS);
+        bars.dq.init(128, 1); /* dQ piece w: full when its warpgroup has written it */
         fp_mbar_fence_init();
     }
     __syncthreads();
@@ -255,7 +238,7 @@ __global__ void __launch_bounds__(FP_SM90B_THREADS, 1)
 
     if (steps > 0) {
         const fp_mask32 mk = fp_mask32_make(nq, nk, a.left, a.right);
-        fp_mbar_wait(bars.base, 0);
+        fp_mbar_wait(bars.kv, 0);
         bool kbad[2] = {false, false}, kany = false;
         /* The guard's K part at the first step (see the file comment): sv_ is this thread's
          * S^T, whose product has landed. */
@@ -289,8 +272,8 @@ __global__ void __launch_bounds__(FP_SM90B_THREADS, 1)
 
             /* S^T = K Q^T and dP^T = V dO^T, this warpgroup's 32 queries (m64n32, both operands
              * K-major) */
-            fp_mbar_wait(bars.q_full(sqi), (it / STQ) & 1);
-            fp_mbar_wait(bars.o_full(soi), (it / STO) & 1);
+            fp_mbar_wait(bars.q.full(sqi), (it / STQ) & 1);
+            fp_mbar_wait(bars.o.full(soi), (it / STO) & 1);
             fp_wgmma_fence();
             fp_wgmma_ss_abt<T, 32, DK / 16>(sacc, sk, BN * 128, qs + qw * 128, BM * 128);
             fp_wgmma_commit();
@@ -465,10 +448,10 @@ __global__ void __launch_bounds__(FP_SM90B_THREADS, 1)
                     fp_wgmma_fence_regs(dk);
                     fp_fence_u32(pa);
                     fp_fence_u32(da);
-                    fp_mbar_arrive(bars.q_empty(sqi));
-                    fp_mbar_arrive(bars.o_empty(soi));
+                    fp_mbar_arrive(bars.q.empty(sqi));
+                    fp_mbar_arrive(bars.o.empty(soi));
                 }
-                fp_mbar_wait(bars.dq_empty(w), ((2 * it + p) & 1) ^ 1);
+                fp_mbar_wait(bars.dq.empty(w), ((2 * it + p) & 1) ^ 1);
                 float *const band = piece + warp * 1024;
 #pragma unroll
                 for (int j = 0; j < 8; ++j)
@@ -478,7 +461,7 @@ __global__ void __launch_bounds__(FP_SM90B_THREADS, 1)
                                                     fp_dq_frag_off(g + 8 * r, 8 * j + 2 * t)) =
                             make_float2(dq[4 * j + 2 * r], dq[4 * j + 2 * r + 1]);
                 fp_fence_proxy_async_smem();
-                fp_mbar_arrive(bars.dq_full(w));
+                fp_mbar_arrive(bars.dq.full(w));
             }
             fp_bwd_prev_step(h, mb, mb_lo, mb_end);
         }

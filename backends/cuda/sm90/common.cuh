@@ -1,6 +1,6 @@
 /*
  * What the sm90 kernels (sm90/fwd.cuh, sm90/bwd.cuh) share: the wgmma instructions by dtype and N,
- * a register fence, and the TMA descriptors of q/k/v-shaped tensors (host).
+ * a register fence, rings of mbarriers, and the TMA descriptors of q/k/v-shaped tensors (host).
  */
 #ifndef FLASHPORT_BACKENDS_CUDA_SM90_COMMON_CUH
 #define FLASHPORT_BACKENDS_CUDA_SM90_COMMON_CUH
@@ -123,6 +123,24 @@ template <int N> FP_DEV void fp_fence_u32(uint32_t (&r)[N][4])
         for (int e = 0; e < 4; ++e)
             asm volatile("" : "+r"(r[i][e])::"memory");
 }
+
+/* N stages' "full" and "empty" mbarriers, 8 bytes each from shared address base: full(0 .. N - 1),
+ * then empty(0 .. N - 1); end() is the address after them, where the next set can start. init
+ * (one thread): a full barrier completes on full_count arrivals (and its transaction bytes), an
+ * empty one on empty_count. */
+template <int N> struct fp_mbar_ring {
+    uint32_t base;
+    __device__ __forceinline__ uint32_t full(int s) const { return base + 8u * s; }
+    __device__ __forceinline__ uint32_t empty(int s) const { return base + 8u * (N + s); }
+    __device__ __forceinline__ uint32_t end() const { return base + 16u * N; }
+    __device__ __forceinline__ void init(uint32_t full_count, uint32_t empty_count) const
+    {
+        for (int s = 0; s < N; ++s) {
+            fp_mbar_init(full(s), full_count);
+            fp_mbar_init(empty(s), empty_count);
+        }
+    }
+};
 
 /* ---- host ---------------------------------------------------------------------------------- */
 

@@ -1140,14 +1140,7 @@ static flashport_status fp_sm90_launch(const fp_cuda_ctx *ctx, const fp_problem 
     constexpr int DK = CFG::DK, BN = CFG::BN;
     fp_sm80_args &a = prm.a;
     const cudaStream_t stream = ctx->stream;
-    const fp_plan_shape shape = fp_problem_plan_shape(p);
-    fp_plan_target target;
-    target.workers = ctx->sm_count; /* one block per SM */
-    target.block_q = FP_SM90_BM;
-    target.block_k = BN;
-    target.max_splits = 64;
-    target.order = FP_PLAN_ORDER_GRID;
-    const fp_plan plan = fp_plan_forward(&shape, &target);
+    const fp_plan plan = fp_cuda_grid_plan(p, ctx->sm_count, FP_SM90_BM, BN); /* a block per SM */
     const bool empty = plan.num_q_blocks == 0 || p->batch == 0 || p->heads == 0;
     /* split-KV partials, as the sm80 path lays them out (its combine merges them) */
     const size_t rows = (size_t)plan.num_splits * p->batch * p->heads * a.nq;

@@ -113,9 +113,9 @@ fp_emu_fiber_start:
 /* WAIT_POLL: a spinning wait (mbarrier try_wait, ld.acquire) that the scheduler resumes each
  * round to look again; WAIT_NBAR: a named barrier; WAIT_WG: a warpgroup's wgmma.wait_group. */
 enum { READY, WAIT_WARP, WAIT_BLOCK, WAIT_POLL, WAIT_NBAR, WAIT_WG, DONE };
-enum { OP_NONE, OP_MMA_F16, OP_MMA_BF16, OP_LDSM, OP_LDSM_T, OP_SHFL };
-static const char *const op_name[] = {"none",     "mma f16",        "mma bf16",
-                                      "ldmatrix", "ldmatrix.trans", "shfl.xor"};
+enum { OP_NONE, OP_MMA_F16, OP_MMA_BF16, OP_LDSM, OP_LDSM_T, OP_SHFL, OP_STSM };
+static const char *const op_name[] = {"none",           "mma f16",  "mma bf16", "ldmatrix",
+                                      "ldmatrix.trans", "shfl.xor", "stmatrix"};
 enum { STACK_BYTES = 256 * 1024 };
 
 struct copy {
@@ -161,6 +161,10 @@ struct wg_state;   /* a warpgroup's wgmma instructions in flight (sm90, below) *
 struct named_bar {
     int arrived, count;
 };
+struct static_var {
+    const void *key;
+    uint32_t offset;
+};
 
 /* One host thread's execution state (a worker of a launch). */
 struct worker {
@@ -171,7 +175,10 @@ struct worker {
     int nthreads, live, bar_arrived;
     struct warp warps[32];
     const void *kernel;
-    size_t smem;
+    size_t smem;     /* the block's shared memory: the launch's dynamic bytes, then the static */
+    size_t smem_dyn; /* the launch's dynamic bytes */
+    struct static_var *statics; /* the block's static __shared__ variables so far */
+    int nstatics, statics_cap;
     void (*body)(void *);
     void *closure;
     /* sm90 */
@@ -288,6 +295,8 @@ static int count_state(int state)
 static void run_block(dim3 block_idx)
 {
     fp_emu_block_idx = block_idx;
+    W->smem = W->smem_dyn;
+    W->nstatics = 0;
     memset(fp_smem, 0xff, W->smem);
     const dim3 bd = fp_emu_block_dim;
     W->live = W->nthreads;
@@ -367,6 +376,7 @@ void __syncthreads(void)
 static void compute_mma(struct warp *w, int bf16);
 static void compute_ldsm(struct warp *w, int trans);
 static void compute_shfl(struct warp *w);
+static void compute_stsm(struct warp *w);
 
 /* The calling lane has filled w->in[lane]; returns once the warp's op is done (w->out). */
 static struct warp *warp_op_arrive(int op)
@@ -389,6 +399,8 @@ static struct warp *warp_op_arrive(int op)
         compute_mma(w, op == OP_MMA_BF16);
     else if (op == OP_LDSM || op == OP_LDSM_T)
         compute_ldsm(w, op == OP_LDSM_T);
+    else if (op == OP_STSM)
+        compute_stsm(w);
     else
         compute_shfl(w);
     w->arrived = 0;
@@ -443,11 +455,13 @@ static void compute_mma(struct warp *w, int bf16)
     }
 }
 
-static const unsigned char *smem_at(uint32_t addr, const char *what)
+static unsigned char *smem_at(uint32_t addr, const char *what)
 {
     if (addr % 16 != 0 || (size_t)addr + 16 > W->smem)
-        fatal("%s: shared address %u is %s (the launch has %zu bytes of dynamic shared memory)",
-              what, addr, addr % 16 ? "not 16-byte aligned" : "out of bounds", W->smem);
+        fatal("%s: shared address %u is %s (the block has %zu bytes of shared memory: %zu "
+              "dynamic, then its static variables)",
+              what, addr, addr % 16 ? "not 16-byte aligned" : "out of bounds", W->smem,
+              W->smem_dyn);
     return fp_smem + addr;
 }
 
@@ -463,6 +477,34 @@ static void compute_ldsm(struct warp *w, int trans)
             const uint16_t hi = trans ? m[e + 1][l / 4] : m[l / 4][e + 1];
             w->out[l][i] = (uint32_t)lo | (uint32_t)hi << 16;
         }
+    }
+}
+
+/* stmatrix.x{num}(.trans): lanes 8i .. 8i+7 give the 16-byte rows of matrix i (i < num); lane l's
+ * register i holds (row l / 4, elements 2 (l % 4), +1) of matrix i, or with .trans those
+ * elements of column l / 4: the inverse of ldmatrix. in[l]: address, 4 registers, num, trans. */
+static void compute_stsm(struct warp *w)
+{
+    const uint32_t num = w->in[0][5], trans = w->in[0][6];
+    for (int l = 1; l < 32; l++)
+        if (w->in[l][5] != num || w->in[l][6] != trans)
+            fatal("lanes of warp %d disagree on stmatrix: lane 0 has .x%u%s, lane %d .x%u%s",
+                  W->cur->lin / 32, num, trans ? ".trans" : "", l, w->in[l][5],
+                  w->in[l][6] ? ".trans" : "");
+    for (uint32_t i = 0; i < num; i++) {
+        uint16_t m[8][8];
+        for (int l = 0; l < 32; l++) {
+            const int e = 2 * (l % 4);
+            const uint32_t reg = w->in[l][1 + i];
+            (trans ? m[e][l / 4] : m[l / 4][e]) = (uint16_t)reg;
+            (trans ? m[e + 1][l / 4] : m[l / 4][e + 1]) = (uint16_t)(reg >> 16);
+        }
+        /* every row's address checked before any is written */
+        unsigned char *rows[8];
+        for (int row = 0; row < 8; row++)
+            rows[row] = smem_at(w->in[8 * i + row][0], "stmatrix");
+        for (int row = 0; row < 8; row++)
+            memcpy(rows[row], m[row], 16);
     }
 }
 
@@ -496,6 +538,20 @@ void fp_emu_ldmatrix_x4(uint32_t r[4], uint32_t addr, int trans)
     W->warps[W->cur->lin / 32].in[lane][0] = addr;
     struct warp *w = warp_op_arrive(trans ? OP_LDSM_T : OP_LDSM);
     memcpy(r, w->out[lane], 16);
+}
+
+void fp_emu_stmatrix(uint32_t addr, const uint32_t *r, int num, int trans)
+{
+    if (num != 1 && num != 2 && num != 4)
+        fatal("stmatrix .x%d (x1, x2, x4)", num);
+    const int lane = W->cur->lin % 32;
+    uint32_t *in = W->warps[W->cur->lin / 32].in[lane];
+    in[0] = addr;
+    for (int i = 0; i < 4; i++)
+        in[1 + i] = i < num ? r[i] : 0;
+    in[5] = (uint32_t)num;
+    in[6] = (uint32_t)(trans != 0);
+    warp_op_arrive(OP_STSM);
 }
 
 uint32_t fp_emu_shfl_xor(unsigned mask, uint32_t bits, int lane_mask, int width)
@@ -534,11 +590,35 @@ float fp_emu_lg2_approx_ftz(float x)
 size_t __cvta_generic_to_shared(const void *ptr)
 {
     const unsigned char *p = (const unsigned char *)ptr;
-    if (p < fp_smem || p >= fp_smem + SMEM_CAPACITY)
-        fatal("__cvta_generic_to_shared(%p): not in the block's dynamic shared memory (static "
-              "__shared__ variables are not emulated)",
-              ptr);
+    if (p < fp_smem || p >= fp_smem + W->smem)
+        fatal("__cvta_generic_to_shared(%p): not in the block's shared memory", ptr);
     return (size_t)(p - fp_smem);
+}
+
+/* A static __shared__ variable (cuda_emu.h, FP_EMU_STATIC_SHARED): placed at its first
+ * declaration the block executes, after the dynamic shared memory and the variables placed
+ * before it, poisoned (0xff) like the rest; the block's total must fit the device's per-block
+ * limit (FP_CUDA_EMU_SMEM_KIB), which counts static and dynamic shared memory together. */
+static size_t optin_bytes(void);
+void *fp_emu_static_shared(const void *key, size_t bytes, size_t align)
+{
+    for (int i = 0; i < W->nstatics; i++)
+        if (W->statics[i].key == key)
+            return fp_smem + W->statics[i].offset;
+    const size_t off = (W->smem + align - 1) / align * align;
+    if (off + bytes > optin_bytes() || off + bytes > SMEM_CAPACITY)
+        fatal("a static __shared__ variable of %zu bytes does not fit: %zu bytes of dynamic shared "
+              "memory and %zu of static variables before it, the block's limit is %zu",
+              bytes, W->smem_dyn, W->smem - W->smem_dyn, optin_bytes());
+    if (W->nstatics == W->statics_cap) {
+        W->statics_cap = W->statics_cap ? 2 * W->statics_cap : 16;
+        W->statics =
+            (struct static_var *)realloc(W->statics, (size_t)W->statics_cap * sizeof *W->statics);
+    }
+    W->statics[W->nstatics++] = {key, (uint32_t)off};
+    memset(fp_smem + W->smem, 0xff, off + bytes - W->smem);
+    W->smem = off + bytes;
+    return fp_smem + off;
 }
 
 /* ---- device memory ------------------------------------------------------------------------ */
@@ -634,6 +714,42 @@ float2 atomicAdd(float2 *address, float2 value)
     return make_float2(x, y);
 }
 
+static unsigned char *smem_range(uint32_t addr, size_t bytes, size_t align, const char *what);
+/* The shared or global word an integer atomic works on (shared: the block runs on this host
+ * thread, so a plain access is atomic) */
+static int atomic_word_shared(const void *address, const char *what)
+{
+    const unsigned char *p = (const unsigned char *)address;
+    if ((uintptr_t)address % 4 != 0)
+        fatal("%s at misaligned %p", what, address);
+    if (p >= fp_smem && p < fp_smem + SMEM_CAPACITY) {
+        smem_range((uint32_t)(p - fp_smem), 4, 4, what);
+        return 1;
+    }
+    check_global(address, 4, what);
+    return 0;
+}
+
+int atomicAdd(int *address, int value)
+{
+    if (atomic_word_shared(address, "atomicAdd(int *)")) {
+        const int old = *address;
+        *address = (int)((unsigned)old + (unsigned)value);
+        return old;
+    }
+    return __atomic_fetch_add(address, value, __ATOMIC_RELAXED);
+}
+
+unsigned atomicOr(unsigned *address, unsigned value)
+{
+    if (atomic_word_shared(address, "atomicOr(unsigned *)")) {
+        const unsigned old = *address;
+        *address = old | value;
+        return old;
+    }
+    return __atomic_fetch_or(address, value, __ATOMIC_RELAXED);
+}
+
 unsigned atomicAdd(unsigned *address, unsigned value)
 {
     const unsigned char *p = (const unsigned char *)address;
@@ -677,9 +793,10 @@ struct mbar {
 static unsigned char *smem_range(uint32_t addr, size_t bytes, size_t align, const char *what)
 {
     if (addr % align != 0 || (size_t)addr + bytes > W->smem)
-        fatal("%s: shared address %u (+%zu bytes) is %s (the launch has %zu bytes of dynamic "
-              "shared memory)",
-              what, addr, bytes, addr % align ? "misaligned" : "out of bounds", W->smem);
+        fatal("%s: shared address %u (+%zu bytes) is %s (the block has %zu bytes of shared "
+              "memory: %zu dynamic, then its static variables)",
+              what, addr, bytes, addr % align ? "misaligned" : "out of bounds", W->smem,
+              W->smem_dyn);
     return fp_smem + addr;
 }
 
@@ -1461,7 +1578,7 @@ static void *launch_worker(void *arg)
     W = &w;
     const dim3 g = L->cfg->grid, b = L->cfg->block;
     w.kernel = L->kernel;
-    w.smem = L->cfg->smem;
+    w.smem = w.smem_dyn = L->cfg->smem;
     w.body = L->body;
     w.closure = L->closure;
     w.nthreads = (int)(b.x * b.y * b.z);
@@ -1482,6 +1599,7 @@ static void *launch_worker(void *arg)
     }
     free(w.fibers);
     free(w.acopies);
+    free(w.statics);
     for (int i = 0; w.wgs && i < MAX_WG; i++) {
         for (int j = 0; j < w.wgs[i].cap; j++)
             free(w.wgs[i].ops[j].init);

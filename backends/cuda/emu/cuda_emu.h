@@ -105,8 +105,42 @@ float atomicAdd(float *address, float value);
 unsigned atomicAdd(unsigned *address, unsigned value); /* global or shared */
 float2 atomicAdd(float2 *address, float2 value);       /* sm_90: atomic per element */
 
-/* Shared-window offset of a generic pointer into this block's dynamic shared memory. */
+/* Shared-window offset of a generic pointer into this block's shared memory. */
 size_t __cvta_generic_to_shared(const void *ptr);
+
+/* Static __shared__ variables: run_emu.sh rewrites each declaration `__shared__ [__align__(A)] T
+ * name[dims], ...;` (one line, not extern) into FP_EMU_STATIC_SHARED(T, name, [dims], A) per
+ * declarator, a reference to the block's copy, which the emulator places in the shared window
+ * after the launch's dynamic shared memory (the GPU counts the two together against the block's
+ * limit) and poisons (0xff) like the rest. key: the declaration's own static byte, which names it
+ * (one per template instantiation, as the GPU has one variable per instantiated kernel). */
+void *fp_emu_static_shared(const void *key, size_t bytes, size_t align);
+#define FP_EMU_STATIC_SHARED(T, name, dims, A)                                                     \
+    static char fp_emu_key_##name;                                                                 \
+    typedef T fp_emu_type_##name dims;                                                             \
+    fp_emu_type_##name &name = *static_cast<fp_emu_type_##name *>(fp_emu_static_shared(            \
+        &fp_emu_key_##name, sizeof(fp_emu_type_##name),                                            \
+        (A) > alignof(fp_emu_type_##name) ? (A) : alignof(fp_emu_type_##name)))
+
+/* Integer intrinsics (CUDA math API): __byte_perm's result byte n is byte (s >> 4 n) & 7 of the
+ * 8 bytes {y, x} (x's low byte first); __vcmpeq4 is 0xff in each byte where a and b agree. */
+static inline unsigned __byte_perm(unsigned x, unsigned y, unsigned s)
+{
+    const uint64_t v = (uint64_t)y << 32 | x;
+    unsigned r = 0;
+    for (int n = 0; n < 4; n++)
+        r |= (unsigned)(v >> 8 * ((s >> 4 * n) & 7) & 0xff) << 8 * n;
+    return r;
+}
+static inline unsigned __vcmpeq4(unsigned a, unsigned b)
+{
+    unsigned r = 0;
+    for (int n = 0; n < 4; n++)
+        r |= ((a >> 8 * n & 0xff) == (b >> 8 * n & 0xff) ? 0xffu : 0u) << 8 * n;
+    return r;
+}
+int atomicAdd(int *address, int value);               /* global or shared */
+unsigned atomicOr(unsigned *address, unsigned value); /* global or shared */
 
 uint32_t fp_emu_shfl_xor(unsigned mask, uint32_t bits, int lane_mask, int width);
 template <class T>
@@ -139,6 +173,8 @@ static inline void __syncwarp(unsigned mask = 0xffffffffu)
 /* The instructions of ptx/sm80.cuh's wrappers (#ifdef FP_CUDA_EMU there). */
 void fp_emu_mma_m16n8k16(float c[4], const uint32_t a[4], uint32_t b0, uint32_t b1, int bf16);
 void fp_emu_ldmatrix_x4(uint32_t r[4], uint32_t addr, int trans);
+/* stmatrix.sync.aligned.m8n8.x{num}(.trans).shared.b16: r holds num registers */
+void fp_emu_stmatrix(uint32_t addr, const uint32_t *r, int num, int trans);
 void fp_emu_cp_async16(uint32_t dst, const void *src, int src_bytes);
 void fp_emu_cp_async_commit(void);
 void fp_emu_cp_async_wait(int n);

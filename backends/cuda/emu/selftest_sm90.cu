@@ -18,8 +18,18 @@
  *   in child processes, that the run stops with the emulator's report for a wait on an mbarrier
  *   phase that can never complete (an arrival short: a hang, not an endless spin) and for a
  *   write to a wgmma's shared operand between its issue and its wait_group (a race).
- * Inputs are small integers: every sum is exact and the comparison is bitwise. Exit 0 when
- * everything matches, 1 otherwise.
+ * And what the sm90 forward adds (st90f_kernel): wgmma e4m3 m64nNk32 over two k steps, A and B
+ * K-major in shared memory (m64n96, m64n128: the fp8 Q K^T) and A from registers (m64n128: P V
+ * over V^T; fragment register r = row g + 8 (r & 1), bytes k = 4 t + 16 (r >> 1) + 0..3);
+ * stmatrix x1, x2, x4 and x4.trans (the inverse of ldmatrix: lane l's register i is row l / 4,
+ * elements 2 (l % 4), +1 of matrix i, or with .trans those of column l / 4), the rows of gapped
+ * addresses around which the poison must stay; static __shared__ variables (poisoned at the
+ * block's start, one copy per block, an mbarrier in one, cvta beyond the dynamic memory);
+ * atomicOr and atomicAdd(int *) on shared and global words; __byte_perm and __vcmpeq4 against
+ * the CUDA documentation's examples; and in a child process that static variables beyond the
+ * block's shared-memory limit stop the run.
+ * Inputs are small integers (e4m3: -2 .. 2 in halves): every sum is exact and the comparison is
+ * bitwise. Exit 0 when everything matches, 1 otherwise.
  */
 #include "backends/cuda/sm80/common.cuh"
 #include "backends/cuda/sm90/common.cuh"
@@ -297,6 +307,231 @@ template <typename T> static int run(int bf16)
     return bad != 0;
 }
 
+/* ---- the forward's instructions ---- */
+
+enum { F_KD = 64, F_NCASE = 3 };
+struct fcase {
+    int n, regs;
+};
+static const fcase fcases[F_NCASE] = {{96, 0}, {128, 0}, {128, 1}};
+struct st90f_args {
+    const uint8_t *a, *b; /* e4m3 codes: A [64][F_KD], B [F_KD][128] row-major */
+    float *out;           /* [F_NCASE][64][128] */
+    uint8_t *st;          /* the stmatrix region, copied out: [4][2048] */
+    unsigned *gword;      /* [2]: global atomics */
+    int *flags;           /* [8] */
+};
+/* shared memory: A 8 KiB (64 rows of 128 bytes, K-major), B 16 KiB (128 rows), then the stmatrix
+ * region (4 x 2 KiB: one per form) */
+enum { F_A = 0, F_B = 8192, F_ST = 24576, F_END = 32768 };
+
+template <int N> static __device__ void f8_case(const st90f_args &p, int ci)
+{
+    const fcase c = fcases[ci];
+    const int tid = threadIdx.x, warp = tid / 32, g = (tid % 32) / 4, t = tid % 4;
+    extern __shared__ __align__(1024) unsigned char fp_smem[];
+    for (int e = tid; e < 64 * F_KD; e += 128) /* A (m, k): row m, byte k */
+        fp_smem[swz(F_A + (e / F_KD) * 128 + e % F_KD)] = p.a[e];
+    for (int e = tid; e < F_KD * N; e += 128) { /* B (k, n): row n, byte k */
+        const int k = e / N, n = e % N;
+        fp_smem[swz(F_B + n * 128 + k)] = p.b[k * 128 + n];
+    }
+    __syncthreads();
+    float d[N / 2];
+    for (int i = 0; i < N / 2; ++i)
+        d[i] = 12345.0f; /* ignored: the first step does not accumulate */
+    fp_wgmma_fence();
+    for (int s = 0; s < F_KD / 32; ++s) {
+        const uint64_t db = desc(F_B + 32 * s, 16, 1024);
+        if (c.regs) {
+            uint32_t a[4];
+            for (int r = 0; r < 4; ++r) {
+                const int m = 16 * warp + g + 8 * (r & 1), k = 32 * s + 4 * t + 16 * (r >> 1);
+                a[r] = 0;
+                for (int e = 0; e < 4; ++e)
+                    a[r] |= (uint32_t)p.a[m * F_KD + k + e] << 8 * e;
+            }
+            if constexpr (N == 128)
+                fp_wgmma_rs_m64n128k32_e4m3(d, a, db, s > 0);
+        } else {
+            fp_wgmma_e4m3<N>::ss(d, desc(F_A + 32 * s, 16, 1024), db, s > 0);
+        }
+    }
+    fp_wgmma_commit();
+    fp_wgmma_wait<0>();
+    for (int i = 0; i < N / 2; ++i) {
+        const int row = 16 * warp + g + 8 * ((i >> 1) & 1), col = 8 * (i >> 2) + 2 * t + (i & 1);
+        p.out[(ci * 64 + row) * 128 + col] = d[i];
+    }
+    __syncthreads();
+}
+
+/* stmatrix form f (0: x4 through fp_stsm_x4, 1: x4.trans, 2: x2, 3: x1): matrix i's row r at
+ * F_ST + 2048 f + 256 i + 32 r (16-byte gaps between rows); lane l's register i holds the
+ * halves 64 i + 2 l and 64 i + 2 l + 1. */
+static __device__ void stsm_case(int f)
+{
+    const int lane = threadIdx.x % 32, i = lane / 8, r = lane % 8;
+    const uint32_t addr = F_ST + 2048 * f + 256 * i + 32 * r;
+    uint32_t v[4];
+    for (int m = 0; m < 4; ++m)
+        v[m] = (uint32_t)(64 * m + 2 * lane) | (uint32_t)(64 * m + 2 * lane + 1) << 16;
+    if (f == 0)
+        fp_stsm_x4(addr, v[0], v[1], v[2], v[3]);
+    else
+        fp_emu_stmatrix(addr, v, f == 1 ? 4 : f == 2 ? 2 : 1, f == 1);
+}
+
+__global__ void st90f_kernel(const __grid_constant__ st90f_args p)
+{
+    extern __shared__ __align__(1024) unsigned char fp_smem[];
+    const int tid = threadIdx.x;
+    __shared__ uint32_t words[4];
+    __shared__ uint64_t sbar;
+    if (tid == 0) {
+        p.flags[0] = words[0] != 0xffffffffu || words[3] != 0xffffffffu; /* poisoned at start */
+        p.flags[1] = fp_smem_addr(words) < F_END || fp_smem_addr(&sbar) < F_END;
+        words[0] = 0;
+        words[1] = 5;
+        fp_mbar_init(fp_smem_addr(&sbar), 128);
+        fp_mbar_fence_init();
+    }
+    __syncthreads();
+    atomicOr(&words[0], 1u << (tid % 32));
+    atomicAdd(reinterpret_cast<int *>(&words[1]), -1);
+    atomicOr(&p.gword[0], 1u << (tid / 4));
+    atomicAdd(reinterpret_cast<int *>(&p.gword[1]), 3);
+    fp_mbar_arrive(fp_smem_addr(&sbar));
+    fp_mbar_wait(fp_smem_addr(&sbar), 0);
+    if (tid == 0)
+        p.flags[2] = words[0] != 0xffffffffu || (int)words[1] != 5 - 128;
+    f8_case<96>(p, 0);
+    f8_case<128>(p, 1);
+    f8_case<128>(p, 2);
+    if (tid < 32)
+        for (int f = 0; f < 4; ++f)
+            stsm_case(f);
+    __syncthreads();
+    for (int e = tid; e < 4 * 2048; e += 128)
+        p.st[e] = fp_smem[F_ST + e];
+}
+
+/* e4m3 codes of -2 .. 2 in steps of 0.5 (sign, 4 exponent bits of bias 7, 3 mantissa bits) */
+static const uint8_t e4m3_code[9] = {0xc0, 0xbc, 0xb8, 0xb0, 0x00, 0x30, 0x38, 0x3c, 0x40};
+
+static int run_fwd(void)
+{
+    int bad = 0;
+    static uint8_t ha[64 * F_KD], hb[F_KD * 128];
+    static float a[64 * F_KD], b[F_KD * 128];
+    srand(7);
+    for (int e = 0; e < 64 * F_KD; ++e) {
+        const int v = rand() % 9;
+        ha[e] = e4m3_code[v];
+        a[e] = 0.5f * (float)(v - 4);
+    }
+    for (int e = 0; e < F_KD * 128; ++e) {
+        const int v = rand() % 9;
+        hb[e] = e4m3_code[v];
+        b[e] = 0.5f * (float)(v - 4);
+    }
+    void *d_a, *d_b, *d_out, *d_st, *d_g, *d_flags;
+    const size_t out_bytes = F_NCASE * 64 * 128 * 4;
+    if (cudaMalloc(&d_a, sizeof ha) || cudaMalloc(&d_b, sizeof hb) ||
+        cudaMalloc(&d_out, out_bytes) || cudaMalloc(&d_st, 4 * 2048) || cudaMalloc(&d_g, 8) ||
+        cudaMalloc(&d_flags, 32)) {
+        printf("  cudaMalloc failed\n");
+        return 1;
+    }
+    cudaMemcpy(d_a, ha, sizeof ha, cudaMemcpyHostToDevice);
+    cudaMemcpy(d_b, hb, sizeof hb, cudaMemcpyHostToDevice);
+    cudaMemsetAsync(d_g, 0, 8, 0);
+    cudaMemsetAsync(d_flags, 0, 32, 0);
+    st90f_args p;
+    p.a = (const uint8_t *)d_a;
+    p.b = (const uint8_t *)d_b;
+    p.out = (float *)d_out;
+    p.st = (uint8_t *)d_st;
+    p.gword = (unsigned *)d_g;
+    p.flags = (int *)d_flags;
+    cudaFuncSetAttribute(st90f_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, F_END);
+    st90f_kernel<<<1, 128, F_END, 0>>>(p);
+    bad += cudaGetLastError() != cudaSuccess;
+    static float out[F_NCASE * 64 * 128];
+    static uint8_t st[4 * 2048];
+    unsigned gw[2];
+    int flags[8];
+    cudaMemcpy(out, d_out, out_bytes, cudaMemcpyDeviceToHost);
+    cudaMemcpy(st, d_st, sizeof st, cudaMemcpyDeviceToHost);
+    cudaMemcpy(gw, d_g, sizeof gw, cudaMemcpyDeviceToHost);
+    cudaMemcpy(flags, d_flags, sizeof flags, cudaMemcpyDeviceToHost);
+
+    static const char *const names[F_NCASE] = {"ss K-major m64n96k32", "ss K-major m64n128k32",
+                                               "rs m64n128k32"};
+    for (int ci = 0; ci < F_NCASE; ++ci) {
+        int bw = 0;
+        for (int m = 0; m < 64; ++m)
+            for (int n = 0; n < fcases[ci].n; ++n) {
+                double s = 0.0;
+                for (int k = 0; k < F_KD; ++k)
+                    s += (double)a[m * F_KD + k] * b[k * 128 + n];
+                bw += out[(ci * 64 + m) * 128 + n] != (float)s;
+            }
+        bad += bw;
+        printf("e4m3: wgmma %s: %s\n", names[ci], bw ? "FAIL" : "ok");
+    }
+    /* stmatrix: each written row as the ISA gives it, every other byte still poison */
+    static const char *const snames[4] = {"x4", "x4.trans", "x2", "x1"};
+    for (int f = 0; f < 4; ++f) {
+        const int nmat = f < 2 ? 4 : f == 2 ? 2 : 1;
+        int bs = 0;
+        for (int off = 0; off < 2048; off += 2) {
+            const int i = off / 256, r = off % 256 / 32, c = off % 32 / 2;
+            uint16_t got;
+            memcpy(&got, st + 2048 * f + off, 2);
+            uint16_t want = 0xffff;
+            if (i < nmat && c < 8) {
+                const int lane = f == 1 ? 4 * c + r / 2 : 4 * r + c / 2;
+                const int half = f == 1 ? r % 2 : c % 2;
+                want = (uint16_t)(64 * i + 2 * lane + half);
+            }
+            bs += got != want;
+        }
+        bad += bs;
+        printf("stmatrix %s: %s\n", snames[f], bs ? "FAIL" : "ok");
+    }
+    const int bst = flags[0] + flags[1] + flags[2];
+    const int bat = gw[0] != 0xffffffffu || gw[1] != 3u * 128;
+    bad += bst + bat;
+    printf("static __shared__ (poisoned, after the dynamic memory, an mbarrier in one), shared "
+           "atomicOr / atomicAdd(int *): %s; global: %s\n",
+           bst ? "FAIL" : "ok", bat ? "FAIL" : "ok");
+    /* __byte_perm (the CUDA documentation's byte numbering and the CUB PRMT example), __vcmpeq4 */
+    const int bi = __byte_perm(0x03020100u, 0x07060504u, 0x7531) != 0x07050301u ||
+                   __byte_perm(0x03020100u, 0x07060504u, 0x6420) != 0x06040200u ||
+                   __byte_perm(0x44332211u, 0x88776655u, 0x0123) != 0x11223344u ||
+                   __byte_perm(0x44332211u, 0x88776655u, 0x4747) != 0x55885588u ||
+                   __vcmpeq4(0x12345678u, 0x12005600u) != 0xff00ff00u ||
+                   __vcmpeq4(0x7f7f7f7fu, 0x7f7f7f7fu) != 0xffffffffu ||
+                   __vcmpeq4(0u, 0x01010101u) != 0u;
+    bad += bi;
+    printf("__byte_perm, __vcmpeq4: %s\n", bi ? "FAIL" : "ok");
+    cudaFree(d_a);
+    cudaFree(d_b);
+    cudaFree(d_out);
+    cudaFree(d_st);
+    cudaFree(d_g);
+    cudaFree(d_flags);
+    return bad != 0;
+}
+
+/* Static shared memory beyond the block's limit (227 KiB with the dynamic memory). */
+__global__ void st90_static_overflow_kernel(int)
+{
+    __shared__ uint32_t big[1024];
+    big[threadIdx.x] = 0;
+}
+
 /* 64 threads wait for a phase of 65 arrivals. */
 __global__ void st90_hang_kernel(int)
 {
@@ -330,6 +565,12 @@ static void launch_hang(void)
 static void launch_race(void)
 {
     st90_race_kernel<<<1, 128, 8192, 0>>>(0);
+}
+static void launch_static_overflow(void)
+{
+    cudaFuncSetAttribute(st90_static_overflow_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                         227 * 1024 - 1024);
+    st90_static_overflow_kernel<<<1, 32, 227 * 1024 - 1024, 0>>>(0);
 }
 
 /* A kernel the emulator must stop, in a child process: it must die by abort with `expect` in
@@ -368,6 +609,9 @@ int main(void)
         run_death(launch_hang,
                   "hang:", "an mbarrier wait that can never complete is reported as a hang") +
         run_death(launch_race, "operands changed",
-                  "a wgmma operand written between the issue and the wait is reported");
+                  "a wgmma operand written between the issue and the wait is reported") +
+        run_fwd() +
+        run_death(launch_static_overflow, "does not fit",
+                  "static __shared__ variables beyond the block's limit are reported");
     return bad ? 1 : 0;
 }

@@ -177,7 +177,8 @@ FP_DEV void fp_ldsm_x4_t(uint32_t r[4], uint32_t addr)
 /* Four 8x8 b16 matrices from registers to shared memory, the inverse of ldmatrix x4: lanes
  * 8i..8i+7 give the row addresses of matrix i, register i holds row lane / 4, elements
  * 2 (lane % 4) and 2 (lane % 4) + 1 of matrix i (an mma C fragment's layout). sm_90 and later;
- * callers use it only where FP_HAVE_STSM. */
+ * callers use it only where FP_HAVE_STSM, or in sm_90-only kernels (sm90/). The emulator runs
+ * it, but leaves FP_HAVE_STSM 0: its sm80 kernels are compiled once for every emulated device. */
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
 #define FP_HAVE_STSM 1
 #else
@@ -185,7 +186,10 @@ FP_DEV void fp_ldsm_x4_t(uint32_t r[4], uint32_t addr)
 #endif
 FP_DEV void fp_stsm_x4(uint32_t addr, uint32_t r0, uint32_t r1, uint32_t r2, uint32_t r3)
 {
-#if FP_HAVE_STSM
+#ifdef FP_CUDA_EMU
+    const uint32_t r[4] = {r0, r1, r2, r3};
+    fp_emu_stmatrix(addr, r, 4, 0);
+#elif FP_HAVE_STSM
     asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(addr),
                  "r"(r0), "r"(r1), "r"(r2), "r"(r3)
                  : "memory");

@@ -495,7 +495,7 @@ FP_DEV void fp_sm90_fwd_pv(float (&o)[CFG::DK / 2],
 /* P from the S accumulator to the A fragments (fp8: V^T's key order makes the accumulator's 4
  * values of a row per 16 keys one register, fp_sm90_transpose_v8). */
 template <typename TI, typename CFG>
-FP_DEV void fp_sm90_fwd_pack_p(uint32_t (&pa)[CFG::BN / fp_sm90f_dims<TI, CFG>::PK][4],
+FP_DEV void fp_sm90_fwd_pack_p(uint32_t (&pa)[CFG::BN / (fp_sm90f_dims<TI, CFG>::PK)][4],
                                const float (&s)[CFG::BN / 2])
 {
     typedef fp_sm90f_dims<TI, CFG> X;

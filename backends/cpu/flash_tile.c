@@ -9,6 +9,7 @@
 #include "backends/cpu/flash_tile.h"
 
 #include "core/dtype.h"
+#include "core/mask.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -243,6 +244,50 @@ int fp_block_finite(const fp_block *x, int rows, int d)
             }
         }
     return !bad;
+}
+
+int fp_key_bands(int64_t i0, int m, int64_t j0, int n, int64_t nq, int64_t nk, int64_t left,
+                 int64_t right, fp_key_band *band)
+{
+    /* Each group's rows [rlo, rhi): core/mask.h's key range of its queries, clipped to the block.
+     */
+    const int groups = (m + FP_TILE_COLS - 1) / FP_TILE_COLS;
+    int rlo[FP_BAND_GROUPS], rhi[FP_BAND_GROUPS], cut[2 * FP_BAND_GROUPS + 2], cuts = 0;
+    cut[cuts++] = 0;
+    cut[cuts++] = n;
+    for (int g = 0; g < groups; g++) {
+        const int end = (g + 1) * FP_TILE_COLS < m ? (g + 1) * FP_TILE_COLS : m;
+        int64_t lo, hi;
+        fp_mask_block_range(i0 + g * FP_TILE_COLS, i0 + end, nq, nk, left, right, &lo, &hi);
+        lo = lo - j0 < 0 ? 0 : lo - j0 > n ? n : lo - j0;
+        hi = hi - j0 < lo ? lo : hi - j0 > n ? n : hi - j0;
+        rlo[g] = (int)lo;
+        rhi[g] = (int)hi;
+        cut[cuts++] = rlo[g];
+        cut[cuts++] = rhi[g];
+    }
+    for (int i = 1; i < cuts; i++) /* insertion sort of at most 2 groups + 2 ends */
+        for (int j = i; j > 0 && cut[j - 1] > cut[j]; j--) {
+            const int t = cut[j];
+            cut[j] = cut[j - 1];
+            cut[j - 1] = t;
+        }
+    /* Between two neighbouring ends a group sees all rows or none. */
+    int bands = 0;
+    for (int i = 0; i + 1 < cuts; i++) {
+        const int a = cut[i], rows = cut[i + 1] - a;
+        int g0 = groups, g1 = -1;
+        for (int g = 0; g < groups && rows > 0; g++)
+            if (rlo[g] <= a && rhi[g] >= a + rows) {
+                g0 = g < g0 ? g : g0;
+                g1 = g;
+            }
+        if (g1 < 0)
+            continue;
+        const fp_key_band x = {a, rows, g0 * FP_TILE_COLS, (g1 + 1 - g0) * FP_TILE_COLS};
+        band[bands++] = x;
+    }
+    return bands;
 }
 
 float *fp_scratch_alloc(int threads, size_t floats_per_thread, size_t *slice_floats)

@@ -535,7 +535,7 @@ static void store_dq(const bwd_ctx *c, float *scratch, const fp_seq *seq, int64_
 {
     const fp_problem *p = c->p;
     const fp_block qb = block_of(p, &p->dq, b, seq->q_start + i0, h);
-    fp_tile_store_t(&qb, scratch + c->L.dqt, c->L.ldq, m, (int)p->head_dim, p->scale);
+    fp_tile_store_t(&qb, scratch + c->L.dqt, c->L.ldq, m, (int)p->head_dim, p->scale, c->uk);
 }
 
 static void store_dkdv(const bwd_ctx *c, const fp_seq *seq, int64_t b, int64_t kvh, int64_t j0,

@@ -95,8 +95,38 @@ void fp_tile_store(const fp_block *x, const float *src, int ld, int rows, int d,
     }
 }
 
-void fp_tile_store_t(const fp_block *x, const float *src, int ld, int rows, int d, float scale)
+void fp_tile_store_t(const fp_block *x, const float *src, int ld, int rows, int d, float scale,
+                     const fp_ukernels *uk)
 {
+    if (x->cs == 1 &&
+        (x->dtype == FLASHPORT_F32 || x->dtype == FLASHPORT_F16 || x->dtype == FLASHPORT_BF16)) {
+        /* Squares of 16 x 16 transposed by the micro-kernel into t, then stored a row of 16 at a
+         * time (the f16 / bf16 rows through store_f16 / store_bf16, which round as fp_store). */
+        _Alignas(64) float t[FP_TILE_COLS * FP_TILE_COLS];
+        const size_t es = flashport_dtype_size(x->dtype);
+        for (int r0 = 0; r0 < rows; r0 += FP_TILE_COLS)
+            for (int e0 = 0; e0 < d; e0 += FP_TILE_COLS) {
+                const int nr = rows - r0 < FP_TILE_COLS ? rows - r0 : FP_TILE_COLS;
+                const int ne = d - e0 < FP_TILE_COLS ? d - e0 : FP_TILE_COLS;
+                uk->transpose32(ne, nr, src + (ptrdiff_t)e0 * ld + r0,
+                                (ptrdiff_t)ld * (ptrdiff_t)sizeof(float), (uint32_t *)t,
+                                FP_TILE_COLS);
+                for (int r = 0; r < nr; r++) {
+                    const float *restrict row = t + r * FP_TILE_COLS;
+                    char *out = (char *)x->data + (size_t)(x->off + (r0 + r) * x->rs + e0) * es;
+                    if (x->dtype == FLASHPORT_F16) {
+                        uk->store_f16(ne, row, scale, (uint16_t *)(void *)out);
+                    } else if (x->dtype == FLASHPORT_BF16) {
+                        uk->store_bf16(ne, row, scale, (uint16_t *)(void *)out);
+                    } else {
+                        float *restrict o = (float *)(void *)out;
+                        for (int e = 0; e < ne; e++)
+                            o[e] = scale * row[e];
+                    }
+                }
+            }
+        return;
+    }
     void *base = x->data;
     for (int r = 0; r < rows; r++) {
         const int64_t o = x->off + r * x->rs;
@@ -228,21 +258,37 @@ void fp_block_prefetch(const fp_block *x, int rows, int d)
 
 int fp_block_finite(const fp_block *x, int rows, int d)
 {
-    /* By the exponent bits: an all-ones exponent is an infinity or a NaN in every dtype here. */
+    /* By the exponent bits: an all-ones exponent is an infinity or a NaN in every dtype here.
+     * One loop per dtype, so that the compiler vectorizes the contiguous rows. */
     uint32_t bad = 0;
-    for (int r = 0; r < rows; r++)
-        for (int c = 0; c < d; c++) {
-            const int64_t i = x->off + r * x->rs + c * x->cs;
-            if (x->dtype == FLASHPORT_F32) {
+    const int wide = x->dtype == FLASHPORT_F32;
+    const uint16_t e16 = x->dtype == FLASHPORT_F16 ? 0x7c00u : 0x7f80u;
+    for (int r = 0; r < rows && !bad; r++) {
+        const int64_t o = x->off + r * x->rs;
+        if (wide && x->cs == 1) {
+            const float *row = (const float *)x->data + o;
+            for (int c = 0; c < d; c++) {
                 uint32_t u;
-                memcpy(&u, (const float *)x->data + i, sizeof u);
+                memcpy(&u, row + c, sizeof u);
                 bad |= (u & 0x7f800000u) == 0x7f800000u;
-            } else {
-                const uint16_t u = ((const uint16_t *)x->data)[i];
-                const uint16_t e = x->dtype == FLASHPORT_F16 ? 0x7c00u : 0x7f80u;
-                bad |= (u & e) == e;
+            }
+        } else if (!wide && x->cs == 1) {
+            const uint16_t *row = (const uint16_t *)x->data + o;
+            for (int c = 0; c < d; c++)
+                bad |= (row[c] & e16) == e16;
+        } else {
+            for (int c = 0; c < d; c++) {
+                const int64_t i = o + c * x->cs;
+                if (wide) {
+                    uint32_t u;
+                    memcpy(&u, (const float *)x->data + i, sizeof u);
+                    bad |= (u & 0x7f800000u) == 0x7f800000u;
+                } else {
+                    bad |= (((const uint16_t *)x->data)[i] & e16) == e16;
+                }
             }
         }
+    }
     return !bad;
 }
 

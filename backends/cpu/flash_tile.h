@@ -57,8 +57,10 @@ void fp_tile_load_t(float *dst, int ld, const fp_block *x, int rows, int d, cons
 void fp_tile_store(const fp_block *x, const float *src, int ld, int rows, int d, float scale,
                    const fp_ukernels *uk);
 
-/* Stores the transpose of a d x rows tile: x(r, c) = scale * src[c * ld + r]. */
-void fp_tile_store_t(const fp_block *x, const float *src, int ld, int rows, int d, float scale);
+/* Stores the transpose of a d x rows tile: x(r, c) = scale * src[c * ld + r] (rounded as
+ * fp_tile_store; contiguous rows in squares of 16 x 16 through uk->transpose32). */
+void fp_tile_store_t(const fp_block *x, const float *src, int ld, int rows, int d, float scale,
+                     const fp_ukernels *uk);
 
 /* bf16 pairs along the columns, transposed (the query side of S^T = K Q^T):
  * dst[p * ld + r] = x(r, 2p) | x(r, 2p + 1) << 16 for p < ceil(d / 2), r < rows; a missing odd

@@ -381,6 +381,15 @@ static int block_grads(const bwd_ctx *c, float *scratch, const fp_seq *seq, int6
     }
     if (full)
         return 0;
+    if (!c->bf16) {
+        /* The f32 copies the products read, still in cache (f16 converts exactly: the same
+         * infinities and NaNs), rather than the caller's rows again. */
+        const fp_block kb = {(void *)ks->k, FLASHPORT_F32, 0, ks->krs, ks->kcs};
+        const fp_block qb = {scratch + L->q, FLASHPORT_F32, (int64_t)x0 * L->ldd, L->ldd, 1};
+        const fp_block ob = {scratch + L->dout, FLASHPORT_F32, (int64_t)x0 * L->ldd, L->ldd, 1};
+        return !fp_block_finite(&kb, n, d) || !fp_block_finite(&qb, m, d) ||
+               !fp_block_finite(&ob, m, d);
+    }
     const int64_t kvh = fp_kv_head(p, h), qtok = seq->q_start + i0;
     const fp_block kb = block_of(p, &p->k, b, seq->k_start + j0, kvh);
     const fp_block qb = block_of(p, &p->q, b, qtok, h), ob = block_of(p, &p->dout, b, qtok, h);

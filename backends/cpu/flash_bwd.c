@@ -783,10 +783,10 @@ flashport_status fp_cpu_flash_backward(const fp_problem *p)
 
     size_t slice;
     const size_t di_floats = (size_t)(p->heads * p->total_q);
-    float *scratch = fp_scratch_alloc(threads, c.L.total, &slice);
+    float *scratch = fp_scratch_alloc(threads, c.L.total, c.L.total, &slice);
     c.di = malloc(sizeof(float) * (di_floats > 0 ? di_floats : 1));
     if (fused && scratch && c.di)
-        c.big = fp_scratch_alloc(threads, big_floats, &c.big_slice);
+        c.big = fp_scratch_alloc(threads, big_floats, 0, &c.big_slice); /* fused_task clears */
     if (!scratch || !c.di || (fused && !c.big)) {
         fp_scratch_free(scratch);
         fp_scratch_free(c.big);

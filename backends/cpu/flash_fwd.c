@@ -616,7 +616,8 @@ flashport_status fp_cpu_flash_forward(const fp_problem *p)
     size_t slice;
     const size_t stage_at = (c.L.total + 15) / 16 * 16;
     const size_t floats = c.stage ? stage_at + fp_kv_stage_floats(p->seqlen_k, d) : c.L.total;
-    float *scratch = fp_scratch_alloc(threads, floats, &slice);
+    float *scratch =
+        fp_scratch_alloc(threads, floats, c.L.total, &slice); /* stage: written first */
     if (!scratch)
         return fp_host()->set_error(FLASHPORT_ERR_OUT_OF_MEMORY,
                                     "cpu flash forward: cannot allocate %d x %zu bytes of scratch",

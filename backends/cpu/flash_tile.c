@@ -235,6 +235,11 @@ void fp_kv_stage_rows(fp_kv_stage *st, int64_t b, int64_t kvh, int64_t nk, int64
         x = *vb;
         x.off += (r0 - j0) * x.rs;
         fp_tile_load(st->v + (size_t)r0 * (size_t)st->ld, st->ld, &x, rows, d, uk);
+        /* V's padding columns up to the next FP_TILE_COLS, which a product with V as its B tile
+         * reads (ukernel.h), as zeros: the stage's memory is not cleared when allocated. */
+        for (int r = 0; r < rows && fp_tile_ld(d) > d; r++)
+            memset(st->v + (size_t)(r0 + r) * (size_t)st->ld + d, 0,
+                   sizeof(float) * (size_t)(fp_tile_ld(d) - d));
         st->done[g] = 1;
     }
     const fp_block k = {st->k, FLASHPORT_F32, j0 * st->ld, st->ld, 1};
@@ -336,7 +341,7 @@ int fp_key_bands(int64_t i0, int m, int64_t j0, int n, int64_t nq, int64_t nk, i
     return bands;
 }
 
-float *fp_scratch_alloc(int threads, size_t floats_per_thread, size_t *slice_floats)
+float *fp_scratch_alloc(int threads, size_t floats_per_thread, size_t zeroed, size_t *slice_floats)
 {
     /* A zero-size request (no keys, say) still gets one line per thread: NULL means failure. */
     size_t slice = (floats_per_thread + 15) / 16 * 16;
@@ -348,7 +353,8 @@ float *fp_scratch_alloc(int threads, size_t floats_per_thread, size_t *slice_flo
     float *buf = aligned_alloc(64, bytes);
     if (!buf)
         return NULL;
-    memset(buf, 0, bytes);
+    for (int t = 0; t < threads && zeroed > 0; t++)
+        memset(buf + slice * (size_t)t, 0, sizeof(float) * (zeroed < slice ? zeroed : slice));
     *slice_floats = slice;
     return buf;
 }

@@ -133,10 +133,12 @@ typedef struct fp_key_band {
 int fp_key_bands(int64_t i0, int m, int64_t j0, int n, int64_t nq, int64_t nk, int64_t left,
                  int64_t right, fp_key_band *band);
 
-/* 64-byte aligned, zeroed per-thread scratch: `threads` slices of `floats_per_thread` floats each
- * (each slice rounded up to a multiple of 16 floats, and at least 16). NULL when the allocation
- * fails. */
-float *fp_scratch_alloc(int threads, size_t floats_per_thread, size_t *slice_floats);
+/* 64-byte aligned per-thread scratch: `threads` slices of `floats_per_thread` floats each (each
+ * slice rounded up to a multiple of 16 floats, and at least 16), the first `zeroed` floats of each
+ * slice set to 0 and the rest left as allocated: buffers that a kernel writes before it reads them
+ * (a stage, accumulators it clears per task) are not written twice, and their pages are first
+ * touched by the thread that uses them. NULL when the allocation fails. */
+float *fp_scratch_alloc(int threads, size_t floats_per_thread, size_t zeroed, size_t *slice_floats);
 void fp_scratch_free(float *scratch);
 
 #endif /* FLASHPORT_BACKENDS_CPU_FLASH_TILE_H */

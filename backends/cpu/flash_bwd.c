@@ -12,7 +12,10 @@
  * to S^T as in the forward; Di = rowsum(dO * O). scale is applied to dQ and dK when stored.
  * A pair runs only the block's query columns that see a key of j (block_pair, cut at
  * FP_TILE_COLS): on a causal diagonal a 128-query block's first 64 rows see nothing of the key
- * block of its last 64, so that quarter of the diagonal pair is skipped instead of masked.
+ * block of its last 64, so that quarter of the diagonal pair is skipped instead of masked; inside
+ * the columns kept, a pair that the mask cuts runs its products over the key bands that each group
+ * of 16 queries can see (fp_key_bands; f32 dQ^T too, bf16 dQ^T whole: its key pairs could straddle
+ * a band's end), leaving out only pairs whose P and dS are 0.
  *
  * bf16 inputs on a table with bf16 dot products (gemm_bf16: AVX512_BF16, vdpbf16ps) keep every
  * product in bf16 with f32 accumulation, as a GPU flash kernel does: S^T and dP^T read K and V

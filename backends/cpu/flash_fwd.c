@@ -18,7 +18,9 @@
  *   - O += P V reads P^T as A (a transposed view) against V, in place when it is f32 with
  *     contiguous, 16-aligned rows (and not staged), else converted to a tile.
  * Per key block: S^T; softcap/ALiBi (fp_score_transform); the window (core/mask.h) on blocks
- * that straddle it (fp_mask_block_full); column max; the online update per query
+ * that straddle it (fp_mask_block_full), whose S^T and P V run over the key bands that each group
+ * of 16 queries can see (fp_key_bands: 10 of the 16 squares of 16 x 16 on a causal diagonal, the
+ * same sums without the masked pairs' zeros); column max; the online update per query
  * (fp_softmax_update_exp2, skipped when the maximum did not grow, where it would return 1);
  * rescale of O rows; P = 2^(S * scale * log2(e) - m); O += P V. A block that straddles the mask
  * and holds an infinite or NaN V takes a scalar P V over its visible pairs (pv_visible), so that a

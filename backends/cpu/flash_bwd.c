@@ -12,7 +12,10 @@
  * to S^T as in the forward; Di = rowsum(dO * O). scale is applied to dQ and dK when stored.
  * A pair runs only the block's query columns that see a key of j (block_pair, cut at
  * FP_TILE_COLS): on a causal diagonal a 128-query block's first 64 rows see nothing of the key
- * block of its last 64, so that quarter of the diagonal pair is skipped instead of masked.
+ * block of its last 64, so that quarter of the diagonal pair is skipped instead of masked; inside
+ * the columns kept, a pair that the mask cuts runs its products over the key bands that each group
+ * of 16 queries can see (fp_key_bands; f32 dQ^T too, bf16 dQ^T whole: its key pairs could straddle
+ * a band's end), leaving out only pairs whose P and dS are 0.
  *
  * bf16 inputs on a table with bf16 dot products (gemm_bf16: AVX512_BF16, vdpbf16ps) keep every
  * product in bf16 with f32 accumulation, as a GPU flash kernel does: S^T and dP^T read K and V
@@ -295,14 +298,43 @@ static void fill_masked(float *s, int ld, int n, int m, int64_t i0, int64_t j0, 
     }
 }
 
+/* x = A B^T for S^T = K Q^T and dP^T = V dO^T: A the n key rows (f32 or bf16 elements, strides
+ * rs, cs), bt the query tile's column 0 (Q^T or dO^T, f32 or bf16 pairs), x an n x mp tile. Over
+ * the key bands alone when band is given (block_grads). */
+static void scores_t(const bwd_ctx *c, const void *a, ptrdiff_t rs, ptrdiff_t cs, int n, int mp,
+                     const float *bt, float *x, const fp_key_band *band, int bands)
+{
+    const bwd_layout *L = &c->L;
+    const int d = (int)c->p->head_dim;
+    const size_t es = c->bf16 ? sizeof(uint16_t) : sizeof(float);
+    const fp_key_band all = {0, n, 0, mp};
+    if (!band) {
+        band = &all;
+        bands = 1;
+    }
+    for (int i = 0; i < bands; i++) {
+        const fp_key_band *y = &band[i];
+        const void *ay = (const char *)a + (size_t)(y->r0 * rs) * es;
+        float *xy = x + (ptrdiff_t)y->r0 * L->ldq + y->x0;
+        if (c->bf16)
+            c->uk->gemm_bf16(y->rows, y->cols, (d + 1) / 2, ay, rs, 2, (const uint32_t *)bt + y->x0,
+                             L->ldq, xy, L->ldq, 0);
+        else
+            c->uk->gemm(y->rows, y->cols, d, ay, rs, cs, bt + y->x0, L->ldq, xy, L->ldq, 0);
+    }
+}
+
 /* For the query rows [i0, i0 + m) that sit in columns [x0, x0 + m) of the loaded query block
  * (x0 a multiple of FP_TILE_COLS) and the key block ks: P^T into s and dS^T = P^T (dP^T - Di)
  * into dp, both n x m f32 from column 0; bf16: S^T and dP^T from bf16 operands, and P^T, dS^T
- * also rounded to bf16 (pb, dsb, dsp) for the three products that follow.
+ * also rounded to bf16 (pb, dsb, dsp) for the three products that follow. band: NULL when every
+ * pair is visible, else the block's key bands (fp_key_bands, bands of them): S^T and dP^T are
+ * computed there alone, and the pairs outside, all masked, are set as every masked pair is.
  * Returns 1 when the block straddles the mask and its K, Q or dO holds an infinity or a NaN: the
  * caller then accumulates through accumulate_visible instead of the products. */
 static int block_grads(const bwd_ctx *c, float *scratch, const fp_seq *seq, int64_t b, int64_t h,
-                       int64_t i0, int x0, int m, const key_side *ks)
+                       int64_t i0, int x0, int m, const key_side *ks, const fp_key_band *band,
+                       int bands)
 {
     const fp_problem *p = c->p;
     const fp_ukernels *uk = c->uk;
@@ -314,11 +346,7 @@ static int block_grads(const bwd_ctx *c, float *scratch, const fp_seq *seq, int6
     /* Column x0 of the d x bq query tiles: f32 values or bf16 pairs, one 32-bit word each. */
     float *qt = scratch + L->qt + x0, *dot = scratch + L->dot + x0;
 
-    if (c->bf16)
-        uk->gemm_bf16(n, mp, (d + 1) / 2, ks->k, ks->krs, 2, (const uint32_t *)qt, L->ldq, s,
-                      L->ldq, 0);
-    else
-        uk->gemm(n, mp, d, ks->k, ks->krs, ks->kcs, qt, L->ldq, s, L->ldq, 0);
+    scores_t(c, ks->k, ks->krs, ks->kcs, n, mp, qt, s, band, bands);
     float mul = p->scale * FP_LOG2E;
     if (p->softcap > 0.0f || slope != 0.0f) {
         /* The forward's transform, keeping the softcap gradient for dS. */
@@ -332,19 +360,14 @@ static int block_grads(const bwd_ctx *c, float *scratch, const fp_seq *seq, int6
             }
         mul = 1.0f;
     }
-    const int full = fp_mask_block_full(i0, i0 + m, j0, j0 + n, seq->nq, seq->nk, p->window_left,
-                                        p->window_right);
+    const int full = band == NULL;
     if (!full)
         fill_masked(s, L->ldq, n, m, i0, j0, seq, p, -INFINITY);
     uk->exp2_cols(n, mp, s, L->ldq, mul, scratch + L->lse + x0, NULL);
     if (!full) /* exactly 0 even against a NaN LSE */
         fill_masked(s, L->ldq, n, m, i0, j0, seq, p, 0.0f);
 
-    if (c->bf16)
-        uk->gemm_bf16(n, mp, (d + 1) / 2, ks->v, ks->vrs, 2, (const uint32_t *)dot, L->ldq, dp,
-                      L->ldq, 0);
-    else
-        uk->gemm(n, mp, d, ks->v, ks->vrs, ks->vcs, dot, L->ldq, dp, L->ldq, 0);
+    scores_t(c, ks->v, ks->vrs, ks->vcs, n, mp, dot, dp, band, bands);
     uk->dsoftmax_cols(n, mp, s, L->ldq, dp, L->ldq, scratch + L->di + x0);
     if (p->softcap > 0.0f)
         for (int r = 0; r < n; r++)
@@ -361,6 +384,15 @@ static int block_grads(const bwd_ctx *c, float *scratch, const fp_seq *seq, int6
     }
     if (full)
         return 0;
+    if (!c->bf16) {
+        /* The f32 copies the products read, still in cache (f16 converts exactly: the same
+         * infinities and NaNs), rather than the caller's rows again. */
+        const fp_block kb = {(void *)ks->k, FLASHPORT_F32, 0, ks->krs, ks->kcs};
+        const fp_block qb = {scratch + L->q, FLASHPORT_F32, (int64_t)x0 * L->ldd, L->ldd, 1};
+        const fp_block ob = {scratch + L->dout, FLASHPORT_F32, (int64_t)x0 * L->ldd, L->ldd, 1};
+        return !fp_block_finite(&kb, n, d) || !fp_block_finite(&qb, m, d) ||
+               !fp_block_finite(&ob, m, d);
+    }
     const int64_t kvh = fp_kv_head(p, h), qtok = seq->q_start + i0;
     const fp_block kb = block_of(p, &p->k, b, seq->k_start + j0, kvh);
     const fp_block qb = block_of(p, &p->q, b, qtok, h), ob = block_of(p, &p->dout, b, qtok, h);
@@ -406,35 +438,61 @@ static void accumulate_visible(const bwd_ctx *c, float *scratch, const fp_seq *s
 
 /* dV += P^T dO and dK += dS^T Q for the block pair just computed (block_grads' columns
  * [x0, x0 + m) of the query block); dk, dv: n x d tiles. bf16: the query pairs of P^T and dS^T
- * rows against dO and Q as pairs down the rows (x0 is even: row x0 / 2 of the pairs). */
+ * rows against dO and Q as pairs down the rows (x0 is even: row x0 / 2 of the pairs). With key
+ * bands (block_grads), each band's rows over its own query columns: the others' P and dS are 0. */
 static void accumulate_dkdv(const bwd_ctx *c, float *scratch, int x0, int m, int n, float *dk,
-                            float *dv)
+                            float *dv, const fp_key_band *band, int bands)
 {
     const bwd_layout *L = &c->L;
     const int d = (int)c->p->head_dim;
-    if (c->bf16) {
-        const int kp = (m + 1) / 2;
-        const size_t row = (size_t)(x0 / 2) * L->ldd;
-        c->uk->gemm_bf16(n, d, kp, (const uint16_t *)(scratch + L->pb), L->ldq, 2,
-                         (const uint32_t *)(scratch + L->dout) + row, L->ldd, dv, L->ldd, 1);
-        c->uk->gemm_bf16(n, d, kp, (const uint16_t *)(scratch + L->dsb), L->ldq, 2,
-                         (const uint32_t *)(scratch + L->q) + row, L->ldd, dk, L->ldd, 1);
-        return;
+    const fp_key_band all = {0, n, 0, m};
+    if (!band) {
+        band = &all;
+        bands = 1;
     }
-    const size_t row = (size_t)x0 * L->ldd;
-    c->uk->gemm(n, d, m, scratch + L->s, L->ldq, 1, scratch + L->dout + row, L->ldd, dv, L->ldd, 1);
-    c->uk->gemm(n, d, m, scratch + L->dp, L->ldq, 1, scratch + L->q + row, L->ldd, dk, L->ldd, 1);
+    for (int i = 0; i < bands; i++) {
+        const int r0 = band[i].r0, rows = band[i].rows, y0 = band[i].x0;
+        const int my = m - y0 < band[i].cols ? m - y0 : band[i].cols; /* queries, from y0 */
+        const ptrdiff_t t = (ptrdiff_t)r0 * L->ldq + y0, o = (ptrdiff_t)r0 * L->ldd;
+        if (c->bf16) {
+            const int kp = (my + 1) / 2;
+            const size_t row = (size_t)((x0 + y0) / 2) * L->ldd;
+            c->uk->gemm_bf16(rows, d, kp, (const uint16_t *)(scratch + L->pb) + t, L->ldq, 2,
+                             (const uint32_t *)(scratch + L->dout) + row, L->ldd, dv + o, L->ldd,
+                             1);
+            c->uk->gemm_bf16(rows, d, kp, (const uint16_t *)(scratch + L->dsb) + t, L->ldq, 2,
+                             (const uint32_t *)(scratch + L->q) + row, L->ldd, dk + o, L->ldd, 1);
+            continue;
+        }
+        const size_t row = (size_t)(x0 + y0) * L->ldd;
+        c->uk->gemm(rows, d, my, scratch + L->s + t, L->ldq, 1, scratch + L->dout + row, L->ldd,
+                    dv + o, L->ldd, 1);
+        c->uk->gemm(rows, d, my, scratch + L->dp + t, L->ldq, 1, scratch + L->q + row, L->ldd,
+                    dk + o, L->ldd, 1);
+    }
 }
 
 /* dQ^T += K^T dS^T for the block pair just computed, into columns [x0, x0 + m) of the dQ^T
  * tile. bf16: element (x, p) of K^T is the pair x of row p of the kp tile (stride 2 down, 2 ldd
  * across), against dS^T's key pairs. */
-static void accumulate_dq(const bwd_ctx *c, float *scratch, int x0, int m, const key_side *ks)
+static void accumulate_dq(const bwd_ctx *c, float *scratch, int x0, int m, const key_side *ks,
+                          const fp_key_band *band, int bands)
 {
     const bwd_layout *L = &c->L;
     const int d = (int)c->p->head_dim;
     float *dqt = scratch + L->dqt + x0;
-    if (c->bf16) {
+    if (band && !c->bf16) {
+        /* Band by band in key order, each over its own query columns: every dQ^T element still
+         * sums its keys in order, leaving out the keys of dS = 0. */
+        for (int i = 0; i < bands; i++) {
+            const fp_key_band *y = &band[i];
+            c->uk->gemm(d, y->cols, y->rows, (const float *)ks->k + y->r0 * ks->krs, ks->kcs,
+                        ks->krs, scratch + L->dp + (ptrdiff_t)y->r0 * L->ldq + y->x0, L->ldq,
+                        dqt + y->x0, L->ldq, 1);
+        }
+        return;
+    }
+    if (c->bf16) { /* key pairs: a band may start at an odd key */
         c->uk->gemm_bf16(d, fp_tile_ld(m), (ks->n + 1) / 2, (const uint16_t *)(scratch + L->kp), 2,
                          2 * (ptrdiff_t)L->ldd, (const uint32_t *)(scratch + L->dsp), L->ldq, dqt,
                          L->ldq, 1);
@@ -463,15 +521,25 @@ static void block_pair(const bwd_ctx *c, float *scratch, const fp_seq *seq, int6
     if (r1 <= r0)
         return;
     const int x0 = (int)r0, ms = (int)(r1 < m ? r1 : m) - x0;
-    if (block_grads(c, scratch, seq, b, h, i0 + x0, x0, ms, ks)) {
+    /* Where the mask cuts the pair, its key bands (fp_key_bands): the products leave out the
+     * squares of 16 keys x 16 queries that no query sees (6 of 16 on a causal diagonal). */
+    const int64_t q0 = i0 + x0;
+    const int full = fp_mask_block_full(q0, q0 + ms, ks->j0, ks->j0 + ks->n, seq->nq, seq->nk,
+                                        p->window_left, p->window_right);
+    fp_key_band band[FP_KEY_BANDS];
+    const int bands = full ? 0
+                           : fp_key_bands(q0, ms, ks->j0, ks->n, seq->nq, seq->nk, p->window_left,
+                                          p->window_right, band);
+    const fp_key_band *cut = full ? NULL : band;
+    if (block_grads(c, scratch, seq, b, h, q0, x0, ms, ks, cut, bands)) {
         accumulate_visible(c, scratch, seq, b, h, i0 + x0, ms, ks, dk, dv,
                            dq ? scratch + c->L.dqt + x0 : NULL);
         return;
     }
     if (dk)
-        accumulate_dkdv(c, scratch, x0, ms, ks->n, dk, dv);
+        accumulate_dkdv(c, scratch, x0, ms, ks->n, dk, dv, cut, bands);
     if (dq)
-        accumulate_dq(c, scratch, x0, ms, ks);
+        accumulate_dq(c, scratch, x0, ms, ks, cut, bands);
 }
 
 static void store_dq(const bwd_ctx *c, float *scratch, const fp_seq *seq, int64_t b, int64_t h,
@@ -479,7 +547,7 @@ static void store_dq(const bwd_ctx *c, float *scratch, const fp_seq *seq, int64_
 {
     const fp_problem *p = c->p;
     const fp_block qb = block_of(p, &p->dq, b, seq->q_start + i0, h);
-    fp_tile_store_t(&qb, scratch + c->L.dqt, c->L.ldq, m, (int)p->head_dim, p->scale);
+    fp_tile_store_t(&qb, scratch + c->L.dqt, c->L.ldq, m, (int)p->head_dim, p->scale, c->uk);
 }
 
 static void store_dkdv(const bwd_ctx *c, const fp_seq *seq, int64_t b, int64_t kvh, int64_t j0,
@@ -718,10 +786,10 @@ flashport_status fp_cpu_flash_backward(const fp_problem *p)
 
     size_t slice;
     const size_t di_floats = (size_t)(p->heads * p->total_q);
-    float *scratch = fp_scratch_alloc(threads, c.L.total, &slice);
+    float *scratch = fp_scratch_alloc(threads, c.L.total, c.L.total, &slice);
     c.di = malloc(sizeof(float) * (di_floats > 0 ? di_floats : 1));
     if (fused && scratch && c.di)
-        c.big = fp_scratch_alloc(threads, big_floats, &c.big_slice);
+        c.big = fp_scratch_alloc(threads, big_floats, 0, &c.big_slice); /* fused_task clears */
     if (!scratch || !c.di || (fused && !c.big)) {
         fp_scratch_free(scratch);
         fp_scratch_free(c.big);

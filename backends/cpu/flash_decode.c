@@ -960,7 +960,7 @@ flashport_status fp_cpu_decode_forward(const fp_problem *p, const fp_ukernels *u
     const size_t task_rows = (size_t)(c.per_task * c.unit_rows);
 
     size_t slice;
-    float *scratch = fp_scratch_alloc(threads, c.L.total, &slice);
+    float *scratch = fp_scratch_alloc(threads, c.L.total, c.L.total, &slice);
     const size_t part =
         c.plan.num_splits > 1 ? (size_t)c.plan.num_tasks * task_rows * (size_t)p->head_dim : 0;
     if (part) {

@@ -18,7 +18,9 @@
  *   - O += P V reads P^T as A (a transposed view) against V, in place when it is f32 with
  *     contiguous, 16-aligned rows (and not staged), else converted to a tile.
  * Per key block: S^T; softcap/ALiBi (fp_score_transform); the window (core/mask.h) on blocks
- * that straddle it (fp_mask_block_full); column max; the online update per query
+ * that straddle it (fp_mask_block_full), whose S^T and P V run over the key bands that each group
+ * of 16 queries can see (fp_key_bands: 10 of the 16 squares of 16 x 16 on a causal diagonal, the
+ * same sums without the masked pairs' zeros); column max; the online update per query
  * (fp_softmax_update_exp2, skipped when the maximum did not grow, where it would return 1);
  * rescale of O rows; P = 2^(S * scale * log2(e) - m); O += P V. A block that straddles the mask
  * and holds an infinite or NaN V takes a scalar P V over its visible pairs (pv_visible), so that a
@@ -283,6 +285,19 @@ typedef struct key_ops {
     ptrdiff_t ldv;
 } key_ops;
 
+/* Key rows [*r0, *r1) of the column group at column x: the bands (fp_key_bands) it is in, which
+ * are contiguous; P of the group's other keys is 0 (masked). */
+static void group_keys(const fp_key_band *band, int bands, int x, int *r0, int *r1)
+{
+    *r0 = *r1 = 0;
+    for (int i = 0; i < bands; i++)
+        if (band[i].x0 <= x && x < band[i].x0 + band[i].cols) {
+            if (*r1 == *r0)
+                *r0 = band[i].r0;
+            *r1 = band[i].r0 + band[i].rows;
+        }
+}
+
 /* Query columns [x0, x0 + m) of a task whose first row is i0 (Q^T loaded, the softmax state and O
  * running) against the key block ko: S^T, the mask, the online softmax and O += P V. Sub-blocks
  * are independent column ranges of the same arithmetic: a column's result does not depend on how
@@ -303,20 +318,36 @@ static void fwd_sub_block(const fwd_ctx *c, float *scratch, const fp_seq *seq, i
     float *bm = scratch + L->bm + x0, *sub = scratch + L->sub + x0;
     float *alpha = scratch + L->alpha + x0, *bsum = scratch + L->bsum + x0;
 
-    /* S^T = K Q^T, raw dot products. */
-    if (c->bf16)
+    /* S^T = K Q^T, raw dot products. Where the mask cuts the block, only over its bands
+     * (fp_key_bands: on a causal diagonal, 10 of the 16 squares of 16 keys x 16 queries); the
+     * scores left out are masked, and mask_tile overwrites whatever the tile held there. */
+    const int full = fp_mask_block_full(q0, q0 + m, j0, j0 + n, seq->nq, seq->nk, p->window_left,
+                                        p->window_right);
+    fp_key_band band[FP_KEY_BANDS];
+    const int bands =
+        full ? 0
+             : fp_key_bands(q0, m, j0, n, seq->nq, seq->nk, p->window_left, p->window_right, band);
+    if (full && c->bf16)
         uk->gemm_bf16(n, mp, (d + 1) / 2, ko->k, ko->krs, 2, (const uint32_t *)qt, L->ldq, s,
                       L->lds, 0);
-    else
+    else if (full)
         uk->gemm(n, mp, d, ko->k, ko->krs, ko->kcs, qt, L->ldq, s, L->lds, 0);
+    for (int i = 0; i < bands; i++) {
+        const fp_key_band *x = &band[i];
+        float *sx = s + (ptrdiff_t)x->r0 * L->lds + x->x0;
+        if (c->bf16)
+            uk->gemm_bf16(x->rows, x->cols, (d + 1) / 2, (const uint16_t *)ko->k + x->r0 * ko->krs,
+                          ko->krs, 2, (const uint32_t *)qt + x->x0, L->ldq, sx, L->lds, 0);
+        else
+            uk->gemm(x->rows, x->cols, d, (const float *)ko->k + x->r0 * ko->krs, ko->krs, ko->kcs,
+                     qt + x->x0, L->ldq, sx, L->lds, 0);
+    }
 
     float mul = c->scale * FP_LOG2E;
     if (p->softcap > 0.0f || slope != 0.0f) {
         transform_tile(s, L->lds, n, m, q0, j0, seq, p, c->scale, slope);
         mul = 1.0f;
     }
-    const int full = fp_mask_block_full(q0, q0 + m, j0, j0 + n, seq->nq, seq->nk, p->window_left,
-                                        p->window_right);
     if (!full)
         mask_tile(s, L->lds, n, m, q0, j0, seq, p->window_left, p->window_right);
 
@@ -349,13 +380,37 @@ static void fwd_sub_block(const fwd_ctx *c, float *scratch, const fp_seq *seq, i
         pv_visible(o, L->ldd, s, L->lds, c->fp8 ? &vf : &ko->vb, n, m, d, q0, j0, seq, p);
     } else if (c->bf16) {
         uk->exp2_cols_bf16(n, mp, s, L->lds, mul, sub, bsum, pp, L->lds);
-        uk->gemm_bf16(m, d, (n + 1) / 2, (const uint16_t *)pp, 2, 2 * (ptrdiff_t)L->lds, ko->v,
-                      ko->ldv, o, L->ldd, 1);
+        if (full)
+            uk->gemm_bf16(m, d, (n + 1) / 2, (const uint16_t *)pp, 2, 2 * (ptrdiff_t)L->lds, ko->v,
+                          ko->ldv, o, L->ldd, 1);
+        else
+            for (int x = 0; x < m; x += FP_TILE_COLS) { /* a column group over its key pairs */
+                int r0, r1;
+                group_keys(band, bands, x, &r0, &r1);
+                const int mg = m - x < FP_TILE_COLS ? m - x : FP_TILE_COLS;
+                const int a = r0 / 2, b = (r1 + 1) / 2; /* the pairs' other rows: masked, 0 */
+                if (b > a)
+                    uk->gemm_bf16(mg, d, b - a,
+                                  (const uint16_t *)(pp + (ptrdiff_t)a * L->lds) + 2 * x, 2,
+                                  2 * (ptrdiff_t)L->lds, (const uint32_t *)ko->v + a * ko->ldv,
+                                  ko->ldv, o + (ptrdiff_t)x * L->ldd, L->ldd, 1);
+            }
     } else {
         uk->exp2_cols(n, mp, s, L->lds, mul, sub, bsum);
         if (c->fp8)
             round_p_e4m3(s, L->lds, n, m);
-        uk->gemm(m, d, n, s, 1, L->lds, ko->v, ko->ldv, o, L->ldd, 1);
+        if (full)
+            uk->gemm(m, d, n, s, 1, L->lds, ko->v, ko->ldv, o, L->ldd, 1);
+        else
+            for (int x = 0; x < m; x += FP_TILE_COLS) { /* a column group over its keys */
+                int r0, r1;
+                group_keys(band, bands, x, &r0, &r1);
+                const int mg = m - x < FP_TILE_COLS ? m - x : FP_TILE_COLS;
+                if (r1 > r0)
+                    uk->gemm(mg, d, r1 - r0, s + (ptrdiff_t)r0 * L->lds + x, 1, L->lds,
+                             (const float *)ko->v + r0 * ko->ldv, ko->ldv,
+                             o + (ptrdiff_t)x * L->ldd, L->ldd, 1);
+            }
     }
     for (int x = 0; x < m; x++)
         st[x].l += bsum[x];
@@ -563,7 +618,8 @@ flashport_status fp_cpu_flash_forward(const fp_problem *p)
     size_t slice;
     const size_t stage_at = (c.L.total + 15) / 16 * 16;
     const size_t floats = c.stage ? stage_at + fp_kv_stage_floats(p->seqlen_k, d) : c.L.total;
-    float *scratch = fp_scratch_alloc(threads, floats, &slice);
+    float *scratch =
+        fp_scratch_alloc(threads, floats, c.L.total, &slice); /* stage: written first */
     if (!scratch)
         return fp_host()->set_error(FLASHPORT_ERR_OUT_OF_MEMORY,
                                     "cpu flash forward: cannot allocate %d x %zu bytes of scratch",

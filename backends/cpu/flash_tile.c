@@ -9,6 +9,7 @@
 #include "backends/cpu/flash_tile.h"
 
 #include "core/dtype.h"
+#include "core/mask.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -94,8 +95,38 @@ void fp_tile_store(const fp_block *x, const float *src, int ld, int rows, int d,
     }
 }
 
-void fp_tile_store_t(const fp_block *x, const float *src, int ld, int rows, int d, float scale)
+void fp_tile_store_t(const fp_block *x, const float *src, int ld, int rows, int d, float scale,
+                     const fp_ukernels *uk)
 {
+    if (x->cs == 1 &&
+        (x->dtype == FLASHPORT_F32 || x->dtype == FLASHPORT_F16 || x->dtype == FLASHPORT_BF16)) {
+        /* Squares of 16 x 16 transposed by the micro-kernel into t, then stored a row of 16 at a
+         * time (the f16 / bf16 rows through store_f16 / store_bf16, which round as fp_store). */
+        _Alignas(64) float t[FP_TILE_COLS * FP_TILE_COLS];
+        const size_t es = flashport_dtype_size(x->dtype);
+        for (int r0 = 0; r0 < rows; r0 += FP_TILE_COLS)
+            for (int e0 = 0; e0 < d; e0 += FP_TILE_COLS) {
+                const int nr = rows - r0 < FP_TILE_COLS ? rows - r0 : FP_TILE_COLS;
+                const int ne = d - e0 < FP_TILE_COLS ? d - e0 : FP_TILE_COLS;
+                uk->transpose32(ne, nr, src + (ptrdiff_t)e0 * ld + r0,
+                                (ptrdiff_t)ld * (ptrdiff_t)sizeof(float), (uint32_t *)t,
+                                FP_TILE_COLS);
+                for (int r = 0; r < nr; r++) {
+                    const float *restrict row = t + r * FP_TILE_COLS;
+                    char *out = (char *)x->data + (size_t)(x->off + (r0 + r) * x->rs + e0) * es;
+                    if (x->dtype == FLASHPORT_F16) {
+                        uk->store_f16(ne, row, scale, (uint16_t *)(void *)out);
+                    } else if (x->dtype == FLASHPORT_BF16) {
+                        uk->store_bf16(ne, row, scale, (uint16_t *)(void *)out);
+                    } else {
+                        float *restrict o = (float *)(void *)out;
+                        for (int e = 0; e < ne; e++)
+                            o[e] = scale * row[e];
+                    }
+                }
+            }
+        return;
+    }
     void *base = x->data;
     for (int r = 0; r < rows; r++) {
         const int64_t o = x->off + r * x->rs;
@@ -204,6 +235,11 @@ void fp_kv_stage_rows(fp_kv_stage *st, int64_t b, int64_t kvh, int64_t nk, int64
         x = *vb;
         x.off += (r0 - j0) * x.rs;
         fp_tile_load(st->v + (size_t)r0 * (size_t)st->ld, st->ld, &x, rows, d, uk);
+        /* V's padding columns up to the next FP_TILE_COLS, which a product with V as its B tile
+         * reads (ukernel.h), as zeros: the stage's memory is not cleared when allocated. */
+        for (int r = 0; r < rows && fp_tile_ld(d) > d; r++)
+            memset(st->v + (size_t)(r0 + r) * (size_t)st->ld + d, 0,
+                   sizeof(float) * (size_t)(fp_tile_ld(d) - d));
         st->done[g] = 1;
     }
     const fp_block k = {st->k, FLASHPORT_F32, j0 * st->ld, st->ld, 1};
@@ -227,25 +263,85 @@ void fp_block_prefetch(const fp_block *x, int rows, int d)
 
 int fp_block_finite(const fp_block *x, int rows, int d)
 {
-    /* By the exponent bits: an all-ones exponent is an infinity or a NaN in every dtype here. */
+    /* By the exponent bits: an all-ones exponent is an infinity or a NaN in every dtype here.
+     * One loop per dtype, so that the compiler vectorizes the contiguous rows. */
     uint32_t bad = 0;
-    for (int r = 0; r < rows; r++)
-        for (int c = 0; c < d; c++) {
-            const int64_t i = x->off + r * x->rs + c * x->cs;
-            if (x->dtype == FLASHPORT_F32) {
+    const int wide = x->dtype == FLASHPORT_F32;
+    const uint16_t e16 = x->dtype == FLASHPORT_F16 ? 0x7c00u : 0x7f80u;
+    for (int r = 0; r < rows && !bad; r++) {
+        const int64_t o = x->off + r * x->rs;
+        if (wide && x->cs == 1) {
+            const float *row = (const float *)x->data + o;
+            for (int c = 0; c < d; c++) {
                 uint32_t u;
-                memcpy(&u, (const float *)x->data + i, sizeof u);
+                memcpy(&u, row + c, sizeof u);
                 bad |= (u & 0x7f800000u) == 0x7f800000u;
-            } else {
-                const uint16_t u = ((const uint16_t *)x->data)[i];
-                const uint16_t e = x->dtype == FLASHPORT_F16 ? 0x7c00u : 0x7f80u;
-                bad |= (u & e) == e;
+            }
+        } else if (!wide && x->cs == 1) {
+            const uint16_t *row = (const uint16_t *)x->data + o;
+            for (int c = 0; c < d; c++)
+                bad |= (row[c] & e16) == e16;
+        } else {
+            for (int c = 0; c < d; c++) {
+                const int64_t i = o + c * x->cs;
+                if (wide) {
+                    uint32_t u;
+                    memcpy(&u, (const float *)x->data + i, sizeof u);
+                    bad |= (u & 0x7f800000u) == 0x7f800000u;
+                } else {
+                    bad |= (((const uint16_t *)x->data)[i] & e16) == e16;
+                }
             }
         }
+    }
     return !bad;
 }
 
-float *fp_scratch_alloc(int threads, size_t floats_per_thread, size_t *slice_floats)
+int fp_key_bands(int64_t i0, int m, int64_t j0, int n, int64_t nq, int64_t nk, int64_t left,
+                 int64_t right, fp_key_band *band)
+{
+    /* Each group's rows [rlo, rhi): core/mask.h's key range of its queries, clipped to the block.
+     */
+    const int groups = (m + FP_TILE_COLS - 1) / FP_TILE_COLS;
+    int rlo[FP_BAND_GROUPS], rhi[FP_BAND_GROUPS], cut[2 * FP_BAND_GROUPS + 2], cuts = 0;
+    cut[cuts++] = 0;
+    cut[cuts++] = n;
+    for (int g = 0; g < groups; g++) {
+        const int end = (g + 1) * FP_TILE_COLS < m ? (g + 1) * FP_TILE_COLS : m;
+        int64_t lo, hi;
+        fp_mask_block_range(i0 + g * FP_TILE_COLS, i0 + end, nq, nk, left, right, &lo, &hi);
+        lo = lo - j0 < 0 ? 0 : lo - j0 > n ? n : lo - j0;
+        hi = hi - j0 < lo ? lo : hi - j0 > n ? n : hi - j0;
+        rlo[g] = (int)lo;
+        rhi[g] = (int)hi;
+        cut[cuts++] = rlo[g];
+        cut[cuts++] = rhi[g];
+    }
+    for (int i = 1; i < cuts; i++) /* insertion sort of at most 2 groups + 2 ends */
+        for (int j = i; j > 0 && cut[j - 1] > cut[j]; j--) {
+            const int t = cut[j];
+            cut[j] = cut[j - 1];
+            cut[j - 1] = t;
+        }
+    /* Between two neighbouring ends a group sees all rows or none. */
+    int bands = 0;
+    for (int i = 0; i + 1 < cuts; i++) {
+        const int a = cut[i], rows = cut[i + 1] - a;
+        int g0 = groups, g1 = -1;
+        for (int g = 0; g < groups && rows > 0; g++)
+            if (rlo[g] <= a && rhi[g] >= a + rows) {
+                g0 = g < g0 ? g : g0;
+                g1 = g;
+            }
+        if (g1 < 0)
+            continue;
+        const fp_key_band x = {a, rows, g0 * FP_TILE_COLS, (g1 + 1 - g0) * FP_TILE_COLS};
+        band[bands++] = x;
+    }
+    return bands;
+}
+
+float *fp_scratch_alloc(int threads, size_t floats_per_thread, size_t zeroed, size_t *slice_floats)
 {
     /* A zero-size request (no keys, say) still gets one line per thread: NULL means failure. */
     size_t slice = (floats_per_thread + 15) / 16 * 16;
@@ -257,7 +353,8 @@ float *fp_scratch_alloc(int threads, size_t floats_per_thread, size_t *slice_flo
     float *buf = aligned_alloc(64, bytes);
     if (!buf)
         return NULL;
-    memset(buf, 0, bytes);
+    for (int t = 0; t < threads && zeroed > 0; t++)
+        memset(buf + slice * (size_t)t, 0, sizeof(float) * (zeroed < slice ? zeroed : slice));
     *slice_floats = slice;
     return buf;
 }

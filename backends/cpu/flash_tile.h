@@ -57,8 +57,10 @@ void fp_tile_load_t(float *dst, int ld, const fp_block *x, int rows, int d, cons
 void fp_tile_store(const fp_block *x, const float *src, int ld, int rows, int d, float scale,
                    const fp_ukernels *uk);
 
-/* Stores the transpose of a d x rows tile: x(r, c) = scale * src[c * ld + r]. */
-void fp_tile_store_t(const fp_block *x, const float *src, int ld, int rows, int d, float scale);
+/* Stores the transpose of a d x rows tile: x(r, c) = scale * src[c * ld + r] (rounded as
+ * fp_tile_store; contiguous rows in squares of 16 x 16 through uk->transpose32). */
+void fp_tile_store_t(const fp_block *x, const float *src, int ld, int rows, int d, float scale,
+                     const fp_ukernels *uk);
 
 /* bf16 pairs along the columns, transposed (the query side of S^T = K Q^T):
  * dst[p * ld + r] = x(r, 2p) | x(r, 2p + 1) << 16 for p < ceil(d / 2), r < rows; a missing odd
@@ -115,10 +117,28 @@ void fp_block_prefetch(const fp_block *x, int rows, int d);
  * for blocks that straddle the mask, where a masked key's 0 weight would otherwise meet it. */
 int fp_block_finite(const fp_block *x, int rows, int d);
 
-/* 64-byte aligned, zeroed per-thread scratch: `threads` slices of `floats_per_thread` floats each
- * (each slice rounded up to a multiple of 16 floats, and at least 16). NULL when the allocation
- * fails. */
-float *fp_scratch_alloc(int threads, size_t floats_per_thread, size_t *slice_floats);
+/* A score tile that the mask cuts (keys j0 .. j0 + n - 1 down the rows, queries i0 .. i0 + m - 1
+ * across), cut into bands of key rows by the groups of FP_TILE_COLS query columns that may see
+ * them: band b is rows [r0, r0 + rows), seen by no query outside columns [x0, x0 + cols) (x0 and
+ * cols multiples of FP_TILE_COLS, x0 + cols <= fp_tile_ld(m)). Every (key, query) pair outside the
+ * bands is masked, so products over the bands alone skip only pairs of P = dS = 0 (the kernels'
+ * masked entries). Bands come in increasing key order, so a reduction over keys that runs band by
+ * band keeps each sum in its order. A query's visible keys [lo, hi) have both ends nondecreasing
+ * in the query (core/mask.h), so each band's groups are contiguous. Returns the number of bands,
+ * at most FP_KEY_BANDS; m <= FP_TILE_COLS * FP_BAND_GROUPS. */
+enum { FP_BAND_GROUPS = 8, FP_KEY_BANDS = 2 * FP_BAND_GROUPS + 1 };
+typedef struct fp_key_band {
+    int r0, rows, x0, cols;
+} fp_key_band;
+int fp_key_bands(int64_t i0, int m, int64_t j0, int n, int64_t nq, int64_t nk, int64_t left,
+                 int64_t right, fp_key_band *band);
+
+/* 64-byte aligned per-thread scratch: `threads` slices of `floats_per_thread` floats each (each
+ * slice rounded up to a multiple of 16 floats, and at least 16), the first `zeroed` floats of each
+ * slice set to 0 and the rest left as allocated: buffers that a kernel writes before it reads them
+ * (a stage, accumulators it clears per task) are not written twice, and their pages are first
+ * touched by the thread that uses them. NULL when the allocation fails. */
+float *fp_scratch_alloc(int threads, size_t floats_per_thread, size_t zeroed, size_t *slice_floats);
 void fp_scratch_free(float *scratch);
 
 #endif /* FLASHPORT_BACKENDS_CPU_FLASH_TILE_H */

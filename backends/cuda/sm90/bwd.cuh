@@ -115,6 +115,68 @@ template <typename CFG> struct fp_sm90b_bars {
     }
 };
 
+/* The end of a block: a consumer thread's dK and dV accumulators (NJ x 4 each; element
+ * 4 j + 2 r + e is key row kr + 8 r of the block, column c0 + 8 j + 2 t + e).
+ * fp_sm90b_dkv_part: with group splits, the slice's f32 sums into a.dkv_part (added in slice
+ * order by fp_cuda_bwd_side_dkdv_sum). fp_sm90b_dkv_stage: dK (times the softmax scale) and dV
+ * into the K and V tiles (128-byte swizzle, BN-row panels), free once every product that reads
+ * them has landed. fp_sm90b_dkv_write: a warpgroup's part of the staged tiles (rows row0 ..
+ * row0 + ROWS - 1, 16-byte chunks ch0 .. ch0 + CH - 1) to dk / dv as 16-byte stores. */
+template <int DK, int NJ>
+FP_DEV void fp_sm90b_dkv_part(const fp_sm80_args &a, const float (&dv)[4 * NJ],
+                              const float (&dk)[4 * NJ], int split, int b, int kvh, int key, int c0,
+                              int t)
+{
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+        float *pv = a.dkv_part + fp_bwd_part_row(a, 0, split, b, kvh, key + 8 * r) * DK;
+        float *pk = a.dkv_part + fp_bwd_part_row(a, 1, split, b, kvh, key + 8 * r) * DK;
+#pragma unroll
+        for (int j = 0; j < NJ; ++j) {
+            const int c = c0 + 8 * j + 2 * t;
+            *reinterpret_cast<float2 *>(pv + c) =
+                make_float2(dv[4 * j + 2 * r], dv[4 * j + 2 * r + 1]);
+            *reinterpret_cast<float2 *>(pk + c) =
+                make_float2(dk[4 * j + 2 * r], dk[4 * j + 2 * r + 1]);
+        }
+    }
+}
+template <typename T, int BN, int NJ>
+FP_DEV void fp_sm90b_dkv_stage(unsigned char *k_tile, unsigned char *v_tile,
+                               const float (&dv)[4 * NJ], const float (&dk)[4 * NJ], float scale,
+                               int kr, int c0, int t)
+{
+#pragma unroll
+    for (int j = 0; j < NJ; ++j)
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+            const uint32_t off = fp_swz128<BN>(kr + 8 * r, c0 + 8 * j + 2 * t);
+            *reinterpret_cast<uint32_t *>(k_tile + off) =
+                fp_pack2<T>(dk[4 * j + 2 * r] * scale, dk[4 * j + 2 * r + 1] * scale);
+            *reinterpret_cast<uint32_t *>(v_tile + off) =
+                fp_pack2<T>(dv[4 * j + 2 * r], dv[4 * j + 2 * r + 1]);
+        }
+}
+template <typename T, int BN, int ROWS, int CH>
+FP_DEV void fp_sm90b_dkv_write(const fp_sm80_args &a, const unsigned char *k_tile,
+                               const unsigned char *v_tile, int row0, int ch0, int wtid, int n0,
+                               int nk, int b, int64_t k_start, int kvh)
+{
+    T *dkg = reinterpret_cast<T *>(const_cast<void *>(a.dk.ptr));
+    T *dvg = reinterpret_cast<T *>(const_cast<void *>(a.dv.ptr));
+#pragma unroll 4
+    for (int idx = wtid; idx < ROWS * CH; idx += 128) {
+        const int row = row0 + idx / CH, c = ch0 + idx % CH, key = n0 + row;
+        if (key >= nk || 8 * c >= a.d)
+            continue;
+        const uint32_t off = fp_swz128<BN>(row, 8 * c);
+        *reinterpret_cast<uint4 *>(dkg + fp_cuda_row(a.dk, b, k_start + key, kvh) + 8 * c) =
+            *reinterpret_cast<const uint4 *>(k_tile + off);
+        *reinterpret_cast<uint4 *>(dvg + fp_cuda_row(a.dv, b, k_start + key, kvh) + 8 * c) =
+            *reinterpret_cast<const uint4 *>(v_tile + off);
+    }
+}
+
 /* The dQ writer (producer thread 32) of key block kb of batch b: the consumers leave each step's
  * dQ tile (query head h, query block mb: the steps walk mb_end - 1 down to mb_lo for each head
  * from h_first) in shared memory at sdq, in the accumulator's order; one bulk reduction adds it
@@ -524,51 +586,16 @@ __global__ void __launch_bounds__(FP_SM90B_THREADS, 1)
     }
 
     if (a.dkv_part) {
-        /* a slice of the group: its f32 sums, which fp_cuda_bwd_side_dkdv_sum adds in slice order
-         * (element 4 j + 2 r + e is key n0 + kr + 8 r, column 8 j + 2 t + e) */
-#pragma unroll
-        for (int r = 0; r < 2; ++r) {
-            float *pv = a.dkv_part + fp_bwd_part_row(a, 0, split, b, kvh, n0 + kr + 8 * r) * DK;
-            float *pk = a.dkv_part + fp_bwd_part_row(a, 1, split, b, kvh, n0 + kr + 8 * r) * DK;
-#pragma unroll
-            for (int j = 0; j < DK / 8; ++j) {
-                *reinterpret_cast<float2 *>(pv + 8 * j + 2 * t) =
-                    make_float2(dv[4 * j + 2 * r], dv[4 * j + 2 * r + 1]);
-                *reinterpret_cast<float2 *>(pk + 8 * j + 2 * t) =
-                    make_float2(dk[4 * j + 2 * r], dk[4 * j + 2 * r + 1]);
-            }
-        }
+        fp_sm90b_dkv_part<DK, DK / 8>(a, dv, dk, split, b, kvh, n0 + kr, 0, t);
         return;
     }
-    /* dK (times the softmax scale) and dV, staged in this warpgroup's rows of the K and V tiles
-     * (free once both warpgroups' last dQ product, which reads all of K, has landed), then
-     * written as 16-byte rows */
+    /* dK and dV staged in this warpgroup's rows of the K and V tiles (free once both
+     * warpgroups' last dQ product, which reads all of K, has landed), then written */
     fp_named_bar_sync(1, FP_SM90B_CONSUMER_THREADS);
-#pragma unroll
-    for (int j = 0; j < DK / 8; ++j)
-#pragma unroll
-        for (int r = 0; r < 2; ++r) {
-            const uint32_t off = fp_swz128<BN>(kr + 8 * r, 8 * j + 2 * t);
-            *reinterpret_cast<uint32_t *>(gbase + off) =
-                fp_pack2<T>(dk[4 * j + 2 * r] * a.scale, dk[4 * j + 2 * r + 1] * a.scale);
-            *reinterpret_cast<uint32_t *>(gbase + (sv - sk) + off) =
-                fp_pack2<T>(dv[4 * j + 2 * r], dv[4 * j + 2 * r + 1]);
-        }
+    fp_sm90b_dkv_stage<T, BN, DK / 8>(gbase, gbase + (sv - sk), dv, dk, a.scale, kr, 0, t);
     fp_named_bar_sync(2 + w, 128);
-    constexpr int CH = DK / 8; /* 16-byte chunks of a row */
-    T *dkg = reinterpret_cast<T *>(const_cast<void *>(a.dk.ptr));
-    T *dvg = reinterpret_cast<T *>(const_cast<void *>(a.dv.ptr));
-#pragma unroll 4
-    for (int idx = wtid; idx < 64 * CH; idx += 128) {
-        const int row = 64 * w + idx / CH, c = idx % CH, key = n0 + row;
-        if (key >= nk || 8 * c >= a.d)
-            continue;
-        const uint32_t off = fp_swz128<BN>(row, 8 * c);
-        *reinterpret_cast<uint4 *>(dkg + fp_cuda_row(a.dk, b, seq.k_start + key, kvh) + 8 * c) =
-            *reinterpret_cast<const uint4 *>(gbase + off);
-        *reinterpret_cast<uint4 *>(dvg + fp_cuda_row(a.dv, b, seq.k_start + key, kvh) + 8 * c) =
-            *reinterpret_cast<const uint4 *>(gbase + (sv - sk) + off);
-    }
+    fp_sm90b_dkv_write<T, BN, 64, DK / 8>(a, gbase, gbase + (sv - sk), 64 * w, 0, wtid, n0, nk, b,
+                                          seq.k_start, kvh);
 #endif
 }
 

@@ -468,50 +468,16 @@ __global__ void __launch_bounds__(FP_SM90B_THREADS, 1)
     }
 
     if (a.dkv_part) {
-        /* a slice of the group: its f32 sums (fp_cuda_bwd_side_dkdv_sum adds them in slice
-         * order); element 4 j + 2 r + e is key n0 + kr + 8 r, column 128 w + 8 j + 2 t + e */
-#pragma unroll
-        for (int r = 0; r < 2; ++r) {
-            float *pv = a.dkv_part + fp_bwd_part_row(a, 0, split, b, kvh, n0 + kr + 8 * r) * DK;
-            float *pk = a.dkv_part + fp_bwd_part_row(a, 1, split, b, kvh, n0 + kr + 8 * r) * DK;
-#pragma unroll
-            for (int j = 0; j < 16; ++j) {
-                const int c = 128 * w + 8 * j + 2 * t;
-                *reinterpret_cast<float2 *>(pv + c) =
-                    make_float2(dv[4 * j + 2 * r], dv[4 * j + 2 * r + 1]);
-                *reinterpret_cast<float2 *>(pk + c) =
-                    make_float2(dk[4 * j + 2 * r], dk[4 * j + 2 * r + 1]);
-            }
-        }
+        fp_sm90b_dkv_part<DK, 16>(a, dv, dk, split, b, kvh, n0 + kr, 128 * w, t);
         return;
     }
-    /* dK (times the softmax scale) and dV staged in this warpgroup's column panels of the K and
-     * V tiles once both warpgroups' products are done with them, then written as 16-byte rows */
+    /* dK and dV staged in this warpgroup's column panels of the K and V tiles once both
+     * warpgroups' products are done with them, then written */
     fp_named_bar_sync(1, FP_SM90B_CONSUMER_THREADS);
-#pragma unroll
-    for (int j = 0; j < 16; ++j)
-#pragma unroll
-        for (int r = 0; r < 2; ++r) {
-            const uint32_t off = fp_swz128<BN>(kr + 8 * r, 128 * w + 8 * j + 2 * t);
-            *reinterpret_cast<uint32_t *>(gbase + off) =
-                fp_pack2<T>(dk[4 * j + 2 * r] * a.scale, dk[4 * j + 2 * r + 1] * a.scale);
-            *reinterpret_cast<uint32_t *>(gbase + (sv - sk) + off) =
-                fp_pack2<T>(dv[4 * j + 2 * r], dv[4 * j + 2 * r + 1]);
-        }
+    fp_sm90b_dkv_stage<T, BN, 16>(gbase, gbase + (sv - sk), dv, dk, a.scale, kr, 128 * w, t);
     fp_named_bar_sync(2 + w, 128);
-    T *dkg = reinterpret_cast<T *>(const_cast<void *>(a.dk.ptr));
-    T *dvg = reinterpret_cast<T *>(const_cast<void *>(a.dv.ptr));
-#pragma unroll 4
-    for (int idx = wtid; idx < BN * 16; idx += 128) {
-        const int row = idx / 16, c = 16 * w + idx % 16, key = n0 + row;
-        if (key >= nk || 8 * c >= a.d)
-            continue;
-        const uint32_t off = fp_swz128<BN>(row, 8 * c);
-        *reinterpret_cast<uint4 *>(dkg + fp_cuda_row(a.dk, b, seq.k_start + key, kvh) + 8 * c) =
-            *reinterpret_cast<const uint4 *>(gbase + off);
-        *reinterpret_cast<uint4 *>(dvg + fp_cuda_row(a.dv, b, seq.k_start + key, kvh) + 8 * c) =
-            *reinterpret_cast<const uint4 *>(gbase + (sv - sk) + off);
-    }
+    fp_sm90b_dkv_write<T, BN, BN, 16>(a, gbase, gbase + (sv - sk), 0, 16 * w, wtid, n0, nk, b,
+                                      seq.k_start, kvh);
 #endif
 }
 

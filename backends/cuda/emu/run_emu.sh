@@ -119,8 +119,6 @@ if [ "$sm90" = 1 ]; then
 fi
 status=0
 export FP_CUDA_EMU_THREADS=${FP_CUDA_EMU_THREADS:-2}
-# The sm90 backward of head dims above 128 is opt-in on a GPU (sm90/bwd.cu): the emulator runs it.
-[ "$sm90" = 1 ] && export FLASHPORT_CUDA_SM90_BWD256=${FLASHPORT_CUDA_SM90_BWD256:-1}
 for kib in ${FP_CUDA_EMU_SMEM_LIST:-227 163}; do
     echo "== cudaemu, FP_CUDA_EMU_SMEM_KIB=$kib"
     t0=$(date +%s)

@@ -18,14 +18,13 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* Head dims 129 .. 256 take the sm90 kernel (sm90/bwd256.cuh) only with
- * FLASHPORT_CUDA_SM90_BWD256=1: it passes the case table in the CUDA emulator
- * (docs/cuda_emu.md), which models the instructions as the PTX ISA describes them, but it has not
- * yet run on a GPU; docs/performance.md says when it has. */
+/* Head dims 129 .. 256 take the sm90 kernel (sm90/bwd256.cuh) unless
+ * FLASHPORT_CUDA_SM90_BWD256=0 sends them to the sm80 backward (kept for A/B runs and as a way
+ * around a fault). */
 static bool fp_sm90_bwd256_enabled()
 {
     const char *v = getenv("FLASHPORT_CUDA_SM90_BWD256");
-    return v && strcmp(v, "1") == 0;
+    return !(v && strcmp(v, "0") == 0);
 }
 
 extern "C" flashport_status fp_cuda_sm90_backward(const fp_cuda_ctx *ctx, const fp_problem *p,
@@ -42,8 +41,7 @@ extern "C" flashport_status fp_cuda_sm90_backward(const fp_cuda_ctx *ctx, const 
     else if (p->seqused_k)
         *declined = "the sm90 path does not read seqused_k";
     else if (p->head_dim > 128 && !fp_sm90_bwd256_enabled())
-        *declined = "the sm90 backward of head dims above 128 is opt-in until it has run on a "
-                    "GPU (FLASHPORT_CUDA_SM90_BWD256=1)";
+        *declined = "FLASHPORT_CUDA_SM90_BWD256=0 sends head dims above 128 to the sm80 backward";
     else if (ctx->smem_optin < fp_sm90_bwd_cfg<128>::SMEM ||
              ctx->smem_optin < fp_sm90_bwd_cfg<64>::SMEM ||
              (p->head_dim > 128 && ctx->smem_optin < fp_sm90_bwd256_cfg::SMEM))

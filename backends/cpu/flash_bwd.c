@@ -277,25 +277,12 @@ static void prefetch_key_block(const bwd_ctx *c, const fp_seq *seq, int64_t b, i
     fp_block_prefetch(&vb, n, (int)p->head_dim);
 }
 
-/* Sets the masked entries of a transposed tile (keys j0 + r down the rows, queries i0 + x across)
- * to `value`; flash_fwd.c's mask_tile rule: key j is visible to query i iff
- * j - shift - right <= i <= j - shift + left, a contiguous run of columns per row. */
+/* fp_tile_fill_masked over sequence seq's window */
 static void fill_masked(float *s, int ld, int n, int m, int64_t i0, int64_t j0, const fp_seq *seq,
                         const fp_problem *p, float value)
 {
-    const int64_t shift = seq->nk - seq->nq, left = p->window_left, right = p->window_right;
-    for (int r = 0; r < n; r++) {
-        const int64_t j = j0 + r;
-        int64_t lo = right < 0 ? 0 : j - shift - right - i0;
-        int64_t hi = left < 0 ? m : j - shift + left - i0 + 1;
-        lo = lo < 0 ? 0 : lo > m ? m : lo;
-        hi = hi < lo ? lo : hi > m ? m : hi;
-        float *row = s + (ptrdiff_t)r * ld;
-        for (int64_t x = 0; x < lo; x++)
-            row[x] = value;
-        for (int64_t x = hi; x < m; x++)
-            row[x] = value;
-    }
+    fp_tile_fill_masked(s, ld, n, m, i0, j0, seq->nq, seq->nk, p->window_left, p->window_right,
+                        value);
 }
 
 /* x = A B^T for S^T = K Q^T and dP^T = V dO^T: A the n key rows (f32 or bf16 elements, strides

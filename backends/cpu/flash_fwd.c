@@ -203,27 +203,6 @@ static void transform_tile(float *s, int ld, int n, int m, int64_t i0, int64_t j
         }
 }
 
-/* -inf where query i0 + c may not see key j0 + r. From core/mask.h's rule, with i in the role of
- * the unknown: key j is visible to i iff  j - shift - right <= i <= j - shift + left  (shift =
- * Nk - Nq; an unbounded side drops its inequality), a contiguous run of columns per row. */
-static void mask_tile(float *s, int ld, int n, int m, int64_t i0, int64_t j0, const fp_seq *seq,
-                      int64_t left, int64_t right)
-{
-    const int64_t shift = seq->nk - seq->nq;
-    for (int r = 0; r < n; r++) {
-        const int64_t j = j0 + r;
-        int64_t lo = right < 0 ? 0 : j - shift - right - i0;
-        int64_t hi = left < 0 ? m : j - shift + left - i0 + 1;
-        lo = lo < 0 ? 0 : lo > m ? m : lo;
-        hi = hi < lo ? lo : hi > m ? m : hi;
-        float *row = s + (ptrdiff_t)r * ld;
-        for (int64_t c = 0; c < lo; c++)
-            row[c] = -INFINITY;
-        for (int64_t c = hi; c < m; c++)
-            row[c] = -INFINITY;
-    }
-}
-
 /* O += P V over the visible (query, key) pairs only, V read element by element. For the rare
  * block that straddles the mask and holds an infinite or NaN V: there the product's
  * 0 * inf = NaN of a masked pair would reach a row that cannot see the key. pt: P^T (f32). */
@@ -320,7 +299,8 @@ static void fwd_sub_block(const fwd_ctx *c, float *scratch, const fp_seq *seq, i
 
     /* S^T = K Q^T, raw dot products. Where the mask cuts the block, only over its bands
      * (fp_key_bands: on a causal diagonal, 10 of the 16 squares of 16 keys x 16 queries); the
-     * scores left out are masked, and mask_tile overwrites whatever the tile held there. */
+     * scores left out are masked, and fp_tile_fill_masked overwrites whatever the tile held there.
+     */
     const int full = fp_mask_block_full(q0, q0 + m, j0, j0 + n, seq->nq, seq->nk, p->window_left,
                                         p->window_right);
     fp_key_band band[FP_KEY_BANDS];
@@ -349,7 +329,8 @@ static void fwd_sub_block(const fwd_ctx *c, float *scratch, const fp_seq *seq, i
         mul = 1.0f;
     }
     if (!full)
-        mask_tile(s, L->lds, n, m, q0, j0, seq, p->window_left, p->window_right);
+        fp_tile_fill_masked(s, L->lds, n, m, q0, j0, seq->nq, seq->nk, p->window_left,
+                            p->window_right, -INFINITY);
 
     /* Online softmax (core/online_softmax.h, exp2 form), one query per column. */
     for (int x = 0; x < mp; x++)

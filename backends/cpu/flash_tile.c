@@ -9,6 +9,7 @@
 #include "backends/cpu/flash_tile.h"
 
 #include "core/dtype.h"
+#include "core/geometry.h"
 #include "core/mask.h"
 
 #include <stdlib.h>
@@ -295,6 +296,23 @@ int fp_block_finite(const fp_block *x, int rows, int d)
         }
     }
     return !bad;
+}
+
+void fp_tile_fill_masked(float *s, int ld, int n, int m, int64_t i0, int64_t j0, int64_t nq,
+                         int64_t nk, int64_t left, int64_t right, float value)
+{
+    for (int r = 0; r < n; r++) {
+        int64_t lo, hi;
+        fp_geom_rows_for_keys(j0 + r, j0 + r + 1, nq, nk, left, right, &lo, &hi);
+        lo = lo < i0 ? 0 : lo - i0 > m ? m : lo - i0;
+        hi = hi < i0 ? 0 : hi - i0 > m ? m : hi - i0;
+        hi = hi < lo ? lo : hi;
+        float *row = s + (ptrdiff_t)r * ld;
+        for (int64_t x = 0; x < lo; x++)
+            row[x] = value;
+        for (int64_t x = hi; x < m; x++)
+            row[x] = value;
+    }
 }
 
 int fp_key_bands(int64_t i0, int m, int64_t j0, int n, int64_t nq, int64_t nk, int64_t left,

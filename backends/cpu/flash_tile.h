@@ -133,6 +133,13 @@ typedef struct fp_key_band {
 int fp_key_bands(int64_t i0, int m, int64_t j0, int n, int64_t nq, int64_t nk, int64_t left,
                  int64_t right, fp_key_band *band);
 
+/* In a score tile stored transposed (keys j0 .. j0 + n - 1 down the rows, queries i0 .. i0 + m - 1
+ * across, row stride ld), sets every entry whose query may not see its key to `value`: in each
+ * key row the visible queries are one run of columns (core/geometry.h's fp_geom_rows_for_keys),
+ * and the columns before and after it are set. nq, nk: the sequence's lengths. */
+void fp_tile_fill_masked(float *s, int ld, int n, int m, int64_t i0, int64_t j0, int64_t nq,
+                         int64_t nk, int64_t left, int64_t right, float value);
+
 /* 64-byte aligned per-thread scratch: `threads` slices of `floats_per_thread` floats each (each
  * slice rounded up to a multiple of 16 floats, and at least 16), the first `zeroed` floats of each
  * slice set to 0 and the rest left as allocated: buffers that a kernel writes before it reads them

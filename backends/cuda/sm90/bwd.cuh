@@ -115,6 +115,33 @@ template <typename CFG> struct fp_sm90b_bars {
     }
 };
 
+/* The work of a backward block: key block kb (blockIdx.x; keys n0 ..) of batch b (blockIdx.z) and
+ * kv head kvh, the slice `split` of that kv head's query heads it owns (blockIdx.y; `slice`
+ * heads from h_first, all of them without group splits), the sequence's lengths, and the query
+ * blocks mb_lo .. mb_end - 1 that see its keys: `steps` (head, query block) pairs in all. false:
+ * the key block lies past the sequence, and the block has nothing to do. */
+struct fp_sm90b_work {
+    int kb, b, kvh, split, slice, h_first, n0, mb_lo, mb_end, steps;
+    fp_cuda_seq seq;
+};
+template <int BM, int BN> FP_DEV bool fp_sm90b_work_of(const fp_sm80_args &a, fp_sm90b_work &wk)
+{
+    wk.kb = blockIdx.x;
+    wk.b = blockIdx.z;
+    wk.kvh = blockIdx.y / a.group_splits;
+    wk.split = blockIdx.y % a.group_splits;
+    wk.slice = a.group / a.group_splits;
+    wk.h_first = wk.kvh * a.group + wk.split * wk.slice;
+    wk.seq = fp_cuda_seq_of(a, wk.b);
+    wk.n0 = wk.kb * BN;
+    if (wk.n0 >= wk.seq.nk)
+        return false;
+    fp_geom_query_blocks(wk.n0, min(wk.n0 + BN, wk.seq.nk), wk.seq.nq, wk.seq.nk, a.left, a.right,
+                         BM, &wk.mb_lo, &wk.mb_end);
+    wk.steps = wk.slice * (wk.mb_end - wk.mb_lo);
+    return true;
+}
+
 /* The end of a block: a consumer thread's dK and dV accumulators (NJ x 4 each; element
  * 4 j + 2 r + e is key row kr + 8 r of the block, column c0 + 8 j + 2 t + e).
  * fp_sm90b_dkv_part: with group splits, the slice's f32 sums into a.dkv_part (added in slice
@@ -328,17 +355,14 @@ __global__ void __launch_bounds__(FP_SM90B_THREADS, 1)
     };
 
     const int tid = threadIdx.x, wg = tid >> 7, wtid = tid & 127;
-    const int kb = blockIdx.x, b = blockIdx.z;
-    /* this block's slice of the kv head's query heads (all of them without group splits) */
-    const int kvh = blockIdx.y / a.group_splits, split = blockIdx.y % a.group_splits;
-    const int slice = a.group / a.group_splits, h_first = kvh * a.group + split * slice;
-    const fp_cuda_seq seq = fp_cuda_seq_of(a, b);
-    const int nq = seq.nq, nk = seq.nk, n0 = kb * BN;
-    if (n0 >= nk)
+    fp_sm90b_work wk;
+    if (!fp_sm90b_work_of<BM, BN>(a, wk))
         return;
-    int mb_lo, mb_end;
-    fp_geom_query_blocks(n0, min(n0 + BN, nk), nq, nk, a.left, a.right, BM, &mb_lo, &mb_end);
-    const int steps = slice * (mb_end - mb_lo);
+    const int kb = wk.kb, b = wk.b, kvh = wk.kvh, split = wk.split, slice = wk.slice;
+    const int h_first = wk.h_first, n0 = wk.n0, mb_lo = wk.mb_lo, mb_end = wk.mb_end;
+    const int steps = wk.steps;
+    const fp_cuda_seq seq = wk.seq;
+    const int nq = seq.nq, nk = seq.nk;
 
     if (tid == 0) {
         *rbad_rows = 0;

@@ -187,16 +187,14 @@ __global__ void __launch_bounds__(FP_SM90B_THREADS, 1)
     auto smem_f = [&](uint32_t addr) { return reinterpret_cast<float *>(gbase + (addr - sk)); };
 
     const int tid = threadIdx.x, wg = tid >> 7, wtid = tid & 127;
-    const int kb = blockIdx.x, b = blockIdx.z;
-    const int kvh = blockIdx.y / a.group_splits, split = blockIdx.y % a.group_splits;
-    const int slice = a.group / a.group_splits, h_first = kvh * a.group + split * slice;
-    const fp_cuda_seq seq = fp_cuda_seq_of(a, b);
-    const int nq = seq.nq, nk = seq.nk, n0 = kb * BN;
-    if (n0 >= nk)
+    fp_sm90b_work wk;
+    if (!fp_sm90b_work_of<BM, BN>(a, wk))
         return;
-    int mb_lo, mb_end;
-    fp_geom_query_blocks(n0, min(n0 + BN, nk), nq, nk, a.left, a.right, BM, &mb_lo, &mb_end);
-    const int steps = slice * (mb_end - mb_lo);
+    const int kb = wk.kb, b = wk.b, kvh = wk.kvh, split = wk.split, slice = wk.slice;
+    const int h_first = wk.h_first, n0 = wk.n0, mb_lo = wk.mb_lo, mb_end = wk.mb_end;
+    const int steps = wk.steps;
+    const fp_cuda_seq seq = wk.seq;
+    const int nq = seq.nq, nk = seq.nk;
 
     if (tid == 0) {
         *rbad_rows = 0;

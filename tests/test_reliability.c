@@ -4,11 +4,12 @@
  *
  *   test_reliability BACKEND                (cpu or reference: everything below)
  *   test_reliability BACKEND --masked-keys  (any backend, GPU ones too: the masked-key checks in
- *                                           f16 and bf16, through the backend's memory, at
- *                                           head dims up to 200; --quick after it: the
- *                                           problems' own head dims only; --kv-cache after
- *                                           it: the KV-cache problems too, for backends that
- *                                           serve seqused_k / paged caches)
+ *                                           f16 and bf16, and fp8 e4m3 forward only, through
+ *                                           the backend's memory, at head dims up to 200;
+ *                                           --quick after it: the problems' own head dims
+ *                                           only; --kv-cache after it: the KV-cache problems
+ *                                           too, for backends that serve seqused_k / paged
+ *                                           caches; --no-fp8 after it: no fp8 problems)
  *
  *   masked keys    NaN or inf in the K / V of keys a row cannot see (causal, bottom-right, a
  *                  window that hides the first keys, rows that see nothing) never reaches that
@@ -16,7 +17,9 @@
  *                  O = 0, LSE = -inf, dQ = 0; a NaN query row never reaches dK / dV of keys it
  *                  cannot see. In f32, f16 and bf16, on shapes that cross the 64-key tiles;
  *                  also a varlen batch whose sequences share tiles (NaN in one sequence's keys
- *                  never reaches another's rows). KV cache: NaN and inf in the keys past
+ *                  never reaches another's rows). fp8 e4m3 (forward, o in bf16 or f16): the
+ *                  same problems with NaN codes 0x7f / 0xff where the others hold NaN and inf.
+ *                  KV cache: NaN and inf in the keys past
  *                  seqused_k of a dense cache (O, LSE, dQ clean; dK, dV of those keys exactly 0)
  *                  and in the rows of a paged cache's last used page past seqused_k (forward).
  *   visible NaN    a NaN score a row sees makes that row's O and LSE NaN (not the empty row's
@@ -917,16 +920,19 @@ int main(int argc, char **argv)
         if (ps == FLASHPORT_OK)
             flashport_backend_close(probe);
         static const int dims[][2] = {{0, 0}, {96, 0}, {200, 0}, {40, 1}};
-        int runs = 4, kv_cache = 0;
+        int runs = 4, kv_cache = 0, fp8 = 1;
         for (int i = 3; i < argc; i++) {
             if (!strcmp(argv[i], "--quick"))
                 runs = 1;
             else if (!strcmp(argv[i], "--kv-cache"))
                 kv_cache = 1;
+            else if (!strcmp(argv[i], "--no-fp8"))
+                fp8 = 0;
         }
         /* fp8 e4m3 inputs (forward only, so not in the deterministic run): o in bf16, f16, bf16
          * at the three head dims in turn; a backend without an e4m3 forward counts them as
-         * unsupported. */
+         * unsupported. --no-fp8: for a pass whose setting the fp8 forward ignores (its problems
+         * would run the same kernels as in a pass before it). */
         for (int i = 0; i < runs; i++) {
             override_d = dims[i][0], force_deterministic = dims[i][1];
             fp8_odt = i % 2 ? FLASHPORT_F16 : FLASHPORT_BF16;
@@ -934,7 +940,7 @@ int main(int argc, char **argv)
                 const flashport_dtype dt = t == 2   ? FLASHPORT_FP8_E4M3
                                            : t == 1 ? FLASHPORT_BF16
                                                     : FLASHPORT_F16;
-                if (t == 2 && force_deterministic)
+                if (t == 2 && (force_deterministic || !fp8))
                     continue;
                 test_masked_keys(dt);
                 if (kv_cache)

@@ -384,7 +384,7 @@ static void run_scenario(const scenario *sc, const prob *pr, const float *q, con
     if (!CHECK(outs_alloc(&clean, pr) && outs_alloc(&bad, pr)))
         return;
     char what[160];
-    const double tol = tol_of(pr->odt);
+    const double tol = tol_of(pr->odt); /* fp8: o's dtype (both runs round P to e4m3 alike) */
     /* fp8 inputs have a forward only */
     const int forward_only = sc->forward_only || fp_is_fp8(pr->dt);
     const float *dout_run = forward_only ? NULL : dout;

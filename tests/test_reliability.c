@@ -4,11 +4,12 @@
  *
  *   test_reliability BACKEND                (cpu or reference: everything below)
  *   test_reliability BACKEND --masked-keys  (any backend, GPU ones too: the masked-key checks in
- *                                           f16 and bf16, through the backend's memory, at
- *                                           head dims up to 200; --quick after it: the
- *                                           problems' own head dims only; --kv-cache after
- *                                           it: the KV-cache problems too, for backends that
- *                                           serve seqused_k / paged caches)
+ *                                           f16 and bf16, and fp8 e4m3 forward only, through
+ *                                           the backend's memory, at head dims up to 200;
+ *                                           --quick after it: the problems' own head dims
+ *                                           only; --kv-cache after it: the KV-cache problems
+ *                                           too, for backends that serve seqused_k / paged
+ *                                           caches; --no-fp8 after it: no fp8 problems)
  *
  *   masked keys    NaN or inf in the K / V of keys a row cannot see (causal, bottom-right, a
  *                  window that hides the first keys, rows that see nothing) never reaches that
@@ -16,7 +17,9 @@
  *                  O = 0, LSE = -inf, dQ = 0; a NaN query row never reaches dK / dV of keys it
  *                  cannot see. In f32, f16 and bf16, on shapes that cross the 64-key tiles;
  *                  also a varlen batch whose sequences share tiles (NaN in one sequence's keys
- *                  never reaches another's rows). KV cache: NaN and inf in the keys past
+ *                  never reaches another's rows). fp8 e4m3 (forward, o in bf16 or f16): the
+ *                  same problems with NaN codes 0x7f / 0xff where the others hold NaN and inf.
+ *                  KV cache: NaN and inf in the keys past
  *                  seqused_k of a dense cache (O, LSE, dQ clean; dK, dV of those keys exactly 0)
  *                  and in the rows of a paged cache's last used page past seqused_k (forward).
  *   visible NaN    a NaN score a row sees makes that row's O and LSE NaN (not the empty row's
@@ -34,6 +37,8 @@
 #define _GNU_SOURCE
 
 #include "tests/test_util.h"
+
+#include "core/dtype.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -59,12 +64,15 @@ static int override_d, force_deterministic;
 /* Scenarios run / refused by the backend as unsupported (the same UNSUPPORTED_* status on both
  * runs: e.g. FLASHPORT_CUDA_PATH=sm90 forced with a head dim that path's backward lacks). */
 static int scenarios_run, scenarios_unsupported;
+/* o's dtype (bf16 or f16) of the fp8 problems. */
+static flashport_dtype fp8_odt = FLASHPORT_BF16;
 
 /* A dense problem: q, o [B, Nq, H, D]; k, v [B, Nk, Hkv, D]; lse [B, H, Nq]. Varlen (nseq > 0):
  * b = 1 and nq, nk the packed token totals, q, o [Nq, H, D], k, v [Nk, Hkv, D], lse [H, Nq]:
  * the dense layout of one batch, which the checks below read alike. */
 typedef struct prob {
     flashport_dtype dt;
+    flashport_dtype odt; /* o's dtype: dt, or for fp8 inputs (forward only) fp8_odt */
     int b, nq, nk, h, hkv, d;
     int nseq;
     int32_t cu_q[4], cu_k[4];
@@ -81,9 +89,15 @@ static prob prob_make(flashport_dtype dt, int b, int nq, int nk, int h, int hkv,
     prob pr;
     memset(&pr, 0, sizeof pr);
     pr.dt = dt, pr.b = b, pr.nq = nq, pr.nk = nk, pr.h = h, pr.hkv = hkv;
+    pr.odt = fp_is_fp8(dt) ? fp8_odt : dt;
     pr.d = override_d ? override_d : d;
     flashport_attention_params_init(&pr.p);
     pr.p.deterministic = force_deterministic;
+    if (fp_is_fp8(dt)) { /* descales other than 1, as the case table's fp8 cases have them */
+        pr.p.descale_q = 0.5f;
+        pr.p.descale_k = 2.0f;
+        pr.p.descale_v = 1.5f;
+    }
     return pr;
 }
 
@@ -158,7 +172,7 @@ static flashport_status run(const char *name, const prob *pr, const float *q, co
     void *host[NBUF] = {NULL}, *dev[NBUF] = {NULL};
     size_t bytes[NBUF];
     for (int i = 0; i < NBUF && st == FLASHPORT_OK; i++) {
-        const flashport_dtype dt = i == L ? FLASHPORT_F32 : pr->dt;
+        const flashport_dtype dt = i == L ? FLASHPORT_F32 : i == O ? pr->odt : pr->dt;
         bytes[i] = (size_t)(count[i] > 0 ? count[i] : 1) * tu_dtype_size(dt);
         host[i] = malloc(bytes[i]);
         if (!host[i]) {
@@ -202,7 +216,7 @@ static flashport_status run(const char *name, const prob *pr, const float *q, co
     flashport_tensor tv = np > 0
                               ? flashport_tensor_contiguous(dev[V], pr->dt, 4, pages)
                               : flashport_tensor_contiguous(dev[V], pr->dt, rank, ks + (4 - rank));
-    flashport_tensor to = flashport_tensor_contiguous(dev[O], pr->dt, rank, qs + (4 - rank));
+    flashport_tensor to = flashport_tensor_contiguous(dev[O], pr->odt, rank, qs + (4 - rank));
     flashport_tensor tl =
         flashport_tensor_contiguous(dev[L], FLASHPORT_F32, rank - 1, ls + (4 - rank));
     if ((st = flashport_attention_forward(be, &params, &tq, &tk, &tv, &to, &tl)) ||
@@ -210,7 +224,7 @@ static flashport_status run(const char *name, const prob *pr, const float *q, co
         (st = flashport_memcpy_to_host(be, host[O], dev[O], bytes[O])) ||
         (st = flashport_memcpy_to_host(be, host[L], dev[L], bytes[L])))
         goto done;
-    tu_to_f32(host[O], nq, pr->dt, o);
+    tu_to_f32(host[O], nq, pr->odt, o);
     memcpy(lse, host[L], sizeof(float) * (size_t)nl);
     if (dout) {
         flashport_tensor tdo = flashport_tensor_contiguous(dev[DO], pr->dt, rank, qs + (4 - rank));
@@ -294,6 +308,14 @@ static void fill(float *x, int64_t n, tu_rng *r)
         x[i] = tu_rng_uniform(r, -1.0f, 1.0f);
 }
 
+/* Garbage x (+-inf or NaN) as dtype dt holds it: e4m3 has no infinities (its conversion would
+ * store +-448, a finite value), so an infinity becomes its NaN code of the same sign, 0x7f or
+ * 0xff (tu_from_f32 keeps NaN's sign): both codes are what the fp8 kernels must keep out. */
+static float garbage(flashport_dtype dt, float x)
+{
+    return dt == FLASHPORT_FP8_E4M3 && isinf(x) ? copysignf(NAN, x) : x;
+}
+
 /* Sets every element of token t of one kv head / query head of batch 0 to value. */
 static void set_token(float *x, int heads, int d, int t, int head, float value)
 {
@@ -362,8 +384,10 @@ static void run_scenario(const scenario *sc, const prob *pr, const float *q, con
     if (!CHECK(outs_alloc(&clean, pr) && outs_alloc(&bad, pr)))
         return;
     char what[160];
-    const double tol = tol_of(pr->dt);
-    const float *dout_run = sc->forward_only ? NULL : dout;
+    const double tol = tol_of(pr->odt); /* fp8: o's dtype (both runs round P to e4m3 alike) */
+    /* fp8 inputs have a forward only */
+    const int forward_only = sc->forward_only || fp_is_fp8(pr->dt);
+    const float *dout_run = forward_only ? NULL : dout;
     flashport_status s1 =
         run(backend_name, pr, q, k, v, dout_run, clean.o, clean.lse, clean.dq, clean.dk, clean.dv);
     flashport_status s2 =
@@ -387,7 +411,7 @@ static void run_scenario(const scenario *sc, const prob *pr, const float *q, con
         snprintf(what, sizeof what, "%s %s LSE", sc->name, dn);
         check_rows(what, bad.lse, clean.lse, pr->b, pr->nq, pr->h, 1, 1, rows_rule, &sc->lse_rows,
                    1e-4);
-        if (!sc->forward_only) { /* a paged cache has no backward */
+        if (!forward_only) { /* a paged cache and fp8 have no backward */
             snprintf(what, sizeof what, "%s %s dQ", sc->name, dn);
             check_rows(what, bad.dq, clean.dq, pr->b, pr->nq, pr->h, pr->d, 0, rows_rule,
                        &sc->dq_rows, tol * 4);
@@ -457,8 +481,8 @@ static void test_masked_keys_varlen(flashport_dtype dt)
      * keys, stay clean, and so do the dK, dV of every key but sequence 1's keys 4 .. 26, which
      * the NaN rows see (keys 0 .. 3 keep their clean 0). */
     for (int t = 45; t < 49; t++) {
-        set_token(in.pk, 1, pr.d, t, 0, t % 2 ? NAN : INFINITY);
-        set_token(in.pv, 1, pr.d, t, 0, t % 2 ? -INFINITY : NAN);
+        set_token(in.pk, 1, pr.d, t, 0, t % 2 ? NAN : garbage(dt, INFINITY));
+        set_token(in.pv, 1, pr.d, t, 0, t % 2 ? garbage(dt, -INFINITY) : NAN);
     }
     set_token(in.pk, 1, pr.d, 55, 0, NAN);
     set_token(in.pv, 1, pr.d, 55, 0, NAN);
@@ -489,8 +513,8 @@ static void test_masked_keys_kv_cache(flashport_dtype dt)
     pr.used = 77;
     if (CHECK(inputs_make(&in, &pr, 6))) {
         for (int t = 77; t < 130; t++) {
-            set_token(in.pk, 1, pr.d, t, 0, t % 3 ? NAN : INFINITY);
-            set_token(in.pv, 1, pr.d, t, 0, t % 2 ? NAN : -INFINITY);
+            set_token(in.pk, 1, pr.d, t, 0, t % 3 ? NAN : garbage(dt, INFINITY));
+            set_token(in.pv, 1, pr.d, t, 0, t % 2 ? NAN : garbage(dt, -INFINITY));
         }
         const scenario sc = {"seqused_k 77 of 130, garbage past it",
                              {0, 0, CLOSE, CLOSE, 0, 0},
@@ -509,8 +533,8 @@ static void test_masked_keys_kv_cache(flashport_dtype dt)
     if (CHECK(inputs_make(&in, &pr, 7))) {
         for (int t = 70; t < 128; t++)
             for (int h = 0; h < 2; h++) {
-                set_token(in.pk, 2, pr.d, t, h, t % 2 ? NAN : -INFINITY);
-                set_token(in.pv, 2, pr.d, t, h, t % 3 ? INFINITY : NAN);
+                set_token(in.pk, 2, pr.d, t, h, t % 2 ? NAN : garbage(dt, -INFINITY));
+                set_token(in.pv, 2, pr.d, t, h, t % 3 ? garbage(dt, INFINITY) : NAN);
             }
         const scenario sc = {"paged 16, seqused_k 70 of 128, garbage in the page tail",
                              {0, 0, CLOSE, CLOSE, 0, 0},
@@ -564,7 +588,7 @@ static void test_masked_keys(flashport_dtype dt)
     pr.p.causal = 1;
     if (CHECK(inputs_make(&in, &pr, 2))) {
         for (int h = 0; h < 2; h++) {
-            set_token(in.pv, 2, pr.d, 79, h, h ? INFINITY : NAN);
+            set_token(in.pv, 2, pr.d, 79, h, h ? garbage(dt, INFINITY) : NAN);
             set_token(in.pk, 2, pr.d, 79, h, NAN);
         }
         const scenario sc = {"causal Nq > Nk, garbage at the last key",
@@ -588,7 +612,7 @@ static void test_masked_keys(flashport_dtype dt)
     if (CHECK(inputs_make(&in, &pr, 3))) {
         for (int t = 0; t < 106; t++) {
             set_token(in.pk, 1, pr.d, t, 0, NAN);
-            set_token(in.pv, 1, pr.d, t, 0, t % 2 ? NAN : -INFINITY);
+            set_token(in.pv, 1, pr.d, t, 0, t % 2 ? NAN : garbage(dt, -INFINITY));
         }
         const scenario sc = {"window, NaN in unseen keys",
                              {0, 0, CLOSE, CLOSE, 0, 0},
@@ -896,17 +920,28 @@ int main(int argc, char **argv)
         if (ps == FLASHPORT_OK)
             flashport_backend_close(probe);
         static const int dims[][2] = {{0, 0}, {96, 0}, {200, 0}, {40, 1}};
-        int runs = 4, kv_cache = 0;
+        int runs = 4, kv_cache = 0, fp8 = 1;
         for (int i = 3; i < argc; i++) {
             if (!strcmp(argv[i], "--quick"))
                 runs = 1;
             else if (!strcmp(argv[i], "--kv-cache"))
                 kv_cache = 1;
+            else if (!strcmp(argv[i], "--no-fp8"))
+                fp8 = 0;
         }
+        /* fp8 e4m3 inputs (forward only, so not in the deterministic run): o in bf16, f16, bf16
+         * at the three head dims in turn; a backend without an e4m3 forward counts them as
+         * unsupported. --no-fp8: for a pass whose setting the fp8 forward ignores (its problems
+         * would run the same kernels as in a pass before it). */
         for (int i = 0; i < runs; i++) {
             override_d = dims[i][0], force_deterministic = dims[i][1];
-            for (int t = 0; t < 2; t++) {
-                const flashport_dtype dt = t ? FLASHPORT_BF16 : FLASHPORT_F16;
+            fp8_odt = i % 2 ? FLASHPORT_F16 : FLASHPORT_BF16;
+            for (int t = 0; t < 3; t++) {
+                const flashport_dtype dt = t == 2   ? FLASHPORT_FP8_E4M3
+                                           : t == 1 ? FLASHPORT_BF16
+                                                    : FLASHPORT_F16;
+                if (t == 2 && (force_deterministic || !fp8))
+                    continue;
                 test_masked_keys(dt);
                 if (kv_cache)
                     test_masked_keys_kv_cache(dt);
@@ -920,8 +955,11 @@ int main(int argc, char **argv)
         return scenarios_run > 0 ? 0 : TU_SKIP; /* nothing ran: CTest's skip code, never a pass */
     }
     test_empty_batch(); /* first: it forks, before any OpenMP thread exists */
-    const flashport_dtype dts[] = {FLASHPORT_F32, FLASHPORT_F16, FLASHPORT_BF16};
-    for (int i = 0; i < 3; i++) {
+    /* fp8 e4m3 twice: o in bf16, then in f16 */
+    const flashport_dtype dts[] = {FLASHPORT_F32, FLASHPORT_F16, FLASHPORT_BF16, FLASHPORT_FP8_E4M3,
+                                   FLASHPORT_FP8_E4M3};
+    for (int i = 0; i < 5; i++) {
+        fp8_odt = i == 4 ? FLASHPORT_F16 : FLASHPORT_BF16;
         test_masked_keys(dts[i]);
         test_masked_keys_kv_cache(dts[i]);
     }

@@ -938,7 +938,6 @@ __global__ void __launch_bounds__(FP_SM90_THREADS, 1)
             xf.slope_log2 = a.alibi ? a.alibi[h] * FP_LOG2E : 0.0f;
             xf.shift = nk - nq;
             const fp_mask32 mk = fp_mask32_make(nq, nk, a.left, a.right);
-            const int rows_end = min(m0 + BM, nq);
 
             float o[DK / 2];
 #pragma unroll

@@ -271,9 +271,9 @@ def run_shape(fp, dtype, D, N, causal, args, bwd_env, fwd_env=None, heads=None):
         return t
 
     # SDPA flash and ours alternate, args.rounds times, and each keeps its fastest round; the
-    # other SDPA backends come after them. A kernel timed right after cuDNN's ran 2 .. 7 %
-    # slower than the same kernel timed again later (H200, 2026-11-30 10:12, identical-code A/B
-    # columns), so a single pass in a fixed order favours whichever side goes second.
+    # other SDPA backends come after them: a kernel timed right after cuDNN's runs a few per cent
+    # slower than the same kernel timed again later (docs/bench/archive), so a single pass in a
+    # fixed order would favour whichever side goes second.
     fa2_t, ours_t = [], []
     for r in range(args.rounds):
         if r == 0 or REF in args.impls:  # untimed, it runs once, for the agreement check

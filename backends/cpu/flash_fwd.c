@@ -48,12 +48,7 @@
  * diagonal is cut as finely as with 64-query tasks.
  * Known differences from the reference: f32 accumulation, the polynomial exp2 (ukernel.h); the
  * scale is applied to the f32 scores (Q is not pre-scaled); bf16 path: P in bf16 for P V.
- * Measured (docs/bench/cpu.md, bench/cpu_targets.sh; 2 threads of the 2-core Zen 4 development
- * machine, FMA peak measured in the same runs ~234 GFLOP/s; B = 1, D = 64 H = 8 / D = 128 H = 4,
- * N = 1024..8192, causal and not; medians of 3 runs, 2026-11-30 13:01): f32 168..197 GFLOP/s,
- * 72..84% of the peak (B=1 H=4 N=2048 D=128: 197 GFLOP/s, 84%); bf16 271..361 GFLOP/s,
- * 1.62..1.94x f32; 1.16..1.48x (unmasked) and 2.07..2.80x (causal) the BLAS-materialized
- * baseline (--baseline blas).
+ * Numbers: docs/performance.md ("CPU backend") and docs/performance-cpu.md.
  */
 #include "backends/cpu/cpu_internal.h"
 #include "backends/cpu/flash_tile.h"

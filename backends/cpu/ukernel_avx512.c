@@ -5,10 +5,8 @@
  * and the f32 and f16 half of the avx512bf16 table.
  * Target: x86-64 with AVX-512 F, BW, VL (compiled with those flags alone; isa.c checks the CPU).
  * Known differences from the reference: f32 accumulation with FMA; the polynomial exp2.
- * Measured on one Zen 4 core of the development machine: the product alone on the forward's tile
- * shapes (64 x 64 x D, D = 64, 128) 102..109 GFLOP/s in undisturbed runs, 88-94% of the
- * 114..117 GFLOP/s FMA loop of bench/peak.c; FLASHPORT_CPU_ISA=avx512 f32 forward B=1 H=4
- * N=2048 D=128 on 2 threads: 75% of the measured peak (docs/bench/cpu.md).
+ * Numbers (the product alone against bench/peak.c's FMA loop, and the whole forward):
+ * docs/bench/cpu.md, docs/performance-cpu.md.
  */
 #include "backends/cpu/ukernel_avx512.h"
 

@@ -20,10 +20,9 @@
  * Target: x86-64 with AVX-512 F, BW, VL, BF16 (compiled with those flags alone).
  * Known differences from the reference: every product from bf16 operands with f32
  * accumulation; P (and in the backward dS) rounded to bf16 before the products that use them.
- * Measured (docs/bench/cpu.md): bf16 forward 243..348 GFLOP/s on 2 Zen 4 cores, 1.50..1.95x the
- * f32 forward of the same shapes (D = 64, 128; N = 1024..8192; medians of 3 runs); bf16
- * backward 249..351 GFLOP/s, 1.53..1.96x the f32 backward (same shapes), with gemm_bf16 at ~81%
- * of the samples and roughly 1.7x the f32 FMA rate inside it (one-thread perf profile).
+ * vdpbf16ps does two multiply-adds a lane where an FMA does one; whether that makes the bf16
+ * path faster than the f32 one depends on the core's vdpbf16ps rate (isa.c: on Intel cores `auto`
+ * runs bf16 through the f32 products). Numbers: docs/performance-cpu.md, docs/bench/cpu.md.
  */
 #include "backends/cpu/ukernel_avx512.h"
 

@@ -9,8 +9,8 @@
  * the FMA tables'. exp2: the shared polynomial (ukernel.h), lane by lane, with the exponent built
  * from the bits of a round-to-nearest done by adding 1.5 * 2^23.
  * Target: any C11 compiler with GNU vector extensions; the fallback and the reference path for
- * the ISA tables. Measured (FLASHPORT_CPU_ISA=scalar, 2 threads, B=1 H=4 N=2048 D=128): f32
- * forward 190 ms, 19% of the measured FMA peak, a quarter of the AVX-512 table's speed.
+ * the ISA tables; about a fifth of the FMA peak where the vector tables reach most of it
+ * (docs/bench/cpu.md, "scalar").
  */
 #include "backends/cpu/ukernel.h"
 

@@ -124,8 +124,8 @@ __global__ void __launch_bounds__(128) fp_sm80_fwd_combine(const fp_sm80_args a)
 /* The combine of few splits (at most FP_COMBINE_ROWS_SPLITS, the prefill forwards' usual
  * case): one warp per row, its splits merged one after another with fp_softmax_merge's weights,
  * in split order (a NaN partial LSE: the row's LSE and O NaN); four rows a block. Where a call has
- * many rows and few splits, a block per row costs more than its parallel loads gain (the A/B:
- * docs/bench/h200-2026-12-03.md). grid (ceil(nq / 4), H, B), 128 threads. */
+ * many rows and few splits, a block per row costs more than its parallel loads gain: each row's
+ * few partials leave most of a block's threads idle. grid (ceil(nq / 4), H, B), 128 threads. */
 enum { FP_COMBINE_ROWS_SPLITS = 8 };
 template <typename T>
 __global__ void __launch_bounds__(128) fp_sm80_fwd_combine_rows(const fp_sm80_args a)

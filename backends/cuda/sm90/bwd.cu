@@ -19,8 +19,8 @@
 #include <string.h>
 
 /* Head dims 129 .. 256 take the sm90 kernel (sm90/bwd256.cuh) unless
- * FLASHPORT_CUDA_SM90_BWD256=0 sends them to the sm80 backward (kept for A/B runs and as a way
- * around a fault). */
+ * FLASHPORT_CUDA_SM90_BWD256=0 sends them to the sm80 backward (to compare the two, or to step
+ * around a fault in the sm90 kernel). */
 static bool fp_sm90_bwd256_enabled()
 {
     const char *v = getenv("FLASHPORT_CUDA_SM90_BWD256");

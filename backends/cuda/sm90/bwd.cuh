@@ -116,12 +116,12 @@ template <typename CFG> struct fp_sm90b_bars {
 };
 
 /* The work of a backward block: key block kb (blockIdx.x; keys n0 ..) of batch b (blockIdx.z) and
- * kv head kvh, the slice `split` of that kv head's query heads it owns (blockIdx.y; `slice`
- * heads from h_first, all of them without group splits), the sequence's lengths, and the query
- * blocks mb_lo .. mb_end - 1 that see its keys: `steps` (head, query block) pairs in all. false:
- * the key block lies past the sequence, and the block has nothing to do. */
+ * kv head kvh, the slice `split` of that kv head's query heads it owns (blockIdx.y; group /
+ * group_splits heads from h_first, all of them without group splits), the sequence's lengths, and
+ * the query blocks mb_lo .. mb_end - 1 that see its keys: `steps` (head, query block) pairs in all.
+ * false: the key block lies past the sequence, and the block has nothing to do. */
 struct fp_sm90b_work {
-    int kb, b, kvh, split, slice, h_first, n0, mb_lo, mb_end, steps;
+    int kb, b, kvh, split, h_first, n0, mb_lo, mb_end, steps;
     fp_cuda_seq seq;
 };
 template <int BM, int BN> FP_DEV bool fp_sm90b_work_of(const fp_sm80_args &a, fp_sm90b_work &wk)
@@ -130,15 +130,15 @@ template <int BM, int BN> FP_DEV bool fp_sm90b_work_of(const fp_sm80_args &a, fp
     wk.b = blockIdx.z;
     wk.kvh = blockIdx.y / a.group_splits;
     wk.split = blockIdx.y % a.group_splits;
-    wk.slice = a.group / a.group_splits;
-    wk.h_first = wk.kvh * a.group + wk.split * wk.slice;
+    const int slice = a.group / a.group_splits;
+    wk.h_first = wk.kvh * a.group + wk.split * slice;
     wk.seq = fp_cuda_seq_of(a, wk.b);
     wk.n0 = wk.kb * BN;
     if (wk.n0 >= wk.seq.nk)
         return false;
     fp_geom_query_blocks(wk.n0, min(wk.n0 + BN, wk.seq.nk), wk.seq.nq, wk.seq.nk, a.left, a.right,
                          BM, &wk.mb_lo, &wk.mb_end);
-    wk.steps = wk.slice * (wk.mb_end - wk.mb_lo);
+    wk.steps = slice * (wk.mb_end - wk.mb_lo);
     return true;
 }
 
@@ -358,7 +358,7 @@ __global__ void __launch_bounds__(FP_SM90B_THREADS, 1)
     fp_sm90b_work wk;
     if (!fp_sm90b_work_of<BM, BN>(a, wk))
         return;
-    const int kb = wk.kb, b = wk.b, kvh = wk.kvh, split = wk.split, slice = wk.slice;
+    const int kb = wk.kb, b = wk.b, kvh = wk.kvh, split = wk.split;
     const int h_first = wk.h_first, n0 = wk.n0, mb_lo = wk.mb_lo, mb_end = wk.mb_end;
     const int steps = wk.steps;
     const fp_cuda_seq seq = wk.seq;

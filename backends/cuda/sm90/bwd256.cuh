@@ -190,7 +190,7 @@ __global__ void __launch_bounds__(FP_SM90B_THREADS, 1)
     fp_sm90b_work wk;
     if (!fp_sm90b_work_of<BM, BN>(a, wk))
         return;
-    const int kb = wk.kb, b = wk.b, kvh = wk.kvh, split = wk.split, slice = wk.slice;
+    const int kb = wk.kb, b = wk.b, kvh = wk.kvh, split = wk.split;
     const int h_first = wk.h_first, n0 = wk.n0, mb_lo = wk.mb_lo, mb_end = wk.mb_end;
     const int steps = wk.steps;
     const fp_cuda_seq seq = wk.seq;

@@ -232,14 +232,15 @@ FP_DEV void fp_sm90_bwd_dq_writer(const fp_sm90_bwd_params &prm, uint32_t sdq,
         }
         fp_bulk_reduce_add_f32(dst, sdq + u * CFG::DQ_BYTES, CFG::DQ_BYTES);
         fp_bulk_commit();
+        /* the tile is free once read: the consumers write the next one while the addition
+         * completes and (deterministic mode) the turn waits for it */
+        fp_bulk_wait_read();
+        fp_mbar_arrive(bars.dq.empty(u));
         if (turn) {
             fp_bulk_wait();
             fp_fence_proxy_async_global();
             fp_red_release_gpu(turn, 1);
-        } else {
-            fp_bulk_wait_read();
         }
-        fp_mbar_arrive(bars.dq.empty(u));
         fp_bwd_prev_step(h, mb, mb_lo, mb_end);
     }
     fp_bulk_wait();
@@ -290,6 +291,29 @@ FP_DEV void fp_sm90_bwd_loader(const fp_sm90_bwd_params &prm, uint32_t sk, uint3
 
 /* dS^T (da: as wgmma's A fragments, BM / 16 k steps) -> a dS buffer at gds ([key][query], BM / 64
  * panels of BN rows, as TMA would write it), for the dQ product's B operand. */
+/* The mask of a step's P^T (sacc) and dS^T (dpacc), element 4 j + 2 r + e: key key0 + 8 r,
+ * query m0 + c with c = c0 + 8 j + 2 t + e. Masked pairs get 0 by a select (their dP or Dsum may
+ * be NaN); a visible pair whose K row (kbad[r]) or, when this step flagged rows (rnew), Q or dO
+ * row (qf[c], of[c]) the masked-key guard scrubbed gets the NaN it would have had. */
+template <int NJ>
+FP_DEV void fp_sm90b_mask_pairs(float (&sacc)[4 * NJ], float (&dpacc)[4 * NJ], const fp_mask32 &mk,
+                                int nq, int m0, int c0, int key0, int t, const bool (&kbad)[2],
+                                bool rnew, const uint8_t *qf, const uint8_t *of)
+{
+#pragma unroll
+    for (int j = 0; j < NJ; ++j)
+#pragma unroll
+        for (int r = 0; r < 2; ++r)
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+                const int k = 4 * j + 2 * r + e, c = c0 + 8 * j + 2 * t + e, i = m0 + c;
+                const bool vis = i < nq && fp_mask32_visible(mk, i, key0 + 8 * r);
+                const bool bad = kbad[r] || (rnew && (qf[c] != 0 || of[c] != 0));
+                sacc[k] = vis ? (bad ? NAN : sacc[k]) : 0.0f;
+                dpacc[k] = vis ? (bad ? NAN : dpacc[k]) : 0.0f;
+            }
+}
+
 template <int BM, int BN>
 FP_DEV void fp_sm90_bwd_store_ds(unsigned char *gds, const uint32_t (&da)[BM / 16][4], int kr,
                                  int t)
@@ -535,23 +559,9 @@ __global__ void __launch_bounds__(FP_SM90B_THREADS, 1)
                 p_ds(sacc, dpacc, lse2, dsum, it == 0);
             else
                 p_ds_transform(sacc, dpacc, lse2, dsum, m0, h, it == 0);
-            if (edge || kany) {
-                /* masked pairs get 0 by a select (their dP or Dsum may be NaN); a visible pair
-                 * whose K, Q or dO row the guard scrubbed gets the NaN it would have had */
-#pragma unroll
-                for (int j = 0; j < BM / 8; ++j)
-#pragma unroll
-                    for (int r = 0; r < 2; ++r)
-#pragma unroll
-                        for (int e = 0; e < 2; ++e) {
-                            const int k = 4 * j + 2 * r + e, c = 8 * j + 2 * t + e, i = m0 + c;
-                            const bool vis = i < nq && fp_mask32_visible(mk, i, n0 + kr + 8 * r);
-                            const bool bad =
-                                kbad[r] || (rnew && (rflag[c] != 0 || rflag[BM + c] != 0));
-                            sacc[k] = vis ? (bad ? NAN : sacc[k]) : 0.0f;
-                            dpacc[k] = vis ? (bad ? NAN : dpacc[k]) : 0.0f;
-                        }
-            }
+            if (edge || kany)
+                fp_sm90b_mask_pairs<BM / 8>(sacc, dpacc, mk, nq, m0, 0, n0 + kr, t, kbad, rnew,
+                                            rflag, rflag + BM);
 
             /* dV += P^T dO, dK += dS^T Q */
             uint32_t pa[BM / 16][4], da[BM / 16][4];

@@ -357,20 +357,8 @@ __global__ void __launch_bounds__(FP_SM90B_THREADS, 1)
                 rnew = now != rbad_seen;
                 rbad_seen = now;
             }
-            if (edge || kany) {
-#pragma unroll
-                for (int j = 0; j < 4; ++j)
-#pragma unroll
-                    for (int r = 0; r < 2; ++r)
-#pragma unroll
-                        for (int e = 0; e < 2; ++e) {
-                            const int k = 4 * j + 2 * r + e, c = qw + 8 * j + 2 * t + e, i = m0 + c;
-                            const bool vis = i < nq && fp_mask32_visible(mk, i, n0 + kr + 8 * r);
-                            const bool bad = kbad[r] || (rnew && (qf[c] != 0 || of[c] != 0));
-                            sacc[k] = vis ? (bad ? NAN : sacc[k]) : 0.0f;
-                            dpacc[k] = vis ? (bad ? NAN : dpacc[k]) : 0.0f;
-                        }
-            }
+            if (edge || kany)
+                fp_sm90b_mask_pairs<4>(sacc, dpacc, mk, nq, m0, qw, n0 + kr, t, kbad, rnew, qf, of);
 
             /* this warpgroup's 32 queries of P^T and dS^T: wgmma A fragments (two k steps),
              * and into this step's buffers ([key][query], one 64 x 64 panel) */

@@ -26,9 +26,10 @@
  *   - seqused_k: each sequence's key count (fp_cuda_seq_of), which the bottom-right mask uses.
  *
  * Masking, softcap and ALiBi per element (fp_mask32, fp_score_transform), online softmax through
- * fp_softmax_update_exp2 / fp_softmax_exp_base (core/online_softmax.h) on every key block (no
- * lazy rescale: the exponentials are not what bounds this kernel), finalize through
- * fp_cuda_out_scale / fp_cuda_lse_exp2.
+ * fp_softmax_update_exp2 / fp_softmax_exp_base (core/online_softmax.h) with the forward kernels'
+ * lazy rescale (FP_RESCALE_SLACK; without it every key block multiplies all of a thread's O
+ * elements, 128 at DK = 128 with two row tiles), finalize through fp_cuda_out_scale /
+ * fp_cuda_lse_exp2.
  *
  * Configurations (head dim DK of the kernel: D <= 64, <= 128, <= 256 with the extra columns
  * zero-filled; fp_dec_cfg): DK 64: 4 warps, BN 64, 4 stages, MT 1 or 2 (66 / 68 KiB); DK 128,
@@ -405,13 +406,14 @@ __global__ void __launch_bounds__(fp_dec_cfg<DK, MT>::NW * 32)
             fp_mask_block_full(i0, i1, nb * BN, nb * BN + BN, nq, nk, a.left, a.right)
                 ? 0u
                 : fp_dec_guard_v<T, DK>(sv + stage * BN * DK, kw, lane);
-        /* Scores in log2 units, masked ones -inf; row maxima; rescale; P. The sm80 forward's
-         * score step (fp_fwd_scores) has this loop's shape but not its work, so the two share
-         * only the per-element transform (fp_score_log2): here a row's token and ALiBi slope are
-         * per row (GQA packing), not per block; the page bits and the guard's bits join the mask
-         * per element; the scale is applied before the maximum (no lazy rescale), which this
-         * loop takes as it goes. */
-        uint32_t pa[MT][4];
+        /* Scores in log2 units, masked ones -inf; row maxima; the lazy rescale
+         * (FP_RESCALE_SLACK: O and l only when some row of the warp grew by more than it); P.
+         * The sm80 forward's score step (fp_fwd_scores) has the first loop's shape but not its
+         * work, so the two share only the per-element transform (fp_score_log2): here a row's
+         * token and ALiBi slope are per row (GQA packing), not per block; the page bits and the
+         * guard's bits join the mask per element; the scale is applied before the maximum. */
+        float mxs[MT][2];
+        bool grow = false;
 #pragma unroll
         for (int m = 0; m < MT; ++m) {
 #pragma unroll
@@ -431,12 +433,28 @@ __global__ void __launch_bounds__(fp_dec_cfg<DK, MT>::NW * 32)
                         rowbad[m][r] |= vis && ((vbad >> (8 * j + 2 * t + e)) & 1u);
                         mx = fmaxf(mx, x);
                     }
-                const float alpha = fp_softmax_update_exp2(&st[m][r], fp_quad_max(mx));
+                mxs[m][r] = fp_quad_max(mx);
+                grow |= mxs[m][r] > st[m][r].m + FP_RESCALE_SLACK;
+            }
+        }
+        if (__any_sync(0xffffffffu, grow)) {
 #pragma unroll
-                for (int j = 0; j < DT8; ++j) {
-                    o[m][j][2 * r] *= alpha;
-                    o[m][j][2 * r + 1] *= alpha;
+            for (int m = 0; m < MT; ++m)
+#pragma unroll
+                for (int r = 0; r < 2; ++r) {
+                    const float alpha = fp_softmax_update_exp2(&st[m][r], mxs[m][r]);
+#pragma unroll
+                    for (int j = 0; j < DT8; ++j) {
+                        o[m][j][2 * r] *= alpha;
+                        o[m][j][2 * r + 1] *= alpha;
+                    }
                 }
+        }
+        uint32_t pa[MT][4];
+#pragma unroll
+        for (int m = 0; m < MT; ++m) {
+#pragma unroll
+            for (int r = 0; r < 2; ++r) {
                 const float mu = fp_softmax_exp_base(&st[m][r]);
                 float l = 0.0f;
 #pragma unroll

@@ -172,6 +172,16 @@ enum { FP_SCORES_FULL, FP_SCORES_MASK, FP_SCORES_TRANSFORM };
 
 /* ---- softmax finalize ---------------------------------------------------------------------- */
 
+/* The lazy rescale of the forward kernels (sm80, sm90 and decode; "LAZY" in their
+ * configurations): O and l are rescaled only when some row of a warp sees a block maximum more
+ * than FP_RESCALE_SLACK (log2 units) above the maximum its exponentials use; otherwise that
+ * maximum stays, P <= 2^8 (within f16) and the rescale (D / 8 x 4 multiplies per row pair, an
+ * exp2 per row) is skipped. O / l and LSE = m + log l come out the same: both use the same m.
+ * After the first key blocks a row's maximum rarely grows by that much, so most blocks skip it.
+ * The table's large-logit cases make rows rescale mid-row; a forward that never rescales fails
+ * the f16 ones (P overflows). */
+#define FP_RESCALE_SLACK 8.0f
+
 /* fp_softmax_out_scale and fp_softmax_lse_exp2 (core/online_softmax.h) through fp_rcp and
  * fp_log2: the same rules (a row that saw nothing: 0 and -inf; a NaN l, from a visible NaN
  * score, stays NaN), branch-free. */

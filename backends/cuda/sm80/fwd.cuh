@@ -72,15 +72,14 @@
  * main loop below); 1 keeps one of each, as FA2's sm80 kernel does: V(j) loads during
  * S(j) = Q K(j)^T, K(j + 1) during the exponentials and P V(j), and the other block on the SM
  * hides the waits.
- * LAZY: see FP_FWD_RESCALE_SLACK below. FAST_LOAD: tiles that lie wholly inside the sequence
- * are copied without the per-row bounds test (fp_load_tile's FAST); it pays at D = 128 only (at
- * D = 64 ptxas spills more with it).
- * EARLY_V: wait for the V tile (and pass the barrier that frees the K buffer for the prefetch)
- * before the exponentials instead of after them, so that the exp2s and the P V mma instructions
- * share one basic block and ptxas interleaves them; it pays at D = 256 and 128, not at D = 64,
- * whose exp2 block is twice as long per mma and better hidden by the scheduler's other warp. The
- * 99 KiB / 163 KiB configurations keep the late wait (not timed with the early one). Each choice's
- * timings: docs/bench/archive/ (aux, s7). */
+ * LAZY: see FP_RESCALE_SLACK (sm80/common.cuh). FAST_LOAD: tiles that lie wholly inside the
+ * sequence are copied without the per-row bounds test (fp_load_tile's FAST); it pays at D = 128
+ * only (at D = 64 ptxas spills more with it). EARLY_V: wait for the V tile (and pass the barrier
+ * that frees the K buffer for the prefetch) before the exponentials instead of after them, so that
+ * the exp2s and the P V mma instructions share one basic block and ptxas interleaves them; it pays
+ * at D = 256 and 128, not at D = 64, whose exp2 block is twice as long per mma and better hidden by
+ * the scheduler's other warp. The 99 KiB / 163 KiB configurations keep the late wait (not timed
+ * with the early one). Each choice's timings: docs/bench/archive/ (aux, s7). */
 template <int DK, int ALT> struct fp_fwd_cfg;
 template <> struct fp_fwd_cfg<64, 0> {
     enum { NW = 4, MT = 2, BN = 128, LAZY = 1, FAST_LOAD = 0, EARLY_V = 0, PP = 0, ST = 2 };
@@ -162,16 +161,6 @@ FP_DEV_NOINLINE void fp_fwd_guard(T *vtile, uint8_t *vflag, uint8_t *rowbad, fp_
             rowbad[r] = 1;
     }
 }
-
-/* LAZY: the O accumulator and l are rescaled only when some row of the warp sees a block maximum
- * more than FP_FWD_RESCALE_SLACK (log2 units) above the maximum its exponentials use; otherwise
- * that maximum stays, P <= 2^8 and the rescale (D / 8 x 4 multiplies per row pair, an exp2 per
- * row) is skipped. O / l and LSE = m + log l come out the same: both use the same m. After the
- * first key blocks a row's maximum rarely grows by that much, so most blocks skip it
- * (docs/bench/archive/, pfirst and aux). The table's large-logit cases at D = 64, 128 and 256 make
- * rows rescale mid-row; a forward that never rescales fails the f16 ones (P overflows).
- */
-#define FP_FWD_RESCALE_SLACK 8.0f
 
 /* How many configurations each head dim has (ALT 0 .. n - 1; sm80/config.h names them). */
 template <int DK> constexpr int fp_fwd_alts()
@@ -607,7 +596,7 @@ FP_DEV void fp_fwd_block(const fp_sm80_args &a, const Schedule &schedule)
                 for (int j = 0; j < NB8; ++j)
                     mx = fmaxf(mx, fmaxf(s[mt][j][2 * r], s[mt][j][2 * r + 1]));
                 mxs[mt][r] = fp_quad_max(mx) * sc;
-                grow |= mxs[mt][r] > st[mt][r].m + FP_FWD_RESCALE_SLACK;
+                grow |= mxs[mt][r] > st[mt][r].m + FP_RESCALE_SLACK;
             }
         }
         if (!LAZY || __any_sync(0xffffffffu, grow)) {

@@ -83,11 +83,6 @@
 #include <math.h>
 #include <stdio.h>
 
-/* LAZY: O and l are rescaled only when a row's block maximum exceeds the maximum its
- * exponentials use by more than this (log2 units; P stays <= 2^8, within f16), as the sm80
- * path's forward does. */
-#define FP_SM90_RESCALE_SLACK 8.0f
-
 typedef struct fp_sm90_fwd_params {
     CUtensorMap tq, tk, tv; /* 4-d maps (D, tokens, heads, batch); boxes of 128 bytes x rows */
     fp_sm80_args a;         /* fp8: scale and scale_log2 carry descale_q descale_k */
@@ -569,7 +564,7 @@ FP_DEV bool fp_sm90_fwd_softmax(float (&s)[BN / 2], int j0, float (&alpha)[2],
         for (int j = 0; j < BN / 8; ++j)
             mx = fmaxf(mx, fmaxf(s[4 * j + 2 * r], s[4 * j + 2 * r + 1]));
         mxs[r] = fp_quad_max(mx) * sc;
-        grow |= mxs[r] > st[r].m + FP_SM90_RESCALE_SLACK;
+        grow |= mxs[r] > st[r].m + FP_RESCALE_SLACK;
     }
     const bool rescale = !LAZY || __any_sync(0xffffffffu, grow);
 #pragma unroll

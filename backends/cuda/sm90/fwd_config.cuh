@@ -23,7 +23,7 @@ enum {
 };
 
 /* One kernel configuration: head dim DK (the kernel's; a multiple of 64), key block BN, ST
- * K / V stages, LAZY rescale (see FP_SM90_RESCALE_SLACK). */
+ * K / V stages, LAZY rescale (see FP_RESCALE_SLACK, sm80/common.cuh). */
 template <int DK_, int BN_, int ST_, bool LAZY_> struct fp_sm90_cfg {
     static constexpr int DK = DK_, BN = BN_, ST = ST_;
     static constexpr bool LAZY = LAZY_;

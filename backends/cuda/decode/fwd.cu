@@ -18,10 +18,14 @@
 #include <stdlib.h>
 
 /* Whether a forward goes to the decode kernel: a paged cache (only it reads one), or few query
- * rows per kv head (Nq * H / Hkv <= FP_DECODE_MAX_ROWS), where the other kernels' query tiles
- * would be mostly empty and every query head would re-read its kv head. FLASHPORT_CUDA_DECODE
- * (read at each call, for tests and A/B timings): 0 never for dense caches, 1 for every call. */
-enum { FP_DECODE_MAX_ROWS = 64 };
+ * rows per kv head (Nq * H / Hkv <= FP_DECODE_MAX_ROWS) or few tokens (Nq <= FP_DECODE_MAX_NQ),
+ * where the other kernels' query tiles would be mostly empty and every query head would re-read
+ * its kv head: the decode kernel reads K and V once per 32 packed rows, they once per query
+ * head. With a large group (MQA: 32 heads) and Nq = 2 .. 8 that is 64 .. 256 rows, still several
+ * times faster on the decode kernel; at Nq = 16 the two are about even
+ * (docs/performance.md#decode-h200). FLASHPORT_CUDA_DECODE (read at each call, for tests and A/B
+ * timings): 0 never for dense caches, 1 for every call. */
+enum { FP_DECODE_MAX_ROWS = 64, FP_DECODE_MAX_NQ = 8 };
 
 extern "C" int fp_cuda_decode_wanted(const fp_problem *p)
 {
@@ -30,7 +34,8 @@ extern "C" int fp_cuda_decode_wanted(const fp_problem *p)
     const char *force = getenv("FLASHPORT_CUDA_DECODE");
     if (force && *force)
         return atoi(force) != 0;
-    return p->seqlen_q * (p->heads / p->kv_heads) <= FP_DECODE_MAX_ROWS;
+    return p->seqlen_q * (p->heads / p->kv_heads) <= FP_DECODE_MAX_ROWS ||
+           p->seqlen_q <= FP_DECODE_MAX_NQ;
 }
 
 extern "C" flashport_status fp_cuda_decode_forward(const fp_cuda_ctx *ctx, const fp_problem *p,

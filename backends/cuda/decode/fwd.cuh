@@ -581,13 +581,16 @@ static flashport_status fp_decode_launch(const fp_cuda_ctx *ctx, const fp_proble
 
 /* The launch of head dim DK's kernel: two 16-row tiles a block where a kv head's rows
  * (Nq * H / Hkv) need more than one and the accumulators fit (K and V are then read once for up to
- * 32 rows), else one. */
+ * 32 rows), else one. FLASHPORT_CUDA_DECODE_TILES=1 (read at each call, for tests and A/B timings)
+ * keeps one tile a block. */
 template <typename T, int DK>
 flashport_status fp_decode_fwd_family<T, DK>::run(const fp_cuda_ctx *ctx, const fp_problem *p,
                                                   const fp_sm80_args &a, void *ws, size_t *query)
 {
     constexpr int MAX_MT = fp_dec_max_mt<DK>();
-    if (MAX_MT > 1 && (int64_t)p->seqlen_q * a.group > FP_DEC_BM)
+    const char *tiles = getenv("FLASHPORT_CUDA_DECODE_TILES");
+    const bool one_tile = tiles && atoi(tiles) == 1;
+    if (MAX_MT > 1 && !one_tile && (int64_t)p->seqlen_q * a.group > FP_DEC_BM)
         return fp_decode_launch<T, DK, MAX_MT>(ctx, p, a, ws, query);
     return fp_decode_launch<T, DK, 1>(ctx, p, a, ws, query);
 }

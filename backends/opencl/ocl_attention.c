@@ -7,7 +7,9 @@
  * Kernel variants (ocl_plan.h): the plain path (local-memory tiles, f32 FMAs) on every device;
  * for f16 and bf16 storage on NVIDIA devices of compute capability >= 8.0 (or where
  * FLASHPORT_OPENCL_MMA=nv asks for it), the tensor-core path (kernels/mma_nv.cl: mma.sync
- * through inline PTX). A tensor-core
+ * through inline PTX), whose forward at head dims up to 128 is the FA2-shaped kernel of
+ * kernels/flash_fa2.cl (a program of its own; FLASHPORT_OPENCL_MMA=nv-tile keeps the
+ * tile-shaped one). A tensor-core
  * program the driver refuses is remembered by its key (dtype, head-dim class, tile) and its
  * calls are planned again on the plain path with the plain path's own tiles (logged with the
  * driver's build log); the other keys are unaffected. FLASHPORT_OPENCL_MMA=emulate builds the
@@ -37,8 +39,9 @@
 extern const char fp_ocl_program_source[];
 
 static const char *const dtype_names[3] = {"f32", "f16", "bf16"};
-static const char *const variant_names[3] = {"plain kernels", "tensor-core kernels (mma.sync)",
-                                             "emulated tensor-core kernels"};
+static const char *const variant_names[5] = {
+    "plain kernels", "tensor-core kernels (mma.sync)", "emulated tensor-core kernels",
+    "tensor-core kernels (mma.sync, FA2 forward)", "emulated tensor-core kernels (FA2 forward)"};
 
 static double now_ms(void)
 {
@@ -160,12 +163,12 @@ static flashport_status get_program(fp_ocl_ctx *ctx, flashport_dtype dtype, int6
     flashport_status st = fp_ocl_check(err, "clCreateProgramWithSource");
     if (st != FLASHPORT_OK)
         return st;
-    char options[192];
+    char options[224];
     snprintf(options, sizeof options,
              "-cl-std=CL1.2 -DFP_OCL_DTYPE=%d -DFP_OCL_D=%lld -DFP_OCL_T=%lld -DFP_OCL_MMA=%d "
-             "-DFP_OCL_MMA_EMULATE=%d -DFP_OCL_UNROLL_ALL=%d",
+             "-DFP_OCL_MMA_EMULATE=%d -DFP_OCL_FA2=%d -DFP_OCL_UNROLL_ALL=%d",
              dt, (long long)d, (long long)t, variant != FP_OCL_PLAIN,
-             variant == FP_OCL_MMA_EMULATED, ctx->unroll_all);
+             fp_ocl_variant_emulated(variant), fp_ocl_variant_fa2(variant), ctx->unroll_all);
     err = cl->clBuildProgram(pr.program, 1, &ctx->device, options, NULL, NULL);
     if (err != CL_SUCCESS) {
         char *full = read_build_log(cl, pr.program, ctx->device), log[640];
@@ -176,7 +179,7 @@ static flashport_status get_program(fp_ocl_ctx *ctx, flashport_dtype dtype, int6
                                options, (int)err, full ? full : "(none)");
         free(full);
         release_program(cl, &pr);
-        if (variant == FP_OCL_MMA_NV) {
+        if (variant == FP_OCL_MMA_NV || variant == FP_OCL_FA2_NV) {
             if (fp_ocl_host()->log_enabled())
                 fp_ocl_host()->log("opencl: building the %s (%s) for '%s' failed (OpenCL error "
                                    "%d), the plain kernels serve this key from now on; build "
@@ -194,11 +197,13 @@ static flashport_status get_program(fp_ocl_ctx *ctx, flashport_dtype dtype, int6
                                         variant_names[variant], options, ctx->device_name, (int)err,
                                         log);
     }
-    for (int j = 0; j < 3 && st == FLASHPORT_OK; j++) {
+    /* an FA2 program has the forward only (ocl_plan.h) */
+    const int nkernels = fp_ocl_variant_fa2(variant) ? 1 : 3;
+    for (int j = 0; j < nkernels && st == FLASHPORT_OK; j++) {
         pr.kernels[j] = cl->clCreateKernel(pr.program, kernel_names[j], &err);
         st = fp_ocl_check(err, kernel_names[j]);
     }
-    for (int j = 0; j < 3 && st == FLASHPORT_OK; j++) {
+    for (int j = 0; j < nkernels && st == FLASHPORT_OK; j++) {
         size_t wg = 0;
         st = fp_ocl_check(cl->clGetKernelWorkGroupInfo(pr.kernels[j], ctx->device,
                                                        CL_KERNEL_WORK_GROUP_SIZE, sizeof wg, &wg,

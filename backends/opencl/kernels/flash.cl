@@ -302,6 +302,9 @@ FP_OCL_INLINE int fp_ocl_sees_bad(const fp_ocl_args *a, const fp_ocl_seq *s, lon
  * bytes more, so the rounded address stays inside it. */
 #define FP_OCL_ALIGN16(T, p) ((__local T *)(((size_t)(p) + 15) & ~(size_t)15))
 
+/* The tile-shaped kernels; an FA2 program (FP_OCL_FA2, kernels/flash_fa2.cl) has only its own
+ * forward. */
+#if !FP_OCL_FA2
 __kernel __attribute__((reqd_work_group_size(FP_OCL_WG, 1, 1))) void
 fp_ocl_forward(const fp_ocl_args a, __global const fp_elem *q, __global const fp_elem *k,
                __global const fp_elem *v, __global fp_elem *o, __global float *lse,
@@ -604,3 +607,4 @@ fp_ocl_backward_dkdv(const fp_ocl_args a, __global const fp_elem *q, __global co
     fp_ocl_store_tile(dv, fp_ocl_row0(a.dv, b, s.k_start + j0, hk), a.dv.s[1], a.dv.s[3], stored,
                       hd, acc_v, srow, 0, 1.0f);
 }
+#endif /* !FP_OCL_FA2 */

@@ -55,7 +55,11 @@
 #define FP_OCL_ON    (MMA_RM * MMA_OCN * 4)
 
 typedef ushort fp_tile;
-#define LD                (D + 2)
+#if FP_OCL_FA2
+#define LD (D + 8) /* ocl_plan.h's fp_ocl_tile_ld: the FA2 forward's 16-byte rows (flash_fa2.cl) */
+#else
+#define LD (D + 2)
+#endif
 #define FP_OCL_KV_APART   1 /* the 16-bit tiles leave room for K and V side by side */
 #define FP_TILE_PUT(x, i) (((__global const ushort *)(x))[i])
 #if FP_OCL_DTYPE == 2

@@ -7,9 +7,8 @@
  * Kernel variants (ocl_plan.h): the plain path (local-memory tiles, f32 FMAs) on every device;
  * for f16 and bf16 storage on NVIDIA devices of compute capability >= 8.0 (or where
  * FLASHPORT_OPENCL_MMA=nv asks for it), the tensor-core path (kernels/mma_nv.cl: mma.sync
- * through inline PTX), whose forward at head dims up to 128 is the FA2-shaped kernel of
- * kernels/flash_fa2.cl (a program of its own; FLASHPORT_OPENCL_MMA=nv-tile keeps the
- * tile-shaped one). A tensor-core
+ * through inline PTX), whose kernels at head dims up to 128 are the FA2-shaped ones of
+ * kernels/flash_fa2.cl (FLASHPORT_OPENCL_MMA=nv-tile keeps the tile-shaped ones). A tensor-core
  * program the driver refuses is remembered by its key (dtype, head-dim class, tile) and its
  * calls are planned again on the plain path with the plain path's own tiles (logged with the
  * driver's build log); the other keys are unaffected. FLASHPORT_OPENCL_MMA=emulate builds the
@@ -197,13 +196,11 @@ static flashport_status get_program(fp_ocl_ctx *ctx, flashport_dtype dtype, int6
                                         variant_names[variant], options, ctx->device_name, (int)err,
                                         log);
     }
-    /* an FA2 program has the forward only (ocl_plan.h) */
-    const int nkernels = fp_ocl_variant_fa2(variant) ? 1 : 3;
-    for (int j = 0; j < nkernels && st == FLASHPORT_OK; j++) {
+    for (int j = 0; j < 3 && st == FLASHPORT_OK; j++) {
         pr.kernels[j] = cl->clCreateKernel(pr.program, kernel_names[j], &err);
         st = fp_ocl_check(err, kernel_names[j]);
     }
-    for (int j = 0; j < nkernels && st == FLASHPORT_OK; j++) {
+    for (int j = 0; j < 3 && st == FLASHPORT_OK; j++) {
         size_t wg = 0;
         st = fp_ocl_check(cl->clGetKernelWorkGroupInfo(pr.kernels[j], ctx->device,
                                                        CL_KERNEL_WORK_GROUP_SIZE, sizeof wg, &wg,

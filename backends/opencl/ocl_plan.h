@@ -16,10 +16,9 @@ enum { FP_OCL_FORWARD, FP_OCL_BACKWARD };
 /* Kernel variants (micro-tile policies of kernels/flash.cl): plain f32 FMAs; NVIDIA's tensor cores
  * through inline PTX (kernels/mma_nv.cl); the same policy with the tensor-core instruction
  * emulated in local memory (the test of the former on any device); and the FlashAttention-2
- * shaped forward of kernels/flash_fa2.cl (each warp's 16 query rows, S, P and O in registers),
- * real or emulated. The last two are forward-only programs: as a device's variant they plan the
- * forward at head dims up to 128 on themselves and everything else (the backward, larger head
- * dims) on their tile counterpart (fp_ocl_tile_variant). */
+ * shaped kernels of kernels/flash_fa2.cl (each warp owns 16 rows, its scores and accumulators in
+ * registers), real or emulated. As a device's variant the last two plan head dims up to 128 on
+ * themselves and larger ones on their tile counterpart (fp_ocl_tile_variant). */
 enum { FP_OCL_PLAIN, FP_OCL_MMA_NV, FP_OCL_MMA_EMULATED, FP_OCL_FA2_NV, FP_OCL_FA2_EMULATED };
 
 static inline int fp_ocl_variant_fa2(int variant)
@@ -104,10 +103,22 @@ static inline int fp_ocl_local_args(int kernel, int64_t t, int64_t d, int varian
     const size_t tile = (size_t)(t * fp_ocl_tile_ld(d, variant) * fp_ocl_tile_elem_bytes(variant));
     const size_t scores = (size_t)(t * fp_ocl_score_ld(t)) * 4, rows = (size_t)t * 4;
     int n = 0;
-    if (fp_ocl_variant_fa2(variant)) { /* forward only: q then k; v transposed; key flags */
+    if (fp_ocl_variant_fa2(variant)) {
+        /* kernels/flash_fa2.cl: one [t, d] 16-bit tile staging everything that goes through
+         * local memory (forward: q, then k; dQ: q, dO, then k and v of FP_OCL_FA2_BK rows each;
+         * dK / dV: k, v, then q and dO of FP_OCL_FA2_BQ rows each), then per-row f32 values and
+         * two blocks' row flags (the guard) */
         bytes[n++] = tile;
-        bytes[n++] = (size_t)(d * fp_ocl_vt_ld(t)) * 2;
-        bytes[n++] = 2 * rows;
+        if (kernel == FP_OCL_KERNEL_FORWARD) {
+            bytes[n++] = (size_t)(d * fp_ocl_vt_ld(t)) * 2; /* v transposed */
+            bytes[n++] = 2 * rows;                          /* key flags */
+        } else if (kernel == FP_OCL_KERNEL_DQ) {
+            bytes[n++] = rows;                  /* delta of the rows */
+            bytes[n++] = 2 * FP_OCL_FA2_BK * 4; /* key flags */
+        } else {
+            bytes[n++] = 2 * FP_OCL_FA2_BQ * 4; /* LSE and delta of a query block */
+            bytes[n++] = 2 * FP_OCL_FA2_BQ * 4; /* query-row flags */
+        }
     } else if (kernel == FP_OCL_KERNEL_FORWARD) {
         bytes[n++] = tile; /* q */
         /* k and v: one buffer on the plain path (K, then V of the same block), side by side on
@@ -180,26 +191,25 @@ static inline int64_t fp_ocl_tile(int kind, int64_t d, size_t local, int variant
     return 0;
 }
 
-/* The FA2 forward's tile (query rows = keys per block; 4 warps of 16 rows): 64 for head-dim
- * classes up to 128 where its tiles fit, else 0. Above 128 a warp's 16 x D accumulator, its
- * 16 x 64 scores and its Q fragments would pass the 255 registers of a thread. */
-static inline int64_t fp_ocl_fa2_tile(int64_t d, size_t local, int variant)
+/* The FA2-shaped kernels' tile (the rows a work-group owns: 4 warps of 16 query rows in the
+ * forward and the dQ kernel, of 16 keys in the dK / dV kernel): 64 for head-dim classes up to
+ * 128 where their local memory fits, else 0. Above 128 a warp's 16 x D accumulators and its
+ * operand fragments would pass the 255 registers of a thread. */
+static inline int64_t fp_ocl_fa2_tile(int kind, int64_t d, size_t local, int variant)
 {
-    return d <= 128 && fp_ocl_kernel_local_bytes(FP_OCL_KERNEL_FORWARD, 64, d, variant) <= local
-               ? 64
-               : 0;
+    return d <= 128 && fp_ocl_tile_local_bytes(kind, 64, d, variant) <= local ? 64 : 0;
 }
 
 /* The variant and tile of one call: the device's tensor-core variant (`device`, FP_OCL_PLAIN
  * where it has none) for f16 and bf16 storage when its tiles have at least 16 rows (one m16
  * strip), else the plain path (f32 storage; head dims whose 16-bit tiles do not fit). An FA2
- * device variant serves the forward where fp_ocl_fa2_tile allows and otherwise plans as its tile
+ * device variant serves the call where fp_ocl_fa2_tile allows and otherwise plans as its tile
  * counterpart. Sets *t to 0 when no tile fits. */
 static inline int fp_ocl_plan(int kind, int64_t d, size_t local, int device, int f32_storage,
                               int64_t *t)
 {
-    if (fp_ocl_variant_fa2(device) && !f32_storage && kind == FP_OCL_FORWARD) {
-        *t = fp_ocl_fa2_tile(d, local, device);
+    if (fp_ocl_variant_fa2(device) && !f32_storage) {
+        *t = fp_ocl_fa2_tile(kind, d, local, device);
         if (*t)
             return device;
     }

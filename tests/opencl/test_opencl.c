@@ -244,10 +244,11 @@ static void check_plan_48k(void)
     CHECK(programs == 256 * 2 * 2 * 3);
 }
 
-/* The FA2 device variants (kernels/flash_fa2.cl) on a 48 KiB device: the f16 / bf16 forward at
- * head-dim classes up to 128 plans on them with T = 64 and three local arguments that fit
- * (q / k, v transposed, the key flags); every other call plans exactly as on their tile-shaped
- * counterparts, so the backward and the larger head dims keep their programs. */
+/* The FA2 device variants (kernels/flash_fa2.cl) on a 48 KiB device: f16 / bf16 calls at
+ * head-dim classes up to 128 plan on them with T = 64 and three local arguments per kernel that
+ * fit (the staging tile, then per-row values or v transposed, then the flags); every other call
+ * plans exactly as on their tile-shaped counterparts, so the larger head dims keep their
+ * programs. */
 static void check_plan_fa2(void)
 {
     const size_t local = 48 << 10;
@@ -261,12 +262,13 @@ static void check_plan_fa2(void)
                     const int vt =
                         fp_ocl_plan(kind, c, local, fp_ocl_tile_variant(device), f32, &tt);
                     size_t bytes[FP_OCL_MAX_LOCAL_ARGS];
-                    const int fa2 = !f32 && kind == FP_OCL_FORWARD && c <= 128;
-                    const int ok =
-                        fa2 ? v == device && t == 64 &&
-                                  fp_ocl_local_args(FP_OCL_KERNEL_FORWARD, t, c, v, bytes) == 3 &&
-                                  fp_ocl_kernel_local_bytes(FP_OCL_KERNEL_FORWARD, t, c, v) <= local
-                            : v == vt && t == tt && !fp_ocl_variant_fa2(v);
+                    const int fa2 = !f32 && c <= 128;
+                    int ok =
+                        fa2 ? v == device && t == 64 : v == vt && t == tt && !fp_ocl_variant_fa2(v);
+                    for (int k = FP_OCL_KERNEL_FORWARD; fa2 && k <= FP_OCL_KERNEL_DKDV; k++)
+                        if ((k == FP_OCL_KERNEL_FORWARD) == (kind == FP_OCL_FORWARD))
+                            ok = ok && fp_ocl_local_args(k, t, c, v, bytes) == 3 &&
+                                 fp_ocl_kernel_local_bytes(k, t, c, v) <= local;
                     CHECK_MSG(ok,
                               "48 KiB, D %lld (class %lld), %s, %s storage, FA2 device variant "
                               "%d: variant %d, T %lld (tile-shaped: variant %d, T %lld)",
@@ -277,6 +279,11 @@ static void check_plan_fa2(void)
      * real variant's one-float array */
     CHECK(fp_ocl_kernel_local_bytes(FP_OCL_KERNEL_FORWARD, 64, 128, FP_OCL_FA2_NV) ==
           64 * 136 * 2 + 16 + 128 * 72 * 2 + 16 + 512 + 16 + 16);
+    /* the backward's: the staging tile, and small per-row arrays */
+    CHECK(fp_ocl_kernel_local_bytes(FP_OCL_KERNEL_DQ, 64, 128, FP_OCL_FA2_NV) ==
+          64 * 136 * 2 + 16 + 256 + 16 + 2 * FP_OCL_FA2_BK * 4 + 16 + 16);
+    CHECK(fp_ocl_kernel_local_bytes(FP_OCL_KERNEL_DKDV, 64, 128, FP_OCL_FA2_NV) ==
+          64 * 136 * 2 + 16 + 2 * (2 * FP_OCL_FA2_BQ * 4 + 16) + 16);
 }
 
 /* FLASHPORT_OPENCL_PLATFORM as the test found it, put back after the checks that change it. */

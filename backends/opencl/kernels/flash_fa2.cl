@@ -125,6 +125,119 @@ FP_OCL_INLINE int fp_ocl_fa2_sees_bad(const fp_ocl_args *a, const fp_ocl_seq *s,
     return seen;
 }
 
+/* Rows [r0, r0 + n) of a [seq, dim] slice into t[r * LD + d] for r < nrows, zeros as
+ * fp_ocl_load_tile's (rows n .. nrows - 1, dims hd .. D - 1); where scrub, non-finite elements
+ * become 0 and set bad[r]. One 16-byte local store per 8 dims where the slice allows 16-byte
+ * loads (LD = D + 8 keeps the rows 16-byte aligned). */
+FP_OCL_INLINE void fp_ocl_fa2_rows(__local fp_tile *t, int nrows, __global const fp_elem *x,
+                                   const fp_ocl_args *a, const fp_ocl_rows *src, long r0, int n,
+                                   int hd, int scrub, __local float *bad)
+{
+    if (src->sdim == 1 && hd % 8 == 0 && src->row0 % 8 == 0 && src->srow % 8 == 0 &&
+        src->spage % 8 == 0) {
+        for (int e = get_local_id(0); e < nrows * (D / 8); e += FP_OCL_WG) {
+            const int r = e / (D / 8), d = (e - r * (D / 8)) * 8;
+            const long at = r < n && d < hd ? fp_ocl_row_at(a, src, r0 + r) : -1;
+            uint4 v = (uint4)(0);
+            if (at >= 0)
+                v = *(__global const uint4 *)((__global const ushort *)x + at + d);
+            if (scrub && !(fp_ocl_finite2(v.x) && fp_ocl_finite2(v.y) && fp_ocl_finite2(v.z) &&
+                           fp_ocl_finite2(v.w))) {
+                v = (uint4)(fp_ocl_scrub2(v.x), fp_ocl_scrub2(v.y), fp_ocl_scrub2(v.z),
+                            fp_ocl_scrub2(v.w));
+                bad[r] = 1.0f;
+            }
+            *(__local uint4 *)(t + r * LD + d) = v;
+        }
+        return;
+    }
+    for (int e = get_local_id(0); e < nrows * D; e += FP_OCL_WG) {
+        const int r = e / D, d = e - r * D;
+        const long at = r < n && d < hd ? fp_ocl_row_at(a, src, r0 + r) : -1;
+        fp_tile v = at >= 0 ? FP_TILE_PUT(x, at + d * src->sdim) : (fp_tile)0;
+        if (scrub && !FP_TILE_FINITE(v)) {
+            v = (fp_tile)0;
+            bad[r] = 1.0f;
+        }
+        t[r * LD + d] = v;
+    }
+}
+
+/* P and dS of query i and key j from q . k (qk) and dO . v (dov): 0 where the pair is not
+ * inside the tiles or the mask hides it, or the row saw no key (lse -inf); dS folds in the
+ * softcap's derivative and the scale (flash.cl's fp_ocl_grad_scores). simple: the caller knows
+ * the pair visible with no ALiBi (a full block). */
+FP_OCL_INLINE void fp_ocl_fa2_grad(const fp_ocl_args *a, const fp_ocl_seq *s, float slope,
+                                   int simple, long i, long j, int inside, float qk, float dov,
+                                   float lse_i, float delta_i, float *p, float *ds)
+{
+    float pp = 0.0f, dd = 0.0f;
+    if (inside && (simple || fp_mask_visible(i, j, s->nq, s->nk, a->left, a->right)) &&
+        lse_i > -INFINITY) {
+        const float capped = fp_score_transform(qk * a->scale, a->softcap, 0.0f, 0.0f);
+        const float score =
+            simple ? capped : capped - slope * fp_alibi_distance(i, j, s->nq, s->nk);
+        pp = exp(score - lse_i);
+        dd = pp * (dov - delta_i) * fp_softcap_grad(capped, a->softcap) * a->scale;
+    }
+    *p = pp;
+    *ds = dd;
+}
+
+/* The m16n8k16 A fragments of ks k-steps of the 16 rows of this warp (rows 16 w ..) of a [64, D]
+ * 16-bit tile, into f[4 ks ..]. */
+FP_OCL_INLINE void fp_ocl_fa2_frags(uint *f, __local const fp_tile *t)
+{
+    const int w = get_local_id(0) / 32;
+    FP_OCL_UNROLL
+    for (int ks = 0; ks < FA2_KS; ks++)
+        fp_ocl_load_a(f + 4 * ks, t, 1, 16 * w * LD + 16 * ks, LD, 1);
+}
+
+/* acc (16 rows x D of this warp) += X Y, X the 16 x (16 nk) matrix whose C fragments (m16n8,
+ * 2 nk of them) are x, rounded to the storage type (so they are its A fragments as they stand),
+ * Y[k][n] = y[k * LD + n]: 16-bit rows of a local tile (a pair of rows per B register). */
+FP_OCL_INLINE void fp_ocl_fa2_cmm(float *acc, const float *x, int nk, __local const fp_tile *y,
+                                  __local float *scratch)
+{
+    FP_OCL_UNROLL
+    for (int kk = 0; kk < nk; kk++) {
+        uint pa[4];
+        pa[0] = fp_ocl_pack2(x[8 * kk + 0], x[8 * kk + 1]);
+        pa[1] = fp_ocl_pack2(x[8 * kk + 2], x[8 * kk + 3]);
+        pa[2] = fp_ocl_pack2(x[8 * kk + 4], x[8 * kk + 5]);
+        pa[3] = fp_ocl_pack2(x[8 * kk + 6], x[8 * kk + 7]);
+        FP_OCL_UNROLL
+        for (int n = 0; n < FA2_ON; n++) {
+            uint yb[2];
+            fp_ocl_load_b(yb, y + 16 * kk * LD + 8 * n, LD, 1);
+            fp_ocl_mma16816(acc + 4 * n, pa, yb, scratch);
+        }
+    }
+}
+
+/* acc (16 x 8 NT of this warp) = X Y^T over D: X's A fragments xf (fp_ocl_fa2_frags), Y the
+ * 8 NT rows of a [., D] 16-bit local tile. A function per NT (a compile-time count, so that
+ * clang unrolls the loops and acc stays in registers). */
+#define FP_OCL_FA2_DOTS(name, NT)                                                                  \
+    FP_OCL_INLINE void name(float *acc, const uint *xf, __local const fp_tile *y,                 \
+                            __local float *scratch)                                                \
+    {                                                                                              \
+        FP_OCL_UNROLL                                                                              \
+        for (int e = 0; e < 4 * (NT); e++)                                                         \
+            acc[e] = 0.0f;                                                                         \
+        FP_OCL_UNROLL                                                                              \
+        for (int ks = 0; ks < FA2_KS; ks++)                                                        \
+            FP_OCL_UNROLL                                                                          \
+            for (int j = 0; j < (NT); j++) {                                                       \
+                uint yb[2];                                                                        \
+                fp_ocl_load_b(yb, y + 8 * j * LD + 16 * ks, 1, LD);                                \
+                fp_ocl_mma16816(acc + 4 * j, xf + 4 * ks, yb, scratch);                            \
+            }                                                                                      \
+    }
+FP_OCL_FA2_DOTS(fp_ocl_fa2_dots_bk, FP_OCL_FA2_BK / 8)
+FP_OCL_FA2_DOTS(fp_ocl_fa2_dots_bq, FP_OCL_FA2_BQ / 8)
+
 __kernel __attribute__((reqd_work_group_size(FP_OCL_WG, 1, 1))) void
 fp_ocl_forward(const fp_ocl_args a, __global const fp_elem *q, __global const fp_elem *k,
                __global const fp_elem *v, __global fp_elem *o, __global float *lse,
@@ -291,6 +404,231 @@ fp_ocl_forward(const fp_ocl_args a, __global const fp_elem *q, __global const fp
             const int r = r_lo + 8 * (e / 2), d = 8 * n + 2 * t4 + e % 2;
             if (r < rows && d < hd)
                 FP_STORE(o, o0 + r * a.o.s[1] + d * a.o.s[3], acc[4 * n + e] * f[e / 2]);
+        }
+}
+
+#define FA2_BK FP_OCL_FA2_BK /* keys per block of the dQ kernel */
+#define FA2_BQ FP_OCL_FA2_BQ /* query rows per block of the dK / dV kernel */
+
+/* dQ of 64 query rows (4 warps of 16; also delta = rowsum(dO O) of the rows, for the dK / dV
+ * kernel): Q's and dO's A fragments in registers, key blocks of FA2_BK keys (K and V side by side
+ * in the staging tile), S and dP as C fragments, dS rounded into the A fragments of dS K. The
+ * guard: K scrubbed in edge blocks, a visible pair of a flagged key gets dS = NaN. */
+__kernel __attribute__((reqd_work_group_size(FP_OCL_WG, 1, 1))) void
+fp_ocl_backward_dq(const fp_ocl_args a, __global const fp_elem *q, __global const fp_elem *k,
+                   __global const fp_elem *v, __global const fp_elem *o, __global const float *lse,
+                   __global const fp_elem *dout, __global fp_elem *dq, __global float *delta,
+                   __global const int *cu_q, __global const int *cu_k, __global const float *alibi,
+                   __global const int *used, __local fp_tile *stage_arg, __local float *srow_arg,
+                   __local float *sbad_arg)
+{
+    __local fp_tile *stage = FP_OCL_ALIGN16(fp_tile, stage_arg);
+    __local float *srow = FP_OCL_ALIGN16(float, srow_arg);
+    __local float *sbad = FP_OCL_ALIGN16(float, sbad_arg); /* [2][FA2_BK], by block parity */
+    __local float scratch[FP_OCL_SCRATCH];
+    const int tid = get_local_id(0), hd = (int)a.head_dim;
+    const long h = get_group_id(1), b = get_group_id(2);
+    const fp_ocl_seq s = fp_ocl_seq_of(&a, cu_q, cu_k, used, b);
+    const long i0 = (long)get_group_id(0) * T;
+    if (i0 >= s.nq)
+        return;
+    const int rows = (int)min((long)T, s.nq - i0);
+    const long hk = h / (a.heads / a.kv_heads);
+    const float slope = a.has_alibi ? alibi[a.alibi_off + h] : 0.0f;
+    const fp_ocl_rows kr = fp_ocl_dense_keys(a.k, &s, b, hk);
+    const fp_ocl_rows vr = fp_ocl_dense_keys(a.v, &s, b, hk);
+    const fp_ocl_rows qr = fp_ocl_dense_rows(fp_ocl_row0(a.q, b, s.q_start, h), a.q.s[1], a.q.s[3]);
+    const fp_ocl_rows dor =
+        fp_ocl_dense_rows(fp_ocl_row0(a.dout, b, s.q_start, h), a.dout.s[1], a.dout.s[3]);
+    const int lane = tid % 32, t4 = lane % 4;
+    const int r_lo = 16 * (tid / 32) + lane / 4; /* this lane's rows: r_lo and r_lo + 8 */
+    __local fp_tile *sk = stage, *sv = stage + FA2_BK * LD;
+
+    fp_ocl_fa2_rows(stage, T, q, &a, &qr, i0, rows, hd, 0, sbad);
+    barrier(CLK_LOCAL_MEM_FENCE);
+    uint qf[FA2_KS * 4], dof[FA2_KS * 4];
+    fp_ocl_fa2_frags(qf, stage);
+    barrier(CLK_LOCAL_MEM_FENCE);
+    fp_ocl_fa2_rows(stage, T, dout, &a, &dor, i0, rows, hd, 0, sbad);
+    if (tid < 2 * FA2_BK)
+        sbad[tid] = 0.0f;
+    barrier(CLK_LOCAL_MEM_FENCE);
+    fp_ocl_fa2_frags(dof, stage);
+    if (tid < T) {
+        float dl = 0.0f;
+        if (tid < rows) {
+            const long o0 = fp_ocl_row0(a.o, b, s.q_start + i0 + tid, h);
+            for (int d = 0; d < hd; d++)
+                dl = fma(FP_TILE_GET(stage, tid * LD + d), FP_LOAD(o, o0 + d * a.o.s[3]), dl);
+            delta[fp_ocl_delta_at(&a, &s, b, h, i0 + tid)] = dl;
+        }
+        srow[tid] = dl;
+    }
+    barrier(CLK_LOCAL_MEM_FENCE);
+    const float dl0 = srow[r_lo], dl1 = srow[r_lo + 8];
+    const float lse0 = r_lo < rows ? lse[fp_ocl_lse_at(&a, b, h, s.q_start + i0 + r_lo)] : -INFINITY;
+    const float lse1 =
+        r_lo + 8 < rows ? lse[fp_ocl_lse_at(&a, b, h, s.q_start + i0 + r_lo + 8)] : -INFINITY;
+    float acc[FA2_ON * 4];
+    FP_OCL_UNROLL
+    for (int e = 0; e < FA2_ON * 4; e++)
+        acc[e] = 0.0f;
+
+    int64_t lo, hi;
+    fp_mask_block_range(i0, i0 + rows, s.nq, s.nk, a.left, a.right, &lo, &hi);
+    for (long j0 = lo < hi ? lo / FA2_BK * FA2_BK : hi; j0 < hi; j0 += FA2_BK) {
+        const int par = (int)(j0 / FA2_BK) & 1; /* which half of sbad holds this block's flags */
+        const int cols = (int)min((long)FA2_BK, s.nk - j0);
+        const int edge =
+            !fp_mask_block_full(i0, i0 + rows, j0, j0 + cols, s.nq, s.nk, a.left, a.right);
+        __local float *bad = sbad + par * FA2_BK;
+        barrier(CLK_LOCAL_MEM_FENCE); /* every reader of the staging tile is done */
+        fp_ocl_fa2_rows(sk, FA2_BK, k, &a, &kr, j0, cols, hd, edge, bad);
+        fp_ocl_fa2_rows(sv, FA2_BK, v, &a, &vr, j0, cols, hd, 0, bad);
+        if (tid < FA2_BK) /* the other parity: read in the block before, written in the next */
+            sbad[(par ^ 1) * FA2_BK + tid] = 0.0f;
+        barrier(CLK_LOCAL_MEM_FENCE);
+        float sc[FA2_BK / 2], dp[FA2_BK / 2]; /* 16 x FA2_BK: FA2_BK / 8 C fragments each */
+        fp_ocl_fa2_dots_bk(sc, qf, sk, scratch);
+        fp_ocl_fa2_dots_bk(dp, dof, sv, scratch);
+        const int simple = !edge && cols == FA2_BK && !a.has_alibi;
+        FP_OCL_UNROLL
+        for (int j = 0; j < FA2_BK / 8; j++)
+            FP_OCL_UNROLL
+            for (int e = 0; e < 4; e++) {
+                const int r = r_lo + 8 * (e / 2), c = 8 * j + 2 * t4 + e % 2;
+                float p, ds;
+                fp_ocl_fa2_grad(&a, &s, slope, simple, i0 + r, j0 + c, r < rows && c < cols,
+                                sc[4 * j + e], dp[4 * j + e], e < 2 ? lse0 : lse1,
+                                e < 2 ? dl0 : dl1, &p, &ds);
+                if (edge && r < rows && c < cols && bad[c] != 0.0f &&
+                    fp_mask_visible(i0 + r, j0 + c, s.nq, s.nk, a.left, a.right))
+                    ds = NAN;
+                sc[4 * j + e] = ds;
+            }
+        fp_ocl_fa2_cmm(acc, sc, FA2_BK / 16, sk, scratch);
+    }
+    const long q0 = fp_ocl_row0(a.dq, b, s.q_start + i0, h);
+    FP_OCL_UNROLL
+    for (int n = 0; n < FA2_ON; n++)
+        FP_OCL_UNROLL
+        for (int e = 0; e < 4; e++) {
+            const int r = r_lo + 8 * (e / 2), d = 8 * n + 2 * t4 + e % 2;
+            if (r < rows && d < hd)
+                FP_STORE(dq, q0 + r * a.dq.s[1] + d * a.dq.s[3], acc[4 * n + e]);
+        }
+}
+
+/* dK and dV of 64 keys (4 warps of 16) over every query head of the kv head and every query
+ * block of FA2_BQ rows that sees them: K's and V's A fragments in registers, S^T = K Q^T and
+ * dP^T = V dO^T as C fragments (keys x queries), P^T and dS^T rounded into the A fragments of
+ * P^T dO and dS^T Q. The guard: q and dO scrubbed in edge blocks, a visible pair of a flagged
+ * query row gets P = dS = NaN. */
+__kernel __attribute__((reqd_work_group_size(FP_OCL_WG, 1, 1))) void
+fp_ocl_backward_dkdv(const fp_ocl_args a, __global const fp_elem *q, __global const fp_elem *k,
+                     __global const fp_elem *v, __global const float *lse,
+                     __global const fp_elem *dout, __global fp_elem *dk, __global fp_elem *dv,
+                     __global const float *delta, __global const int *cu_q,
+                     __global const int *cu_k, __global const float *alibi,
+                     __global const int *used, __local fp_tile *stage_arg, __local float *srow_arg,
+                     __local float *sbad_arg)
+{
+    __local fp_tile *stage = FP_OCL_ALIGN16(fp_tile, stage_arg);
+    __local float *srow = FP_OCL_ALIGN16(float, srow_arg); /* LSE [FA2_BQ], delta [FA2_BQ] */
+    __local float *sbad = FP_OCL_ALIGN16(float, sbad_arg); /* [2][FA2_BQ], by block parity */
+    __local float scratch[FP_OCL_SCRATCH];
+    const int tid = get_local_id(0), hd = (int)a.head_dim;
+    const long hk = get_group_id(1), b = get_group_id(2);
+    const fp_ocl_seq s = fp_ocl_seq_of(&a, cu_q, cu_k, used, b);
+    const long j0 = (long)get_group_id(0) * T;
+    if (j0 >= s.k_cap)
+        return;
+    /* the block's keys in use (flash.cl's fp_ocl_backward_dkdv): rows [cols, stored) get 0 */
+    const int cols = (int)clamp(s.nk - j0, 0L, (long)T), stored = (int)min((long)T, s.k_cap - j0);
+    const long group = a.heads / a.kv_heads;
+    const fp_ocl_rows kr = fp_ocl_dense_keys(a.k, &s, b, hk);
+    const fp_ocl_rows vr = fp_ocl_dense_keys(a.v, &s, b, hk);
+    const int lane = tid % 32, t4 = lane % 4;
+    const int k_lo = 16 * (tid / 32) + lane / 4; /* this lane's keys: k_lo and k_lo + 8 */
+    __local fp_tile *sq = stage, *sdo = stage + FA2_BQ * LD;
+
+    fp_ocl_fa2_rows(stage, T, k, &a, &kr, j0, cols, hd, 0, sbad);
+    barrier(CLK_LOCAL_MEM_FENCE);
+    uint kf[FA2_KS * 4], vf[FA2_KS * 4];
+    fp_ocl_fa2_frags(kf, stage);
+    barrier(CLK_LOCAL_MEM_FENCE);
+    fp_ocl_fa2_rows(stage, T, v, &a, &vr, j0, cols, hd, 0, sbad);
+    if (tid < 2 * FA2_BQ)
+        sbad[tid] = 0.0f;
+    barrier(CLK_LOCAL_MEM_FENCE);
+    fp_ocl_fa2_frags(vf, stage);
+    float acc_k[FA2_ON * 4], acc_v[FA2_ON * 4]; /* rows: this warp's keys */
+    FP_OCL_UNROLL
+    for (int e = 0; e < FA2_ON * 4; e++)
+        acc_k[e] = acc_v[e] = 0.0f;
+
+    int it = 0; /* query blocks run: their parity picks the half of sbad */
+    for (long h = hk * group; cols > 0 && h < (hk + 1) * group; h++) {
+        const float slope = a.has_alibi ? alibi[a.alibi_off + h] : 0.0f;
+        const fp_ocl_rows qr =
+            fp_ocl_dense_rows(fp_ocl_row0(a.q, b, s.q_start, h), a.q.s[1], a.q.s[3]);
+        const fp_ocl_rows dor =
+            fp_ocl_dense_rows(fp_ocl_row0(a.dout, b, s.q_start, h), a.dout.s[1], a.dout.s[3]);
+        for (long i0 = 0; i0 < s.nq; i0 += FA2_BQ) {
+            const int rows = (int)min((long)FA2_BQ, s.nq - i0);
+            int64_t lo, hi;
+            fp_mask_block_range(i0, i0 + rows, s.nq, s.nk, a.left, a.right, &lo, &hi);
+            if (hi <= lo || hi <= j0 || lo >= j0 + cols)
+                continue; /* no row of this query block sees these keys */
+            const int edge =
+                !fp_mask_block_full(i0, i0 + rows, j0, j0 + cols, s.nq, s.nk, a.left, a.right);
+            const int par = it++ & 1;
+            __local float *bad = sbad + par * FA2_BQ;
+            barrier(CLK_LOCAL_MEM_FENCE); /* every reader of the staging tile and srow is done */
+            fp_ocl_fa2_rows(sq, FA2_BQ, q, &a, &qr, i0, rows, hd, edge, bad);
+            fp_ocl_fa2_rows(sdo, FA2_BQ, dout, &a, &dor, i0, rows, hd, edge, bad);
+            if (tid < FA2_BQ) {
+                srow[tid] = tid < rows ? lse[fp_ocl_lse_at(&a, b, h, s.q_start + i0 + tid)]
+                                       : -INFINITY;
+                srow[FA2_BQ + tid] =
+                    tid < rows ? delta[fp_ocl_delta_at(&a, &s, b, h, i0 + tid)] : 0.0f;
+                sbad[(par ^ 1) * FA2_BQ + tid] = 0.0f; /* read before, written next */
+            }
+            barrier(CLK_LOCAL_MEM_FENCE);
+            float pt[FA2_BQ / 2], dst[FA2_BQ / 2]; /* 16 keys x FA2_BQ queries */
+            fp_ocl_fa2_dots_bq(pt, kf, sq, scratch);
+            fp_ocl_fa2_dots_bq(dst, vf, sdo, scratch);
+            const int simple = !edge && cols == T && rows == FA2_BQ && !a.has_alibi;
+            FP_OCL_UNROLL
+            for (int j = 0; j < FA2_BQ / 8; j++)
+                FP_OCL_UNROLL
+                for (int e = 0; e < 4; e++) {
+                    const int kc = k_lo + 8 * (e / 2), c = 8 * j + 2 * t4 + e % 2;
+                    const int inside = c < rows && kc < cols;
+                    float p, ds;
+                    fp_ocl_fa2_grad(&a, &s, slope, simple, i0 + c, j0 + kc, inside, pt[4 * j + e],
+                                    dst[4 * j + e], srow[c], srow[FA2_BQ + c], &p, &ds);
+                    if (edge && inside && bad[c] != 0.0f &&
+                        fp_mask_visible(i0 + c, j0 + kc, s.nq, s.nk, a.left, a.right))
+                        p = ds = NAN;
+                    pt[4 * j + e] = p;
+                    dst[4 * j + e] = ds;
+                }
+            fp_ocl_fa2_cmm(acc_v, pt, FA2_BQ / 16, sdo, scratch);
+            fp_ocl_fa2_cmm(acc_k, dst, FA2_BQ / 16, sq, scratch);
+        }
+    }
+    const long k0 = fp_ocl_row0(a.dk, b, s.k_start + j0, hk);
+    const long v0 = fp_ocl_row0(a.dv, b, s.k_start + j0, hk);
+    FP_OCL_UNROLL
+    for (int n = 0; n < FA2_ON; n++)
+        FP_OCL_UNROLL
+        for (int e = 0; e < 4; e++) {
+            const int r = k_lo + 8 * (e / 2), d = 8 * n + 2 * t4 + e % 2;
+            if (r < stored && d < hd) {
+                FP_STORE(dk, k0 + r * a.dk.s[1] + d * a.dk.s[3], acc_k[4 * n + e]);
+                FP_STORE(dv, v0 + r * a.dv.s[1] + d * a.dv.s[3], acc_v[4 * n + e]);
+            }
         }
 }
 

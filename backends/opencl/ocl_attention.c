@@ -40,7 +40,7 @@ extern const char fp_ocl_program_source[];
 static const char *const dtype_names[3] = {"f32", "f16", "bf16"};
 static const char *const variant_names[5] = {
     "plain kernels", "tensor-core kernels (mma.sync)", "emulated tensor-core kernels",
-    "tensor-core kernels (mma.sync, FA2 forward)", "emulated tensor-core kernels (FA2 forward)"};
+    "FA2-shaped tensor-core kernels (mma.sync)", "emulated FA2-shaped tensor-core kernels"};
 
 static double now_ms(void)
 {

@@ -61,15 +61,15 @@ static inline int64_t fp_ocl_tile_elem_bytes(int variant)
     return variant == FP_OCL_PLAIN ? 4 : 2;
 }
 
-/* The FA2 forward's [t, d] tiles (q staged, then k) have a pitch of d + 8: 16-byte aligned rows
- * for its 16-byte copies, and a word pitch of 4 mod 32 banks, so that a fragment load (lane
+/* The FA2-shaped kernels' [t, d] staging tile has a pitch of d + 8: 16-byte aligned rows for
+ * their 16-byte copies, and a word pitch of 4 mod 32 banks, so that a fragment load (lane
  * 4 g + t: row g, word t) touches 32 distinct banks (kernels/flash_fa2.cl). */
 static inline int64_t fp_ocl_tile_ld(int64_t d, int variant)
 {
     return variant == FP_OCL_PLAIN ? d + 4 : fp_ocl_variant_fa2(variant) ? d + 8 : d + 2;
 }
 
-/* The FA2 forward's V tile, transposed: [d, t] 16-bit, pitch t + 8 for the same reason. */
+/* The FA2-shaped forward's V tile, transposed: [d, t] 16-bit, pitch t + 8 for the same reason. */
 static inline int64_t fp_ocl_vt_ld(int64_t t)
 {
     return t + 8;
@@ -141,8 +141,8 @@ static inline int fp_ocl_local_args(int kernel, int64_t t, int64_t d, int varian
 
 /* The kernels' own __local array (FP_OCL_SCRATCH floats in kernels/flash.cl and mma_nv.cl): the
  * emulated instruction's A 16 x 16 and B 16 x 8 f32 for each of the 4 warps (the emulated
- * shuffle of the FA2 forward uses the same floats); one float in the other variants, which do not
- * use it. */
+ * shuffle of the FA2-shaped forward uses the same floats); one float in the other variants, which
+ * do not use it. */
 static inline size_t fp_ocl_static_local_bytes(int variant)
 {
     return (size_t)(fp_ocl_variant_emulated(variant) ? (FP_OCL_WG / 32) * (16 * 16 + 16 * 8) : 1) *

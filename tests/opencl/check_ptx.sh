@@ -27,7 +27,7 @@ LIBCLC=${5:-/usr/lib/clc/nvptx64--nvidiacl.bc}
 TMP=$(mktemp -d)
 trap 'rm -rf "$TMP"' EXIT
 
-# check DTYPE D T MMA: one program (MMA: 0 plain, 1 tile-shaped tensor-core, 2 FA2 forward);
+# check DTYPE D T MMA: one program (MMA: 0 plain, 1 tile-shaped tensor-core, 2 FA2-shaped);
 # prints its line, or its errors and exits 1.
 check() {
     local name="dtype$1-D$2-T$3-mma$4"

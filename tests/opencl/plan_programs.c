@@ -2,9 +2,9 @@
  * Lists every OpenCL program (dtype, head-dim class, tile, variant) the backend can build on an
  * NVIDIA device of compute capability >= 8.0, by ocl_plan.h's planner: each call's plan on the
  * tensor-core variant, and where that is the tensor-core one, the plain program a refused build
- * falls back to, for the device's default variant (FA2 forward) and FLASHPORT_OPENCL_MMA=nv-tile.
+ * falls back to, for the device's default variant (FA2-shaped) and FLASHPORT_OPENCL_MMA=nv-tile.
  * One line a plan, "DTYPE D T MMA" (DTYPE as FP_OCL_DTYPE: 0 f32, 1 f16, 2 bf16; MMA 1 for the
- * tile-shaped tensor-core variant, 2 for the FA2 forward's program), duplicates included;
+ * tile-shaped tensor-core variant, 2 for the FA2-shaped program), duplicates included;
  * tests/opencl/check_ptx.sh compiles each distinct one to PTX and assembles it.
  *
  *   plan_programs [LOCAL_BYTES]     (default 49152, NVIDIA's CL_DEVICE_LOCAL_MEM_SIZE)

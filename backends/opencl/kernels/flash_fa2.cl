@@ -40,7 +40,7 @@
 #if FP_OCL_FA2
 
 #if !FP_OCL_MMA || D > 128 || T != 64
-#error "the FA2 forward needs the tensor-core policy, D <= 128 and T = 64"
+#error "the FA2-shaped kernels need the tensor-core policy, D <= 128 and T = 64"
 #endif
 
 #define FA2_KS (D / 16) /* k steps of Q K^T */

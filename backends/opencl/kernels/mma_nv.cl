@@ -56,7 +56,7 @@
 
 typedef ushort fp_tile;
 #if FP_OCL_FA2
-#define LD (D + 8) /* ocl_plan.h's fp_ocl_tile_ld: the FA2 forward's 16-byte rows (flash_fa2.cl) */
+#define LD (D + 8) /* ocl_plan.h's fp_ocl_tile_ld: the FA2-shaped kernels' 16-byte rows */
 #else
 #define LD (D + 2)
 #endif

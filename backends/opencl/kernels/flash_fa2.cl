@@ -79,16 +79,7 @@ FP_OCL_INLINE void fp_ocl_load_vt(__local fp_tile *vt, __global const fp_elem *x
         src->spage % 8 == 0) {
         for (int e = get_local_id(0); e < T * (D / 8); e += FP_OCL_WG) {
             const int r = e % T, d = e / T * 8;
-            const long at = r < n && d < hd ? fp_ocl_row_at(a, src, r0 + r) : -1;
-            uint4 v = (uint4)(0);
-            if (at >= 0)
-                v = *(__global const uint4 *)((__global const ushort *)x + at + d);
-            if (scrub && !(fp_ocl_finite2(v.x) && fp_ocl_finite2(v.y) && fp_ocl_finite2(v.z) &&
-                           fp_ocl_finite2(v.w))) {
-                v = (uint4)(fp_ocl_scrub2(v.x), fp_ocl_scrub2(v.y), fp_ocl_scrub2(v.z),
-                            fp_ocl_scrub2(v.w));
-                bad[r] = 1.0f;
-            }
+            const uint4 v = fp_ocl_get16(x, a, src, r0, r, n, d, hd, scrub, bad + r);
             __local fp_tile *p = vt + d * LDT + r;
             p[0] = (fp_tile)v.x;
             p[LDT] = (fp_tile)(v.x >> 16);
@@ -103,13 +94,7 @@ FP_OCL_INLINE void fp_ocl_load_vt(__local fp_tile *vt, __global const fp_elem *x
     }
     for (int e = get_local_id(0); e < T * D; e += FP_OCL_WG) {
         const int r = e % T, d = e / T;
-        const long at = r < n && d < hd ? fp_ocl_row_at(a, src, r0 + r) : -1;
-        fp_tile v = at >= 0 ? FP_TILE_PUT(x, at + d * src->sdim) : (fp_tile)0;
-        if (scrub && !FP_TILE_FINITE(v)) {
-            v = (fp_tile)0;
-            bad[r] = 1.0f;
-        }
-        vt[d * LDT + r] = v;
+        vt[d * LDT + r] = fp_ocl_get1(x, a, src, r0, r, n, d, hd, scrub, bad + r);
     }
 }
 
@@ -123,44 +108,6 @@ FP_OCL_INLINE int fp_ocl_fa2_sees_bad(const fp_ocl_args *a, const fp_ocl_seq *s,
     for (int c = c0; c < c1; c++)
         seen |= bad[c] != 0.0f;
     return seen;
-}
-
-/* Rows [r0, r0 + n) of a [seq, dim] slice into t[r * LD + d] for r < nrows, zeros as
- * fp_ocl_load_tile's (rows n .. nrows - 1, dims hd .. D - 1); where scrub, non-finite elements
- * become 0 and set bad[r]. One 16-byte local store per 8 dims where the slice allows 16-byte
- * loads (LD = D + 8 keeps the rows 16-byte aligned). */
-FP_OCL_INLINE void fp_ocl_fa2_rows(__local fp_tile *t, int nrows, __global const fp_elem *x,
-                                   const fp_ocl_args *a, const fp_ocl_rows *src, long r0, int n,
-                                   int hd, int scrub, __local float *bad)
-{
-    if (src->sdim == 1 && hd % 8 == 0 && src->row0 % 8 == 0 && src->srow % 8 == 0 &&
-        src->spage % 8 == 0) {
-        for (int e = get_local_id(0); e < nrows * (D / 8); e += FP_OCL_WG) {
-            const int r = e / (D / 8), d = (e - r * (D / 8)) * 8;
-            const long at = r < n && d < hd ? fp_ocl_row_at(a, src, r0 + r) : -1;
-            uint4 v = (uint4)(0);
-            if (at >= 0)
-                v = *(__global const uint4 *)((__global const ushort *)x + at + d);
-            if (scrub && !(fp_ocl_finite2(v.x) && fp_ocl_finite2(v.y) && fp_ocl_finite2(v.z) &&
-                           fp_ocl_finite2(v.w))) {
-                v = (uint4)(fp_ocl_scrub2(v.x), fp_ocl_scrub2(v.y), fp_ocl_scrub2(v.z),
-                            fp_ocl_scrub2(v.w));
-                bad[r] = 1.0f;
-            }
-            *(__local uint4 *)(t + r * LD + d) = v;
-        }
-        return;
-    }
-    for (int e = get_local_id(0); e < nrows * D; e += FP_OCL_WG) {
-        const int r = e / D, d = e - r * D;
-        const long at = r < n && d < hd ? fp_ocl_row_at(a, src, r0 + r) : -1;
-        fp_tile v = at >= 0 ? FP_TILE_PUT(x, at + d * src->sdim) : (fp_tile)0;
-        if (scrub && !FP_TILE_FINITE(v)) {
-            v = (fp_tile)0;
-            bad[r] = 1.0f;
-        }
-        t[r * LD + d] = v;
-    }
 }
 
 /* P and dS of query i and key j from q . k (qk) and dO . v (dov): 0 where the pair is not
@@ -192,6 +139,44 @@ FP_OCL_INLINE void fp_ocl_fa2_frags(uint *f, __local const fp_tile *t)
     FP_OCL_UNROLL
     for (int ks = 0; ks < FA2_KS; ks++)
         fp_ocl_load_a(f + 4 * ks, t, 1, 16 * w * LD + 16 * ks, LD, 1);
+}
+
+/* Rows [r0, r0 + n) of x1, then of x2, through the staging tile as this warp's A fragments f1
+ * and f2 (three barriers; the staging tile then holds x2's rows); flags[0 .. nflags) zeroed on
+ * the way. */
+FP_OCL_INLINE void fp_ocl_fa2_stage2(uint *f1, uint *f2, __local fp_tile *stage,
+                                     const fp_ocl_args *a, __global const fp_elem *x1,
+                                     const fp_ocl_rows *src1, __global const fp_elem *x2,
+                                     const fp_ocl_rows *src2, long r0, int n, int hd,
+                                     __local float *flags, int nflags)
+{
+    fp_ocl_load_rows(stage, T, x1, a, src1, r0, n, hd, 0, flags, 1);
+    barrier(CLK_LOCAL_MEM_FENCE);
+    fp_ocl_fa2_frags(f1, stage);
+    barrier(CLK_LOCAL_MEM_FENCE);
+    fp_ocl_load_rows(stage, T, x2, a, src2, r0, n, hd, 0, flags, 1);
+    if (get_local_id(0) < nflags)
+        flags[get_local_id(0)] = 0.0f;
+    barrier(CLK_LOCAL_MEM_FENCE);
+    fp_ocl_fa2_frags(f2, stage);
+}
+
+/* Stores this warp's 16 x D accumulator (C fragments; rows r_lo and r_lo + 8 of the tile, r_lo
+ * = 16 w + lane / 4) times f0 / f1 to x (row0: the element of tile row 0, dim 0), rows < n and
+ * dims < hd. */
+FP_OCL_INLINE void fp_ocl_fa2_store(__global fp_elem *x, long row0, long srow, long sdim, int n,
+                                    int hd, const float *acc, float f0, float f1)
+{
+    const int lane = get_local_id(0) % 32, t4 = lane % 4;
+    const int r_lo = 16 * (get_local_id(0) / 32) + lane / 4;
+    FP_OCL_UNROLL
+    for (int j = 0; j < FA2_ON; j++)
+        FP_OCL_UNROLL
+        for (int e = 0; e < 4; e++) {
+            const int r = r_lo + 8 * (e / 2), d = 8 * j + 2 * t4 + e % 2;
+            if (r < n && d < hd)
+                FP_STORE(x, row0 + r * srow + d * sdim, acc[4 * j + e] * (e < 2 ? f0 : f1));
+        }
 }
 
 /* acc (16 rows x D of this warp) += X Y, X the 16 x (16 nk) matrix whose C fragments (m16n8,
@@ -260,18 +245,16 @@ fp_ocl_forward(const fp_ocl_args a, __global const fp_elem *q, __global const fp
     const fp_ocl_rows qr = fp_ocl_dense_rows(fp_ocl_row0(a.q, b, s.q_start, h), a.q.s[1], a.q.s[3]);
     const fp_ocl_rows kr = fp_ocl_key_rows(&a, a.k, bt, &s, b, hk);
     const fp_ocl_rows vr = fp_ocl_key_rows(&a, a.v, bt, &s, b, hk);
-    const int w = tid / 32, lane = tid % 32, g = lane / 4, t4 = lane % 4;
-    const int r_lo = 16 * w + g; /* this lane's rows of the tile: r_lo and r_lo + 8 */
+    const int lane = tid % 32, t4 = lane % 4;
+    const int r_lo = 16 * (tid / 32) + lane / 4; /* this lane's rows: r_lo and r_lo + 8 */
 
     /* Q through K's buffer into this warp's A fragments */
-    fp_ocl_load_tile(sk, q, &a, &qr, i0, rows, hd, 0, sbad);
+    fp_ocl_load_rows(sk, T, q, &a, &qr, i0, rows, hd, 0, sbad, 1);
     if (tid < 2 * T)
         sbad[tid] = 0.0f;
     barrier(CLK_LOCAL_MEM_FENCE);
     uint qf[FA2_KS * 4];
-    FP_OCL_UNROLL
-    for (int ks = 0; ks < FA2_KS; ks++)
-        fp_ocl_load_a(qf + 4 * ks, sk, 1, 16 * w * LD + 16 * ks, LD, 1);
+    fp_ocl_fa2_frags(qf, sk);
 
     /* rows r_lo (0) and r_lo + 8 (1): the softmax state, l this lane's share until the end;
      * whether the row sees a key whose V row was scrubbed (O = NaN) */
@@ -293,7 +276,7 @@ fp_ocl_forward(const fp_ocl_args a, __global const fp_elem *q, __global const fp
             !fp_mask_block_full(i0, i0 + rows, j0, j0 + cols, s.nq, s.nk, a.left, a.right);
         __local float *bad = sbad + par * T;
         barrier(CLK_LOCAL_MEM_FENCE); /* every reader of sk (Q, the last K) and svt is done */
-        fp_ocl_load_tile(sk, k, &a, &kr, j0, cols, hd, 0, sbad);
+        fp_ocl_load_rows(sk, T, k, &a, &kr, j0, cols, hd, 0, sbad, 1);
         fp_ocl_load_vt(svt, v, &a, &vr, j0, cols, hd, edge, bad);
         if (tid < T) /* the other parity: read in the block before, written in the next one */
             sbad[(par ^ 1) * T + tid] = 0.0f;
@@ -390,21 +373,14 @@ fp_ocl_forward(const fp_ocl_args a, __global const fp_elem *q, __global const fp
     st1.l += fp_ocl_shfl_xor(st1.l, 1, scratch);
     st1.l += fp_ocl_shfl_xor(st1.l, 2, scratch);
     /* a row that saw a scrubbed V row: NaN, as its 0 x NaN-free sum would not be */
-    const float f[2] = {nan0 ? NAN : fp_softmax_out_scale(&st0),
-                        nan1 ? NAN : fp_softmax_out_scale(&st1)};
+    const float f0 = nan0 ? NAN : fp_softmax_out_scale(&st0);
+    const float f1 = nan1 ? NAN : fp_softmax_out_scale(&st1);
     if (a.has_lse && t4 == 0 && r_lo < rows)
         lse[fp_ocl_lse_at(&a, b, h, s.q_start + i0 + r_lo)] = fp_softmax_lse(&st0);
     if (a.has_lse && t4 == 0 && r_lo + 8 < rows)
         lse[fp_ocl_lse_at(&a, b, h, s.q_start + i0 + r_lo + 8)] = fp_softmax_lse(&st1);
-    const long o0 = fp_ocl_row0(a.o, b, s.q_start + i0, h);
-    FP_OCL_UNROLL
-    for (int n = 0; n < FA2_ON; n++)
-        FP_OCL_UNROLL
-        for (int e = 0; e < 4; e++) {
-            const int r = r_lo + 8 * (e / 2), d = 8 * n + 2 * t4 + e % 2;
-            if (r < rows && d < hd)
-                FP_STORE(o, o0 + r * a.o.s[1] + d * a.o.s[3], acc[4 * n + e] * f[e / 2]);
-        }
+    fp_ocl_fa2_store(o, fp_ocl_row0(a.o, b, s.q_start + i0, h), a.o.s[1], a.o.s[3], rows, hd, acc,
+                     f0, f1);
 }
 
 #define FA2_BK FP_OCL_FA2_BK /* keys per block of the dQ kernel */
@@ -444,17 +420,9 @@ fp_ocl_backward_dq(const fp_ocl_args a, __global const fp_elem *q, __global cons
     const int r_lo = 16 * (tid / 32) + lane / 4; /* this lane's rows: r_lo and r_lo + 8 */
     __local fp_tile *sk = stage, *sv = stage + FA2_BK * LD;
 
-    fp_ocl_fa2_rows(stage, T, q, &a, &qr, i0, rows, hd, 0, sbad);
-    barrier(CLK_LOCAL_MEM_FENCE);
     uint qf[FA2_KS * 4], dof[FA2_KS * 4];
-    fp_ocl_fa2_frags(qf, stage);
-    barrier(CLK_LOCAL_MEM_FENCE);
-    fp_ocl_fa2_rows(stage, T, dout, &a, &dor, i0, rows, hd, 0, sbad);
-    if (tid < 2 * FA2_BK)
-        sbad[tid] = 0.0f;
-    barrier(CLK_LOCAL_MEM_FENCE);
-    fp_ocl_fa2_frags(dof, stage);
-    if (tid < T) {
+    fp_ocl_fa2_stage2(qf, dof, stage, &a, q, &qr, dout, &dor, i0, rows, hd, sbad, 2 * FA2_BK);
+    if (tid < T) { /* dO's rows are in the staging tile */
         float dl = 0.0f;
         if (tid < rows) {
             const long o0 = fp_ocl_row0(a.o, b, s.q_start + i0 + tid, h);
@@ -483,8 +451,8 @@ fp_ocl_backward_dq(const fp_ocl_args a, __global const fp_elem *q, __global cons
             !fp_mask_block_full(i0, i0 + rows, j0, j0 + cols, s.nq, s.nk, a.left, a.right);
         __local float *bad = sbad + par * FA2_BK;
         barrier(CLK_LOCAL_MEM_FENCE); /* every reader of the staging tile is done */
-        fp_ocl_fa2_rows(sk, FA2_BK, k, &a, &kr, j0, cols, hd, edge, bad);
-        fp_ocl_fa2_rows(sv, FA2_BK, v, &a, &vr, j0, cols, hd, 0, bad);
+        fp_ocl_load_rows(sk, FA2_BK, k, &a, &kr, j0, cols, hd, edge, bad, 1);
+        fp_ocl_load_rows(sv, FA2_BK, v, &a, &vr, j0, cols, hd, 0, bad, 1);
         if (tid < FA2_BK) /* the other parity: read in the block before, written in the next */
             sbad[(par ^ 1) * FA2_BK + tid] = 0.0f;
         barrier(CLK_LOCAL_MEM_FENCE);
@@ -508,15 +476,8 @@ fp_ocl_backward_dq(const fp_ocl_args a, __global const fp_elem *q, __global cons
             }
         fp_ocl_fa2_cmm(acc, sc, FA2_BK / 16, sk, scratch);
     }
-    const long q0 = fp_ocl_row0(a.dq, b, s.q_start + i0, h);
-    FP_OCL_UNROLL
-    for (int n = 0; n < FA2_ON; n++)
-        FP_OCL_UNROLL
-        for (int e = 0; e < 4; e++) {
-            const int r = r_lo + 8 * (e / 2), d = 8 * n + 2 * t4 + e % 2;
-            if (r < rows && d < hd)
-                FP_STORE(dq, q0 + r * a.dq.s[1] + d * a.dq.s[3], acc[4 * n + e]);
-        }
+    fp_ocl_fa2_store(dq, fp_ocl_row0(a.dq, b, s.q_start + i0, h), a.dq.s[1], a.dq.s[3], rows, hd,
+                     acc, 1.0f, 1.0f);
 }
 
 /* dK and dV of 64 keys (4 warps of 16) over every query head of the kv head and every query
@@ -552,16 +513,8 @@ fp_ocl_backward_dkdv(const fp_ocl_args a, __global const fp_elem *q, __global co
     const int k_lo = 16 * (tid / 32) + lane / 4; /* this lane's keys: k_lo and k_lo + 8 */
     __local fp_tile *sq = stage, *sdo = stage + FA2_BQ * LD;
 
-    fp_ocl_fa2_rows(stage, T, k, &a, &kr, j0, cols, hd, 0, sbad);
-    barrier(CLK_LOCAL_MEM_FENCE);
     uint kf[FA2_KS * 4], vf[FA2_KS * 4];
-    fp_ocl_fa2_frags(kf, stage);
-    barrier(CLK_LOCAL_MEM_FENCE);
-    fp_ocl_fa2_rows(stage, T, v, &a, &vr, j0, cols, hd, 0, sbad);
-    if (tid < 2 * FA2_BQ)
-        sbad[tid] = 0.0f;
-    barrier(CLK_LOCAL_MEM_FENCE);
-    fp_ocl_fa2_frags(vf, stage);
+    fp_ocl_fa2_stage2(kf, vf, stage, &a, k, &kr, v, &vr, j0, cols, hd, sbad, 2 * FA2_BQ);
     float acc_k[FA2_ON * 4], acc_v[FA2_ON * 4]; /* rows: this warp's keys */
     FP_OCL_UNROLL
     for (int e = 0; e < FA2_ON * 4; e++)
@@ -585,8 +538,8 @@ fp_ocl_backward_dkdv(const fp_ocl_args a, __global const fp_elem *q, __global co
             const int par = it++ & 1;
             __local float *bad = sbad + par * FA2_BQ;
             barrier(CLK_LOCAL_MEM_FENCE); /* every reader of the staging tile and srow is done */
-            fp_ocl_fa2_rows(sq, FA2_BQ, q, &a, &qr, i0, rows, hd, edge, bad);
-            fp_ocl_fa2_rows(sdo, FA2_BQ, dout, &a, &dor, i0, rows, hd, edge, bad);
+            fp_ocl_load_rows(sq, FA2_BQ, q, &a, &qr, i0, rows, hd, edge, bad, 1);
+            fp_ocl_load_rows(sdo, FA2_BQ, dout, &a, &dor, i0, rows, hd, edge, bad, 1);
             if (tid < FA2_BQ) {
                 srow[tid] = tid < rows ? lse[fp_ocl_lse_at(&a, b, h, s.q_start + i0 + tid)]
                                        : -INFINITY;
@@ -618,18 +571,10 @@ fp_ocl_backward_dkdv(const fp_ocl_args a, __global const fp_elem *q, __global co
             fp_ocl_fa2_cmm(acc_k, dst, FA2_BQ / 16, sq, scratch);
         }
     }
-    const long k0 = fp_ocl_row0(a.dk, b, s.k_start + j0, hk);
-    const long v0 = fp_ocl_row0(a.dv, b, s.k_start + j0, hk);
-    FP_OCL_UNROLL
-    for (int n = 0; n < FA2_ON; n++)
-        FP_OCL_UNROLL
-        for (int e = 0; e < 4; e++) {
-            const int r = k_lo + 8 * (e / 2), d = 8 * n + 2 * t4 + e % 2;
-            if (r < stored && d < hd) {
-                FP_STORE(dk, k0 + r * a.dk.s[1] + d * a.dk.s[3], acc_k[4 * n + e]);
-                FP_STORE(dv, v0 + r * a.dv.s[1] + d * a.dv.s[3], acc_v[4 * n + e]);
-            }
-        }
+    fp_ocl_fa2_store(dk, fp_ocl_row0(a.dk, b, s.k_start + j0, hk), a.dk.s[1], a.dk.s[3], stored,
+                     hd, acc_k, 1.0f, 1.0f);
+    fp_ocl_fa2_store(dv, fp_ocl_row0(a.dv, b, s.k_start + j0, hk), a.dv.s[1], a.dv.s[3], stored,
+                     hd, acc_v, 1.0f, 1.0f);
 }
 
 #endif /* FP_OCL_FA2 */

@@ -24,6 +24,11 @@
 #define FP_OCL_WG  128
 #define FP_OCL_ACC 32
 
+/* The FA2-shaped kernels' inner blocks (kernels/flash_fa2.cl; their work-groups own 64 rows):
+ * keys per block of the dQ kernel, query rows per block of the dK / dV kernel. */
+#define FP_OCL_FA2_BK 32
+#define FP_OCL_FA2_BQ 16
+
 typedef struct fp_ocl_view {
     FP_OCL_LONG off;
     FP_OCL_LONG s[4];

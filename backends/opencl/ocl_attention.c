@@ -7,7 +7,8 @@
  * Kernel variants (ocl_plan.h): the plain path (local-memory tiles, f32 FMAs) on every device;
  * for f16 and bf16 storage on NVIDIA devices of compute capability >= 8.0 (or where
  * FLASHPORT_OPENCL_MMA=nv asks for it), the tensor-core path (kernels/mma_nv.cl: mma.sync
- * through inline PTX). A tensor-core
+ * through inline PTX), whose kernels at head dims up to 128 are the FA2-shaped ones of
+ * kernels/flash_fa2.cl (FLASHPORT_OPENCL_MMA=nv-tile keeps the tile-shaped ones). A tensor-core
  * program the driver refuses is remembered by its key (dtype, head-dim class, tile) and its
  * calls are planned again on the plain path with the plain path's own tiles (logged with the
  * driver's build log); the other keys are unaffected. FLASHPORT_OPENCL_MMA=emulate builds the
@@ -37,8 +38,9 @@
 extern const char fp_ocl_program_source[];
 
 static const char *const dtype_names[3] = {"f32", "f16", "bf16"};
-static const char *const variant_names[3] = {"plain kernels", "tensor-core kernels (mma.sync)",
-                                             "emulated tensor-core kernels"};
+static const char *const variant_names[5] = {
+    "plain kernels", "tensor-core kernels (mma.sync)", "emulated tensor-core kernels",
+    "FA2-shaped tensor-core kernels (mma.sync)", "emulated FA2-shaped tensor-core kernels"};
 
 static double now_ms(void)
 {
@@ -160,12 +162,12 @@ static flashport_status get_program(fp_ocl_ctx *ctx, flashport_dtype dtype, int6
     flashport_status st = fp_ocl_check(err, "clCreateProgramWithSource");
     if (st != FLASHPORT_OK)
         return st;
-    char options[192];
+    char options[224];
     snprintf(options, sizeof options,
              "-cl-std=CL1.2 -DFP_OCL_DTYPE=%d -DFP_OCL_D=%lld -DFP_OCL_T=%lld -DFP_OCL_MMA=%d "
-             "-DFP_OCL_MMA_EMULATE=%d -DFP_OCL_UNROLL_ALL=%d",
+             "-DFP_OCL_MMA_EMULATE=%d -DFP_OCL_FA2=%d -DFP_OCL_UNROLL_ALL=%d",
              dt, (long long)d, (long long)t, variant != FP_OCL_PLAIN,
-             variant == FP_OCL_MMA_EMULATED, ctx->unroll_all);
+             fp_ocl_variant_emulated(variant), fp_ocl_variant_fa2(variant), ctx->unroll_all);
     err = cl->clBuildProgram(pr.program, 1, &ctx->device, options, NULL, NULL);
     if (err != CL_SUCCESS) {
         char *full = read_build_log(cl, pr.program, ctx->device), log[640];
@@ -176,7 +178,7 @@ static flashport_status get_program(fp_ocl_ctx *ctx, flashport_dtype dtype, int6
                                options, (int)err, full ? full : "(none)");
         free(full);
         release_program(cl, &pr);
-        if (variant == FP_OCL_MMA_NV) {
+        if (variant == FP_OCL_MMA_NV || variant == FP_OCL_FA2_NV) {
             if (fp_ocl_host()->log_enabled())
                 fp_ocl_host()->log("opencl: building the %s (%s) for '%s' failed (OpenCL error "
                                    "%d), the plain kernels serve this key from now on; build "

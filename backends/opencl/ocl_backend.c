@@ -156,26 +156,32 @@ static flashport_status pick_device(const fp_ocl_api *cl, int index, cl_platform
 #define CL_DEVICE_COMPUTE_CAPABILITY_MINOR_NV 0x4001
 #endif
 
-/* The tensor-core variant of the device (ocl_plan.h): FP_OCL_MMA_NV (mma.sync m16n8k16 through
- * inline PTX) where NVIDIA's driver reports compute capability >= 8.0, else FP_OCL_PLAIN; where a
- * driver refuses a tensor-core program, that program falls back to the plain path.
- * FLASHPORT_OPENCL_MMA=0 forces the plain path (A/B runs), =nv the tensor-core variant on any
- * device (the test of the fallback), =emulate the emulated variant on any device (the test of
- * the tensor-core layouts). */
+/* The tensor-core variant of the device (ocl_plan.h): FP_OCL_FA2_NV (mma.sync m16n8k16 through
+ * inline PTX; the kernels FA2-shaped up to D = 128, tile-shaped above) where NVIDIA's driver
+ * reports compute capability >= 8.0, else FP_OCL_PLAIN; where a driver refuses a tensor-core
+ * program, that program falls back to the plain path. FLASHPORT_OPENCL_MMA=0 forces the plain
+ * path (A/B runs), =nv the tensor-core variant on any device (the test of the fallback), =nv-tile
+ * the same with the tile-shaped kernels everywhere (A/B of the two shapes), =emulate and
+ * =emulate-tile the emulated ones on any device (the tests of the tensor-core layouts). */
 static int device_mma(const fp_ocl_api *cl, cl_device_id dev)
 {
+    static const struct {
+        const char *name;
+        int variant;
+    } forced[] = {{"0", FP_OCL_PLAIN},
+                  {"nv", FP_OCL_FA2_NV},
+                  {"nv-tile", FP_OCL_MMA_NV},
+                  {"emulate", FP_OCL_FA2_EMULATED},
+                  {"emulate-tile", FP_OCL_MMA_EMULATED}};
     const char *env = getenv("FLASHPORT_OPENCL_MMA");
-    if (env && !strcmp(env, "0"))
-        return FP_OCL_PLAIN;
-    if (env && !strcmp(env, "emulate"))
-        return FP_OCL_MMA_EMULATED;
-    if (env && !strcmp(env, "nv"))
-        return FP_OCL_MMA_NV;
+    for (size_t i = 0; env && i < sizeof forced / sizeof forced[0]; i++)
+        if (!strcmp(env, forced[i].name))
+            return forced[i].variant;
     cl_uint major = 0;
     if (cl->clGetDeviceInfo(dev, CL_DEVICE_COMPUTE_CAPABILITY_MAJOR_NV, sizeof major, &major,
                             NULL) == CL_SUCCESS &&
         major >= 8)
-        return FP_OCL_MMA_NV;
+        return FP_OCL_FA2_NV;
     return FP_OCL_PLAIN;
 }
 
@@ -216,8 +222,11 @@ static flashport_status read_device(fp_ocl_ctx *ctx)
         (void)cl->clGetDeviceInfo(ctx->device, CL_DEVICE_OPENCL_C_VERSION, sizeof version - 1,
                                   version, NULL);
         (void)cl->clGetDeviceInfo(ctx->device, CL_DEVICE_EXTENSIONS, sizeof ext - 1, ext, NULL);
-        static const char *const mma[3] = {"none", "mma.sync through inline PTX",
-                                           "emulated (FLASHPORT_OPENCL_MMA=emulate)"};
+        static const char *const mma[5] = {
+            "none", "mma.sync through inline PTX, tile-shaped",
+            "emulated, tile-shaped (FLASHPORT_OPENCL_MMA=emulate-tile)",
+            "mma.sync through inline PTX, FA2-shaped up to D = 128",
+            "emulated, FA2-shaped up to D = 128 (FLASHPORT_OPENCL_MMA=emulate)"};
         host_api->log("opencl: device %d: '%s' on platform '%s' (%s, %zu KiB local memory; "
                       "tensor-core variant for f16 / bf16: %s); extensions: %s",
                       ctx->index, ctx->device_name, ctx->platform_name, version,

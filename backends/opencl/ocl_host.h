@@ -79,7 +79,7 @@ typedef struct fp_ocl_alloc {
 typedef struct fp_ocl_program {
     flashport_dtype dtype;
     int64_t head_dim, tile;
-    int variant; /* FP_OCL_PLAIN, FP_OCL_MMA_NV or FP_OCL_MMA_EMULATED (ocl_plan.h) */
+    int variant; /* FP_OCL_PLAIN, FP_OCL_MMA_NV, ... (ocl_plan.h's enum) */
     int failed;
     int ran[3];
     cl_program program;
@@ -102,7 +102,7 @@ typedef struct fp_ocl_ctx {
     char platform_name[128], device_name[128];
     size_t local_mem; /* bytes of local memory per work-group */
     size_t max_alloc; /* CL_DEVICE_MAX_MEM_ALLOC_SIZE: the largest one buffer may be */
-    /* The tensor-core variant f16 / bf16 programs get (ocl_plan.h's fp_ocl_plan): FP_OCL_MMA_NV
+    /* The tensor-core variant f16 / bf16 programs get (ocl_plan.h's fp_ocl_plan): FP_OCL_FA2_NV
      * on NVIDIA devices of compute capability >= 8.0, FP_OCL_PLAIN otherwise, unless
      * FLASHPORT_OPENCL_MMA says otherwise (ocl_backend.c's device_mma). */
     int mma;

@@ -15,8 +15,29 @@ enum { FP_OCL_FORWARD, FP_OCL_BACKWARD };
 
 /* Kernel variants (micro-tile policies of kernels/flash.cl): plain f32 FMAs; NVIDIA's tensor cores
  * through inline PTX (kernels/mma_nv.cl); the same policy with the tensor-core instruction
- * emulated in local memory (the test of the former on any device). */
-enum { FP_OCL_PLAIN, FP_OCL_MMA_NV, FP_OCL_MMA_EMULATED };
+ * emulated in local memory (the test of the former on any device); and the FlashAttention-2
+ * shaped kernels of kernels/flash_fa2.cl (each warp owns 16 rows, its scores and accumulators in
+ * registers), real or emulated. As a device's variant the last two plan head dims up to 128 on
+ * themselves and larger ones on their tile counterpart (fp_ocl_tile_variant). */
+enum { FP_OCL_PLAIN, FP_OCL_MMA_NV, FP_OCL_MMA_EMULATED, FP_OCL_FA2_NV, FP_OCL_FA2_EMULATED };
+
+static inline int fp_ocl_variant_fa2(int variant)
+{
+    return variant == FP_OCL_FA2_NV || variant == FP_OCL_FA2_EMULATED;
+}
+
+static inline int fp_ocl_variant_emulated(int variant)
+{
+    return variant == FP_OCL_MMA_EMULATED || variant == FP_OCL_FA2_EMULATED;
+}
+
+/* The tile-shaped tensor-core variant of the same device (FA2 -> MMA, real or emulated). */
+static inline int fp_ocl_tile_variant(int variant)
+{
+    return variant == FP_OCL_FA2_NV         ? FP_OCL_MMA_NV
+           : variant == FP_OCL_FA2_EMULATED ? FP_OCL_MMA_EMULATED
+                                            : variant;
+}
 
 /* The head-dim class a program is built for: the problem's head dim rounded up to one of a few
  * sizes, so a handful of programs serve every D in 1..256 (each build costs seconds on PoCL);
@@ -40,9 +61,18 @@ static inline int64_t fp_ocl_tile_elem_bytes(int variant)
     return variant == FP_OCL_PLAIN ? 4 : 2;
 }
 
+/* The FA2-shaped kernels' [t, d] staging tile has a pitch of d + 8: 16-byte aligned rows for
+ * their 16-byte copies, and a word pitch of 4 mod 32 banks, so that a fragment load (lane
+ * 4 g + t: row g, word t) touches 32 distinct banks (kernels/flash_fa2.cl). */
 static inline int64_t fp_ocl_tile_ld(int64_t d, int variant)
 {
-    return variant == FP_OCL_PLAIN ? d + 4 : d + 2;
+    return variant == FP_OCL_PLAIN ? d + 4 : fp_ocl_variant_fa2(variant) ? d + 8 : d + 2;
+}
+
+/* The FA2-shaped forward's V tile, transposed: [d, t] 16-bit, pitch t + 8 for the same reason. */
+static inline int64_t fp_ocl_vt_ld(int64_t t)
+{
+    return t + 8;
 }
 
 /* Row pitch of the [t, t] score tiles, odd for the same reason. */
@@ -73,7 +103,23 @@ static inline int fp_ocl_local_args(int kernel, int64_t t, int64_t d, int varian
     const size_t tile = (size_t)(t * fp_ocl_tile_ld(d, variant) * fp_ocl_tile_elem_bytes(variant));
     const size_t scores = (size_t)(t * fp_ocl_score_ld(t)) * 4, rows = (size_t)t * 4;
     int n = 0;
-    if (kernel == FP_OCL_KERNEL_FORWARD) {
+    if (fp_ocl_variant_fa2(variant)) {
+        /* kernels/flash_fa2.cl: one [t, d] 16-bit tile staging everything that goes through
+         * local memory (forward: q, then k; dQ: q, dO, then k and v of FP_OCL_FA2_BK rows each;
+         * dK / dV: k, v, then q and dO of FP_OCL_FA2_BQ rows each), then per-row f32 values and
+         * two blocks' row flags (the guard) */
+        bytes[n++] = tile;
+        if (kernel == FP_OCL_KERNEL_FORWARD) {
+            bytes[n++] = (size_t)(d * fp_ocl_vt_ld(t)) * 2; /* v transposed */
+            bytes[n++] = 2 * rows;                          /* key flags */
+        } else if (kernel == FP_OCL_KERNEL_DQ) {
+            bytes[n++] = rows;                  /* delta of the rows */
+            bytes[n++] = 2 * FP_OCL_FA2_BK * 4; /* key flags */
+        } else {
+            bytes[n++] = 2 * FP_OCL_FA2_BQ * 4; /* LSE and delta of a query block */
+            bytes[n++] = 2 * FP_OCL_FA2_BQ * 4; /* query-row flags */
+        }
+    } else if (kernel == FP_OCL_KERNEL_FORWARD) {
         bytes[n++] = tile; /* q */
         /* k and v: one buffer on the plain path (K, then V of the same block), side by side on
          * the tensor-core paths (kernels/flash.cl's FP_OCL_KV_APART) */
@@ -94,11 +140,13 @@ static inline int fp_ocl_local_args(int kernel, int64_t t, int64_t d, int varian
 }
 
 /* The kernels' own __local array (FP_OCL_SCRATCH floats in kernels/flash.cl and mma_nv.cl): the
- * emulated instruction's A 16 x 16 and B 16 x 8 f32 for each of the 4 warps; one float in the
- * other variants, which do not use it. */
+ * emulated instruction's A 16 x 16 and B 16 x 8 f32 for each of the 4 warps (the emulated
+ * shuffle of the FA2-shaped forward uses the same floats); one float in the other variants, which
+ * do not use it. */
 static inline size_t fp_ocl_static_local_bytes(int variant)
 {
-    return (size_t)(variant == FP_OCL_MMA_EMULATED ? (FP_OCL_WG / 32) * (16 * 16 + 16 * 8) : 1) * 4;
+    return (size_t)(fp_ocl_variant_emulated(variant) ? (FP_OCL_WG / 32) * (16 * 16 + 16 * 8) : 1) *
+           4;
 }
 
 static inline size_t fp_ocl_local_round(size_t bytes)
@@ -143,13 +191,29 @@ static inline int64_t fp_ocl_tile(int kind, int64_t d, size_t local, int variant
     return 0;
 }
 
+/* The FA2-shaped kernels' tile (the rows a work-group owns: 4 warps of 16 query rows in the
+ * forward and the dQ kernel, of 16 keys in the dK / dV kernel): 64 for head-dim classes up to
+ * 128 where their local memory fits, else 0. Above 128 a warp's 16 x D accumulators and its
+ * operand fragments would pass the 255 registers of a thread. */
+static inline int64_t fp_ocl_fa2_tile(int kind, int64_t d, size_t local, int variant)
+{
+    return d <= 128 && fp_ocl_tile_local_bytes(kind, 64, d, variant) <= local ? 64 : 0;
+}
+
 /* The variant and tile of one call: the device's tensor-core variant (`device`, FP_OCL_PLAIN
  * where it has none) for f16 and bf16 storage when its tiles have at least 16 rows (one m16
- * strip), else the plain path (f32 storage; head dims whose 16-bit tiles do not fit). Sets *t
- * to 0 when no tile fits. */
+ * strip), else the plain path (f32 storage; head dims whose 16-bit tiles do not fit). An FA2
+ * device variant serves the call where fp_ocl_fa2_tile allows and otherwise plans as its tile
+ * counterpart. Sets *t to 0 when no tile fits. */
 static inline int fp_ocl_plan(int kind, int64_t d, size_t local, int device, int f32_storage,
                               int64_t *t)
 {
+    if (fp_ocl_variant_fa2(device) && !f32_storage) {
+        *t = fp_ocl_fa2_tile(kind, d, local, device);
+        if (*t)
+            return device;
+    }
+    device = fp_ocl_tile_variant(device);
     if (device != FP_OCL_PLAIN && !f32_storage) {
         *t = fp_ocl_tile(kind, d, local, device);
         if (*t >= 16)

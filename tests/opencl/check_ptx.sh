@@ -27,20 +27,22 @@ LIBCLC=${5:-/usr/lib/clc/nvptx64--nvidiacl.bc}
 TMP=$(mktemp -d)
 trap 'rm -rf "$TMP"' EXIT
 
-# check DTYPE D T MMA: one program; prints its line, or its errors and exits 1.
+# check DTYPE D T MMA: one program (MMA: 0 plain, 1 tile-shaped tensor-core, 2 FA2-shaped);
+# prints its line, or its errors and exits 1.
 check() {
     local name="dtype$1-D$2-T$3-mma$4"
     if ! "$CLANG" -x cl -cl-std=CL1.2 -target nvptx64-nvidia-nvcl -march=sm_80 \
         -Xclang -target-feature -Xclang +ptx70 -Xclang -mlink-builtin-bitcode -Xclang "$LIBCLC" \
         -include opencl-c.h -fgnu-keywords -Wno-linker-warnings -O2 -S -DFP_OCL_DTYPE="$1" \
-        -DFP_OCL_D="$2" -DFP_OCL_T="$3" -DFP_OCL_MMA="$4" -DFP_OCL_MMA_EMULATE=0 \
+        -DFP_OCL_D="$2" -DFP_OCL_T="$3" -DFP_OCL_MMA=$(($4 > 0)) -DFP_OCL_FA2=$(($4 == 2)) \
+        -DFP_OCL_MMA_EMULATE=0 \
         -DFP_OCL_UNROLL_ALL=1 \
         -o "$TMP/$name.ptx" "$SRC" 2>"$TMP/$name.err"; then
         echo "$name: clang failed:"
         cat "$TMP/$name.err"
         return 1
     fi
-    if [ "$4" = 1 ] && ! grep -q "mma.sync.aligned.m16n8k16" "$TMP/$name.ptx"; then
+    if [ "$4" != 0 ] && ! grep -q "mma.sync.aligned.m16n8k16" "$TMP/$name.ptx"; then
         echo "$name: no mma.sync in the PTX"
         return 1
     fi

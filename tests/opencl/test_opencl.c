@@ -244,6 +244,48 @@ static void check_plan_48k(void)
     CHECK(programs == 256 * 2 * 2 * 3);
 }
 
+/* The FA2 device variants (kernels/flash_fa2.cl) on a 48 KiB device: f16 / bf16 calls at
+ * head-dim classes up to 128 plan on them with T = 64 and three local arguments per kernel that
+ * fit (the staging tile, then per-row values or v transposed, then the flags); every other call
+ * plans exactly as on their tile-shaped counterparts, so the larger head dims keep their
+ * programs. */
+static void check_plan_fa2(void)
+{
+    const size_t local = 48 << 10;
+    for (int64_t hd = 1; hd <= 256; hd++)
+        for (int kind = FP_OCL_FORWARD; kind <= FP_OCL_BACKWARD; kind++)
+            for (int f32 = 0; f32 <= 1; f32++)
+                for (int device = FP_OCL_FA2_NV; device <= FP_OCL_FA2_EMULATED; device++) {
+                    const int64_t c = fp_ocl_dim_class(hd);
+                    int64_t t = 0, tt = 0;
+                    const int v = fp_ocl_plan(kind, c, local, device, f32, &t);
+                    const int vt =
+                        fp_ocl_plan(kind, c, local, fp_ocl_tile_variant(device), f32, &tt);
+                    size_t bytes[FP_OCL_MAX_LOCAL_ARGS];
+                    const int fa2 = !f32 && c <= 128;
+                    int ok =
+                        fa2 ? v == device && t == 64 : v == vt && t == tt && !fp_ocl_variant_fa2(v);
+                    for (int k = FP_OCL_KERNEL_FORWARD; fa2 && k <= FP_OCL_KERNEL_DKDV; k++)
+                        if ((k == FP_OCL_KERNEL_FORWARD) == (kind == FP_OCL_FORWARD))
+                            ok = ok && fp_ocl_local_args(k, t, c, v, bytes) == 3 &&
+                                 fp_ocl_kernel_local_bytes(k, t, c, v) <= local;
+                    CHECK_MSG(ok,
+                              "48 KiB, D %lld (class %lld), %s, %s storage, FA2 device variant "
+                              "%d: variant %d, T %lld (tile-shaped: variant %d, T %lld)",
+                              (long long)hd, (long long)c, kind ? "backward" : "forward",
+                              f32 ? "f32" : "16-bit", device, v, (long long)t, vt, (long long)tt);
+                }
+    /* D = 128: q / k 64 x 136 and v^T 128 x 72 16-bit, 2 x 64 flags, + 16 bytes each, and the
+     * real variant's one-float array */
+    CHECK(fp_ocl_kernel_local_bytes(FP_OCL_KERNEL_FORWARD, 64, 128, FP_OCL_FA2_NV) ==
+          64 * 136 * 2 + 16 + 128 * 72 * 2 + 16 + 512 + 16 + 16);
+    /* the backward's: the staging tile, and small per-row arrays */
+    CHECK(fp_ocl_kernel_local_bytes(FP_OCL_KERNEL_DQ, 64, 128, FP_OCL_FA2_NV) ==
+          64 * 136 * 2 + 16 + 256 + 16 + 2 * FP_OCL_FA2_BK * 4 + 16 + 16);
+    CHECK(fp_ocl_kernel_local_bytes(FP_OCL_KERNEL_DKDV, 64, 128, FP_OCL_FA2_NV) ==
+          64 * 136 * 2 + 16 + 2 * (2 * FP_OCL_FA2_BQ * 4 + 16) + 16);
+}
+
 /* FLASHPORT_OPENCL_PLATFORM as the test found it, put back after the checks that change it. */
 static void restore_platform(const char *saved)
 {
@@ -551,6 +593,7 @@ int main(int argc, char **argv)
     section("tile planner");
     check_plan();
     check_plan_48k();
+    check_plan_fa2();
     if (argc > 1 && strcmp(argv[1], "--no-device") == 0)
         return check_no_device();
     flashport_backend *be = NULL;

@@ -223,29 +223,48 @@ FP_OCL_INLINE void fp_ocl_tile_mm(__local const float *pt, int transposed, __loc
 }
 #endif /* !FP_OCL_MMA */
 
+/* Dim d of row r0 + r of a slice as a tile element, 0 where r >= n, d >= hd or the row lies in a
+ * page out of range; where scrub, a non-finite element becomes 0 and sets *bad. */
+FP_OCL_INLINE fp_tile fp_ocl_get1(__global const fp_elem *x, const fp_ocl_args *a,
+                                  const fp_ocl_rows *src, long r0, int r, int n, int d, int hd,
+                                  int scrub, __local float *bad)
+{
+    const long at = r < n && d < hd ? fp_ocl_row_at(a, src, r0 + r) : -1;
+    fp_tile v = at >= 0 ? FP_TILE_PUT(x, at + d * src->sdim) : (fp_tile)0;
+    if (scrub && !FP_TILE_FINITE(v)) {
+        v = (fp_tile)0;
+        *bad = 1.0f;
+    }
+    return v;
+}
+
 /* Rows [r0, r0 + n) of a [seq, dim] slice (src: where its rows lie) with hd dims into
- * t[r * LD + d], zeros in rows n .. T - 1, in rows of a page out of range, and in dims
- * hd .. D - 1, so partial tiles compute on finite values and add nothing: rows past n (keys past
- * seqused_k, a page's unused tail) are never read, whatever they hold. Where scrub, non-finite
- * elements become 0 and flag their row in bad (FP_OCL_BAD; zeroed beforehand by the caller). */
+ * t[r * LD + d] for r < nrows, zeros in rows n .. nrows - 1, in rows of a page out of range, and
+ * in dims hd .. D - 1, so partial tiles compute on finite values and add nothing: rows past n
+ * (keys past seqused_k, a page's unused tail) are never read, whatever they hold. Where scrub,
+ * non-finite elements become 0 and flag their row r at bad[r * bstride] (zeroed beforehand by
+ * the caller). */
+FP_OCL_INLINE void fp_ocl_load_rows(__local fp_tile *t, int nrows, __global const fp_elem *x,
+                                    const fp_ocl_args *a, const fp_ocl_rows *src, long r0, int n,
+                                    int hd, int scrub, __local float *bad, int bstride)
+{
+#if FP_OCL_MMA
+    if (fp_ocl_load_tile16(t, nrows, x, a, src, r0, n, hd, scrub, bad, bstride))
+        return;
+#endif
+    for (int e = get_local_id(0); e < nrows * D; e += FP_OCL_WG) {
+        const int r = e / D, d = e - r * D;
+        t[r * LD + d] = fp_ocl_get1(x, a, src, r0, r, n, d, hd, scrub, bad + r * bstride);
+    }
+}
+
+/* A [T, D] tile (fp_ocl_load_rows), its row flags in column T of the [T, LS] score tile bad
+ * (FP_OCL_BAD). */
 FP_OCL_INLINE void fp_ocl_load_tile(__local fp_tile *t, __global const fp_elem *x,
                                     const fp_ocl_args *a, const fp_ocl_rows *src, long r0, int n,
                                     int hd, int scrub, __local float *bad)
 {
-#if FP_OCL_MMA
-    if (fp_ocl_load_tile16(t, x, a, src, r0, n, hd, scrub, bad))
-        return;
-#endif
-    for (int e = get_local_id(0); e < T * D; e += FP_OCL_WG) {
-        const int r = e / D, d = e - r * D;
-        const long at = r < n && d < hd ? fp_ocl_row_at(a, src, r0 + r) : -1;
-        fp_tile v = at >= 0 ? FP_TILE_PUT(x, at + d * src->sdim) : (fp_tile)0;
-        if (scrub && !FP_TILE_FINITE(v)) {
-            v = (fp_tile)0;
-            FP_OCL_BAD(bad, r) = 1.0f;
-        }
-        t[r * LD + d] = v;
-    }
+    fp_ocl_load_rows(t, T, x, a, src, r0, n, hd, scrub, bad + T, LS);
 }
 
 /* Stores the output micro-tile's elements of rows < n, dims < hd, times factor(row), to x (row0:
@@ -302,6 +321,9 @@ FP_OCL_INLINE int fp_ocl_sees_bad(const fp_ocl_args *a, const fp_ocl_seq *s, lon
  * bytes more, so the rounded address stays inside it. */
 #define FP_OCL_ALIGN16(T, p) ((__local T *)(((size_t)(p) + 15) & ~(size_t)15))
 
+/* The tile-shaped kernels; an FA2 program (FP_OCL_FA2, kernels/flash_fa2.cl) has only its own
+ * forward. */
+#if !FP_OCL_FA2
 __kernel __attribute__((reqd_work_group_size(FP_OCL_WG, 1, 1))) void
 fp_ocl_forward(const fp_ocl_args a, __global const fp_elem *q, __global const fp_elem *k,
                __global const fp_elem *v, __global fp_elem *o, __global float *lse,
@@ -604,3 +626,4 @@ fp_ocl_backward_dkdv(const fp_ocl_args a, __global const fp_elem *q, __global co
     fp_ocl_store_tile(dv, fp_ocl_row0(a.dv, b, s.k_start + j0, hk), a.dv.s[1], a.dv.s[3], stored,
                       hd, acc_v, srow, 0, 1.0f);
 }
+#endif /* !FP_OCL_FA2 */

@@ -55,7 +55,11 @@
 #define FP_OCL_ON    (MMA_RM * MMA_OCN * 4)
 
 typedef ushort fp_tile;
-#define LD                (D + 2)
+#if FP_OCL_FA2
+#define LD (D + 8) /* ocl_plan.h's fp_ocl_tile_ld: the FA2-shaped kernels' 16-byte rows */
+#else
+#define LD (D + 2)
+#endif
 #define FP_OCL_KV_APART   1 /* the 16-bit tiles leave room for K and V side by side */
 #define FP_TILE_PUT(x, i) (((__global const ushort *)(x))[i])
 #if FP_OCL_DTYPE == 2
@@ -87,36 +91,52 @@ FP_OCL_INLINE uint fp_ocl_scrub2(uint w)
 #define FP_OCL_SCRATCH 1
 #endif
 
-/* fp_ocl_load_tile's copy 16 bytes (8 elements) a work-item at a time where the slice allows it:
+/* Dims d .. d + 7 of row r0 + r of a slice as stored (dims contiguous, d a multiple of 8, the
+ * row 16-byte aligned), zeros where r >= n, d >= hd or the row lies in a page out of range;
+ * where scrub, non-finite elements become 0 and set *bad. */
+FP_OCL_INLINE uint4 fp_ocl_get16(__global const fp_elem *x, const fp_ocl_args *a,
+                                 const fp_ocl_rows *src, long r0, int r, int n, int d, int hd,
+                                 int scrub, __local float *bad)
+{
+    const long at = r < n && d < hd ? fp_ocl_row_at(a, src, r0 + r) : -1;
+    uint4 v = (uint4)(0);
+    if (at >= 0)
+        v = *(__global const uint4 *)((__global const ushort *)x + at + d);
+    if (scrub && !(fp_ocl_finite2(v.x) && fp_ocl_finite2(v.y) && fp_ocl_finite2(v.z) &&
+                   fp_ocl_finite2(v.w))) {
+        v = (uint4)(fp_ocl_scrub2(v.x), fp_ocl_scrub2(v.y), fp_ocl_scrub2(v.z),
+                    fp_ocl_scrub2(v.w));
+        *bad = 1.0f;
+    }
+    return v;
+}
+
+/* fp_ocl_load_rows's copy 16 bytes (8 elements) a work-item at a time where the slice allows it:
  * dims contiguous, hd a multiple of 8 and every row 16-byte aligned (the usual [B, N, H, D]
  * layout, dense or paged); the storage bits go to the tile unchanged. 0 when it does not (the
- * element-wise copy serves). The tile's rows (pitch D + 2) are only 4-byte aligned, hence four
- * 32-bit stores. A paged row's page is looked up once per 8 elements (fp_ocl_row_at). Where
- * scrub, non-finite elements become 0 and flag their row (flash.cl's fp_ocl_load_tile). */
-FP_OCL_INLINE int fp_ocl_load_tile16(__local fp_tile *t, __global const fp_elem *x,
+ * element-wise copy serves). The tile-shaped tiles' rows (pitch D + 2) are only 4-byte aligned,
+ * hence four 32-bit stores; the FA2-shaped ones (D + 8) take one 16-byte store. A paged row's
+ * page is looked up once per 8 elements (fp_ocl_row_at). Where scrub, non-finite elements become
+ * 0 and flag their row r at bad[r * bstride] (flash.cl's fp_ocl_load_rows). */
+FP_OCL_INLINE int fp_ocl_load_tile16(__local fp_tile *t, int nrows, __global const fp_elem *x,
                                      const fp_ocl_args *a, const fp_ocl_rows *src, long r0, int n,
-                                     int hd, int scrub, __local float *bad)
+                                     int hd, int scrub, __local float *bad, int bstride)
 {
     if (src->sdim != 1 || hd % 8 != 0 || src->row0 % 8 != 0 || src->srow % 8 != 0 ||
         src->spage % 8 != 0)
         return 0;
-    for (int e = get_local_id(0); e < T * (D / 8); e += FP_OCL_WG) {
+    for (int e = get_local_id(0); e < nrows * (D / 8); e += FP_OCL_WG) {
         const int r = e / (D / 8), d = (e - r * (D / 8)) * 8;
-        const long at = r < n && d < hd ? fp_ocl_row_at(a, src, r0 + r) : -1;
-        uint4 v = (uint4)(0);
-        if (at >= 0)
-            v = *(__global const uint4 *)((__global const ushort *)x + at + d);
-        if (scrub && !(fp_ocl_finite2(v.x) && fp_ocl_finite2(v.y) && fp_ocl_finite2(v.z) &&
-                       fp_ocl_finite2(v.w))) {
-            v = (uint4)(fp_ocl_scrub2(v.x), fp_ocl_scrub2(v.y), fp_ocl_scrub2(v.z),
-                        fp_ocl_scrub2(v.w));
-            FP_OCL_BAD(bad, r) = 1.0f;
-        }
+        const uint4 v = fp_ocl_get16(x, a, src, r0, r, n, d, hd, scrub, bad + r * bstride);
+#if FP_OCL_FA2
+        *(__local uint4 *)(t + r * LD + d) = v;
+#else
         __local uint *dst = (__local uint *)(t + r * LD + d);
         dst[0] = v.x;
         dst[1] = v.y;
         dst[2] = v.z;
         dst[3] = v.w;
+#endif
     }
     return 1;
 }

@@ -1,0 +1,580 @@
+/*
+ * The forward in FlashAttention-2's shape for NVIDIA's tensor cores through OpenCL (FP_OCL_FA2 = 1,
+ * with FP_OCL_MMA = 1; f16 and bf16 storage, head-dim classes up to 128, T = 64).
+ *
+ * Algorithm: one work-group of 4 warps per (64-row query block, head, batch); warp w owns query
+ * rows 16 w .. 16 w + 15 for the whole call. Its Q fragments (the A operands of Q K^T, D / 16
+ * m16n8k16 steps) are loaded once into registers (the Q tile staged through K's local buffer);
+ * key blocks of 64 stream through local memory, K as [64, D + 8] and V transposed as
+ * [D, 64 + 8] (both 16-bit, copied in one phase between two barriers). Per key block each warp:
+ *   S = Q K^T: 8 column tiles of m16n8 C fragments in registers (32 floats a lane);
+ *   the mask and score transforms (core/mask.h) on those registers, skipped in blocks that are
+ *   wholly visible with no softcap, ALiBi or paged cache;
+ *   the row max and (at the end) the row sum: a lane holds rows g and g + 8 (lane = 4 g + t),
+ *   columns 2 t, 2 t + 1 of each column tile, so a row is one quad of lanes, reduced by two
+ *   butterfly shuffles (shfl.sync.bfly through inline PTX); the online softmax of
+ *   core/online_softmax.h per row with the lane's partial sum (l scales by the quad's common
+ *   alpha, so the partial sums add up at the end);
+ *   O = alpha O + P V: the C fragments of S, rounded to the storage type, are the A fragments of
+ *   P V as they stand (C tiles 2 kk and 2 kk + 1 are the A operand of key step kk), so P never
+ *   goes to local memory; V's B fragments are 32-bit loads from the transposed tile.
+ * No barrier inside a block's computation: only the two around the K / V copy.
+ *
+ * Target: NVIDIA GPUs of compute capability >= 8.0 through NVIDIA's OpenCL driver (48 KiB of
+ * local memory: K 17 KiB + V 18 KiB + 512 bytes of key flags at D = 128). No ldmatrix and no
+ * asynchronous copies: plain 32-bit local loads (bank-conflict-free by the pitches of ocl_plan.h)
+ * and 16-byte global loads. With FP_OCL_MMA_EMULATE = 1 (FLASHPORT_OPENCL_MMA=emulate) the
+ * mma.sync and the shuffle are emulated through local memory (mma_nv.cl's fp_ocl_mma16816 and
+ * fp_ocl_shfl_xor below), which runs the same data flow on any OpenCL device (PoCL in the
+ * tests); tests/opencl/check_ptx.sh compiles the real one to PTX and assembles it.
+ *
+ * Configuration: ocl_plan.h's fp_ocl_fa2_tile (T = 64 for D <= 128; above, the tile-shaped
+ * variant of mma_nv.cl serves). Features as flash.cl's forward: masks and windows, softcap,
+ * ALiBi, GQA, varlen, seqused_k, paged K / V, LSE, rows that see no key, and the guard for
+ * masked keys (V scrubbed in edge blocks; a row that sees a scrubbed key gets O = NaN), with the
+ * key flags in their own array, two blocks' worth so that zeroing one block's flags never races
+ * with the block that reads or writes the other's. Known differences from the reference: as the
+ * tile-shaped tensor-core variant (P rounded to the storage type, f32 accumulation). Numbers:
+ * docs/performance.md ("OpenCL backend").
+ */
+#if FP_OCL_FA2
+
+#if !FP_OCL_MMA || D > 128 || T != 64
+#error "the FA2-shaped kernels need the tensor-core policy, D <= 128 and T = 64"
+#endif
+
+#define FA2_KS (D / 16) /* k steps of Q K^T */
+#define FA2_SN (T / 8)  /* column tiles of a warp's S */
+#define FA2_ON (D / 8)  /* column tiles of a warp's O */
+#define LDT    (T + 8)  /* pitch of the transposed V tile (ocl_plan.h's fp_ocl_vt_ld) */
+
+/* v of lane (lane ^ mask) of this warp: shfl.sync.bfly, or its emulation through the warp's
+ * floats of scratch (two barriers: every work-item calls it the same number of times). */
+FP_OCL_INLINE float fp_ocl_shfl_xor(float v, int mask, __local float *scratch)
+{
+#if FP_OCL_MMA_EMULATE
+    const int lane = get_local_id(0) % 32;
+    __local float *x = scratch + get_local_id(0) / 32 * 32;
+    x[lane] = v;
+    barrier(CLK_LOCAL_MEM_FENCE);
+    const float r = x[lane ^ mask];
+    barrier(CLK_LOCAL_MEM_FENCE);
+    return r;
+#else
+    float r;
+    asm volatile("shfl.sync.bfly.b32 %0, %1, %2, 0x1f, 0xffffffff;" : "=f"(r) : "f"(v), "r"(mask));
+    return r;
+#endif
+}
+
+/* Rows [r0, r0 + n) of a [seq, dim] slice into vt[d * LDT + r] (transposed), zeros as
+ * fp_ocl_load_tile's; where scrub, non-finite elements become 0 and set bad[r]. 16 bytes (8
+ * dims of one key) a work-item where fp_ocl_load_tile16's conditions hold, consecutive
+ * work-items on consecutive keys (their 16-bit stores then fall on 16 distinct banks). */
+FP_OCL_INLINE void fp_ocl_load_vt(__local fp_tile *vt, __global const fp_elem *x,
+                                  const fp_ocl_args *a, const fp_ocl_rows *src, long r0, int n,
+                                  int hd, int scrub, __local float *bad)
+{
+    if (src->sdim == 1 && hd % 8 == 0 && src->row0 % 8 == 0 && src->srow % 8 == 0 &&
+        src->spage % 8 == 0) {
+        for (int e = get_local_id(0); e < T * (D / 8); e += FP_OCL_WG) {
+            const int r = e % T, d = e / T * 8;
+            const uint4 v = fp_ocl_get16(x, a, src, r0, r, n, d, hd, scrub, bad + r);
+            __local fp_tile *p = vt + d * LDT + r;
+            p[0] = (fp_tile)v.x;
+            p[LDT] = (fp_tile)(v.x >> 16);
+            p[2 * LDT] = (fp_tile)v.y;
+            p[3 * LDT] = (fp_tile)(v.y >> 16);
+            p[4 * LDT] = (fp_tile)v.z;
+            p[5 * LDT] = (fp_tile)(v.z >> 16);
+            p[6 * LDT] = (fp_tile)v.w;
+            p[7 * LDT] = (fp_tile)(v.w >> 16);
+        }
+        return;
+    }
+    for (int e = get_local_id(0); e < T * D; e += FP_OCL_WG) {
+        const int r = e % T, d = e / T;
+        vt[d * LDT + r] = fp_ocl_get1(x, a, src, r0, r, n, d, hd, scrub, bad + r);
+    }
+}
+
+/* Whether query i sees a key of [j0, j0 + cols) whose flag in bad is set (the guard's select). */
+FP_OCL_INLINE int fp_ocl_fa2_sees_bad(const fp_ocl_args *a, const fp_ocl_seq *s, long i, long j0,
+                                      int cols, __local const float *bad)
+{
+    const int c0 = (int)clamp(fp_mask_lo(i, s->nq, s->nk, a->left) - j0, 0L, (long)cols);
+    const int c1 = (int)clamp(fp_mask_hi(i, s->nq, s->nk, a->right) - j0, 0L, (long)cols);
+    int seen = 0;
+    for (int c = c0; c < c1; c++)
+        seen |= bad[c] != 0.0f;
+    return seen;
+}
+
+/* P and dS of query i and key j from q . k (qk) and dO . v (dov): 0 where the pair is not
+ * inside the tiles or the mask hides it, or the row saw no key (lse -inf); dS folds in the
+ * softcap's derivative and the scale (flash.cl's fp_ocl_grad_scores). simple: the caller knows
+ * the pair visible with no ALiBi (a full block). */
+FP_OCL_INLINE void fp_ocl_fa2_grad(const fp_ocl_args *a, const fp_ocl_seq *s, float slope,
+                                   int simple, long i, long j, int inside, float qk, float dov,
+                                   float lse_i, float delta_i, float *p, float *ds)
+{
+    float pp = 0.0f, dd = 0.0f;
+    if (inside && (simple || fp_mask_visible(i, j, s->nq, s->nk, a->left, a->right)) &&
+        lse_i > -INFINITY) {
+        const float capped = fp_score_transform(qk * a->scale, a->softcap, 0.0f, 0.0f);
+        const float score =
+            simple ? capped : capped - slope * fp_alibi_distance(i, j, s->nq, s->nk);
+        pp = exp(score - lse_i);
+        dd = pp * (dov - delta_i) * fp_softcap_grad(capped, a->softcap) * a->scale;
+    }
+    *p = pp;
+    *ds = dd;
+}
+
+/* The m16n8k16 A fragments of ks k-steps of the 16 rows of this warp (rows 16 w ..) of a [64, D]
+ * 16-bit tile, into f[4 ks ..]. */
+FP_OCL_INLINE void fp_ocl_fa2_frags(uint *f, __local const fp_tile *t)
+{
+    const int w = get_local_id(0) / 32;
+    FP_OCL_UNROLL
+    for (int ks = 0; ks < FA2_KS; ks++)
+        fp_ocl_load_a(f + 4 * ks, t, 1, 16 * w * LD + 16 * ks, LD, 1);
+}
+
+/* Rows [r0, r0 + n) of x1, then of x2, through the staging tile as this warp's A fragments f1
+ * and f2 (three barriers; the staging tile then holds x2's rows); flags[0 .. nflags) zeroed on
+ * the way. */
+FP_OCL_INLINE void fp_ocl_fa2_stage2(uint *f1, uint *f2, __local fp_tile *stage,
+                                     const fp_ocl_args *a, __global const fp_elem *x1,
+                                     const fp_ocl_rows *src1, __global const fp_elem *x2,
+                                     const fp_ocl_rows *src2, long r0, int n, int hd,
+                                     __local float *flags, int nflags)
+{
+    fp_ocl_load_rows(stage, T, x1, a, src1, r0, n, hd, 0, flags, 1);
+    barrier(CLK_LOCAL_MEM_FENCE);
+    fp_ocl_fa2_frags(f1, stage);
+    barrier(CLK_LOCAL_MEM_FENCE);
+    fp_ocl_load_rows(stage, T, x2, a, src2, r0, n, hd, 0, flags, 1);
+    if (get_local_id(0) < nflags)
+        flags[get_local_id(0)] = 0.0f;
+    barrier(CLK_LOCAL_MEM_FENCE);
+    fp_ocl_fa2_frags(f2, stage);
+}
+
+/* Stores this warp's 16 x D accumulator (C fragments; rows r_lo and r_lo + 8 of the tile, r_lo
+ * = 16 w + lane / 4) times f0 / f1 to x (row0: the element of tile row 0, dim 0), rows < n and
+ * dims < hd. */
+FP_OCL_INLINE void fp_ocl_fa2_store(__global fp_elem *x, long row0, long srow, long sdim, int n,
+                                    int hd, const float *acc, float f0, float f1)
+{
+    const int lane = get_local_id(0) % 32, t4 = lane % 4;
+    const int r_lo = 16 * (get_local_id(0) / 32) + lane / 4;
+    FP_OCL_UNROLL
+    for (int j = 0; j < FA2_ON; j++)
+        FP_OCL_UNROLL
+        for (int e = 0; e < 4; e++) {
+            const int r = r_lo + 8 * (e / 2), d = 8 * j + 2 * t4 + e % 2;
+            if (r < n && d < hd)
+                FP_STORE(x, row0 + r * srow + d * sdim, acc[4 * j + e] * (e < 2 ? f0 : f1));
+        }
+}
+
+/* acc (16 rows x D of this warp) += X Y, X the 16 x (16 nk) matrix whose C fragments (m16n8,
+ * 2 nk of them) are x, rounded to the storage type (so they are its A fragments as they stand),
+ * Y[k][n] = y[k * LD + n]: 16-bit rows of a local tile (a pair of rows per B register). */
+FP_OCL_INLINE void fp_ocl_fa2_cmm(float *acc, const float *x, int nk, __local const fp_tile *y,
+                                  __local float *scratch)
+{
+    FP_OCL_UNROLL
+    for (int kk = 0; kk < nk; kk++) {
+        uint pa[4];
+        pa[0] = fp_ocl_pack2(x[8 * kk + 0], x[8 * kk + 1]);
+        pa[1] = fp_ocl_pack2(x[8 * kk + 2], x[8 * kk + 3]);
+        pa[2] = fp_ocl_pack2(x[8 * kk + 4], x[8 * kk + 5]);
+        pa[3] = fp_ocl_pack2(x[8 * kk + 6], x[8 * kk + 7]);
+        FP_OCL_UNROLL
+        for (int n = 0; n < FA2_ON; n++) {
+            uint yb[2];
+            fp_ocl_load_b(yb, y + 16 * kk * LD + 8 * n, LD, 1);
+            fp_ocl_mma16816(acc + 4 * n, pa, yb, scratch);
+        }
+    }
+}
+
+/* acc (16 x 8 NT of this warp) = X Y^T over D: X's A fragments xf (fp_ocl_fa2_frags), Y the
+ * 8 NT rows of a [., D] 16-bit local tile. A function per NT (a compile-time count, so that
+ * clang unrolls the loops and acc stays in registers). */
+#define FP_OCL_FA2_DOTS(name, NT)                                                                  \
+    FP_OCL_INLINE void name(float *acc, const uint *xf, __local const fp_tile *y,                 \
+                            __local float *scratch)                                                \
+    {                                                                                              \
+        FP_OCL_UNROLL                                                                              \
+        for (int e = 0; e < 4 * (NT); e++)                                                         \
+            acc[e] = 0.0f;                                                                         \
+        FP_OCL_UNROLL                                                                              \
+        for (int ks = 0; ks < FA2_KS; ks++)                                                        \
+            FP_OCL_UNROLL                                                                          \
+            for (int j = 0; j < (NT); j++) {                                                       \
+                uint yb[2];                                                                        \
+                fp_ocl_load_b(yb, y + 8 * j * LD + 16 * ks, 1, LD);                                \
+                fp_ocl_mma16816(acc + 4 * j, xf + 4 * ks, yb, scratch);                            \
+            }                                                                                      \
+    }
+FP_OCL_FA2_DOTS(fp_ocl_fa2_dots_bk, FP_OCL_FA2_BK / 8)
+FP_OCL_FA2_DOTS(fp_ocl_fa2_dots_bq, FP_OCL_FA2_BQ / 8)
+
+__kernel __attribute__((reqd_work_group_size(FP_OCL_WG, 1, 1))) void
+fp_ocl_forward(const fp_ocl_args a, __global const fp_elem *q, __global const fp_elem *k,
+               __global const fp_elem *v, __global fp_elem *o, __global float *lse,
+               __global const int *cu_q, __global const int *cu_k, __global const float *alibi,
+               __global const int *used, __global const int *bt, __local fp_tile *sk_arg,
+               __local fp_tile *svt_arg, __local float *sbad_arg)
+{
+    __local fp_tile *sk = FP_OCL_ALIGN16(fp_tile, sk_arg), *svt = FP_OCL_ALIGN16(fp_tile, svt_arg);
+    __local float *sbad = FP_OCL_ALIGN16(float, sbad_arg); /* [2][T]: key flags, by block parity */
+    __local float scratch[FP_OCL_SCRATCH];
+    const int tid = get_local_id(0), hd = (int)a.head_dim;
+    const long h = get_group_id(1), b = get_group_id(2);
+    const fp_ocl_seq s = fp_ocl_seq_of(&a, cu_q, cu_k, used, b);
+    const long i0 = (long)get_group_id(0) * T;
+    if (i0 >= s.nq)
+        return;
+    const int rows = (int)min((long)T, s.nq - i0);
+    const long hk = h / (a.heads / a.kv_heads);
+    const float slope = a.has_alibi ? alibi[a.alibi_off + h] : 0.0f;
+    const fp_ocl_rows qr = fp_ocl_dense_rows(fp_ocl_row0(a.q, b, s.q_start, h), a.q.s[1], a.q.s[3]);
+    const fp_ocl_rows kr = fp_ocl_key_rows(&a, a.k, bt, &s, b, hk);
+    const fp_ocl_rows vr = fp_ocl_key_rows(&a, a.v, bt, &s, b, hk);
+    const int lane = tid % 32, t4 = lane % 4;
+    const int r_lo = 16 * (tid / 32) + lane / 4; /* this lane's rows: r_lo and r_lo + 8 */
+
+    /* Q through K's buffer into this warp's A fragments */
+    fp_ocl_load_rows(sk, T, q, &a, &qr, i0, rows, hd, 0, sbad, 1);
+    if (tid < 2 * T)
+        sbad[tid] = 0.0f;
+    barrier(CLK_LOCAL_MEM_FENCE);
+    uint qf[FA2_KS * 4];
+    fp_ocl_fa2_frags(qf, sk);
+
+    /* rows r_lo (0) and r_lo + 8 (1): the softmax state, l this lane's share until the end;
+     * whether the row sees a key whose V row was scrubbed (O = NaN) */
+    fp_softmax_state st0, st1;
+    fp_softmax_init(&st0);
+    fp_softmax_init(&st1);
+    int nan0 = 0, nan1 = 0;
+    float acc[FA2_ON * 4];
+    FP_OCL_UNROLL
+    for (int n = 0; n < FA2_ON; n++)
+        acc[4 * n + 0] = acc[4 * n + 1] = acc[4 * n + 2] = acc[4 * n + 3] = 0.0f;
+
+    int64_t lo, hi;
+    fp_mask_block_range(i0, i0 + rows, s.nq, s.nk, a.left, a.right, &lo, &hi);
+    for (long j0 = lo < hi ? lo / T * T : hi; j0 < hi; j0 += T) {
+        const int par = (int)(j0 / T) & 1; /* which half of sbad holds this block's flags */
+        const int cols = (int)min((long)T, s.nk - j0);
+        const int edge =
+            !fp_mask_block_full(i0, i0 + rows, j0, j0 + cols, s.nq, s.nk, a.left, a.right);
+        __local float *bad = sbad + par * T;
+        barrier(CLK_LOCAL_MEM_FENCE); /* every reader of sk (Q, the last K) and svt is done */
+        fp_ocl_load_rows(sk, T, k, &a, &kr, j0, cols, hd, 0, sbad, 1);
+        fp_ocl_load_vt(svt, v, &a, &vr, j0, cols, hd, edge, bad);
+        if (tid < T) /* the other parity: read in the block before, written in the next one */
+            sbad[(par ^ 1) * T + tid] = 0.0f;
+        barrier(CLK_LOCAL_MEM_FENCE);
+
+        float sc[FA2_SN * 4];
+        FP_OCL_UNROLL
+        for (int j = 0; j < FA2_SN; j++)
+            sc[4 * j + 0] = sc[4 * j + 1] = sc[4 * j + 2] = sc[4 * j + 3] = 0.0f;
+        FP_OCL_UNROLL
+        for (int ks = 0; ks < FA2_KS; ks++)
+            FP_OCL_UNROLL
+            for (int j = 0; j < FA2_SN; j++) {
+                uint kb[2];
+                fp_ocl_load_b(kb, sk + 8 * j * LD + 16 * ks, 1, LD);
+                fp_ocl_mma16816(sc + 4 * j, qf + 4 * ks, kb, scratch);
+            }
+
+        /* scores: scaled; in a block with a masked pair, a key past the sequence, a paged
+         * cache (a key of a page out of range is masked), softcap or ALiBi, the whole of
+         * core/mask.h's transform per element */
+        const int simple = !edge && cols == T && !a.paged && !a.has_alibi && a.softcap == 0.0f;
+        FP_OCL_UNROLL
+        for (int j = 0; j < FA2_SN; j++)
+            FP_OCL_UNROLL
+            for (int e = 0; e < 4; e++) {
+                const int r = r_lo + 8 * (e / 2), c = 8 * j + 2 * t4 + e % 2;
+                float x = sc[4 * j + e] * a.scale;
+                if (!simple) {
+                    const int seen =
+                        r < rows && c < cols &&
+                        fp_mask_visible(i0 + r, j0 + c, s.nq, s.nk, a.left, a.right) &&
+                        (!a.paged || fp_ocl_row_at(&a, &kr, j0 + c) >= 0);
+                    x = seen ? fp_score_transform(x, a.softcap, slope,
+                                                  fp_alibi_distance(i0 + r, j0 + c, s.nq, s.nk))
+                             : -INFINITY;
+                }
+                sc[4 * j + e] = x;
+            }
+
+        float mx[2] = {-INFINITY, -INFINITY};
+        FP_OCL_UNROLL
+        for (int j = 0; j < FA2_SN; j++) {
+            mx[0] = fmax(mx[0], fmax(sc[4 * j + 0], sc[4 * j + 1]));
+            mx[1] = fmax(mx[1], fmax(sc[4 * j + 2], sc[4 * j + 3]));
+        }
+        mx[0] = fmax(mx[0], fp_ocl_shfl_xor(mx[0], 1, scratch));
+        mx[0] = fmax(mx[0], fp_ocl_shfl_xor(mx[0], 2, scratch));
+        mx[1] = fmax(mx[1], fp_ocl_shfl_xor(mx[1], 1, scratch));
+        mx[1] = fmax(mx[1], fp_ocl_shfl_xor(mx[1], 2, scratch));
+        float alpha[2], sum[2] = {0.0f, 0.0f};
+        alpha[0] = fp_softmax_update(&st0, mx[0]);
+        alpha[1] = fp_softmax_update(&st1, mx[1]);
+        FP_OCL_UNROLL
+        for (int j = 0; j < FA2_SN; j++)
+            FP_OCL_UNROLL
+            for (int e = 0; e < 4; e++) {
+                const float p = fp_softmax_weight(e < 2 ? &st0 : &st1, sc[4 * j + e]);
+                sc[4 * j + e] = p;
+                sum[e / 2] += p;
+            }
+        st0.l += sum[0];
+        st1.l += sum[1];
+        if (edge) {
+            nan0 |= fp_ocl_fa2_sees_bad(&a, &s, i0 + r_lo, j0, cols, bad);
+            nan1 |= fp_ocl_fa2_sees_bad(&a, &s, i0 + r_lo + 8, j0, cols, bad);
+        }
+
+        FP_OCL_UNROLL
+        for (int n = 0; n < FA2_ON; n++) {
+            acc[4 * n + 0] *= alpha[0];
+            acc[4 * n + 1] *= alpha[0];
+            acc[4 * n + 2] *= alpha[1];
+            acc[4 * n + 3] *= alpha[1];
+        }
+        FP_OCL_UNROLL
+        for (int kk = 0; kk < T / 16; kk++) {
+            uint pa[4];
+            pa[0] = fp_ocl_pack2(sc[4 * (2 * kk) + 0], sc[4 * (2 * kk) + 1]);
+            pa[1] = fp_ocl_pack2(sc[4 * (2 * kk) + 2], sc[4 * (2 * kk) + 3]);
+            pa[2] = fp_ocl_pack2(sc[4 * (2 * kk + 1) + 0], sc[4 * (2 * kk + 1) + 1]);
+            pa[3] = fp_ocl_pack2(sc[4 * (2 * kk + 1) + 2], sc[4 * (2 * kk + 1) + 3]);
+            FP_OCL_UNROLL
+            for (int n = 0; n < FA2_ON; n++) {
+                uint vb[2];
+                fp_ocl_load_b(vb, svt + 8 * n * LDT + 16 * kk, 1, LDT);
+                fp_ocl_mma16816(acc + 4 * n, pa, vb, scratch);
+            }
+        }
+    }
+
+    st0.l += fp_ocl_shfl_xor(st0.l, 1, scratch);
+    st0.l += fp_ocl_shfl_xor(st0.l, 2, scratch);
+    st1.l += fp_ocl_shfl_xor(st1.l, 1, scratch);
+    st1.l += fp_ocl_shfl_xor(st1.l, 2, scratch);
+    /* a row that saw a scrubbed V row: NaN, as its 0 x NaN-free sum would not be */
+    const float f0 = nan0 ? NAN : fp_softmax_out_scale(&st0);
+    const float f1 = nan1 ? NAN : fp_softmax_out_scale(&st1);
+    if (a.has_lse && t4 == 0 && r_lo < rows)
+        lse[fp_ocl_lse_at(&a, b, h, s.q_start + i0 + r_lo)] = fp_softmax_lse(&st0);
+    if (a.has_lse && t4 == 0 && r_lo + 8 < rows)
+        lse[fp_ocl_lse_at(&a, b, h, s.q_start + i0 + r_lo + 8)] = fp_softmax_lse(&st1);
+    fp_ocl_fa2_store(o, fp_ocl_row0(a.o, b, s.q_start + i0, h), a.o.s[1], a.o.s[3], rows, hd, acc,
+                     f0, f1);
+}
+
+#define FA2_BK FP_OCL_FA2_BK /* keys per block of the dQ kernel */
+#define FA2_BQ FP_OCL_FA2_BQ /* query rows per block of the dK / dV kernel */
+
+/* dQ of 64 query rows (4 warps of 16; also delta = rowsum(dO O) of the rows, for the dK / dV
+ * kernel): Q's and dO's A fragments in registers, key blocks of FA2_BK keys (K and V side by side
+ * in the staging tile), S and dP as C fragments, dS rounded into the A fragments of dS K. The
+ * guard: K scrubbed in edge blocks, a visible pair of a flagged key gets dS = NaN. */
+__kernel __attribute__((reqd_work_group_size(FP_OCL_WG, 1, 1))) void
+fp_ocl_backward_dq(const fp_ocl_args a, __global const fp_elem *q, __global const fp_elem *k,
+                   __global const fp_elem *v, __global const fp_elem *o, __global const float *lse,
+                   __global const fp_elem *dout, __global fp_elem *dq, __global float *delta,
+                   __global const int *cu_q, __global const int *cu_k, __global const float *alibi,
+                   __global const int *used, __local fp_tile *stage_arg, __local float *srow_arg,
+                   __local float *sbad_arg)
+{
+    __local fp_tile *stage = FP_OCL_ALIGN16(fp_tile, stage_arg);
+    __local float *srow = FP_OCL_ALIGN16(float, srow_arg);
+    __local float *sbad = FP_OCL_ALIGN16(float, sbad_arg); /* [2][FA2_BK], by block parity */
+    __local float scratch[FP_OCL_SCRATCH];
+    const int tid = get_local_id(0), hd = (int)a.head_dim;
+    const long h = get_group_id(1), b = get_group_id(2);
+    const fp_ocl_seq s = fp_ocl_seq_of(&a, cu_q, cu_k, used, b);
+    const long i0 = (long)get_group_id(0) * T;
+    if (i0 >= s.nq)
+        return;
+    const int rows = (int)min((long)T, s.nq - i0);
+    const long hk = h / (a.heads / a.kv_heads);
+    const float slope = a.has_alibi ? alibi[a.alibi_off + h] : 0.0f;
+    const fp_ocl_rows kr = fp_ocl_dense_keys(a.k, &s, b, hk);
+    const fp_ocl_rows vr = fp_ocl_dense_keys(a.v, &s, b, hk);
+    const fp_ocl_rows qr = fp_ocl_dense_rows(fp_ocl_row0(a.q, b, s.q_start, h), a.q.s[1], a.q.s[3]);
+    const fp_ocl_rows dor =
+        fp_ocl_dense_rows(fp_ocl_row0(a.dout, b, s.q_start, h), a.dout.s[1], a.dout.s[3]);
+    const int lane = tid % 32, t4 = lane % 4;
+    const int r_lo = 16 * (tid / 32) + lane / 4; /* this lane's rows: r_lo and r_lo + 8 */
+    __local fp_tile *sk = stage, *sv = stage + FA2_BK * LD;
+
+    uint qf[FA2_KS * 4], dof[FA2_KS * 4];
+    fp_ocl_fa2_stage2(qf, dof, stage, &a, q, &qr, dout, &dor, i0, rows, hd, sbad, 2 * FA2_BK);
+    if (tid < T) { /* dO's rows are in the staging tile */
+        float dl = 0.0f;
+        if (tid < rows) {
+            const long o0 = fp_ocl_row0(a.o, b, s.q_start + i0 + tid, h);
+            for (int d = 0; d < hd; d++)
+                dl = fma(FP_TILE_GET(stage, tid * LD + d), FP_LOAD(o, o0 + d * a.o.s[3]), dl);
+            delta[fp_ocl_delta_at(&a, &s, b, h, i0 + tid)] = dl;
+        }
+        srow[tid] = dl;
+    }
+    barrier(CLK_LOCAL_MEM_FENCE);
+    const float dl0 = srow[r_lo], dl1 = srow[r_lo + 8];
+    const float lse0 = r_lo < rows ? lse[fp_ocl_lse_at(&a, b, h, s.q_start + i0 + r_lo)] : -INFINITY;
+    const float lse1 =
+        r_lo + 8 < rows ? lse[fp_ocl_lse_at(&a, b, h, s.q_start + i0 + r_lo + 8)] : -INFINITY;
+    float acc[FA2_ON * 4];
+    FP_OCL_UNROLL
+    for (int e = 0; e < FA2_ON * 4; e++)
+        acc[e] = 0.0f;
+
+    int64_t lo, hi;
+    fp_mask_block_range(i0, i0 + rows, s.nq, s.nk, a.left, a.right, &lo, &hi);
+    for (long j0 = lo < hi ? lo / FA2_BK * FA2_BK : hi; j0 < hi; j0 += FA2_BK) {
+        const int par = (int)(j0 / FA2_BK) & 1; /* which half of sbad holds this block's flags */
+        const int cols = (int)min((long)FA2_BK, s.nk - j0);
+        const int edge =
+            !fp_mask_block_full(i0, i0 + rows, j0, j0 + cols, s.nq, s.nk, a.left, a.right);
+        __local float *bad = sbad + par * FA2_BK;
+        barrier(CLK_LOCAL_MEM_FENCE); /* every reader of the staging tile is done */
+        fp_ocl_load_rows(sk, FA2_BK, k, &a, &kr, j0, cols, hd, edge, bad, 1);
+        fp_ocl_load_rows(sv, FA2_BK, v, &a, &vr, j0, cols, hd, 0, bad, 1);
+        if (tid < FA2_BK) /* the other parity: read in the block before, written in the next */
+            sbad[(par ^ 1) * FA2_BK + tid] = 0.0f;
+        barrier(CLK_LOCAL_MEM_FENCE);
+        float sc[FA2_BK / 2], dp[FA2_BK / 2]; /* 16 x FA2_BK: FA2_BK / 8 C fragments each */
+        fp_ocl_fa2_dots_bk(sc, qf, sk, scratch);
+        fp_ocl_fa2_dots_bk(dp, dof, sv, scratch);
+        const int simple = !edge && cols == FA2_BK && !a.has_alibi;
+        FP_OCL_UNROLL
+        for (int j = 0; j < FA2_BK / 8; j++)
+            FP_OCL_UNROLL
+            for (int e = 0; e < 4; e++) {
+                const int r = r_lo + 8 * (e / 2), c = 8 * j + 2 * t4 + e % 2;
+                float p, ds;
+                fp_ocl_fa2_grad(&a, &s, slope, simple, i0 + r, j0 + c, r < rows && c < cols,
+                                sc[4 * j + e], dp[4 * j + e], e < 2 ? lse0 : lse1,
+                                e < 2 ? dl0 : dl1, &p, &ds);
+                if (edge && r < rows && c < cols && bad[c] != 0.0f &&
+                    fp_mask_visible(i0 + r, j0 + c, s.nq, s.nk, a.left, a.right))
+                    ds = NAN;
+                sc[4 * j + e] = ds;
+            }
+        fp_ocl_fa2_cmm(acc, sc, FA2_BK / 16, sk, scratch);
+    }
+    fp_ocl_fa2_store(dq, fp_ocl_row0(a.dq, b, s.q_start + i0, h), a.dq.s[1], a.dq.s[3], rows, hd,
+                     acc, 1.0f, 1.0f);
+}
+
+/* dK and dV of 64 keys (4 warps of 16) over every query head of the kv head and every query
+ * block of FA2_BQ rows that sees them: K's and V's A fragments in registers, S^T = K Q^T and
+ * dP^T = V dO^T as C fragments (keys x queries), P^T and dS^T rounded into the A fragments of
+ * P^T dO and dS^T Q. The guard: q and dO scrubbed in edge blocks, a visible pair of a flagged
+ * query row gets P = dS = NaN. */
+__kernel __attribute__((reqd_work_group_size(FP_OCL_WG, 1, 1))) void
+fp_ocl_backward_dkdv(const fp_ocl_args a, __global const fp_elem *q, __global const fp_elem *k,
+                     __global const fp_elem *v, __global const float *lse,
+                     __global const fp_elem *dout, __global fp_elem *dk, __global fp_elem *dv,
+                     __global const float *delta, __global const int *cu_q,
+                     __global const int *cu_k, __global const float *alibi,
+                     __global const int *used, __local fp_tile *stage_arg, __local float *srow_arg,
+                     __local float *sbad_arg)
+{
+    __local fp_tile *stage = FP_OCL_ALIGN16(fp_tile, stage_arg);
+    __local float *srow = FP_OCL_ALIGN16(float, srow_arg); /* LSE [FA2_BQ], delta [FA2_BQ] */
+    __local float *sbad = FP_OCL_ALIGN16(float, sbad_arg); /* [2][FA2_BQ], by block parity */
+    __local float scratch[FP_OCL_SCRATCH];
+    const int tid = get_local_id(0), hd = (int)a.head_dim;
+    const long hk = get_group_id(1), b = get_group_id(2);
+    const fp_ocl_seq s = fp_ocl_seq_of(&a, cu_q, cu_k, used, b);
+    const long j0 = (long)get_group_id(0) * T;
+    if (j0 >= s.k_cap)
+        return;
+    /* the block's keys in use (flash.cl's fp_ocl_backward_dkdv): rows [cols, stored) get 0 */
+    const int cols = (int)clamp(s.nk - j0, 0L, (long)T), stored = (int)min((long)T, s.k_cap - j0);
+    const long group = a.heads / a.kv_heads;
+    const fp_ocl_rows kr = fp_ocl_dense_keys(a.k, &s, b, hk);
+    const fp_ocl_rows vr = fp_ocl_dense_keys(a.v, &s, b, hk);
+    const int lane = tid % 32, t4 = lane % 4;
+    const int k_lo = 16 * (tid / 32) + lane / 4; /* this lane's keys: k_lo and k_lo + 8 */
+    __local fp_tile *sq = stage, *sdo = stage + FA2_BQ * LD;
+
+    uint kf[FA2_KS * 4], vf[FA2_KS * 4];
+    fp_ocl_fa2_stage2(kf, vf, stage, &a, k, &kr, v, &vr, j0, cols, hd, sbad, 2 * FA2_BQ);
+    float acc_k[FA2_ON * 4], acc_v[FA2_ON * 4]; /* rows: this warp's keys */
+    FP_OCL_UNROLL
+    for (int e = 0; e < FA2_ON * 4; e++)
+        acc_k[e] = acc_v[e] = 0.0f;
+
+    int it = 0; /* query blocks run: their parity picks the half of sbad */
+    for (long h = hk * group; cols > 0 && h < (hk + 1) * group; h++) {
+        const float slope = a.has_alibi ? alibi[a.alibi_off + h] : 0.0f;
+        const fp_ocl_rows qr =
+            fp_ocl_dense_rows(fp_ocl_row0(a.q, b, s.q_start, h), a.q.s[1], a.q.s[3]);
+        const fp_ocl_rows dor =
+            fp_ocl_dense_rows(fp_ocl_row0(a.dout, b, s.q_start, h), a.dout.s[1], a.dout.s[3]);
+        for (long i0 = 0; i0 < s.nq; i0 += FA2_BQ) {
+            const int rows = (int)min((long)FA2_BQ, s.nq - i0);
+            int64_t lo, hi;
+            fp_mask_block_range(i0, i0 + rows, s.nq, s.nk, a.left, a.right, &lo, &hi);
+            if (hi <= lo || hi <= j0 || lo >= j0 + cols)
+                continue; /* no row of this query block sees these keys */
+            const int edge =
+                !fp_mask_block_full(i0, i0 + rows, j0, j0 + cols, s.nq, s.nk, a.left, a.right);
+            const int par = it++ & 1;
+            __local float *bad = sbad + par * FA2_BQ;
+            barrier(CLK_LOCAL_MEM_FENCE); /* every reader of the staging tile and srow is done */
+            fp_ocl_load_rows(sq, FA2_BQ, q, &a, &qr, i0, rows, hd, edge, bad, 1);
+            fp_ocl_load_rows(sdo, FA2_BQ, dout, &a, &dor, i0, rows, hd, edge, bad, 1);
+            if (tid < FA2_BQ) {
+                srow[tid] = tid < rows ? lse[fp_ocl_lse_at(&a, b, h, s.q_start + i0 + tid)]
+                                       : -INFINITY;
+                srow[FA2_BQ + tid] =
+                    tid < rows ? delta[fp_ocl_delta_at(&a, &s, b, h, i0 + tid)] : 0.0f;
+                sbad[(par ^ 1) * FA2_BQ + tid] = 0.0f; /* read before, written next */
+            }
+            barrier(CLK_LOCAL_MEM_FENCE);
+            float pt[FA2_BQ / 2], dst[FA2_BQ / 2]; /* 16 keys x FA2_BQ queries */
+            fp_ocl_fa2_dots_bq(pt, kf, sq, scratch);
+            fp_ocl_fa2_dots_bq(dst, vf, sdo, scratch);
+            const int simple = !edge && cols == T && rows == FA2_BQ && !a.has_alibi;
+            FP_OCL_UNROLL
+            for (int j = 0; j < FA2_BQ / 8; j++)
+                FP_OCL_UNROLL
+                for (int e = 0; e < 4; e++) {
+                    const int kc = k_lo + 8 * (e / 2), c = 8 * j + 2 * t4 + e % 2;
+                    const int inside = c < rows && kc < cols;
+                    float p, ds;
+                    fp_ocl_fa2_grad(&a, &s, slope, simple, i0 + c, j0 + kc, inside, pt[4 * j + e],
+                                    dst[4 * j + e], srow[c], srow[FA2_BQ + c], &p, &ds);
+                    if (edge && inside && bad[c] != 0.0f &&
+                        fp_mask_visible(i0 + c, j0 + kc, s.nq, s.nk, a.left, a.right))
+                        p = ds = NAN;
+                    pt[4 * j + e] = p;
+                    dst[4 * j + e] = ds;
+                }
+            fp_ocl_fa2_cmm(acc_v, pt, FA2_BQ / 16, sdo, scratch);
+            fp_ocl_fa2_cmm(acc_k, dst, FA2_BQ / 16, sq, scratch);
+        }
+    }
+    fp_ocl_fa2_store(dk, fp_ocl_row0(a.dk, b, s.k_start + j0, hk), a.dk.s[1], a.dk.s[3], stored,
+                     hd, acc_k, 1.0f, 1.0f);
+    fp_ocl_fa2_store(dv, fp_ocl_row0(a.dv, b, s.k_start + j0, hk), a.dv.s[1], a.dv.s[3], stored,
+                     hd, acc_v, 1.0f, 1.0f);
+}
+
+#endif /* FP_OCL_FA2 */

@@ -74,8 +74,8 @@
 typedef struct fp_sm90_bwd_params {
     CUtensorMap tq, tk, tv, tdo; /* 4-d maps (D, tokens, heads, batch); boxes of 64 x rows */
     fp_sm80_args a;
-    /* deterministic mode: [B, H, nq_pad / BM, CFG::TURNS] turn counters (zeroed), per query
-     * block: the key blocks that see it add their dQ in key-block order; NULL otherwise */
+    /* deterministic mode: [B, H, nq_pad / BM] turn counters (zeroed), one per query block: the
+     * key blocks that see it add their dQ in key-block order; NULL otherwise */
     int *dq_turn;
 } fp_sm90_bwd_params;
 
@@ -652,9 +652,8 @@ static flashport_status fp_sm90_bwd_run(const fp_cuda_ctx *ctx, const fp_problem
     const int splits =
         p->batch == 0 || p->heads == 0 ? 1 : fp_cuda_bwd_group_splits(ctx, p, CFG::BN);
     const size_t side = fp_cuda_bwd_side_setup(p, &a, DK, 1, splits, query ? NULL : ws);
-    const size_t turns = side && p->deterministic
-                             ? (size_t)p->batch * p->heads * (a.nq_pad / CFG::BM) * CFG::TURNS
-                             : 0;
+    const size_t turns =
+        side && p->deterministic ? (size_t)p->batch * p->heads * (a.nq_pad / CFG::BM) : 0;
     const size_t bytes = side ? fp_cuda_ws_round(side) + turns * sizeof(int) : 0;
     prm.dq_turn = turns && !query ? (int *)((char *)ws + fp_cuda_ws_round(side)) : NULL;
     if (query)

@@ -112,11 +112,8 @@ FP_DEV void fp_sm90_bwd256_loader(const fp_sm90_bwd_params &prm, uint32_t sk, ui
 
 /* The dQ writer (producer thread 32): per step, two pieces of 64 columns from each consumer
  * warpgroup (piece p of warpgroup w: columns 128 w + 64 p ..), each four bands of 16 rows
- * that are contiguous 4 KiB runs of the accumulator. Deterministic mode: each query block has
- * a turn counter per piece index p (CFG::TURNS), since pieces p = 0 and 1 add to different
- * columns: the turn of p is taken once its first piece has landed and passed on once both of
- * its pieces' additions have completed, so that no turn is held while the consumers compute
- * the next piece. */
+ * that are contiguous 4 KiB runs of the accumulator. Deterministic mode: the step's turn is
+ * taken before its first addition and passed on once all eight have completed. */
 FP_DEV void fp_sm90_bwd256_dq_writer(const fp_sm90_bwd_params &prm, uint32_t sdq,
                                      fp_sm90b2_bars bars, int b, int kb, int h_first, int mb_lo,
                                      int mb_end, int steps, int nq, int nk)
@@ -128,19 +125,18 @@ FP_DEV void fp_sm90_bwd256_dq_writer(const fp_sm90_bwd_params &prm, uint32_t sdq
     for (int it = 0; it < steps; ++it) {
         const int m0 = mb * BM;
         float *const blk = a.dq_accum + fp_bwd_ws_row(a, b, h, m0) * DK;
-        int *turns = NULL, kb_lo = 0, kb_hi;
+        int *turn = NULL;
         if (prm.dq_turn) {
-            turns = prm.dq_turn + (((int64_t)b * a.heads + h) * (a.nq_pad / BM) + mb) * CFG::TURNS;
+            turn = prm.dq_turn + ((int64_t)b * a.heads + h) * (a.nq_pad / BM) + mb;
+            int kb_lo, kb_hi;
             fp_geom_key_blocks(m0, min(m0 + BM, nq), nq, nk, a.left, a.right, BN, &kb_lo, &kb_hi);
+            while (fp_ld_acquire_gpu(turn) != kb - kb_lo) {
+            }
+            fp_fence_proxy_async_global();
         }
-        for (int p = 0; p < 2; ++p) {
+        for (int p = 0; p < 2; ++p)
             for (int w = 0; w < 2; ++w) {
                 fp_mbar_wait(bars.dq.full(w), (2 * it + p) & 1);
-                if (turns && w == 0) {
-                    while (fp_ld_acquire_gpu(turns + p) != kb - kb_lo) {
-                    }
-                    fp_fence_proxy_async_global();
-                }
                 const int c0 = 128 * w + 64 * p;
 #pragma unroll
                 for (int band = 0; band < BM / 16; ++band)
@@ -150,11 +146,10 @@ FP_DEV void fp_sm90_bwd256_dq_writer(const fp_sm90_bwd_params &prm, uint32_t sdq
                 fp_bulk_wait_read();
                 fp_mbar_arrive(bars.dq.empty(w));
             }
-            if (turns) {
-                fp_bulk_wait();
-                fp_fence_proxy_async_global();
-                fp_red_release_gpu(turns + p, 1);
-            }
+        if (turn) {
+            fp_bulk_wait();
+            fp_fence_proxy_async_global();
+            fp_red_release_gpu(turn, 1);
         }
         fp_bwd_prev_step(h, mb, mb_lo, mb_end);
     }

@@ -25,8 +25,6 @@ template <int DK_> struct fp_sm90_bwd_cfg {
     /* dQ tiles in shared memory, for the writer warp's bulk reductions (one at D = 64: two
      * would pass the 227 KiB a block may have) */
     static constexpr int DQB = DK_ == 64 ? 1 : 2;
-    /* the deterministic mode's turn counters per query block (sm90/bwd.cuh's dQ writer) */
-    static constexpr int TURNS = 1;
     static constexpr uint32_t KV_BYTES = BN * DK * 2, Q_BYTES = BM * DK * 2, ROW_BYTES = BM * 4,
                               DS_BYTES = BM * BN * 2, DQ_BYTES = BM * DK * 4;
     static_assert(DK == 64 || DK == 128, "the sm90 backward's head dims");
@@ -47,9 +45,6 @@ template <int DK_> struct fp_sm90_bwd_cfg {
  * 64 x 64 (one buffer per warpgroup). */
 struct fp_sm90_bwd256_cfg {
     static constexpr int DK = 256, BN = 64, BM = 64, STQ = 2, STO = 1;
-    /* the deterministic mode's turn counters per query block: one per 64-column piece index
-     * (the dQ writer of sm90/bwd256.cuh) */
-    static constexpr int TURNS = 2;
     static constexpr uint32_t KV_BYTES = BN * DK * 2, Q_BYTES = BM * DK * 2, ROW_BYTES = BM * 4,
                               PT_BYTES = BN * BM * 2, PIECE_BYTES = BM * 64 * 4;
     /* K's row flags (one set per warpgroup's half of the columns), Q's of each Q stage, dO's of

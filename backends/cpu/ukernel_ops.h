@@ -12,6 +12,8 @@
  *   uk_hsum(x)          the sum of x's lanes
  *   uk_load_f16(p)      UK_LANES f16 values from p, converted to f32 (exact)
  * and may define
+ *   uk_exp2_le0(x)      uk_exp2 for x <= 0 or NaN only, with UK_HAS_EXP2_LE0: the same bits
+ *                       there, fewer operations (no upper clamp)
  *   uk_load_bf16(p)     the same for bf16, with UK_HAS_LOAD_BF16: the table then has the
  *                       generic _bf16_f32 decode steps
  * Column-wise: a tile holds keys down its rows and query rows across
@@ -21,9 +23,11 @@
 
 #include "core/dtype.h"
 
+#include <math.h>
 #include <string.h>
 
 #define UK_GEMM               uk_gemm
+#define UK_GEMM_RS            uk_gemm_rs
 #define UK_GEMM_A             float
 #define UK_GEMM_B             float
 #define uk_gemm_avec          uk_vec
@@ -65,6 +69,68 @@ static void uk_exp2_cols(int rows, int cols, float *s, ptrdiff_t lds, float mul,
         if (sum)
             uk_store(sum + c, uk_add(uk_load(sum + c), acc));
     }
+}
+
+#ifndef UK_HAS_EXP2_LE0
+static inline uk_vec uk_exp2_le0(uk_vec x)
+{
+    return uk_exp2(x);
+}
+#endif
+
+/* softmax_cols (ukernel.h): per group of UK_LANES columns, the column maximum as col_max takes it,
+ * the state's update, then the exponentials and their sums as exp2_cols makes them. The update is
+ * core/online_softmax.h's fp_softmax_update_exp2 lane by lane, in a loop over plain arrays that the
+ * compiler vectorizes, with the rescale factors by uk_exp2 (of m - m' <= 0: 1 exactly where the
+ * maximum stays, 0 from a first visible score on). With mul > 0 every exponent s * mul - base is
+ * <= 0 or NaN (base is at least the column's largest rounded product), so uk_exp2_le0 serves. */
+static int uk_softmax_cols(int rows, int cols, float *s, ptrdiff_t lds, float mul, float *m,
+                           float *l, float *alpha)
+{
+    const uk_vec vmul = uk_set1(mul);
+    int rescale = 0;
+    for (int c = 0; c < cols; c += UK_LANES) {
+        uk_vec m0 = uk_set1(-INFINITY), m1 = m0;
+        int r = 0;
+        for (; r + 1 < rows; r += 2) {
+            m0 = uk_max(m0, uk_load(s + r * lds + c));
+            m1 = uk_max(m1, uk_load(s + (r + 1) * lds + c));
+        }
+        if (r < rows)
+            m0 = uk_max(m0, uk_load(s + r * lds + c));
+        float bm[UK_LANES], dm[UK_LANES], base[UK_LANES];
+        uk_store(bm, uk_max(m0, m1));
+        for (int i = 0; i < UK_LANES; i++) {
+            const float b = bm[i] * mul, mo = m[c + i];
+            const int grows = b > mo; /* false for NaN: the maximum stays */
+            const float mn = grows ? b : mo;
+            dm[i] = grows ? mo - b : 0.0f;
+            m[c + i] = mn;
+            base[i] = mn == -INFINITY ? 0.0f : mn; /* fp_softmax_exp_base */
+        }
+        const uk_vec a = uk_exp2_le0(uk_load(dm));
+        uk_store(alpha + c, a);
+        for (int i = 0; i < UK_LANES; i++)
+            rescale |= alpha[c + i] != 1.0f;
+        const uk_vec vsub = uk_load(base);
+        uk_vec acc = uk_zero();
+        if (mul > 0.0f)
+            for (r = 0; r < rows; r++) {
+                float *p = s + r * lds + c;
+                const uk_vec e = uk_exp2_le0(uk_sub(uk_mul(uk_load(p), vmul), vsub));
+                uk_store(p, e);
+                acc = uk_add(acc, e);
+            }
+        else
+            for (r = 0; r < rows; r++) {
+                float *p = s + r * lds + c;
+                const uk_vec e = uk_exp2(uk_sub(uk_mul(uk_load(p), vmul), vsub));
+                uk_store(p, e);
+                acc = uk_add(acc, e);
+            }
+        uk_store(l + c, uk_add(uk_mul(uk_load(l + c), a), acc));
+    }
+    return rescale;
 }
 
 static void uk_dsoftmax_cols(int rows, int cols, const float *p, ptrdiff_t ldp, float *dp,

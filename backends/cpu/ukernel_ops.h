@@ -78,57 +78,89 @@ static inline uk_vec uk_exp2_le0(uk_vec x)
 }
 #endif
 
-/* softmax_cols (ukernel.h): per group of UK_LANES columns, the column maximum as col_max takes it,
- * the state's update, then the exponentials and their sums as exp2_cols makes them. The update is
- * core/online_softmax.h's fp_softmax_update_exp2 lane by lane, in a loop over plain arrays that the
- * compiler vectorizes, with the rescale factors by uk_exp2 (of m - m' <= 0: 1 exactly where the
- * maximum stays, 0 from a first visible score on). With mul > 0 every exponent s * mul - base is
- * <= 0 or NaN (base is at least the column's largest rounded product), so uk_exp2_le0 serves. */
+/* softmax_cols (ukernel.h): in chunks of up to UK_SMG groups of UK_LANES columns, the column
+ * maxima as col_max takes them (two chains a group, even and odd rows, so the same maximum bit for
+ * bit, NaN included; the chunk's groups side by side, 2 * UK_SMG independent chains over one row's
+ * contiguous lines instead of two latency-bound ones), then per group the state's update and the
+ * exponentials and their sums as exp2_cols makes them. The update is core/online_softmax.h's
+ * fp_softmax_update_exp2 lane by lane, in a loop over plain arrays that the compiler vectorizes,
+ * with the rescale factors by uk_exp2 (of m - m' <= 0: 1 exactly where the maximum stays, 0 from a
+ * first visible score on). With mul > 0 every exponent s * mul - base is <= 0 or NaN (base is at
+ * least the column's largest rounded product), so uk_exp2_le0 serves. */
+enum { UK_SMG = 4 };
+
 static int uk_softmax_cols(int rows, int cols, float *s, ptrdiff_t lds, float mul, float *m,
                            float *l, float *alpha)
 {
     const uk_vec vmul = uk_set1(mul);
     int rescale = 0;
-    for (int c = 0; c < cols; c += UK_LANES) {
-        uk_vec m0 = uk_set1(-INFINITY), m1 = m0;
-        int r = 0;
-        for (; r + 1 < rows; r += 2) {
-            m0 = uk_max(m0, uk_load(s + r * lds + c));
-            m1 = uk_max(m1, uk_load(s + (r + 1) * lds + c));
-        }
-        if (r < rows)
-            m0 = uk_max(m0, uk_load(s + r * lds + c));
-        float bm[UK_LANES], dm[UK_LANES], base[UK_LANES];
-        uk_store(bm, uk_max(m0, m1));
-        for (int i = 0; i < UK_LANES; i++) {
-            const float b = bm[i] * mul, mo = m[c + i];
-            const int grows = b > mo; /* false for NaN: the maximum stays */
-            const float mn = grows ? b : mo;
-            dm[i] = grows ? mo - b : 0.0f;
-            m[c + i] = mn;
-            base[i] = mn == -INFINITY ? 0.0f : mn; /* fp_softmax_exp_base */
-        }
-        const uk_vec a = uk_exp2_le0(uk_load(dm));
-        uk_store(alpha + c, a);
-        for (int i = 0; i < UK_LANES; i++)
-            rescale |= alpha[c + i] != 1.0f;
-        const uk_vec vsub = uk_load(base);
-        uk_vec acc = uk_zero();
-        if (mul > 0.0f)
-            for (r = 0; r < rows; r++) {
-                float *p = s + r * lds + c;
-                const uk_vec e = uk_exp2_le0(uk_sub(uk_mul(uk_load(p), vmul), vsub));
-                uk_store(p, e);
-                acc = uk_add(acc, e);
+    for (int c0 = 0; c0 < cols; c0 += UK_SMG * UK_LANES) {
+        const int ng = (cols - c0) / UK_LANES < UK_SMG ? (cols - c0) / UK_LANES : UK_SMG;
+        float bm[UK_SMG * UK_LANES];
+        if (ng == UK_SMG) {
+            uk_vec m0[UK_SMG], m1[UK_SMG];
+#pragma GCC unroll 4
+            for (int g = 0; g < UK_SMG; g++)
+                m0[g] = m1[g] = uk_set1(-INFINITY);
+            int r = 0;
+            for (; r + 1 < rows; r += 2)
+#pragma GCC unroll 4
+                for (int g = 0; g < UK_SMG; g++) {
+                    m0[g] = uk_max(m0[g], uk_load(s + r * lds + c0 + g * UK_LANES));
+                    m1[g] = uk_max(m1[g], uk_load(s + (r + 1) * lds + c0 + g * UK_LANES));
+                }
+#pragma GCC unroll 4
+            for (int g = 0; g < UK_SMG; g++) {
+                if (r < rows)
+                    m0[g] = uk_max(m0[g], uk_load(s + r * lds + c0 + g * UK_LANES));
+                uk_store(bm + g * UK_LANES, uk_max(m0[g], m1[g]));
             }
-        else
-            for (r = 0; r < rows; r++) {
-                float *p = s + r * lds + c;
-                const uk_vec e = uk_exp2(uk_sub(uk_mul(uk_load(p), vmul), vsub));
-                uk_store(p, e);
-                acc = uk_add(acc, e);
+        } else {
+            for (int g = 0; g < ng; g++) {
+                uk_vec m0 = uk_set1(-INFINITY), m1 = m0;
+                int r = 0;
+                for (; r + 1 < rows; r += 2) {
+                    m0 = uk_max(m0, uk_load(s + r * lds + c0 + g * UK_LANES));
+                    m1 = uk_max(m1, uk_load(s + (r + 1) * lds + c0 + g * UK_LANES));
+                }
+                if (r < rows)
+                    m0 = uk_max(m0, uk_load(s + r * lds + c0 + g * UK_LANES));
+                uk_store(bm + g * UK_LANES, uk_max(m0, m1));
             }
-        uk_store(l + c, uk_add(uk_mul(uk_load(l + c), a), acc));
+        }
+        for (int g = 0; g < ng; g++) {
+            const int c = c0 + g * UK_LANES;
+            float dm[UK_LANES], base[UK_LANES];
+            for (int i = 0; i < UK_LANES; i++) {
+                const float b = bm[g * UK_LANES + i] * mul, mo = m[c + i];
+                const int grows = b > mo; /* false for NaN: the maximum stays */
+                const float mn = grows ? b : mo;
+                dm[i] = grows ? mo - b : 0.0f;
+                m[c + i] = mn;
+                base[i] = mn == -INFINITY ? 0.0f : mn; /* fp_softmax_exp_base */
+            }
+            const uk_vec a = uk_exp2_le0(uk_load(dm));
+            uk_store(alpha + c, a);
+            for (int i = 0; i < UK_LANES; i++)
+                rescale |= alpha[c + i] != 1.0f;
+            const uk_vec vsub = uk_load(base);
+            uk_vec acc = uk_zero();
+            if (mul > 0.0f)
+                for (int r = 0; r < rows; r++) {
+                    float *p = s + r * lds + c;
+                    const uk_vec e = uk_exp2_le0(uk_sub(uk_mul(uk_load(p), vmul), vsub));
+                    uk_store(p, e);
+                    acc = uk_add(acc, e);
+                }
+            else
+                for (int r = 0; r < rows; r++) {
+                    float *p = s + r * lds + c;
+                    const uk_vec e = uk_exp2(uk_sub(uk_mul(uk_load(p), vmul), vsub));
+                    uk_store(p, e);
+                    acc = uk_add(acc, e);
+                }
+            uk_store(l + c, uk_add(uk_mul(uk_load(l + c), a), acc));
+        }
     }
     return rescale;
 }

@@ -67,6 +67,16 @@ static float chain_step(float a, float b, float c, int fused)
     return prod + c;
 }
 
+/* Row m of a product's C, past its m rows, as it was before the call (ld words, bit for bit). */
+static int row_untouched(const float *row, const float *before, int ld, const char *what, int m)
+{
+    for (int j = 0; j < ld; j++)
+        if (!CHECK_MSG(memcmp(&row[j], &before[j], sizeof(float)) == 0,
+                       "%s %s m=%d: wrote row %d, past the output", table, what, m, m))
+            return 0;
+    return 1;
+}
+
 static void check_gemm(const fp_ukernels *uk, tu_rng *rng)
 {
     int bad = 0;
@@ -107,9 +117,7 @@ static void check_gemm(const fp_ukernels *uk, tu_rng *rng)
                                  "sequential chain gives %.9g",
                                  table, m, n, k, acc, trans, r, j, (double)got, (double)want);
             }
-        for (int j = 0; j < ld && !bad; j++)
-            bad = !CHECK_MSG(memcmp(&c[m * ld + j], &c0[m * ld + j], sizeof(float)) == 0,
-                             "%s gemm m=%d: wrote row %d, past the output", table, m, m);
+        bad = bad || !row_untouched(c + m * ld, c0 + m * ld, ld, "gemm", m);
         free(abuf);
         free(b);
         free(c);
@@ -671,9 +679,7 @@ static void check_fwd_fused(const fp_ukernels *uk, tu_rng *rng)
                                  "gemm give %.9g",
                                  table, m, n, k, r, j, (double)got, (double)want);
             }
-        for (int j = 0; j < ld && !bad; j++)
-            bad = !CHECK_MSG(memcmp(&c[m * ld + j], &c0[m * ld + j], sizeof(float)) == 0,
-                             "%s gemm_rs m=%d: wrote row %d, past the output", table, m, m);
+        bad = bad || !row_untouched(c + m * ld, c0 + m * ld, ld, "gemm_rs", m);
         free(a);
         free(b);
         free(c);

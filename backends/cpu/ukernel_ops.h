@@ -89,6 +89,22 @@ static inline uk_vec uk_exp2_le0(uk_vec x)
  * least the column's largest rounded product), so uk_exp2_le0 serves. */
 enum { UK_SMG = 4 };
 
+/* One column group's P in place, as exp2_cols makes it, and its sum; le0 (a constant): the
+ * exponents are <= 0 or NaN. */
+static inline __attribute__((always_inline)) uk_vec
+uk_exp2_col(int rows, float *s, ptrdiff_t lds, uk_vec vmul, uk_vec vsub, const int le0)
+{
+    uk_vec acc = uk_zero();
+    for (int r = 0; r < rows; r++) {
+        float *p = s + r * lds;
+        const uk_vec x = uk_sub(uk_mul(uk_load(p), vmul), vsub);
+        const uk_vec e = le0 ? uk_exp2_le0(x) : uk_exp2(x);
+        uk_store(p, e);
+        acc = uk_add(acc, e);
+    }
+    return acc;
+}
+
 static int uk_softmax_cols(int rows, int cols, float *s, ptrdiff_t lds, float mul, float *m,
                            float *l, float *alpha)
 {
@@ -115,18 +131,10 @@ static int uk_softmax_cols(int rows, int cols, float *s, ptrdiff_t lds, float mu
                     m0[g] = uk_max(m0[g], uk_load(s + r * lds + c0 + g * UK_LANES));
                 uk_store(bm + g * UK_LANES, uk_max(m0[g], m1[g]));
             }
-        } else {
-            for (int g = 0; g < ng; g++) {
-                uk_vec m0 = uk_set1(-INFINITY), m1 = m0;
-                int r = 0;
-                for (; r + 1 < rows; r += 2) {
-                    m0 = uk_max(m0, uk_load(s + r * lds + c0 + g * UK_LANES));
-                    m1 = uk_max(m1, uk_load(s + (r + 1) * lds + c0 + g * UK_LANES));
-                }
-                if (r < rows)
-                    m0 = uk_max(m0, uk_load(s + r * lds + c0 + g * UK_LANES));
-                uk_store(bm + g * UK_LANES, uk_max(m0, m1));
-            }
+        } else { /* a last chunk of fewer groups: col_max itself, from -inf */
+            for (int i = 0; i < ng * UK_LANES; i++)
+                bm[i] = -INFINITY;
+            uk_col_max(rows, ng * UK_LANES, s + c0, lds, bm);
         }
         for (int g = 0; g < ng; g++) {
             const int c = c0 + g * UK_LANES;
@@ -144,21 +152,8 @@ static int uk_softmax_cols(int rows, int cols, float *s, ptrdiff_t lds, float mu
             for (int i = 0; i < UK_LANES; i++)
                 rescale |= alpha[c + i] != 1.0f;
             const uk_vec vsub = uk_load(base);
-            uk_vec acc = uk_zero();
-            if (mul > 0.0f)
-                for (int r = 0; r < rows; r++) {
-                    float *p = s + r * lds + c;
-                    const uk_vec e = uk_exp2_le0(uk_sub(uk_mul(uk_load(p), vmul), vsub));
-                    uk_store(p, e);
-                    acc = uk_add(acc, e);
-                }
-            else
-                for (int r = 0; r < rows; r++) {
-                    float *p = s + r * lds + c;
-                    const uk_vec e = uk_exp2(uk_sub(uk_mul(uk_load(p), vmul), vsub));
-                    uk_store(p, e);
-                    acc = uk_add(acc, e);
-                }
+            const uk_vec acc = mul > 0.0f ? uk_exp2_col(rows, s + c, lds, vmul, vsub, 1)
+                                          : uk_exp2_col(rows, s + c, lds, vmul, vsub, 0);
             uk_store(l + c, uk_add(uk_mul(uk_load(l + c), a), acc));
         }
     }

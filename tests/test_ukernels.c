@@ -24,6 +24,10 @@
  *   dec_row_max, dec_exp2_rows   where a table has them: maxima exact (NaN rows, -inf rows),
  *                 the exponentials bit for bit as exp2_cols makes them, the row sums, NaN padding
  *                 ignored and nothing written past n rounded up to 8
+ *   gemm_rs       bit for bit as scale_rows then gemm (accumulate), C rows past m untouched
+ *   softmax_cols  bit for bit as col_max, core/online_softmax.h's update with the factor by the
+ *                 table's exp2, exp2_cols and l * alpha + the sums, on -inf and NaN columns, states
+ *                 of -inf, above and below the block, mul > 0 and < 0; the return value
  *   interleave_bf16, dsoftmax_cols, scale_rows, cvt_f16, cvt_bf16 (every 16-bit pattern),
  *   store_f16, store_bf16 (bit for bit as core/dtype.h, NaN, infinities, denormals, overflow)
  * Then one end-to-end bf16 and f16 forward and backward with an odd head dim and odd sequence
@@ -32,6 +36,7 @@
  */
 #include "backends/cpu/ukernel.h"
 #include "core/dtype.h"
+#include "core/online_softmax.h"
 #include "tests/test_util.h"
 
 #include <math.h>
@@ -60,6 +65,16 @@ static float chain_step(float a, float b, float c, int fused)
         return fmaf(a, b, c);
     const float prod = a * b; /* a separate statement: never contracted */
     return prod + c;
+}
+
+/* Row m of a product's C, past its m rows, as it was before the call (ld words, bit for bit). */
+static int row_untouched(const float *row, const float *before, int ld, const char *what, int m)
+{
+    for (int j = 0; j < ld; j++)
+        if (!CHECK_MSG(memcmp(&row[j], &before[j], sizeof(float)) == 0,
+                       "%s %s m=%d: wrote row %d, past the output", table, what, m, m))
+            return 0;
+    return 1;
 }
 
 static void check_gemm(const fp_ukernels *uk, tu_rng *rng)
@@ -102,9 +117,7 @@ static void check_gemm(const fp_ukernels *uk, tu_rng *rng)
                                  "sequential chain gives %.9g",
                                  table, m, n, k, acc, trans, r, j, (double)got, (double)want);
             }
-        for (int j = 0; j < ld && !bad; j++)
-            bad = !CHECK_MSG(memcmp(&c[m * ld + j], &c0[m * ld + j], sizeof(float)) == 0,
-                             "%s gemm m=%d: wrote row %d, past the output", table, m, m);
+        bad = bad || !row_untouched(c + m * ld, c0 + m * ld, ld, "gemm", m);
         free(abuf);
         free(b);
         free(c);
@@ -631,6 +644,116 @@ static void check_softmax_ops(const fp_ukernels *uk, tu_rng *rng)
     }
 }
 
+/* The forward's fused steps against the unfused ones (ukernel.h: the same bits). */
+static void check_fwd_fused(const fp_ukernels *uk, tu_rng *rng)
+{
+    if (!CHECK_MSG(uk->gemm_rs && uk->softmax_cols, "%s: gemm_rs or softmax_cols missing", table))
+        return;
+    int bad = 0;
+    /* The portable table is plain C: a compiler may fuse a multiply into the next add. */
+    const float tol = strcmp(table, "scalar") ? 0.0f : 1e-6f;
+    for (int trial = 0; trial < 200 && !bad; trial++) {
+        const int m = 1 + (int)(tu_rng_u32(rng) % 20), n = 1 + (int)(tu_rng_u32(rng) % 140);
+        const int k = 1 + (int)(tu_rng_u32(rng) % 70), lda = m + (int)(tu_rng_u32(rng) % 3);
+        const int ld = LD(n);
+        float *a = alloc_f((size_t)k * lda), *b = alloc_f((size_t)k * ld);
+        float *c = alloc_f((size_t)(m + 1) * ld), *c0 = alloc_f((size_t)(m + 1) * ld);
+        float *f = alloc_f((size_t)m);
+        for (int i = 0; i < k * lda; i++)
+            a[i] = tu_rng_uniform(rng, 0.0f, 1.0f);
+        for (int i = 0; i < k * ld; i++)
+            b[i] = tu_rng_uniform(rng, -1.0f, 1.0f);
+        for (int i = 0; i < (m + 1) * ld; i++)
+            c[i] = c0[i] = tu_rng_uniform(rng, -2.0f, 2.0f);
+        for (int r = 0; r < m; r++)
+            f[r] = r % 3 == 0 ? 1.0f : r % 5 == 1 ? 0.0f : tu_rng_uniform(rng, 0.0f, 1.0f);
+        /* A as P^T read as P (rows 1 apart), as flash_fwd.c passes it. */
+        uk->gemm_rs(m, n, k, a, 1, lda, b, ld, c, ld, f);
+        uk->scale_rows(m, n, c0, ld, f);
+        uk->gemm(m, n, k, a, 1, lda, b, ld, c0, ld, 1);
+        for (int r = 0; r < m && !bad; r++)
+            for (int j = 0; j < n && !bad; j++) {
+                const float got = c[r * ld + j], want = c0[r * ld + j];
+                bad = !CHECK_MSG(got == want || fabsf(got - want) <= tol * fabsf(want),
+                                 "%s gemm_rs m=%d n=%d k=%d: C[%d][%d] = %.9g, scale_rows + "
+                                 "gemm give %.9g",
+                                 table, m, n, k, r, j, (double)got, (double)want);
+            }
+        bad = bad || !row_untouched(c + m * ld, c0 + m * ld, ld, "gemm_rs", m);
+        free(a);
+        free(b);
+        free(c);
+        free(c0);
+        free(f);
+    }
+    for (int trial = 0; trial < 60 && !bad; trial++) {
+        const int rows = 1 + (int)(tu_rng_u32(rng) % 70);
+        const int cols = FP_TILE_COLS * (1 + (int)(tu_rng_u32(rng) % 4)), ld = cols;
+        const float mul = trial % 7 == 3 ? -0.2f : trial % 5 == 0 ? 1.0f : 0.18f;
+        float *s = alloc_f((size_t)rows * ld), *s0 = alloc_f((size_t)rows * ld);
+        float *m = alloc_f((size_t)ld), *l = alloc_f((size_t)ld), *alpha = alloc_f((size_t)ld);
+        float *m0 = alloc_f((size_t)ld), *l0 = alloc_f((size_t)ld), *a0 = alloc_f((size_t)ld);
+        float *mx = alloc_f((size_t)ld), *sub = alloc_f((size_t)ld), *sum = alloc_f((size_t)ld);
+        for (int r = 0; r < rows; r++)
+            for (int c = 0; c < cols; c++) {
+                float x = tu_rng_uniform(rng, -40.0f, 40.0f);
+                if (c % 11 == 4 || tu_rng_u32(rng) % 9 == 0)
+                    x = -INFINITY; /* column 4 (and 15, ...): all masked */
+                if (c == 9 && r == rows / 2)
+                    x = NAN;
+                s[r * ld + c] = s0[r * ld + c] = x;
+            }
+        for (int c = 0; c < cols; c++) {
+            const int kind = (int)(tu_rng_u32(rng) % 4);
+            m[c] = m0[c] = kind == 0   ? -INFINITY
+                           : kind == 1 ? 100.0f /* above every block maximum */
+                                       : tu_rng_uniform(rng, -8.0f, 8.0f);
+            l[c] = l0[c] = kind == 0 ? 0.0f : tu_rng_uniform(rng, 0.5f, 30.0f);
+            mx[c] = -INFINITY;
+        }
+        const int got_rescale = uk->softmax_cols(rows, cols, s, ld, mul, m, l, alpha);
+        uk->col_max(rows, cols, s0, ld, mx);
+        float dm[4 * FP_TILE_COLS];
+        for (int c = 0; c < cols; c++) {
+            fp_softmax_state t = {m0[c], l0[c]};
+            const float bm = mx[c] * mul;
+            dm[c] = bm > t.m ? t.m - bm : 0.0f;
+            t.m = bm > t.m ? bm : t.m;
+            m0[c] = t.m;
+            sub[c] = fp_softmax_exp_base(&t);
+            sum[c] = 0.0f;
+        }
+        exp2_values(uk, dm, a0, cols);
+        uk->exp2_cols(rows, cols, s0, ld, mul, sub, sum);
+        int want_rescale = 0;
+        for (int c = 0; c < cols; c++) {
+            l0[c] = l0[c] * a0[c] + sum[c];
+            want_rescale |= a0[c] != 1.0f;
+        }
+        CHECK_MSG(!got_rescale == !want_rescale, "%s softmax_cols returned %d, alpha says %d",
+                  table, got_rescale, want_rescale);
+        bad = memcmp(s, s0, sizeof(float) * (size_t)rows * ld) != 0 ||
+              memcmp(m, m0, sizeof(float) * (size_t)cols) != 0 ||
+              memcmp(alpha, a0, sizeof(float) * (size_t)cols) != 0;
+        for (int c = 0; c < cols && !bad; c++)
+            bad = !(l[c] == l0[c] || (l[c] != l[c] && l0[c] != l0[c]) ||
+                    fabsf(l[c] - l0[c]) <= tol * fabsf(l0[c]));
+        CHECK_MSG(!bad, "%s softmax_cols rows=%d cols=%d mul=%g: differs from the unfused steps",
+                  table, rows, cols, (double)mul);
+        free(s);
+        free(s0);
+        free(m);
+        free(l);
+        free(alpha);
+        free(m0);
+        free(l0);
+        free(a0);
+        free(mx);
+        free(sub);
+        free(sum);
+    }
+}
+
 /* dec_row_max and dec_exp2_rows where a table has them (present together): the maxima exact
  * (NaN for a row holding one, -inf for a row of -inf), the exponentials bit for bit as
  * exp2_cols makes them, the sums within rounding; the padding past n holds NaN, which must change
@@ -928,6 +1051,7 @@ int main(void)
         }
         check_exp2(uk);
         check_softmax_ops(uk, &rng);
+        check_fwd_fused(uk, &rng);
         check_decode_softmax(uk, &rng);
         check_conversions(uk);
         check_transpose(uk, &rng);

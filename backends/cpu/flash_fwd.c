@@ -20,11 +20,14 @@
  * Per key block: S^T; softcap/ALiBi (fp_score_transform); the window (core/mask.h) on blocks
  * that straddle it (fp_mask_block_full), whose S^T and P V run over the key bands that each group
  * of 16 queries can see (fp_key_bands: 10 of the 16 squares of 16 x 16 on a causal diagonal, the
- * same sums without the masked pairs' zeros); column max; the online update per query
- * (fp_softmax_update_exp2, skipped when the maximum did not grow, where it would return 1);
- * rescale of O rows; P = 2^(S * scale * log2(e) - m); O += P V. A block that straddles the mask
- * and holds an infinite or NaN V takes a scalar P V over its visible pairs (pv_visible), so that a
- * key a row cannot see never reaches it; a NaN score a row sees makes its l, O and LSE NaN.
+ * same sums without the masked pairs' zeros); then, on f32 products, the table's softmax_cols in
+ * one call: column max, the online update of core/online_softmax.h vectorized over the queries
+ * (the state kept as arrays of m and l; the rescale factor by the table's exp2, not libm's exp2f),
+ * P = 2^(S * scale * log2(e) - m) and l; O's rescale rides on O += P V (gemm_rs: the rows of O
+ * multiplied as they are loaded into the accumulators, the same bits as a separate pass). On bf16
+ * products the same steps one by one (fp_softmax_update_exp2 per query). A block that straddles the
+ * mask and holds an infinite or NaN V takes a scalar P V over its visible pairs (pv_visible), so
+ * that a key a row cannot see never reaches it; a NaN score a row sees makes its l, O and LSE NaN.
  * bf16 inputs on a CPU with AVX512_BF16 stay bf16: Q^T and V as bf16 pairs, K in place, S^T and
  * P V by vdpbf16ps with P rounded to bf16 (ukernel_avx512bf16.c), except on tables that set
  * bf16_as_f32 (Intel cores, isa.c). Other dtypes convert to f32:
@@ -94,7 +97,7 @@ typedef struct fwd_layout {
     size_t s;       /* a sub-block's S^T, then P^T: BLOCK_K x lds */
     size_t pp;      /* bf16 path: P^T as pairs, BLOCK_K / 2 x lds */
     size_t kt, vt;  /* K and V when not read in place: BLOCK_K x d (f32, bf16 or pairs) */
-    size_t st;      /* bq fp_softmax_state */
+    size_t sm, sl;  /* per query: the softmax state's m and l (fp_softmax_state, by field) */
     size_t bm, sub; /* per query: block maximum; subtrahend of the exponent */
     size_t alpha;   /* per query: rescale factor of O */
     size_t bsum;    /* per query: the block's sum of P */
@@ -115,8 +118,9 @@ static fwd_layout fwd_layout_of(int64_t d, int bq)
     L.pp = L.s + (size_t)BLOCK_K * L.lds;
     L.kt = L.pp + (size_t)(BLOCK_K + 1) / 2 * L.lds;
     L.vt = L.kt + (size_t)BLOCK_K * L.ldd;
-    L.st = L.vt + (size_t)BLOCK_K * L.ldd;
-    L.bm = L.st + 2 * (size_t)L.ldq;
+    L.sm = L.vt + (size_t)BLOCK_K * L.ldd;
+    L.sl = L.sm + (size_t)L.ldq;
+    L.bm = L.sl + (size_t)L.ldq;
     L.sub = L.bm + (size_t)L.ldq;
     L.alpha = L.sub + (size_t)L.ldq;
     L.bsum = L.alpha + (size_t)L.ldq;
@@ -288,7 +292,7 @@ static void fwd_sub_block(const fwd_ctx *c, float *scratch, const fp_seq *seq, i
     float *qt = scratch + L->qt + x0, *o = scratch + L->o + (size_t)x0 * L->ldd;
     float *s = scratch + L->s;
     uint32_t *pp = (uint32_t *)(scratch + L->pp);
-    fp_softmax_state *st = (fp_softmax_state *)(scratch + L->st) + x0;
+    float *sm = scratch + L->sm + x0, *sl = scratch + L->sl + x0;
     float *bm = scratch + L->bm + x0, *sub = scratch + L->sub + x0;
     float *alpha = scratch + L->alpha + x0, *bsum = scratch + L->bsum + x0;
 
@@ -327,34 +331,47 @@ static void fwd_sub_block(const fwd_ctx *c, float *scratch, const fp_seq *seq, i
         fp_tile_fill_masked(s, L->lds, n, m, q0, j0, seq->nq, seq->nk, p->window_left,
                             p->window_right, -INFINITY);
 
-    /* Online softmax (core/online_softmax.h, exp2 form), one query per column. */
-    for (int x = 0; x < mp; x++)
-        bm[x] = -INFINITY;
-    uk->col_max(n, mp, s, L->lds, bm);
+    /* Online softmax (core/online_softmax.h, exp2 form), one query per column: on f32 products
+     * the table's softmax_cols (the column maxima, the update vectorized over the queries, P and
+     * l), whose rescale of O then rides on O += P V (gemm_rs); on bf16 products the steps one by
+     * one, P rounded to bf16 pairs. */
     int rescale = 0;
-    for (int x = 0; x < m; x++) {
-        const float block_max = bm[x] * mul;
-        alpha[x] = 1.0f;
-        if (block_max > st[x].m) {
-            alpha[x] = fp_softmax_update_exp2(&st[x], block_max);
-            rescale |= alpha[x] != 1.0f;
+    if (c->bf16) {
+        for (int x = 0; x < mp; x++)
+            bm[x] = -INFINITY;
+        uk->col_max(n, mp, s, L->lds, bm);
+        for (int x = 0; x < m; x++) {
+            fp_softmax_state t = {sm[x], sl[x]};
+            const float block_max = bm[x] * mul;
+            alpha[x] = 1.0f;
+            if (block_max > t.m) {
+                alpha[x] = fp_softmax_update_exp2(&t, block_max);
+                rescale |= alpha[x] != 1.0f;
+            }
+            /* A column that has seen only -inf keeps m = -inf; its scores are all -inf, which
+             * give 0 against any finite subtrahend. */
+            sub[x] = fp_softmax_exp_base(&t);
+            sm[x] = t.m;
+            sl[x] = t.l;
+            bsum[x] = 0.0f;
         }
-        /* A column that has seen only -inf keeps m = -inf; its scores are all -inf, which give 0
-         * against any finite subtrahend. */
-        sub[x] = fp_softmax_exp_base(&st[x]);
-        bsum[x] = 0.0f;
+    } else {
+        rescale = uk->softmax_cols(n, mp, s, L->lds, mul, sm, sl, alpha);
+        if (c->fp8) /* after P's unrounded sum went into l */
+            round_p_e4m3(s, L->lds, n, m);
     }
-    if (rescale)
-        uk->scale_rows(m, d, o, L->ldd, alpha);
 
-    /* P and O += P V. fp8: V is an f32 tile, P rounded to e4m3. */
+    /* O += P V (O first rescaled by alpha where the maximum grew). fp8: V is an f32 tile. */
     const fp_block vf = {(void *)ko->v, FLASHPORT_F32, 0, ko->ldv, 1};
     if (!full && !fp_block_finite(c->fp8 ? &vf : &ko->vb, n, d)) {
-        uk->exp2_cols(n, mp, s, L->lds, mul, sub, bsum);
-        if (c->fp8)
-            round_p_e4m3(s, L->lds, n, m);
+        if (rescale)
+            uk->scale_rows(m, d, o, L->ldd, alpha);
+        if (c->bf16)
+            uk->exp2_cols(n, mp, s, L->lds, mul, sub, bsum);
         pv_visible(o, L->ldd, s, L->lds, c->fp8 ? &vf : &ko->vb, n, m, d, q0, j0, seq, p);
     } else if (c->bf16) {
+        if (rescale)
+            uk->scale_rows(m, d, o, L->ldd, alpha);
         uk->exp2_cols_bf16(n, mp, s, L->lds, mul, sub, bsum, pp, L->lds);
         if (full)
             uk->gemm_bf16(m, d, (n + 1) / 2, (const uint16_t *)pp, 2, 2 * (ptrdiff_t)L->lds, ko->v,
@@ -371,25 +388,30 @@ static void fwd_sub_block(const fwd_ctx *c, float *scratch, const fp_seq *seq, i
                                   2 * (ptrdiff_t)L->lds, (const uint32_t *)ko->v + a * ko->ldv,
                                   ko->ldv, o + (ptrdiff_t)x * L->ldd, L->ldd, 1);
             }
-    } else {
-        uk->exp2_cols(n, mp, s, L->lds, mul, sub, bsum);
-        if (c->fp8)
-            round_p_e4m3(s, L->lds, n, m);
-        if (full)
-            uk->gemm(m, d, n, s, 1, L->lds, ko->v, ko->ldv, o, L->ldd, 1);
+    } else if (full) {
+        if (rescale)
+            uk->gemm_rs(m, d, n, s, 1, L->lds, ko->v, ko->ldv, o, L->ldd, alpha);
         else
-            for (int x = 0; x < m; x += FP_TILE_COLS) { /* a column group over its keys */
-                int r0, r1;
-                group_keys(band, bands, x, &r0, &r1);
-                const int mg = m - x < FP_TILE_COLS ? m - x : FP_TILE_COLS;
-                if (r1 > r0)
-                    uk->gemm(mg, d, r1 - r0, s + (ptrdiff_t)r0 * L->lds + x, 1, L->lds,
-                             (const float *)ko->v + r0 * ko->ldv, ko->ldv,
-                             o + (ptrdiff_t)x * L->ldd, L->ldd, 1);
-            }
+            uk->gemm(m, d, n, s, 1, L->lds, ko->v, ko->ldv, o, L->ldd, 1);
+    } else {
+        for (int x = 0; x < m; x += FP_TILE_COLS) { /* a column group over its keys */
+            int r0, r1;
+            group_keys(band, bands, x, &r0, &r1);
+            const int mg = m - x < FP_TILE_COLS ? m - x : FP_TILE_COLS;
+            float *ox = o + (ptrdiff_t)x * L->ldd;
+            const float *px = s + (ptrdiff_t)r0 * L->lds + x,
+                        *vx = (const float *)ko->v + r0 * ko->ldv;
+            if (r1 > r0 && rescale)
+                uk->gemm_rs(mg, d, r1 - r0, px, 1, L->lds, vx, ko->ldv, ox, L->ldd, alpha + x);
+            else if (r1 > r0)
+                uk->gemm(mg, d, r1 - r0, px, 1, L->lds, vx, ko->ldv, ox, L->ldd, 1);
+            else if (rescale) /* no visible key: alpha is 1 there, kept exact all the same */
+                uk->scale_rows(mg, d, ox, L->ldd, alpha + x);
+        }
     }
-    for (int x = 0; x < m; x++)
-        st[x].l += bsum[x];
+    if (c->bf16)
+        for (int x = 0; x < m; x++)
+            sl[x] += bsum[x];
 }
 
 /* Points ko at key block [j0, j0 + n) of (b, kvh): K and V in place where the products can read
@@ -480,7 +502,7 @@ static void fwd_block(const fwd_ctx *c, float *scratch, fp_kv_stage *stage, int6
     const int mp = fp_tile_ld(m);
     const int64_t kvh = fp_kv_head(p, h);
     float *qt = scratch + L->qt, *o = scratch + L->o, *sub = scratch + L->sub;
-    fp_softmax_state *st = (fp_softmax_state *)(scratch + L->st);
+    float *sm = scratch + L->sm, *sl = scratch + L->sl;
 
     const fp_block qb = {p->q.data, p->dtype, fp_row_offset(&p->q, b, seq.q_start + i0, h),
                          p->q.stride[FP_S], p->q.stride[FP_D]};
@@ -491,7 +513,10 @@ static void fwd_block(const fwd_ctx *c, float *scratch, fp_kv_stage *stage, int6
     else
         fp_tile_load_t(qt, L->ldq, &qb, m, d, uk);
     for (int x = 0; x < mp; x++) {
-        fp_softmax_init(&st[x]);
+        fp_softmax_state t;
+        fp_softmax_init(&t);
+        sm[x] = t.m;
+        sl[x] = t.l;
         sub[x] = 0.0f; /* finite for padding columns too; real ones are set per block */
     }
     memset(o, 0, sizeof(float) * (size_t)m * (size_t)L->ldd);
@@ -514,8 +539,9 @@ static void fwd_block(const fwd_ctx *c, float *scratch, fp_kv_stage *stage, int6
 
     for (int r = 0; r < m; r++) {
         float *orow = o + (size_t)r * L->ldd;
-        float f = fp_softmax_out_scale(&st[r]) * p->descale_v; /* descale_v: 1 unless fp8 */
-        if (f == 0.0f)                                         /* no visible key: O = 0 */
+        const fp_softmax_state t = {sm[r], sl[r]};
+        float f = fp_softmax_out_scale(&t) * p->descale_v; /* descale_v: 1 unless fp8 */
+        if (f == 0.0f)                                     /* no visible key: O = 0 */
             memset(orow, 0, sizeof(float) * (size_t)d);
         else
             for (int x = 0; x < d; x++)
@@ -526,8 +552,10 @@ static void fwd_block(const fwd_ctx *c, float *scratch, fp_kv_stage *stage, int6
     fp_tile_store(&ob, o, L->ldd, m, d, 1.0f, uk);
     if (p->lse.data) {
         float *lse = (float *)p->lse.data;
-        for (int r = 0; r < m; r++)
-            lse[fp_lse_offset(&p->lse, b, h, seq.q_start + i0 + r)] = fp_softmax_lse_exp2(&st[r]);
+        for (int r = 0; r < m; r++) {
+            const fp_softmax_state t = {sm[r], sl[r]};
+            lse[fp_lse_offset(&p->lse, b, h, seq.q_start + i0 + r)] = fp_softmax_lse_exp2(&t);
+        }
     }
 }
 

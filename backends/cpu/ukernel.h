@@ -223,6 +223,24 @@ typedef struct fp_ukernels {
      * cores under "auto"); decode keeps its bf16 steps for units of few rows and widens the
      * product-bound ones (flash_decode.c). 0 in every table as written. */
     int bf16_as_f32;
+
+    /* The forward's fused steps; every table as written has them.
+     * gemm_rs       C[m x n] = diag(f) C + A[m x k] B[k x n], f32: gemm with accumulate = 1 whose
+     *               C rows are first multiplied by f[row] (rounded once, as scale_rows would), so
+     *               O's rescale rides on the load of the accumulators in O += P V. The same bits
+     *               as scale_rows then gemm.
+     * softmax_cols  one key block of the online softmax over a score tile (keys down the rows,
+     *               cols columns, a multiple of FP_TILE_COLS): per column c, the block maximum as
+     *               col_max takes it (from -inf), bm = mul * it; where bm > m[c]: alpha[c] =
+     *               2^(m[c] - bm) by the table's exp2 and m[c] = bm, else alpha[c] = 1; then s as
+     *               exp2_cols makes it with sub[c] = m[c] (0 while m[c] = -inf), and l[c] =
+     *               l[c] * alpha[c] + the column's sum. core/online_softmax.h's update in exp2
+     *               form, the rescale factor by the table's exp2 instead of libm's exp2f. Returns
+     *               nonzero when some alpha[c] != 1. m, l and alpha are padded as the tile. */
+    void (*gemm_rs)(int m, int n, int k, const float *a, ptrdiff_t rsa, ptrdiff_t csa,
+                    const float *b, ptrdiff_t ldb, float *c, ptrdiff_t ldc, const float *f);
+    int (*softmax_cols)(int rows, int cols, float *s, ptrdiff_t lds, float mul, float *m, float *l,
+                        float *alpha);
 } fp_ukernels;
 
 /* The tables this build contains: which ones depends on the target architecture and the

@@ -537,4 +537,6 @@ const fp_ukernels fp_ukernels_avx2 = {
     avx2_dec_exp2_rows,
     256,
     0,
+    uk_gemm_rs,
+    uk_softmax_cols,
 };

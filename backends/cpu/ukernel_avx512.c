@@ -44,4 +44,6 @@ const fp_ukernels fp_ukernels_avx512 = {
     NULL,
     0,
     0,
+    uk_gemm_rs,
+    uk_softmax_cols,
 };

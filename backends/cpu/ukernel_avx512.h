@@ -67,11 +67,11 @@ static inline uk_vec uk_load_f16(const uint16_t *p)
     return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(const void *)p));
 }
 
-static inline uk_vec uk_exp2(uk_vec x)
+/* 2^x for x <= 127 or NaN (uk_exp2 clamps first). */
+static inline __attribute__((always_inline)) uk_vec avx512_exp2_upto127(__m512 x)
 {
-    /* NLT_UQ keeps NaN lanes (NaN in, NaN out); min(127, x) also passes NaN through. */
+    /* NLT_UQ keeps NaN lanes (NaN in, NaN out). */
     const __mmask16 keep = _mm512_cmp_ps_mask(x, _mm512_set1_ps(-126.0f), _CMP_NLT_UQ);
-    x = _mm512_min_ps(_mm512_set1_ps(127.0f), x);
     const __m512 n = _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
     const __m512 f = _mm512_sub_ps(x, n);
     __m512 p = _mm512_set1_ps(FP_EXP2_C6);
@@ -82,6 +82,20 @@ static inline uk_vec uk_exp2(uk_vec x)
     p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(FP_EXP2_C1));
     p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f));
     return _mm512_maskz_mov_ps(keep, _mm512_scalef_ps(p, n));
+}
+
+static inline uk_vec uk_exp2(uk_vec x)
+{
+    /* min(127, x) passes NaN through. */
+    return avx512_exp2_upto127(_mm512_min_ps(_mm512_set1_ps(127.0f), x));
+}
+
+/* For x <= 0 or NaN (ukernel_ops.h's softmax_cols): the clamp is a no-op there, one operation of
+ * 15 per vector less. */
+#define UK_HAS_EXP2_LE0 1
+static inline uk_vec uk_exp2_le0(uk_vec x)
+{
+    return avx512_exp2_upto127(x);
 }
 
 /* transpose32 by 16 x 16 blocks: 16 masked row loads, the usual four shuffle stages (32-bit,

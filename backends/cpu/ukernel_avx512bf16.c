@@ -272,4 +272,6 @@ const fp_ukernels fp_ukernels_avx512bf16 = {
     NULL,
     0,
     0,
+    uk_gemm_rs,
+    uk_softmax_cols,
 };

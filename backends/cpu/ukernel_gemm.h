@@ -12,8 +12,11 @@
  * they keep their accumulators in registers too. Each accumulator sums its products in order
  * p = 0 .. k - 1 (the contract's fixed summation order).
  *
- * Parameters (all required, all macros; the file #undefs them at its end):
+ * Parameters (all required but UK_GEMM_RS, all macros; the file #undefs them at its end):
  *   UK_GEMM          name of the function to define
+ *   UK_GEMM_RS       optional: name of a second one, the table's gemm_rs (C = diag(f) C + A B:
+ *                    each row's accumulators start from its C row times f[row], one rounding,
+ *                    then sum as UK_GEMM does), defined when the macro is
  *   UK_GEMM_A        element type of A; UK_GEMM_B: element type of the B tile
  *   uk_gemm_avec     vector type of a broadcast A element; uk_gemm_bvec: of UK_LANES B elements
  *   uk_gemm_bcast(const UK_GEMM_A *p)          the A element at p, in every lane
@@ -26,18 +29,24 @@
 #define UK_CAT(a, b)  UK_CAT_(a, b)
 #define UK_BLOCK      UK_CAT(UK_GEMM, _block)
 #define UK_ROWS       UK_CAT(UK_GEMM, _rows)
+#define UK_ANY        UK_CAT(UK_GEMM, _any)
 
 /* One block of mr rows x nv vectors; mr and nv are constants in every call site. */
-static inline __attribute__((always_inline)) void
-UK_BLOCK(const int mr, const int nv, int k, const UK_GEMM_A *a, ptrdiff_t rsa, ptrdiff_t csa,
-         const UK_GEMM_B *b, ptrdiff_t ldb, float *c, ptrdiff_t ldc, int accumulate)
+static inline __attribute__((always_inline)) void UK_BLOCK(const int mr, const int nv, int k,
+                                                           const UK_GEMM_A *a, ptrdiff_t rsa,
+                                                           ptrdiff_t csa, const UK_GEMM_B *b,
+                                                           ptrdiff_t ldb, float *c, ptrdiff_t ldc,
+                                                           int accumulate, const float *fs)
 {
     uk_vec acc[UK_MR][UK_NV];
 #pragma GCC unroll 8
     for (int r = 0; r < mr; r++)
 #pragma GCC unroll 4
-        for (int v = 0; v < nv; v++)
+        for (int v = 0; v < nv; v++) {
             acc[r][v] = accumulate ? uk_load(c + r * ldc + v * UK_LANES) : uk_zero();
+            if (fs) /* a constant NULL in UK_GEMM, so the multiply is compiled out there */
+                acc[r][v] = uk_mul(acc[r][v], uk_set1(fs[r]));
+        }
     for (int p = 0; p < k; p++) {
         uk_gemm_bvec bv[UK_NV];
 #pragma GCC unroll 4
@@ -62,52 +71,53 @@ UK_BLOCK(const int mr, const int nv, int k, const UK_GEMM_A *a, ptrdiff_t rsa, p
 /* The row edge: mr = 1 .. UK_MR, each its own instantiation. */
 static inline __attribute__((always_inline)) void
 UK_ROWS(int mr, const int nv, int k, const UK_GEMM_A *a, ptrdiff_t rsa, ptrdiff_t csa,
-        const UK_GEMM_B *b, ptrdiff_t ldb, float *c, ptrdiff_t ldc, int accumulate)
+        const UK_GEMM_B *b, ptrdiff_t ldb, float *c, ptrdiff_t ldc, int accumulate, const float *fs)
 {
     switch (mr) {
 #if UK_MR >= 8
     case 8:
-        UK_BLOCK(8, nv, k, a, rsa, csa, b, ldb, c, ldc, accumulate);
+        UK_BLOCK(8, nv, k, a, rsa, csa, b, ldb, c, ldc, accumulate, fs);
         break;
 #endif
 #if UK_MR >= 7
     case 7:
-        UK_BLOCK(7, nv, k, a, rsa, csa, b, ldb, c, ldc, accumulate);
+        UK_BLOCK(7, nv, k, a, rsa, csa, b, ldb, c, ldc, accumulate, fs);
         break;
 #endif
 #if UK_MR >= 6
     case 6:
-        UK_BLOCK(6, nv, k, a, rsa, csa, b, ldb, c, ldc, accumulate);
+        UK_BLOCK(6, nv, k, a, rsa, csa, b, ldb, c, ldc, accumulate, fs);
         break;
 #endif
 #if UK_MR >= 5
     case 5:
-        UK_BLOCK(5, nv, k, a, rsa, csa, b, ldb, c, ldc, accumulate);
+        UK_BLOCK(5, nv, k, a, rsa, csa, b, ldb, c, ldc, accumulate, fs);
         break;
 #endif
 #if UK_MR >= 4
     case 4:
-        UK_BLOCK(4, nv, k, a, rsa, csa, b, ldb, c, ldc, accumulate);
+        UK_BLOCK(4, nv, k, a, rsa, csa, b, ldb, c, ldc, accumulate, fs);
         break;
 #endif
 #if UK_MR >= 3
     case 3:
-        UK_BLOCK(3, nv, k, a, rsa, csa, b, ldb, c, ldc, accumulate);
+        UK_BLOCK(3, nv, k, a, rsa, csa, b, ldb, c, ldc, accumulate, fs);
         break;
 #endif
 #if UK_MR >= 2
     case 2:
-        UK_BLOCK(2, nv, k, a, rsa, csa, b, ldb, c, ldc, accumulate);
+        UK_BLOCK(2, nv, k, a, rsa, csa, b, ldb, c, ldc, accumulate, fs);
         break;
 #endif
     default:
-        UK_BLOCK(1, nv, k, a, rsa, csa, b, ldb, c, ldc, accumulate);
+        UK_BLOCK(1, nv, k, a, rsa, csa, b, ldb, c, ldc, accumulate, fs);
         break;
     }
 }
 
-static void UK_GEMM(int m, int n, int k, const UK_GEMM_A *a, ptrdiff_t rsa, ptrdiff_t csa,
-                    const UK_GEMM_B *b, ptrdiff_t ldb, float *c, ptrdiff_t ldc, int accumulate)
+static inline __attribute__((always_inline)) void
+UK_ANY(int m, int n, int k, const UK_GEMM_A *a, ptrdiff_t rsa, ptrdiff_t csa, const UK_GEMM_B *b,
+       ptrdiff_t ldb, float *c, ptrdiff_t ldc, int accumulate, const float *f)
 {
     const int nvec = (n + UK_LANES - 1) / UK_LANES;
     for (int j = 0; j < nvec; j += UK_NV) {
@@ -117,35 +127,52 @@ static void UK_GEMM(int m, int n, int k, const UK_GEMM_A *a, ptrdiff_t rsa, ptrd
             const int mr = m - i < UK_MR ? m - i : UK_MR;
             const UK_GEMM_A *ai = a + i * rsa;
             float *cij = c + i * ldc + (ptrdiff_t)j * UK_LANES;
+            const float *fs = f ? f + i : NULL;
             switch (nv) {
 #if UK_NV >= 4
             case 4:
-                UK_ROWS(mr, 4, k, ai, rsa, csa, bj, ldb, cij, ldc, accumulate);
+                UK_ROWS(mr, 4, k, ai, rsa, csa, bj, ldb, cij, ldc, accumulate, fs);
                 break;
 #endif
 #if UK_NV >= 3
             case 3:
-                UK_ROWS(mr, 3, k, ai, rsa, csa, bj, ldb, cij, ldc, accumulate);
+                UK_ROWS(mr, 3, k, ai, rsa, csa, bj, ldb, cij, ldc, accumulate, fs);
                 break;
 #endif
 #if UK_NV >= 2
             case 2:
-                UK_ROWS(mr, 2, k, ai, rsa, csa, bj, ldb, cij, ldc, accumulate);
+                UK_ROWS(mr, 2, k, ai, rsa, csa, bj, ldb, cij, ldc, accumulate, fs);
                 break;
 #endif
             default:
-                UK_ROWS(mr, 1, k, ai, rsa, csa, bj, ldb, cij, ldc, accumulate);
+                UK_ROWS(mr, 1, k, ai, rsa, csa, bj, ldb, cij, ldc, accumulate, fs);
                 break;
             }
         }
     }
 }
 
+static void UK_GEMM(int m, int n, int k, const UK_GEMM_A *a, ptrdiff_t rsa, ptrdiff_t csa,
+                    const UK_GEMM_B *b, ptrdiff_t ldb, float *c, ptrdiff_t ldc, int accumulate)
+{
+    UK_ANY(m, n, k, a, rsa, csa, b, ldb, c, ldc, accumulate, NULL);
+}
+
+#ifdef UK_GEMM_RS
+static void UK_GEMM_RS(int m, int n, int k, const UK_GEMM_A *a, ptrdiff_t rsa, ptrdiff_t csa,
+                       const UK_GEMM_B *b, ptrdiff_t ldb, float *c, ptrdiff_t ldc, const float *f)
+{
+    UK_ANY(m, n, k, a, rsa, csa, b, ldb, c, ldc, 1, f);
+}
+#endif
+
+#undef UK_ANY
 #undef UK_ROWS
 #undef UK_BLOCK
 #undef UK_CAT
 #undef UK_CAT_
 #undef UK_GEMM
+#undef UK_GEMM_RS
 #undef UK_GEMM_A
 #undef UK_GEMM_B
 #undef uk_gemm_avec

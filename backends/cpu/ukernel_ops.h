@@ -12,6 +12,8 @@
  *   uk_hsum(x)          the sum of x's lanes
  *   uk_load_f16(p)      UK_LANES f16 values from p, converted to f32 (exact)
  * and may define
+ *   uk_exp2_le0(x)      uk_exp2 for x <= 0 or NaN only, with UK_HAS_EXP2_LE0: the same bits
+ *                       there, fewer operations (no upper clamp)
  *   uk_load_bf16(p)     the same for bf16, with UK_HAS_LOAD_BF16: the table then has the
  *                       generic _bf16_f32 decode steps
  * Column-wise: a tile holds keys down its rows and query rows across
@@ -21,9 +23,11 @@
 
 #include "core/dtype.h"
 
+#include <math.h>
 #include <string.h>
 
 #define UK_GEMM               uk_gemm
+#define UK_GEMM_RS            uk_gemm_rs
 #define UK_GEMM_A             float
 #define UK_GEMM_B             float
 #define uk_gemm_avec          uk_vec
@@ -65,6 +69,95 @@ static void uk_exp2_cols(int rows, int cols, float *s, ptrdiff_t lds, float mul,
         if (sum)
             uk_store(sum + c, uk_add(uk_load(sum + c), acc));
     }
+}
+
+#ifndef UK_HAS_EXP2_LE0
+static inline uk_vec uk_exp2_le0(uk_vec x)
+{
+    return uk_exp2(x);
+}
+#endif
+
+/* softmax_cols (ukernel.h): in chunks of up to UK_SMG groups of UK_LANES columns, the column
+ * maxima as col_max takes them (two chains a group, even and odd rows, so the same maximum bit for
+ * bit, NaN included; the chunk's groups side by side, 2 * UK_SMG independent chains over one row's
+ * contiguous lines instead of two latency-bound ones), then per group the state's update and the
+ * exponentials and their sums as exp2_cols makes them. The update is core/online_softmax.h's
+ * fp_softmax_update_exp2 lane by lane, in a loop over plain arrays that the compiler vectorizes,
+ * with the rescale factors by uk_exp2 (of m - m' <= 0: 1 exactly where the maximum stays, 0 from a
+ * first visible score on). With mul > 0 every exponent s * mul - base is <= 0 or NaN (base is at
+ * least the column's largest rounded product), so uk_exp2_le0 serves. */
+enum { UK_SMG = 4 };
+
+/* One column group's P in place, as exp2_cols makes it, and its sum; le0 (a constant): the
+ * exponents are <= 0 or NaN. */
+static inline __attribute__((always_inline)) uk_vec
+uk_exp2_col(int rows, float *s, ptrdiff_t lds, uk_vec vmul, uk_vec vsub, const int le0)
+{
+    uk_vec acc = uk_zero();
+    for (int r = 0; r < rows; r++) {
+        float *p = s + r * lds;
+        const uk_vec x = uk_sub(uk_mul(uk_load(p), vmul), vsub);
+        const uk_vec e = le0 ? uk_exp2_le0(x) : uk_exp2(x);
+        uk_store(p, e);
+        acc = uk_add(acc, e);
+    }
+    return acc;
+}
+
+static int uk_softmax_cols(int rows, int cols, float *s, ptrdiff_t lds, float mul, float *m,
+                           float *l, float *alpha)
+{
+    const uk_vec vmul = uk_set1(mul);
+    int rescale = 0;
+    for (int c0 = 0; c0 < cols; c0 += UK_SMG * UK_LANES) {
+        const int ng = (cols - c0) / UK_LANES < UK_SMG ? (cols - c0) / UK_LANES : UK_SMG;
+        float bm[UK_SMG * UK_LANES];
+        if (ng == UK_SMG) {
+            uk_vec m0[UK_SMG], m1[UK_SMG];
+#pragma GCC unroll 4
+            for (int g = 0; g < UK_SMG; g++)
+                m0[g] = m1[g] = uk_set1(-INFINITY);
+            int r = 0;
+            for (; r + 1 < rows; r += 2)
+#pragma GCC unroll 4
+                for (int g = 0; g < UK_SMG; g++) {
+                    m0[g] = uk_max(m0[g], uk_load(s + r * lds + c0 + g * UK_LANES));
+                    m1[g] = uk_max(m1[g], uk_load(s + (r + 1) * lds + c0 + g * UK_LANES));
+                }
+#pragma GCC unroll 4
+            for (int g = 0; g < UK_SMG; g++) {
+                if (r < rows)
+                    m0[g] = uk_max(m0[g], uk_load(s + r * lds + c0 + g * UK_LANES));
+                uk_store(bm + g * UK_LANES, uk_max(m0[g], m1[g]));
+            }
+        } else { /* a last chunk of fewer groups: col_max itself, from -inf */
+            for (int i = 0; i < ng * UK_LANES; i++)
+                bm[i] = -INFINITY;
+            uk_col_max(rows, ng * UK_LANES, s + c0, lds, bm);
+        }
+        for (int g = 0; g < ng; g++) {
+            const int c = c0 + g * UK_LANES;
+            float dm[UK_LANES], base[UK_LANES];
+            for (int i = 0; i < UK_LANES; i++) {
+                const float b = bm[g * UK_LANES + i] * mul, mo = m[c + i];
+                const int grows = b > mo; /* false for NaN: the maximum stays */
+                const float mn = grows ? b : mo;
+                dm[i] = grows ? mo - b : 0.0f;
+                m[c + i] = mn;
+                base[i] = mn == -INFINITY ? 0.0f : mn; /* fp_softmax_exp_base */
+            }
+            const uk_vec a = uk_exp2_le0(uk_load(dm));
+            uk_store(alpha + c, a);
+            for (int i = 0; i < UK_LANES; i++)
+                rescale |= alpha[c + i] != 1.0f;
+            const uk_vec vsub = uk_load(base);
+            const uk_vec acc = mul > 0.0f ? uk_exp2_col(rows, s + c, lds, vmul, vsub, 1)
+                                          : uk_exp2_col(rows, s + c, lds, vmul, vsub, 0);
+            uk_store(l + c, uk_add(uk_mul(uk_load(l + c), a), acc));
+        }
+    }
+    return rescale;
 }
 
 static void uk_dsoftmax_cols(int rows, int cols, const float *p, ptrdiff_t ldp, float *dp,

@@ -7,7 +7,8 @@
  *   flashport-bench --backend cpu --sweep --check --csv cpu.csv
  *
  * Per shape: q, k, v and dO live in flashport_malloc memory, filled from a fixed seed with
- * uniform values in [-1, 1) rounded to the dtype on the host; every output is first filled with
+ * uniform values in [-1, 1) rounded to the dtype on the host (tensors of more than 2^24
+ * elements repeat their first 2^24: BENCH_FILL_PERIOD); every output is first filled with
  * NaN so that an element a backend forgets to write fails the check instead of passing on stale
  * memory. The forward runs once (and is checked), then --warmup untimed runs and --iters timed
  * runs, each bracketed by flashport_timer_start/stop (CUDA/HIP events on the backend's stream;
@@ -735,13 +736,30 @@ static void *bench_device_alloc(bench_ctx *c, size_t bytes)
     return p;
 }
 
+/* Inputs and outputs of more than BENCH_FILL_PERIOD elements are filled with their first
+ * BENCH_FILL_PERIOD elements, repeated (by doubling copies): one element at a time, the host
+ * fill of a large decode cache (B = 128, Nk = 32768, Hkv = 8, D = 128: 4.3 G elements for K) took
+ * minutes. Smaller tensors, every shape of the usual grids, are drawn element by element as
+ * before, so their data (and the checks' errors) do not change. */
+#define BENCH_FILL_PERIOD ((size_t)1 << 24)
+
+/* Element count n of es-byte elements at h, of which the first min(n, BENCH_FILL_PERIOD) are
+ * written: the rest repeats them. */
+static void bench_fill_repeat(void *h, size_t n, size_t es)
+{
+    unsigned char *b = h;
+    for (size_t have = BENCH_FILL_PERIOD; have < n; have *= 2)
+        memcpy(b + have * es, b, (n - have < have ? n - have : have) * es);
+}
+
 /* Fills n elements of device memory with NaN of the given dtype. */
 static void bench_fill_nan(bench_ctx *c, void *dev, flashport_dtype dtype, size_t n)
 {
     size_t es = flashport_dtype_size(dtype);
     void *h = bench_host_alloc(n * es);
-    for (size_t i = 0; i < n; i++)
+    for (size_t i = 0; i < n && i < BENCH_FILL_PERIOD; i++)
         bench_store(h, dtype, i, NAN);
+    bench_fill_repeat(h, n, es);
     bench_ok(flashport_memcpy_to_device(c->be, dev, h, n * es), "flashport_memcpy_to_device");
     free(h);
 }
@@ -752,8 +770,9 @@ static void *bench_random_input(bench_ctx *c, void *dev, flashport_dtype dtype, 
 {
     size_t es = flashport_dtype_size(dtype);
     void *h = bench_host_alloc(n * es);
-    for (size_t i = 0; i < n; i++)
+    for (size_t i = 0; i < n && i < BENCH_FILL_PERIOD; i++)
         bench_store(h, dtype, i, bench_rng_uniform(rng));
+    bench_fill_repeat(h, n, es);
     bench_ok(flashport_memcpy_to_device(c->be, dev, h, n * es), "flashport_memcpy_to_device");
     return h;
 }

@@ -14,7 +14,8 @@
  * driver's build log); the other keys are unaffected. FLASHPORT_OPENCL_MMA=emulate builds the
  * tensor-core path with the instruction emulated in local memory, on any device (the test of its
  * layouts; a failed build is then an error). FLASHPORT_LOG lists the device's extensions at open
- * and names the variant of every build and call.
+ * and names the variant of every build and call. FLASHPORT_OPENCL_BWD=fused (read per call) runs
+ * the FA2-shaped backward as one kernel with dQ by atomic adds (use_fused says when).
  *
  * The first run of each kernel of a program is waited for, with the local memory the driver says
  * it takes checked against the device's first: a kernel that faults (NVIDIA's error -9999, after

@@ -38,6 +38,7 @@ typedef struct fp_ocl_args {
     fp_ocl_view q, k, v, o, lse, dout, dq, dk, dv;
     FP_OCL_LONG alibi_off, cu_q_off, cu_k_off; /* elements into their buffers */
     FP_OCL_LONG delta_off; /* elements: the backward's delta in its buffer (a caller's workspace) */
+    FP_OCL_LONG dq_acc_off; /* elements: the fused backward's dQ accumulator in the same buffer */
     FP_OCL_LONG batch, nq, nk; /* dense lengths, or varlen maxima */
     FP_OCL_LONG heads, kv_heads, head_dim;
     FP_OCL_LONG left, right; /* window, -1 = unbounded; causal folded in */

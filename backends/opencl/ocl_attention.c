@@ -14,7 +14,8 @@
  * driver's build log); the other keys are unaffected. FLASHPORT_OPENCL_MMA=emulate builds the
  * tensor-core path with the instruction emulated in local memory, on any device (the test of its
  * layouts; a failed build is then an error). FLASHPORT_LOG lists the device's extensions at open
- * and names the variant of every build and call.
+ * and names the variant of every build and call. FLASHPORT_OPENCL_BWD=fused (read per call) runs
+ * the FA2-shaped backward as one kernel with dQ by atomic adds (use_fused says when).
  *
  * The first run of each kernel of a program is waited for, with the local memory the driver says
  * it takes checked against the device's first: a kernel that faults (NVIDIA's error -9999, after
@@ -54,12 +55,19 @@ static int dtype_index(flashport_dtype dt)
     return dt == FLASHPORT_F32 ? 0 : dt == FLASHPORT_F16 ? 1 : 2;
 }
 
-static const char *const kernel_names[3] = {"fp_ocl_forward", "fp_ocl_backward_dq",
-                                            "fp_ocl_backward_dkdv"};
+static const char *const kernel_names[FP_OCL_KERNELS] = {
+    "fp_ocl_forward",       "fp_ocl_backward_dq",    "fp_ocl_backward_dkdv",
+    "fp_ocl_backward_prep", "fp_ocl_backward_fused", "fp_ocl_backward_dq_out"};
+
+/* The kernels a program of `variant` has: the one-kernel backward's only in FA2-shaped ones. */
+static int program_kernels(int variant)
+{
+    return fp_ocl_variant_fa2(variant) ? FP_OCL_KERNELS : FP_OCL_KERNEL_DKDV + 1;
+}
 
 static void release_program(const fp_ocl_api *cl, fp_ocl_program *pr)
 {
-    for (int j = 0; j < 3; j++)
+    for (int j = 0; j < FP_OCL_KERNELS; j++)
         if (pr->kernels[j])
             (void)cl->clReleaseKernel(pr->kernels[j]);
     if (pr->program)
@@ -196,11 +204,11 @@ static flashport_status get_program(fp_ocl_ctx *ctx, flashport_dtype dtype, int6
                                         variant_names[variant], options, ctx->device_name, (int)err,
                                         log);
     }
-    for (int j = 0; j < 3 && st == FLASHPORT_OK; j++) {
+    for (int j = 0; j < program_kernels(variant) && st == FLASHPORT_OK; j++) {
         pr.kernels[j] = cl->clCreateKernel(pr.program, kernel_names[j], &err);
         st = fp_ocl_check(err, kernel_names[j]);
     }
-    for (int j = 0; j < 3 && st == FLASHPORT_OK; j++) {
+    for (int j = 0; j < program_kernels(variant) && st == FLASHPORT_OK; j++) {
         size_t wg = 0;
         st = fp_ocl_check(cl->clGetKernelWorkGroupInfo(pr.kernels[j], ctx->device,
                                                        CL_KERNEL_WORK_GROUP_SIZE, sizeof wg, &wg,
@@ -509,10 +517,46 @@ flashport_status fp_ocl_forward(fp_ocl_ctx *ctx, const fp_problem *p)
     return st;
 }
 
-/* The backward's scratch: delta = rowsum(dO * O), [H, total_q] f32, its only extra memory. */
+/* The backward's scratch: delta = rowsum(dO * O), [H, total_q] f32, the two-kernel form's only
+ * extra memory. */
 static size_t delta_bytes(const fp_problem *p)
 {
     return (size_t)(p->heads * p->total_q) * sizeof(float);
+}
+
+/* The one-kernel form's dQ accumulator, [H, total_q, D] f32, after the delta at this byte
+ * offset (a multiple of 256, as the workspace's start). */
+static size_t acc_offset(const fp_problem *p)
+{
+    return (delta_bytes(p) + 255) / 256 * 256;
+}
+
+static size_t fused_bytes(const fp_problem *p)
+{
+    return acc_offset(p) + (size_t)(p->heads * p->total_q * p->head_dim) * sizeof(float);
+}
+
+/* Whether a backward on `variant` at tile t runs in one kernel (dQ by atomic adds into an f32
+ * accumulator, then converted): opt-in by FLASHPORT_OPENCL_BWD=fused, read per call, where the
+ * call is not deterministic (the atomic adds' order is not repeatable, the two-kernel form is
+ * bitwise so), the program is FA2-shaped and the fused kernel's local memory fits. Where asked
+ * and not taken, says why in the log when `log`. */
+static int use_fused(const fp_ocl_ctx *ctx, const fp_problem *p, int variant, int64_t t, int log)
+{
+    const char *env = getenv("FLASHPORT_OPENCL_BWD");
+    if (!env || strcmp(env, "fused") != 0)
+        return 0;
+    const char *why =
+        p->deterministic               ? "the call asks for a deterministic backward"
+        : !fp_ocl_variant_fa2(variant) ? "its kernels are not the FA2-shaped ones"
+        : !fp_ocl_fused_fits(t, fp_ocl_dim_class(p->head_dim), ctx->local_mem, variant)
+            ? "the fused kernel's local memory does not fit"
+            : NULL;
+    if (why && log && fp_ocl_host()->log_enabled())
+        fp_ocl_host()->log("opencl: FLASHPORT_OPENCL_BWD=fused: the two-kernel backward serves "
+                           "this call (%s)",
+                           why);
+    return !why;
 }
 
 flashport_status fp_ocl_workspace_size(fp_ocl_ctx *ctx, const fp_problem *p, int backward,
@@ -524,19 +568,19 @@ flashport_status fp_ocl_workspace_size(fp_ocl_ctx *ctx, const fp_problem *p, int
     pthread_mutex_lock(&ctx->lock);
     flashport_status st =
         plan(ctx, p, backward ? FP_OCL_BACKWARD : FP_OCL_FORWARD, ctx->mma, &t, &variant);
-    pthread_mutex_unlock(&ctx->lock);
     if (st == FLASHPORT_OK && backward)
-        *bytes = delta_bytes(p);
+        *bytes = use_fused(ctx, p, variant, t, 0) ? fused_bytes(p) : delta_bytes(p);
+    pthread_mutex_unlock(&ctx->lock);
     return st;
 }
 
-/* Where the delta goes: the caller's workspace when the handle has one (refused before any
- * launch when too small), else a buffer of this call, *owned, released by the caller once
- * enqueued (lock held). */
-static flashport_status take_delta(const fp_ocl_ctx *ctx, const fp_problem *p, fp_ocl_args *a,
-                                   cl_mem *delta, cl_mem *owned)
+/* Where the scratch (`bytes`: the delta, then the one-kernel form's accumulator) goes: the
+ * caller's workspace when the handle has one (refused before any launch when too small), else a
+ * buffer of this call, *owned, released by the caller once enqueued (lock held). */
+static flashport_status take_delta(const fp_ocl_ctx *ctx, const fp_problem *p, size_t bytes,
+                                   fp_ocl_args *a, cl_mem *delta, cl_mem *owned)
 {
-    const size_t bytes = delta_bytes(p);
+    a->dq_acc_off = (int64_t)(acc_offset(p) / sizeof(float));
     if (p->workspace) {
         if (bytes > p->workspace_bytes)
             return fp_ocl_host()->set_error(FLASHPORT_ERR_BUFFER_TOO_SMALL,
@@ -548,6 +592,7 @@ static flashport_status take_delta(const fp_ocl_ctx *ctx, const fp_problem *p, f
             fp_ocl_resolve(ctx, p->workspace, bytes, "the workspace", delta, &off);
         /* A multiple of 256: the API's alignment rule, and allocations start at page bounds. */
         a->delta_off = (int64_t)(off / sizeof(float));
+        a->dq_acc_off += a->delta_off;
         return st;
     }
     cl_int err;
@@ -564,7 +609,7 @@ flashport_status fp_ocl_backward(fp_ocl_ctx *ctx, const fp_problem *p)
     bound m;
     fp_ocl_program *pr = NULL;
     cl_mem delta = NULL, owned = NULL;
-    cl_event dq_done = NULL;
+    cl_event first_done = NULL, second_done = NULL;
     int64_t t = 0;
     pthread_mutex_lock(&ctx->lock);
     flashport_status st = prepare(ctx, p, FP_OCL_BACKWARD, &a, &m, &pr, &t);
@@ -572,27 +617,53 @@ flashport_status fp_ocl_backward(fp_ocl_ctx *ctx, const fp_problem *p)
         pthread_mutex_unlock(&ctx->lock);
         return FLASHPORT_OK;
     }
+    const int fused = st == FLASHPORT_OK && use_fused(ctx, p, pr->variant, pr->tile, 1);
     if (st == FLASHPORT_OK)
-        st = take_delta(ctx, p, &a, &delta, &owned);
+        st = take_delta(ctx, p, fused ? fused_bytes(p) : delta_bytes(p), &a, &delta, &owned);
     if (st == FLASHPORT_OK)
-        log_call(ctx, p, "backward", pr);
+        log_call(ctx, p, fused ? "backward (one kernel, dQ by atomic adds)" : "backward", pr);
     const size_t q_blocks = (size_t)((p->seqlen_q + t - 1) / t);
     const size_t k_blocks = (size_t)((p->seqlen_k + t - 1) / t);
-    if (st == FLASHPORT_OK && q_blocks > 0) {
-        const cl_mem bufs[12] = {m.q,  m.k,   m.v,    m.o,    m.lse,   m.dout,
-                                 m.dq, delta, m.cu_q, m.cu_k, m.alibi, m.used};
-        st = launch(ctx, pr, FP_OCL_KERNEL_DQ, &a, bufs, 12, q_blocks, (size_t)p->heads,
-                    (size_t)p->batch, NULL, &dq_done);
+    const size_t h = (size_t)p->heads, hkv = (size_t)p->kv_heads, nb = (size_t)p->batch;
+    /* each launch waits for the one before even on an out-of-order queue */
+    if (fused) {
+        if (st == FLASHPORT_OK && q_blocks > 0) {
+            const cl_mem bufs[7] = {m.o, m.dout, delta, delta, m.cu_q, m.cu_k, m.used};
+            st = launch(ctx, pr, FP_OCL_KERNEL_PREP, &a, bufs, 7, q_blocks, h, nb, NULL,
+                        &first_done);
+        }
+        if (st == FLASHPORT_OK && k_blocks > 0) {
+            const cl_mem bufs[13] = {m.q,   m.k,   m.v,    m.lse,  m.dout,  m.dk,  m.dv,
+                                     delta, delta, m.cu_q, m.cu_k, m.alibi, m.used};
+            st = launch(ctx, pr, FP_OCL_KERNEL_FUSED, &a, bufs, 13, k_blocks, hkv, nb,
+                        first_done ? &first_done : NULL, &second_done);
+        }
+        if (st == FLASHPORT_OK && q_blocks > 0) {
+            const cl_mem bufs[5] = {delta, m.dq, m.cu_q, m.cu_k, m.used};
+            st = launch(ctx, pr, FP_OCL_KERNEL_DQ_OUT, &a, bufs, 5, q_blocks, h, nb,
+                        second_done  ? &second_done
+                        : first_done ? &first_done
+                                     : NULL,
+                        NULL);
+        }
+    } else {
+        if (st == FLASHPORT_OK && q_blocks > 0) {
+            const cl_mem bufs[12] = {m.q,  m.k,   m.v,    m.o,    m.lse,   m.dout,
+                                     m.dq, delta, m.cu_q, m.cu_k, m.alibi, m.used};
+            st =
+                launch(ctx, pr, FP_OCL_KERNEL_DQ, &a, bufs, 12, q_blocks, h, nb, NULL, &first_done);
+        }
+        if (st == FLASHPORT_OK && k_blocks > 0) {
+            const cl_mem bufs[12] = {m.q,  m.k,   m.v,    m.lse,  m.dout,  m.dk,
+                                     m.dv, delta, m.cu_q, m.cu_k, m.alibi, m.used};
+            st = launch(ctx, pr, FP_OCL_KERNEL_DKDV, &a, bufs, 12, k_blocks, hkv, nb,
+                        first_done ? &first_done : NULL, NULL);
+        }
     }
-    if (st == FLASHPORT_OK && k_blocks > 0) {
-        const cl_mem bufs[12] = {m.q,  m.k,   m.v,    m.lse,  m.dout,  m.dk,
-                                 m.dv, delta, m.cu_q, m.cu_k, m.alibi, m.used};
-        /* waits for the delta even on an out-of-order queue */
-        st = launch(ctx, pr, FP_OCL_KERNEL_DKDV, &a, bufs, 12, k_blocks, (size_t)p->kv_heads,
-                    (size_t)p->batch, dq_done ? &dq_done : NULL, NULL);
-    }
-    if (dq_done)
-        (void)cl->clReleaseEvent(dq_done);
+    if (first_done)
+        (void)cl->clReleaseEvent(first_done);
+    if (second_done)
+        (void)cl->clReleaseEvent(second_done);
     if (owned) /* freed once the kernels that use it are done */
         (void)cl->clReleaseMemObject(owned);
     pthread_mutex_unlock(&ctx->lock);

@@ -14,6 +14,7 @@
 #include <CL/cl.h>
 #include <CL/cl_ext.h> /* CL_PLATFORM_NOT_FOUND_KHR */
 
+#include "backends/opencl/ocl_plan.h"
 #include "core/backend.h"
 
 #include <pthread.h>
@@ -72,7 +73,7 @@ typedef struct fp_ocl_alloc {
 } fp_ocl_alloc;
 
 /* One program key (dtype, head-dim class, tile size, variant; kernels/flash.cl takes them as
- * compile-time constants) and what building it gave: its three kernels, or failed = 1 when the
+ * compile-time constants) and what building it gave: its kernels, or failed = 1 when the
  * driver refused a tensor-core build (kept so that the key is not built again and its calls go
  * to the plain path; every other key, tensor-core ones included, is built on its own). ran[k]:
  * kernel k (FP_OCL_KERNEL_*) has completed one run, checked (ocl_attention.c's launch). */
@@ -81,9 +82,11 @@ typedef struct fp_ocl_program {
     int64_t head_dim, tile;
     int variant; /* FP_OCL_PLAIN, FP_OCL_MMA_NV, ... (ocl_plan.h's enum) */
     int failed;
-    int ran[3];
+    int ran[FP_OCL_KERNELS];
     cl_program program;
-    cl_kernel kernels[3]; /* fp_ocl_forward, fp_ocl_backward_dq, fp_ocl_backward_dkdv */
+    /* fp_ocl_forward, fp_ocl_backward_dq, fp_ocl_backward_dkdv; in FA2-shaped programs also
+     * fp_ocl_backward_prep, fp_ocl_backward_fused, fp_ocl_backward_dq_out (else NULL) */
+    cl_kernel kernels[FP_OCL_KERNELS];
 } fp_ocl_program;
 
 enum { FP_OCL_MAX_PROGRAMS = 64 };

@@ -81,8 +81,18 @@ static inline int64_t fp_ocl_score_ld(int64_t t)
     return t | 1;
 }
 
-/* The three kernels of a program (kernels/flash.cl), for fp_ocl_local_args. */
-enum { FP_OCL_KERNEL_FORWARD, FP_OCL_KERNEL_DQ, FP_OCL_KERNEL_DKDV };
+/* The kernels of a program (kernels/flash.cl), for fp_ocl_local_args: the forward and the
+ * two-kernel backward in every program; the one-kernel backward (a preparation, the fused
+ * kernel, dQ's conversion; FLASHPORT_OPENCL_BWD=fused) in the FA2-shaped programs only. */
+enum {
+    FP_OCL_KERNEL_FORWARD,
+    FP_OCL_KERNEL_DQ,
+    FP_OCL_KERNEL_DKDV,
+    FP_OCL_KERNEL_PREP,
+    FP_OCL_KERNEL_FUSED,
+    FP_OCL_KERNEL_DQ_OUT,
+    FP_OCL_KERNELS
+};
 
 #define FP_OCL_MAX_LOCAL_ARGS 7
 /* Every __local argument gets this many bytes more than its tile, and is counted rounded up to
@@ -115,9 +125,16 @@ static inline int fp_ocl_local_args(int kernel, int64_t t, int64_t d, int varian
         } else if (kernel == FP_OCL_KERNEL_DQ) {
             bytes[n++] = rows;                  /* delta of the rows */
             bytes[n++] = 2 * FP_OCL_FA2_BK * 4; /* key flags */
+        } else if (kernel == FP_OCL_KERNEL_PREP || kernel == FP_OCL_KERNEL_DQ_OUT) {
+            return 0; /* no local memory */
         } else {
             bytes[n++] = 2 * FP_OCL_FA2_BQ * 4; /* LSE and delta of a query block */
             bytes[n++] = 2 * FP_OCL_FA2_BQ * 4; /* query-row flags */
+            if (kernel == FP_OCL_KERNEL_FUSED) {
+                bytes[n++] = tile;                                  /* k for dS K */
+                bytes[n++] = (size_t)(FP_OCL_FA2_BQ * (t + 8)) * 2; /* dS, [BQ, t + 8] 16-bit */
+                bytes[n++] = rows;                                  /* key flags */
+            }
         }
     } else if (kernel == FP_OCL_KERNEL_FORWARD) {
         bytes[n++] = tile; /* q */
@@ -175,6 +192,15 @@ static inline size_t fp_ocl_tile_local_bytes(int kind, int64_t t, int64_t d, int
     const size_t dq = fp_ocl_kernel_local_bytes(FP_OCL_KERNEL_DQ, t, d, variant);
     const size_t dkdv = fp_ocl_kernel_local_bytes(FP_OCL_KERNEL_DKDV, t, d, variant);
     return dq > dkdv ? dq : dkdv;
+}
+
+/* Whether the FA2-shaped one-kernel backward (FP_OCL_KERNEL_FUSED) of a variant with t x t
+ * tiles of head-dim class d fits `local` bytes (its kernel takes a K tile more than the dK / dV
+ * kernel; the plan itself is the two-kernel backward's). */
+static inline int fp_ocl_fused_fits(int64_t t, int64_t d, size_t local, int variant)
+{
+    return fp_ocl_variant_fa2(variant) &&
+           fp_ocl_kernel_local_bytes(FP_OCL_KERNEL_FUSED, t, d, variant) <= local;
 }
 
 /* The tile size t (= query rows = keys per tile) of a variant for head-dim class d on a device

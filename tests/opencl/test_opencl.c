@@ -284,6 +284,24 @@ static void check_plan_fa2(void)
           64 * 136 * 2 + 16 + 256 + 16 + 2 * FP_OCL_FA2_BK * 4 + 16 + 16);
     CHECK(fp_ocl_kernel_local_bytes(FP_OCL_KERNEL_DKDV, 64, 128, FP_OCL_FA2_NV) ==
           64 * 136 * 2 + 16 + 2 * (2 * FP_OCL_FA2_BQ * 4 + 16) + 16);
+    /* the one-kernel backward's: the dK / dV kernel's, a K tile, dS [BQ, 72] 16-bit and 64 key
+     * flags; it fits 48 KiB at every FA2 head-dim class, its preparation and dQ conversion take
+     * no local argument, and the tile-shaped and plain variants have none of it */
+    CHECK(fp_ocl_kernel_local_bytes(FP_OCL_KERNEL_FUSED, 64, 128, FP_OCL_FA2_NV) ==
+          fp_ocl_kernel_local_bytes(FP_OCL_KERNEL_DKDV, 64, 128, FP_OCL_FA2_NV) + 64 * 136 * 2 +
+              16 + FP_OCL_FA2_BQ * 72 * 2 + 16 + 256 + 16);
+    for (int64_t c = 16; c <= 128; c = fp_ocl_dim_class(c + 1)) {
+        size_t bytes[FP_OCL_MAX_LOCAL_ARGS];
+        CHECK_MSG(fp_ocl_fused_fits(64, c, local, FP_OCL_FA2_NV) &&
+                      fp_ocl_fused_fits(64, c, local, FP_OCL_FA2_EMULATED) &&
+                      fp_ocl_local_args(FP_OCL_KERNEL_FUSED, 64, c, FP_OCL_FA2_NV, bytes) == 6 &&
+                      fp_ocl_local_args(FP_OCL_KERNEL_PREP, 64, c, FP_OCL_FA2_NV, bytes) == 0 &&
+                      fp_ocl_local_args(FP_OCL_KERNEL_DQ_OUT, 64, c, FP_OCL_FA2_NV, bytes) == 0,
+                  "the fused backward's local memory at head-dim class %lld", (long long)c);
+    }
+    CHECK(!fp_ocl_fused_fits(64, 128, 32 << 10, FP_OCL_FA2_NV));
+    CHECK(!fp_ocl_fused_fits(32, 128, local, FP_OCL_MMA_NV) &&
+          !fp_ocl_fused_fits(32, 128, local, FP_OCL_PLAIN));
 }
 
 /* FLASHPORT_OPENCL_PLATFORM as the test found it, put back after the checks that change it. */

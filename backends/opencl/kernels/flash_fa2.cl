@@ -480,11 +480,177 @@ fp_ocl_backward_dq(const fp_ocl_args a, __global const fp_elem *q, __global cons
                      acc, 1.0f, 1.0f);
 }
 
+/* p[0] += x for every caller at once: `red.global.add.f32` (a reduction, its result unused), or
+ * on the emulation's devices a compare-and-swap loop on the float's bits (OpenCL 1.2 has no float
+ * atomic add). The order of the adds is the hardware's, so sums of several adds are not bitwise
+ * repeatable (the fused backward is never the deterministic one). */
+FP_OCL_INLINE void fp_ocl_atomic_addf(__global float *p, float x)
+{
+#if FP_OCL_MMA_EMULATE
+    volatile __global uint *u = (volatile __global uint *)p;
+    uint old = *u, seen;
+    while ((seen = atomic_cmpxchg(u, old, as_uint(as_float(old) + x))) != old)
+        old = seen;
+#else
+    asm volatile("red.global.add.f32 [%0], %1;" : : "l"(p), "f"(x) : "memory");
+#endif
+}
+
+/* The element of (b, h, row i of sequence b), dim 0, in the fused backward's dQ accumulator:
+ * [H, total_q, head_dim] f32, rows as the delta's. */
+FP_OCL_INLINE long fp_ocl_acc_row(const fp_ocl_args *a, const fp_ocl_seq *s, long b, long h, long i)
+{
+    return a->dq_acc_off + (fp_ocl_delta_at(a, s, b, h, i) - a->delta_off) * a->head_dim;
+}
+
+#define FA2_QN  ((FA2_ON + 3) / 4) /* column tiles of dQ's D per warp in the fused backward */
+#define FA2_LDS (T + 8)            /* pitch of its dS tile (16-bit, [FA2_BQ queries, T keys]) */
+
 /* dK and dV of 64 keys (4 warps of 16) over every query head of the kv head and every query
  * block of FA2_BQ rows that sees them: K's and V's A fragments in registers, S^T = K Q^T and
  * dP^T = V dO^T as C fragments (keys x queries), P^T and dS^T rounded into the A fragments of
  * P^T dO and dS^T Q. The guard: q and dO scrubbed in edge blocks, a visible pair of a flagged
- * query row gets P = dS = NaN. */
+ * query row gets P = dS = NaN.
+ * fused (the one-kernel backward): also dQ of each query block, dS (rounded, transposed through
+ * sds: [FA2_BQ, T + 8] 16-bit) times K (skt: the block's keys, scrubbed, their flags in skbad;
+ * a visible pair of a flagged key gets dS = NaN there, as in the dQ kernel) added to the f32
+ * accumulator dq_acc ([H, total_q, head_dim], laid out as the delta) by atomic adds; warp w owns
+ * dQ's column tiles w, w + 4, ... (warps past D's tiles compute on a clamped copy and drop it,
+ * so that every warp runs the same instructions, as the emulation's barriers need). */
+FP_OCL_INLINE void fp_ocl_fa2_dkdv(const fp_ocl_args *a, __global const fp_elem *q,
+                                   __global const fp_elem *k, __global const fp_elem *v,
+                                   __global const float *lse, __global const fp_elem *dout,
+                                   __global fp_elem *dk, __global fp_elem *dv,
+                                   __global const float *delta, __global const int *cu_q,
+                                   __global const int *cu_k, __global const float *alibi,
+                                   __global const int *used, __local fp_tile *stage,
+                                   __local float *srow, __local float *sbad, __local float *scratch,
+                                   int fused, __global float *dq_acc, __local fp_tile *skt,
+                                   __local fp_tile *sds, __local float *skbad)
+{
+    const int tid = get_local_id(0), hd = (int)a->head_dim;
+    const long hk = get_group_id(1), b = get_group_id(2);
+    const fp_ocl_seq s = fp_ocl_seq_of(a, cu_q, cu_k, used, b);
+    const long j0 = (long)get_group_id(0) * T;
+    if (j0 >= s.k_cap)
+        return;
+    /* the block's keys in use (flash.cl's fp_ocl_backward_dkdv): rows [cols, stored) get 0 */
+    const int cols = (int)clamp(s.nk - j0, 0L, (long)T), stored = (int)min((long)T, s.k_cap - j0);
+    const long group = a->heads / a->kv_heads;
+    const fp_ocl_rows kr = fp_ocl_dense_keys(a->k, &s, b, hk);
+    const fp_ocl_rows vr = fp_ocl_dense_keys(a->v, &s, b, hk);
+    const int lane = tid % 32, t4 = lane % 4, w = tid / 32;
+    const int k_lo = 16 * w + lane / 4; /* this lane's keys: k_lo and k_lo + 8 */
+    __local fp_tile *sq = stage, *sdo = stage + FA2_BQ * LD;
+
+    if (fused) { /* K for dS K, scrubbed; stage2's barriers order it before its readers */
+        if (tid < T)
+            skbad[tid] = 0.0f;
+        barrier(CLK_LOCAL_MEM_FENCE);
+        fp_ocl_load_rows(skt, T, k, a, &kr, j0, cols, hd, 1, skbad, 1);
+    }
+    uint kf[FA2_KS * 4], vf[FA2_KS * 4];
+    fp_ocl_fa2_stage2(kf, vf, stage, a, k, &kr, v, &vr, j0, cols, hd, sbad, 2 * FA2_BQ);
+    float acc_k[FA2_ON * 4], acc_v[FA2_ON * 4]; /* rows: this warp's keys */
+    FP_OCL_UNROLL
+    for (int e = 0; e < FA2_ON * 4; e++)
+        acc_k[e] = acc_v[e] = 0.0f;
+
+    int it = 0; /* query blocks run: their parity picks the half of sbad */
+    for (long h = hk * group; cols > 0 && h < (hk + 1) * group; h++) {
+        const float slope = a->has_alibi ? alibi[a->alibi_off + h] : 0.0f;
+        const fp_ocl_rows qr =
+            fp_ocl_dense_rows(fp_ocl_row0(a->q, b, s.q_start, h), a->q.s[1], a->q.s[3]);
+        const fp_ocl_rows dor =
+            fp_ocl_dense_rows(fp_ocl_row0(a->dout, b, s.q_start, h), a->dout.s[1], a->dout.s[3]);
+        for (long i0 = 0; i0 < s.nq; i0 += FA2_BQ) {
+            const int rows = (int)min((long)FA2_BQ, s.nq - i0);
+            int64_t lo, hi;
+            fp_mask_block_range(i0, i0 + rows, s.nq, s.nk, a->left, a->right, &lo, &hi);
+            if (hi <= lo || hi <= j0 || lo >= j0 + cols)
+                continue; /* no row of this query block sees these keys */
+            const int edge =
+                !fp_mask_block_full(i0, i0 + rows, j0, j0 + cols, s.nq, s.nk, a->left, a->right);
+            const int par = it++ & 1;
+            __local float *bad = sbad + par * FA2_BQ;
+            /* every reader of the staging tile, srow and sds is done */
+            barrier(CLK_LOCAL_MEM_FENCE);
+            fp_ocl_load_rows(sq, FA2_BQ, q, a, &qr, i0, rows, hd, edge, bad, 1);
+            fp_ocl_load_rows(sdo, FA2_BQ, dout, a, &dor, i0, rows, hd, edge, bad, 1);
+            if (tid < FA2_BQ) {
+                srow[tid] = tid < rows ? lse[fp_ocl_lse_at(a, b, h, s.q_start + i0 + tid)]
+                                       : -INFINITY;
+                srow[FA2_BQ + tid] =
+                    tid < rows ? delta[fp_ocl_delta_at(a, &s, b, h, i0 + tid)] : 0.0f;
+                sbad[(par ^ 1) * FA2_BQ + tid] = 0.0f; /* read before, written next */
+            }
+            barrier(CLK_LOCAL_MEM_FENCE);
+            float pt[FA2_BQ / 2], dst[FA2_BQ / 2]; /* 16 keys x FA2_BQ queries */
+            fp_ocl_fa2_dots_bq(pt, kf, sq, scratch);
+            fp_ocl_fa2_dots_bq(dst, vf, sdo, scratch);
+            const int simple = !edge && cols == T && rows == FA2_BQ && !a->has_alibi;
+            FP_OCL_UNROLL
+            for (int j = 0; j < FA2_BQ / 8; j++)
+                FP_OCL_UNROLL
+                for (int e = 0; e < 4; e++) {
+                    const int kc = k_lo + 8 * (e / 2), c = 8 * j + 2 * t4 + e % 2;
+                    const int inside = c < rows && kc < cols;
+                    float p, ds;
+                    fp_ocl_fa2_grad(a, &s, slope, simple, i0 + c, j0 + kc, inside, pt[4 * j + e],
+                                    dst[4 * j + e], srow[c], srow[FA2_BQ + c], &p, &ds);
+                    if (edge && inside && bad[c] != 0.0f &&
+                        fp_mask_visible(i0 + c, j0 + kc, s.nq, s.nk, a->left, a->right))
+                        p = ds = NAN;
+                    pt[4 * j + e] = p;
+                    dst[4 * j + e] = ds;
+                    if (fused) {
+                        const float dsq =
+                            inside && skbad[kc] != 0.0f &&
+                                    fp_mask_visible(i0 + c, j0 + kc, s.nq, s.nk, a->left, a->right)
+                                ? NAN
+                                : ds;
+                        sds[c * FA2_LDS + kc] = (fp_tile)fp_ocl_pack2(dsq, 0.0f);
+                    }
+                }
+            fp_ocl_fa2_cmm(acc_v, pt, FA2_BQ / 16, sdo, scratch);
+            fp_ocl_fa2_cmm(acc_k, dst, FA2_BQ / 16, sq, scratch);
+            if (fused) {
+                barrier(CLK_LOCAL_MEM_FENCE); /* sds is whole */
+                float dqa[FA2_QN * 4];
+                FP_OCL_UNROLL
+                for (int e = 0; e < FA2_QN * 4; e++)
+                    dqa[e] = 0.0f;
+                FP_OCL_UNROLL
+                for (int kk = 0; kk < T / 16; kk++) {
+                    uint pa[4];
+                    fp_ocl_load_a(pa, sds, 1, 16 * kk, FA2_LDS, 1);
+                    FP_OCL_UNROLL
+                    for (int nn = 0; nn < FA2_QN; nn++) {
+                        const int n = min(w + 4 * nn, FA2_ON - 1);
+                        uint yb[2];
+                        fp_ocl_load_b(yb, skt + 16 * kk * LD + 8 * n, LD, 1);
+                        fp_ocl_mma16816(dqa + 4 * nn, pa, yb, scratch);
+                    }
+                }
+                FP_OCL_UNROLL
+                for (int nn = 0; nn < FA2_QN; nn++)
+                    FP_OCL_UNROLL
+                    for (int e = 0; e < 4; e++) {
+                        const int r = lane / 4 + 8 * (e / 2), d = 8 * (w + 4 * nn) + 2 * t4 + e % 2;
+                        const float x = dqa[4 * nn + e];
+                        if (w + 4 * nn < FA2_ON && r < rows && d < hd && x != 0.0f)
+                            fp_ocl_atomic_addf(dq_acc + fp_ocl_acc_row(a, &s, b, h, i0 + r) + d, x);
+                    }
+            }
+        }
+    }
+    fp_ocl_fa2_store(dk, fp_ocl_row0(a->dk, b, s.k_start + j0, hk), a->dk.s[1], a->dk.s[3], stored,
+                     hd, acc_k, 1.0f, 1.0f);
+    fp_ocl_fa2_store(dv, fp_ocl_row0(a->dv, b, s.k_start + j0, hk), a->dv.s[1], a->dv.s[3], stored,
+                     hd, acc_v, 1.0f, 1.0f);
+}
+
+/* The two-kernel backward's dK / dV kernel (fp_ocl_fa2_dkdv without dQ). */
 __kernel __attribute__((reqd_work_group_size(FP_OCL_WG, 1, 1))) void
 fp_ocl_backward_dkdv(const fp_ocl_args a, __global const fp_elem *q, __global const fp_elem *k,
                      __global const fp_elem *v, __global const float *lse,
@@ -498,83 +664,80 @@ fp_ocl_backward_dkdv(const fp_ocl_args a, __global const fp_elem *q, __global co
     __local float *srow = FP_OCL_ALIGN16(float, srow_arg); /* LSE [FA2_BQ], delta [FA2_BQ] */
     __local float *sbad = FP_OCL_ALIGN16(float, sbad_arg); /* [2][FA2_BQ], by block parity */
     __local float scratch[FP_OCL_SCRATCH];
+    /* the fused-only tiles are never touched: any local address stands for them */
+    fp_ocl_fa2_dkdv(&a, q, k, v, lse, dout, dk, dv, delta, cu_q, cu_k, alibi, used, stage, srow,
+                    sbad, scratch, 0, (__global float *)delta, stage, stage, srow);
+}
+
+/* The one-kernel backward (FLASHPORT_OPENCL_BWD=fused): dK, dV and dQ's f32 accumulator
+ * (fp_ocl_fa2_dkdv with fused), after fp_ocl_backward_prep and before fp_ocl_backward_dq_out. */
+__kernel __attribute__((reqd_work_group_size(FP_OCL_WG, 1, 1))) void
+fp_ocl_backward_fused(const fp_ocl_args a, __global const fp_elem *q, __global const fp_elem *k,
+                      __global const fp_elem *v, __global const float *lse,
+                      __global const fp_elem *dout, __global fp_elem *dk, __global fp_elem *dv,
+                      __global const float *delta, __global float *dq_acc,
+                      __global const int *cu_q, __global const int *cu_k,
+                      __global const float *alibi, __global const int *used,
+                      __local fp_tile *stage_arg, __local float *srow_arg, __local float *sbad_arg,
+                      __local fp_tile *skt_arg, __local fp_tile *sds_arg, __local float *skbad_arg)
+{
+    __local fp_tile *stage = FP_OCL_ALIGN16(fp_tile, stage_arg);
+    __local float *srow = FP_OCL_ALIGN16(float, srow_arg);
+    __local float *sbad = FP_OCL_ALIGN16(float, sbad_arg);
+    __local fp_tile *skt = FP_OCL_ALIGN16(fp_tile, skt_arg); /* [T, LD]: the block's keys */
+    __local fp_tile *sds = FP_OCL_ALIGN16(fp_tile, sds_arg); /* [FA2_BQ, T + 8]: dS */
+    __local float *skbad = FP_OCL_ALIGN16(float, skbad_arg); /* [T]: key flags */
+    __local float scratch[FP_OCL_SCRATCH];
+    fp_ocl_fa2_dkdv(&a, q, k, v, lse, dout, dk, dv, delta, cu_q, cu_k, alibi, used, stage, srow,
+                    sbad, scratch, 1, dq_acc, skt, sds, skbad);
+}
+
+/* Before the fused backward: delta = rowsum(dO O) of 64 query rows (the dQ kernel's sum, in its
+ * order) and their dQ accumulator rows zeroed. */
+__kernel __attribute__((reqd_work_group_size(FP_OCL_WG, 1, 1))) void
+fp_ocl_backward_prep(const fp_ocl_args a, __global const fp_elem *o, __global const fp_elem *dout,
+                     __global float *delta, __global float *dq_acc, __global const int *cu_q,
+                     __global const int *cu_k, __global const int *used)
+{
     const int tid = get_local_id(0), hd = (int)a.head_dim;
-    const long hk = get_group_id(1), b = get_group_id(2);
+    const long h = get_group_id(1), b = get_group_id(2);
     const fp_ocl_seq s = fp_ocl_seq_of(&a, cu_q, cu_k, used, b);
-    const long j0 = (long)get_group_id(0) * T;
-    if (j0 >= s.k_cap)
+    const long i0 = (long)get_group_id(0) * T;
+    if (i0 >= s.nq)
         return;
-    /* the block's keys in use (flash.cl's fp_ocl_backward_dkdv): rows [cols, stored) get 0 */
-    const int cols = (int)clamp(s.nk - j0, 0L, (long)T), stored = (int)min((long)T, s.k_cap - j0);
-    const long group = a.heads / a.kv_heads;
-    const fp_ocl_rows kr = fp_ocl_dense_keys(a.k, &s, b, hk);
-    const fp_ocl_rows vr = fp_ocl_dense_keys(a.v, &s, b, hk);
-    const int lane = tid % 32, t4 = lane % 4;
-    const int k_lo = 16 * (tid / 32) + lane / 4; /* this lane's keys: k_lo and k_lo + 8 */
-    __local fp_tile *sq = stage, *sdo = stage + FA2_BQ * LD;
-
-    uint kf[FA2_KS * 4], vf[FA2_KS * 4];
-    fp_ocl_fa2_stage2(kf, vf, stage, &a, k, &kr, v, &vr, j0, cols, hd, sbad, 2 * FA2_BQ);
-    float acc_k[FA2_ON * 4], acc_v[FA2_ON * 4]; /* rows: this warp's keys */
-    FP_OCL_UNROLL
-    for (int e = 0; e < FA2_ON * 4; e++)
-        acc_k[e] = acc_v[e] = 0.0f;
-
-    int it = 0; /* query blocks run: their parity picks the half of sbad */
-    for (long h = hk * group; cols > 0 && h < (hk + 1) * group; h++) {
-        const float slope = a.has_alibi ? alibi[a.alibi_off + h] : 0.0f;
-        const fp_ocl_rows qr =
-            fp_ocl_dense_rows(fp_ocl_row0(a.q, b, s.q_start, h), a.q.s[1], a.q.s[3]);
-        const fp_ocl_rows dor =
-            fp_ocl_dense_rows(fp_ocl_row0(a.dout, b, s.q_start, h), a.dout.s[1], a.dout.s[3]);
-        for (long i0 = 0; i0 < s.nq; i0 += FA2_BQ) {
-            const int rows = (int)min((long)FA2_BQ, s.nq - i0);
-            int64_t lo, hi;
-            fp_mask_block_range(i0, i0 + rows, s.nq, s.nk, a.left, a.right, &lo, &hi);
-            if (hi <= lo || hi <= j0 || lo >= j0 + cols)
-                continue; /* no row of this query block sees these keys */
-            const int edge =
-                !fp_mask_block_full(i0, i0 + rows, j0, j0 + cols, s.nq, s.nk, a.left, a.right);
-            const int par = it++ & 1;
-            __local float *bad = sbad + par * FA2_BQ;
-            barrier(CLK_LOCAL_MEM_FENCE); /* every reader of the staging tile and srow is done */
-            fp_ocl_load_rows(sq, FA2_BQ, q, &a, &qr, i0, rows, hd, edge, bad, 1);
-            fp_ocl_load_rows(sdo, FA2_BQ, dout, &a, &dor, i0, rows, hd, edge, bad, 1);
-            if (tid < FA2_BQ) {
-                srow[tid] = tid < rows ? lse[fp_ocl_lse_at(&a, b, h, s.q_start + i0 + tid)]
-                                       : -INFINITY;
-                srow[FA2_BQ + tid] =
-                    tid < rows ? delta[fp_ocl_delta_at(&a, &s, b, h, i0 + tid)] : 0.0f;
-                sbad[(par ^ 1) * FA2_BQ + tid] = 0.0f; /* read before, written next */
-            }
-            barrier(CLK_LOCAL_MEM_FENCE);
-            float pt[FA2_BQ / 2], dst[FA2_BQ / 2]; /* 16 keys x FA2_BQ queries */
-            fp_ocl_fa2_dots_bq(pt, kf, sq, scratch);
-            fp_ocl_fa2_dots_bq(dst, vf, sdo, scratch);
-            const int simple = !edge && cols == T && rows == FA2_BQ && !a.has_alibi;
-            FP_OCL_UNROLL
-            for (int j = 0; j < FA2_BQ / 8; j++)
-                FP_OCL_UNROLL
-                for (int e = 0; e < 4; e++) {
-                    const int kc = k_lo + 8 * (e / 2), c = 8 * j + 2 * t4 + e % 2;
-                    const int inside = c < rows && kc < cols;
-                    float p, ds;
-                    fp_ocl_fa2_grad(&a, &s, slope, simple, i0 + c, j0 + kc, inside, pt[4 * j + e],
-                                    dst[4 * j + e], srow[c], srow[FA2_BQ + c], &p, &ds);
-                    if (edge && inside && bad[c] != 0.0f &&
-                        fp_mask_visible(i0 + c, j0 + kc, s.nq, s.nk, a.left, a.right))
-                        p = ds = NAN;
-                    pt[4 * j + e] = p;
-                    dst[4 * j + e] = ds;
-                }
-            fp_ocl_fa2_cmm(acc_v, pt, FA2_BQ / 16, sdo, scratch);
-            fp_ocl_fa2_cmm(acc_k, dst, FA2_BQ / 16, sq, scratch);
-        }
+    const int rows = (int)min((long)T, s.nq - i0);
+    if (tid < rows) {
+        const long o0 = fp_ocl_row0(a.o, b, s.q_start + i0 + tid, h);
+        const long d0 = fp_ocl_row0(a.dout, b, s.q_start + i0 + tid, h);
+        float dl = 0.0f;
+        for (int d = 0; d < hd; d++)
+            dl = fma(FP_LOAD(dout, d0 + d * a.dout.s[3]), FP_LOAD(o, o0 + d * a.o.s[3]), dl);
+        delta[fp_ocl_delta_at(&a, &s, b, h, i0 + tid)] = dl;
     }
-    fp_ocl_fa2_store(dk, fp_ocl_row0(a.dk, b, s.k_start + j0, hk), a.dk.s[1], a.dk.s[3], stored,
-                     hd, acc_k, 1.0f, 1.0f);
-    fp_ocl_fa2_store(dv, fp_ocl_row0(a.dv, b, s.k_start + j0, hk), a.dv.s[1], a.dv.s[3], stored,
-                     hd, acc_v, 1.0f, 1.0f);
+    __global float *acc = dq_acc + fp_ocl_acc_row(&a, &s, b, h, i0);
+    for (int e = tid; e < rows * hd; e += FP_OCL_WG)
+        acc[e] = 0.0f; /* the rows of a block are consecutive in the delta's layout */
+}
+
+/* After the fused backward: dQ of 64 query rows from their f32 accumulator rows (the scale is in
+ * dS already), in the caller's dtype. */
+__kernel __attribute__((reqd_work_group_size(FP_OCL_WG, 1, 1))) void
+fp_ocl_backward_dq_out(const fp_ocl_args a, __global const float *dq_acc, __global fp_elem *dq,
+                       __global const int *cu_q, __global const int *cu_k,
+                       __global const int *used)
+{
+    const int tid = get_local_id(0), hd = (int)a.head_dim;
+    const long h = get_group_id(1), b = get_group_id(2);
+    const fp_ocl_seq s = fp_ocl_seq_of(&a, cu_q, cu_k, used, b);
+    const long i0 = (long)get_group_id(0) * T;
+    if (i0 >= s.nq)
+        return;
+    const int rows = (int)min((long)T, s.nq - i0);
+    __global const float *acc = dq_acc + fp_ocl_acc_row(&a, &s, b, h, i0);
+    for (int e = tid; e < rows * hd; e += FP_OCL_WG) {
+        const int r = e / hd, d = e - r * hd;
+        FP_STORE(dq, fp_ocl_row0(a.dq, b, s.q_start + i0 + r, h) + d * a.dq.s[3], acc[e]);
+    }
 }
 
 #endif /* FP_OCL_FA2 */

@@ -53,24 +53,6 @@ static void uk_col_max(int rows, int cols, const float *s, ptrdiff_t lds, float 
     }
 }
 
-static void uk_exp2_cols(int rows, int cols, float *s, ptrdiff_t lds, float mul, const float *sub,
-                         float *sum)
-{
-    const uk_vec vmul = uk_set1(mul);
-    for (int c = 0; c < cols; c += UK_LANES) {
-        const uk_vec vsub = uk_load(sub + c);
-        uk_vec acc = uk_zero();
-        for (int r = 0; r < rows; r++) {
-            float *p = s + r * lds + c;
-            const uk_vec e = uk_exp2(uk_sub(uk_mul(uk_load(p), vmul), vsub));
-            uk_store(p, e);
-            acc = uk_add(acc, e);
-        }
-        if (sum)
-            uk_store(sum + c, uk_add(uk_load(sum + c), acc));
-    }
-}
-
 #ifndef UK_HAS_EXP2_LE0
 static inline uk_vec uk_exp2_le0(uk_vec x)
 {
@@ -78,19 +60,8 @@ static inline uk_vec uk_exp2_le0(uk_vec x)
 }
 #endif
 
-/* softmax_cols (ukernel.h): in chunks of up to UK_SMG groups of UK_LANES columns, the column
- * maxima as col_max takes them (two chains a group, even and odd rows, so the same maximum bit for
- * bit, NaN included; the chunk's groups side by side, 2 * UK_SMG independent chains over one row's
- * contiguous lines instead of two latency-bound ones), then per group the state's update and the
- * exponentials and their sums as exp2_cols makes them. The update is core/online_softmax.h's
- * fp_softmax_update_exp2 lane by lane, in a loop over plain arrays that the compiler vectorizes,
- * with the rescale factors by uk_exp2 (of m - m' <= 0: 1 exactly where the maximum stays, 0 from a
- * first visible score on). With mul > 0 every exponent s * mul - base is <= 0 or NaN (base is at
- * least the column's largest rounded product), so uk_exp2_le0 serves. */
-enum { UK_SMG = 4 };
-
-/* One column group's P in place, as exp2_cols makes it, and its sum; le0 (a constant): the
- * exponents are <= 0 or NaN. */
+/* One column group's P in place, 2^(s mul - sub) by uk_exp2, and its sum; le0 (a constant): the
+ * exponents are <= 0 or NaN (uk_exp2_le0 then, the same bits). exp2_cols and softmax_cols. */
 static inline __attribute__((always_inline)) uk_vec
 uk_exp2_col(int rows, float *s, ptrdiff_t lds, uk_vec vmul, uk_vec vsub, const int le0)
 {
@@ -104,6 +75,28 @@ uk_exp2_col(int rows, float *s, ptrdiff_t lds, uk_vec vmul, uk_vec vsub, const i
     }
     return acc;
 }
+
+static void uk_exp2_cols(int rows, int cols, float *s, ptrdiff_t lds, float mul, const float *sub,
+                         float *sum)
+{
+    const uk_vec vmul = uk_set1(mul);
+    for (int c = 0; c < cols; c += UK_LANES) {
+        const uk_vec acc = uk_exp2_col(rows, s + c, lds, vmul, uk_load(sub + c), 0);
+        if (sum)
+            uk_store(sum + c, uk_add(uk_load(sum + c), acc));
+    }
+}
+
+/* softmax_cols (ukernel.h): in chunks of up to UK_SMG groups of UK_LANES columns, the column
+ * maxima as col_max takes them (two chains a group, even and odd rows, so the same maximum bit for
+ * bit, NaN included; the chunk's groups side by side, 2 * UK_SMG independent chains over one row's
+ * contiguous lines instead of two latency-bound ones), then per group the state's update and the
+ * exponentials and their sums as exp2_cols makes them. The update is core/online_softmax.h's
+ * fp_softmax_update_exp2 lane by lane, in a loop over plain arrays that the compiler vectorizes,
+ * with the rescale factors by uk_exp2 (of m - m' <= 0: 1 exactly where the maximum stays, 0 from a
+ * first visible score on). With mul > 0 every exponent s * mul - base is <= 0 or NaN (base is at
+ * least the column's largest rounded product), so uk_exp2_le0 serves. */
+enum { UK_SMG = 4 };
 
 static int uk_softmax_cols(int rows, int cols, float *s, ptrdiff_t lds, float mul, float *m,
                            float *l, float *alpha)

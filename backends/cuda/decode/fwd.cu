@@ -21,9 +21,8 @@
  * rows per kv head (Nq * H / Hkv <= FP_DECODE_MAX_ROWS) or few tokens (Nq <= FP_DECODE_MAX_NQ),
  * where the other kernels' query tiles would be mostly empty and every query head would re-read
  * its kv head: the decode kernel reads K and V once per 32 packed rows, they once per query
- * head. With a large group (MQA: 32 heads) and Nq = 2 .. 8 that is 64 .. 256 rows, still several
- * times faster on the decode kernel; at Nq = 16 the two are about even
- * (docs/performance.md#decode-h200). FLASHPORT_CUDA_DECODE (read at each call, for tests and A/B
+ * head, so with few tokens it reads less at any group size (docs/performance.md#decode-h200 has
+ * the timings behind the bound). FLASHPORT_CUDA_DECODE (read at each call, for tests and A/B
  * timings): 0 never for dense caches, 1 for every call. */
 enum { FP_DECODE_MAX_ROWS = 64, FP_DECODE_MAX_NQ = 8 };
 

@@ -437,19 +437,8 @@ __global__ void __launch_bounds__(fp_dec_cfg<DK, MT>::NW * 32)
                 grow |= mxs[m][r] > st[m][r].m + FP_RESCALE_SLACK;
             }
         }
-        if (__any_sync(0xffffffffu, grow)) {
-#pragma unroll
-            for (int m = 0; m < MT; ++m)
-#pragma unroll
-                for (int r = 0; r < 2; ++r) {
-                    const float alpha = fp_softmax_update_exp2(&st[m][r], mxs[m][r]);
-#pragma unroll
-                    for (int j = 0; j < DT8; ++j) {
-                        o[m][j][2 * r] *= alpha;
-                        o[m][j][2 * r + 1] *= alpha;
-                    }
-                }
-        }
+        if (__any_sync(0xffffffffu, grow))
+            fp_rescale_rows(o, st, mxs);
         uint32_t pa[MT][4];
 #pragma unroll
         for (int m = 0; m < MT; ++m) {

@@ -182,6 +182,26 @@ enum { FP_SCORES_FULL, FP_SCORES_MASK, FP_SCORES_TRANSFORM };
  * the f16 ones (P overflows). */
 #define FP_RESCALE_SLACK 8.0f
 
+/* The rescale of a warp's MT row tiles of the mma layout (this thread's rows g and g + 8 of
+ * each: r = 0, 1): each row's state takes its block maximum mxs (log2 units) and its O elements
+ * the factor. The lazy kernels call it only when some row grew by more than FP_RESCALE_SLACK. */
+template <int MT, int DT8>
+FP_DEV void fp_rescale_rows(float (&o)[MT][DT8][4], fp_softmax_state (&st)[MT][2],
+                            const float (&mxs)[MT][2])
+{
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+            const float alpha = fp_softmax_update_exp2(&st[mt][r], mxs[mt][r]);
+#pragma unroll
+            for (int j = 0; j < DT8; ++j) {
+                o[mt][j][2 * r] *= alpha;
+                o[mt][j][2 * r + 1] *= alpha;
+            }
+        }
+}
+
 /* fp_softmax_out_scale and fp_softmax_lse_exp2 (core/online_softmax.h) through fp_rcp and
  * fp_log2: the same rules (a row that saw nothing: 0 and -inf; a NaN l, from a visible NaN
  * score, stays NaN), branch-free. */

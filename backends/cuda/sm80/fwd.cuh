@@ -599,20 +599,8 @@ FP_DEV void fp_fwd_block(const fp_sm80_args &a, const Schedule &schedule)
                 grow |= mxs[mt][r] > st[mt][r].m + FP_RESCALE_SLACK;
             }
         }
-        if (!LAZY || __any_sync(0xffffffffu, grow)) {
-#pragma unroll
-            for (int mt = 0; mt < MT; ++mt) {
-#pragma unroll
-                for (int r = 0; r < 2; ++r) {
-                    const float alpha = fp_softmax_update_exp2(&st[mt][r], mxs[mt][r]);
-#pragma unroll
-                    for (int j = 0; j < DT8; ++j) {
-                        o[mt][j][2 * r] *= alpha;
-                        o[mt][j][2 * r + 1] *= alpha;
-                    }
-                }
-            }
-        }
+        if (!LAZY || __any_sync(0xffffffffu, grow))
+            fp_rescale_rows(o, st, mxs);
     };
     /* P overwrites S; l += row sums */
     auto softmax_exp = [&](float(&s)[MT][NB8][4]) {

@@ -8,12 +8,15 @@
  *     major (row r is token r / G, head kvh * G + r % G, G = H / Hkv), so the G heads that share
  *     a kv head read its K and V once. A block holds MT row tiles of 16 rows (one mma M each):
  *     MT = 2 where G * Nq > 16 and D <= 128 (MQA's 32 heads, 8 tokens of a 4-head group), so
- *     each K / V fragment loaded from shared memory feeds both; more rows take more blocks,
- *     numbered fastest in the grid so that they run side by side and their second reads of K
- *     and V hit L2. Any Nq works (chunked prefill on a paged cache).
- *   - The NW warps of a block share its rows and split each key block of BN = 16 NW keys: warp
- *     w owns keys 16 w .. 16 w + 15, keeps its own online-softmax state and O, and the warps
- *     merge through shared memory at the end (fp_softmax_merge's rule, in log2 units).
+ *     the block reads K and V once for both; more rows take more blocks, numbered fastest in
+ *     the grid so that they run side by side and their second reads of K and V hit L2. Any Nq
+ *     works (chunked prefill on a paged cache).
+ *   - Each of the NW warps of a block computes WM of its MT row tiles (all of them, or one) over
+ *     one key group of 16 keys: the KG warps that share a row tile split each key block of
+ *     BN = 16 KG keys, each keeping its own online-softmax state and O, and merge through
+ *     shared memory at the end (fp_softmax_merge's rule, in log2 units). With one tile a warp,
+ *     the MT warps of a key group read the same K / V fragments from shared memory; with two,
+ *     each fragment a warp loads feeds both tiles, at twice the accumulators.
  *   - K and V stream through ST shared-memory stages as cp.async groups, ST - 1 key blocks
  *     ahead; small tiles let two or three blocks share an SM, which keeps more reads in flight.
  *   - Split-KV from core/plan.c's fp_plan_decode (the SM count, the blocks an SM holds, the
@@ -28,13 +31,14 @@
  * Masking, softcap and ALiBi per element (fp_mask32, fp_score_transform), online softmax through
  * fp_softmax_update_exp2 / fp_softmax_exp_base (core/online_softmax.h) with the forward kernels'
  * lazy rescale (FP_RESCALE_SLACK; without it every key block multiplies all of a thread's O
- * elements, 128 at DK = 128 with two row tiles), finalize through fp_cuda_out_scale /
+ * elements, 64 at DK = 128), finalize through fp_cuda_out_scale /
  * fp_cuda_lse_exp2.
  *
  * Configurations (head dim DK of the kernel: D <= 64, <= 128, <= 256 with the extra columns
- * zero-filled; fp_dec_cfg): DK 64: 4 warps, BN 64, 4 stages, MT 1 or 2 (66 / 68 KiB); DK 128,
- * MT 1: 4 warps, BN 64, 2 stages (68 KiB); DK 128, MT 2: 2 warps, BN 32, 3 stages (56 KiB);
- * DK 256: 2 warps, BN 32, 2 stages (72 KiB). All fit the 99 KiB of sm_86/89.
+ * zero-filled; fp_dec_cfg): DK 64: 4 warps, BN 64, 4 stages, MT 1 or 2 with every warp on
+ * all tiles (66 / 68 KiB); DK 128, MT 1: 4 warps, BN 64, 2 stages (68 KiB); DK 128, MT 2: 4
+ * warps of one tile each, BN 32, 3 stages (56 KiB); DK 256: 2 warps, BN 32, 2 stages (72 KiB).
+ * All fit the 99 KiB of sm_86/89.
  *
  * Differences from the reference: P is rounded to f16/bf16 before P V; exp2, 1/l and log2 are
  * the hardware approximations. Numbers: docs/performance.md#decode-h200.
@@ -58,24 +62,22 @@
 enum { FP_DEC_BM = 16 };
 
 /* A configuration per head-dim class DK and row tiles MT (a block holds MT tiles of 16 rows,
- * which share each K / V fragment it loads, so a group of up to 16 MT rows reads its kv head
- * once; MT = 2 only where the O accumulators fit, DK <= 128): NW warps, ST stages of BN = 16 NW
- * keys. The two-tile DK = 128 kernel needs about 240 registers a thread, so it runs two warps a
- * block (four blocks an SM) with three stages, which keeps as many bytes in flight as the
- * one-tile kernel's three blocks of two stages. */
+ * so a group of up to 16 MT rows reads its kv head once; MT = 2 only for DK <= 128): NW warps,
+ * each computing WM of the MT row tiles over one key group of 16 keys; the warps that share a
+ * row tile (KG of them) split each key block of BN = 16 KG keys, and TG = MT / WM warps share a
+ * key group (each K / V fragment a warp loads from shared memory feeds its WM tiles). ST stages.
+ * Two tiles a warp (WM = 2) need about 240 registers a thread at DK = 128, which leaves an SM
+ * eight warps (two a block); one tile a warp keeps the one-tile kernel's registers, three
+ * blocks of four warps an SM, whose issue slots the softmax and the products then fill. */
+template <int DK, int MT, int NW_, int WM_, int ST_> struct fp_dec_cfg_of {
+    enum { NW = NW_, WM = WM_, ST = ST_, TG = MT / WM, KG = NW / TG, BN = 16 * KG };
+    static_assert(MT % WM == 0 && NW % TG == 0, "warps cover the row tiles evenly");
+};
 template <int DK, int MT> struct fp_dec_cfg;
-template <int MT> struct fp_dec_cfg<64, MT> {
-    enum { NW = 4, ST = 4, BN = 16 * NW };
-};
-template <> struct fp_dec_cfg<128, 1> {
-    enum { NW = 4, ST = 2, BN = 16 * NW };
-};
-template <> struct fp_dec_cfg<128, 2> {
-    enum { NW = 2, ST = 3, BN = 16 * NW };
-};
-template <> struct fp_dec_cfg<256, 1> {
-    enum { NW = 2, ST = 2, BN = 16 * NW };
-};
+template <int MT> struct fp_dec_cfg<64, MT> : fp_dec_cfg_of<64, MT, 4, MT, 4> {};
+template <> struct fp_dec_cfg<128, 1> : fp_dec_cfg_of<128, 1, 4, 1, 2> {};
+template <> struct fp_dec_cfg<128, 2> : fp_dec_cfg_of<128, 2, 4, 1, 3> {};
+template <> struct fp_dec_cfg<256, 1> : fp_dec_cfg_of<256, 1, 2, 1, 2> {};
 template <int DK> constexpr int fp_dec_max_mt()
 {
     return DK <= 128 ? 2 : 1;
@@ -193,16 +195,16 @@ template <typename T, int DK> FP_DEV uint32_t fp_dec_guard_v(T *stage, int kw, i
     return bad_keys;
 }
 
-/* The merge of one row tile (packed rows rt0 .., 16 of them) over the NW warps that split each key
- * block: row maximum M over the warps (0 while no warp saw a key), l = sum l_w 2^(m_w - M),
- * O = sum O_w 2^(m_w - M) / l from om[w][row][DK] and ml[w][row] = (m_w, l_w); then O and LSE
- * out, or the split's partial for the combine. */
-template <typename T, int DK, int NW>
+/* The merge of one row tile (packed rows rt0 .., 16 of them) over the KG warps that split each
+ * key block, by the block's NT threads: row maximum M over the warps (0 while no warp saw a key),
+ * l = sum l_w 2^(m_w - M), O = sum O_w 2^(m_w - M) / l from om[w][row][DK] and ml[w][row] =
+ * (m_w, l_w); then O and LSE out, or the split's partial for the combine. */
+template <typename T, int DK, int KG, int NT>
 FP_DEV void fp_dec_merge_out(const fp_sm80_args &a, const float *om, const float *ml, int rt0,
                              int rows, int b, int kvh, int split, const fp_cuda_seq &sq_,
                              int nchunks, int tid)
 {
-    constexpr int BM = FP_DEC_BM, CH = DK / 8, NT = NW * 32;
+    constexpr int BM = FP_DEC_BM, CH = DK / 8;
     for (int idx = tid; idx < BM * CH; idx += NT) {
         const int row = idx / CH, c = idx % CH;
         if (rt0 + row >= rows || c >= nchunks)
@@ -210,13 +212,13 @@ FP_DEV void fp_dec_merge_out(const fp_sm80_args &a, const float *om, const float
         fp_softmax_state m;
         fp_softmax_init(&m);
 #pragma unroll
-        for (int w = 0; w < NW; ++w)
+        for (int w = 0; w < KG; ++w)
             m.m = fmaxf(m.m, ml[2 * (w * BM + row)]);
         const float base = fp_softmax_exp_base(&m);
-        float wt[NW];
+        float wt[KG];
         m.l = 0.0f;
 #pragma unroll
-        for (int w = 0; w < NW; ++w) {
+        for (int w = 0; w < KG; ++w) {
             wt[w] = fp_exp2(ml[2 * (w * BM + row)] - base);
             m.l += ml[2 * (w * BM + row) + 1] * wt[w];
         }
@@ -226,7 +228,7 @@ FP_DEV void fp_dec_merge_out(const fp_sm80_args &a, const float *om, const float
         for (int e = 0; e < 8; ++e) {
             float acc = 0.0f;
 #pragma unroll
-            for (int w = 0; w < NW; ++w)
+            for (int w = 0; w < KG; ++w)
                 acc += om[(w * BM + row) * DK + 8 * c + e] * wt[w];
             out[e] = acc * fac;
         }
@@ -264,8 +266,10 @@ __global__ void __launch_bounds__(fp_dec_cfg<DK, MT>::NW * 32)
 {
     using C = fp_dec_cfg<DK, MT>;
     constexpr int NW = C::NW, ST = C::ST, NT = NW * 32, BM = FP_DEC_BM * MT, BN = C::BN;
+    constexpr int WM = C::WM, TG = C::TG, KG = C::KG;
     constexpr int KT = DK / 16, DT8 = DK / 8, CH = DK / 8, G = BN / 16;
     static_assert(ST * G <= 32, "the key groups' page bits of every stage fit a word");
+    __shared__ uint32_t vbad_s[G]; /* the guard's bits per key group, where TG > 1 */
 
     extern __shared__ __align__(128) unsigned char fp_smem[];
     T *sq = reinterpret_cast<T *>(fp_smem); /* [BM][DK] */
@@ -347,20 +351,21 @@ __global__ void __launch_bounds__(fp_dec_cfg<DK, MT>::NW * 32)
     const uint32_t sq_a = fp_smem_addr(sq), sk_a = fp_smem_addr(sk), sv_a = fp_smem_addr(sv);
     const fp_ldsm_lane lq = fp_lane_a<DK>(0, lane), lk = fp_lane_b<DK>(0, lane);
     const fp_ldsm_lane lv = fp_lane_bt<DK>(0, lane);
-    const int kw = 16 * warp; /* this warp's first key within a key block: key group `warp` */
+    /* This warp's key group kg (keys 16 kg .. of each key block) and row tiles mw .. mw + WM - 1 */
+    const int kg = warp / TG, mw = warp % TG * WM, kw = 16 * kg;
 
-    float o[MT][DT8][4];
-    fp_softmax_state st[MT][2];
-    /* This thread's rows g and g + 8 of each row tile: their token and (for ALiBi) slope. */
-    int tok[MT][2];
-    float slope[MT][2];
-    bool rowbad[MT][2]; /* the row saw a key whose V the guard scrubbed */
+    float o[WM][DT8][4];
+    fp_softmax_state st[WM][2];
+    /* This thread's rows g and g + 8 of each of its row tiles: their token and (for ALiBi) slope. */
+    int tok[WM][2];
+    float slope[WM][2];
+    bool rowbad[WM][2]; /* the row saw a key whose V the guard scrubbed */
 #pragma unroll
-    for (int m = 0; m < MT; ++m) {
+    for (int m = 0; m < WM; ++m) {
         fp_acc_zero(o[m]);
 #pragma unroll
         for (int r = 0; r < 2; ++r) {
-            const int row = r0 + 16 * m + g + 8 * r;
+            const int row = r0 + 16 * (mw + m) + g + 8 * r;
             const fp_dec_row x = fp_dec_row_of(row, group, kvh);
             fp_softmax_init(&st[m][r]);
             tok[m][r] = x.token;
@@ -382,9 +387,9 @@ __global__ void __launch_bounds__(fp_dec_cfg<DK, MT>::NW * 32)
         const int j0 = nb * BN + kw; /* the warp's first key */
         /* S = Q K^T over the warp's 16 keys, each K fragment used by every row tile: n tiles 0
          * (keys j0 ..) and 1 (j0 + 8 ..) */
-        float s[MT][2][4];
+        float s[WM][2][4];
 #pragma unroll
-        for (int m = 0; m < MT; ++m)
+        for (int m = 0; m < WM; ++m)
             fp_acc_zero(s[m]);
         const uint32_t kt = sk_a + stage * BN * DK * 2;
 #pragma unroll
@@ -392,30 +397,42 @@ __global__ void __launch_bounds__(fp_dec_cfg<DK, MT>::NW * 32)
             uint32_t kf[4];
             fp_ldsm_x4(kf, fp_ldsm_addr<DK>(kt, lk, kw, kk));
 #pragma unroll
-            for (int m = 0; m < MT; ++m) {
+            for (int m = 0; m < WM; ++m) {
                 uint32_t qa[4];
-                fp_ldsm_x4(qa, fp_ldsm_addr<DK>(sq_a, lq, 16 * m, kk));
+                fp_ldsm_x4(qa, fp_ldsm_addr<DK>(sq_a, lq, 16 * (mw + m), kk));
                 fp_mma<T>(s[m][0], qa, kf[0], kf[1]);
                 fp_mma<T>(s[m][1], qa, kf[2], kf[3]);
             }
         }
         /* The keys of a page whose block-table entry is out of range are masked. */
-        const bool page_ok = (pages_ok >> (stage * G + warp)) & 1u;
-        /* Blocks with pairs a row of the tile cannot see: the guard */
-        const uint32_t vbad =
-            fp_mask_block_full(i0, i1, nb * BN, nb * BN + BN, nq, nk, a.left, a.right)
-                ? 0u
-                : fp_dec_guard_v<T, DK>(sv + stage * BN * DK, kw, lane);
+        const bool page_ok = (pages_ok >> (stage * G + kg)) & 1u;
+        /* Blocks with pairs a row of the tile cannot see: the guard. The TG warps of a key group
+         * read the same keys: one scrubs them and hands the bits on (the condition is the
+         * block's, so every warp meets the barrier). */
+        uint32_t vbad = 0u;
+        if (!fp_mask_block_full(i0, i1, nb * BN, nb * BN + BN, nq, nk, a.left, a.right)) {
+            if constexpr (TG == 1) {
+                vbad = fp_dec_guard_v<T, DK>(sv + stage * BN * DK, kw, lane);
+            } else {
+                if (warp % TG == 0) {
+                    const uint32_t bits = fp_dec_guard_v<T, DK>(sv + stage * BN * DK, kw, lane);
+                    if (lane == 0)
+                        vbad_s[kg] = bits;
+                }
+                __syncthreads();
+                vbad = vbad_s[kg];
+            }
+        }
         /* Scores in log2 units, masked ones -inf; row maxima; the lazy rescale
          * (FP_RESCALE_SLACK: O and l only when some row of the warp grew by more than it); P.
          * The sm80 forward's score step (fp_fwd_scores) has the first loop's shape but not its
          * work, so the two share only the per-element transform (fp_score_log2): here a row's
          * token and ALiBi slope are per row (GQA packing), not per block; the page bits and the
          * guard's bits join the mask per element; the scale is applied before the maximum. */
-        float mxs[MT][2];
+        float mxs[WM][2];
         bool grow = false;
 #pragma unroll
-        for (int m = 0; m < MT; ++m) {
+        for (int m = 0; m < WM; ++m) {
 #pragma unroll
             for (int r = 0; r < 2; ++r) {
                 float mx = -INFINITY;
@@ -439,9 +456,9 @@ __global__ void __launch_bounds__(fp_dec_cfg<DK, MT>::NW * 32)
         }
         if (__any_sync(0xffffffffu, grow))
             fp_rescale_rows(o, st, mxs);
-        uint32_t pa[MT][4];
+        uint32_t pa[WM][4];
 #pragma unroll
-        for (int m = 0; m < MT; ++m) {
+        for (int m = 0; m < WM; ++m) {
 #pragma unroll
             for (int r = 0; r < 2; ++r) {
                 const float mu = fp_softmax_exp_base(&st[m][r]);
@@ -465,7 +482,7 @@ __global__ void __launch_bounds__(fp_dec_cfg<DK, MT>::NW * 32)
             uint32_t vf[4];
             fp_ldsm_x4_t(vf, fp_ldsm_addr<DK>(vt, lv, kw, p));
 #pragma unroll
-            for (int m = 0; m < MT; ++m) {
+            for (int m = 0; m < WM; ++m) {
                 fp_mma<T>(o[m][2 * p], pa[m], vf[0], vf[1]);
                 fp_mma<T>(o[m][2 * p + 1], pa[m], vf[2], vf[3]);
             }
@@ -475,15 +492,17 @@ __global__ void __launch_bounds__(fp_dec_cfg<DK, MT>::NW * 32)
     fp_cp_async_wait<0>();
     __syncthreads();
 
-    /* Per row tile: the warps' partial results, unnormalized, into shared memory (om[w][row][DK]
-     * and ml[w][row] = (m, l), m in log2 units, over the K / V stages), then their merge. */
-    float *om = reinterpret_cast<float *>(sk);
-    float *ml = om + NW * FP_DEC_BM * DK;
+    /* The warps' partial results, unnormalized, into shared memory over the K / V stages, then
+     * their merge. Pass m: each warp's row tile mw + m into region warp % TG (om[KG][row][DK] and
+     * ml[KG][row] = (m, l), m in log2 units, slot kg), then the TG row tiles of the pass merged. */
 #pragma unroll
-    for (int m = 0; m < MT; ++m) {
-        const int rt0 = r0 + 16 * m; /* the row tile's first packed row */
-        if (rt0 >= rows)
+    for (int m = 0; m < WM; ++m) {
+        if (r0 + 16 * m >= rows) /* every row tile of this pass and the next lies past the rows */
             break;
+        const int rg = warp % TG; /* this warp's region */
+        float *om = reinterpret_cast<float *>(sk) + rg * (KG * FP_DEC_BM * DK);
+        float *ml = reinterpret_cast<float *>(sk) + TG * (KG * FP_DEC_BM * DK) +
+                    rg * (2 * KG * FP_DEC_BM);
 #pragma unroll
         for (int r = 0; r < 2; ++r) {
             /* A row that saw a key whose V held a non-finite element: O NaN (the quad's lanes
@@ -495,16 +514,25 @@ __global__ void __launch_bounds__(fp_dec_cfg<DK, MT>::NW * 32)
             const int row = g + 8 * r;
 #pragma unroll
             for (int j = 0; j < DT8; ++j)
-                *reinterpret_cast<float2 *>(om + (warp * FP_DEC_BM + row) * DK + 8 * j + 2 * t) =
+                *reinterpret_cast<float2 *>(om + (kg * FP_DEC_BM + row) * DK + 8 * j + 2 * t) =
                     bad ? make_float2(NAN, NAN) : make_float2(o[m][j][2 * r], o[m][j][2 * r + 1]);
             if (t == 0) {
-                ml[2 * (warp * FP_DEC_BM + row)] = st[m][r].m;
-                ml[2 * (warp * FP_DEC_BM + row) + 1] = l;
+                ml[2 * (kg * FP_DEC_BM + row)] = st[m][r].m;
+                ml[2 * (kg * FP_DEC_BM + row) + 1] = l;
             }
         }
         __syncthreads();
-        fp_dec_merge_out<T, DK, NW>(a, om, ml, rt0, rows, b, kvh, split, sq_, nchunks, tid);
-        __syncthreads(); /* the next row tile reuses om and ml */
+#pragma unroll
+        for (int q = 0; q < TG; ++q) {
+            const int rt0 = r0 + 16 * (q * WM + m); /* the row tile's first packed row */
+            if (rt0 < rows)
+                fp_dec_merge_out<T, DK, KG, NT>(
+                    a, reinterpret_cast<float *>(sk) + q * (KG * FP_DEC_BM * DK),
+                    reinterpret_cast<float *>(sk) + TG * (KG * FP_DEC_BM * DK) +
+                        q * (2 * KG * FP_DEC_BM),
+                    rt0, rows, b, kvh, split, sq_, nchunks, tid);
+        }
+        __syncthreads(); /* the next pass reuses om and ml */
     }
 }
 

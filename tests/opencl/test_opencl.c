@@ -17,7 +17,9 @@
  *     an offset inside a larger allocation), too small refused before anything is written, a
  *     pointer that is not the handle's refused;
  *   - FLASHPORT_OPENCL_BWD read at open: the backward's size query and the call agree (bf16 on
- *     the emulated FA2-shaped kernels, the environment changed between open, query and call).
+ *     the emulated FA2-shaped kernels, the environment changed between open, query and call);
+ *   - the emulated FA2-shaped forward and backward give the same bits on every run, on as many
+ *     threads as the device uses.
  * Every failing check prints its file, line and the reason (flashport_last_error where there is
  * one) on stderr, and each group of checks says on stdout that it starts, so a log shows which
  * group a failure belongs to on any driver. Exit 77 (skipped) when the machine has no OpenCL
@@ -579,6 +581,78 @@ static void check_bwd_form_fixed_at_open(void)
     free(saved_bwd);
 }
 
+/* The emulated FA2-shaped kernels (FLASHPORT_OPENCL_MMA=emulate) run repeatedly on one input
+ * give the same bits every time, on whatever number of threads the device runs work-groups on
+ * (PoCL: one per core; no POCL_MAX_PTHREAD_COUNT here). PoCL 3.1 with two threads once gave
+ * this forward wrong, run-to-run different results for whole work-groups where the launch's
+ * work-groups differed in head or batch (docs/opencl.md, "Tests"), hence several heads, two
+ * sequences and more than one query block each. The two-kernel backward, which is bitwise
+ * deterministic. */
+static void check_fa2_repeatable(void)
+{
+    section("emulated FA2-shaped kernels: the same bits on every run");
+    enum { RB = 2, RN = 200, RH = 4, RHK = 2, RD = 64, RUNS = 6 };
+    static const int64_t q_shape[4] = {RB, RN, RH, RD}, kv_shape[4] = {RB, RN, RHK, RD};
+    static const int64_t lse_shape[3] = {RB, RH, RN};
+    static const size_t count[NBUF] = {
+        [PQ] = RB * RN * RH * RD,   [PK] = RB * RN * RHK * RD,  [PV] = RB * RN * RHK * RD,
+        [PO] = RB * RN * RH * RD,   [PDO] = RB * RN * RH * RD,  [PDQ] = RB * RN * RH * RD,
+        [PDK] = RB * RN * RHK * RD, [PDV] = RB * RN * RHK * RD, [PLSE] = RB * RH * RN};
+    static uint16_t host[RB * RN * RH * RD];
+    static uint32_t first[NBUF][RB * RN * RH * RD / 2 + 1], now[RB * RN * RH * RD / 2 + 1];
+    const char *mma = getenv("FLASHPORT_OPENCL_MMA");
+    char *saved = mma ? strdup(mma) : NULL;
+    setenv("FLASHPORT_OPENCL_MMA", "emulate", 1);
+    problem p;
+    memset(&p, 0, sizeof p);
+    EXPECT(flashport_backend_open_device("opencl", 0, &p.be), FLASHPORT_OK, "open (emulated)");
+    flashport_attention_params_init(&p.params);
+    tu_rng r = tu_rng_seed(11);
+    flashport_status st = p.be ? FLASHPORT_OK : FLASHPORT_ERR_NO_DEVICE;
+    for (int i = 0; i < NBUF && st == FLASHPORT_OK; i++) {
+        const int lse = i == PLSE;
+        st = flashport_malloc(p.be, count[i] * (lse ? 4 : 2), &p.buf[i]);
+        p.t[i] =
+            flashport_tensor_contiguous(p.buf[i], lse ? FLASHPORT_F32 : FLASHPORT_BF16, lse ? 3 : 4,
+                                        lse                                          ? lse_shape
+                                        : i == PK || i == PV || i == PDK || i == PDV ? kv_shape
+                                                                                     : q_shape);
+        if (st == FLASHPORT_OK && (i <= PV || i == PDO)) {
+            tu_fill_uniform(host, (int64_t)count[i], FLASHPORT_BF16, -2.0f, 2.0f, &r);
+            st = flashport_memcpy_to_device(p.be, p.buf[i], host, count[i] * 2);
+        }
+    }
+    EXPECT(st, FLASHPORT_OK, "allocate and fill the problem");
+    static const int outs[5] = {PO, PLSE, PDQ, PDK, PDV};
+    static const char *const names[5] = {"O", "LSE", "dQ", "dK", "dV"};
+    int differ = 0;
+    for (int run = 0; run < RUNS && st == FLASHPORT_OK; run++) {
+        st = problem_forward(&p);
+        if (st == FLASHPORT_OK)
+            st = problem_backward(&p);
+        for (int o = 0; o < 5 && st == FLASHPORT_OK; o++) {
+            const size_t bytes = count[outs[o]] * (outs[o] == PLSE ? 4 : 2);
+            st = flashport_memcpy_to_host(p.be, run ? now : first[o], p.buf[outs[o]], bytes);
+            if (st == FLASHPORT_OK && run && memcmp(now, first[o], bytes) != 0) {
+                differ++;
+                CHECK_MSG(0, "run %d: %s differs from run 0's", run, names[o]);
+            }
+        }
+    }
+    EXPECT(st, FLASHPORT_OK, "forward and backward, repeated");
+    printf("%d runs, %d outputs differing from the first run's\n", RUNS, differ);
+    if (p.be) {
+        flashport_backend *be = p.be;
+        problem_free(&p);
+        flashport_backend_close(be);
+    }
+    if (saved)
+        setenv("FLASHPORT_OPENCL_MMA", saved, 1);
+    else
+        unsetenv("FLASHPORT_OPENCL_MMA");
+    free(saved);
+}
+
 /* The caller's program's device: the one a handle opens as device 0 (first device of the lowest
  * kind rank, GPUs first, on the platforms FLASHPORT_OPENCL_PLATFORM keeps). Taking simply the
  * first platform's first device would mix devices where a GPU driver and PoCL are both
@@ -710,6 +784,7 @@ int main(int argc, char **argv)
     check_workspace(be);
     flashport_backend_close(be);
     check_bwd_form_fixed_at_open();
+    check_fa2_repeatable();
     check_caller_queue(&p0);
     free(saved);
     printf("%s: %d failure(s)\n", tu_failures ? "FAIL" : "PASS", tu_failures);

@@ -14,7 +14,7 @@
  * driver's build log); the other keys are unaffected. FLASHPORT_OPENCL_MMA=emulate builds the
  * tensor-core path with the instruction emulated in local memory, on any device (the test of its
  * layouts; a failed build is then an error). FLASHPORT_LOG lists the device's extensions at open
- * and names the variant of every build and call. FLASHPORT_OPENCL_BWD=fused (read per call) runs
+ * and names the variant of every build and call. FLASHPORT_OPENCL_BWD=fused (read at open) runs
  * the FA2-shaped backward as one kernel with dQ by atomic adds (use_fused says when).
  *
  * The first run of each kernel of a program is waited for, with the local memory the driver says
@@ -537,14 +537,14 @@ static size_t fused_bytes(const fp_problem *p)
 }
 
 /* Whether a backward on `variant` at tile t runs in one kernel (dQ by atomic adds into an f32
- * accumulator, then converted): opt-in by FLASHPORT_OPENCL_BWD=fused, read per call, where the
+ * accumulator, then converted): opt-in by FLASHPORT_OPENCL_BWD=fused when the handle was opened
+ * (ctx->bwd_fused; the size query and the call decide from the same handle state), where the
  * call is not deterministic (the atomic adds' order is not repeatable, the two-kernel form is
  * bitwise so), the program is FA2-shaped and the fused kernel's local memory fits. Where asked
  * and not taken, says why in the log when `log`. */
 static int use_fused(const fp_ocl_ctx *ctx, const fp_problem *p, int variant, int64_t t, int log)
 {
-    const char *env = getenv("FLASHPORT_OPENCL_BWD");
-    if (!env || strcmp(env, "fused") != 0)
+    if (!ctx->bwd_fused)
         return 0;
     const char *why =
         p->deterministic               ? "the call asks for a deterministic backward"

@@ -252,6 +252,8 @@ static flashport_status ocl_open(int device, void **out)
                                    "opencl: cannot allocate a context");
     ctx->cl = cl;
     ctx->index = device;
+    const char *bwd = getenv("FLASHPORT_OPENCL_BWD");
+    ctx->bwd_fused = bwd && !strcmp(bwd, "fused");
     cl_context_properties props[] = {CL_CONTEXT_PLATFORM, (cl_context_properties)platform, 0};
     cl_int err;
     ctx->own_context = cl->clCreateContext(props, 1, &dev, NULL, NULL, &err);

@@ -112,6 +112,10 @@ typedef struct fp_ocl_ctx {
     /* Whether the device is not a CPU: its programs are built with FP_OCL_UNROLL_ALL = 1
      * (kernels/shape.cl says why). */
     int unroll_all;
+    /* FLASHPORT_OPENCL_BWD=fused when the handle was opened: the backward's one-kernel form is
+     * asked for (ocl_attention.c's use_fused). Read once, so that the workspace size query and
+     * the call it sizes cannot see two values of the environment. */
+    int bwd_fused;
     /* Programs of the current context by key, built on first use and kept, failed tensor-core
      * builds included (ocl_attention.c); when the cache is full the oldest is released. */
     fp_ocl_program programs[FP_OCL_MAX_PROGRAMS];

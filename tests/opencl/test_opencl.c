@@ -15,7 +15,11 @@
  *     past the end, a platform filter matching nothing (count 0, OK);
  *   - the caller's workspace: the backward's size query, the same bits as without one (also at
  *     an offset inside a larger allocation), too small refused before anything is written, a
- *     pointer that is not the handle's refused.
+ *     pointer that is not the handle's refused;
+ *   - FLASHPORT_OPENCL_BWD read at open: the backward's size query and the call agree (bf16 on
+ *     the emulated FA2-shaped kernels, the environment changed between open, query and call);
+ *   - the emulated FA2-shaped forward and backward give the same bits on every run, on as many
+ *     threads as the device uses.
  * Every failing check prints its file, line and the reason (flashport_last_error where there is
  * one) on stderr, and each group of checks says on stdout that it starts, so a log shows which
  * group a failure belongs to on any driver. Exit 77 (skipped) when the machine has no OpenCL
@@ -77,11 +81,13 @@ static void problem_free(problem *p)
     memset(p, 0, sizeof *p);
 }
 
-/* Allocates every tensor and fills q, k, v and dO with values of a fixed seed. */
-static flashport_status problem_make(flashport_backend *be, problem *p)
+/* Allocates every tensor (dtype: f32, or f16 / bf16 for the tensor-core variant's checks; the
+ * LSE is f32) and fills q, k, v and dO with values of a fixed seed. */
+static flashport_status problem_make_as(flashport_backend *be, problem *p, flashport_dtype dtype)
 {
     static const int64_t shape[4] = {B, N, H, D}, lse_shape[3] = {B, H, N};
-    static float x[ELEMS];
+    static float x[ELEMS], xs[ELEMS];
+    const size_t es = dtype == FLASHPORT_F32 ? sizeof(float) : 2;
     memset(p, 0, sizeof *p);
     p->be = be;
     flashport_attention_params_init(&p->params);
@@ -89,19 +95,26 @@ static flashport_status problem_make(flashport_backend *be, problem *p)
     tu_rng r = tu_rng_seed(7);
     flashport_status s = FLASHPORT_OK;
     for (int i = 0; i < NBUF && s == FLASHPORT_OK; i++) {
-        const size_t bytes = (i == PLSE ? (size_t)(B * H * N) : ELEMS) * sizeof(float);
+        const size_t bytes = i == PLSE ? (size_t)(B * H * N) * sizeof(float) : ELEMS * es;
         s = flashport_malloc(be, bytes, &p->buf[i]);
         p->t[i] = i == PLSE ? flashport_tensor_contiguous(p->buf[i], FLASHPORT_F32, 3, lse_shape)
-                            : flashport_tensor_contiguous(p->buf[i], FLASHPORT_F32, 4, shape);
+                            : flashport_tensor_contiguous(p->buf[i], dtype, 4, shape);
         if (s == FLASHPORT_OK && (i <= PV || i == PDO)) {
             for (int e = 0; e < ELEMS; e++)
                 x[e] = tu_rng_uniform(&r, -1.0f, 1.0f);
-            s = flashport_memcpy_to_device(be, p->buf[i], x, bytes);
+            s = flashport_convert(xs, dtype, x, FLASHPORT_F32, ELEMS);
+            if (s == FLASHPORT_OK)
+                s = flashport_memcpy_to_device(be, p->buf[i], xs, bytes);
         }
     }
     if (s != FLASHPORT_OK)
         problem_free(p);
     return s;
+}
+
+static flashport_status problem_make(flashport_backend *be, problem *p)
+{
+    return problem_make_as(be, p, FLASHPORT_F32);
 }
 
 static flashport_status problem_forward(problem *p)
@@ -501,6 +514,145 @@ static void check_workspace(flashport_backend *be)
     problem_free(&p);
 }
 
+/* One backward of a bf16 problem on the emulated FA2-shaped kernels (FLASHPORT_OPENCL_MMA=
+ * emulate) through a handle opened with FLASHPORT_OPENCL_BWD=`at_open`, on a workspace of
+ * exactly the size the handle reports, the environment switched to `after` between the open and
+ * the size query and to its other value between the query and the call: the query and the call
+ * must agree (the choice is the handle's, made at open), whatever the environment says later.
+ * Sets *bytes to the size reported. */
+static void bwd_form_call(const char *at_open, const char *after, size_t *bytes)
+{
+    flashport_backend *be = NULL;
+    setenv("FLASHPORT_OPENCL_BWD", at_open, 1);
+    EXPECT(flashport_backend_open_device("opencl", 0, &be), FLASHPORT_OK, "open (emulated)");
+    *bytes = 0;
+    if (!be)
+        return;
+    setenv("FLASHPORT_OPENCL_BWD", after, 1);
+    problem p;
+    void *ws = NULL;
+    EXPECT(problem_make_as(be, &p, FLASHPORT_BF16), FLASHPORT_OK, "allocate the bf16 problem");
+    if (p.be) {
+        EXPECT(problem_forward(&p), FLASHPORT_OK, "bf16 forward");
+        EXPECT(problem_bytes(&p, FLASHPORT_BACKWARD, bytes), FLASHPORT_OK, "bf16 backward size");
+        EXPECT(flashport_malloc(be, *bytes, &ws), FLASHPORT_OK, "allocate the workspace");
+    }
+    if (ws) {
+        EXPECT(flashport_set_workspace(be, ws, *bytes), FLASHPORT_OK, "set the workspace");
+        setenv("FLASHPORT_OPENCL_BWD", strcmp(after, "fused") ? "fused" : "two", 1);
+        EXPECT(problem_backward(&p), FLASHPORT_OK, "bf16 backward on the queried workspace");
+        CHECK_MSG(flashport_synchronize(be) == FLASHPORT_OK, "synchronize: %s",
+                  flashport_last_error());
+        flashport_free(be, ws);
+    }
+    problem_free(&p);
+    flashport_backend_close(be);
+}
+
+/* FLASHPORT_OPENCL_BWD is read when a handle opens: a handle opened with `fused` reports the
+ * one-kernel form's larger workspace (delta + f32 dQ accumulator) and one opened without it the
+ * delta alone, and each call fits the size its handle reported though the environment changed
+ * after the open and again after the query (before, the query and the call each read the
+ * environment, and a call that took the one-kernel form on a size queried without it was
+ * FLASHPORT_ERR_BUFFER_TOO_SMALL). */
+static void check_bwd_form_fixed_at_open(void)
+{
+    section("backward form fixed at open (FLASHPORT_OPENCL_BWD)");
+    const char *mma = getenv("FLASHPORT_OPENCL_MMA"), *bwd = getenv("FLASHPORT_OPENCL_BWD");
+    char *saved_mma = mma ? strdup(mma) : NULL, *saved_bwd = bwd ? strdup(bwd) : NULL;
+    setenv("FLASHPORT_OPENCL_MMA", "emulate", 1);
+    size_t fused = 0, two = 0;
+    bwd_form_call("fused", "two", &fused);
+    bwd_form_call("two", "fused", &two);
+    const size_t delta = (size_t)(B * H * N) * sizeof(float);
+    CHECK_MSG(two == delta && fused > delta,
+              "backward workspace: %zu opened with fused (want more than the delta's %zu), "
+              "%zu opened without (want %zu)",
+              fused, delta, two, delta);
+    if (saved_mma)
+        setenv("FLASHPORT_OPENCL_MMA", saved_mma, 1);
+    else
+        unsetenv("FLASHPORT_OPENCL_MMA");
+    if (saved_bwd)
+        setenv("FLASHPORT_OPENCL_BWD", saved_bwd, 1);
+    else
+        unsetenv("FLASHPORT_OPENCL_BWD");
+    free(saved_mma);
+    free(saved_bwd);
+}
+
+/* The emulated FA2-shaped kernels (FLASHPORT_OPENCL_MMA=emulate) run repeatedly on one input
+ * give the same bits every time, on whatever number of threads the device runs work-groups on
+ * (PoCL: one per core; no POCL_MAX_PTHREAD_COUNT here). PoCL 3.1 with two threads once gave
+ * this forward wrong, run-to-run different results for whole work-groups where the launch's
+ * work-groups differed in head or batch (docs/opencl.md, "Tests"), hence several heads, two
+ * sequences and more than one query block each. The two-kernel backward, which is bitwise
+ * deterministic. */
+static void check_fa2_repeatable(void)
+{
+    section("emulated FA2-shaped kernels: the same bits on every run");
+    enum { RB = 2, RN = 200, RH = 4, RHK = 2, RD = 64, RUNS = 6 };
+    static const int64_t q_shape[4] = {RB, RN, RH, RD}, kv_shape[4] = {RB, RN, RHK, RD};
+    static const int64_t lse_shape[3] = {RB, RH, RN};
+    static const size_t count[NBUF] = {
+        [PQ] = RB * RN * RH * RD,   [PK] = RB * RN * RHK * RD,  [PV] = RB * RN * RHK * RD,
+        [PO] = RB * RN * RH * RD,   [PDO] = RB * RN * RH * RD,  [PDQ] = RB * RN * RH * RD,
+        [PDK] = RB * RN * RHK * RD, [PDV] = RB * RN * RHK * RD, [PLSE] = RB * RH * RN};
+    static uint16_t host[RB * RN * RH * RD];
+    static uint32_t first[NBUF][RB * RN * RH * RD / 2 + 1], now[RB * RN * RH * RD / 2 + 1];
+    const char *mma = getenv("FLASHPORT_OPENCL_MMA");
+    char *saved = mma ? strdup(mma) : NULL;
+    setenv("FLASHPORT_OPENCL_MMA", "emulate", 1);
+    problem p;
+    memset(&p, 0, sizeof p);
+    EXPECT(flashport_backend_open_device("opencl", 0, &p.be), FLASHPORT_OK, "open (emulated)");
+    flashport_attention_params_init(&p.params);
+    tu_rng r = tu_rng_seed(11);
+    flashport_status st = p.be ? FLASHPORT_OK : FLASHPORT_ERR_NO_DEVICE;
+    for (int i = 0; i < NBUF && st == FLASHPORT_OK; i++) {
+        const int lse = i == PLSE;
+        st = flashport_malloc(p.be, count[i] * (lse ? 4 : 2), &p.buf[i]);
+        p.t[i] =
+            flashport_tensor_contiguous(p.buf[i], lse ? FLASHPORT_F32 : FLASHPORT_BF16, lse ? 3 : 4,
+                                        lse                                          ? lse_shape
+                                        : i == PK || i == PV || i == PDK || i == PDV ? kv_shape
+                                                                                     : q_shape);
+        if (st == FLASHPORT_OK && (i <= PV || i == PDO)) {
+            tu_fill_uniform(host, (int64_t)count[i], FLASHPORT_BF16, -2.0f, 2.0f, &r);
+            st = flashport_memcpy_to_device(p.be, p.buf[i], host, count[i] * 2);
+        }
+    }
+    EXPECT(st, FLASHPORT_OK, "allocate and fill the problem");
+    static const int outs[5] = {PO, PLSE, PDQ, PDK, PDV};
+    static const char *const names[5] = {"O", "LSE", "dQ", "dK", "dV"};
+    int differ = 0;
+    for (int run = 0; run < RUNS && st == FLASHPORT_OK; run++) {
+        st = problem_forward(&p);
+        if (st == FLASHPORT_OK)
+            st = problem_backward(&p);
+        for (int o = 0; o < 5 && st == FLASHPORT_OK; o++) {
+            const size_t bytes = count[outs[o]] * (outs[o] == PLSE ? 4 : 2);
+            st = flashport_memcpy_to_host(p.be, run ? now : first[o], p.buf[outs[o]], bytes);
+            if (st == FLASHPORT_OK && run && memcmp(now, first[o], bytes) != 0) {
+                differ++;
+                CHECK_MSG(0, "run %d: %s differs from run 0's", run, names[o]);
+            }
+        }
+    }
+    EXPECT(st, FLASHPORT_OK, "forward and backward, repeated");
+    printf("%d runs, %d outputs differing from the first run's\n", RUNS, differ);
+    if (p.be) {
+        flashport_backend *be = p.be;
+        problem_free(&p);
+        flashport_backend_close(be);
+    }
+    if (saved)
+        setenv("FLASHPORT_OPENCL_MMA", saved, 1);
+    else
+        unsetenv("FLASHPORT_OPENCL_MMA");
+    free(saved);
+}
+
 /* The caller's program's device: the one a handle opens as device 0 (first device of the lowest
  * kind rank, GPUs first, on the platforms FLASHPORT_OPENCL_PLATFORM keeps). Taking simply the
  * first platform's first device would mix devices where a GPU driver and PoCL are both
@@ -631,6 +783,8 @@ int main(int argc, char **argv)
     check_timer(be, "the handle's queue");
     check_workspace(be);
     flashport_backend_close(be);
+    check_bwd_form_fixed_at_open();
+    check_fa2_repeatable();
     check_caller_queue(&p0);
     free(saved);
     printf("%s: %d failure(s)\n", tu_failures ? "FAIL" : "PASS", tu_failures);

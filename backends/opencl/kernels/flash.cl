@@ -63,6 +63,40 @@ FP_OCL_INLINE fp_ocl_seq fp_ocl_seq_of(const fp_ocl_args *a, __global const int 
     return s;
 }
 
+/* The openings of the kernels (flash.cl's and flash_fa2.cl's), from their arguments (ap: the
+ * fp_ocl_args, by pointer; cu_q, cu_k and used taken by those names). Macros because they declare
+ * the kernel's own variables and return from it where the work-group's block lies past its
+ * sequence (the whole work-group, before any barrier).
+ *
+ * FP_OCL_BLOCK: tid (the work-item), hd (the problem's head dim), head (the head get_group_id(1)
+ * names), b and s (the sequence, fp_ocl_seq_of), x0 the block's first row, T rows a block;
+ * returns where x0 >= end. */
+#define FP_OCL_BLOCK(ap, head, x0, end)                                                            \
+    const int tid = get_local_id(0), hd = (int)(ap)->head_dim;                                     \
+    const long head = get_group_id(1), b = get_group_id(2);                                        \
+    const fp_ocl_seq s = fp_ocl_seq_of(ap, cu_q, cu_k, used, b);                                   \
+    const long x0 = (long)get_group_id(0) * T;                                                     \
+    if (x0 >= end)                                                                                 \
+        return
+
+/* FP_OCL_QUERY_BLOCK: query rows i0 .. i0 + rows - 1 of head h. */
+#define FP_OCL_QUERY_BLOCK(ap)                                                                     \
+    FP_OCL_BLOCK(ap, h, i0, s.nq);                                                                 \
+    const int rows = (int)min((long)T, s.nq - i0)
+
+/* FP_OCL_KEY_BLOCK: keys j0 .. j0 + stored - 1 (the sequence's capacity cuts the block) of kv
+ * head hk, whose query heads are the `group` from hk * group; the keys in use are the first cols
+ * (none where the block lies past seqused_k): the backward stores zeros in dK and dV rows
+ * [cols, stored), as the rows [nk, k_cap) of the block holding the last used key (zero-filled and
+ * masked, they gather nothing). kr, vr: where the block's K and V rows lie (dense). */
+#define FP_OCL_KEY_BLOCK(ap)                                                                       \
+    FP_OCL_BLOCK(ap, hk, j0, s.k_cap);                                                             \
+    const int cols = (int)clamp(s.nk - j0, 0L, (long)T);                                           \
+    const int stored = (int)min((long)T, s.k_cap - j0);                                            \
+    const long group = (ap)->heads / (ap)->kv_heads;                                               \
+    const fp_ocl_rows kr = fp_ocl_dense_keys((ap)->k, &s, b, hk);                                  \
+    const fp_ocl_rows vr = fp_ocl_dense_keys((ap)->v, &s, b, hk)
+
 /* Element (b, token, h, 0) of a q/k/v/o-shaped view. */
 FP_OCL_INLINE long fp_ocl_row0(fp_ocl_view v, long b, long token, long h)
 {
@@ -300,17 +334,18 @@ FP_OCL_INLINE void fp_ocl_zero(float acc[FP_OCL_ON])
         acc[e] = 0.0f;
 }
 
-/* Whether query i sees a key of [j0, j0 + cols) whose row bad flags (FP_OCL_BAD): the guard's
- * select, which gives a visible pair of a scrubbed row its NaN back. */
+/* Whether query i sees a key c of [j0, j0 + cols) whose flag bad[c * stride + at] is set: the
+ * guard's select, which gives a visible pair of a scrubbed row its NaN back (the key flags in
+ * column T of a score tile, FP_OCL_BAD: stride LS, at T; flash_fa2.cl's own arrays: 1, 0). */
 FP_OCL_INLINE int fp_ocl_sees_bad(const fp_ocl_args *a, const fp_ocl_seq *s, long i, long j0,
-                                  int cols, __local const float *bad)
+                                  int cols, __local const float *bad, int stride, int at)
 {
     /* the row's visible keys are one range (core/mask.h) */
     const int c0 = (int)clamp(fp_mask_lo(i, s->nq, s->nk, a->left) - j0, 0L, (long)cols);
     const int c1 = (int)clamp(fp_mask_hi(i, s->nq, s->nk, a->right) - j0, 0L, (long)cols);
     int seen = 0;
     for (int c = c0; c < c1; c++)
-        seen |= FP_OCL_BAD(bad, c) != 0.0f;
+        seen |= bad[c * stride + at] != 0.0f;
     return seen;
 }
 
@@ -334,13 +369,7 @@ fp_ocl_forward(const fp_ocl_args a, __global const fp_elem *q, __global const fp
     __local fp_tile *sq = FP_OCL_ALIGN16(fp_tile, sq_arg), *skv = FP_OCL_ALIGN16(fp_tile, skv_arg);
     __local float *ss = FP_OCL_ALIGN16(float, ss_arg), *srow = FP_OCL_ALIGN16(float, srow_arg);
     __local float scratch[FP_OCL_SCRATCH];
-    const int tid = get_local_id(0), hd = (int)a.head_dim;
-    const long h = get_group_id(1), b = get_group_id(2);
-    const fp_ocl_seq s = fp_ocl_seq_of(&a, cu_q, cu_k, used, b);
-    const long i0 = (long)get_group_id(0) * T;
-    if (i0 >= s.nq)
-        return;
-    const int rows = (int)min((long)T, s.nq - i0);
+    FP_OCL_QUERY_BLOCK(&a);
     const long hk = h / (a.heads / a.kv_heads);
     const float slope = a.has_alibi ? alibi[a.alibi_off + h] : 0.0f;
     const fp_ocl_rows qr = fp_ocl_dense_rows(fp_ocl_row0(a.q, b, s.q_start, h), a.q.s[1], a.q.s[3]);
@@ -400,7 +429,7 @@ fp_ocl_forward(const fp_ocl_args a, __global const fp_elem *q, __global const fp
             }
             st.l += sum;
             if (edge && FP_OCL_KV_APART)
-                nan_row |= fp_ocl_sees_bad(&a, &s, i0 + tid, j0, cols, ss);
+                nan_row |= fp_ocl_sees_bad(&a, &s, i0 + tid, j0, cols, ss, LS, T);
             else if (edge)
                 FP_OCL_BAD(ss, tid) = 0.0f; /* for V's copy, next */
         }
@@ -409,7 +438,7 @@ fp_ocl_forward(const fp_ocl_args a, __global const fp_elem *q, __global const fp
             fp_ocl_load_tile(sv, v, &a, &vr, j0, cols, hd, edge, ss);
             barrier(CLK_LOCAL_MEM_FENCE);
             if (edge && tid < T)
-                nan_row |= fp_ocl_sees_bad(&a, &s, i0 + tid, j0, cols, ss);
+                nan_row |= fp_ocl_sees_bad(&a, &s, i0 + tid, j0, cols, ss, LS, T);
         } else if (edge && tid < T) {
             FP_OCL_BAD(ss, tid) = 0.0f; /* read in the phase before: for the next block's V */
         }
@@ -512,13 +541,7 @@ fp_ocl_backward_dq(const fp_ocl_args a, __global const fp_elem *q, __global cons
     __local fp_tile *sk = FP_OCL_ALIGN16(fp_tile, sk_arg), *sv = FP_OCL_ALIGN16(fp_tile, sv_arg);
     __local float *sds = FP_OCL_ALIGN16(float, sds_arg), *srow = FP_OCL_ALIGN16(float, srow_arg);
     __local float scratch[FP_OCL_SCRATCH];
-    const int tid = get_local_id(0), hd = (int)a.head_dim;
-    const long h = get_group_id(1), b = get_group_id(2);
-    const fp_ocl_seq s = fp_ocl_seq_of(&a, cu_q, cu_k, used, b);
-    const long i0 = (long)get_group_id(0) * T;
-    if (i0 >= s.nq)
-        return;
-    const int rows = (int)min((long)T, s.nq - i0);
+    FP_OCL_QUERY_BLOCK(&a);
     const long hk = h / (a.heads / a.kv_heads);
     const float slope = a.has_alibi ? alibi[a.alibi_off + h] : 0.0f;
     const fp_ocl_rows kr = fp_ocl_dense_keys(a.k, &s, b, hk);
@@ -575,19 +598,7 @@ fp_ocl_backward_dkdv(const fp_ocl_args a, __global const fp_elem *q, __global co
     __local float *sp = FP_OCL_ALIGN16(float, sp_arg), *sds = FP_OCL_ALIGN16(float, sds_arg);
     __local float *srow = FP_OCL_ALIGN16(float, srow_arg);
     __local float scratch[FP_OCL_SCRATCH];
-    const int tid = get_local_id(0), hd = (int)a.head_dim;
-    const long hk = get_group_id(1), b = get_group_id(2);
-    const fp_ocl_seq s = fp_ocl_seq_of(&a, cu_q, cu_k, used, b);
-    const long j0 = (long)get_group_id(0) * T;
-    if (j0 >= s.k_cap)
-        return;
-    /* The block's keys in use: none where the block lies past seqused_k, whose dK and dV rows
-     * are then stored as zeros, as are rows [nk, k_cap) of the block that holds the last used
-     * key (zero-filled and masked, they gather nothing). */
-    const int cols = (int)clamp(s.nk - j0, 0L, (long)T), stored = (int)min((long)T, s.k_cap - j0);
-    const long group = a.heads / a.kv_heads;
-    const fp_ocl_rows kr = fp_ocl_dense_keys(a.k, &s, b, hk);
-    const fp_ocl_rows vr = fp_ocl_dense_keys(a.v, &s, b, hk);
+    FP_OCL_KEY_BLOCK(&a);
 
     fp_ocl_load_tile(sk, k, &a, &kr, j0, cols, hd, 0, sp);
     fp_ocl_load_tile(sv, v, &a, &vr, j0, cols, hd, 0, sp);

@@ -98,18 +98,6 @@ FP_OCL_INLINE void fp_ocl_load_vt(__local fp_tile *vt, __global const fp_elem *x
     }
 }
 
-/* Whether query i sees a key of [j0, j0 + cols) whose flag in bad is set (the guard's select). */
-FP_OCL_INLINE int fp_ocl_fa2_sees_bad(const fp_ocl_args *a, const fp_ocl_seq *s, long i, long j0,
-                                      int cols, __local const float *bad)
-{
-    const int c0 = (int)clamp(fp_mask_lo(i, s->nq, s->nk, a->left) - j0, 0L, (long)cols);
-    const int c1 = (int)clamp(fp_mask_hi(i, s->nq, s->nk, a->right) - j0, 0L, (long)cols);
-    int seen = 0;
-    for (int c = c0; c < c1; c++)
-        seen |= bad[c] != 0.0f;
-    return seen;
-}
-
 /* P and dS of query i and key j from q . k (qk) and dO . v (dov): 0 where the pair is not
  * inside the tiles or the mask hides it, or the row saw no key (lse -inf); dS folds in the
  * softcap's derivative and the scale (flash.cl's fp_ocl_grad_scores). simple: the caller knows
@@ -233,13 +221,7 @@ fp_ocl_forward(const fp_ocl_args a, __global const fp_elem *q, __global const fp
     __local fp_tile *sk = FP_OCL_ALIGN16(fp_tile, sk_arg), *svt = FP_OCL_ALIGN16(fp_tile, svt_arg);
     __local float *sbad = FP_OCL_ALIGN16(float, sbad_arg); /* [2][T]: key flags, by block parity */
     __local float scratch[FP_OCL_SCRATCH];
-    const int tid = get_local_id(0), hd = (int)a.head_dim;
-    const long h = get_group_id(1), b = get_group_id(2);
-    const fp_ocl_seq s = fp_ocl_seq_of(&a, cu_q, cu_k, used, b);
-    const long i0 = (long)get_group_id(0) * T;
-    if (i0 >= s.nq)
-        return;
-    const int rows = (int)min((long)T, s.nq - i0);
+    FP_OCL_QUERY_BLOCK(&a);
     const long hk = h / (a.heads / a.kv_heads);
     const float slope = a.has_alibi ? alibi[a.alibi_off + h] : 0.0f;
     const fp_ocl_rows qr = fp_ocl_dense_rows(fp_ocl_row0(a.q, b, s.q_start, h), a.q.s[1], a.q.s[3]);
@@ -341,8 +323,8 @@ fp_ocl_forward(const fp_ocl_args a, __global const fp_elem *q, __global const fp
         st0.l += sum[0];
         st1.l += sum[1];
         if (edge) {
-            nan0 |= fp_ocl_fa2_sees_bad(&a, &s, i0 + r_lo, j0, cols, bad);
-            nan1 |= fp_ocl_fa2_sees_bad(&a, &s, i0 + r_lo + 8, j0, cols, bad);
+            nan0 |= fp_ocl_sees_bad(&a, &s, i0 + r_lo, j0, cols, bad, 1, 0);
+            nan1 |= fp_ocl_sees_bad(&a, &s, i0 + r_lo + 8, j0, cols, bad, 1, 0);
         }
 
         FP_OCL_UNROLL
@@ -402,13 +384,7 @@ fp_ocl_backward_dq(const fp_ocl_args a, __global const fp_elem *q, __global cons
     __local float *srow = FP_OCL_ALIGN16(float, srow_arg);
     __local float *sbad = FP_OCL_ALIGN16(float, sbad_arg); /* [2][FA2_BK], by block parity */
     __local float scratch[FP_OCL_SCRATCH];
-    const int tid = get_local_id(0), hd = (int)a.head_dim;
-    const long h = get_group_id(1), b = get_group_id(2);
-    const fp_ocl_seq s = fp_ocl_seq_of(&a, cu_q, cu_k, used, b);
-    const long i0 = (long)get_group_id(0) * T;
-    if (i0 >= s.nq)
-        return;
-    const int rows = (int)min((long)T, s.nq - i0);
+    FP_OCL_QUERY_BLOCK(&a);
     const long hk = h / (a.heads / a.kv_heads);
     const float slope = a.has_alibi ? alibi[a.alibi_off + h] : 0.0f;
     const fp_ocl_rows kr = fp_ocl_dense_keys(a.k, &s, b, hk);
@@ -528,17 +504,7 @@ FP_OCL_INLINE void fp_ocl_fa2_dkdv(const fp_ocl_args *a, __global const fp_elem 
                                    int fused, __global float *dq_acc, __local fp_tile *skt,
                                    __local fp_tile *sds, __local float *skbad)
 {
-    const int tid = get_local_id(0), hd = (int)a->head_dim;
-    const long hk = get_group_id(1), b = get_group_id(2);
-    const fp_ocl_seq s = fp_ocl_seq_of(a, cu_q, cu_k, used, b);
-    const long j0 = (long)get_group_id(0) * T;
-    if (j0 >= s.k_cap)
-        return;
-    /* the block's keys in use (flash.cl's fp_ocl_backward_dkdv): rows [cols, stored) get 0 */
-    const int cols = (int)clamp(s.nk - j0, 0L, (long)T), stored = (int)min((long)T, s.k_cap - j0);
-    const long group = a->heads / a->kv_heads;
-    const fp_ocl_rows kr = fp_ocl_dense_keys(a->k, &s, b, hk);
-    const fp_ocl_rows vr = fp_ocl_dense_keys(a->v, &s, b, hk);
+    FP_OCL_KEY_BLOCK(a);
     const int lane = tid % 32, t4 = lane % 4, w = tid / 32;
     const int k_lo = 16 * w + lane / 4; /* this lane's keys: k_lo and k_lo + 8 */
     __local fp_tile *sq = stage, *sdo = stage + FA2_BQ * LD;
@@ -699,13 +665,7 @@ fp_ocl_backward_prep(const fp_ocl_args a, __global const fp_elem *o, __global co
                      __global float *delta, __global float *dq_acc, __global const int *cu_q,
                      __global const int *cu_k, __global const int *used)
 {
-    const int tid = get_local_id(0), hd = (int)a.head_dim;
-    const long h = get_group_id(1), b = get_group_id(2);
-    const fp_ocl_seq s = fp_ocl_seq_of(&a, cu_q, cu_k, used, b);
-    const long i0 = (long)get_group_id(0) * T;
-    if (i0 >= s.nq)
-        return;
-    const int rows = (int)min((long)T, s.nq - i0);
+    FP_OCL_QUERY_BLOCK(&a);
     if (tid < rows) {
         const long o0 = fp_ocl_row0(a.o, b, s.q_start + i0 + tid, h);
         const long d0 = fp_ocl_row0(a.dout, b, s.q_start + i0 + tid, h);
@@ -726,13 +686,7 @@ fp_ocl_backward_dq_out(const fp_ocl_args a, __global const float *dq_acc, __glob
                        __global const int *cu_q, __global const int *cu_k,
                        __global const int *used)
 {
-    const int tid = get_local_id(0), hd = (int)a.head_dim;
-    const long h = get_group_id(1), b = get_group_id(2);
-    const fp_ocl_seq s = fp_ocl_seq_of(&a, cu_q, cu_k, used, b);
-    const long i0 = (long)get_group_id(0) * T;
-    if (i0 >= s.nq)
-        return;
-    const int rows = (int)min((long)T, s.nq - i0);
+    FP_OCL_QUERY_BLOCK(&a);
     __global const float *acc = dq_acc + fp_ocl_acc_row(&a, &s, b, h, i0);
     for (int e = tid; e < rows * hd; e += FP_OCL_WG) {
         const int r = e / hd, d = e - r * hd;

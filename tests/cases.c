@@ -67,10 +67,12 @@ static const tc_case table[] = {
     {DENSE(F16, 1, 2, 2, 1000, 1000, 128), .causal = 1},
     {DENSE(BF16, 1, 2, 2, 63, 1000, 64), .causal = 1},
     {DENSE(F16, 1, 2, 1, 1000, 129, 64), WINDOW(256, 0)},
-    /* the AVX2 forward's 256-query blocks (sequences of 2048 or more), a partial last block;
+    /* the CPU forward's 256-query blocks (sequences of 2048 or more), a partial last block;
      * their 64-query sub-blocks under a two-sided window that cuts key blocks */
     {DENSE(F32, 1, 1, 1, 2100, 2100, 32), .causal = 1},
     {DENSE(F16, 1, 1, 1, 2100, 2100, 32), WINDOW(100, 70)},
+    /* ... and on the AVX-512 tables, where bf16 keeps its vdpbf16ps products in them */
+    {DENSE(BF16, 1, 1, 1, 2100, 2100, 32), .causal = 1},
     /* GQA 8:1 and MQA */
     {DENSE(F32, 1, 16, 2, 65, 63, 64)},
     {DENSE(F16, 2, 8, 1, 63, 65, 64), .causal = 1, .deterministic = 1},

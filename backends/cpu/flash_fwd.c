@@ -34,17 +34,17 @@
  * f16, and bf16 not on bf16 products, convert each thread's K and V once per (batch,
  * kv head) into an fp_kv_stage (flash_tile.h) that the products then read in place, instead of
  * converting a key block again for every query block that sees it (paged caches, and stages over
- * STAGE_MAX_BYTES, still convert per block). On tables that set fwd_block_q (AVX2, and the
+ * STAGE_MAX_BYTES, still convert per block). On tables that set fwd_stage_f32 (AVX2, and the
  * AVX-512 tables on Intel cores) f32 K and V are staged the same way, copied to rows
- * fp_tile_ld_sets apart; where they cannot be, tasks of several sub-blocks copy each key block
- * into tiles at that stride.
+ * fp_tile_ld_sets apart; elsewhere (the AVX-512 tables on AMD cores), and where they cannot be
+ * staged, tasks of several sub-blocks copy each key block into tiles at that stride.
  * fp8 inputs (forward only, docs/semantics.md) convert to f32 tiles (fp_fp8_to_f32_vec, in a
  * loop the compiler vectorizes); the scale folds in descale_q * descale_k; P is rounded to e4m3
  * after its unrounded sum went into l, against the running maximum as a GPU kernel does (the
  * tests' fp8 tolerance covers that); O is scaled by descale_v and stored in o's dtype.
  * Extra memory: the per-thread tiles of fwd_layout, and the stage (at most STAGE_MAX_BYTES).
  * Tile shape: block_q queries x BLOCK_K = 64 keys; block_q = BLOCK_Q = 64 (one 4-register
- * column block of the AVX-512 kernel), or the table's fwd_block_q (AVX2, AVX-512 on Intel: 256)
+ * column block of the AVX-512 kernel), or the table's fwd_block_q (AVX2, AVX-512: 256)
  * for sequences of at least eight such blocks (fwd_block_q). A taller task works in sub-blocks
  * of BLOCK_Q queries against each key block (fwd_sub_block): K and V are fetched once for the
  * task, while the score tile stays the BLOCK_K x BLOCK_Q of the default (in L1) and the causal
@@ -73,10 +73,10 @@ enum { BLOCK_Q = 64, BLOCK_K = 64 };
 
 /* Queries per task: the table's fwd_block_q where it sets one (AVX2, whose Zen 2/3 cores have
  * 512 KiB of L2: K and V of one head, streamed again for every query block, come from L3, and
- * 256 queries a pass quarter that stream; the AVX-512 tables on Intel cores, isa.c) and the
- * sequences hold at least eight such blocks, else BLOCK_Q: with fewer, a causal mask's triangle
- * cuts into too few tasks for the threads to balance (docs/performance-cpu.md). seqlen_q: the
- * longest sequence. */
+ * 256 queries a pass quarter that stream; the AVX-512 tables, whose 512-bit products wait on
+ * those passes too, most where a head's K and V lie beyond L2) and the sequences hold at least
+ * eight such blocks, else BLOCK_Q: with fewer, a causal mask's triangle cuts into too few tasks
+ * for the threads to balance (docs/performance-cpu.md). seqlen_q: the longest sequence. */
 static int fwd_block_q(const fp_ukernels *uk, int64_t seqlen_q)
 {
     return uk->fwd_block_q > 0 && seqlen_q >= 8 * (int64_t)uk->fwd_block_q ? uk->fwd_block_q
@@ -579,20 +579,19 @@ flashport_status fp_cpu_flash_forward(const fp_problem *p)
     c.fp8 = fp_is_fp8(p->dtype);
     /* f16, and bf16 without bf16 products, would otherwise convert a key block once per query
      * block that sees it; staged, the products read the f32 copy in place. f32 is staged too on
-     * tables that set fwd_block_q (AVX2; AVX-512 on Intel cores, isa.c): the copy's rows lie
+     * tables that set fwd_stage_f32 (AVX2; AVX-512 on Intel cores, isa.c): the copy's rows lie
      * fp_tile_ld_sets apart, where the caller's (H * d apart, a power of two in most layouts)
-     * crowd a few L1 sets in every product that reads them; the AVX-512 tables on AMD cores, not
-     * measured with it, keep reading f32 in place. Paged caches keep converting per block (their
-     * rows are not linear in the key). */
-    const int stage_f32 = p->dtype == FLASHPORT_F32 && c.uk->fwd_block_q > 0;
+     * crowd a few L1 sets in every product that reads them. Paged caches keep converting per
+     * block (their rows are not linear in the key). */
+    const int stage_f32 = p->dtype == FLASHPORT_F32 && c.uk->fwd_block_q > 0 && c.uk->fwd_stage_f32;
     c.stage = !c.bf16 && (p->dtype == FLASHPORT_F16 || p->dtype == FLASHPORT_BF16 || stage_f32) &&
               !p->block_table &&
               fp_kv_stage_floats(p->seqlen_k, d) * sizeof(float) <= STAGE_MAX_BYTES;
     if (c.stage)
         c.k_direct = c.v_direct = 1;
-    /* f32 that could not be staged (paged, or longer than the stage) in tasks of several
+    /* f32 not staged (fwd_stage_f32 unset, paged, or longer than the stage) in tasks of several
      * sub-blocks: K and V are copied once per task and key block into tiles at the same stride. */
-    if (stage_f32 && !c.stage && c.L.bq > BLOCK_Q)
+    if (p->dtype == FLASHPORT_F32 && !c.stage && c.L.bq > BLOCK_Q)
         c.k_direct = c.v_direct = 0;
     c.scale = c.fp8 ? p->scale * p->descale_q * p->descale_k : p->scale;
     if (fp_host()->log_enabled())

@@ -16,9 +16,9 @@
  * "auto" on Intel cores (CPUID leaf 0's vendor string "GenuineIntel") runs the AVX-512 tables with
  * Intel's settings, as BLIS keeps one context per core family (docs/performance-cpu.md, the Intel
  * Xeon section, has the measurements):
- *   - the forward's 256-query tasks (fwd_block_q, which also stages f32 K and V in flash_fwd.c):
- *     with two 512-bit FMA ports the products outrun the 64-query tasks' passes over K and V
- *     from L3 and their in-place rows (H * d apart, crowding a few L1 sets);
+ *   - the forward's f32 K and V staged once per thread and kv head (fwd_stage_f32) for its
+ *     256-query tasks (fwd_block_q, which the AVX-512 tables set): there the products ran
+ *     faster on the stage than on the caller's rows (H * d apart, crowding a few L1 sets);
  *   - bf16 forward and backward on the f32 products (bf16_as_f32): vdpbf16ps issues so much less
  *     often than vfmadd231ps there that its two multiply-adds a lane give fewer flops than the
  *     f32 products, and bf16 converted to f32 runs faster. Decode keeps its bf16 steps where
@@ -26,7 +26,9 @@
  *   Only one Intel model (Emerald Rapids, docs/performance-cpu.md) was measured; other Intel cores
  *   with AVX512_BF16 are taken to be alike. Decided by the vendor, not by a measurement at run
  *   time, which would make the choice, and so the sums, vary from run to run.
- * AMD's AVX-512 cores (Zen 4, Zen 5) keep the tables as written, which were tuned there. A name in
+ * AMD's AVX-512 cores (Zen 4, Zen 5) keep the tables as written, which were tuned there (on Zen 5
+ * the stage's copy of each head on every call did not pay: f32 K and V are copied per key block
+ * into the 256-query tasks' tiles instead, flash_fwd.c). A name in
  * FLASHPORT_CPU_ISA gives the table as written on every CPU (the tests run each one so, and the
  * two settings can be compared within one build).
  */
@@ -134,9 +136,6 @@ static const isa_entry isa_table[] = {
 };
 enum { ISA_COUNT = sizeof isa_table / sizeof isa_table[0] };
 
-/* Intel's settings of the AVX-512 tables (see the top of this file). */
-enum { INTEL_FWD_BLOCK_Q = 256 };
-
 /* The table "auto" runs from entry e: e's table, or on Intel cores a copy with Intel's settings.
  * Called once per process (pthread_once in fp_cpu_ukernels). */
 static const fp_ukernels *auto_table(const isa_entry *e)
@@ -146,10 +145,10 @@ static const fp_ukernels *auto_table(const isa_entry *e)
     if (!e->intel || !is_intel())
         return e->uk;
     tuned = *e->uk;
-    tuned.fwd_block_q = INTEL_FWD_BLOCK_Q;
+    tuned.fwd_stage_f32 = 1;
     tuned.bf16_as_f32 = e->uk->gemm_bf16 != NULL;
-    snprintf(describe, sizeof describe, "%s; Intel: %d-query forward tasks%s", e->uk->describe,
-             INTEL_FWD_BLOCK_Q, tuned.bf16_as_f32 ? ", bf16 on the f32 products" : "");
+    snprintf(describe, sizeof describe, "%s; Intel: f32 K and V staged in the forward%s",
+             e->uk->describe, tuned.bf16_as_f32 ? ", bf16 on the f32 products" : "");
     tuned.describe = describe;
     return &tuned;
 }

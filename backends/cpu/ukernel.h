@@ -218,6 +218,12 @@ typedef struct fp_ukernels {
      * (queries a task holds against each key block, a multiple of FP_TILE_COLS), 0 for
      * flash_fwd.c's default. */
     int fwd_block_q;
+    /* With fwd_block_q: 1 stages the forward's f32 K and V once per thread and kv head
+     * (fp_kv_stage, rows fp_tile_ld_sets apart) for every task to read in place (AVX2, and isa.c
+     * on Intel cores); 0 copies each key block into tiles at that stride once per task of
+     * several sub-blocks, and reads f32 in place in 64-query tasks (the AVX-512 tables as
+     * written, flash_fwd.c). */
+    int fwd_stage_f32;
     /* 1: the forward and backward take bf16 inputs through the f32 products (converted as on
      * tables without gemm_bf16), where gemm_bf16 runs slower than that (isa.c sets it for Intel's
      * cores under "auto"); decode keeps its bf16 steps for units of few rows and widens the

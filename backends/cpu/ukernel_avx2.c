@@ -536,6 +536,7 @@ const fp_ukernels fp_ukernels_avx2 = {
     avx2_dec_row_max,
     avx2_dec_exp2_rows,
     256,
+    1,
     0,
     uk_gemm_rs,
     uk_softmax_cols,

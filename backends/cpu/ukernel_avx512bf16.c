@@ -270,6 +270,7 @@ const fp_ukernels fp_ukernels_avx512bf16 = {
     NULL,
     NULL,
     NULL,
+    256,
     0,
     0,
     uk_gemm_rs,

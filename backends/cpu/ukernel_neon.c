@@ -132,6 +132,7 @@ const fp_ukernels fp_ukernels_neon = {
     NULL,
     0,
     0,
+    0,
     uk_gemm_rs,
     uk_softmax_cols,
 };

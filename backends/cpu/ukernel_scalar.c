@@ -155,6 +155,7 @@ const fp_ukernels fp_ukernels_scalar = {
     NULL,
     0,
     0,
+    0,
     uk_gemm_rs,
     uk_softmax_cols,
 };

@@ -554,6 +554,45 @@ FP_OCL_INLINE long fp_ocl_acc_row(const fp_ocl_args *a, const fp_ocl_seq *s, lon
 #define FA2_QN  ((FA2_ON + 3) / 4) /* column tiles of dQ's D per warp in the fused backward */
 #define FA2_LDS (T + 8)            /* pitch of its dS tile (16-bit, [FA2_BQ queries, T keys]) */
 
+/* The one-kernel backward's dQ of query block i0 (rows rows, head h): dS K from sds ([FA2_BQ,
+ * T + 8] 16-bit, dS rounded) and skt (the keys as a row-pair tile), added to the f32 accumulator
+ * dq_acc ([H, total_q, head_dim], laid out as the delta) by atomic adds; warp w owns dQ's column
+ * tiles w, w + 4, ... (warps past D's tiles compute on a clamped copy and drop it, so that every
+ * warp runs the same instructions, as the emulation's barriers need). sds must be whole (a
+ * barrier after its writes). */
+FP_OCL_INLINE void fp_ocl_fa2_dq_add(const fp_ocl_args *a, const fp_ocl_seq *s, long b, long h,
+                                     long i0, int rows, int hd, __local const fp_tile *sds,
+                                     __local const uint *skt, __global float *dq_acc,
+                                     __local float *scratch)
+{
+    const int lane = get_local_id(0) % 32, t4 = lane % 4, w = get_local_id(0) / 32;
+    float dqa[FA2_QN * 4];
+    FP_OCL_UNROLL
+    for (int e = 0; e < FA2_QN * 4; e++)
+        dqa[e] = 0.0f;
+    FP_OCL_UNROLL
+    for (int kk = 0; kk < T / 16; kk++) {
+        uint pa[4];
+        fp_ocl_load_a(pa, sds, 1, 16 * kk, FA2_LDS, 1);
+        FP_OCL_UNROLL
+        for (int nn = 0; nn < FA2_QN; nn++) {
+            const int n = min(w + 4 * nn, FA2_ON - 1);
+            uint yb[2];
+            fp_ocl_fa2_load_b_pairs(yb, skt + 8 * kk * LDP + 8 * n);
+            fp_ocl_mma16816(dqa + 4 * nn, pa, yb, scratch);
+        }
+    }
+    FP_OCL_UNROLL
+    for (int nn = 0; nn < FA2_QN; nn++)
+        FP_OCL_UNROLL
+        for (int e = 0; e < 4; e++) {
+            const int r = lane / 4 + 8 * (e / 2), d = 8 * (w + 4 * nn) + 2 * t4 + e % 2;
+            const float x = dqa[4 * nn + e];
+            if (w + 4 * nn < FA2_ON && r < rows && d < hd && x != 0.0f)
+                fp_ocl_atomic_addf(dq_acc + fp_ocl_acc_row(a, s, b, h, i0 + r) + d, x);
+        }
+}
+
 /* dK and dV of 64 keys (4 warps of 16) over every query head of the kv head and every query
  * block of FA2_BQ rows that sees them: K's and V's A fragments in registers, S^T = K Q^T and
  * dP^T = V dO^T as C fragments (keys x queries), P^T and dS^T rounded into the A fragments of
@@ -562,11 +601,9 @@ FP_OCL_INLINE long fp_ocl_acc_row(const fp_ocl_args *a, const fp_ocl_seq *s, lon
  * and dO scrubbed in edge blocks, a visible pair of a flagged query row gets P = dS = NaN.
  * fused (the one-kernel backward): also dQ of each query block, dS (rounded, transposed through
  * sds: [FA2_BQ, T + 8] 16-bit) times K (skt: the block's keys as a row-pair tile, scrubbed, their
- * flags in skbad; a visible pair of a flagged key gets dS = NaN there, as in the dQ kernel)
- * added to the f32 accumulator dq_acc ([H, total_q, head_dim], laid out as the delta) by atomic
- * adds; warp w owns
- * dQ's column tiles w, w + 4, ... (warps past D's tiles compute on a clamped copy and drop it,
- * so that every warp runs the same instructions, as the emulation's barriers need). */
+ * flags in skbad; a visible pair of a flagged key gets dS = NaN there, as in the dQ kernel),
+ * fp_ocl_fa2_dq_add, run after the next query block's first barrier (and once after the loop),
+ * which then also stands for the barrier that makes sds whole: two barriers a query block. */
 FP_OCL_INLINE void fp_ocl_fa2_dkdv(const fp_ocl_args *a, __global const fp_elem *q,
                                    __global const fp_elem *k, __global const fp_elem *v,
                                    __global const float *lse, __global const fp_elem *dout,
@@ -600,6 +637,8 @@ FP_OCL_INLINE void fp_ocl_fa2_dkdv(const fp_ocl_args *a, __global const fp_elem 
         acc_k[e] = acc_v[e] = 0.0f;
 
     int it = 0; /* query blocks run: their parity picks the half of sbad */
+    long dq_h = 0, dq_i0 = -1; /* fused: the query block whose dQ is still to be added */
+    int dq_rows = 0;
     for (long h = hk * group; cols > 0 && h < (hk + 1) * group; h++) {
         const float slope = a->has_alibi ? alibi[a->alibi_off + h] : 0.0f;
         const fp_ocl_rows qr =
@@ -616,8 +655,10 @@ FP_OCL_INLINE void fp_ocl_fa2_dkdv(const fp_ocl_args *a, __global const fp_elem 
                 !fp_mask_block_full(i0, i0 + rows, j0, j0 + cols, s.nq, s.nk, a->left, a->right);
             const int par = it++ & 1;
             __local float *bad = sbad + par * FA2_BQ;
-            /* every reader of the staging tile, srow and sds is done */
+            /* every reader of the staging tile and srow is done, every writer of sds */
             barrier(CLK_LOCAL_MEM_FENCE);
+            if (fused && dq_i0 >= 0) /* the last block's dQ, before this block writes sds */
+                fp_ocl_fa2_dq_add(a, &s, b, dq_h, dq_i0, dq_rows, hd, sds, skt, dq_acc, scratch);
             fp_ocl_fa2_load_pairs(sq, 1, sqp, FA2_BQ, q, a, &qr, i0, rows, hd, edge, bad);
             fp_ocl_fa2_load_pairs(sdo, 1, sdop, FA2_BQ, dout, a, &dor, i0, rows, hd, edge, bad);
             if (tid < FA2_BQ) {
@@ -657,35 +698,16 @@ FP_OCL_INLINE void fp_ocl_fa2_dkdv(const fp_ocl_args *a, __global const fp_elem 
                 }
             fp_ocl_fa2_cmm(acc_v, pt, FA2_BQ / 16, sdop, 1, scratch);
             fp_ocl_fa2_cmm(acc_k, dst, FA2_BQ / 16, sqp, 1, scratch);
-            if (fused) {
-                barrier(CLK_LOCAL_MEM_FENCE); /* sds is whole */
-                float dqa[FA2_QN * 4];
-                FP_OCL_UNROLL
-                for (int e = 0; e < FA2_QN * 4; e++)
-                    dqa[e] = 0.0f;
-                FP_OCL_UNROLL
-                for (int kk = 0; kk < T / 16; kk++) {
-                    uint pa[4];
-                    fp_ocl_load_a(pa, sds, 1, 16 * kk, FA2_LDS, 1);
-                    FP_OCL_UNROLL
-                    for (int nn = 0; nn < FA2_QN; nn++) {
-                        const int n = min(w + 4 * nn, FA2_ON - 1);
-                        uint yb[2];
-                        fp_ocl_fa2_load_b_pairs(yb, skt + 8 * kk * LDP + 8 * n);
-                        fp_ocl_mma16816(dqa + 4 * nn, pa, yb, scratch);
-                    }
-                }
-                FP_OCL_UNROLL
-                for (int nn = 0; nn < FA2_QN; nn++)
-                    FP_OCL_UNROLL
-                    for (int e = 0; e < 4; e++) {
-                        const int r = lane / 4 + 8 * (e / 2), d = 8 * (w + 4 * nn) + 2 * t4 + e % 2;
-                        const float x = dqa[4 * nn + e];
-                        if (w + 4 * nn < FA2_ON && r < rows && d < hd && x != 0.0f)
-                            fp_ocl_atomic_addf(dq_acc + fp_ocl_acc_row(a, &s, b, h, i0 + r) + d, x);
-                    }
+            if (fused) { /* its dQ is added after the next block's first barrier */
+                dq_h = h;
+                dq_i0 = i0;
+                dq_rows = rows;
             }
         }
+    }
+    if (fused && dq_i0 >= 0) {
+        barrier(CLK_LOCAL_MEM_FENCE); /* sds is whole */
+        fp_ocl_fa2_dq_add(a, &s, b, dq_h, dq_i0, dq_rows, hd, sds, skt, dq_acc, scratch);
     }
     fp_ocl_fa2_store(dk, fp_ocl_row0(a->dk, b, s.k_start + j0, hk), a->dk.s[1], a->dk.s[3], stored,
                      hd, acc_k, 1.0f, 1.0f);

@@ -14,8 +14,9 @@
  * driver's build log); the other keys are unaffected. FLASHPORT_OPENCL_MMA=emulate builds the
  * tensor-core path with the instruction emulated in local memory, on any device (the test of its
  * layouts; a failed build is then an error). FLASHPORT_LOG lists the device's extensions at open
- * and names the variant of every build and call. FLASHPORT_OPENCL_BWD=fused (read at open) runs
- * the FA2-shaped backward as one kernel with dQ by atomic adds (use_fused says when).
+ * and names the variant of every build and call. The FA2-shaped backward runs as one kernel with
+ * dQ by atomic adds unless the call is deterministic or FLASHPORT_OPENCL_BWD=two (read at open)
+ * asks for the two-kernel form (use_fused says when).
  *
  * The first run of each kernel of a program is waited for, with the local memory the driver says
  * it takes checked against the device's first: a kernel that faults (NVIDIA's error -9999, after
@@ -537,14 +538,15 @@ static size_t fused_bytes(const fp_problem *p)
 }
 
 /* Whether a backward on `variant` at tile t runs in one kernel (dQ by atomic adds into an f32
- * accumulator, then converted): opt-in by FLASHPORT_OPENCL_BWD=fused when the handle was opened
- * (ctx->bwd_fused; the size query and the call decide from the same handle state), where the
- * call is not deterministic (the atomic adds' order is not repeatable, the two-kernel form is
- * bitwise so), the program is FA2-shaped and the fused kernel's local memory fits. Where asked
- * and not taken, says why in the log when `log`. */
+ * accumulator, then converted): the default wherever it serves, decided by the handle's state
+ * (ctx->bwd, fixed at open; the size query and the call decide alike): not with
+ * FLASHPORT_OPENCL_BWD=two, nor where the call is deterministic (the atomic adds' order is not
+ * repeatable, the two-kernel form is bitwise so), the program is not FA2-shaped or the fused
+ * kernel's local memory does not fit. With FLASHPORT_OPENCL_BWD=fused, says in the log why a call
+ * did not take it, when `log`. */
 static int use_fused(const fp_ocl_ctx *ctx, const fp_problem *p, int variant, int64_t t, int log)
 {
-    if (!ctx->bwd_fused)
+    if (ctx->bwd == FP_OCL_BWD_TWO)
         return 0;
     const char *why =
         p->deterministic               ? "the call asks for a deterministic backward"
@@ -552,7 +554,7 @@ static int use_fused(const fp_ocl_ctx *ctx, const fp_problem *p, int variant, in
         : !fp_ocl_fused_fits(t, fp_ocl_dim_class(p->head_dim), ctx->local_mem, variant)
             ? "the fused kernel's local memory does not fit"
             : NULL;
-    if (why && log && fp_ocl_host()->log_enabled())
+    if (why && log && ctx->bwd == FP_OCL_BWD_FUSED && fp_ocl_host()->log_enabled())
         fp_ocl_host()->log("opencl: FLASHPORT_OPENCL_BWD=fused: the two-kernel backward serves "
                            "this call (%s)",
                            why);
@@ -621,7 +623,11 @@ flashport_status fp_ocl_backward(fp_ocl_ctx *ctx, const fp_problem *p)
     if (st == FLASHPORT_OK)
         st = take_delta(ctx, p, fused ? fused_bytes(p) : delta_bytes(p), &a, &delta, &owned);
     if (st == FLASHPORT_OK)
-        log_call(ctx, p, fused ? "backward (one kernel, dQ by atomic adds)" : "backward", pr);
+        log_call(ctx, p,
+                 fused                             ? "backward (one kernel, dQ by atomic adds)"
+                 : fp_ocl_variant_fa2(pr->variant) ? "backward (two kernels)"
+                                                   : "backward",
+                 pr);
     const size_t q_blocks = (size_t)((p->seqlen_q + t - 1) / t);
     const size_t k_blocks = (size_t)((p->seqlen_k + t - 1) / t);
     const size_t h = (size_t)p->heads, hkv = (size_t)p->kv_heads, nb = (size_t)p->batch;

@@ -253,7 +253,10 @@ static flashport_status ocl_open(int device, void **out)
     ctx->cl = cl;
     ctx->index = device;
     const char *bwd = getenv("FLASHPORT_OPENCL_BWD");
-    ctx->bwd_fused = bwd && !strcmp(bwd, "fused");
+    ctx->bwd = !bwd                    ? FP_OCL_BWD_AUTO
+               : !strcmp(bwd, "two")   ? FP_OCL_BWD_TWO
+               : !strcmp(bwd, "fused") ? FP_OCL_BWD_FUSED
+                                       : FP_OCL_BWD_AUTO;
     cl_context_properties props[] = {CL_CONTEXT_PLATFORM, (cl_context_properties)platform, 0};
     cl_int err;
     ctx->own_context = cl->clCreateContext(props, 1, &dev, NULL, NULL, &err);

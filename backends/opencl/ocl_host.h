@@ -91,6 +91,8 @@ typedef struct fp_ocl_program {
 
 enum { FP_OCL_MAX_PROGRAMS = 64 };
 
+enum { FP_OCL_BWD_AUTO, FP_OCL_BWD_TWO, FP_OCL_BWD_FUSED };
+
 typedef struct fp_ocl_ctx {
     const fp_ocl_api *cl;
     int index; /* FLASHPORT_DEVICE */
@@ -112,10 +114,12 @@ typedef struct fp_ocl_ctx {
     /* Whether the device is not a CPU: its programs are built with FP_OCL_UNROLL_ALL = 1
      * (kernels/shape.cl says why). */
     int unroll_all;
-    /* FLASHPORT_OPENCL_BWD=fused when the handle was opened: the backward's one-kernel form is
-     * asked for (ocl_attention.c's use_fused). Read once, so that the workspace size query and
-     * the call it sizes cannot see two values of the environment. */
-    int bwd_fused;
+    /* The backward's form, from FLASHPORT_OPENCL_BWD when the handle was opened: FP_OCL_BWD_AUTO
+     * (unset or any other value: one kernel wherever it serves), FP_OCL_BWD_TWO (`two`: the
+     * two-kernel form always) or FP_OCL_BWD_FUSED (`fused`: as AUTO, and the log says why a call
+     * did not take it); ocl_attention.c's use_fused. Read once, so that the workspace size query
+     * and the call it sizes cannot see two values of the environment. */
+    int bwd;
     /* Programs of the current context by key, built on first use and kept, failed tensor-core
      * builds included (ocl_attention.c); when the cache is full the oldest is released. */
     fp_ocl_program programs[FP_OCL_MAX_PROGRAMS];

@@ -83,7 +83,7 @@ static inline int64_t fp_ocl_score_ld(int64_t t)
 
 /* The kernels of a program (kernels/flash.cl), for fp_ocl_local_args: the forward and the
  * two-kernel backward in every program; the one-kernel backward (a preparation, the fused
- * kernel, dQ's conversion; FLASHPORT_OPENCL_BWD=fused) in the FA2-shaped programs only. */
+ * kernel, dQ's conversion; the default backward there) in the FA2-shaped programs only. */
 enum {
     FP_OCL_KERNEL_FORWARD,
     FP_OCL_KERNEL_DQ,
@@ -116,8 +116,8 @@ static inline int fp_ocl_local_args(int kernel, int64_t t, int64_t d, int varian
     if (fp_ocl_variant_fa2(variant)) {
         /* kernels/flash_fa2.cl: one [t, d] 16-bit tile staging everything that goes through
          * local memory (forward: q, then k; dQ: q, dO, then k and v of FP_OCL_FA2_BK rows each;
-         * dK / dV: k, v, then q and dO of FP_OCL_FA2_BQ rows each), then per-row f32 values and
-         * two blocks' row flags (the guard) */
+         * dK / dV: k, v, then q and dO of FP_OCL_FA2_BQ rows each, row-major and as row pairs),
+         * then per-row f32 values and two blocks' row flags (the guard) */
         bytes[n++] = tile;
         if (kernel == FP_OCL_KERNEL_FORWARD) {
             bytes[n++] = (size_t)(d * fp_ocl_vt_ld(t)) * 2; /* v transposed */
@@ -131,7 +131,7 @@ static inline int fp_ocl_local_args(int kernel, int64_t t, int64_t d, int varian
             bytes[n++] = 2 * FP_OCL_FA2_BQ * 4; /* LSE and delta of a query block */
             bytes[n++] = 2 * FP_OCL_FA2_BQ * 4; /* query-row flags */
             if (kernel == FP_OCL_KERNEL_FUSED) {
-                bytes[n++] = tile;                                  /* k for dS K */
+                bytes[n++] = tile; /* k for dS K, as row pairs: [t / 2, d + 8] words */
                 bytes[n++] = (size_t)(FP_OCL_FA2_BQ * (t + 8)) * 2; /* dS, [BQ, t + 8] 16-bit */
                 bytes[n++] = rows;                                  /* key flags */
             }

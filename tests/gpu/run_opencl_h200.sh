@@ -27,8 +27,9 @@
 #   OUT=/tmp/out tests/gpu/run_opencl_h200.sh [stages]
 #
 # stages: any of build device probe test bench sdpa report (default: all, in that order); report
-# prints the opencl / plain, opencl / tile, opencl / fused, opencl / cuda, opencl / SDPA math and
-# opencl / mem-eff ratios from the CSVs in $OUT (bench and sdpa append to them). Environment:
+# prints the opencl / plain, opencl / tile, opencl / fused, opencl / two, opencl / cuda, opencl /
+# SDPA math and opencl / mem-eff ratios from the CSVs in $OUT (bench and sdpa append to them).
+# Environment:
 # BUILD (build folder, default build-ocl), PLATFORM (FLASHPORT_OPENCL_PLATFORM, default NVIDIA), MODES (the
 # table's variants, default "0": the plain path; "0 nv" adds the tensor-core variant, "nv-tile"
 # the same with the tile-shaped forward), DIMS and SEQLENS (bench grid, default "64 128 256" and
@@ -36,7 +37,8 @@
 # H * D of the grid, default 16384 and 2048), BACKENDS (flashport-bench backends, default
 # "opencl opencl-plain cuda"; opencl-plain is opencl with FLASHPORT_OPENCL_MMA=0, opencl-tile
 # with FLASHPORT_OPENCL_MMA=nv-tile: the tile-shaped tensor-core forward, opencl-fused with
-# FLASHPORT_OPENCL_BWD=fused: the one-kernel FA2-shaped backward), ITERS (timed
+# FLASHPORT_OPENCL_BWD=fused: the one-kernel FA2-shaped backward, the default's, opencl-two with
+# FLASHPORT_OPENCL_BWD=two: the two-kernel one), ITERS (timed
 # runs per shape, default 5), JOBS (build parallelism, default: all cores), CUDA (OFF builds
 # without the CUDA plugin: quicker, for runs whose BACKENDS leave out cuda).
 set -uo pipefail
@@ -183,15 +185,17 @@ if has bench; then
                 # opencl: the backend's default (the tensor-core variant on NVIDIA devices of
                 # compute capability >= 8.0, its forward FA2-shaped up to D = 128);
                 # opencl-plain: the plain path forced; opencl-tile: the tensor-core variant with
-                # the tile-shaped forward (FLASHPORT_OPENCL_MMA=nv-tile); opencl-fused: the
-                # default with the one-kernel backward (FLASHPORT_OPENCL_BWD=fused; its forward
-                # is the default's). Their CSV rows are relabelled so report can set them side
+                # the tile-shaped forward (FLASHPORT_OPENCL_MMA=nv-tile); opencl-two: the
+                # default with the two-kernel backward (FLASHPORT_OPENCL_BWD=two), opencl-fused
+                # with FLASHPORT_OPENCL_BWD=fused (the default's one-kernel backward; their
+                # forwards are the default's). Their CSV rows are relabelled so report can set them side
                 # by side.
                 mma=auto bwd= csv="$OUT/bench.csv" relabel=0
                 case $be in
                 opencl-plain) mma=0 ;;
                 opencl-tile) mma=nv-tile ;;
                 opencl-fused) bwd=fused ;;
+                opencl-two) bwd=two ;;
                 esac
                 [ "$be" != "${be%-*}" ] && relabel=1 && csv="$OUT/bench.variant.tmp" && rm -f "$csv"
                 echo "### $be D=$D N=$N" >>"$OUT/bench.log"
@@ -242,21 +246,22 @@ if os.path.exists(sys.argv[2]):
 nan = float("nan")
 cell = lambda x: f"{x:.3g}" if x == x else "-"
 ratio = lambda a, b: f"{a / b:.3f}" if a == a and b == b and b > 0 else "-"
-print("| D | N | causal | dir | opencl | opencl-plain | opencl-tile | opencl-fused | cuda "
-      "| SDPA math | SDPA mem-eff | opencl / plain | opencl / tile | opencl / fused "
-      "| opencl / cuda | opencl / math | opencl / mem-eff |")
-print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+print("| D | N | causal | dir | opencl | opencl-plain | opencl-tile | opencl-fused | opencl-two "
+      "| cuda | SDPA math | SDPA mem-eff | opencl / plain | opencl / tile | opencl / fused "
+      "| opencl / two | opencl / cuda | opencl / math | opencl / mem-eff |")
+print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
 met = total = 0
 for (be, d, n, c, dr), v in sorted(t.items(), key=lambda x: (x[0][1:4], x[0][4] != "fwd")):
     if be != "opencl":
         continue
     o = [t.get((x, d, n, c, dr), nan)
-         for x in ("opencl-plain", "opencl-tile", "opencl-fused", "cuda", "math", "eff")]
+         for x in ("opencl-plain", "opencl-tile", "opencl-fused", "opencl-two", "cuda", "math",
+                   "eff")]
     print(f"| {d} | {n} | {c} | {dr} | {cell(v)} | " + " | ".join(cell(x) for x in o) + " | "
           + " | ".join(ratio(v, x) for x in o) + " |")
-    if n >= 2048 and o[4] == o[4]:
+    if n >= 2048 and o[5] == o[5]:
         total += 1
-        met += v >= o[4]
+        met += v >= o[5]
 print(f"\nopencl >= 1.0x SDPA math at N >= 2048: {met} of {total} rows with both timed")
 PY
 fi

@@ -515,7 +515,8 @@ static void check_workspace(flashport_backend *be)
 }
 
 /* One backward of a bf16 problem on the emulated FA2-shaped kernels (FLASHPORT_OPENCL_MMA=
- * emulate) through a handle opened with FLASHPORT_OPENCL_BWD=`at_open`, on a workspace of
+ * emulate) through a handle opened with FLASHPORT_OPENCL_BWD=`at_open` (unset where NULL), on a
+ * workspace of
  * exactly the size the handle reports, the environment switched to `after` between the open and
  * the size query and to its other value between the query and the call: the query and the call
  * must agree (the choice is the handle's, made at open), whatever the environment says later.
@@ -523,7 +524,10 @@ static void check_workspace(flashport_backend *be)
 static void bwd_form_call(const char *at_open, const char *after, size_t *bytes)
 {
     flashport_backend *be = NULL;
-    setenv("FLASHPORT_OPENCL_BWD", at_open, 1);
+    if (at_open)
+        setenv("FLASHPORT_OPENCL_BWD", at_open, 1);
+    else
+        unsetenv("FLASHPORT_OPENCL_BWD");
     EXPECT(flashport_backend_open_device("opencl", 0, &be), FLASHPORT_OK, "open (emulated)");
     *bytes = 0;
     if (!be)
@@ -549,26 +553,27 @@ static void bwd_form_call(const char *at_open, const char *after, size_t *bytes)
     flashport_backend_close(be);
 }
 
-/* FLASHPORT_OPENCL_BWD is read when a handle opens: a handle opened with `fused` reports the
- * one-kernel form's larger workspace (delta + f32 dQ accumulator) and one opened without it the
- * delta alone, and each call fits the size its handle reported though the environment changed
- * after the open and again after the query (before, the query and the call each read the
- * environment, and a call that took the one-kernel form on a size queried without it was
- * FLASHPORT_ERR_BUFFER_TOO_SMALL). */
+/* FLASHPORT_OPENCL_BWD is read when a handle opens: a handle opened with `fused` or without the
+ * variable (the default) reports the one-kernel form's larger workspace (delta + f32 dQ
+ * accumulator) and one opened with `two` the delta alone, and each call fits the size its handle
+ * reported though the environment changed after the open and again after the query (before, the
+ * query and the call each read the environment, and a call that took the one-kernel form on a size
+ * queried without it was FLASHPORT_ERR_BUFFER_TOO_SMALL). */
 static void check_bwd_form_fixed_at_open(void)
 {
     section("backward form fixed at open (FLASHPORT_OPENCL_BWD)");
     const char *mma = getenv("FLASHPORT_OPENCL_MMA"), *bwd = getenv("FLASHPORT_OPENCL_BWD");
     char *saved_mma = mma ? strdup(mma) : NULL, *saved_bwd = bwd ? strdup(bwd) : NULL;
     setenv("FLASHPORT_OPENCL_MMA", "emulate", 1);
-    size_t fused = 0, two = 0;
+    size_t fused = 0, two = 0, unset = 0;
     bwd_form_call("fused", "two", &fused);
     bwd_form_call("two", "fused", &two);
+    bwd_form_call(NULL, "two", &unset);
     const size_t delta = (size_t)(B * H * N) * sizeof(float);
-    CHECK_MSG(two == delta && fused > delta,
+    CHECK_MSG(two == delta && fused > delta && unset == fused,
               "backward workspace: %zu opened with fused (want more than the delta's %zu), "
-              "%zu opened without (want %zu)",
-              fused, delta, two, delta);
+              "%zu opened with two (want %zu), %zu opened without the variable (want %zu)",
+              fused, delta, two, delta, unset, fused);
     if (saved_mma)
         setenv("FLASHPORT_OPENCL_MMA", saved_mma, 1);
     else
@@ -586,8 +591,8 @@ static void check_bwd_form_fixed_at_open(void)
  * (PoCL: one per core; no POCL_MAX_PTHREAD_COUNT here). PoCL 3.1 with two threads once gave
  * this forward wrong, run-to-run different results for whole work-groups where the launch's
  * work-groups differed in head or batch (docs/opencl.md, "Tests"), hence several heads, two
- * sequences and more than one query block each. The two-kernel backward, which is bitwise
- * deterministic. */
+ * sequences and more than one query block each. The backward asks to be deterministic (the
+ * two-kernel form: the default one-kernel form adds dQ by atomic adds, in no fixed order). */
 static void check_fa2_repeatable(void)
 {
     section("emulated FA2-shaped kernels: the same bits on every run");
@@ -607,6 +612,7 @@ static void check_fa2_repeatable(void)
     memset(&p, 0, sizeof p);
     EXPECT(flashport_backend_open_device("opencl", 0, &p.be), FLASHPORT_OK, "open (emulated)");
     flashport_attention_params_init(&p.params);
+    p.params.deterministic = 1;
     tu_rng r = tu_rng_seed(11);
     flashport_status st = p.be ? FLASHPORT_OK : FLASHPORT_ERR_NO_DEVICE;
     for (int i = 0; i < NBUF && st == FLASHPORT_OK; i++) {

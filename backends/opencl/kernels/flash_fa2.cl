@@ -47,6 +47,7 @@
 #define FA2_SN (T / 8)  /* column tiles of a warp's S */
 #define FA2_ON (D / 8)  /* column tiles of a warp's O */
 #define LDT    (T + 8)  /* pitch of the transposed V tile (ocl_plan.h's fp_ocl_vt_ld) */
+#define LDP    (D + 8)  /* pitch in 32-bit words of a row-pair tile (fp_ocl_fa2_load_pairs) */
 
 /* v of lane (lane ^ mask) of this warp: shfl.sync.bfly, or its emulation through the warp's
  * floats of scratch (two barriers: every work-item calls it the same number of times). */
@@ -96,6 +97,67 @@ FP_OCL_INLINE void fp_ocl_load_vt(__local fp_tile *vt, __global const fp_elem *x
         const int r = e % T, d = e / T;
         vt[d * LDT + r] = fp_ocl_get1(x, a, src, r0, r, n, d, hd, scrub, bad + r);
     }
+}
+
+/* The 16-bit halves of two rows' words x (row 2 i) and y (row 2 i + 1) regrouped by dim: (x's low,
+ * y's low) and (x's high, y's high). */
+FP_OCL_INLINE uint fp_ocl_pair_lo(uint x, uint y)
+{
+    return (x & 0xffffu) | y << 16;
+}
+
+FP_OCL_INLINE uint fp_ocl_pair_hi(uint x, uint y)
+{
+    return x >> 16 | (y & 0xffff0000u);
+}
+
+/* Rows [r0, r0 + n) of a [seq, dim] slice, zeros and scrub as fp_ocl_load_rows's (flags at
+ * bad[r]), into the row-pair tile tp: word i * LDP + d holds dim d of rows 2 i (low half) and
+ * 2 i + 1 (high half), so that a B fragment register of a product over these rows (a pair along
+ * a column: fp_ocl_fa2_load_b_pairs) is one 32-bit load where a row-major tile takes two 16-bit
+ * ones; where rowmajor, also into t[r * LD + d] as fp_ocl_load_rows. nrows even. Two rows' 16
+ * bytes (8 dims) a work-item where fp_ocl_load_tile16's conditions hold, else element-wise. */
+FP_OCL_INLINE void fp_ocl_fa2_load_pairs(__local fp_tile *t, int rowmajor, __local uint *tp,
+                                         int nrows, __global const fp_elem *x, const fp_ocl_args *a,
+                                         const fp_ocl_rows *src, long r0, int n, int hd, int scrub,
+                                         __local float *bad)
+{
+    if (src->sdim == 1 && hd % 8 == 0 && src->row0 % 8 == 0 && src->srow % 8 == 0 &&
+        src->spage % 8 == 0) {
+        for (int e = get_local_id(0); e < nrows / 2 * (D / 8); e += FP_OCL_WG) {
+            const int i = e / (D / 8), d = (e - i * (D / 8)) * 8;
+            const uint4 x0 = fp_ocl_get16(x, a, src, r0, 2 * i, n, d, hd, scrub, bad + 2 * i);
+            const uint4 x1 =
+                fp_ocl_get16(x, a, src, r0, 2 * i + 1, n, d, hd, scrub, bad + 2 * i + 1);
+            if (rowmajor) {
+                *(__local uint4 *)(t + 2 * i * LD + d) = x0;
+                *(__local uint4 *)(t + (2 * i + 1) * LD + d) = x1;
+            }
+            __local uint4 *p = (__local uint4 *)(tp + i * LDP + d);
+            p[0] = (uint4)(fp_ocl_pair_lo(x0.x, x1.x), fp_ocl_pair_hi(x0.x, x1.x),
+                           fp_ocl_pair_lo(x0.y, x1.y), fp_ocl_pair_hi(x0.y, x1.y));
+            p[1] = (uint4)(fp_ocl_pair_lo(x0.z, x1.z), fp_ocl_pair_hi(x0.z, x1.z),
+                           fp_ocl_pair_lo(x0.w, x1.w), fp_ocl_pair_hi(x0.w, x1.w));
+        }
+        return;
+    }
+    for (int e = get_local_id(0); e < nrows * D; e += FP_OCL_WG) {
+        const int r = e / D, d = e - r * D;
+        const fp_tile v = fp_ocl_get1(x, a, src, r0, r, n, d, hd, scrub, bad + r);
+        if (rowmajor)
+            t[r * LD + d] = v;
+        ((__local fp_tile *)tp)[2 * ((r / 2) * LDP + d) + r % 2] = v;
+    }
+}
+
+/* The B fragment (16 x 8, B[k][n] = dim n of row k) of this lane from a row-pair tile, p at the
+ * word of rows k0, k0 + 1 and dim n0: register i holds rows 2 t + 8 i + {0, 1} of dim g, one word
+ * (LDP = 8 mod 32 words for D >= 32, 24 for D = 16: the 32 lanes hit 32 banks). */
+FP_OCL_INLINE void fp_ocl_fa2_load_b_pairs(uint b[2], __local const uint *p)
+{
+    const int lane = get_local_id(0) % 32, g = lane / 4, t = lane % 4;
+    b[0] = p[t * LDP + g];
+    b[1] = p[(t + 4) * LDP + g];
 }
 
 /* P and dS of query i and key j from q . k (qk) and dO . v (dov): 0 where the pair is not
@@ -169,9 +231,10 @@ FP_OCL_INLINE void fp_ocl_fa2_store(__global fp_elem *x, long row0, long srow, l
 
 /* acc (16 rows x D of this warp) += X Y, X the 16 x (16 nk) matrix whose C fragments (m16n8,
  * 2 nk of them) are x, rounded to the storage type (so they are its A fragments as they stand),
- * Y[k][n] = y[k * LD + n]: 16-bit rows of a local tile (a pair of rows per B register). */
-FP_OCL_INLINE void fp_ocl_fa2_cmm(float *acc, const float *x, int nk, __local const fp_tile *y,
-                                  __local float *scratch)
+ * Y[k][n] = dim n of row k of a local tile of 16-bit rows: row-major (y[k * LD + n], two 16-bit
+ * loads per B register) or, where pairs, a row-pair tile (fp_ocl_fa2_load_pairs: one load). */
+FP_OCL_INLINE void fp_ocl_fa2_cmm(float *acc, const float *x, int nk, __local const void *y,
+                                  int pairs, __local float *scratch)
 {
     FP_OCL_UNROLL
     for (int kk = 0; kk < nk; kk++) {
@@ -183,7 +246,10 @@ FP_OCL_INLINE void fp_ocl_fa2_cmm(float *acc, const float *x, int nk, __local co
         FP_OCL_UNROLL
         for (int n = 0; n < FA2_ON; n++) {
             uint yb[2];
-            fp_ocl_load_b(yb, y + 16 * kk * LD + 8 * n, LD, 1);
+            if (pairs)
+                fp_ocl_fa2_load_b_pairs(yb, (__local const uint *)y + 8 * kk * LDP + 8 * n);
+            else
+                fp_ocl_load_b(yb, (__local const fp_tile *)y + 16 * kk * LD + 8 * n, LD, 1);
             fp_ocl_mma16816(acc + 4 * n, pa, yb, scratch);
         }
     }
@@ -450,7 +516,7 @@ fp_ocl_backward_dq(const fp_ocl_args a, __global const fp_elem *q, __global cons
                     ds = NAN;
                 sc[4 * j + e] = ds;
             }
-        fp_ocl_fa2_cmm(acc, sc, FA2_BK / 16, sk, scratch);
+        fp_ocl_fa2_cmm(acc, sc, FA2_BK / 16, sk, 0, scratch);
     }
     fp_ocl_fa2_store(dq, fp_ocl_row0(a.dq, b, s.q_start + i0, h), a.dq.s[1], a.dq.s[3], rows, hd,
                      acc, 1.0f, 1.0f);
@@ -479,20 +545,65 @@ FP_OCL_INLINE long fp_ocl_acc_row(const fp_ocl_args *a, const fp_ocl_seq *s, lon
     return a->dq_acc_off + (fp_ocl_delta_at(a, s, b, h, i) - a->delta_off) * a->head_dim;
 }
 
+/* The dK / dV kernels' staging tile holds q and dO of a query block row-major and as row-pair
+ * tiles (fp_ocl_fa2_dkdv) */
+#if 2 * FA2_BQ * LD * 2 + FA2_BQ * LDP * 4 > T * LD * 2
+#error "q and dO of a query block, row-major and by row pairs, pass the staging tile"
+#endif
+
 #define FA2_QN  ((FA2_ON + 3) / 4) /* column tiles of dQ's D per warp in the fused backward */
 #define FA2_LDS (T + 8)            /* pitch of its dS tile (16-bit, [FA2_BQ queries, T keys]) */
+
+/* The one-kernel backward's dQ of query block i0 (rows rows, head h): dS K from sds ([FA2_BQ,
+ * T + 8] 16-bit, dS rounded) and skt (the keys as a row-pair tile), added to the f32 accumulator
+ * dq_acc ([H, total_q, head_dim], laid out as the delta) by atomic adds; warp w owns dQ's column
+ * tiles w, w + 4, ... (warps past D's tiles compute on a clamped copy and drop it, so that every
+ * warp runs the same instructions, as the emulation's barriers need). sds must be whole (a
+ * barrier after its writes). */
+FP_OCL_INLINE void fp_ocl_fa2_dq_add(const fp_ocl_args *a, const fp_ocl_seq *s, long b, long h,
+                                     long i0, int rows, int hd, __local const fp_tile *sds,
+                                     __local const uint *skt, __global float *dq_acc,
+                                     __local float *scratch)
+{
+    const int lane = get_local_id(0) % 32, t4 = lane % 4, w = get_local_id(0) / 32;
+    float dqa[FA2_QN * 4];
+    FP_OCL_UNROLL
+    for (int e = 0; e < FA2_QN * 4; e++)
+        dqa[e] = 0.0f;
+    FP_OCL_UNROLL
+    for (int kk = 0; kk < T / 16; kk++) {
+        uint pa[4];
+        fp_ocl_load_a(pa, sds, 1, 16 * kk, FA2_LDS, 1);
+        FP_OCL_UNROLL
+        for (int nn = 0; nn < FA2_QN; nn++) {
+            const int n = min(w + 4 * nn, FA2_ON - 1);
+            uint yb[2];
+            fp_ocl_fa2_load_b_pairs(yb, skt + 8 * kk * LDP + 8 * n);
+            fp_ocl_mma16816(dqa + 4 * nn, pa, yb, scratch);
+        }
+    }
+    FP_OCL_UNROLL
+    for (int nn = 0; nn < FA2_QN; nn++)
+        FP_OCL_UNROLL
+        for (int e = 0; e < 4; e++) {
+            const int r = lane / 4 + 8 * (e / 2), d = 8 * (w + 4 * nn) + 2 * t4 + e % 2;
+            const float x = dqa[4 * nn + e];
+            if (w + 4 * nn < FA2_ON && r < rows && d < hd && x != 0.0f)
+                fp_ocl_atomic_addf(dq_acc + fp_ocl_acc_row(a, s, b, h, i0 + r) + d, x);
+        }
+}
 
 /* dK and dV of 64 keys (4 warps of 16) over every query head of the kv head and every query
  * block of FA2_BQ rows that sees them: K's and V's A fragments in registers, S^T = K Q^T and
  * dP^T = V dO^T as C fragments (keys x queries), P^T and dS^T rounded into the A fragments of
- * P^T dO and dS^T Q. The guard: q and dO scrubbed in edge blocks, a visible pair of a flagged
- * query row gets P = dS = NaN.
+ * P^T dO and dS^T Q (dO and q staged twice: row-major for the dots, as row-pair tiles for these
+ * products, whose B registers are then one 32-bit load each, not two 16-bit ones). The guard: q
+ * and dO scrubbed in edge blocks, a visible pair of a flagged query row gets P = dS = NaN.
  * fused (the one-kernel backward): also dQ of each query block, dS (rounded, transposed through
- * sds: [FA2_BQ, T + 8] 16-bit) times K (skt: the block's keys, scrubbed, their flags in skbad;
- * a visible pair of a flagged key gets dS = NaN there, as in the dQ kernel) added to the f32
- * accumulator dq_acc ([H, total_q, head_dim], laid out as the delta) by atomic adds; warp w owns
- * dQ's column tiles w, w + 4, ... (warps past D's tiles compute on a clamped copy and drop it,
- * so that every warp runs the same instructions, as the emulation's barriers need). */
+ * sds: [FA2_BQ, T + 8] 16-bit) times K (skt: the block's keys as a row-pair tile, scrubbed, their
+ * flags in skbad; a visible pair of a flagged key gets dS = NaN there, as in the dQ kernel),
+ * fp_ocl_fa2_dq_add, run after the next query block's first barrier (and once after the loop),
+ * which then also stands for the barrier that makes sds whole: two barriers a query block. */
 FP_OCL_INLINE void fp_ocl_fa2_dkdv(const fp_ocl_args *a, __global const fp_elem *q,
                                    __global const fp_elem *k, __global const fp_elem *v,
                                    __global const float *lse, __global const fp_elem *dout,
@@ -501,19 +612,22 @@ FP_OCL_INLINE void fp_ocl_fa2_dkdv(const fp_ocl_args *a, __global const fp_elem 
                                    __global const int *cu_k, __global const float *alibi,
                                    __global const int *used, __local fp_tile *stage,
                                    __local float *srow, __local float *sbad, __local float *scratch,
-                                   int fused, __global float *dq_acc, __local fp_tile *skt,
+                                   int fused, __global float *dq_acc, __local uint *skt,
                                    __local fp_tile *sds, __local float *skbad)
 {
     FP_OCL_KEY_BLOCK(a);
     const int lane = tid % 32, t4 = lane % 4, w = tid / 32;
     const int k_lo = 16 * w + lane / 4; /* this lane's keys: k_lo and k_lo + 8 */
     __local fp_tile *sq = stage, *sdo = stage + FA2_BQ * LD;
+    /* q and dO again as row-pair tiles (the B operands of dK += dS^T Q and dV += P^T dO), in the
+     * staging tile's second half */
+    __local uint *sqp = (__local uint *)(stage + 2 * FA2_BQ * LD), *sdop = sqp + FA2_BQ / 2 * LDP;
 
     if (fused) { /* K for dS K, scrubbed; stage2's barriers order it before its readers */
         if (tid < T)
             skbad[tid] = 0.0f;
         barrier(CLK_LOCAL_MEM_FENCE);
-        fp_ocl_load_rows(skt, T, k, a, &kr, j0, cols, hd, 1, skbad, 1);
+        fp_ocl_fa2_load_pairs(stage, 0, skt, T, k, a, &kr, j0, cols, hd, 1, skbad);
     }
     uint kf[FA2_KS * 4], vf[FA2_KS * 4];
     fp_ocl_fa2_stage2(kf, vf, stage, a, k, &kr, v, &vr, j0, cols, hd, sbad, 2 * FA2_BQ);
@@ -523,6 +637,8 @@ FP_OCL_INLINE void fp_ocl_fa2_dkdv(const fp_ocl_args *a, __global const fp_elem 
         acc_k[e] = acc_v[e] = 0.0f;
 
     int it = 0; /* query blocks run: their parity picks the half of sbad */
+    long dq_h = 0, dq_i0 = -1; /* fused: the query block whose dQ is still to be added */
+    int dq_rows = 0;
     for (long h = hk * group; cols > 0 && h < (hk + 1) * group; h++) {
         const float slope = a->has_alibi ? alibi[a->alibi_off + h] : 0.0f;
         const fp_ocl_rows qr =
@@ -539,10 +655,12 @@ FP_OCL_INLINE void fp_ocl_fa2_dkdv(const fp_ocl_args *a, __global const fp_elem 
                 !fp_mask_block_full(i0, i0 + rows, j0, j0 + cols, s.nq, s.nk, a->left, a->right);
             const int par = it++ & 1;
             __local float *bad = sbad + par * FA2_BQ;
-            /* every reader of the staging tile, srow and sds is done */
+            /* every reader of the staging tile and srow is done, every writer of sds */
             barrier(CLK_LOCAL_MEM_FENCE);
-            fp_ocl_load_rows(sq, FA2_BQ, q, a, &qr, i0, rows, hd, edge, bad, 1);
-            fp_ocl_load_rows(sdo, FA2_BQ, dout, a, &dor, i0, rows, hd, edge, bad, 1);
+            if (fused && dq_i0 >= 0) /* the last block's dQ, before this block writes sds */
+                fp_ocl_fa2_dq_add(a, &s, b, dq_h, dq_i0, dq_rows, hd, sds, skt, dq_acc, scratch);
+            fp_ocl_fa2_load_pairs(sq, 1, sqp, FA2_BQ, q, a, &qr, i0, rows, hd, edge, bad);
+            fp_ocl_fa2_load_pairs(sdo, 1, sdop, FA2_BQ, dout, a, &dor, i0, rows, hd, edge, bad);
             if (tid < FA2_BQ) {
                 srow[tid] = tid < rows ? lse[fp_ocl_lse_at(a, b, h, s.q_start + i0 + tid)]
                                        : -INFINITY;
@@ -578,37 +696,18 @@ FP_OCL_INLINE void fp_ocl_fa2_dkdv(const fp_ocl_args *a, __global const fp_elem 
                         sds[c * FA2_LDS + kc] = (fp_tile)fp_ocl_pack2(dsq, 0.0f);
                     }
                 }
-            fp_ocl_fa2_cmm(acc_v, pt, FA2_BQ / 16, sdo, scratch);
-            fp_ocl_fa2_cmm(acc_k, dst, FA2_BQ / 16, sq, scratch);
-            if (fused) {
-                barrier(CLK_LOCAL_MEM_FENCE); /* sds is whole */
-                float dqa[FA2_QN * 4];
-                FP_OCL_UNROLL
-                for (int e = 0; e < FA2_QN * 4; e++)
-                    dqa[e] = 0.0f;
-                FP_OCL_UNROLL
-                for (int kk = 0; kk < T / 16; kk++) {
-                    uint pa[4];
-                    fp_ocl_load_a(pa, sds, 1, 16 * kk, FA2_LDS, 1);
-                    FP_OCL_UNROLL
-                    for (int nn = 0; nn < FA2_QN; nn++) {
-                        const int n = min(w + 4 * nn, FA2_ON - 1);
-                        uint yb[2];
-                        fp_ocl_load_b(yb, skt + 16 * kk * LD + 8 * n, LD, 1);
-                        fp_ocl_mma16816(dqa + 4 * nn, pa, yb, scratch);
-                    }
-                }
-                FP_OCL_UNROLL
-                for (int nn = 0; nn < FA2_QN; nn++)
-                    FP_OCL_UNROLL
-                    for (int e = 0; e < 4; e++) {
-                        const int r = lane / 4 + 8 * (e / 2), d = 8 * (w + 4 * nn) + 2 * t4 + e % 2;
-                        const float x = dqa[4 * nn + e];
-                        if (w + 4 * nn < FA2_ON && r < rows && d < hd && x != 0.0f)
-                            fp_ocl_atomic_addf(dq_acc + fp_ocl_acc_row(a, &s, b, h, i0 + r) + d, x);
-                    }
+            fp_ocl_fa2_cmm(acc_v, pt, FA2_BQ / 16, sdop, 1, scratch);
+            fp_ocl_fa2_cmm(acc_k, dst, FA2_BQ / 16, sqp, 1, scratch);
+            if (fused) { /* its dQ is added after the next block's first barrier */
+                dq_h = h;
+                dq_i0 = i0;
+                dq_rows = rows;
             }
         }
+    }
+    if (fused && dq_i0 >= 0) {
+        barrier(CLK_LOCAL_MEM_FENCE); /* sds is whole */
+        fp_ocl_fa2_dq_add(a, &s, b, dq_h, dq_i0, dq_rows, hd, sds, skt, dq_acc, scratch);
     }
     fp_ocl_fa2_store(dk, fp_ocl_row0(a->dk, b, s.k_start + j0, hk), a->dk.s[1], a->dk.s[3], stored,
                      hd, acc_k, 1.0f, 1.0f);
@@ -632,11 +731,12 @@ fp_ocl_backward_dkdv(const fp_ocl_args a, __global const fp_elem *q, __global co
     __local float scratch[FP_OCL_SCRATCH];
     /* the fused-only tiles are never touched: any local address stands for them */
     fp_ocl_fa2_dkdv(&a, q, k, v, lse, dout, dk, dv, delta, cu_q, cu_k, alibi, used, stage, srow,
-                    sbad, scratch, 0, (__global float *)delta, stage, stage, srow);
+                    sbad, scratch, 0, (__global float *)delta, (__local uint *)stage, stage, srow);
 }
 
-/* The one-kernel backward (FLASHPORT_OPENCL_BWD=fused): dK, dV and dQ's f32 accumulator
- * (fp_ocl_fa2_dkdv with fused), after fp_ocl_backward_prep and before fp_ocl_backward_dq_out. */
+/* The one-kernel backward (the default where the call is not deterministic; FLASHPORT_OPENCL_BWD=
+ * two gives the two kernels): dK, dV and dQ's f32 accumulator (fp_ocl_fa2_dkdv with fused), after
+ * fp_ocl_backward_prep and before fp_ocl_backward_dq_out. */
 __kernel __attribute__((reqd_work_group_size(FP_OCL_WG, 1, 1))) void
 fp_ocl_backward_fused(const fp_ocl_args a, __global const fp_elem *q, __global const fp_elem *k,
                       __global const fp_elem *v, __global const float *lse,
@@ -645,12 +745,12 @@ fp_ocl_backward_fused(const fp_ocl_args a, __global const fp_elem *q, __global c
                       __global const int *cu_q, __global const int *cu_k,
                       __global const float *alibi, __global const int *used,
                       __local fp_tile *stage_arg, __local float *srow_arg, __local float *sbad_arg,
-                      __local fp_tile *skt_arg, __local fp_tile *sds_arg, __local float *skbad_arg)
+                      __local uint *skt_arg, __local fp_tile *sds_arg, __local float *skbad_arg)
 {
     __local fp_tile *stage = FP_OCL_ALIGN16(fp_tile, stage_arg);
     __local float *srow = FP_OCL_ALIGN16(float, srow_arg);
     __local float *sbad = FP_OCL_ALIGN16(float, sbad_arg);
-    __local fp_tile *skt = FP_OCL_ALIGN16(fp_tile, skt_arg); /* [T, LD]: the block's keys */
+    __local uint *skt = FP_OCL_ALIGN16(uint, skt_arg); /* [T / 2, LDP]: the keys, by row pairs */
     __local fp_tile *sds = FP_OCL_ALIGN16(fp_tile, sds_arg); /* [FA2_BQ, T + 8]: dS */
     __local float *skbad = FP_OCL_ALIGN16(float, skbad_arg); /* [T]: key flags */
     __local float scratch[FP_OCL_SCRATCH];

@@ -74,10 +74,14 @@ template <int DK, int MT, int NW_, int WM_, int ST_> struct fp_dec_cfg_of {
     static_assert(MT % WM == 0 && NW % TG == 0, "warps cover the row tiles evenly");
 };
 template <int DK, int MT> struct fp_dec_cfg;
-template <int MT> struct fp_dec_cfg<64, MT> : fp_dec_cfg_of<64, MT, 4, MT, 4> {};
-template <> struct fp_dec_cfg<128, 1> : fp_dec_cfg_of<128, 1, 4, 1, 2> {};
-template <> struct fp_dec_cfg<128, 2> : fp_dec_cfg_of<128, 2, 4, 1, 3> {};
-template <> struct fp_dec_cfg<256, 1> : fp_dec_cfg_of<256, 1, 2, 1, 2> {};
+template <int MT> struct fp_dec_cfg<64, MT> : fp_dec_cfg_of<64, MT, 4, MT, 4> {
+};
+template <> struct fp_dec_cfg<128, 1> : fp_dec_cfg_of<128, 1, 4, 1, 2> {
+};
+template <> struct fp_dec_cfg<128, 2> : fp_dec_cfg_of<128, 2, 4, 1, 3> {
+};
+template <> struct fp_dec_cfg<256, 1> : fp_dec_cfg_of<256, 1, 2, 1, 2> {
+};
 template <int DK> constexpr int fp_dec_max_mt()
 {
     return DK <= 128 ? 2 : 1;
@@ -356,7 +360,8 @@ __global__ void __launch_bounds__(fp_dec_cfg<DK, MT>::NW * 32)
 
     float o[WM][DT8][4];
     fp_softmax_state st[WM][2];
-    /* This thread's rows g and g + 8 of each of its row tiles: their token and (for ALiBi) slope. */
+    /* This thread's rows g and g + 8 of each of its row tiles: their token and (for ALiBi) slope.
+     */
     int tok[WM][2];
     float slope[WM][2];
     bool rowbad[WM][2]; /* the row saw a key whose V the guard scrubbed */
@@ -501,8 +506,8 @@ __global__ void __launch_bounds__(fp_dec_cfg<DK, MT>::NW * 32)
             break;
         const int rg = warp % TG; /* this warp's region */
         float *om = reinterpret_cast<float *>(sk) + rg * (KG * FP_DEC_BM * DK);
-        float *ml = reinterpret_cast<float *>(sk) + TG * (KG * FP_DEC_BM * DK) +
-                    rg * (2 * KG * FP_DEC_BM);
+        float *ml =
+            reinterpret_cast<float *>(sk) + TG * (KG * FP_DEC_BM * DK) + rg * (2 * KG * FP_DEC_BM);
 #pragma unroll
         for (int r = 0; r < 2; ++r) {
             /* A row that saw a key whose V held a non-finite element: O NaN (the quad's lanes

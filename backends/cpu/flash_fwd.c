@@ -87,6 +87,14 @@ static int fwd_block_q(const fp_ukernels *uk, int64_t seqlen_q)
  * Longer sequences convert per block as before, so extra memory stays bounded per thread. */
 #define STAGE_MAX_BYTES ((size_t)16 << 20)
 
+/* Largest K plus V of one kv head (seqlen_k rows, in their dtype) for which 64-query tasks that
+ * read them in place do not prefetch the next key block: 1 MiB, a Zen 4/5 core's L2. The tasks of
+ * a (batch, head) run together (FP_PLAN_ORDER_LOCALITY), so such a head's keys come from L2 after
+ * its first task, and the prefetch instructions (one per cache line of the next block, on every
+ * key block of every task) cost more than they saved on Zen 5; beyond it key blocks come from L3
+ * and the prefetch pays (docs/performance-cpu.md). */
+#define PREFETCH_MIN_BYTES ((size_t)1 << 20)
+
 /* Offsets (floats) of one thread's tiles inside its scratch slice. */
 typedef struct fwd_layout {
     int bq;         /* queries per block (fwd_block_q) */
@@ -138,6 +146,7 @@ typedef struct fwd_ctx {
     int v_direct; /* V read in place (f32 only, or the stage's f32 rows) */
     int fp8;      /* fp8 inputs: converted to f32 tiles, P rounded to e4m3 */
     int stage;    /* f16/bf16 K and V converted once per thread into an fp_kv_stage */
+    int prefetch; /* the next key block prefetched (PREFETCH_MIN_BYTES) */
     float scale;  /* of the raw q . k: scale, times descale_q * descale_k for fp8 */
     fwd_layout L;
 } fwd_ctx;
@@ -427,7 +436,7 @@ static void key_ops_of(const fwd_ctx *c, float *scratch, fp_kv_stage *stage, con
     ko->n = n;
     ko->kb = key_block(p, &p->k, b, seq, j0, n, kvh, scratch + L->gk);
     ko->vb = key_block(p, &p->v, b, seq, j0, n, kvh, scratch + L->gv);
-    if (j0 + BLOCK_K < hi && !p->block_table &&
+    if (c->prefetch && j0 + BLOCK_K < hi &&
         !(stage && fp_kv_stage_ready(stage, b, kvh, j0 + BLOCK_K))) {
         const int n_next = (int)(hi - j0 - BLOCK_K < BLOCK_K ? hi - j0 - BLOCK_K : BLOCK_K);
         fp_block next = ko->kb;
@@ -594,6 +603,13 @@ flashport_status fp_cpu_flash_forward(const fp_problem *p)
     if (p->dtype == FLASHPORT_F32 && !c.stage && c.L.bq > BLOCK_Q)
         c.k_direct = c.v_direct = 0;
     c.scale = c.fp8 ? p->scale * p->descale_q * p->descale_k : p->scale;
+    /* A stage reads each key block of the caller's once per thread, so its fill keeps the
+     * prefetch (key_ops_of stops it where the stage is ready); in tasks of several sub-blocks one
+     * prefetch serves them all. */
+    c.prefetch =
+        !p->block_table &&
+        (c.stage || c.L.bq > BLOCK_Q ||
+         2 * (size_t)p->seqlen_k * (size_t)d * flashport_dtype_size(p->dtype) > PREFETCH_MIN_BYTES);
     if (fp_host()->log_enabled())
         fp_host()->log("cpu: flash forward (tiled, online softmax), %s micro-kernels: %s%s%s; "
                        "block_q=%d block_k=%d, %d threads",

@@ -90,9 +90,9 @@ static int fwd_block_q(const fp_ukernels *uk, int64_t seqlen_q)
 /* Largest K plus V of one kv head (seqlen_k rows, in their dtype) for which 64-query tasks that
  * read them in place do not prefetch the next key block: 1 MiB, a Zen 4/5 core's L2. The tasks of
  * a (batch, head) run together (FP_PLAN_ORDER_LOCALITY), so such a head's keys come from L2 after
- * its first task, and the prefetch instructions (one per cache line of the next block, on every
- * key block of every task) cost more than they saved on Zen 5; beyond it key blocks come from L3
- * and the prefetch pays (docs/performance-cpu.md). */
+ * its first task, where the prefetch instructions (one per cache line of the next block, on every
+ * key block of every task) cost more than they save; beyond it key blocks come from L3 and the
+ * prefetch pays (docs/performance-cpu.md). */
 #define PREFETCH_MIN_BYTES ((size_t)1 << 20)
 
 /* Offsets (floats) of one thread's tiles inside its scratch slice. */

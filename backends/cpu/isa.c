@@ -26,9 +26,9 @@
  *   Only one Intel model (Emerald Rapids, docs/performance-cpu.md) was measured; other Intel cores
  *   with AVX512_BF16 are taken to be alike. Decided by the vendor, not by a measurement at run
  *   time, which would make the choice, and so the sums, vary from run to run.
- * AMD's AVX-512 cores (Zen 4, Zen 5) keep the tables as written, which were tuned there (on Zen 5
- * the stage's copy of each head on every call did not pay: f32 K and V are copied per key block
- * into the 256-query tasks' tiles instead, flash_fwd.c). A name in
+ * AMD's AVX-512 cores (Zen 4, Zen 5) keep the tables as written, which were tuned there (f32 K and
+ * V copied per key block into the 256-query tasks' tiles rather than staged per head on every
+ * call, flash_fwd.c). A name in
  * FLASHPORT_CPU_ISA gives the table as written on every CPU (the tests run each one so, and the
  * two settings can be compared within one build).
  */

@@ -4,9 +4,9 @@
  * with vcvtph2ps / shifts. FLASHPORT_CPU_ISA=avx512; the default on AVX-512 CPUs without BF16,
  * and the f32 and f16 half of the avx512bf16 table.
  * Forward query block: 256 (fwd_block_q; also in the avx512bf16 table), f32 K and V copied per
- * key block into the task's tiles (fwd_stage_f32 = 0; isa.c stages them on Intel cores): on Zen 5
- * the 64-query tasks' passes over a head's K and V in place held the products back once those
- * lie beyond L2 (docs/performance-cpu.md).
+ * key block into the task's tiles (fwd_stage_f32 = 0; isa.c stages them on Intel cores): taller
+ * tasks pass over a head's K and V a quarter as often, which matters once those lie beyond L2
+ * (docs/performance-cpu.md).
  * Target: x86-64 with AVX-512 F, BW, VL (compiled with those flags alone; isa.c checks the CPU).
  * Known differences from the reference: f32 accumulation with FMA; the polynomial exp2.
  * Numbers (the product alone against bench/peak.c's FMA loop, and the whole forward):

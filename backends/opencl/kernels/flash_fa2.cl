@@ -70,14 +70,13 @@ FP_OCL_INLINE float fp_ocl_shfl_xor(float v, int mask, __local float *scratch)
 
 /* Rows [r0, r0 + n) of a [seq, dim] slice into vt[d * LDT + r] (transposed), zeros as
  * fp_ocl_load_tile's; where scrub, non-finite elements become 0 and set bad[r]. 16 bytes (8
- * dims of one key) a work-item where fp_ocl_load_tile16's conditions hold, consecutive
+ * dims of one key) a work-item where fp_ocl_rows_by16 holds, consecutive
  * work-items on consecutive keys (their 16-bit stores then fall on 16 distinct banks). */
 FP_OCL_INLINE void fp_ocl_load_vt(__local fp_tile *vt, __global const fp_elem *x,
                                   const fp_ocl_args *a, const fp_ocl_rows *src, long r0, int n,
                                   int hd, int scrub, __local float *bad)
 {
-    if (src->sdim == 1 && hd % 8 == 0 && src->row0 % 8 == 0 && src->srow % 8 == 0 &&
-        src->spage % 8 == 0) {
+    if (fp_ocl_rows_by16(src, hd)) {
         for (int e = get_local_id(0); e < T * (D / 8); e += FP_OCL_WG) {
             const int r = e % T, d = e / T * 8;
             const uint4 v = fp_ocl_get16(x, a, src, r0, r, n, d, hd, scrub, bad + r);
@@ -116,14 +115,13 @@ FP_OCL_INLINE uint fp_ocl_pair_hi(uint x, uint y)
  * 2 i + 1 (high half), so that a B fragment register of a product over these rows (a pair along
  * a column: fp_ocl_fa2_load_b_pairs) is one 32-bit load where a row-major tile takes two 16-bit
  * ones; where rowmajor, also into t[r * LD + d] as fp_ocl_load_rows. nrows even. Two rows' 16
- * bytes (8 dims) a work-item where fp_ocl_load_tile16's conditions hold, else element-wise. */
+ * bytes (8 dims) a work-item where fp_ocl_rows_by16 holds, else element-wise. */
 FP_OCL_INLINE void fp_ocl_fa2_load_pairs(__local fp_tile *t, int rowmajor, __local uint *tp,
                                          int nrows, __global const fp_elem *x, const fp_ocl_args *a,
                                          const fp_ocl_rows *src, long r0, int n, int hd, int scrub,
                                          __local float *bad)
 {
-    if (src->sdim == 1 && hd % 8 == 0 && src->row0 % 8 == 0 && src->srow % 8 == 0 &&
-        src->spage % 8 == 0) {
+    if (fp_ocl_rows_by16(src, hd)) {
         for (int e = get_local_id(0); e < nrows / 2 * (D / 8); e += FP_OCL_WG) {
             const int i = e / (D / 8), d = (e - i * (D / 8)) * 8;
             const uint4 x0 = fp_ocl_get16(x, a, src, r0, 2 * i, n, d, hd, scrub, bad + 2 * i);

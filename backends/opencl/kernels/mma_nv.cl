@@ -111,9 +111,8 @@ FP_OCL_INLINE uint4 fp_ocl_get16(__global const fp_elem *x, const fp_ocl_args *a
     return v;
 }
 
-/* fp_ocl_load_rows's copy 16 bytes (8 elements) a work-item at a time where the slice allows it:
- * dims contiguous, hd a multiple of 8 and every row 16-byte aligned (the usual [B, N, H, D]
- * layout, dense or paged); the storage bits go to the tile unchanged. 0 when it does not (the
+/* fp_ocl_load_rows's copy 16 bytes (8 elements) a work-item at a time where the slice allows it
+ * (fp_ocl_rows_by16); the storage bits go to the tile unchanged. 0 when it does not (the
  * element-wise copy serves). The tile-shaped tiles' rows (pitch D + 2) are only 4-byte aligned,
  * hence four 32-bit stores; the FA2-shaped ones (D + 8) take one 16-byte store. A paged row's
  * page is looked up once per 8 elements (fp_ocl_row_at). Where scrub, non-finite elements become
@@ -122,8 +121,7 @@ FP_OCL_INLINE int fp_ocl_load_tile16(__local fp_tile *t, int nrows, __global con
                                      const fp_ocl_args *a, const fp_ocl_rows *src, long r0, int n,
                                      int hd, int scrub, __local float *bad, int bstride)
 {
-    if (src->sdim != 1 || hd % 8 != 0 || src->row0 % 8 != 0 || src->srow % 8 != 0 ||
-        src->spage % 8 != 0)
+    if (!fp_ocl_rows_by16(src, hd))
         return 0;
     for (int e = get_local_id(0); e < nrows * (D / 8); e += FP_OCL_WG) {
         const int r = e / (D / 8), d = (e - r * (D / 8)) * 8;

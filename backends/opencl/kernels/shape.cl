@@ -93,3 +93,12 @@ FP_OCL_INLINE long fp_ocl_row_at(const fp_ocl_args *a, const fp_ocl_rows *x, lon
     const long pg = fp_paged_page(x->bt, a->bt_stride, a->page_size, a->num_pages, (int)x->b, t);
     return pg < 0 ? -1 : x->row0 + pg * x->spage + (t % a->page_size) * x->srow;
 }
+
+/* Whether the slice's 16-bit rows can be copied 8 elements (16 bytes) at a time: dims contiguous,
+ * hd a multiple of 8 and every row and page 16-byte aligned (the usual [B, N, H, D] layout, dense
+ * or paged). */
+FP_OCL_INLINE int fp_ocl_rows_by16(const fp_ocl_rows *x, int hd)
+{
+    return x->sdim == 1 && hd % 8 == 0 && x->row0 % 8 == 0 && x->srow % 8 == 0 &&
+           x->spage % 8 == 0;
+}

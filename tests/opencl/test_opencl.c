@@ -317,13 +317,20 @@ static void check_plan_fa2(void)
           !fp_ocl_fused_fits(32, 128, local, FP_OCL_PLAIN));
 }
 
-/* FLASHPORT_OPENCL_PLATFORM as the test found it, put back after the checks that change it. */
-static void restore_platform(const char *saved)
+/* A copy of environment variable `name` as the test found it (NULL where unset; free it), and
+ * the variable put back so after the checks that change it. */
+static char *env_copy(const char *name)
+{
+    const char *v = getenv(name);
+    return v ? strdup(v) : NULL;
+}
+
+static void restore_env(const char *name, const char *saved)
 {
     if (saved)
-        setenv("FLASHPORT_OPENCL_PLATFORM", saved, 1);
+        setenv(name, saved, 1);
     else
-        unsetenv("FLASHPORT_OPENCL_PLATFORM");
+        unsetenv(name);
 }
 
 static void check_device_choice(const char *saved_platform)
@@ -337,7 +344,7 @@ static void check_device_choice(const char *saved_platform)
     int n = -1;
     EXPECT(flashport_device_count("opencl", &n), FLASHPORT_OK, "device count, no platform");
     CHECK_MSG(n == 0, "platform filter matching nothing: %d devices, want 0", n);
-    restore_platform(saved_platform);
+    restore_env("FLASHPORT_OPENCL_PLATFORM", saved_platform);
     s = flashport_backend_open_device("opencl", 4096, &be);
     CHECK_MSG(s == FLASHPORT_ERR_NO_DEVICE && strstr(flashport_last_error(), "no device 4096"),
               "index out of range: %s: %s", flashport_status_string(s), flashport_last_error());
@@ -562,8 +569,8 @@ static void bwd_form_call(const char *at_open, const char *after, size_t *bytes)
 static void check_bwd_form_fixed_at_open(void)
 {
     section("backward form fixed at open (FLASHPORT_OPENCL_BWD)");
-    const char *mma = getenv("FLASHPORT_OPENCL_MMA"), *bwd = getenv("FLASHPORT_OPENCL_BWD");
-    char *saved_mma = mma ? strdup(mma) : NULL, *saved_bwd = bwd ? strdup(bwd) : NULL;
+    char *saved_mma = env_copy("FLASHPORT_OPENCL_MMA"),
+         *saved_bwd = env_copy("FLASHPORT_OPENCL_BWD");
     setenv("FLASHPORT_OPENCL_MMA", "emulate", 1);
     size_t fused = 0, two = 0, unset = 0;
     bwd_form_call("fused", "two", &fused);
@@ -574,14 +581,8 @@ static void check_bwd_form_fixed_at_open(void)
               "backward workspace: %zu opened with fused (want more than the delta's %zu), "
               "%zu opened with two (want %zu), %zu opened without the variable (want %zu)",
               fused, delta, two, delta, unset, fused);
-    if (saved_mma)
-        setenv("FLASHPORT_OPENCL_MMA", saved_mma, 1);
-    else
-        unsetenv("FLASHPORT_OPENCL_MMA");
-    if (saved_bwd)
-        setenv("FLASHPORT_OPENCL_BWD", saved_bwd, 1);
-    else
-        unsetenv("FLASHPORT_OPENCL_BWD");
+    restore_env("FLASHPORT_OPENCL_MMA", saved_mma);
+    restore_env("FLASHPORT_OPENCL_BWD", saved_bwd);
     free(saved_mma);
     free(saved_bwd);
 }
@@ -605,8 +606,7 @@ static void check_fa2_repeatable(void)
         [PDK] = RB * RN * RHK * RD, [PDV] = RB * RN * RHK * RD, [PLSE] = RB * RH * RN};
     static uint16_t host[RB * RN * RH * RD];
     static uint32_t first[NBUF][RB * RN * RH * RD / 2 + 1], now[RB * RN * RH * RD / 2 + 1];
-    const char *mma = getenv("FLASHPORT_OPENCL_MMA");
-    char *saved = mma ? strdup(mma) : NULL;
+    char *saved = env_copy("FLASHPORT_OPENCL_MMA");
     setenv("FLASHPORT_OPENCL_MMA", "emulate", 1);
     problem p;
     memset(&p, 0, sizeof p);
@@ -652,10 +652,7 @@ static void check_fa2_repeatable(void)
         problem_free(&p);
         flashport_backend_close(be);
     }
-    if (saved)
-        setenv("FLASHPORT_OPENCL_MMA", saved, 1);
-    else
-        unsetenv("FLASHPORT_OPENCL_MMA");
+    restore_env("FLASHPORT_OPENCL_MMA", saved);
     free(saved);
 }
 
@@ -780,8 +777,7 @@ int main(int argc, char **argv)
     }
     if (!CHECK_MSG(s == FLASHPORT_OK, "open: %s", flashport_last_error()))
         return 1;
-    const char *platform = getenv("FLASHPORT_OPENCL_PLATFORM");
-    char *saved = platform ? strdup(platform) : NULL;
+    char *saved = env_copy("FLASHPORT_OPENCL_PLATFORM");
     flashport_device_props p0;
     check_device_choice(saved);
     check_enumeration(&p0);

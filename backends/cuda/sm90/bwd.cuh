@@ -39,7 +39,8 @@
  * Masking mirrors the forward: only query blocks that see the key block are visited
  * (fp_geom_query_blocks), fp_mask_block_full picks the steps that need no per-element mask, and
  * the others select (never multiply) P and dS to 0 for keys a row cannot see. Softcap
- * multiplies dS by fp_softcap_grad of the capped score; ALiBi adds nothing to the gradient.
+ * multiplies dS by its derivative 1 - tanh^2 (fp_sm90_softcap, the forward's tanh);
+ * ALiBi adds nothing to the gradient.
  * The masked-key guard (docs/reliability.md): K rows are scrubbed of non-finite elements once per
  * block where the first step's S^T says they hold one, the Q and dO rows of edge steps (masked
  * pairs, or rows past the sequence) before their products when the rows' LSE2 / Dsum say one may
@@ -488,8 +489,8 @@ __global__ void __launch_bounds__(FP_SM90B_THREADS, 1)
                 }
             }
         };
-        /* the same with softcap / ALiBi: fp_score_transform per element, dS^T times the
-         * softcap's derivative (rows from m0, query head hq) */
+        /* the same with softcap / ALiBi: fp_sm90_softcap and the ALiBi bias per element, dS^T
+         * times the softcap's derivative (rows from m0, query head hq) */
         auto p_ds_transform = [&](float(&sacc)[BM / 2], float(&dpacc)[BM / 2], const float *lse2,
                                   const float *dsum, int m0, int hq, bool first) {
             fp_wgmma_wait<0>();
@@ -498,6 +499,7 @@ __global__ void __launch_bounds__(FP_SM90B_THREADS, 1)
             if (first)
                 k_guard(sacc);
             const float slope = a.alibi ? a.alibi[hq] : 0.0f;
+            const float cap_in = a.softcap > 0.0f ? 2.0f * FP_LOG2E / a.softcap : 0.0f;
 #pragma unroll
             for (int j = 0; j < BM / 8; ++j)
 #pragma unroll
@@ -505,15 +507,15 @@ __global__ void __launch_bounds__(FP_SM90B_THREADS, 1)
 #pragma unroll
                     for (int e = 0; e < 2; ++e) {
                         const int k = 4 * j + 2 * r + e, i = m0 + 8 * j + 2 * t + e;
+                        float grad;
                         const float capped =
-                            fp_score_transform(sacc[k] * a.scale, a.softcap, 0.0f, 0.0f);
+                            fp_sm90_softcap(sacc[k] * a.scale, a.softcap, cap_in, &grad);
                         const float p = fp_exp2(
                             (capped - slope * fp_alibi_distance(i, n0 + kr + 8 * r, nq, nk)) *
                                 FP_LOG2E -
                             lse2[8 * j + 2 * t + e]);
                         sacc[k] = p;
-                        dpacc[k] = p * (dpacc[k] - dsum[8 * j + 2 * t + e]) *
-                                   fp_softcap_grad(capped, a.softcap);
+                        dpacc[k] = p * (dpacc[k] - dsum[8 * j + 2 * t + e]) * grad;
                     }
         };
         int h = h_first, mb = mb_end - 1;

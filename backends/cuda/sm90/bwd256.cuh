@@ -315,6 +315,7 @@ __global__ void __launch_bounds__(FP_SM90B_THREADS, 1)
                 if (it == 0)
                     k_guard(sacc);
                 const float slope = a.alibi ? a.alibi[h] : 0.0f;
+                const float cap_in = a.softcap > 0.0f ? 2.0f * FP_LOG2E / a.softcap : 0.0f;
 #pragma unroll
                 for (int j = 0; j < 4; ++j)
 #pragma unroll
@@ -322,16 +323,16 @@ __global__ void __launch_bounds__(FP_SM90B_THREADS, 1)
 #pragma unroll
                         for (int e = 0; e < 2; ++e) {
                             const int k = 4 * j + 2 * r + e, c = qw + 8 * j + 2 * t + e;
+                            float grad;
                             const float capped =
-                                fp_score_transform(sacc[k] * a.scale, a.softcap, 0.0f, 0.0f);
+                                fp_sm90_softcap(sacc[k] * a.scale, a.softcap, cap_in, &grad);
                             const float p =
                                 fp_exp2((capped - slope * fp_alibi_distance(m0 + c, n0 + kr + 8 * r,
                                                                             nq, nk)) *
                                             FP_LOG2E -
                                         lse2[c]);
                             sacc[k] = p;
-                            dpacc[k] =
-                                p * (dpacc[k] - dsum[c]) * fp_softcap_grad(capped, a.softcap);
+                            dpacc[k] = p * (dpacc[k] - dsum[c]) * grad;
                         }
             }
 

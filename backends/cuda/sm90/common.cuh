@@ -1,6 +1,7 @@
 /*
  * What the sm90 kernels (sm90/fwd.cuh, sm90/bwd.cuh) share: the wgmma instructions by dtype and N,
- * a register fence, rings of mbarriers, and the TMA descriptors of q/k/v-shaped tensors (host).
+ * a register fence, the backward's softcap, rings of mbarriers, and the TMA descriptors of
+ * q/k/v-shaped tensors (host).
  */
 #ifndef FLASHPORT_BACKENDS_CUDA_SM90_COMMON_CUH
 #define FLASHPORT_BACKENDS_CUDA_SM90_COMMON_CUH
@@ -9,6 +10,7 @@
 #include "backends/cuda/ptx/sm90.cuh"
 
 #include <cuda.h> /* CUtensorMap and its enums only: the driver is reached through ctx->encode */
+#include <string.h>
 
 /* wgmma of one dtype and N: ss (A, B from shared memory, K-major) and rs (A from registers, B
  * MN-major). */
@@ -122,6 +124,43 @@ template <int N> FP_DEV void fp_fence_u32(uint32_t (&r)[N][4])
 #pragma unroll
         for (int e = 0; e < 4; ++e)
             asm volatile("" : "+r"(r[i][e])::"memory");
+}
+
+/* tanh(x / (2 log2 e)), for softcap: 1 - 2 / (2^x + 1), the exponential on the MUFU pipe and
+ * the reciprocal by two cubic Newton steps on the FMA pipe from a bit-pattern first guess (within
+ * 12 %, then 0.2 %, then about 1e-8), for kernels whose MUFU pipe the exponentials already keep
+ * busy (the backward; the forward where its configuration says TANH_FMA). tanh.approx would be
+ * one MUFU operation, but its 2^-11 relative error shows in the LSE beyond the tests' tolerance.
+ * Absolute error about 1e-7; x = +inf gives 1 (2^x clamped to 2^64, where the result rounds to
+ * 1), -inf -1, NaN NaN. */
+FP_DEV float fp_sm90_tanh2(float x)
+{
+    const float e = fp_exp2(x > 64.0f ? 64.0f : x) + 1.0f; /* in [1, 2^64 + 1], or NaN */
+    uint32_t bits;
+    memcpy(&bits, &e, sizeof bits);
+    bits = 0x7ef311c3u - bits;
+    float r;
+    memcpy(&r, &bits, sizeof r);
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+        const float d = fmaf(-e, r, 1.0f);
+        r = fmaf(r, fmaf(d, d, d), r);
+    }
+    return fmaf(-2.0f, r, 1.0f);
+}
+
+/* The backward's softcap on a scaled score y (core/mask.h: c tanh(y / c) and its derivative
+ * 1 - tanh^2 into *grad) with the forward's tanh (fp_sm90_tanh2), so that P recomputed here is
+ * the P whose log-sum-exp the forward stored; in2 = 2 log2(e) / c; c = 0: no softcap (y, and 1). */
+FP_DEV float fp_sm90_softcap(float y, float c, float in2, float *grad)
+{
+    if (c > 0.0f) {
+        const float th = fp_sm90_tanh2(y * in2);
+        *grad = 1.0f - th * th;
+        return c * th;
+    }
+    *grad = 1.0f;
+    return y;
 }
 
 /* N stages' "full" and "empty" mbarriers, 8 bytes each from shared address base: full(0 .. N - 1),

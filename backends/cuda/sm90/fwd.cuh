@@ -183,8 +183,9 @@ FP_DEV void fp_sm90_mask(float (&s)[BN / 2], const fp_mask32 &mk, int i_lo, int 
 
 /* The score transform of core/mask.h (fp_score_transform: softcap c tanh(s / c), then ALiBi
  * - slope |i + Nk - Nq - j|) on raw scores q.k, into log2 units. tanh(y) = 1 - 2 / (e^2y + 1)
- * through the hardware's exp2 and reciprocal (absolute error near 1e-7; e^2y = inf gives 1);
- * each feature is one uniform branch around its own pass over the tile. */
+ * (absolute error near 1e-7; e^2y = inf gives 1), its reciprocal on the FMA pipe where
+ * TANH_FMA (fp_sm90_tanh2, the configuration's choice), else on the MUFU pipe beside the
+ * exponentials; each feature is one uniform branch around its own pass over the tile. */
 typedef struct fp_sm90_xform {
     float scale_log2;      /* no softcap: scale log2(e) */
     float cap_in, cap_out; /* softcap: 2 log2(e) scale / c and c log2(e); 0 = no softcap */
@@ -192,13 +193,14 @@ typedef struct fp_sm90_xform {
     int shift;             /* Nk - Nq */
 } fp_sm90_xform;
 
-template <int BN>
+template <int BN, bool TANH_FMA>
 FP_DEV void fp_sm90_transform(float (&s)[BN / 2], const fp_sm90_xform &x, int i_lo, int j0, int t)
 {
     if (x.cap_out > 0.0f) {
 #pragma unroll
         for (int k = 0; k < BN / 2; ++k)
-            s[k] = x.cap_out * (1.0f - 2.0f * fp_rcp(fp_exp2(s[k] * x.cap_in) + 1.0f));
+            s[k] = x.cap_out * (TANH_FMA ? fp_sm90_tanh2(s[k] * x.cap_in)
+                                         : 1.0f - 2.0f * fp_rcp(fp_exp2(s[k] * x.cap_in) + 1.0f));
     } else {
 #pragma unroll
         for (int k = 0; k < BN / 2; ++k)
@@ -545,14 +547,14 @@ FP_DEV void fp_sm90_fwd_row_scales(fp_softmax_state (&st)[2], const uint8_t *row
  * l grows by this thread's part of the row sums (sc: the scale to log2 units, 1 after the
  * transform). alpha: the rows' rescale factors; returns whether O must be rescaled (always,
  * unless LAZY). */
-template <int BN, bool LAZY>
+template <int BN, bool LAZY, bool TANH_FMA>
 FP_DEV bool fp_sm90_fwd_softmax(float (&s)[BN / 2], int j0, float (&alpha)[2],
                                 fp_softmax_state (&st)[2], bool transform, const fp_sm90_xform &xf,
                                 const fp_mask32 &mk, float sc, int i_lo, int t, int full_lo,
                                 int full_hi)
 {
     if (transform)
-        fp_sm90_transform<BN>(s, xf, i_lo, j0, t);
+        fp_sm90_transform<BN, TANH_FMA>(s, xf, i_lo, j0, t);
     if (!(j0 >= full_lo && j0 + BN <= full_hi))
         fp_sm90_mask<BN>(s, mk, i_lo, j0, t);
     float mxs[2];
@@ -967,8 +969,9 @@ __global__ void __launch_bounds__(FP_SM90_THREADS, 1)
                 fp_mbar_arrive(bar.k_empty(bar.stage(kv)));
                 if (!STAGE_O && n == 1)
                     fp_mbar_arrive(bar.q_empty(qt));
-                fp_sm90_fwd_softmax<BN, LAZY>(s, (nb_end - 1) * BN, alpha, st, a.transform, xf, mk,
-                                              sc, i_lo, t, full_lo, full_hi);
+                fp_sm90_fwd_softmax<BN, LAZY, CFG::TANH_FMA>(s, (nb_end - 1) * BN, alpha, st,
+                                                             a.transform, xf, mk, sc, i_lo, t,
+                                                             full_lo, full_hi);
                 fp_sm90_fwd_pack_p<TI, CFG>(pa, s);
                 for (int it = 1; it < n; ++it) {
                     const int prev = it - 1;
@@ -984,7 +987,7 @@ __global__ void __launch_bounds__(FP_SM90_THREADS, 1)
                     fp_mbar_arrive(bar.k_empty(cs));
                     if (!STAGE_O && it == n - 1) /* the last Q K^T has landed */
                         fp_mbar_arrive(bar.q_empty(qt));
-                    const bool rescale = fp_sm90_fwd_softmax<BN, LAZY>(
+                    const bool rescale = fp_sm90_fwd_softmax<BN, LAZY, CFG::TANH_FMA>(
                         s, (nb_end - 1 - it) * BN, alpha, st, a.transform, xf, mk, sc, i_lo, t,
                         full_lo, full_hi);
                     fp_wgmma_wait<0>();

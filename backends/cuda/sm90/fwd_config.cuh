@@ -23,10 +23,13 @@ enum {
 };
 
 /* One kernel configuration: head dim DK (the kernel's; a multiple of 64), key block BN, ST
- * K / V stages, LAZY rescale (see FP_RESCALE_SLACK, sm80/common.cuh). */
+ * K / V stages, LAZY rescale (see FP_RESCALE_SLACK, sm80/common.cuh). TANH_FMA: softcap's
+ * reciprocal on the FMA pipe (fp_sm90_tanh2) at DK = 64, where the exponentials bound the
+ * kernel; at larger DK the FMA pipe's extra instructions cost more than the MUFU reciprocal
+ * (timed on the H200: docs/performance.md, softcap). */
 template <int DK_, int BN_, int ST_, bool LAZY_> struct fp_sm90_cfg {
     static constexpr int DK = DK_, BN = BN_, ST = ST_;
-    static constexpr bool LAZY = LAZY_;
+    static constexpr bool LAZY = LAZY_, TANH_FMA = DK_ == 64;
     static_assert(DK % 64 == 0 && BN % 16 == 0 && BN <= 256, "tile shape");
     static constexpr int VT_PANELS = (BN + 127) / 128; /* fp8: 128-key panels of V^T */
     /* Q tiles for inputs of eb bytes: one, or in the persistent kernel two where they fit beside

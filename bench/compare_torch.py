@@ -447,6 +447,11 @@ def run_decode(fp, args, copy):
     dtypes = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
     impls = [i for i in args.impls if i in SDPA]
     gen = torch.Generator().manual_seed(18)
+    # --fwd-env VAR=A,B: our dense forward timed again with VAR set to each value ("ours:VAR=A")
+    fwd_env = []
+    if args.fwd_env:
+        var, values = args.fwd_env.split("=", 1)
+        fwd_env = [(var, v) for v in values.split(",")]
     rows = []
     for dname in args.dtypes.split(","):
         dt = dtypes[dname]
@@ -481,6 +486,16 @@ def run_decode(fp, args, copy):
                             fwd()
                             ref = o.clone()
                             row("ours", bench_ms(fwd, rep=args.rep))
+                            for var, value in fwd_env:
+                                saved = os.environ.get(var)
+                                os.environ[var] = value
+                                fwd()
+                                row(f"ours:{var}={value}", bench_ms(fwd, rep=args.rep),
+                                    f"rel_l2 vs ours {rel_l2(o, ref):.1e}")
+                                if saved is None:
+                                    del os.environ[var]
+                                else:
+                                    os.environ[var] = saved
                             for page in args.decode_pages:
                                 try:
                                     kp, vp, table, used = paged_cache(k, v, page, gen)

@@ -22,15 +22,18 @@
 
 /* Merges the splits of one row (a block per row; calls of more than FP_COMBINE_ROWS_SPLITS
  * splits, decode's long caches): LSE = M + log sum_s e^(lse_s - M), M the
- * partial LSEs' maximum; then O = sum_s e^(lse_s - LSE) O_s, warp w summing splits w, w + 4, ...
- * in order and the four sums added in warp order (deterministic). No split's loads wait on
- * another's, so a row's partials are read with many loads in flight (a decode call may have 128
- * splits). The partial LSEs are read from global memory once, into shared memory, where the
- * splits fit FP_COMBINE_LSE_CACHE (the planners cap them at 128 for decode, 64 otherwise); more
- * splits (forced by FLASHPORT_CUDA_DECODE_SPLITS) re-read them at each of the three uses. A NaN
- * partial LSE makes the row's LSE and O NaN; a row no split saw a key of gets O = 0 and LSE = -inf
- * (fp_softmax_merge's rule). grid (nq, H, B), 128 threads. */
-enum { FP_COMBINE_LSE_CACHE = 128 };
+ * partial LSEs' maximum; then O = sum_s e^(lse_s - LSE) O_s, warp w of NW summing splits w,
+ * w + NW, ... in order and the NW sums added in warp order (deterministic). No split's loads wait
+ * on another's, so a row's partials are read with many loads in flight (a decode call may have
+ * 128 splits); NW = 16 where the splits number FP_COMBINE_WIDE_SPLITS or more, so that each
+ * warp's few splits are read at once (such calls have few rows: the planners split only until
+ * the grid fills the SMs, and a grid of few rows leaves the SMs idle while a row's warps wait
+ * on their loads in turn), else 4. The partial LSEs are read from global memory once, into
+ * shared memory, where the splits fit FP_COMBINE_LSE_CACHE (the planners cap them at 128 for
+ * decode, 64 otherwise); more splits (forced by FLASHPORT_CUDA_DECODE_SPLITS) re-read them at
+ * each of the three uses. A NaN partial LSE makes the row's LSE and O NaN; a row no split saw a
+ * key of gets O = 0 and LSE = -inf (fp_softmax_merge's rule). grid (nq, H, B), NW * 32 threads. */
+enum { FP_COMBINE_LSE_CACHE = 128, FP_COMBINE_WIDE_SPLITS = 32 };
 
 /* One warp's step of a combine: acc = wa acc + wb O_s over the row's d columns at src, the lane
  * holding columns 64 c + 2 lane, + 1 (c < 4: d <= 256). */
@@ -47,10 +50,19 @@ FP_DEV void fp_combine_add(float (&acc)[4][2], const float *src, int d, int lane
         }
     }
 }
-template <typename T>
-__global__ void __launch_bounds__(128) fp_sm80_fwd_combine(const fp_sm80_args a)
+/* x[0] + ... + x[N - 1] added in pairs ((x0 + x1) + (x2 + x3) for N = 4); N a power of two */
+template <int N> FP_DEV float fp_pair_sum(const float *x)
 {
-    constexpr int NW = 4, COLS = 256; /* d <= 256 */
+    if constexpr (N == 1)
+        return x[0];
+    else
+        return fp_pair_sum<N / 2>(x) + fp_pair_sum<N / 2>(x + N / 2);
+}
+
+template <typename T, int NW>
+__global__ void __launch_bounds__(NW * 32) fp_sm80_fwd_combine(const fp_sm80_args a)
+{
+    constexpr int COLS = 256; /* d <= 256 */
     __shared__ float part[NW][COLS];
     __shared__ float wmax[NW], wsum[NW];
     __shared__ int wnan[NW];
@@ -83,8 +95,13 @@ __global__ void __launch_bounds__(128) fp_sm80_fwd_combine(const fp_sm80_args a)
         wnan[warp] = nan;
     }
     __syncthreads();
-    mx = fmaxf(fmaxf(wmax[0], wmax[1]), fmaxf(wmax[2], wmax[3]));
-    nan = wnan[0] | wnan[1] | wnan[2] | wnan[3];
+    mx = wmax[0];
+    nan = wnan[0];
+#pragma unroll
+    for (int w = 1; w < NW; ++w) {
+        mx = fmaxf(mx, wmax[w]);
+        nan |= wnan[w];
+    }
     float sum = 0.0f;
     if (mx != -INFINITY)
         for (int s = tid; s < a.splits; s += NW * 32)
@@ -95,12 +112,12 @@ __global__ void __launch_bounds__(128) fp_sm80_fwd_combine(const fp_sm80_args a)
     if (lane == 0)
         wsum[warp] = sum;
     __syncthreads();
-    sum = (wsum[0] + wsum[1]) + (wsum[2] + wsum[3]);
+    sum = fp_pair_sum<NW>(wsum);
     const float lse = nan ? NAN : mx == -INFINITY ? -INFINITY : mx + logf(sum);
 
     float acc[4][2] = {{0.0f, 0.0f}, {0.0f, 0.0f}, {0.0f, 0.0f}, {0.0f, 0.0f}};
     if (lse != -INFINITY) {
-#pragma unroll 4
+#pragma unroll(NW == 4 ? 4 : 8)
         for (int s = warp; s < a.splits; s += NW) {
             const int64_t row = row0 + s * per_split;
             const float w = expf(lse_of(s) - lse); /* 0 for a split that saw no key */
@@ -115,8 +132,13 @@ __global__ void __launch_bounds__(128) fp_sm80_fwd_combine(const fp_sm80_args a)
     __syncthreads();
     T *og = reinterpret_cast<T *>(const_cast<void *>(a.o.ptr)) +
             fp_cuda_row(a.o, b, sq_.q_start + i, h);
-    for (int col = tid; col < a.d; col += NW * 32)
-        og[col] = fp_from_f32<T>((part[0][col] + part[1][col]) + (part[2][col] + part[3][col]));
+    for (int col = tid; col < a.d; col += NW * 32) {
+        float x[NW];
+#pragma unroll
+        for (int w = 0; w < NW; ++w)
+            x[w] = part[w][col];
+        og[col] = fp_from_f32<T>(fp_pair_sum<NW>(x));
+    }
     if (a.lse && tid == 0)
         a.lse[fp_cuda_lse_off(a, b, sq_.q_start + i, h)] = lse;
 }
@@ -173,6 +195,16 @@ static int fp_combine_rows_splits(void)
     return v && end != v && *end == '\0' && n >= 0 ? (int)n : FP_COMBINE_ROWS_SPLITS;
 }
 
+/* FLASHPORT_CUDA_COMBINE_WIDE=N (read at each call; tests and A/B runs): the 16-warp
+ * block-per-row kernel from N splits instead of FP_COMBINE_WIDE_SPLITS. */
+static int fp_combine_wide_splits(void)
+{
+    const char *v = getenv("FLASHPORT_CUDA_COMBINE_WIDE");
+    char *end = NULL;
+    const long n = v ? strtol(v, &end, 10) : -1;
+    return v && end != v && *end == '\0' && n >= 0 ? (int)n : FP_COMBINE_WIDE_SPLITS;
+}
+
 cudaError_t fp_cuda_fwd_combine(const fp_problem *p, const fp_sm80_args *a, cudaStream_t stream)
 {
     const bool f16 = p->o_dtype == FLASHPORT_F16; /* o's dtype: the sm90 fp8 kernels' output too */
@@ -185,10 +217,16 @@ cudaError_t fp_cuda_fwd_combine(const fp_problem *p, const fp_sm80_args *a, cuda
         return cudaGetLastError();
     }
     dim3 grid((unsigned)a->nq, (unsigned)p->heads, (unsigned)p->batch);
-    if (f16)
-        fp_sm80_fwd_combine<__half><<<grid, 128, 0, stream>>>(*a);
-    else
-        fp_sm80_fwd_combine<__nv_bfloat16><<<grid, 128, 0, stream>>>(*a);
+    if (a->splits >= fp_combine_wide_splits()) {
+        if (f16)
+            fp_sm80_fwd_combine<__half, 16><<<grid, 16 * 32, 0, stream>>>(*a);
+        else
+            fp_sm80_fwd_combine<__nv_bfloat16, 16><<<grid, 16 * 32, 0, stream>>>(*a);
+    } else if (f16) {
+        fp_sm80_fwd_combine<__half, 4><<<grid, 4 * 32, 0, stream>>>(*a);
+    } else {
+        fp_sm80_fwd_combine<__nv_bfloat16, 4><<<grid, 4 * 32, 0, stream>>>(*a);
+    }
     return cudaGetLastError();
 }
 

@@ -27,12 +27,13 @@
  *
  * Target: NVIDIA GPUs of compute capability >= 8.0 through NVIDIA's OpenCL driver (48 KiB of
  * local memory: K 17 KiB + V 18 KiB + 512 bytes of key flags at D = 128; K 16.5 KiB + V 10 KiB
- * at D = 256). Registers (tests/opencl/check_ptx.sh, sm_90): no spills at any class. No ldmatrix and no
- * asynchronous copies: plain 32-bit local loads (bank-conflict-free by the pitches of ocl_plan.h)
- * and 16-byte global loads. With FP_OCL_MMA_EMULATE = 1 (FLASHPORT_OPENCL_MMA=emulate) the
- * mma.sync and the shuffle are emulated through local memory (mma_nv.cl's fp_ocl_mma16816 and
- * fp_ocl_shfl_xor below), which runs the same data flow on any OpenCL device (PoCL in the
- * tests); tests/opencl/check_ptx.sh compiles the real one to PTX and assembles it.
+ * at D = 256). Registers: ptxas's counts (tests/opencl/check_ptx.sh, sm_90) in docs/opencl.md.
+ * No ldmatrix and no asynchronous copies: plain 32-bit local loads (bank-conflict-free by the
+ * pitches of ocl_plan.h) and 16-byte global loads. With FP_OCL_MMA_EMULATE = 1
+ * (FLASHPORT_OPENCL_MMA=emulate) the mma.sync and the shuffle are emulated through local memory
+ * (mma_nv.cl's fp_ocl_mma16816 and fp_ocl_shfl_xor below), which runs the same data flow on any
+ * OpenCL device (PoCL in the tests); tests/opencl/check_ptx.sh compiles the real one to PTX and
+ * assembles it.
  *
  * Configuration: ocl_plan.h's fp_ocl_fa2_tile (T = 64; the backward above D = 128 is the
  * tile-shaped variant's of mma_nv.cl). Features as flash.cl's forward: masks and windows, softcap,

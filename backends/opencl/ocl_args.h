@@ -28,6 +28,16 @@
  * keys per block of the dQ kernel, query rows per block of the dK / dV kernel. */
 #define FP_OCL_FA2_BK 32
 #define FP_OCL_FA2_BQ 16
+/* The FA2-shaped forward's blocks: keys per block, 64 up to head-dim class 128 and 32 above,
+ * where K [32, D + 8] and V transposed [dims, 32 + 8] (16-bit) fit 48 KiB side by side and 64
+ * keys would not; and the dims of O each pass over the keys computes, all of them up to class
+ * 192 and half at 256, where a warp's whole 16 x 256 f32 O (128 registers a lane) beside its Q
+ * fragments (64) and S passes 255 registers (ptxas spills), so each half of O takes a pass of
+ * its own, S computed again. Its backward serves head-dim classes up to FP_OCL_FA2_BWD_D only:
+ * above, a warp's dQ or dK and dV accumulators and its operand fragments pass 255 registers. */
+#define FP_OCL_FA2_FK(d) ((d) <= 128 ? 64 : 32)
+#define FP_OCL_FA2_OD(d) ((d) <= 192 ? (d) : (d) / 2)
+#define FP_OCL_FA2_BWD_D 128
 
 typedef struct fp_ocl_view {
     FP_OCL_LONG off;

@@ -7,8 +7,8 @@
  * Kernel variants (ocl_plan.h): the plain path (local-memory tiles, f32 FMAs) on every device;
  * for f16 and bf16 storage on NVIDIA devices of compute capability >= 8.0 (or where
  * FLASHPORT_OPENCL_MMA=nv asks for it), the tensor-core path (kernels/mma_nv.cl: mma.sync
- * through inline PTX), whose kernels at head dims up to 128 are the FA2-shaped ones of
- * kernels/flash_fa2.cl (FLASHPORT_OPENCL_MMA=nv-tile keeps the tile-shaped ones). A tensor-core
+ * through inline PTX), whose kernels are the FA2-shaped ones of kernels/flash_fa2.cl but for the
+ * backward above D = 128 (FLASHPORT_OPENCL_MMA=nv-tile keeps the tile-shaped ones). A tensor-core
  * program the driver refuses is remembered by its key (dtype, head-dim class, tile) and its
  * calls are planned again on the plain path with the plain path's own tiles (logged with the
  * driver's build log); the other keys are unaffected. FLASHPORT_OPENCL_MMA=emulate builds the
@@ -60,10 +60,14 @@ static const char *const kernel_names[FP_OCL_KERNELS] = {
     "fp_ocl_forward",       "fp_ocl_backward_dq",    "fp_ocl_backward_dkdv",
     "fp_ocl_backward_prep", "fp_ocl_backward_fused", "fp_ocl_backward_dq_out"};
 
-/* The kernels a program of `variant` has: the one-kernel backward's only in FA2-shaped ones. */
-static int program_kernels(int variant)
+/* The kernels a program of `variant` for head-dim class d has: the one-kernel backward's only
+ * in FA2-shaped ones, and an FA2-shaped one above FP_OCL_FA2_BWD_D the forward alone (the
+ * tile-shaped program serves its backward: ocl_plan.h's fp_ocl_fa2_tile). */
+static int program_kernels(int variant, int64_t d)
 {
-    return fp_ocl_variant_fa2(variant) ? FP_OCL_KERNELS : FP_OCL_KERNEL_DKDV + 1;
+    return !fp_ocl_variant_fa2(variant) ? FP_OCL_KERNEL_DKDV + 1
+           : d > FP_OCL_FA2_BWD_D       ? FP_OCL_KERNEL_FORWARD + 1
+                                        : FP_OCL_KERNELS;
 }
 
 static void release_program(const fp_ocl_api *cl, fp_ocl_program *pr)
@@ -205,11 +209,11 @@ static flashport_status get_program(fp_ocl_ctx *ctx, flashport_dtype dtype, int6
                                         variant_names[variant], options, ctx->device_name, (int)err,
                                         log);
     }
-    for (int j = 0; j < program_kernels(variant) && st == FLASHPORT_OK; j++) {
+    for (int j = 0; j < program_kernels(variant, d) && st == FLASHPORT_OK; j++) {
         pr.kernels[j] = cl->clCreateKernel(pr.program, kernel_names[j], &err);
         st = fp_ocl_check(err, kernel_names[j]);
     }
-    for (int j = 0; j < program_kernels(variant) && st == FLASHPORT_OK; j++) {
+    for (int j = 0; j < program_kernels(variant, d) && st == FLASHPORT_OK; j++) {
         size_t wg = 0;
         st = fp_ocl_check(cl->clGetKernelWorkGroupInfo(pr.kernels[j], ctx->device,
                                                        CL_KERNEL_WORK_GROUP_SIZE, sizeof wg, &wg,

@@ -157,11 +157,11 @@ static flashport_status pick_device(const fp_ocl_api *cl, int index, cl_platform
 #endif
 
 /* The tensor-core variant of the device (ocl_plan.h): FP_OCL_FA2_NV (mma.sync m16n8k16 through
- * inline PTX; the kernels FA2-shaped up to D = 128, tile-shaped above) where NVIDIA's driver
- * reports compute capability >= 8.0, else FP_OCL_PLAIN; where a driver refuses a tensor-core
- * program, that program falls back to the plain path. FLASHPORT_OPENCL_MMA=0 forces the plain
- * path (A/B runs), =nv the tensor-core variant on any device (the test of the fallback), =nv-tile
- * the same with the tile-shaped kernels everywhere (A/B of the two shapes), =emulate and
+ * inline PTX; the kernels FA2-shaped, but for the backward above D = 128: tile-shaped) where
+ * NVIDIA's driver reports compute capability >= 8.0, else FP_OCL_PLAIN; where a driver refuses a
+ * tensor-core program, that program falls back to the plain path. FLASHPORT_OPENCL_MMA=0 forces the
+ * plain path (A/B runs), =nv the tensor-core variant on any device (the test of the fallback),
+ * =nv-tile the same with the tile-shaped kernels everywhere (A/B of the two shapes), =emulate and
  * =emulate-tile the emulated ones on any device (the tests of the tensor-core layouts). */
 static int device_mma(const fp_ocl_api *cl, cl_device_id dev)
 {
@@ -225,8 +225,8 @@ static flashport_status read_device(fp_ocl_ctx *ctx)
         static const char *const mma[5] = {
             "none", "mma.sync through inline PTX, tile-shaped",
             "emulated, tile-shaped (FLASHPORT_OPENCL_MMA=emulate-tile)",
-            "mma.sync through inline PTX, FA2-shaped up to D = 128",
-            "emulated, FA2-shaped up to D = 128 (FLASHPORT_OPENCL_MMA=emulate)"};
+            "mma.sync through inline PTX, FA2-shaped (the backward up to D = 128)",
+            "emulated, FA2-shaped (the backward up to D = 128; FLASHPORT_OPENCL_MMA=emulate)"};
         host_api->log("opencl: device %d: '%s' on platform '%s' (%s, %zu KiB local memory; "
                       "tensor-core variant for f16 / bf16: %s); extensions: %s",
                       ctx->index, ctx->device_name, ctx->platform_name, version,

@@ -17,8 +17,9 @@ enum { FP_OCL_FORWARD, FP_OCL_BACKWARD };
  * through inline PTX (kernels/mma_nv.cl); the same policy with the tensor-core instruction
  * emulated in local memory (the test of the former on any device); and the FlashAttention-2
  * shaped kernels of kernels/flash_fa2.cl (each warp owns 16 rows, its scores and accumulators in
- * registers), real or emulated. As a device's variant the last two plan head dims up to 128 on
- * themselves and larger ones on their tile counterpart (fp_ocl_tile_variant). */
+ * registers), real or emulated. As a device's variant the last two plan every forward and the
+ * backwards of head dims up to FP_OCL_FA2_BWD_D on themselves, larger ones' backwards on their
+ * tile counterpart (fp_ocl_tile_variant). */
 enum { FP_OCL_PLAIN, FP_OCL_MMA_NV, FP_OCL_MMA_EMULATED, FP_OCL_FA2_NV, FP_OCL_FA2_EMULATED };
 
 static inline int fp_ocl_variant_fa2(int variant)
@@ -69,10 +70,11 @@ static inline int64_t fp_ocl_tile_ld(int64_t d, int variant)
     return variant == FP_OCL_PLAIN ? d + 4 : fp_ocl_variant_fa2(variant) ? d + 8 : d + 2;
 }
 
-/* The FA2-shaped forward's V tile, transposed: [d, t] 16-bit, pitch t + 8 for the same reason. */
-static inline int64_t fp_ocl_vt_ld(int64_t t)
+/* The FA2-shaped forward's V tile, transposed: [d, keys] 16-bit for its key block of `keys`
+ * (FP_OCL_FA2_FK), pitch keys + 8 for the same reason (a word pitch of 4 or 20 mod 32). */
+static inline int64_t fp_ocl_vt_ld(int64_t keys)
 {
-    return t + 8;
+    return keys + 8;
 }
 
 /* Row pitch of the [t, t] score tiles, odd for the same reason. */
@@ -114,19 +116,21 @@ static inline int fp_ocl_local_args(int kernel, int64_t t, int64_t d, int varian
     const size_t scores = (size_t)(t * fp_ocl_score_ld(t)) * 4, rows = (size_t)t * 4;
     int n = 0;
     if (fp_ocl_variant_fa2(variant)) {
-        /* kernels/flash_fa2.cl: one [t, d] 16-bit tile staging everything that goes through
-         * local memory (forward: q, then k; dQ: q, dO, then k and v of FP_OCL_FA2_BK rows each;
-         * dK / dV: k, v, then q and dO of FP_OCL_FA2_BQ rows each, row-major and as row pairs),
-         * then per-row f32 values and two blocks' row flags (the guard) */
-        bytes[n++] = tile;
+        /* kernels/flash_fa2.cl: one 16-bit tile staging everything that goes through local
+         * memory (forward: [FP_OCL_FA2_FK, d], q a key block's rows at a time, then k; backward:
+         * [t, d], dQ: q, dO, then k and v of FP_OCL_FA2_BK rows each; dK / dV: k, v, then q and
+         * dO of FP_OCL_FA2_BQ rows each, row-major and as row pairs), then per-row f32 values and
+         * two blocks' row flags (the guard) */
+        const int64_t keys = kernel == FP_OCL_KERNEL_FORWARD ? FP_OCL_FA2_FK(d) : t;
+        if (kernel == FP_OCL_KERNEL_PREP || kernel == FP_OCL_KERNEL_DQ_OUT)
+            return 0; /* no local memory */
+        bytes[n++] = (size_t)(keys * fp_ocl_tile_ld(d, variant)) * 2;
         if (kernel == FP_OCL_KERNEL_FORWARD) {
-            bytes[n++] = (size_t)(d * fp_ocl_vt_ld(t)) * 2; /* v transposed */
-            bytes[n++] = 2 * rows;                          /* key flags */
+            bytes[n++] = (size_t)(FP_OCL_FA2_OD(d) * fp_ocl_vt_ld(keys)) * 2; /* v^T, a pass's */
+            bytes[n++] = (size_t)(2 * keys) * 4;                              /* key flags */
         } else if (kernel == FP_OCL_KERNEL_DQ) {
             bytes[n++] = rows;                  /* delta of the rows */
             bytes[n++] = 2 * FP_OCL_FA2_BK * 4; /* key flags */
-        } else if (kernel == FP_OCL_KERNEL_PREP || kernel == FP_OCL_KERNEL_DQ_OUT) {
-            return 0; /* no local memory */
         } else {
             bytes[n++] = 2 * FP_OCL_FA2_BQ * 4; /* LSE and delta of a query block */
             bytes[n++] = 2 * FP_OCL_FA2_BQ * 4; /* query-row flags */
@@ -218,12 +222,16 @@ static inline int64_t fp_ocl_tile(int kind, int64_t d, size_t local, int variant
 }
 
 /* The FA2-shaped kernels' tile (the rows a work-group owns: 4 warps of 16 query rows in the
- * forward and the dQ kernel, of 16 keys in the dK / dV kernel): 64 for head-dim classes up to
- * 128 where their local memory fits, else 0. Above 128 a warp's 16 x D accumulators and its
- * operand fragments would pass the 255 registers of a thread. */
+ * forward and the dQ kernel, of 16 keys in the dK / dV kernel): 64 where their local memory
+ * fits, for every head-dim class in the forward (its key blocks shrink above 128:
+ * FP_OCL_FA2_FK) and up to FP_OCL_FA2_BWD_D in the backward, else 0 (a warp's dQ, or dK and dV,
+ * accumulators and its operand fragments would pass the 255 registers of a thread). */
 static inline int64_t fp_ocl_fa2_tile(int kind, int64_t d, size_t local, int variant)
 {
-    return d <= 128 && fp_ocl_tile_local_bytes(kind, 64, d, variant) <= local ? 64 : 0;
+    return (kind == FP_OCL_FORWARD || d <= FP_OCL_FA2_BWD_D) &&
+                   fp_ocl_tile_local_bytes(kind, 64, d, variant) <= local
+               ? 64
+               : 0;
 }
 
 /* The variant and tile of one call: the device's tensor-core variant (`device`, FP_OCL_PLAIN

@@ -183,7 +183,7 @@ if has bench; then
         for N in ${SEQLENS:-512 2048 8192 16384}; do
             for be in ${BACKENDS:-opencl opencl-plain cuda}; do
                 # opencl: the backend's default (the tensor-core variant on NVIDIA devices of
-                # compute capability >= 8.0, its forward FA2-shaped up to D = 128);
+                # compute capability >= 8.0, FA2-shaped but the backward above D = 128);
                 # opencl-plain: the plain path forced; opencl-tile: the tensor-core variant with
                 # the tile-shaped forward (FLASHPORT_OPENCL_MMA=nv-tile); opencl-two: the
                 # default with the two-kernel backward (FLASHPORT_OPENCL_BWD=two), opencl-fused

@@ -17,7 +17,9 @@
 # PROGRAM.cl: the concatenated program, written by backends/opencl/embed_source.cmake beside the
 # generated C file (build/backends/opencl/ocl_program_source.c.cl). PLAN_PROGRAMS: the built
 # plan_programs. LIBCLC: nvptx64--nvidiacl.bc (Debian: libclc-14). JOBS (default 2) programs are
-# checked at a time.
+# checked at a time. KEEP=DIR keeps each program's PTX (NAME.ptx) and its source after
+# preprocessing (NAME.i, clang -E -P with the same options) in DIR, for
+# tools/opencl_program_diff.sh.
 set -euo pipefail
 SRC=$1
 PLAN=$2
@@ -31,13 +33,19 @@ trap 'rm -rf "$TMP"' EXIT
 # prints its line, or its errors and exits 1.
 check() {
     local name="dtype$1-D$2-T$3-mma$4"
-    if ! "$CLANG" -x cl -cl-std=CL1.2 -target nvptx64-nvidia-nvcl -march=sm_80 \
-        -Xclang -target-feature -Xclang +ptx70 -Xclang -mlink-builtin-bitcode -Xclang "$LIBCLC" \
-        -include opencl-c.h -fgnu-keywords -Wno-linker-warnings -O2 -S -DFP_OCL_DTYPE="$1" \
-        -DFP_OCL_D="$2" -DFP_OCL_T="$3" -DFP_OCL_MMA=$(($4 > 0)) -DFP_OCL_FA2=$(($4 == 2)) \
-        -DFP_OCL_MMA_EMULATE=0 \
-        -DFP_OCL_UNROLL_ALL=1 \
-        -o "$TMP/$name.ptx" "$SRC" 2>"$TMP/$name.err"; then
+    local cl=(-x cl -cl-std=CL1.2 -target nvptx64-nvidia-nvcl -march=sm_80
+        -Xclang -target-feature -Xclang +ptx70 -Xclang -mlink-builtin-bitcode -Xclang "$LIBCLC"
+        -include opencl-c.h -fgnu-keywords -Wno-linker-warnings -O2 -DFP_OCL_DTYPE="$1"
+        -DFP_OCL_D="$2" -DFP_OCL_T="$3" -DFP_OCL_MMA=$(($4 > 0)) -DFP_OCL_FA2=$(($4 == 2))
+        -DFP_OCL_MMA_EMULATE=0
+        -DFP_OCL_UNROLL_ALL=1)
+    if [ -n "${KEEP:-}" ] &&
+        ! "$CLANG" "${cl[@]}" -E -P -o "$KEEP/$name.i" "$SRC" 2>"$TMP/$name.err"; then
+        echo "$name: clang -E failed:"
+        cat "$TMP/$name.err"
+        return 1
+    fi
+    if ! "$CLANG" "${cl[@]}" -S -o "$TMP/$name.ptx" "$SRC" 2>"$TMP/$name.err"; then
         echo "$name: clang failed:"
         cat "$TMP/$name.err"
         return 1
@@ -51,6 +59,7 @@ check() {
         grep -A1 "^\.extern" "$TMP/$name.ptx" | head -6
         return 1
     fi
+    [ -z "${KEEP:-}" ] || cp "$TMP/$name.ptx" "$KEEP/"
     if ! "$PTXAS" -arch=sm_90 -v -o "$TMP/$name.cubin" "$TMP/$name.ptx" >"$TMP/$name.v" 2>&1; then
         echo "$name: ptxas failed:"
         grep -v "^ptxas info" "$TMP/$name.v" | head -20
@@ -66,7 +75,7 @@ check() {
         END { print name ":" out }' "$TMP/$name.v"
 }
 export -f check
-export CLANG PTXAS LIBCLC SRC TMP
+export CLANG PTXAS LIBCLC SRC TMP KEEP
 
 "$PLAN" | sort -u >"$TMP/programs"
 n=$(wc -l <"$TMP/programs")

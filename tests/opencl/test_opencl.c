@@ -257,11 +257,11 @@ static void check_plan_48k(void)
     CHECK(programs == 256 * 2 * 2 * 3);
 }
 
-/* The FA2 device variants (kernels/flash_fa2.cl) on a 48 KiB device: f16 / bf16 calls at
- * head-dim classes up to 128 plan on them with T = 64 and three local arguments per kernel that
- * fit (the staging tile, then per-row values or v transposed, then the flags); every other call
- * plans exactly as on their tile-shaped counterparts, so the larger head dims keep their
- * programs. */
+/* The FA2 device variants (kernels/flash_fa2.cl) on a 48 KiB device: f16 / bf16 forwards at
+ * every head-dim class and backwards at classes up to FP_OCL_FA2_BWD_D (128) plan on them with
+ * T = 64 and three local arguments per kernel that fit (the staging tile, then per-row values or
+ * v transposed, then the flags); every other call plans exactly as on their tile-shaped
+ * counterparts, so the backwards of the larger head dims keep their programs. */
 static void check_plan_fa2(void)
 {
     const size_t local = 48 << 10;
@@ -275,7 +275,7 @@ static void check_plan_fa2(void)
                     const int vt =
                         fp_ocl_plan(kind, c, local, fp_ocl_tile_variant(device), f32, &tt);
                     size_t bytes[FP_OCL_MAX_LOCAL_ARGS];
-                    const int fa2 = !f32 && c <= 128;
+                    const int fa2 = !f32 && (kind == FP_OCL_FORWARD || c <= 128);
                     int ok =
                         fa2 ? v == device && t == 64 : v == vt && t == tt && !fp_ocl_variant_fa2(v);
                     for (int k = FP_OCL_KERNEL_FORWARD; fa2 && k <= FP_OCL_KERNEL_DKDV; k++)
@@ -292,6 +292,12 @@ static void check_plan_fa2(void)
      * real variant's one-float array */
     CHECK(fp_ocl_kernel_local_bytes(FP_OCL_KERNEL_FORWARD, 64, 128, FP_OCL_FA2_NV) ==
           64 * 136 * 2 + 16 + 128 * 72 * 2 + 16 + 512 + 16 + 16);
+    /* above class 128 the forward's key blocks have 32 keys and its passes (V transposed) 192
+     * dims at D = 192, 128 at D = 256 (two passes) */
+    CHECK(fp_ocl_kernel_local_bytes(FP_OCL_KERNEL_FORWARD, 64, 192, FP_OCL_FA2_NV) ==
+          32 * 200 * 2 + 16 + 192 * 40 * 2 + 16 + 256 + 16 + 16);
+    CHECK(fp_ocl_kernel_local_bytes(FP_OCL_KERNEL_FORWARD, 64, 256, FP_OCL_FA2_NV) ==
+          32 * 264 * 2 + 16 + 128 * 40 * 2 + 16 + 256 + 16 + 16);
     /* the backward's: the staging tile, and small per-row arrays */
     CHECK(fp_ocl_kernel_local_bytes(FP_OCL_KERNEL_DQ, 64, 128, FP_OCL_FA2_NV) ==
           64 * 136 * 2 + 16 + 256 + 16 + 2 * FP_OCL_FA2_BK * 4 + 16 + 16);

@@ -1,13 +1,18 @@
 /*
  * The forward in FlashAttention-2's shape for NVIDIA's tensor cores through OpenCL (FP_OCL_FA2 = 1,
- * with FP_OCL_MMA = 1; f16 and bf16 storage, head-dim classes up to 128, T = 64).
+ * with FP_OCL_MMA = 1; f16 and bf16 storage, every head-dim class, T = 64; the backward's kernels
+ * below it up to class 128).
  *
  * Algorithm: one work-group of 4 warps per (64-row query block, head, batch); warp w owns query
  * rows 16 w .. 16 w + 15 for the whole call. Its Q fragments (the A operands of Q K^T, D / 16
- * m16n8k16 steps) are loaded once into registers (the Q tile staged through K's local buffer);
- * key blocks of 64 stream through local memory, K as [64, D + 8] and V transposed as
- * [D, 64 + 8] (both 16-bit, copied in one phase between two barriers). Per key block each warp:
- *   S = Q K^T: 8 column tiles of m16n8 C fragments in registers (32 floats a lane);
+ * m16n8k16 steps) are loaded once into registers (the Q tile staged through K's local buffer, a
+ * key block's rows at a time); key blocks of FK keys (FP_OCL_FA2_FK: 64 up to D = 128, 32
+ * above) stream through local memory, K as [FK, D + 8] and V transposed as [OD, FK + 8] (both
+ * 16-bit, copied in one phase between two barriers), OD the dims of O a pass over the keys
+ * computes (FP_OCL_FA2_OD: all of them up to D = 192; at D = 256 two passes of 128, S computed
+ * in each, since a warp's 16 x 256 f32 O, 128 registers a lane, beside its 64 registers of Q
+ * fragments and S passes 255 registers and spills). Per key block each warp:
+ *   S = Q K^T: FK / 8 column tiles of m16n8 C fragments in registers (FK / 2 floats a lane);
  *   the mask and score transforms (core/mask.h) on those registers, skipped in blocks that are
  *   wholly visible with no softcap, ALiBi or paged cache;
  *   the row max and (at the end) the row sum: a lane holds rows g and g + 8 (lane = 4 g + t),
@@ -21,15 +26,17 @@
  * No barrier inside a block's computation: only the two around the K / V copy.
  *
  * Target: NVIDIA GPUs of compute capability >= 8.0 through NVIDIA's OpenCL driver (48 KiB of
- * local memory: K 17 KiB + V 18 KiB + 512 bytes of key flags at D = 128). No ldmatrix and no
- * asynchronous copies: plain 32-bit local loads (bank-conflict-free by the pitches of ocl_plan.h)
- * and 16-byte global loads. With FP_OCL_MMA_EMULATE = 1 (FLASHPORT_OPENCL_MMA=emulate) the
- * mma.sync and the shuffle are emulated through local memory (mma_nv.cl's fp_ocl_mma16816 and
- * fp_ocl_shfl_xor below), which runs the same data flow on any OpenCL device (PoCL in the
- * tests); tests/opencl/check_ptx.sh compiles the real one to PTX and assembles it.
+ * local memory: K 17 KiB + V 18 KiB + 512 bytes of key flags at D = 128; K 16.5 KiB + V 10 KiB
+ * at D = 256). Registers: ptxas's counts (tests/opencl/check_ptx.sh, sm_90) in docs/opencl.md.
+ * No ldmatrix and no asynchronous copies: plain 32-bit local loads (bank-conflict-free by the
+ * pitches of ocl_plan.h) and 16-byte global loads. With FP_OCL_MMA_EMULATE = 1
+ * (FLASHPORT_OPENCL_MMA=emulate) the mma.sync and the shuffle are emulated through local memory
+ * (mma_nv.cl's fp_ocl_mma16816 and fp_ocl_shfl_xor below), which runs the same data flow on any
+ * OpenCL device (PoCL in the tests); tests/opencl/check_ptx.sh compiles the real one to PTX and
+ * assembles it.
  *
- * Configuration: ocl_plan.h's fp_ocl_fa2_tile (T = 64 for D <= 128; above, the tile-shaped
- * variant of mma_nv.cl serves). Features as flash.cl's forward: masks and windows, softcap,
+ * Configuration: ocl_plan.h's fp_ocl_fa2_tile (T = 64; the backward above D = 128 is the
+ * tile-shaped variant's of mma_nv.cl). Features as flash.cl's forward: masks and windows, softcap,
  * ALiBi, GQA, varlen, seqused_k, paged K / V, LSE, rows that see no key, and the guard for
  * masked keys (V scrubbed in edge blocks; a row that sees a scrubbed key gets O = NaN), with the
  * key flags in their own array, two blocks' worth so that zeroing one block's flags never races
@@ -39,15 +46,30 @@
  */
 #if FP_OCL_FA2
 
-#if !FP_OCL_MMA || D > 128 || T != 64
-#error "the FA2-shaped kernels need the tensor-core policy, D <= 128 and T = 64"
+#if !FP_OCL_MMA || D > 256 || T != 64
+#error "the FA2-shaped kernels need the tensor-core policy, D <= 256 and T = 64"
 #endif
 
-#define FA2_KS (D / 16) /* k steps of Q K^T */
-#define FA2_SN (T / 8)  /* column tiles of a warp's S */
-#define FA2_ON (D / 8)  /* column tiles of a warp's O */
-#define LDT    (T + 8)  /* pitch of the transposed V tile (ocl_plan.h's fp_ocl_vt_ld) */
-#define LDP    (D + 8)  /* pitch in 32-bit words of a row-pair tile (fp_ocl_fa2_load_pairs) */
+/* FA2_WIDE: the forward's key blocks are smaller than its query block (head-dim classes above
+ * 128): Q is staged a key block's rows at a time and O computed in passes of FA2_OD dims. The
+ * code for that is compiled only there (#if FA2_WIDE), so that the forward of the smaller
+ * classes, one pass over key blocks of T keys with Q staged whole, stays as plain as before:
+ * with the general code compiled at D = 128 too, NVIDIA's compiler gave a forward about 28 %
+ * slower (docs/opencl.md). */
+#define FA2_WIDE (FP_OCL_FA2_FK(D) < T)
+#if FA2_WIDE
+#define FA2_FK FP_OCL_FA2_FK(D) /* keys per block of the forward */
+#define FA2_OD FP_OCL_FA2_OD(D) /* dims of O a pass of the forward computes */
+#else
+#define FA2_FK T
+#define FA2_OD D
+#endif
+#define FA2_KS (D / 16)     /* k steps of Q K^T */
+#define FA2_SN (FA2_FK / 8) /* column tiles of a warp's S in the forward */
+#define FA2_ON (D / 8)      /* column tiles of a warp's O (dQ, dK, dV) */
+#define FA2_OP (FA2_OD / 8) /* column tiles of the dims a pass of the forward computes */
+#define LDT    (FA2_FK + 8) /* pitch of the transposed V tile (ocl_plan.h's fp_ocl_vt_ld) */
+#define LDP    (D + 8)      /* pitch in 32-bit words of a row-pair tile (fp_ocl_fa2_load_pairs) */
 
 /* v of lane (lane ^ mask) of this warp: shfl.sync.bfly, or its emulation through the warp's
  * floats of scratch (two barriers: every work-item calls it the same number of times). */
@@ -68,18 +90,28 @@ FP_OCL_INLINE float fp_ocl_shfl_xor(float v, int mask, __local float *scratch)
 #endif
 }
 
-/* Rows [r0, r0 + n) of a [seq, dim] slice into vt[d * LDT + r] (transposed), zeros as
- * fp_ocl_load_tile's; where scrub, non-finite elements become 0 and set bad[r]. 16 bytes (8
- * dims of one key) a work-item where fp_ocl_rows_by16 holds, consecutive
- * work-items on consecutive keys (their 16-bit stores then fall on 16 distinct banks). */
+/* Dims d0 .. d0 + FA2_OD (d0 0 where !FA2_WIDE) of rows [r0, r0 + n) (n <= FA2_FK) of a [seq,
+ * dim] slice into vt[(d - d0) * LDT + r] (transposed), zeros as fp_ocl_load_tile's; where scrub,
+ * non-finite elements become 0 and set bad[r], and so do those of the row's other dims (read for
+ * that alone, so that every pass of the forward flags the same keys). 16 bytes (8 dims of one
+ * key) a work-item where fp_ocl_rows_by16 holds, consecutive work-items on consecutive keys
+ * (their 16-bit stores then fall on 16 distinct banks). */
 FP_OCL_INLINE void fp_ocl_load_vt(__local fp_tile *vt, __global const fp_elem *x,
                                   const fp_ocl_args *a, const fp_ocl_rows *src, long r0, int n,
+#if FA2_WIDE
+                                  int hd, int d0, int scrub, __local float *bad)
+#else
                                   int hd, int scrub, __local float *bad)
+#endif
 {
     if (fp_ocl_rows_by16(src, hd)) {
-        for (int e = get_local_id(0); e < T * (D / 8); e += FP_OCL_WG) {
-            const int r = e % T, d = e / T * 8;
+        for (int e = get_local_id(0); e < FA2_FK * (FA2_OD / 8); e += FP_OCL_WG) {
+            const int r = e % FA2_FK, d = e / FA2_FK * 8;
+#if FA2_WIDE
+            const uint4 v = fp_ocl_get16(x, a, src, r0, r, n, d0 + d, hd, scrub, bad + r);
+#else
             const uint4 v = fp_ocl_get16(x, a, src, r0, r, n, d, hd, scrub, bad + r);
+#endif
             __local fp_tile *p = vt + d * LDT + r;
             p[0] = (fp_tile)v.x;
             p[LDT] = (fp_tile)(v.x >> 16);
@@ -90,12 +122,28 @@ FP_OCL_INLINE void fp_ocl_load_vt(__local fp_tile *vt, __global const fp_elem *x
             p[6 * LDT] = (fp_tile)v.w;
             p[7 * LDT] = (fp_tile)(v.w >> 16);
         }
+#if FA2_WIDE
+        for (int e = get_local_id(0); scrub && e < FA2_FK * ((D - FA2_OD) / 8); e += FP_OCL_WG) {
+            const int r = e % FA2_FK, d = e / FA2_FK * 8;
+            (void)fp_ocl_get16(x, a, src, r0, r, n, d < d0 ? d : d + FA2_OD, hd, 1, bad + r);
+        }
+#endif
         return;
     }
-    for (int e = get_local_id(0); e < T * D; e += FP_OCL_WG) {
-        const int r = e % T, d = e / T;
+    for (int e = get_local_id(0); e < FA2_FK * FA2_OD; e += FP_OCL_WG) {
+        const int r = e % FA2_FK, d = e / FA2_FK;
+#if FA2_WIDE
+        vt[d * LDT + r] = fp_ocl_get1(x, a, src, r0, r, n, d0 + d, hd, scrub, bad + r);
+#else
         vt[d * LDT + r] = fp_ocl_get1(x, a, src, r0, r, n, d, hd, scrub, bad + r);
+#endif
     }
+#if FA2_WIDE
+    for (int e = get_local_id(0); scrub && e < FA2_FK * (D - FA2_OD); e += FP_OCL_WG) {
+        const int r = e % FA2_FK, d = e / FA2_FK;
+        (void)fp_ocl_get1(x, a, src, r0, r, n, d < d0 ? d : d + FA2_OD, hd, 1, bad + r);
+    }
+#endif
 }
 
 /* The 16-bit halves of two rows' words x (row 2 i) and y (row 2 i + 1) regrouped by dim: (x's low,
@@ -179,15 +227,27 @@ FP_OCL_INLINE void fp_ocl_fa2_grad(const fp_ocl_args *a, const fp_ocl_seq *s, fl
     *ds = dd;
 }
 
-/* The m16n8k16 A fragments of ks k-steps of the 16 rows of this warp (rows 16 w ..) of a [64, D]
- * 16-bit tile, into f[4 ks ..]. */
+/* The m16n8k16 A fragments of ks k-steps of the 16 rows of this warp (rows 16 w ..) of a
+ * [64, D] 16-bit matrix, into f[4 ks ..], from a local tile holding all its rows or, where
+ * FA2_WIDE, its rows r0 onwards (r0 <= 16 w, the warp's rows inside the tile). */
+#if FA2_WIDE
+FP_OCL_INLINE void fp_ocl_fa2_frags(uint *f, __local const fp_tile *t, int r0)
+#else
 FP_OCL_INLINE void fp_ocl_fa2_frags(uint *f, __local const fp_tile *t)
+#endif
 {
     const int w = get_local_id(0) / 32;
     FP_OCL_UNROLL
     for (int ks = 0; ks < FA2_KS; ks++)
+#if FA2_WIDE
+        fp_ocl_load_a(f + 4 * ks, t, 1, (16 * w - r0) * LD + 16 * ks, LD, 1);
+#else
         fp_ocl_load_a(f + 4 * ks, t, 1, 16 * w * LD + 16 * ks, LD, 1);
+#endif
 }
+
+/* The backward's (head-dim classes up to FP_OCL_FA2_BWD_D, as below) */
+#if D <= FP_OCL_FA2_BWD_D
 
 /* Rows [r0, r0 + n) of x1, then of x2, through the staging tile as this warp's A fragments f1
  * and f2 (three barriers; the staging tile then holds x2's rows); flags[0 .. nflags) zeroed on
@@ -208,20 +268,34 @@ FP_OCL_INLINE void fp_ocl_fa2_stage2(uint *f1, uint *f2, __local fp_tile *stage,
     barrier(CLK_LOCAL_MEM_FENCE);
     fp_ocl_fa2_frags(f2, stage);
 }
+#endif
 
-/* Stores this warp's 16 x D accumulator (C fragments; rows r_lo and r_lo + 8 of the tile, r_lo
- * = 16 w + lane / 4) times f0 / f1 to x (row0: the element of tile row 0, dim 0), rows < n and
- * dims < hd. */
+/* Stores this warp's 16 x D accumulator or, where FA2_WIDE, its 16 x (8 nt) one of dims d0 ..
+ * (C fragments; rows r_lo and r_lo + 8 of the tile, r_lo = 16 w + lane / 4) times f0 / f1 to x
+ * (row0: the element of tile row 0, dim 0), rows < n and dims < hd. */
+#if FA2_WIDE
+FP_OCL_INLINE void fp_ocl_fa2_store(__global fp_elem *x, long row0, long srow, long sdim, int n,
+                                    int hd, const float *acc, int nt, int d0, float f0, float f1)
+#else
 FP_OCL_INLINE void fp_ocl_fa2_store(__global fp_elem *x, long row0, long srow, long sdim, int n,
                                     int hd, const float *acc, float f0, float f1)
+#endif
 {
     const int lane = get_local_id(0) % 32, t4 = lane % 4;
     const int r_lo = 16 * (get_local_id(0) / 32) + lane / 4;
     FP_OCL_UNROLL
+#if FA2_WIDE
+    for (int j = 0; j < nt; j++)
+#else
     for (int j = 0; j < FA2_ON; j++)
+#endif
         FP_OCL_UNROLL
         for (int e = 0; e < 4; e++) {
+#if FA2_WIDE
+            const int r = r_lo + 8 * (e / 2), d = d0 + 8 * j + 2 * t4 + e % 2;
+#else
             const int r = r_lo + 8 * (e / 2), d = 8 * j + 2 * t4 + e % 2;
+#endif
             if (r < n && d < hd)
                 FP_STORE(x, row0 + r * srow + d * sdim, acc[4 * j + e] * (e < 2 ? f0 : f1));
         }
@@ -283,7 +357,7 @@ fp_ocl_forward(const fp_ocl_args a, __global const fp_elem *q, __global const fp
                __local fp_tile *svt_arg, __local float *sbad_arg)
 {
     __local fp_tile *sk = FP_OCL_ALIGN16(fp_tile, sk_arg), *svt = FP_OCL_ALIGN16(fp_tile, svt_arg);
-    __local float *sbad = FP_OCL_ALIGN16(float, sbad_arg); /* [2][T]: key flags, by block parity */
+    __local float *sbad = FP_OCL_ALIGN16(float, sbad_arg); /* [2][FA2_FK]: key flags, by parity */
     __local float scratch[FP_OCL_SCRATCH];
     FP_OCL_QUERY_BLOCK(&a);
     const long hk = h / (a.heads / a.kv_heads);
@@ -294,6 +368,29 @@ fp_ocl_forward(const fp_ocl_args a, __global const fp_elem *q, __global const fp
     const int lane = tid % 32, t4 = lane % 4;
     const int r_lo = 16 * (tid / 32) + lane / 4; /* this lane's rows: r_lo and r_lo + 8 */
 
+#if FA2_WIDE
+    /* Q through K's buffer into this warp's A fragments, FA2_FK rows at a time (the warps whose
+     * rows the buffer holds take theirs) */
+    uint qf[FA2_KS * 4];
+    FP_OCL_UNROLL
+    for (int r0 = 0; r0 < T; r0 += FA2_FK) {
+        fp_ocl_load_rows(sk, FA2_FK, q, &a, &qr, i0 + r0, rows - r0, hd, 0, sbad, 1);
+        barrier(CLK_LOCAL_MEM_FENCE);
+        if (16 * (tid / 32) - r0 >= 0 && 16 * (tid / 32) - r0 < FA2_FK)
+            fp_ocl_fa2_frags(qf, sk, r0);
+        barrier(CLK_LOCAL_MEM_FENCE); /* the rows' readers are done */
+    }
+    /* O FA2_OD dims at a time, each a pass over the key blocks: a loop, written as a label and
+     * gotos so that the code of a pass below is also, as it stands, the whole forward of the
+     * classes up to 128 */
+    int d0 = 0;
+pass:
+    if (d0 >= D)
+        goto done;
+    barrier(CLK_LOCAL_MEM_FENCE); /* the last pass's readers of sbad are done */
+    if (tid < 2 * FA2_FK)
+        sbad[tid] = 0.0f;
+#else
     /* Q through K's buffer into this warp's A fragments */
     fp_ocl_load_rows(sk, T, q, &a, &qr, i0, rows, hd, 0, sbad, 1);
     if (tid < 2 * T)
@@ -301,6 +398,7 @@ fp_ocl_forward(const fp_ocl_args a, __global const fp_elem *q, __global const fp
     barrier(CLK_LOCAL_MEM_FENCE);
     uint qf[FA2_KS * 4];
     fp_ocl_fa2_frags(qf, sk);
+#endif
 
     /* rows r_lo (0) and r_lo + 8 (1): the softmax state, l this lane's share until the end;
      * whether the row sees a key whose V row was scrubbed (O = NaN) */
@@ -308,24 +406,28 @@ fp_ocl_forward(const fp_ocl_args a, __global const fp_elem *q, __global const fp
     fp_softmax_init(&st0);
     fp_softmax_init(&st1);
     int nan0 = 0, nan1 = 0;
-    float acc[FA2_ON * 4];
+    float acc[FA2_OP * 4];
     FP_OCL_UNROLL
-    for (int n = 0; n < FA2_ON; n++)
+    for (int n = 0; n < FA2_OP; n++)
         acc[4 * n + 0] = acc[4 * n + 1] = acc[4 * n + 2] = acc[4 * n + 3] = 0.0f;
 
     int64_t lo, hi;
     fp_mask_block_range(i0, i0 + rows, s.nq, s.nk, a.left, a.right, &lo, &hi);
-    for (long j0 = lo < hi ? lo / T * T : hi; j0 < hi; j0 += T) {
-        const int par = (int)(j0 / T) & 1; /* which half of sbad holds this block's flags */
-        const int cols = (int)min((long)T, s.nk - j0);
+    for (long j0 = lo < hi ? lo / FA2_FK * FA2_FK : hi; j0 < hi; j0 += FA2_FK) {
+        const int par = (int)(j0 / FA2_FK) & 1; /* which half of sbad holds this block's flags */
+        const int cols = (int)min((long)FA2_FK, s.nk - j0);
         const int edge =
             !fp_mask_block_full(i0, i0 + rows, j0, j0 + cols, s.nq, s.nk, a.left, a.right);
-        __local float *bad = sbad + par * T;
+        __local float *bad = sbad + par * FA2_FK;
         barrier(CLK_LOCAL_MEM_FENCE); /* every reader of sk (Q, the last K) and svt is done */
-        fp_ocl_load_rows(sk, T, k, &a, &kr, j0, cols, hd, 0, sbad, 1);
+        fp_ocl_load_rows(sk, FA2_FK, k, &a, &kr, j0, cols, hd, 0, sbad, 1);
+#if FA2_WIDE
+        fp_ocl_load_vt(svt, v, &a, &vr, j0, cols, hd, d0, edge, bad);
+#else
         fp_ocl_load_vt(svt, v, &a, &vr, j0, cols, hd, edge, bad);
-        if (tid < T) /* the other parity: read in the block before, written in the next one */
-            sbad[(par ^ 1) * T + tid] = 0.0f;
+#endif
+        if (tid < FA2_FK) /* the other parity: read in the block before, written in the next one */
+            sbad[(par ^ 1) * FA2_FK + tid] = 0.0f;
         barrier(CLK_LOCAL_MEM_FENCE);
 
         float sc[FA2_SN * 4];
@@ -344,7 +446,7 @@ fp_ocl_forward(const fp_ocl_args a, __global const fp_elem *q, __global const fp
         /* scores: scaled; in a block with a masked pair, a key past the sequence, a paged
          * cache (a key of a page out of range is masked), softcap or ALiBi, the whole of
          * core/mask.h's transform per element */
-        const int simple = !edge && cols == T && !a.paged && !a.has_alibi && a.softcap == 0.0f;
+        const int simple = !edge && cols == FA2_FK && !a.paged && !a.has_alibi && a.softcap == 0.0f;
         FP_OCL_UNROLL
         for (int j = 0; j < FA2_SN; j++)
             FP_OCL_UNROLL
@@ -392,21 +494,21 @@ fp_ocl_forward(const fp_ocl_args a, __global const fp_elem *q, __global const fp
         }
 
         FP_OCL_UNROLL
-        for (int n = 0; n < FA2_ON; n++) {
+        for (int n = 0; n < FA2_OP; n++) {
             acc[4 * n + 0] *= alpha[0];
             acc[4 * n + 1] *= alpha[0];
             acc[4 * n + 2] *= alpha[1];
             acc[4 * n + 3] *= alpha[1];
         }
         FP_OCL_UNROLL
-        for (int kk = 0; kk < T / 16; kk++) {
+        for (int kk = 0; kk < FA2_FK / 16; kk++) {
             uint pa[4];
             pa[0] = fp_ocl_pack2(sc[4 * (2 * kk) + 0], sc[4 * (2 * kk) + 1]);
             pa[1] = fp_ocl_pack2(sc[4 * (2 * kk) + 2], sc[4 * (2 * kk) + 3]);
             pa[2] = fp_ocl_pack2(sc[4 * (2 * kk + 1) + 0], sc[4 * (2 * kk + 1) + 1]);
             pa[3] = fp_ocl_pack2(sc[4 * (2 * kk + 1) + 2], sc[4 * (2 * kk + 1) + 3]);
             FP_OCL_UNROLL
-            for (int n = 0; n < FA2_ON; n++) {
+            for (int n = 0; n < FA2_OP; n++) {
                 uint vb[2];
                 fp_ocl_load_b(vb, svt + 8 * n * LDT + 16 * kk, 1, LDT);
                 fp_ocl_mma16816(acc + 4 * n, pa, vb, scratch);
@@ -421,13 +523,29 @@ fp_ocl_forward(const fp_ocl_args a, __global const fp_elem *q, __global const fp
     /* a row that saw a scrubbed V row: NaN, as its 0 x NaN-free sum would not be */
     const float f0 = nan0 ? NAN : fp_softmax_out_scale(&st0);
     const float f1 = nan1 ? NAN : fp_softmax_out_scale(&st1);
+#if FA2_WIDE
+    if (a.has_lse && d0 == 0 && t4 == 0 && r_lo < rows)
+        lse[fp_ocl_lse_at(&a, b, h, s.q_start + i0 + r_lo)] = fp_softmax_lse(&st0);
+    if (a.has_lse && d0 == 0 && t4 == 0 && r_lo + 8 < rows)
+        lse[fp_ocl_lse_at(&a, b, h, s.q_start + i0 + r_lo + 8)] = fp_softmax_lse(&st1);
+    fp_ocl_fa2_store(o, fp_ocl_row0(a.o, b, s.q_start + i0, h), a.o.s[1], a.o.s[3], rows, hd, acc,
+                     FA2_OP, d0, f0, f1);
+    d0 += FA2_OD;
+    goto pass;
+done:;
+#else
     if (a.has_lse && t4 == 0 && r_lo < rows)
         lse[fp_ocl_lse_at(&a, b, h, s.q_start + i0 + r_lo)] = fp_softmax_lse(&st0);
     if (a.has_lse && t4 == 0 && r_lo + 8 < rows)
         lse[fp_ocl_lse_at(&a, b, h, s.q_start + i0 + r_lo + 8)] = fp_softmax_lse(&st1);
     fp_ocl_fa2_store(o, fp_ocl_row0(a.o, b, s.q_start + i0, h), a.o.s[1], a.o.s[3], rows, hd, acc,
                      f0, f1);
+#endif
 }
+
+/* The backward's kernels: head-dim classes up to FP_OCL_FA2_BWD_D (ocl_args.h); a program of a
+ * larger class has the forward alone, and the tile-shaped program serves its backward. */
+#if D <= FP_OCL_FA2_BWD_D
 
 #define FA2_BK FP_OCL_FA2_BK /* keys per block of the dQ kernel */
 #define FA2_BQ FP_OCL_FA2_BQ /* query rows per block of the dK / dV kernel */
@@ -791,5 +909,7 @@ fp_ocl_backward_dq_out(const fp_ocl_args a, __global const float *dq_acc, __glob
         FP_STORE(dq, fp_ocl_row0(a.dq, b, s.q_start + i0 + r, h) + d * a.dq.s[3], acc[e]);
     }
 }
+
+#endif /* D <= FP_OCL_FA2_BWD_D */
 
 #endif /* FP_OCL_FA2 */

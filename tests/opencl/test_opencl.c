@@ -597,10 +597,10 @@ static void check_bwd_form_fixed_at_open(void)
 
 /* The emulated FA2-shaped kernels (FLASHPORT_OPENCL_MMA=emulate) run repeatedly on one input
  * give the same bits every time, on whatever number of threads the device runs work-groups on
- * (PoCL: one per core; no POCL_MAX_PTHREAD_COUNT here). PoCL 3.1 with two threads once gave
- * this forward wrong, run-to-run different results for whole work-groups where the launch's
- * work-groups differed in head or batch (docs/opencl.md, "Tests"), hence several heads, two
- * sequences and more than one query block each. The backward asks to be deterministic (the
+ * (PoCL: one per core). PoCL 3.1 with two threads gave this forward wrong, run-to-run
+ * different results for whole work-groups while the emulation's scratch was a kernel-scope
+ * __local array (docs/opencl.md, "Tests"), hence several heads, two sequences and more than one
+ * query block each. The backward asks to be deterministic (the
  * two-kernel form: the default one-kernel form adds dQ by atomic adds, in no fixed order). */
 static void check_fa2_repeatable(void)
 {

@@ -96,19 +96,28 @@ enum {
     FP_OCL_KERNELS
 };
 
-#define FP_OCL_MAX_LOCAL_ARGS 7
+#define FP_OCL_MAX_LOCAL_ARGS 8
 /* Every __local argument gets this many bytes more than its tile, and is counted rounded up to
  * a multiple of it: the kernels round each argument's address up to 16 bytes (kernels/flash.cl's
  * FP_OCL_ALIGN16), since a driver may place them at any 4-byte offset (NVIDIA's does), and 16 is
  * the widest alignment the tiles' loads ask for (float4). */
 #define FP_OCL_LOCAL_ALIGN 16
 
+/* The emulated tensor-core variants' local scratch (kernels/flash.cl's FP_OCL_SCRATCH_ARG: the
+ * last __local argument of every kernel that multiplies): the emulated instruction's A 16 x 16
+ * and B 16 x 8 f32 for each of the 4 warps (the emulated shuffle of the FA2-shaped kernels uses
+ * the same floats); none in the other variants. */
+static inline size_t fp_ocl_scratch_bytes(int variant)
+{
+    return fp_ocl_variant_emulated(variant) ? (size_t)(FP_OCL_WG / 32) * (16 * 16 + 16 * 8) * 4 : 0;
+}
+
 /* The __local kernel arguments of `kernel` with t x t tiles of head-dim class d, in argument
- * order, in bytes, FP_OCL_LOCAL_ALIGN more than the tile each holds (ocl_attention.c passes
- * exactly these; the planner sums them); returns their
- * count. [t, d] tiles (q, k, v, dO): fp_ocl_tile_ld and fp_ocl_tile_elem_bytes; [t, t] f32 score
- * tiles (S / P, dS) with pitch fp_ocl_score_ld; per-row f32 values (the forward's row factors,
- * the backward's LSE and delta). */
+ * order, in bytes, FP_OCL_LOCAL_ALIGN more than the tile each holds, then the emulated variants'
+ * scratch (fp_ocl_scratch_bytes, as it is) (ocl_attention.c passes exactly these; the planner
+ * sums them); returns their count. [t, d] tiles (q, k, v, dO): fp_ocl_tile_ld and
+ * fp_ocl_tile_elem_bytes; [t, t] f32 score tiles (S / P, dS) with pitch fp_ocl_score_ld; per-row
+ * f32 values (the forward's row factors, the backward's LSE and delta). */
 static inline int fp_ocl_local_args(int kernel, int64_t t, int64_t d, int variant,
                                     size_t bytes[FP_OCL_MAX_LOCAL_ARGS])
 {
@@ -157,17 +166,17 @@ static inline int fp_ocl_local_args(int kernel, int64_t t, int64_t d, int varian
     }
     for (int i = 0; i < n; i++) /* room for the kernel's rounding up of the address */
         bytes[i] += FP_OCL_LOCAL_ALIGN;
+    if (fp_ocl_scratch_bytes(variant)) /* floats, used where the driver puts them */
+        bytes[n++] = fp_ocl_scratch_bytes(variant);
     return n;
 }
 
-/* The kernels' own __local array (FP_OCL_SCRATCH floats in kernels/flash.cl and mma_nv.cl): the
- * emulated instruction's A 16 x 16 and B 16 x 8 f32 for each of the 4 warps (the emulated
- * shuffle of the FA2-shaped forward uses the same floats); one float in the other variants, which
- * do not use it. */
+/* The kernels' own __local array (FP_OCL_SCRATCH floats in kernels/flash.cl and mma_nv.cl): one
+ * float, unused, in the variants that do not emulate (the emulated ones take an argument
+ * instead: fp_ocl_scratch_bytes). */
 static inline size_t fp_ocl_static_local_bytes(int variant)
 {
-    return (size_t)(fp_ocl_variant_emulated(variant) ? (FP_OCL_WG / 32) * (16 * 16 + 16 * 8) : 1) *
-           4;
+    return fp_ocl_variant_emulated(variant) ? 0 : 4;
 }
 
 static inline size_t fp_ocl_local_round(size_t bytes)

@@ -200,8 +200,8 @@ static void check_plan(void)
     }
     CHECK(fp_ocl_dim_class(257) == 0);
     CHECK(fp_ocl_tile(FP_OCL_BACKWARD, 256, 16 << 10, FP_OCL_PLAIN) == 0); /* unsupported */
-    /* The emulation's scratch counts against local memory: 6 KiB less room than the real one,
-     * whose own array is one float (16 bytes rounded). */
+    /* The emulation's scratch (its kernels' last __local argument) counts against local memory:
+     * 6 KiB less room than the real one, whose own array is one float (16 bytes rounded). */
     CHECK(fp_ocl_tile_local_bytes(FP_OCL_FORWARD, 32, 128, FP_OCL_MMA_EMULATED) ==
           fp_ocl_tile_local_bytes(FP_OCL_FORWARD, 32, 128, FP_OCL_MMA_NV) + 6144 - 16);
     /* Where 16-bit tiles of 16 rows do not fit (34 KiB, D = 256: only 8 rows), the plain path
@@ -280,7 +280,9 @@ static void check_plan_fa2(void)
                         fa2 ? v == device && t == 64 : v == vt && t == tt && !fp_ocl_variant_fa2(v);
                     for (int k = FP_OCL_KERNEL_FORWARD; fa2 && k <= FP_OCL_KERNEL_DKDV; k++)
                         if ((k == FP_OCL_KERNEL_FORWARD) == (kind == FP_OCL_FORWARD))
-                            ok = ok && fp_ocl_local_args(k, t, c, v, bytes) == 3 &&
+                            ok = ok &&
+                                 fp_ocl_local_args(k, t, c, v, bytes) ==
+                                     3 + fp_ocl_variant_emulated(v) &&
                                  fp_ocl_kernel_local_bytes(k, t, c, v) <= local;
                     CHECK_MSG(ok,
                               "48 KiB, D %lld (class %lld), %s, %s storage, FA2 device variant "
@@ -595,10 +597,10 @@ static void check_bwd_form_fixed_at_open(void)
 
 /* The emulated FA2-shaped kernels (FLASHPORT_OPENCL_MMA=emulate) run repeatedly on one input
  * give the same bits every time, on whatever number of threads the device runs work-groups on
- * (PoCL: one per core; no POCL_MAX_PTHREAD_COUNT here). PoCL 3.1 with two threads once gave
- * this forward wrong, run-to-run different results for whole work-groups where the launch's
- * work-groups differed in head or batch (docs/opencl.md, "Tests"), hence several heads, two
- * sequences and more than one query block each. The backward asks to be deterministic (the
+ * (PoCL: one per core). PoCL 3.1 with two threads gave this forward wrong, run-to-run
+ * different results for whole work-groups while the emulation's scratch was a kernel-scope
+ * __local array (docs/opencl.md, "Tests"), hence several heads, two sequences and more than one
+ * query block each. The backward asks to be deterministic (the
  * two-kernel form: the default one-kernel form adds dQ by atomic adds, in no fixed order). */
 static void check_fa2_repeatable(void)
 {

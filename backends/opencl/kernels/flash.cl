@@ -356,6 +356,19 @@ FP_OCL_INLINE int fp_ocl_sees_bad(const fp_ocl_args *a, const fp_ocl_seq *s, lon
  * bytes more, so the rounded address stays inside it. */
 #define FP_OCL_ALIGN16(T, p) ((__local T *)(((size_t)(p) + 15) & ~(size_t)15))
 
+/* The emulated tensor-core instruction's and shuffle's local scratch (FP_OCL_SCRATCH floats):
+ * with FP_OCL_MMA_EMULATE = 1 a __local argument `scratch` after the kernel's other arguments
+ * (ocl_plan.h's fp_ocl_local_args sizes it), otherwise an array of the kernel's own. PoCL's
+ * pthread device (3.1) gave the kernel-scope array of work-groups running at once the same
+ * memory in some programs (emulated results wrong and different from run to run); an argument
+ * is each work-group's own. FP_OCL_SCRATCH_ARG wraps a kernel's last parameters, so that the
+ * other programs' source is unchanged after preprocessing. */
+#if FP_OCL_MMA_EMULATE
+#define FP_OCL_SCRATCH_ARG(...) __VA_ARGS__, __local float *scratch
+#else
+#define FP_OCL_SCRATCH_ARG(...) __VA_ARGS__
+#endif
+
 /* The tile-shaped kernels; an FA2 program (FP_OCL_FA2, kernels/flash_fa2.cl) has only its own
  * forward. */
 #if !FP_OCL_FA2
@@ -364,11 +377,14 @@ fp_ocl_forward(const fp_ocl_args a, __global const fp_elem *q, __global const fp
                __global const fp_elem *v, __global fp_elem *o, __global float *lse,
                __global const int *cu_q, __global const int *cu_k, __global const float *alibi,
                __global const int *used, __global const int *bt, __local fp_tile *sq_arg,
-               __local fp_tile *skv_arg, __local float *ss_arg, __local float *srow_arg)
+               FP_OCL_SCRATCH_ARG(__local fp_tile *skv_arg, __local float *ss_arg,
+                                  __local float *srow_arg))
 {
     __local fp_tile *sq = FP_OCL_ALIGN16(fp_tile, sq_arg), *skv = FP_OCL_ALIGN16(fp_tile, skv_arg);
     __local float *ss = FP_OCL_ALIGN16(float, ss_arg), *srow = FP_OCL_ALIGN16(float, srow_arg);
+#if !FP_OCL_MMA_EMULATE
     __local float scratch[FP_OCL_SCRATCH];
+#endif
     FP_OCL_QUERY_BLOCK(&a);
     const long hk = h / (a.heads / a.kv_heads);
     const float slope = a.has_alibi ? alibi[a.alibi_off + h] : 0.0f;
@@ -535,12 +551,14 @@ fp_ocl_backward_dq(const fp_ocl_args a, __global const fp_elem *q, __global cons
                    __global const int *cu_q, __global const int *cu_k, __global const float *alibi,
                    __global const int *used, __local fp_tile *sq_arg, __local fp_tile *sdo_arg,
                    __local fp_tile *sk_arg, __local fp_tile *sv_arg, __local float *sds_arg,
-                   __local float *srow_arg)
+                   FP_OCL_SCRATCH_ARG(__local float *srow_arg))
 {
     __local fp_tile *sq = FP_OCL_ALIGN16(fp_tile, sq_arg), *sdo = FP_OCL_ALIGN16(fp_tile, sdo_arg);
     __local fp_tile *sk = FP_OCL_ALIGN16(fp_tile, sk_arg), *sv = FP_OCL_ALIGN16(fp_tile, sv_arg);
     __local float *sds = FP_OCL_ALIGN16(float, sds_arg), *srow = FP_OCL_ALIGN16(float, srow_arg);
+#if !FP_OCL_MMA_EMULATE
     __local float scratch[FP_OCL_SCRATCH];
+#endif
     FP_OCL_QUERY_BLOCK(&a);
     const long hk = h / (a.heads / a.kv_heads);
     const float slope = a.has_alibi ? alibi[a.alibi_off + h] : 0.0f;
@@ -591,13 +609,15 @@ fp_ocl_backward_dkdv(const fp_ocl_args a, __global const fp_elem *q, __global co
                      __global const int *cu_k, __global const float *alibi,
                      __global const int *used, __local fp_tile *sq_arg, __local fp_tile *sdo_arg,
                      __local fp_tile *sk_arg, __local fp_tile *sv_arg, __local float *sp_arg,
-                     __local float *sds_arg, __local float *srow_arg)
+                     FP_OCL_SCRATCH_ARG(__local float *sds_arg, __local float *srow_arg))
 {
     __local fp_tile *sq = FP_OCL_ALIGN16(fp_tile, sq_arg), *sdo = FP_OCL_ALIGN16(fp_tile, sdo_arg);
     __local fp_tile *sk = FP_OCL_ALIGN16(fp_tile, sk_arg), *sv = FP_OCL_ALIGN16(fp_tile, sv_arg);
     __local float *sp = FP_OCL_ALIGN16(float, sp_arg), *sds = FP_OCL_ALIGN16(float, sds_arg);
     __local float *srow = FP_OCL_ALIGN16(float, srow_arg);
+#if !FP_OCL_MMA_EMULATE
     __local float scratch[FP_OCL_SCRATCH];
+#endif
     FP_OCL_KEY_BLOCK(&a);
 
     fp_ocl_load_tile(sk, k, &a, &kr, j0, cols, hd, 0, sp);

@@ -354,11 +354,13 @@ fp_ocl_forward(const fp_ocl_args a, __global const fp_elem *q, __global const fp
                __global const fp_elem *v, __global fp_elem *o, __global float *lse,
                __global const int *cu_q, __global const int *cu_k, __global const float *alibi,
                __global const int *used, __global const int *bt, __local fp_tile *sk_arg,
-               __local fp_tile *svt_arg, __local float *sbad_arg)
+               FP_OCL_SCRATCH_ARG(__local fp_tile *svt_arg, __local float *sbad_arg))
 {
     __local fp_tile *sk = FP_OCL_ALIGN16(fp_tile, sk_arg), *svt = FP_OCL_ALIGN16(fp_tile, svt_arg);
     __local float *sbad = FP_OCL_ALIGN16(float, sbad_arg); /* [2][FA2_FK]: key flags, by parity */
+#if !FP_OCL_MMA_EMULATE
     __local float scratch[FP_OCL_SCRATCH];
+#endif
     FP_OCL_QUERY_BLOCK(&a);
     const long hk = h / (a.heads / a.kv_heads);
     const float slope = a.has_alibi ? alibi[a.alibi_off + h] : 0.0f;
@@ -560,12 +562,14 @@ fp_ocl_backward_dq(const fp_ocl_args a, __global const fp_elem *q, __global cons
                    __global const fp_elem *dout, __global fp_elem *dq, __global float *delta,
                    __global const int *cu_q, __global const int *cu_k, __global const float *alibi,
                    __global const int *used, __local fp_tile *stage_arg, __local float *srow_arg,
-                   __local float *sbad_arg)
+                   FP_OCL_SCRATCH_ARG(__local float *sbad_arg))
 {
     __local fp_tile *stage = FP_OCL_ALIGN16(fp_tile, stage_arg);
     __local float *srow = FP_OCL_ALIGN16(float, srow_arg);
     __local float *sbad = FP_OCL_ALIGN16(float, sbad_arg); /* [2][FA2_BK], by block parity */
+#if !FP_OCL_MMA_EMULATE
     __local float scratch[FP_OCL_SCRATCH];
+#endif
     FP_OCL_QUERY_BLOCK(&a);
     const long hk = h / (a.heads / a.kv_heads);
     const float slope = a.has_alibi ? alibi[a.alibi_off + h] : 0.0f;
@@ -839,12 +843,14 @@ fp_ocl_backward_dkdv(const fp_ocl_args a, __global const fp_elem *q, __global co
                      __global const float *delta, __global const int *cu_q,
                      __global const int *cu_k, __global const float *alibi,
                      __global const int *used, __local fp_tile *stage_arg, __local float *srow_arg,
-                     __local float *sbad_arg)
+                     FP_OCL_SCRATCH_ARG(__local float *sbad_arg))
 {
     __local fp_tile *stage = FP_OCL_ALIGN16(fp_tile, stage_arg);
     __local float *srow = FP_OCL_ALIGN16(float, srow_arg); /* LSE [FA2_BQ], delta [FA2_BQ] */
     __local float *sbad = FP_OCL_ALIGN16(float, sbad_arg); /* [2][FA2_BQ], by block parity */
+#if !FP_OCL_MMA_EMULATE
     __local float scratch[FP_OCL_SCRATCH];
+#endif
     /* the fused-only tiles are never touched: any local address stands for them */
     fp_ocl_fa2_dkdv(&a, q, k, v, lse, dout, dk, dv, delta, cu_q, cu_k, alibi, used, stage, srow,
                     sbad, scratch, 0, (__global float *)delta, (__local uint *)stage, stage, srow);
@@ -861,7 +867,8 @@ fp_ocl_backward_fused(const fp_ocl_args a, __global const fp_elem *q, __global c
                       __global const int *cu_q, __global const int *cu_k,
                       __global const float *alibi, __global const int *used,
                       __local fp_tile *stage_arg, __local float *srow_arg, __local float *sbad_arg,
-                      __local uint *skt_arg, __local fp_tile *sds_arg, __local float *skbad_arg)
+                      FP_OCL_SCRATCH_ARG(__local uint *skt_arg, __local fp_tile *sds_arg,
+                                         __local float *skbad_arg))
 {
     __local fp_tile *stage = FP_OCL_ALIGN16(fp_tile, stage_arg);
     __local float *srow = FP_OCL_ALIGN16(float, srow_arg);
@@ -869,7 +876,9 @@ fp_ocl_backward_fused(const fp_ocl_args a, __global const fp_elem *q, __global c
     __local uint *skt = FP_OCL_ALIGN16(uint, skt_arg); /* [T / 2, LDP]: the keys, by row pairs */
     __local fp_tile *sds = FP_OCL_ALIGN16(fp_tile, sds_arg); /* [FA2_BQ, T + 8]: dS */
     __local float *skbad = FP_OCL_ALIGN16(float, skbad_arg); /* [T]: key flags */
+#if !FP_OCL_MMA_EMULATE
     __local float scratch[FP_OCL_SCRATCH];
+#endif
     fp_ocl_fa2_dkdv(&a, q, k, v, lse, dout, dk, dv, delta, cu_q, cu_k, alibi, used, stage, srow,
                     sbad, scratch, 1, dq_acc, skt, sds, skbad);
 }

@@ -17,6 +17,15 @@ OUT=${OUT:-$PWD/out-ab}
 args=("$@")
 [ ${#args[@]} -gt 0 ] || args=(--impls fa2 --rounds 1 --rep 20)
 mkdir -p "$OUT"
+# compare_torch.py imports the flashport package: built once without GPU plugins (as
+# run_h200.sh's bench stage does) when Python cannot import it; --lib picks each build.
+if ! python3 -c 'import flashport' 2>/dev/null; then
+  PY=${AB_PY:-$PWD/build-ab-py}
+  [ -e "$PY/flashport" ] || python3 -m pip install -q --no-build-isolation --no-deps --target "$PY" \
+    -C cmake.define.FLASHPORT_CUDA=OFF -C cmake.define.FLASHPORT_HIP=OFF . >"$OUT/pip.log" 2>&1 ||
+    { tail -20 "$OUT/pip.log"; exit 1; }
+  export PYTHONPATH=$PY${PYTHONPATH:+:$PYTHONPATH}
+fi
 for run in old1 new1 old2 new2; do
   dir=$old
   [[ $run == new* ]] && dir=$new

@@ -722,9 +722,12 @@ static void dec_values(const dec_ctx *c, float *scratch, int64_t b, const fp_seq
             v[x] = (const float *)(const void *)at[x];
         if (j0 + BLOCK_K < hi) {
             const int ahead = hi - (j0 + BLOCK_K) < BLOCK_K ? (int)(hi - (j0 + BLOCK_K)) : BLOCK_K;
+            /* K's rows, then V's; a view whose heads are not adjacent is prefetched at once
+             * instead (ahead_rows returns 0 and fills none), so that it lists no rows */
             pf_bytes = ahead_rows(c, &p->k, b, seq, j0 + BLOCK_K, ahead, hi, kvh0, nu, pf);
-            ahead_rows(c, &p->v, b, seq, j0 + BLOCK_K, ahead, hi, kvh0, nu, pf + ahead);
-            pf_rows = 2 * ahead;
+            const size_t v_bytes =
+                ahead_rows(c, &p->v, b, seq, j0 + BLOCK_K, ahead, hi, kvh0, nu, pf + ahead);
+            pf_rows = v_bytes ? 2 * ahead : ahead;
         }
         c->uk->dec_pv(nu, rows, d, n, s, shs, L->ldk, v, (ptrdiff_t)p->v.stride[FP_H], o, ohs,
                       L->ldd, pf_bytes ? pf : NULL, pf_rows, pf_bytes);

@@ -1,7 +1,7 @@
 /*
  * The forward in FlashAttention-2's shape for NVIDIA's tensor cores through OpenCL (FP_OCL_FA2 = 1,
  * with FP_OCL_MMA = 1; f16 and bf16 storage, every head-dim class, T = 64; the backward's kernels
- * below it up to class 128).
+ * below it: both forms up to class 128, the one-kernel form above, FA2_WIDE).
  *
  * Algorithm: one work-group of 4 warps per (64-row query block, head, batch); warp w owns query
  * rows 16 w .. 16 w + 15 for the whole call. Its Q fragments (the A operands of Q K^T, D / 16
@@ -35,8 +35,8 @@
  * OpenCL device (PoCL in the tests); tests/opencl/check_ptx.sh compiles the real one to PTX and
  * assembles it.
  *
- * Configuration: ocl_plan.h's fp_ocl_fa2_tile (T = 64; the backward above D = 128 is the
- * tile-shaped variant's of mma_nv.cl). Features as flash.cl's forward: masks and windows, softcap,
+ * Configuration: ocl_plan.h's fp_ocl_fa2_tile (T = 64; the two-kernel backward above D = 128 is
+ * the tile-shaped variant's of mma_nv.cl). Features as flash.cl's forward: masks and windows, softcap,
  * ALiBi, GQA, varlen, seqused_k, paged K / V, LSE, rows that see no key, and the guard for
  * masked keys (V scrubbed in edge blocks; a row that sees a scrubbed key gets O = NaN), with the
  * key flags in their own array, two blocks' worth so that zeroing one block's flags never races
@@ -551,7 +551,13 @@ done:;
  * two-kernel form (deterministic calls), and the fused kernel is a wide one of its own. */
 #define FA2_BK FP_OCL_FA2_BK /* keys per block of the dQ kernel */
 #define FA2_BQ FP_OCL_FA2_BQ /* query rows per block of the dK / dV kernel */
-#define FA2_WK FP_OCL_FA2_WK(D) /* keys a work-group of the one-kernel backward owns */
+/* keys a work-group of the one-kernel backward owns (ocl_args.h's FP_OCL_FA2_WK: T up to class
+ * 128) */
+#if FA2_WIDE
+#define FA2_WK FP_OCL_FA2_WK(D)
+#else
+#define FA2_WK T
+#endif
 
 #if !FA2_WIDE
 

@@ -33,11 +33,15 @@
  * keys would not; and the dims of O each pass over the keys computes, all of them up to class
  * 192 and half at 256, where a warp's whole 16 x 256 f32 O (128 registers a lane) beside its Q
  * fragments (64) and S passes 255 registers (ptxas spills), so each half of O takes a pass of
- * its own, S computed again. Its backward serves head-dim classes up to FP_OCL_FA2_BWD_D only:
- * above, a warp's dQ or dK and dV accumulators and its operand fragments pass 255 registers. */
+ * its own, S computed again. Its two-kernel backward serves head-dim classes up to
+ * FP_OCL_FA2_BWD_D only (above, a warp's dQ or dK and dV accumulators and its operand fragments
+ * pass 255 registers); its one-kernel backward serves every class, in work-groups of
+ * FP_OCL_FA2_WK keys: 64 up to FP_OCL_FA2_BWD_D, and above 32, each 16 keys taken by two warps,
+ * one accumulating dV, the other dK (kernels/flash_fa2.cl). */
 #define FP_OCL_FA2_FK(d) ((d) <= 128 ? 64 : 32)
 #define FP_OCL_FA2_OD(d) ((d) <= 192 ? (d) : (d) / 2)
 #define FP_OCL_FA2_BWD_D 128
+#define FP_OCL_FA2_WK(d) ((d) <= FP_OCL_FA2_BWD_D ? 64 : 32)
 
 typedef struct fp_ocl_view {
     FP_OCL_LONG off;

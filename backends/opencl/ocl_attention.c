@@ -60,14 +60,14 @@ static const char *const kernel_names[FP_OCL_KERNELS] = {
     "fp_ocl_forward",       "fp_ocl_backward_dq",    "fp_ocl_backward_dkdv",
     "fp_ocl_backward_prep", "fp_ocl_backward_fused", "fp_ocl_backward_dq_out"};
 
-/* The kernels a program of `variant` for head-dim class d has: the one-kernel backward's only
- * in FA2-shaped ones, and an FA2-shaped one above FP_OCL_FA2_BWD_D the forward alone (the
- * tile-shaped program serves its backward: ocl_plan.h's fp_ocl_fa2_tile). */
-static int program_kernels(int variant, int64_t d)
+/* Whether a program of `variant` for head-dim class d has kernel j: the one-kernel backward's
+ * only in FA2-shaped ones, and an FA2-shaped one above FP_OCL_FA2_BWD_D not the two-kernel
+ * backward's (the tile-shaped program serves that form: ocl_plan.h's fp_ocl_fa2_tile). */
+static int program_has(int variant, int64_t d, int j)
 {
-    return !fp_ocl_variant_fa2(variant) ? FP_OCL_KERNEL_DKDV + 1
-           : d > FP_OCL_FA2_BWD_D       ? FP_OCL_KERNEL_FORWARD + 1
-                                        : FP_OCL_KERNELS;
+    return !fp_ocl_variant_fa2(variant) ? j <= FP_OCL_KERNEL_DKDV
+           : d > FP_OCL_FA2_BWD_D       ? j != FP_OCL_KERNEL_DQ && j != FP_OCL_KERNEL_DKDV
+                                        : 1;
 }
 
 static void release_program(const fp_ocl_api *cl, fp_ocl_program *pr)
@@ -209,12 +209,16 @@ static flashport_status get_program(fp_ocl_ctx *ctx, flashport_dtype dtype, int6
                                         variant_names[variant], options, ctx->device_name, (int)err,
                                         log);
     }
-    for (int j = 0; j < program_kernels(variant, d) && st == FLASHPORT_OK; j++) {
+    for (int j = 0; j < FP_OCL_KERNELS && st == FLASHPORT_OK; j++) {
+        if (!program_has(variant, d, j))
+            continue;
         pr.kernels[j] = cl->clCreateKernel(pr.program, kernel_names[j], &err);
         st = fp_ocl_check(err, kernel_names[j]);
     }
-    for (int j = 0; j < program_kernels(variant, d) && st == FLASHPORT_OK; j++) {
+    for (int j = 0; j < FP_OCL_KERNELS && st == FLASHPORT_OK; j++) {
         size_t wg = 0;
+        if (!pr.kernels[j])
+            continue;
         st = fp_ocl_check(cl->clGetKernelWorkGroupInfo(pr.kernels[j], ctx->device,
                                                        CL_KERNEL_WORK_GROUP_SIZE, sizeof wg, &wg,
                                                        NULL),
@@ -380,6 +384,9 @@ static flashport_status bind_problem(const fp_ocl_ctx *ctx, const fp_problem *p,
 static flashport_status plan(const fp_ocl_ctx *ctx, const fp_problem *p, int kind, int device,
                              int64_t *t, int *variant)
 {
+    /* a backward that may take the one-kernel form (use_fused's first two rules) */
+    if (kind == FP_OCL_BACKWARD && ctx->bwd != FP_OCL_BWD_TWO && !p->deterministic)
+        kind = FP_OCL_BACKWARD_FUSED;
     *variant = fp_ocl_plan(kind, fp_ocl_dim_class(p->head_dim), ctx->local_mem, device,
                            p->dtype == FLASHPORT_F32, t);
     if (*t == 0)
@@ -642,10 +649,13 @@ flashport_status fp_ocl_backward(fp_ocl_ctx *ctx, const fp_problem *p)
             st = launch(ctx, pr, FP_OCL_KERNEL_PREP, &a, bufs, 7, q_blocks, h, nb, NULL,
                         &first_done);
         }
-        if (st == FLASHPORT_OK && k_blocks > 0) {
+        /* its work-groups own FP_OCL_FA2_WK keys (T up to FP_OCL_FA2_BWD_D) */
+        const int64_t wk = FP_OCL_FA2_WK(pr->head_dim);
+        const size_t f_blocks = (size_t)((p->seqlen_k + wk - 1) / wk);
+        if (st == FLASHPORT_OK && f_blocks > 0) {
             const cl_mem bufs[13] = {m.q,   m.k,   m.v,    m.lse,  m.dout,  m.dk,  m.dv,
                                      delta, delta, m.cu_q, m.cu_k, m.alibi, m.used};
-            st = launch(ctx, pr, FP_OCL_KERNEL_FUSED, &a, bufs, 13, k_blocks, hkv, nb,
+            st = launch(ctx, pr, FP_OCL_KERNEL_FUSED, &a, bufs, 13, f_blocks, hkv, nb,
                         first_done ? &first_done : NULL, &second_done);
         }
         if (st == FLASHPORT_OK && q_blocks > 0) {

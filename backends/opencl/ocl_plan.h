@@ -11,15 +11,18 @@
 #include <stddef.h>
 #include <stdint.h>
 
-enum { FP_OCL_FORWARD, FP_OCL_BACKWARD };
+/* What a plan is for: the forward, a backward, or a backward that takes the one-kernel form if
+ * the planned program has it (not deterministic, FLASHPORT_OPENCL_BWD not `two`): above
+ * FP_OCL_FA2_BWD_D only that form is FA2-shaped (fp_ocl_fa2_tile). */
+enum { FP_OCL_FORWARD, FP_OCL_BACKWARD, FP_OCL_BACKWARD_FUSED };
 
 /* Kernel variants (micro-tile policies of kernels/flash.cl): plain f32 FMAs; NVIDIA's tensor cores
  * through inline PTX (kernels/mma_nv.cl); the same policy with the tensor-core instruction
  * emulated in local memory (the test of the former on any device); and the FlashAttention-2
  * shaped kernels of kernels/flash_fa2.cl (each warp owns 16 rows, its scores and accumulators in
- * registers), real or emulated. As a device's variant the last two plan every forward and the
- * backwards of head dims up to FP_OCL_FA2_BWD_D on themselves, larger ones' backwards on their
- * tile counterpart (fp_ocl_tile_variant). */
+ * registers), real or emulated. As a device's variant the last two plan every forward, the
+ * backwards of head dims up to FP_OCL_FA2_BWD_D and the one-kernel backwards of larger ones on
+ * themselves, the other backwards on their tile counterpart (fp_ocl_tile_variant). */
 enum { FP_OCL_PLAIN, FP_OCL_MMA_NV, FP_OCL_MMA_EMULATED, FP_OCL_FA2_NV, FP_OCL_FA2_EMULATED };
 
 static inline int fp_ocl_variant_fa2(int variant)
@@ -128,9 +131,12 @@ static inline int fp_ocl_local_args(int kernel, int64_t t, int64_t d, int varian
         /* kernels/flash_fa2.cl: one 16-bit tile staging everything that goes through local
          * memory (forward: [FP_OCL_FA2_FK, d], q a key block's rows at a time, then k; backward:
          * [t, d], dQ: q, dO, then k and v of FP_OCL_FA2_BK rows each; dK / dV: k, v, then q and
-         * dO of FP_OCL_FA2_BQ rows each, row-major and as row pairs), then per-row f32 values and
-         * two blocks' row flags (the guard) */
-        const int64_t keys = kernel == FP_OCL_KERNEL_FORWARD ? FP_OCL_FA2_FK(d) : t;
+         * dO of FP_OCL_FA2_BQ rows each, row-major and as row pairs; the fused kernel's:
+         * [FP_OCL_FA2_WK, d], above FP_OCL_FA2_BWD_D q and dO as row pairs only), then per-row f32
+         * values and two blocks' row flags (the guard) */
+        const int64_t keys = kernel == FP_OCL_KERNEL_FORWARD ? FP_OCL_FA2_FK(d)
+                             : kernel == FP_OCL_KERNEL_FUSED ? FP_OCL_FA2_WK(d)
+                                                             : t;
         if (kernel == FP_OCL_KERNEL_PREP || kernel == FP_OCL_KERNEL_DQ_OUT)
             return 0; /* no local memory */
         bytes[n++] = (size_t)(keys * fp_ocl_tile_ld(d, variant)) * 2;
@@ -144,9 +150,12 @@ static inline int fp_ocl_local_args(int kernel, int64_t t, int64_t d, int varian
             bytes[n++] = 2 * FP_OCL_FA2_BQ * 4; /* LSE and delta of a query block */
             bytes[n++] = 2 * FP_OCL_FA2_BQ * 4; /* query-row flags */
             if (kernel == FP_OCL_KERNEL_FUSED) {
-                bytes[n++] = tile; /* k for dS K, as row pairs: [t / 2, d + 8] words */
-                bytes[n++] = (size_t)(FP_OCL_FA2_BQ * (t + 8)) * 2; /* dS, [BQ, t + 8] 16-bit */
-                bytes[n++] = rows;                                  /* key flags */
+                /* k for dS K, as row pairs: [keys / 2, d + 8] words */
+                bytes[n++] = (size_t)(keys * fp_ocl_tile_ld(d, variant)) * 2;
+                bytes[n++] = (size_t)(FP_OCL_FA2_BQ * (keys + 8)) * 2; /* dS, [BQ, keys + 8] */
+                bytes[n++] = (size_t)keys * 4;                         /* key flags */
+                if (d > FP_OCL_FA2_BWD_D) /* S^T and dP^T exchanged: 4 warps' C fragments */
+                    bytes[n++] = (size_t)FP_OCL_WG * (FP_OCL_FA2_BQ / 2) * 4;
             }
         }
     } else if (kernel == FP_OCL_KERNEL_FORWARD) {
@@ -233,10 +242,13 @@ static inline int64_t fp_ocl_tile(int kind, int64_t d, size_t local, int variant
 /* The FA2-shaped kernels' tile (the rows a work-group owns: 4 warps of 16 query rows in the
  * forward and the dQ kernel, of 16 keys in the dK / dV kernel): 64 where their local memory
  * fits, for every head-dim class in the forward (its key blocks shrink above 128:
- * FP_OCL_FA2_FK) and up to FP_OCL_FA2_BWD_D in the backward, else 0 (a warp's dQ, or dK and dV,
+ * FP_OCL_FA2_FK), up to FP_OCL_FA2_BWD_D in the backward and above it in the one-kernel backward
+ * (whose work-groups own FP_OCL_FA2_WK keys there), else 0 (a warp's dQ, or dK and dV,
  * accumulators and its operand fragments would pass the 255 registers of a thread). */
 static inline int64_t fp_ocl_fa2_tile(int kind, int64_t d, size_t local, int variant)
 {
+    if (kind == FP_OCL_BACKWARD_FUSED && d > FP_OCL_FA2_BWD_D)
+        return fp_ocl_fused_fits(64, d, local, variant) ? 64 : 0;
     return (kind == FP_OCL_FORWARD || d <= FP_OCL_FA2_BWD_D) &&
                    fp_ocl_tile_local_bytes(kind, 64, d, variant) <= local
                ? 64

@@ -19,7 +19,7 @@ int main(int argc, char **argv)
     const size_t local = argc > 1 ? (size_t)strtoull(argv[1], NULL, 10) : 48 << 10;
     for (int dtype = 0; dtype < 3; dtype++)
         for (int64_t hd = 1; hd <= 256; hd++)
-            for (int kind = FP_OCL_FORWARD; kind <= FP_OCL_BACKWARD; kind++) {
+            for (int kind = FP_OCL_FORWARD; kind <= FP_OCL_BACKWARD_FUSED; kind++) {
                 for (int dev = 0; dev < 2; dev++) { /* the default, and nv-tile */
                     const int64_t c = fp_ocl_dim_class(hd);
                     int64_t t = 0;

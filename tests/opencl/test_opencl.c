@@ -258,15 +258,17 @@ static void check_plan_48k(void)
 }
 
 /* The FA2 device variants (kernels/flash_fa2.cl) on a 48 KiB device: f16 / bf16 forwards at
- * every head-dim class and backwards at classes up to FP_OCL_FA2_BWD_D (128) plan on them with
- * T = 64 and three local arguments per kernel that fit (the staging tile, then per-row values or
- * v transposed, then the flags); every other call plans exactly as on their tile-shaped
- * counterparts, so the backwards of the larger head dims keep their programs. */
+ * every head-dim class, backwards at classes up to FP_OCL_FA2_BWD_D (128) and one-kernel
+ * backwards (FP_OCL_BACKWARD_FUSED) at every class plan on them with T = 64 and three local
+ * arguments per kernel that fit (the staging tile, then per-row values or v transposed, then the
+ * flags; the fused kernel more, below); every other call plans exactly as on their tile-shaped
+ * counterparts, so the two-kernel backwards of the larger head dims (deterministic calls) keep
+ * their programs. */
 static void check_plan_fa2(void)
 {
     const size_t local = 48 << 10;
     for (int64_t hd = 1; hd <= 256; hd++)
-        for (int kind = FP_OCL_FORWARD; kind <= FP_OCL_BACKWARD; kind++)
+        for (int kind = FP_OCL_FORWARD; kind <= FP_OCL_BACKWARD_FUSED; kind++)
             for (int f32 = 0; f32 <= 1; f32++)
                 for (int device = FP_OCL_FA2_NV; device <= FP_OCL_FA2_EMULATED; device++) {
                     const int64_t c = fp_ocl_dim_class(hd);
@@ -275,11 +277,13 @@ static void check_plan_fa2(void)
                     const int vt =
                         fp_ocl_plan(kind, c, local, fp_ocl_tile_variant(device), f32, &tt);
                     size_t bytes[FP_OCL_MAX_LOCAL_ARGS];
-                    const int fa2 = !f32 && (kind == FP_OCL_FORWARD || c <= 128);
+                    const int fa2 = !f32 && (kind == FP_OCL_FORWARD ||
+                                             kind == FP_OCL_BACKWARD_FUSED || c <= 128);
                     int ok =
                         fa2 ? v == device && t == 64 : v == vt && t == tt && !fp_ocl_variant_fa2(v);
                     for (int k = FP_OCL_KERNEL_FORWARD; fa2 && k <= FP_OCL_KERNEL_DKDV; k++)
-                        if ((k == FP_OCL_KERNEL_FORWARD) == (kind == FP_OCL_FORWARD))
+                        if ((k == FP_OCL_KERNEL_FORWARD) == (kind == FP_OCL_FORWARD) &&
+                            (kind == FP_OCL_FORWARD || c <= 128))
                             ok = ok &&
                                  fp_ocl_local_args(k, t, c, v, bytes) ==
                                      3 + fp_ocl_variant_emulated(v) &&
@@ -287,7 +291,10 @@ static void check_plan_fa2(void)
                     CHECK_MSG(ok,
                               "48 KiB, D %lld (class %lld), %s, %s storage, FA2 device variant "
                               "%d: variant %d, T %lld (tile-shaped: variant %d, T %lld)",
-                              (long long)hd, (long long)c, kind ? "backward" : "forward",
+                              (long long)hd, (long long)c,
+                              kind == FP_OCL_FORWARD    ? "forward"
+                              : kind == FP_OCL_BACKWARD ? "backward"
+                                                        : "one-kernel backward",
                               f32 ? "f32" : "16-bit", device, v, (long long)t, vt, (long long)tt);
                 }
     /* D = 128: q / k 64 x 136 and v^T 128 x 72 16-bit, 2 x 64 flags, + 16 bytes each, and the
@@ -311,14 +318,31 @@ static void check_plan_fa2(void)
     CHECK(fp_ocl_kernel_local_bytes(FP_OCL_KERNEL_FUSED, 64, 128, FP_OCL_FA2_NV) ==
           fp_ocl_kernel_local_bytes(FP_OCL_KERNEL_DKDV, 64, 128, FP_OCL_FA2_NV) + 64 * 136 * 2 +
               16 + FP_OCL_FA2_BQ * 72 * 2 + 16 + 256 + 16);
-    for (int64_t c = 16; c <= 128; c = fp_ocl_dim_class(c + 1)) {
+    for (int64_t c = 16; c != 0; c = fp_ocl_dim_class(c + 1)) {
         size_t bytes[FP_OCL_MAX_LOCAL_ARGS];
         CHECK_MSG(fp_ocl_fused_fits(64, c, local, FP_OCL_FA2_NV) &&
                       fp_ocl_fused_fits(64, c, local, FP_OCL_FA2_EMULATED) &&
-                      fp_ocl_local_args(FP_OCL_KERNEL_FUSED, 64, c, FP_OCL_FA2_NV, bytes) == 6 &&
+                      fp_ocl_local_args(FP_OCL_KERNEL_FUSED, 64, c, FP_OCL_FA2_NV, bytes) ==
+                          (c <= 128 ? 6 : 7) &&
                       fp_ocl_local_args(FP_OCL_KERNEL_PREP, 64, c, FP_OCL_FA2_NV, bytes) == 0 &&
                       fp_ocl_local_args(FP_OCL_KERNEL_DQ_OUT, 64, c, FP_OCL_FA2_NV, bytes) == 0,
                   "the fused backward's local memory at head-dim class %lld", (long long)c);
+    }
+    /* above class 128: 32 keys a work-group, K's rows then q and dO of 16 rows by row pairs, the
+     * same for K's copy for dS K (V's rows first), dS [BQ, 40], 32 key flags, and the two roles'
+     * exchanged C fragments, 4 warps x 8 floats x 32 lanes */
+    CHECK(fp_ocl_kernel_local_bytes(FP_OCL_KERNEL_FUSED, 64, 256, FP_OCL_FA2_NV) ==
+          32 * 264 * 2 + 16 + 2 * (2 * FP_OCL_FA2_BQ * 4 + 16) + 32 * 264 * 2 + 16 +
+              FP_OCL_FA2_BQ * 40 * 2 + 16 + 128 + 16 + 4096 + 16 + 16);
+    {
+        int64_t t = 0;
+        CHECK(fp_ocl_plan(FP_OCL_BACKWARD_FUSED, 256, local, FP_OCL_FA2_NV, 0, &t) ==
+                  FP_OCL_FA2_NV &&
+              t == 64);
+        CHECK(fp_ocl_plan(FP_OCL_BACKWARD, 256, local, FP_OCL_FA2_NV, 0, &t) == FP_OCL_MMA_NV &&
+              t == 16);
+        CHECK(fp_ocl_plan(FP_OCL_BACKWARD_FUSED, 256, 36 << 10, FP_OCL_FA2_NV, 0, &t) ==
+              FP_OCL_MMA_NV);
     }
     CHECK(!fp_ocl_fused_fits(64, 128, 32 << 10, FP_OCL_FA2_NV));
     CHECK(!fp_ocl_fused_fits(32, 128, local, FP_OCL_MMA_NV) &&

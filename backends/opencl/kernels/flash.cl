@@ -68,34 +68,37 @@ FP_OCL_INLINE fp_ocl_seq fp_ocl_seq_of(const fp_ocl_args *a, __global const int 
  * the kernel's own variables and return from it where the work-group's block lies past its
  * sequence (the whole work-group, before any barrier).
  *
- * FP_OCL_BLOCK: tid (the work-item), hd (the problem's head dim), head (the head get_group_id(1)
- * names), b and s (the sequence, fp_ocl_seq_of), x0 the block's first row, T rows a block;
- * returns where x0 >= end. */
-#define FP_OCL_BLOCK(ap, head, x0, end)                                                            \
+ * FP_OCL_BLOCK_OF: tid (the work-item), hd (the problem's head dim), head (the head
+ * get_group_id(1) names), b and s (the sequence, fp_ocl_seq_of), x0 the block's first row, n rows
+ * a block; returns where x0 >= end. FP_OCL_BLOCK: blocks of T rows. */
+#define FP_OCL_BLOCK_OF(ap, head, x0, end, n)                                                      \
     const int tid = get_local_id(0), hd = (int)(ap)->head_dim;                                     \
     const long head = get_group_id(1), b = get_group_id(2);                                        \
     const fp_ocl_seq s = fp_ocl_seq_of(ap, cu_q, cu_k, used, b);                                   \
-    const long x0 = (long)get_group_id(0) * T;                                                     \
+    const long x0 = (long)get_group_id(0) * n;                                                     \
     if (x0 >= end)                                                                                 \
         return
+#define FP_OCL_BLOCK(ap, head, x0, end) FP_OCL_BLOCK_OF(ap, head, x0, end, T)
 
 /* FP_OCL_QUERY_BLOCK: query rows i0 .. i0 + rows - 1 of head h. */
 #define FP_OCL_QUERY_BLOCK(ap)                                                                     \
     FP_OCL_BLOCK(ap, h, i0, s.nq);                                                                 \
     const int rows = (int)min((long)T, s.nq - i0)
 
-/* FP_OCL_KEY_BLOCK: keys j0 .. j0 + stored - 1 (the sequence's capacity cuts the block) of kv
- * head hk, whose query heads are the `group` from hk * group; the keys in use are the first cols
- * (none where the block lies past seqused_k): the backward stores zeros in dK and dV rows
- * [cols, stored), as the rows [nk, k_cap) of the block holding the last used key (zero-filled and
- * masked, they gather nothing). kr, vr: where the block's K and V rows lie (dense). */
-#define FP_OCL_KEY_BLOCK(ap)                                                                       \
-    FP_OCL_BLOCK(ap, hk, j0, s.k_cap);                                                             \
-    const int cols = (int)clamp(s.nk - j0, 0L, (long)T);                                           \
-    const int stored = (int)min((long)T, s.k_cap - j0);                                            \
+/* FP_OCL_KEY_BLOCK_OF: keys j0 .. j0 + stored - 1 of blocks of n keys (the sequence's capacity
+ * cuts the block) of kv head hk, whose query heads are the `group` from hk * group; the keys in
+ * use are the first cols (none where the block lies past seqused_k): the backward stores zeros in
+ * dK and dV rows [cols, stored), as the rows [nk, k_cap) of the block holding the last used key
+ * (zero-filled and masked, they gather nothing). kr, vr: where the block's K and V rows lie
+ * (dense). FP_OCL_KEY_BLOCK: blocks of T keys. */
+#define FP_OCL_KEY_BLOCK_OF(ap, n)                                                                 \
+    FP_OCL_BLOCK_OF(ap, hk, j0, s.k_cap, n);                                                       \
+    const int cols = (int)clamp(s.nk - j0, 0L, (long)n);                                           \
+    const int stored = (int)min((long)n, s.k_cap - j0);                                            \
     const long group = (ap)->heads / (ap)->kv_heads;                                               \
     const fp_ocl_rows kr = fp_ocl_dense_keys((ap)->k, &s, b, hk);                                  \
     const fp_ocl_rows vr = fp_ocl_dense_keys((ap)->v, &s, b, hk)
+#define FP_OCL_KEY_BLOCK(ap) FP_OCL_KEY_BLOCK_OF(ap, T)
 
 /* Element (b, token, h, 0) of a q/k/v/o-shaped view. */
 FP_OCL_INLINE long fp_ocl_row0(fp_ocl_view v, long b, long token, long h)

@@ -1,7 +1,7 @@
 /*
  * The forward in FlashAttention-2's shape for NVIDIA's tensor cores through OpenCL (FP_OCL_FA2 = 1,
  * with FP_OCL_MMA = 1; f16 and bf16 storage, every head-dim class, T = 64; the backward's kernels
- * below it up to class 128).
+ * below it: both forms up to class 128, the one-kernel form above, FA2_WIDE).
  *
  * Algorithm: one work-group of 4 warps per (64-row query block, head, batch); warp w owns query
  * rows 16 w .. 16 w + 15 for the whole call. Its Q fragments (the A operands of Q K^T, D / 16
@@ -35,8 +35,8 @@
  * OpenCL device (PoCL in the tests); tests/opencl/check_ptx.sh compiles the real one to PTX and
  * assembles it.
  *
- * Configuration: ocl_plan.h's fp_ocl_fa2_tile (T = 64; the backward above D = 128 is the
- * tile-shaped variant's of mma_nv.cl). Features as flash.cl's forward: masks and windows, softcap,
+ * Configuration: ocl_plan.h's fp_ocl_fa2_tile (T = 64; the two-kernel backward above D = 128 is
+ * the tile-shaped variant's of mma_nv.cl). Features as flash.cl's forward: masks and windows, softcap,
  * ALiBi, GQA, varlen, seqused_k, paged K / V, LSE, rows that see no key, and the guard for
  * masked keys (V scrubbed in edge blocks; a row that sees a scrubbed key gets O = NaN), with the
  * key flags in their own array, two blocks' worth so that zeroing one block's flags never races
@@ -545,12 +545,21 @@ done:;
 #endif
 }
 
-/* The backward's kernels: head-dim classes up to FP_OCL_FA2_BWD_D (ocl_args.h); a program of a
- * larger class has the forward alone, and the tile-shaped program serves its backward. */
-#if D <= FP_OCL_FA2_BWD_D
-
+/* The backward's kernels: the two-kernel form (dQ; dK / dV) at head-dim classes up to
+ * FP_OCL_FA2_BWD_D (ocl_args.h), the one-kernel form (preparation, fused kernel, dQ's conversion)
+ * at every class; above FP_OCL_FA2_BWD_D (FA2_WIDE) the tile-shaped program serves the
+ * two-kernel form (deterministic calls), and the fused kernel is a wide one of its own. */
 #define FA2_BK FP_OCL_FA2_BK /* keys per block of the dQ kernel */
 #define FA2_BQ FP_OCL_FA2_BQ /* query rows per block of the dK / dV kernel */
+/* keys a work-group of the one-kernel backward owns (ocl_args.h's FP_OCL_FA2_WK: T up to class
+ * 128) */
+#if FA2_WIDE
+#define FA2_WK FP_OCL_FA2_WK(D)
+#else
+#define FA2_WK T
+#endif
+
+#if !FA2_WIDE
 
 /* dQ of 64 query rows (4 warps of 16; also delta = rowsum(dO O) of the rows, for the dK / dV
  * kernel): Q's and dO's A fragments in registers, key blocks of FA2_BK keys (K and V side by side
@@ -641,6 +650,7 @@ fp_ocl_backward_dq(const fp_ocl_args a, __global const fp_elem *q, __global cons
     fp_ocl_fa2_store(dq, fp_ocl_row0(a.dq, b, s.q_start + i0, h), a.dq.s[1], a.dq.s[3], rows, hd,
                      acc, 1.0f, 1.0f);
 }
+#endif
 
 /* p[0] += x for every caller at once: `red.global.add.f32` (a reduction, its result unused), or
  * on the emulation's devices a compare-and-swap loop on the float's bits (OpenCL 1.2 has no float
@@ -667,31 +677,49 @@ FP_OCL_INLINE long fp_ocl_acc_row(const fp_ocl_args *a, const fp_ocl_seq *s, lon
 
 /* The dK / dV kernels' staging tile holds q and dO of a query block row-major and as row-pair
  * tiles (fp_ocl_fa2_dkdv) */
-#if 2 * FA2_BQ * LD * 2 + FA2_BQ * LDP * 4 > T * LD * 2
+#if !FA2_WIDE && 2 * FA2_BQ * LD * 2 + FA2_BQ * LDP * 4 > T * LD * 2
 #error "q and dO of a query block, row-major and by row pairs, pass the staging tile"
 #endif
 
+#if FA2_WIDE
+/* column tiles of dQ's D per warp and call of fp_ocl_fa2_dq_add in the fused backward: two, in
+ * FA2_QP calls (all of them at once would pass 255 registers beside the kernel's accumulators) */
+#define FA2_QN 2
+#define FA2_QP ((FA2_ON + 4 * FA2_QN - 1) / (4 * FA2_QN))
+#else
 #define FA2_QN  ((FA2_ON + 3) / 4) /* column tiles of dQ's D per warp in the fused backward */
-#define FA2_LDS (T + 8)            /* pitch of its dS tile (16-bit, [FA2_BQ queries, T keys]) */
+#endif
+#define FA2_LDS (FA2_WK + 8) /* pitch of its dS tile (16-bit, [FA2_BQ queries, FA2_WK keys]) */
 
 /* The one-kernel backward's dQ of query block i0 (rows rows, head h): dS K from sds ([FA2_BQ,
- * T + 8] 16-bit, dS rounded) and skt (the keys as a row-pair tile), added to the f32 accumulator
+ * FA2_WK + 8] 16-bit, dS rounded) and skt (the keys as a row-pair tile), added to the f32 accumulator
  * dq_acc ([H, total_q, head_dim], laid out as the delta) by atomic adds; warp w owns dQ's column
  * tiles w, w + 4, ... (warps past D's tiles compute on a clamped copy and drop it, so that every
- * warp runs the same instructions, as the emulation's barriers need). sds must be whole (a
- * barrier after its writes). */
+ * warp runs the same instructions, as the emulation's barriers need); where FA2_WIDE, the tiles
+ * of call `part` of FA2_QP, 4 FA2_QN part + w, + 4, ... sds must be whole (a barrier after its
+ * writes). */
+#if FA2_WIDE
+FP_OCL_INLINE void fp_ocl_fa2_dq_add(const fp_ocl_args *a, const fp_ocl_seq *s, long b, long h,
+                                     long i0, int rows, int hd, __local const fp_tile *sds,
+                                     __local const uint *skt, __global float *dq_acc,
+                                     __local float *scratch, int part)
+{
+    const int lane = get_local_id(0) % 32, t4 = lane % 4,
+              w = get_local_id(0) / 32 + 4 * FA2_QN * part;
+#else
 FP_OCL_INLINE void fp_ocl_fa2_dq_add(const fp_ocl_args *a, const fp_ocl_seq *s, long b, long h,
                                      long i0, int rows, int hd, __local const fp_tile *sds,
                                      __local const uint *skt, __global float *dq_acc,
                                      __local float *scratch)
 {
     const int lane = get_local_id(0) % 32, t4 = lane % 4, w = get_local_id(0) / 32;
+#endif
     float dqa[FA2_QN * 4];
     FP_OCL_UNROLL
     for (int e = 0; e < FA2_QN * 4; e++)
         dqa[e] = 0.0f;
     FP_OCL_UNROLL
-    for (int kk = 0; kk < T / 16; kk++) {
+    for (int kk = 0; kk < FA2_WK / 16; kk++) {
         uint pa[4];
         fp_ocl_load_a(pa, sds, 1, 16 * kk, FA2_LDS, 1);
         FP_OCL_UNROLL
@@ -713,6 +741,7 @@ FP_OCL_INLINE void fp_ocl_fa2_dq_add(const fp_ocl_args *a, const fp_ocl_seq *s, 
         }
 }
 
+#if !FA2_WIDE
 /* dK and dV of 64 keys (4 warps of 16) over every query head of the kv head and every query
  * block of FA2_BQ rows that sees them: K's and V's A fragments in registers, S^T = K Q^T and
  * dP^T = V dO^T as C fragments (keys x queries), P^T and dS^T rounded into the A fragments of
@@ -883,6 +912,191 @@ fp_ocl_backward_fused(const fp_ocl_args a, __global const fp_elem *q, __global c
                     sbad, scratch, 1, dq_acc, skt, sds, skbad);
 }
 
+#else
+/* The B fragment of a product over the dims (16 x 8, B[k][n] = dim k of row n) from a row-pair
+ * tile (fp_ocl_fa2_load_pairs), p at the word of rows n0, n0 + 1 (n0 even) and dim k0: register
+ * i holds dims 2 t + 8 i + {0, 1} of row n0 + g, the 16-bit halves of row n0 + g in two adjacent
+ * words, one 64-bit load (rows g and g ^ 1 read the same words; LDP = 8 mod 32 words: the 16
+ * distinct pairs of a load hit 32 banks). */
+FP_OCL_INLINE void fp_ocl_fa2_load_b_rows(uint b[2], __local const uint *p)
+{
+    const int lane = get_local_id(0) % 32, g = lane / 4, t = lane % 4;
+    FP_OCL_UNROLL
+    for (int i = 0; i < 2; i++) {
+        const uint2 x = *(__local const uint2 *)(p + g / 2 * LDP + 2 * t + 8 * i);
+        b[i] = g % 2 ? fp_ocl_pair_hi(x.x, x.y) : fp_ocl_pair_lo(x.x, x.y);
+    }
+}
+
+/* acc (16 keys x FA2_BQ queries of this warp) = X Y^T over D: X's A fragments xf, Y the FA2_BQ
+ * rows of a row-pair tile (fp_ocl_fa2_load_b_rows). */
+FP_OCL_INLINE void fp_ocl_fa2_dots_pairs(float *acc, const uint *xf, __local const uint *y,
+                                         __local float *scratch)
+{
+    FP_OCL_UNROLL
+    for (int e = 0; e < FA2_BQ / 2; e++)
+        acc[e] = 0.0f;
+    FP_OCL_UNROLL
+    for (int ks = 0; ks < FA2_KS; ks++)
+        FP_OCL_UNROLL
+        for (int j = 0; j < FA2_BQ / 8; j++) {
+            uint yb[2];
+            fp_ocl_fa2_load_b_rows(yb, y + 4 * j * LDP + 16 * ks);
+            fp_ocl_mma16816(acc + 4 * j, xf + 4 * ks, yb, scratch);
+        }
+}
+
+/* The one-kernel backward above head-dim class 128: dK, dV and dQ's f32 accumulator of FA2_WK
+ * (32) keys. A warp holding 16 keys' dK and dV (2 x 128 f32 a lane at D = 256) beside K's and V's
+ * fragments (2 x 64) would pass 255 registers, so each 16 keys take two warps: warp w (keys
+ * 16 (w % 2) ..) of role w / 2 holds K's fragments and computes S^T = K Q^T and dV += P^T dO
+ * (role 0), or V's and dP^T = V dO^T and dK += dS^T Q (role 1), the two exchanging their C
+ * fragments through local memory (sx, a lane's own floats: one barrier), so that each computes P
+ * and dS of the pair (fp_ocl_fa2_grad) and every product is made once. q and dO of each query
+ * block of FA2_BQ rows are staged as row-pair tiles only (the B operands of the accumulations,
+ * one 32-bit load a register; the dots' B registers from the same tiles, one 64-bit load each:
+ * fp_ocl_fa2_load_b_rows), so the keys' row-pair tile for dQ fits beside them in 48 KiB. dQ as
+ * the narrow fused kernel's (fp_ocl_fa2_dq_add, after the next query block's first barrier), and
+ * so is the guard: q and dO scrubbed in edge blocks, the keys' copy for dQ always, NaN for a
+ * visible pair of a flagged row. Three barriers a query block. */
+__kernel __attribute__((reqd_work_group_size(FP_OCL_WG, 1, 1))) void
+fp_ocl_backward_fused(const fp_ocl_args a, __global const fp_elem *q, __global const fp_elem *k,
+                      __global const fp_elem *v, __global const float *lse,
+                      __global const fp_elem *dout, __global fp_elem *dk, __global fp_elem *dv,
+                      __global const float *delta, __global float *dq_acc,
+                      __global const int *cu_q, __global const int *cu_k,
+                      __global const float *alibi, __global const int *used,
+                      __local fp_tile *stage_arg, __local float *srow_arg, __local float *sbad_arg,
+                      FP_OCL_SCRATCH_ARG(__local uint *skt_arg, __local fp_tile *sds_arg,
+                                         __local float *skbad_arg, __local float *sx_arg))
+{
+    /* [FA2_WK, LD] 16-bit: K's rows for the fragments, then q and dO of a query block by row
+     * pairs ([FA2_BQ / 2, LDP] words each) */
+    __local fp_tile *stage = FP_OCL_ALIGN16(fp_tile, stage_arg);
+    __local float *srow = FP_OCL_ALIGN16(float, srow_arg); /* LSE [FA2_BQ], delta [FA2_BQ] */
+    __local float *sbad = FP_OCL_ALIGN16(float, sbad_arg); /* [2][FA2_BQ], by block parity */
+    /* [FA2_WK / 2, LDP]: V's rows for the fragments, then the keys by row pairs (dQ) */
+    __local uint *skt = FP_OCL_ALIGN16(uint, skt_arg);
+    __local fp_tile *sds = FP_OCL_ALIGN16(fp_tile, sds_arg); /* [FA2_BQ, FA2_LDS]: dS */
+    __local float *skbad = FP_OCL_ALIGN16(float, skbad_arg); /* [FA2_WK]: key flags */
+    __local float *sx = FP_OCL_ALIGN16(float, sx_arg); /* [4 warps][FA2_BQ / 2][32 lanes] */
+#if !FP_OCL_MMA_EMULATE
+    __local float scratch[FP_OCL_SCRATCH];
+#endif
+    FP_OCL_KEY_BLOCK_OF(&a, FA2_WK);
+    const int lane = tid % 32, t4 = lane % 4, w = tid / 32, role = w / 2;
+    const int k_lo = 16 * (w % 2) + lane / 4; /* this lane's keys: k_lo and k_lo + 8 */
+    __local uint *sqp = (__local uint *)stage, *sdop = sqp + FA2_BQ / 2 * LDP;
+
+    fp_ocl_load_rows(stage, FA2_WK, k, &a, &kr, j0, cols, hd, 0, sbad, 1);
+    fp_ocl_load_rows((__local fp_tile *)skt, FA2_WK, v, &a, &vr, j0, cols, hd, 0, sbad, 1);
+    if (tid < FA2_WK)
+        skbad[tid] = 0.0f;
+    barrier(CLK_LOCAL_MEM_FENCE);
+    uint xf[FA2_KS * 4]; /* K's (role 0) or V's (role 1) A fragments of this warp's keys */
+    FP_OCL_UNROLL
+    for (int ks = 0; ks < FA2_KS; ks++)
+        fp_ocl_load_a(xf + 4 * ks, role ? (__local const fp_tile *)skt : stage, 1,
+                      16 * (w % 2) * LD + 16 * ks, LD, 1);
+    barrier(CLK_LOCAL_MEM_FENCE);
+    /* the keys for dS K, scrubbed; the loop's first barrier orders it before its readers */
+    fp_ocl_fa2_load_pairs(stage, 0, skt, FA2_WK, k, &a, &kr, j0, cols, hd, 1, skbad);
+    if (tid < FA2_BQ)
+        sbad[tid] = 0.0f;
+    float acc[FA2_ON * 4]; /* dV (role 0) or dK (role 1) of this warp's keys */
+    FP_OCL_UNROLL
+    for (int e = 0; e < FA2_ON * 4; e++)
+        acc[e] = 0.0f;
+
+    int it = 0; /* query blocks run: their parity picks the half of sbad */
+    long dq_h = 0, dq_i0 = -1; /* the query block whose dQ is still to be added */
+    int dq_rows = 0;
+    for (long h = hk * group; cols > 0 && h < (hk + 1) * group; h++) {
+        const float slope = a.has_alibi ? alibi[a.alibi_off + h] : 0.0f;
+        const fp_ocl_rows qr =
+            fp_ocl_dense_rows(fp_ocl_row0(a.q, b, s.q_start, h), a.q.s[1], a.q.s[3]);
+        const fp_ocl_rows dor =
+            fp_ocl_dense_rows(fp_ocl_row0(a.dout, b, s.q_start, h), a.dout.s[1], a.dout.s[3]);
+        for (long i0 = 0; i0 < s.nq; i0 += FA2_BQ) {
+            const int rows = (int)min((long)FA2_BQ, s.nq - i0);
+            int64_t lo, hi;
+            fp_mask_block_range(i0, i0 + rows, s.nq, s.nk, a.left, a.right, &lo, &hi);
+            if (hi <= lo || hi <= j0 || lo >= j0 + cols)
+                continue; /* no row of this query block sees these keys */
+            const int edge =
+                !fp_mask_block_full(i0, i0 + rows, j0, j0 + cols, s.nq, s.nk, a.left, a.right);
+            const int par = it++ & 1;
+            __local float *bad = sbad + par * FA2_BQ;
+            /* every reader of the staging tile, srow and sx is done, every writer of sds */
+            barrier(CLK_LOCAL_MEM_FENCE);
+            if (dq_i0 >= 0) /* the last block's dQ, before this block writes sds */
+                for (int part = 0; part < FA2_QP; part++)
+                    fp_ocl_fa2_dq_add(&a, &s, b, dq_h, dq_i0, dq_rows, hd, sds, skt, dq_acc,
+                                      scratch, part);
+            fp_ocl_fa2_load_pairs(stage, 0, sqp, FA2_BQ, q, &a, &qr, i0, rows, hd, edge, bad);
+            fp_ocl_fa2_load_pairs(stage, 0, sdop, FA2_BQ, dout, &a, &dor, i0, rows, hd, edge, bad);
+            if (tid < FA2_BQ) {
+                srow[tid] = tid < rows ? lse[fp_ocl_lse_at(&a, b, h, s.q_start + i0 + tid)]
+                                       : -INFINITY;
+                srow[FA2_BQ + tid] =
+                    tid < rows ? delta[fp_ocl_delta_at(&a, &s, b, h, i0 + tid)] : 0.0f;
+                sbad[(par ^ 1) * FA2_BQ + tid] = 0.0f; /* read before, written next */
+            }
+            barrier(CLK_LOCAL_MEM_FENCE);
+            float x[FA2_BQ / 2]; /* S^T (role 0) or dP^T (role 1): 16 keys x FA2_BQ queries */
+            fp_ocl_fa2_dots_pairs(x, xf, role ? sdop : sqp, scratch);
+            FP_OCL_UNROLL
+            for (int e = 0; e < FA2_BQ / 2; e++)
+                sx[(w * (FA2_BQ / 2) + e) * 32 + lane] = x[e];
+            barrier(CLK_LOCAL_MEM_FENCE);
+            const int simple = !edge && cols == FA2_WK && rows == FA2_BQ && !a.has_alibi;
+            FP_OCL_UNROLL
+            for (int j = 0; j < FA2_BQ / 8; j++)
+                FP_OCL_UNROLL
+                for (int e = 0; e < 4; e++) {
+                    const int kc = k_lo + 8 * (e / 2), c = 8 * j + 2 * t4 + e % 2;
+                    const int inside = c < rows && kc < cols;
+                    const float y = sx[((w ^ 2) * (FA2_BQ / 2) + 4 * j + e) * 32 + lane];
+                    float p, ds;
+                    fp_ocl_fa2_grad(&a, &s, slope, simple, i0 + c, j0 + kc, inside,
+                                    role ? y : x[4 * j + e], role ? x[4 * j + e] : y, srow[c],
+                                    srow[FA2_BQ + c], &p, &ds);
+                    if (edge && inside && bad[c] != 0.0f &&
+                        fp_mask_visible(i0 + c, j0 + kc, s.nq, s.nk, a.left, a.right))
+                        p = ds = NAN;
+                    x[4 * j + e] = role ? ds : p;
+                    if (role) {
+                        const float dsq =
+                            inside && skbad[kc] != 0.0f &&
+                                    fp_mask_visible(i0 + c, j0 + kc, s.nq, s.nk, a.left, a.right)
+                                ? NAN
+                                : ds;
+                        sds[c * FA2_LDS + kc] = (fp_tile)fp_ocl_pack2(dsq, 0.0f);
+                    }
+                }
+            fp_ocl_fa2_cmm(acc, x, FA2_BQ / 16, role ? sqp : sdop, 1, scratch);
+            dq_h = h; /* its dQ is added after the next block's first barrier */
+            dq_i0 = i0;
+            dq_rows = rows;
+        }
+    }
+    if (dq_i0 >= 0) {
+        barrier(CLK_LOCAL_MEM_FENCE); /* sds is whole */
+        for (int part = 0; part < FA2_QP; part++)
+                    fp_ocl_fa2_dq_add(&a, &s, b, dq_h, dq_i0, dq_rows, hd, sds, skt, dq_acc,
+                                      scratch, part);
+    }
+    /* fp_ocl_fa2_store takes warp w's rows as 16 w ..; this warp's keys are 16 (w % 2) .. */
+    const int shift = 16 * (w % 2) - 16 * w;
+    if (role)
+        fp_ocl_fa2_store(dk, fp_ocl_row0(a.dk, b, s.k_start + j0 + shift, hk), a.dk.s[1],
+                         a.dk.s[3], stored - shift, hd, acc, FA2_ON, 0, 1.0f, 1.0f);
+    else
+        fp_ocl_fa2_store(dv, fp_ocl_row0(a.dv, b, s.k_start + j0 + shift, hk), a.dv.s[1],
+                         a.dv.s[3], stored - shift, hd, acc, FA2_ON, 0, 1.0f, 1.0f);
+}
+#endif
+
 /* Before the fused backward: delta = rowsum(dO O) of 64 query rows (the dQ kernel's sum, in its
  * order) and their dQ accumulator rows zeroed. */
 __kernel __attribute__((reqd_work_group_size(FP_OCL_WG, 1, 1))) void
@@ -919,6 +1133,5 @@ fp_ocl_backward_dq_out(const fp_ocl_args a, __global const float *dq_acc, __glob
     }
 }
 
-#endif /* D <= FP_OCL_FA2_BWD_D */
 
 #endif /* FP_OCL_FA2 */

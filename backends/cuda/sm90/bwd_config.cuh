@@ -16,6 +16,17 @@
 
 enum { FP_SM90B_THREADS = 384, FP_SM90B_CONSUMER_THREADS = 256 };
 
+/* The masked-key guard's shared words in the D = 64 / 128 kernel (after its row flags): the count
+ * of Q / dO rows flagged so far, ever growing; whether K held a non-finite element; and per
+ * consumer warp the count it saw at its last look (no change: the step flagged none). In shared
+ * memory, not registers: only the guard's rare paths touch them. */
+enum {
+    FP_SM90B_GUARD_ROWS = 0,
+    FP_SM90B_GUARD_K = 1,
+    FP_SM90B_GUARD_SEEN = 2,
+    FP_SM90B_GUARD_WORDS = 2 + FP_SM90B_CONSUMER_THREADS / 32
+};
+
 /* One configuration: kernel head dim DK, query rows per step BM, keys per block BN (64 per
  * consumer warpgroup), ST stages of Q / dO / LSE2 / Dsum. */
 template <int DK_> struct fp_sm90_bwd_cfg {
@@ -30,11 +41,13 @@ template <int DK_> struct fp_sm90_bwd_cfg {
     static_assert(DK == 64 || DK == 128, "the sm90 backward's head dims");
     static_assert((DQ_BY_ROWS ? DK : DK / 2) == 64, "dQ products are m64n64");
     /* K, V, the stages, two dS buffers, the dQ tiles, the masked-key guard's row flags (K, and
-     * Q and dO of each stage), the barriers, and 1024 bytes to align to the swizzle atom */
+     * Q and dO of each stage) and words, the barriers, and 1024 bytes to align to the swizzle atom
+     */
     static constexpr size_t SMEM = 2 * KV_BYTES + ST * (2 * Q_BYTES + 2 * ROW_BYTES) +
-                                   2 * DS_BYTES + DQB * DQ_BYTES + BN + ST * 2 * BM + 8 +
-                                   (1 + 2 * ST + 2 * DQB) * 8 + 1024;
+                                   2 * DS_BYTES + DQB * DQ_BYTES + BN + ST * 2 * BM +
+                                   4 * FP_SM90B_GUARD_WORDS + (1 + 2 * ST + 2 * DQB) * 8 + 1024;
     static_assert(SMEM <= 227 * 1024, "one block per SM");
+    static_assert((BN + ST * 2 * BM + 4 * FP_SM90B_GUARD_WORDS) % 8 == 0, "barriers 8-aligned");
 };
 
 /* The configuration of head dim 256 (sm90/bwd256.cuh): the two consumer warpgroups share one

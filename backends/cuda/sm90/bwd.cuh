@@ -492,11 +492,11 @@ __global__ void __launch_bounds__(FP_SM90B_THREADS, 1)
         fp_mbar_wait(bars.kv, 0);
         /* The guard's K part, once per block: dQ = dS K would meet a non-finite K element with
          * the masked zeros of dS, so if the K tile holds one, every K row is scrubbed and flagged
-         * in kflag before the first product reads K. kany: it held one, and the
-         * steps select with kflag. */
+         * in kflag before the first product reads K; the steps then select with kflag (the
+         * guard's K word says so: read each step from shared memory, as a register held over
+         * the loop made ptxas spill in the softcap / ALiBi branch at D = 64). */
         const int ct = tid - 128;
-        const bool kany = fp_sm90b_k_suspect<T, BN, DK>(gbase, guard, ct);
-        if (kany)
+        if (fp_sm90b_k_suspect<T, BN, DK>(gbase, guard, ct))
             fp_sm90b_scrub_k<T, BN, DK>(gbase, kflag, ct);
         /* The steps' P^T = exp2(S^T scale log2(e) - LSE2) over sacc (once S^T has landed) and
          * dS^T = P^T (dP^T - Dsum) over dpacc (once dP^T has: the two wgmma groups are waited for
@@ -587,6 +587,7 @@ __global__ void __launch_bounds__(FP_SM90B_THREADS, 1)
             else
                 p_ds_transform(sacc, dpacc, lse2, dsum, m0, h);
             /* the mask, with the guard's selects where K or this step's rows had a flagged row */
+            const bool kany = *(volatile unsigned *)(guard + FP_SM90B_GUARD_K) != 0u;
             if (kany || rnew) {
                 const bool kbad[2] = {kany && kflag[kr] != 0, kany && kflag[kr + 8] != 0};
                 fp_sm90b_mask_pairs<BM / 8>(sacc, dpacc, mk, nq, m0, 0, n0 + kr, t, kbad, rnew,

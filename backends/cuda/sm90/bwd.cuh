@@ -137,16 +137,16 @@ FP_DEV void fp_sm90b_scrub_k(unsigned char *k_tile, uint8_t *kflag, int ct)
 
 /* The guard's Q / dO part of an edge step whose rows' LSE2 / Dsum say one may hold a non-finite
  * element (fp_rows_suspect), by the 256 consumer threads (ct; warp cw 0 .. 7): Q row
- * ct or dO row ct - BM of the stage (q_tile, do_tile) scrubbed, flagged in rflag (Q rows, then dO
- * rows) and counted in the guard's words; ordered before the step's products. Returns whether
- * this step flagged a row. */
+ * ct or dO row ct - BM of the stage (q_tile, do_tile) scrubbed, flagged in qf / of and counted in
+ * the guard's words; ordered before the products that follow. Returns whether this step flagged
+ * a row. */
 template <typename T, int BM, int DK>
-FP_DEV bool fp_sm90b_scrub_rows(unsigned char *q_tile, unsigned char *do_tile, uint8_t *rflag,
-                                unsigned *guard, int ct, int cw)
+FP_DEV bool fp_sm90b_scrub_rows(unsigned char *q_tile, unsigned char *do_tile, uint8_t *qf,
+                                uint8_t *of, unsigned *guard, int ct, int cw)
 {
     if (ct < 2 * BM) {
         const bool bad = fp_sm90_scrub_row<T, BM, DK>(ct < BM ? q_tile : do_tile, ct % BM);
-        rflag[ct] = bad ? 1 : 0;
+        (ct < BM ? qf : of)[ct % BM] = bad ? 1 : 0;
         if (bad)
             atomicAdd(guard + FP_SM90B_GUARD_ROWS, 1u);
     }
@@ -571,7 +571,7 @@ __global__ void __launch_bounds__(FP_SM90B_THREADS, 1)
             bool rnew = false;                              /* this step flagged a Q or dO row */
             if (edge && fp_rows_suspect<BM>(lse_of(s), dsum_of(s)))
                 rnew = fp_sm90b_scrub_rows<T, BM, DK>(gbase + (qs - sk), gbase + (dos - sk), rflag,
-                                                      guard, ct, 4 * w + warp);
+                                                      rflag + BM, guard, ct, 4 * w + warp);
 
             /* S^T = K Q^T and dP^T = V dO^T, issued together */
             fp_wgmma_fence();

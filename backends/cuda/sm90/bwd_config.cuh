@@ -60,15 +60,16 @@ struct fp_sm90_bwd256_cfg {
     static constexpr int DK = 256, BN = 64, BM = 64, STQ = 2, STO = 1;
     static constexpr uint32_t KV_BYTES = BN * DK * 2, Q_BYTES = BM * DK * 2, ROW_BYTES = BM * 4,
                               PT_BYTES = BN * BM * 2, PIECE_BYTES = BM * 64 * 4;
-    /* K's row flags (one set per warpgroup's half of the columns), Q's of each Q stage, dO's of
-     * each dO stage, the flagged-row counter */
-    static constexpr uint32_t FLAG_BYTES = 2 * BN + STQ * BM + STO * BM + 8;
+    /* K's row flags, Q's of each Q stage, dO's of each dO stage, the guard's words */
+    static constexpr uint32_t FLAG_BYTES = BN + STQ * BM + STO * BM + 4 * FP_SM90B_GUARD_WORDS;
     /* kv_full, q_full / q_empty per Q stage, o_full / o_empty per dO stage, dq_full / dq_empty
      * per warpgroup */
     static constexpr int NBARS = 1 + 2 * STQ + 2 * STO + 4;
     static constexpr size_t SMEM = 2 * KV_BYTES + (STQ + STO) * (Q_BYTES + ROW_BYTES) +
                                    4 * PT_BYTES + 2 * PIECE_BYTES + FLAG_BYTES + NBARS * 8 + 1024;
     static_assert(SMEM <= 227 * 1024, "one block per SM");
+    static_assert((BN + STQ * BM + STO * BM) % 4 == 0 && FLAG_BYTES % 8 == 0,
+                  "guard words 4-aligned, barriers 8-aligned");
 };
 
 /* The head dims of the kernel classes: problems of smaller head dims run on the next larger. */

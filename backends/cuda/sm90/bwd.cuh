@@ -42,10 +42,12 @@
  * multiplies dS by its derivative 1 - tanh^2 (fp_sm90_softcap, the forward's tanh);
  * ALiBi adds nothing to the gradient.
  * The masked-key guard (docs/reliability.md): K rows are scrubbed of non-finite elements once per
- * block where the first step's S^T says they hold one, the Q and dO rows of edge steps (masked
- * pairs, or rows past the sequence) before their products when the rows' LSE2 / Dsum say one may
- * hold a non-finite element, so that a masked zero of P or dS never meets a NaN or inf; a visible
- * pair of a scrubbed row gets its NaN back by a select.
+ * block where a look at the K tile before the first step finds one, the Q and dO rows of edge
+ * steps (masked pairs, or rows past the sequence) before their products when the rows' LSE2 /
+ * Dsum say one may hold a non-finite element, so that a masked zero of P or dS never meets a NaN
+ * or inf; a visible pair of a scrubbed row gets its NaN back by a select. Its state lives in
+ * shared memory and its selects run only where something was flagged, so that a step with
+ * nothing flagged runs the mask of the unguarded kernel (edge steps) or none.
  *
  * Configurations (fp_sm90_bwd_cfg, sm90/bwd_config.cuh; 384 threads, one block per SM):
  * D = 64: BM 128, D = 128: BM 64; BN 128, 2 stages. Other head dims run on the next larger

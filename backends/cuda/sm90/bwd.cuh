@@ -42,10 +42,12 @@
  * multiplies dS by its derivative 1 - tanh^2 (fp_sm90_softcap, the forward's tanh);
  * ALiBi adds nothing to the gradient.
  * The masked-key guard (docs/reliability.md): K rows are scrubbed of non-finite elements once per
- * block where the first step's S^T says they hold one, the Q and dO rows of edge steps (masked
- * pairs, or rows past the sequence) before their products when the rows' LSE2 / Dsum say one may
- * hold a non-finite element, so that a masked zero of P or dS never meets a NaN or inf; a visible
- * pair of a scrubbed row gets its NaN back by a select.
+ * block where a look at the K tile before the first step finds one, the Q and dO rows of edge
+ * steps (masked pairs, or rows past the sequence) before their products when the rows' LSE2 /
+ * Dsum say one may hold a non-finite element, so that a masked zero of P or dS never meets a NaN
+ * or inf; a visible pair of a scrubbed row gets its NaN back by a select. Its state lives in
+ * shared memory and its selects run only where something was flagged, so that a step with
+ * nothing flagged runs the mask of the unguarded kernel (edge steps) or none.
  *
  * Configurations (fp_sm90_bwd_cfg, sm90/bwd_config.cuh; 384 threads, one block per SM):
  * D = 64: BM 128, D = 128: BM 64; BN 128, 2 stages. Other head dims run on the next larger
@@ -101,6 +103,65 @@ template <typename T, int ROWS, int DK> FP_DEV bool fp_sm90_scrub_row(unsigned c
             reinterpret_cast<uint4 *>(tile + (c / 8) * ROWS * 128 + row * 128 + (c % 8) * 16));
     }
     return bad;
+}
+
+/* The guard's K part, before the first step, by the 256 consumer threads (ct: 0 .. 255): whether
+ * the key block's K tile (BN rows, ROWS-row panels as TMA writes them) holds an infinite or NaN
+ * element, by integer tests of 16 bytes (fp_vec_nonfinite); the same answer in every consumer
+ * thread (one barrier among them). */
+template <typename T, int BN, int DK>
+FP_DEV bool fp_sm90b_k_suspect(const unsigned char *k_tile, unsigned *guard, int ct)
+{
+    constexpr int CH = DK / 8;
+    bool bad = false;
+#pragma unroll
+    for (int i = 0; i < BN * CH / FP_SM90B_CONSUMER_THREADS; ++i) {
+        const int idx = ct + i * FP_SM90B_CONSUMER_THREADS, row = idx / CH, c = idx % CH;
+        bad |= fp_vec_nonfinite<T>(*reinterpret_cast<const uint4 *>(k_tile + (c / 8) * BN * 128 +
+                                                                    row * 128 + (c % 8) * 16));
+    }
+    if (bad)
+        *(volatile unsigned *)(guard + FP_SM90B_GUARD_K) = 1u;
+    fp_named_bar_sync(1, FP_SM90B_CONSUMER_THREADS);
+    return *(volatile unsigned *)(guard + FP_SM90B_GUARD_K) != 0u;
+}
+
+/* Its rare path: every K row scrubbed (fp_sm90_scrub_row) and flagged in kflag,
+ * ordered before the products that read K (async proxy) and the flags' readers. */
+template <typename T, int BN, int DK>
+FP_DEV void fp_sm90b_scrub_k(unsigned char *k_tile, uint8_t *kflag, int ct)
+{
+    if (ct < BN)
+        kflag[ct] = fp_sm90_scrub_row<T, BN, DK>(k_tile, ct) ? 1 : 0;
+    fp_fence_proxy_async_smem();
+    fp_named_bar_sync(1, FP_SM90B_CONSUMER_THREADS);
+}
+
+/* The guard's Q / dO part of an edge step whose rows' LSE2 / Dsum say one may hold a non-finite
+ * element (fp_rows_suspect), by the 256 consumer threads (ct; warp cw 0 .. 7): Q row
+ * ct or dO row ct - BM of the stage (q_tile, do_tile) scrubbed, flagged in qf / of and counted in
+ * the guard's words; ordered before the products that follow. Returns whether this step flagged
+ * a row. */
+template <typename T, int BM, int DK>
+FP_DEV bool fp_sm90b_scrub_rows(unsigned char *q_tile, unsigned char *do_tile, uint8_t *qf,
+                                uint8_t *of, unsigned *guard, int ct, int cw)
+{
+    if (ct < 2 * BM) {
+        const bool bad = fp_sm90_scrub_row<T, BM, DK>(ct < BM ? q_tile : do_tile, ct % BM);
+        (ct < BM ? qf : of)[ct % BM] = bad ? 1 : 0;
+        if (bad)
+            atomicAdd(guard + FP_SM90B_GUARD_ROWS, 1u);
+    }
+    fp_fence_proxy_async_smem();
+    fp_named_bar_sync(1, FP_SM90B_CONSUMER_THREADS);
+    /* the count holds still until every consumer has passed the step's dS barrier */
+    const unsigned now = *(volatile unsigned *)(guard + FP_SM90B_GUARD_ROWS);
+    volatile unsigned *seen = guard + FP_SM90B_GUARD_SEEN + cw;
+    const unsigned before = *seen;
+    __syncwarp();
+    if ((threadIdx.x & 31) == 0)
+        *seen = now;
+    return now != before;
 }
 
 /* The block's mbarriers, 8 bytes each from shared address base: K and V landed (kv); stage s
@@ -367,10 +428,8 @@ __global__ void __launch_bounds__(FP_SM90B_THREADS, 1)
     const uint32_t srow = sdq + DQB * DQ_BYTES;
     const uint32_t sflags = srow + 2 * ST * ROW_BYTES; /* K's row flags, then each stage's */
     uint8_t *const kflag = gbase + (sflags - sk);
-    /* Q / dO rows the guard flagged so far, ever growing: a thread that sees no change since its
-     * last look knows this step flagged none */
-    unsigned *const rbad_rows = reinterpret_cast<unsigned *>(kflag + BN + ST * 2 * BM);
-    const fp_sm90b_bars<CFG> bars(sflags + BN + ST * 2 * BM + 8);
+    unsigned *const guard = reinterpret_cast<unsigned *>(kflag + BN + ST * 2 * BM);
+    const fp_sm90b_bars<CFG> bars(sflags + BN + ST * 2 * BM + 4 * FP_SM90B_GUARD_WORDS);
     /* LSE2 and Dsum of stage s */
     auto lse_of = [&](int s) {
         return reinterpret_cast<const float *>(gbase + (srow - sk) + s * ROW_BYTES);
@@ -390,7 +449,8 @@ __global__ void __launch_bounds__(FP_SM90B_THREADS, 1)
     const int nq = seq.nq, nk = seq.nk;
 
     if (tid == 0) {
-        *rbad_rows = 0;
+        for (int i = 0; i < FP_SM90B_GUARD_WORDS; ++i)
+            guard[i] = 0u;
         fp_mbar_init(bars.kv, 1);
         bars.stage.init(1, FP_SM90B_CONSUMER_THREADS);
         bars.dq.init(FP_SM90B_CONSUMER_THREADS, 1);
@@ -432,40 +492,21 @@ __global__ void __launch_bounds__(FP_SM90B_THREADS, 1)
     if (steps > 0) {
         const fp_mask32 mk = fp_mask32_make(nq, nk, a.left, a.right);
         fp_mbar_wait(bars.kv, 0);
-        /* The guard's K part, at the first step: an S^T row is non-finite for every query when
-         * its K row holds a non-finite element (inf x 0 is NaN too), so a warp whose S^T rows
-         * are finite has clean K rows (its 16 keys); otherwise its lanes 0 .. 15 scrub those
-         * rows (dQ = dS K would meet them with the masked zeros of dS) and flag them in kflag.
-         * The first dQ product's barrier orders the writes before the other warpgroup reads K.
-         * kbad[r]: this thread's key row had one. */
-        bool kbad[2] = {false, false}, kany = false;
-        auto k_guard = [&](const float(&sv)[BM / 2]) {
-            bool bad = false;
-#pragma unroll
-            for (int i = 0; i < BM / 2; ++i)
-                bad |= !isfinite(sv[i]);
-            if (__any_sync(0xffffffffu, bad)) {
-                const int row = 64 * w + 16 * warp + lane;
-                if (lane < 16)
-                    kflag[row] = fp_sm90_scrub_row<T, BN, DK>(gbase, row) ? 1 : 0;
-                fp_fence_proxy_async_smem();
-                __syncwarp();
-                kbad[0] = kflag[kr] != 0;
-                kbad[1] = kflag[kr + 8] != 0;
-                kany = kbad[0] || kbad[1];
-            }
-        };
-        unsigned rbad_seen = 0;
+        /* The guard's K part, once per block: dQ = dS K would meet a non-finite K element with
+         * the masked zeros of dS, so if the K tile holds one, every K row is scrubbed and flagged
+         * in kflag before the first product reads K; the steps then select with kflag (the
+         * guard's K word says so: read each step from shared memory, as a register held over
+         * the loop made ptxas spill in the softcap / ALiBi branch at D = 64). */
+        const int ct = tid - 128;
+        if (fp_sm90b_k_suspect<T, BN, DK>(gbase, guard, ct))
+            fp_sm90b_scrub_k<T, BN, DK>(gbase, kflag, ct);
         /* The steps' P^T = exp2(S^T scale log2(e) - LSE2) over sacc (once S^T has landed) and
          * dS^T = P^T (dP^T - Dsum) over dpacc (once dP^T has: the two wgmma groups are waited for
-         * in turn, so that the exp2s overlap the dP^T product); lse2, dsum: the step's rows;
-         * first: the block's first step, whose S^T the guard's K part looks at */
+         * in turn, so that the exp2s overlap the dP^T product); lse2, dsum: the step's rows */
         auto p_ds = [&](float(&sacc)[BM / 2], float(&dpacc)[BM / 2], const float *lse2,
-                        const float *dsum, bool first) {
+                        const float *dsum) {
             fp_wgmma_wait<1>();
             fp_wgmma_fence_regs(sacc);
-            if (first)
-                k_guard(sacc);
 #pragma unroll
             for (int j = 0; j < BM / 8; ++j) {
                 const float2 l = *reinterpret_cast<const float2 *>(lse2 + 8 * j + 2 * t);
@@ -492,12 +533,10 @@ __global__ void __launch_bounds__(FP_SM90B_THREADS, 1)
         /* the same with softcap / ALiBi: fp_sm90_softcap and the ALiBi bias per element, dS^T
          * times the softcap's derivative (rows from m0, query head hq) */
         auto p_ds_transform = [&](float(&sacc)[BM / 2], float(&dpacc)[BM / 2], const float *lse2,
-                                  const float *dsum, int m0, int hq, bool first) {
+                                  const float *dsum, int m0, int hq) {
             fp_wgmma_wait<0>();
             fp_wgmma_fence_regs(sacc);
             fp_wgmma_fence_regs(dpacc);
-            if (first)
-                k_guard(sacc);
             const float slope = a.alibi ? a.alibi[hq] : 0.0f;
             const float cap_in = a.softcap > 0.0f ? 2.0f * FP_LOG2E / a.softcap : 0.0f;
 #pragma unroll
@@ -525,28 +564,16 @@ __global__ void __launch_bounds__(FP_SM90B_THREADS, 1)
             float sacc[BM / 2], dpacc[BM / 2];
 
             /* Edge steps (pairs a row cannot see, or rows past the sequence) scrub the stage's Q
-             * and dO rows, one (tensor, row) a thread, for dK = dS^T Q and dV = P^T dO, when a
-             * row's LSE2 or Dsum says it may hold a non-finite element (fp_rows_suspect) */
+             * and dO rows for dK = dS^T Q and dV = P^T dO, when a row's LSE2 or
+             * Dsum says it may hold a non-finite element (fp_rows_suspect) */
             fp_mbar_wait(bars.stage.full(s), (it / ST) & 1);
             const bool edge = m0 + BM > nq || !fp_mask_block_full(m0, min(m0 + BM, nq), n0, n0 + BN,
                                                                   nq, nk, a.left, a.right);
             uint8_t *const rflag = kflag + BN + s * 2 * BM; /* Q rows, then dO rows */
             bool rnew = false;                              /* this step flagged a Q or dO row */
-            if (edge && fp_rows_suspect<BM>(lse_of(s), dsum_of(s))) {
-                const int ct = tid - 128;
-                if (ct < 2 * BM) {
-                    const bool bad =
-                        fp_sm90_scrub_row<T, BM, DK>(gbase + ((ct < BM ? qs : dos) - sk), ct % BM);
-                    rflag[ct] = bad ? 1 : 0;
-                    if (bad)
-                        atomicAdd(rbad_rows, 1u);
-                }
-                fp_fence_proxy_async_smem();
-                fp_named_bar_sync(1, FP_SM90B_CONSUMER_THREADS);
-                const unsigned now = *(volatile unsigned *)rbad_rows;
-                rnew = now != rbad_seen;
-                rbad_seen = now;
-            }
+            if (edge && fp_rows_suspect<BM>(lse_of(s), dsum_of(s)))
+                rnew = fp_sm90b_scrub_rows<T, BM, DK>(gbase + (qs - sk), gbase + (dos - sk), rflag,
+                                                      rflag + BM, guard, ct, 4 * w + warp);
 
             /* S^T = K Q^T and dP^T = V dO^T, issued together */
             fp_wgmma_fence();
@@ -558,12 +585,20 @@ __global__ void __launch_bounds__(FP_SM90B_THREADS, 1)
             /* P^T and dS^T: element 4 j + 2 r + e is key n0 + kr + 8 r, query m0 + 8 j + 2 t + e */
             const float *lse2 = lse_of(s), *dsum = dsum_of(s);
             if (!a.transform)
-                p_ds(sacc, dpacc, lse2, dsum, it == 0);
+                p_ds(sacc, dpacc, lse2, dsum);
             else
-                p_ds_transform(sacc, dpacc, lse2, dsum, m0, h, it == 0);
-            if (edge || kany)
+                p_ds_transform(sacc, dpacc, lse2, dsum, m0, h);
+            /* the mask, with the guard's selects where K or this step's rows had a flagged row */
+            const bool kany = *(volatile unsigned *)(guard + FP_SM90B_GUARD_K) != 0u;
+            if (kany || rnew) {
+                const bool kbad[2] = {kany && kflag[kr] != 0, kany && kflag[kr + 8] != 0};
                 fp_sm90b_mask_pairs<BM / 8>(sacc, dpacc, mk, nq, m0, 0, n0 + kr, t, kbad, rnew,
                                             rflag, rflag + BM);
+            } else if (edge) {
+                const bool clean[2] = {false, false};
+                fp_sm90b_mask_pairs<BM / 8>(sacc, dpacc, mk, nq, m0, 0, n0 + kr, t, clean, false,
+                                            rflag, rflag + BM);
+            }
 
             /* dV += P^T dO, dK += dS^T Q */
             uint32_t pa[BM / 16][4], da[BM / 16][4];

@@ -24,10 +24,9 @@
  * i + 1 runs under step i's dQ products. (Issuing S^T before waiting for dO made ptxas serialize
  * the wgmma instructions, warning C7520.)
  *
- * Masked-key guard: as in bwd.cuh, except that at the first step each warpgroup scrubs
- * its half of the columns of the K rows whose S^T row is not finite, between two barriers (the
- * other warpgroup reads all of K), and a row is bad when either half was; the edge steps' Q and
- * dO scrub runs once both warpgroups' S^T and dP^T products are done with the tiles.
+ * Masked-key guard: as in bwd.cuh (K looked at once before the first step, the guard's state in
+ * shared memory), except that the edge steps' Q and dO scrub runs once both warpgroups' S^T and
+ * dP^T products are done with the tiles.
  *
  * Configuration: fp_sm90_bwd256_cfg (sm90/bwd_config.cuh). Differences from the reference: as
  * bwd.cuh's. Numbers: docs/performance.md.
@@ -51,19 +50,6 @@ struct fp_sm90b2_bars {
     {
     }
 };
-
-/* Row `row` of a 128-byte-swizzled tile of ROWS-row panels: its 16-byte chunks c0 .. c1 - 1
- * (storage order; 8 a panel) with infinite and NaN elements set to 0; whether it had one. */
-template <typename T, int ROWS>
-FP_DEV bool fp_sm90_scrub_row_part(unsigned char *tile, int row, int c0, int c1)
-{
-    bool bad = false;
-#pragma unroll 4
-    for (int c = c0; c < c1; ++c)
-        bad |= fp_scrub_chunk<T>(
-            reinterpret_cast<uint4 *>(tile + (c / 8) * ROWS * 128 + row * 128 + (c % 8) * 16));
-    return bad;
-}
 
 /* Step it's load into its stage of `ring` (it % N), once both consumer warpgroups have freed it:
  * the tile of rows q_row .. of head h from the TMA map (64-column panels) to `tile`, and the
@@ -179,10 +165,10 @@ __global__ void __launch_bounds__(FP_SM90B_THREADS, 1)
     const uint32_t spt = sdo + STO * Q_BYTES, sds = spt + 2 * PT_BYTES;
     const uint32_t sdq = sds + 2 * PT_BYTES, slse = sdq + 2 * CFG::PIECE_BYTES;
     const uint32_t sdsum = slse + STQ * ROW_BYTES, sflags = sdsum + STO * ROW_BYTES;
-    uint8_t *const kflag = gbase + (sflags - sk); /* [2][BN]: by the half of K's columns */
-    uint8_t *const qflag = kflag + 2 * BN;        /* [STQ][BM] */
+    uint8_t *const kflag = gbase + (sflags - sk); /* [BN] */
+    uint8_t *const qflag = kflag + BN;            /* [STQ][BM] */
     uint8_t *const oflag = qflag + STQ * BM;      /* [STO][BM] */
-    unsigned *const rbad_rows = reinterpret_cast<unsigned *>(oflag + STO * BM);
+    unsigned *const guard = reinterpret_cast<unsigned *>(oflag + STO * BM);
     const fp_sm90b2_bars bars(sflags + CFG::FLAG_BYTES);
     auto smem_f = [&](uint32_t addr) { return reinterpret_cast<float *>(gbase + (addr - sk)); };
 
@@ -197,7 +183,8 @@ __global__ void __launch_bounds__(FP_SM90B_THREADS, 1)
     const int nq = seq.nq, nk = seq.nk;
 
     if (tid == 0) {
-        *rbad_rows = 0;
+        for (int i = 0; i < FP_SM90B_GUARD_WORDS; ++i)
+            guard[i] = 0u;
         fp_mbar_init(bars.kv, 1);
         bars.q.init(1, FP_SM90B_CONSUMER_THREADS);
         bars.o.init(1, FP_SM90B_CONSUMER_THREADS);
@@ -237,29 +224,10 @@ __global__ void __launch_bounds__(FP_SM90B_THREADS, 1)
     if (steps > 0) {
         const fp_mask32 mk = fp_mask32_make(nq, nk, a.left, a.right);
         fp_mbar_wait(bars.kv, 0);
-        bool kbad[2] = {false, false}, kany = false;
-        /* The guard's K part at the first step (see the file comment): sv_ is this thread's
-         * S^T, whose product has landed. */
-        auto k_guard = [&](const float(&sv_)[16]) {
-            bool bad = false;
-#pragma unroll
-            for (int i = 0; i < 16; ++i)
-                bad |= !isfinite(sv_[i]);
-            const bool wbad = __any_sync(0xffffffffu, bad);
-            fp_named_bar_sync(1, FP_SM90B_CONSUMER_THREADS); /* both S^T products are done */
-            if (lane < 16) {
-                const int row = 16 * warp + lane;
-                kflag[w * BN + row] =
-                    wbad && fp_sm90_scrub_row_part<T, BN>(gbase, row, 16 * w, 16 * w + 16) ? 1 : 0;
-            }
-            fp_fence_proxy_async_smem();
-            fp_named_bar_sync(1, FP_SM90B_CONSUMER_THREADS);
-#pragma unroll
-            for (int r = 0; r < 2; ++r)
-                kbad[r] = kflag[kr + 8 * r] != 0 || kflag[BN + kr + 8 * r] != 0;
-            kany = kbad[0] || kbad[1];
-        };
-        unsigned rbad_seen = 0;
+        /* The guard's K part, once per block, as in bwd.cuh */
+        const int ct = tid - 128;
+        if (fp_sm90b_k_suspect<T, BN, DK>(gbase, guard, ct))
+            fp_sm90b_scrub_k<T, BN, DK>(gbase, kflag, ct);
         int h = h_first, mb = mb_end - 1;
         for (int it = 0; it < steps; ++it) {
             const int sqi = it % STQ, soi = it % STO, m0 = mb * BM;
@@ -283,8 +251,6 @@ __global__ void __launch_bounds__(FP_SM90B_THREADS, 1)
             if (!a.transform) {
                 fp_wgmma_wait<1>();
                 fp_wgmma_fence_regs(sacc);
-                if (it == 0)
-                    k_guard(sacc);
 #pragma unroll
                 for (int j = 0; j < 4; ++j) {
                     const float2 l = *reinterpret_cast<const float2 *>(lse2 + qw + 8 * j + 2 * t);
@@ -312,8 +278,6 @@ __global__ void __launch_bounds__(FP_SM90B_THREADS, 1)
                 fp_wgmma_wait<0>();
                 fp_wgmma_fence_regs(sacc);
                 fp_wgmma_fence_regs(dpacc);
-                if (it == 0)
-                    k_guard(sacc);
                 const float slope = a.alibi ? a.alibi[h] : 0.0f;
                 const float cap_in = a.softcap > 0.0f ? 2.0f * FP_LOG2E / a.softcap : 0.0f;
 #pragma unroll
@@ -344,22 +308,19 @@ __global__ void __launch_bounds__(FP_SM90B_THREADS, 1)
             bool rnew = false;
             if (edge && fp_rows_suspect<BM>(lse2, dsum)) {
                 fp_named_bar_sync(1, FP_SM90B_CONSUMER_THREADS);
-                const int ct = tid - 128;
-                if (ct < 2 * BM) {
-                    const bool bad =
-                        fp_sm90_scrub_row<T, BM, DK>(gbase + ((ct < BM ? qs : dos) - sk), ct % BM);
-                    (ct < BM ? qf : of)[ct % BM] = bad ? 1 : 0;
-                    if (bad)
-                        atomicAdd(rbad_rows, 1u);
-                }
-                fp_fence_proxy_async_smem();
-                fp_named_bar_sync(1, FP_SM90B_CONSUMER_THREADS);
-                const unsigned now = *(volatile unsigned *)rbad_rows;
-                rnew = now != rbad_seen;
-                rbad_seen = now;
+                rnew = fp_sm90b_scrub_rows<T, BM, DK>(gbase + (qs - sk), gbase + (dos - sk), qf, of,
+                                                      guard, ct, 4 * w + warp);
             }
-            if (edge || kany)
+            /* the mask, with the guard's selects where K or this step's rows had a flagged row */
+            const bool kany = *(volatile unsigned *)(guard + FP_SM90B_GUARD_K) != 0u;
+            if (kany || rnew) {
+                const bool kbad[2] = {kany && kflag[kr] != 0, kany && kflag[kr + 8] != 0};
                 fp_sm90b_mask_pairs<4>(sacc, dpacc, mk, nq, m0, qw, n0 + kr, t, kbad, rnew, qf, of);
+            } else if (edge) {
+                const bool clean[2] = {false, false};
+                fp_sm90b_mask_pairs<4>(sacc, dpacc, mk, nq, m0, qw, n0 + kr, t, clean, false, qf,
+                                       of);
+            }
 
             /* this warpgroup's 32 queries of P^T and dS^T: wgmma A fragments (two k steps),
              * and into this step's buffers ([key][query], one 64 x 64 panel) */

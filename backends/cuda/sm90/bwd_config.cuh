@@ -16,6 +16,17 @@
 
 enum { FP_SM90B_THREADS = 384, FP_SM90B_CONSUMER_THREADS = 256 };
 
+/* The masked-key guard's shared words in the D = 64 / 128 kernel (after its row flags): the count
+ * of Q / dO rows flagged so far, ever growing; whether K held a non-finite element; and per
+ * consumer warp the count it saw at its last look (no change: the step flagged none). In shared
+ * memory, not registers: only the guard's rare paths touch them. */
+enum {
+    FP_SM90B_GUARD_ROWS = 0,
+    FP_SM90B_GUARD_K = 1,
+    FP_SM90B_GUARD_SEEN = 2,
+    FP_SM90B_GUARD_WORDS = 2 + FP_SM90B_CONSUMER_THREADS / 32
+};
+
 /* One configuration: kernel head dim DK, query rows per step BM, keys per block BN (64 per
  * consumer warpgroup), ST stages of Q / dO / LSE2 / Dsum. */
 template <int DK_> struct fp_sm90_bwd_cfg {
@@ -30,11 +41,13 @@ template <int DK_> struct fp_sm90_bwd_cfg {
     static_assert(DK == 64 || DK == 128, "the sm90 backward's head dims");
     static_assert((DQ_BY_ROWS ? DK : DK / 2) == 64, "dQ products are m64n64");
     /* K, V, the stages, two dS buffers, the dQ tiles, the masked-key guard's row flags (K, and
-     * Q and dO of each stage), the barriers, and 1024 bytes to align to the swizzle atom */
+     * Q and dO of each stage) and words, the barriers, and 1024 bytes to align to the swizzle atom
+     */
     static constexpr size_t SMEM = 2 * KV_BYTES + ST * (2 * Q_BYTES + 2 * ROW_BYTES) +
-                                   2 * DS_BYTES + DQB * DQ_BYTES + BN + ST * 2 * BM + 8 +
-                                   (1 + 2 * ST + 2 * DQB) * 8 + 1024;
+                                   2 * DS_BYTES + DQB * DQ_BYTES + BN + ST * 2 * BM +
+                                   4 * FP_SM90B_GUARD_WORDS + (1 + 2 * ST + 2 * DQB) * 8 + 1024;
     static_assert(SMEM <= 227 * 1024, "one block per SM");
+    static_assert((BN + ST * 2 * BM + 4 * FP_SM90B_GUARD_WORDS) % 8 == 0, "barriers 8-aligned");
 };
 
 /* The configuration of head dim 256 (sm90/bwd256.cuh): the two consumer warpgroups share one
@@ -47,15 +60,16 @@ struct fp_sm90_bwd256_cfg {
     static constexpr int DK = 256, BN = 64, BM = 64, STQ = 2, STO = 1;
     static constexpr uint32_t KV_BYTES = BN * DK * 2, Q_BYTES = BM * DK * 2, ROW_BYTES = BM * 4,
                               PT_BYTES = BN * BM * 2, PIECE_BYTES = BM * 64 * 4;
-    /* K's row flags (one set per warpgroup's half of the columns), Q's of each Q stage, dO's of
-     * each dO stage, the flagged-row counter */
-    static constexpr uint32_t FLAG_BYTES = 2 * BN + STQ * BM + STO * BM + 8;
+    /* K's row flags, Q's of each Q stage, dO's of each dO stage, the guard's words */
+    static constexpr uint32_t FLAG_BYTES = BN + STQ * BM + STO * BM + 4 * FP_SM90B_GUARD_WORDS;
     /* kv_full, q_full / q_empty per Q stage, o_full / o_empty per dO stage, dq_full / dq_empty
      * per warpgroup */
     static constexpr int NBARS = 1 + 2 * STQ + 2 * STO + 4;
     static constexpr size_t SMEM = 2 * KV_BYTES + (STQ + STO) * (Q_BYTES + ROW_BYTES) +
                                    4 * PT_BYTES + 2 * PIECE_BYTES + FLAG_BYTES + NBARS * 8 + 1024;
     static_assert(SMEM <= 227 * 1024, "one block per SM");
+    static_assert((BN + STQ * BM + STO * BM) % 4 == 0 && FLAG_BYTES % 8 == 0,
+                  "guard words 4-aligned, barriers 8-aligned");
 };
 
 /* The head dims of the kernel classes: problems of smaller head dims run on the next larger. */

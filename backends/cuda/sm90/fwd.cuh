@@ -225,9 +225,10 @@ FP_DEV void fp_sm90_transform(float (&s)[BN / 2], const fp_sm90_xform &x, int i_
  * whatever the swizzle): every infinite or NaN element becomes 0, and the bit of its key is set
  * in vmask. By the producer warpgroup's 96 V preparers (ptid): a look with LOOK chunks in
  * flight per thread, then, if it found such an element, the scrub with X; a chunk is written
- * back only if it held one. */
+ * back only if it held one. Returns whether this thread's look found one (only then may it
+ * have written). */
 template <typename T, int BN, int NP, int LOOK, int X>
-FP_DEV void fp_sm90_scrub_v(unsigned char *v, uint32_t *vmask, int ptid)
+FP_DEV bool fp_sm90_scrub_v(unsigned char *v, uint32_t *vmask, int ptid)
 {
     constexpr int CHUNKS = NP * BN * 8;
     /* First a read-only look, LOOK chunks in flight: the scrub's writes happen for a V stage that
@@ -247,7 +248,7 @@ FP_DEV void fp_sm90_scrub_v(unsigned char *v, uint32_t *vmask, int ptid)
             any |= fp_vec_nonfinite<T>(d[x]);
     }
     if (!any)
-        return;
+        return false;
 #pragma unroll 1
     for (int c0 = ptid; c0 < CHUNKS; c0 += X * FP_SM90_PREPARERS) {
         uint4 d[X];
@@ -268,6 +269,7 @@ FP_DEV void fp_sm90_scrub_v(unsigned char *v, uint32_t *vmask, int ptid)
             }
         }
     }
+    return true;
 }
 
 /* What the kernel and its steps derive from the inputs' type TI and the configuration CFG. */
@@ -420,6 +422,9 @@ FP_DEV void fp_sm90_fwd_prepare_v(const fp_sm90f_bars<CFG::ST, sizeof(TI) == 1> 
                 vmask[s][ptid] = 0;
             fp_named_bar_sync(5, FP_SM90_PREPARERS);
         }
+        /* whether this thread may have written the stage (generic stores): then a proxy fence
+         * before the wgmma that reads it; the look alone writes nothing */
+        bool wrote = X::FP8;
         if constexpr (X::FP8) {
             /* units in flight: as many as the producer's 40 registers hold */
             if (edge)
@@ -430,11 +435,13 @@ FP_DEV void fp_sm90_fwd_prepare_v(const fp_sm90f_bars<CFG::ST, sizeof(TI) == 1> 
                     sv + s * X::KV_BYTES, svt + s * X::VT_BYTES, vmask[s], ptid);
             fp_mbar_arrive(bar.v_empty(s));
         } else if (edge) {
-            fp_sm90_scrub_v<TI, BN, X::NP, DK >= 256 ? 2 : 4, X::PRODUCER_REGS == 40 ? 4 : 1>(
-                gv + s * X::KV_BYTES, vmask[s], ptid);
+            constexpr int LOOK = DK >= 256 ? 2 : 4, SCRUB = X::PRODUCER_REGS == 40 ? 4 : 1;
+            wrote =
+                fp_sm90_scrub_v<TI, BN, X::NP, LOOK, SCRUB>(gv + s * X::KV_BYTES, vmask[s], ptid);
         }
         if (X::FP8 || edge) {
-            fp_fence_proxy_async_smem(); /* generic writes, before wgmma reads them */
+            if (wrote)
+                fp_fence_proxy_async_smem();
             bar.pv_phase(pv_bits, s);
             fp_mbar_arrive(bar.pv_ready(s));
         }

@@ -29,6 +29,13 @@ LIBCLC=${5:-/usr/lib/clc/nvptx64--nvidiacl.bc}
 TMP=$(mktemp -d)
 trap 'rm -rf "$TMP"' EXIT
 
+# What clang takes and NVIDIA's OpenCL C 1.2 compiler refuses: variadic macros ("variadic
+# macros not supported in OpenCL"; it failed every program on the H200 once).
+if grep -nE '^[[:space:]]*#[[:space:]]*define[[:space:]]+[A-Za-z_0-9]+\([^)]*\.\.\.' "$SRC"; then
+    echo "check_ptx: a variadic macro in $SRC (NVIDIA's OpenCL compiler rejects them)"
+    exit 1
+fi
+
 # check DTYPE D T MMA: one program (MMA: 0 plain, 1 tile-shaped tensor-core, 2 FA2-shaped);
 # prints its line, or its errors and exits 1.
 check() {

@@ -364,12 +364,13 @@ FP_OCL_INLINE int fp_ocl_sees_bad(const fp_ocl_args *a, const fp_ocl_seq *s, lon
  * (ocl_plan.h's fp_ocl_local_args sizes it), otherwise an array of the kernel's own. PoCL's
  * pthread device (3.1) gave the kernel-scope array of work-groups running at once the same
  * memory in some programs (emulated results wrong and different from run to run); an argument
- * is each work-group's own. FP_OCL_SCRATCH_ARG wraps a kernel's last parameters, so that the
- * other programs' source is unchanged after preprocessing. */
+ * is each work-group's own. FP_OCL_SCRATCH_PARAM ends a kernel's parameter list, so that the
+ * other programs' source is unchanged after preprocessing (an object-like macro: NVIDIA's
+ * OpenCL C 1.2 compiler rejects variadic ones, which clang and PoCL accept). */
 #if FP_OCL_MMA_EMULATE
-#define FP_OCL_SCRATCH_ARG(...) __VA_ARGS__, __local float *scratch
+#define FP_OCL_SCRATCH_PARAM , __local float *scratch
 #else
-#define FP_OCL_SCRATCH_ARG(...) __VA_ARGS__
+#define FP_OCL_SCRATCH_PARAM
 #endif
 
 /* The tile-shaped kernels; an FA2 program (FP_OCL_FA2, kernels/flash_fa2.cl) has only its own
@@ -380,8 +381,8 @@ fp_ocl_forward(const fp_ocl_args a, __global const fp_elem *q, __global const fp
                __global const fp_elem *v, __global fp_elem *o, __global float *lse,
                __global const int *cu_q, __global const int *cu_k, __global const float *alibi,
                __global const int *used, __global const int *bt, __local fp_tile *sq_arg,
-               FP_OCL_SCRATCH_ARG(__local fp_tile *skv_arg, __local float *ss_arg,
-                                  __local float *srow_arg))
+               __local fp_tile *skv_arg, __local float *ss_arg,
+                                  __local float *srow_arg FP_OCL_SCRATCH_PARAM)
 {
     __local fp_tile *sq = FP_OCL_ALIGN16(fp_tile, sq_arg), *skv = FP_OCL_ALIGN16(fp_tile, skv_arg);
     __local float *ss = FP_OCL_ALIGN16(float, ss_arg), *srow = FP_OCL_ALIGN16(float, srow_arg);
@@ -554,7 +555,7 @@ fp_ocl_backward_dq(const fp_ocl_args a, __global const fp_elem *q, __global cons
                    __global const int *cu_q, __global const int *cu_k, __global const float *alibi,
                    __global const int *used, __local fp_tile *sq_arg, __local fp_tile *sdo_arg,
                    __local fp_tile *sk_arg, __local fp_tile *sv_arg, __local float *sds_arg,
-                   FP_OCL_SCRATCH_ARG(__local float *srow_arg))
+                   __local float *srow_arg FP_OCL_SCRATCH_PARAM)
 {
     __local fp_tile *sq = FP_OCL_ALIGN16(fp_tile, sq_arg), *sdo = FP_OCL_ALIGN16(fp_tile, sdo_arg);
     __local fp_tile *sk = FP_OCL_ALIGN16(fp_tile, sk_arg), *sv = FP_OCL_ALIGN16(fp_tile, sv_arg);
@@ -612,7 +613,7 @@ fp_ocl_backward_dkdv(const fp_ocl_args a, __global const fp_elem *q, __global co
                      __global const int *cu_k, __global const float *alibi,
                      __global const int *used, __local fp_tile *sq_arg, __local fp_tile *sdo_arg,
                      __local fp_tile *sk_arg, __local fp_tile *sv_arg, __local float *sp_arg,
-                     FP_OCL_SCRATCH_ARG(__local float *sds_arg, __local float *srow_arg))
+                     __local float *sds_arg, __local float *srow_arg FP_OCL_SCRATCH_PARAM)
 {
     __local fp_tile *sq = FP_OCL_ALIGN16(fp_tile, sq_arg), *sdo = FP_OCL_ALIGN16(fp_tile, sdo_arg);
     __local fp_tile *sk = FP_OCL_ALIGN16(fp_tile, sk_arg), *sv = FP_OCL_ALIGN16(fp_tile, sv_arg);

@@ -354,7 +354,7 @@ fp_ocl_forward(const fp_ocl_args a, __global const fp_elem *q, __global const fp
                __global const fp_elem *v, __global fp_elem *o, __global float *lse,
                __global const int *cu_q, __global const int *cu_k, __global const float *alibi,
                __global const int *used, __global const int *bt, __local fp_tile *sk_arg,
-               FP_OCL_SCRATCH_ARG(__local fp_tile *svt_arg, __local float *sbad_arg))
+               __local fp_tile *svt_arg, __local float *sbad_arg FP_OCL_SCRATCH_PARAM)
 {
     __local fp_tile *sk = FP_OCL_ALIGN16(fp_tile, sk_arg), *svt = FP_OCL_ALIGN16(fp_tile, svt_arg);
     __local float *sbad = FP_OCL_ALIGN16(float, sbad_arg); /* [2][FA2_FK]: key flags, by parity */
@@ -571,7 +571,7 @@ fp_ocl_backward_dq(const fp_ocl_args a, __global const fp_elem *q, __global cons
                    __global const fp_elem *dout, __global fp_elem *dq, __global float *delta,
                    __global const int *cu_q, __global const int *cu_k, __global const float *alibi,
                    __global const int *used, __local fp_tile *stage_arg, __local float *srow_arg,
-                   FP_OCL_SCRATCH_ARG(__local float *sbad_arg))
+                   __local float *sbad_arg FP_OCL_SCRATCH_PARAM)
 {
     __local fp_tile *stage = FP_OCL_ALIGN16(fp_tile, stage_arg);
     __local float *srow = FP_OCL_ALIGN16(float, srow_arg);
@@ -872,7 +872,7 @@ fp_ocl_backward_dkdv(const fp_ocl_args a, __global const fp_elem *q, __global co
                      __global const float *delta, __global const int *cu_q,
                      __global const int *cu_k, __global const float *alibi,
                      __global const int *used, __local fp_tile *stage_arg, __local float *srow_arg,
-                     FP_OCL_SCRATCH_ARG(__local float *sbad_arg))
+                     __local float *sbad_arg FP_OCL_SCRATCH_PARAM)
 {
     __local fp_tile *stage = FP_OCL_ALIGN16(fp_tile, stage_arg);
     __local float *srow = FP_OCL_ALIGN16(float, srow_arg); /* LSE [FA2_BQ], delta [FA2_BQ] */
@@ -896,8 +896,8 @@ fp_ocl_backward_fused(const fp_ocl_args a, __global const fp_elem *q, __global c
                       __global const int *cu_q, __global const int *cu_k,
                       __global const float *alibi, __global const int *used,
                       __local fp_tile *stage_arg, __local float *srow_arg, __local float *sbad_arg,
-                      FP_OCL_SCRATCH_ARG(__local uint *skt_arg, __local fp_tile *sds_arg,
-                                         __local float *skbad_arg))
+                      __local uint *skt_arg, __local fp_tile *sds_arg,
+                                         __local float *skbad_arg FP_OCL_SCRATCH_PARAM)
 {
     __local fp_tile *stage = FP_OCL_ALIGN16(fp_tile, stage_arg);
     __local float *srow = FP_OCL_ALIGN16(float, srow_arg);
@@ -967,8 +967,8 @@ fp_ocl_backward_fused(const fp_ocl_args a, __global const fp_elem *q, __global c
                       __global const int *cu_q, __global const int *cu_k,
                       __global const float *alibi, __global const int *used,
                       __local fp_tile *stage_arg, __local float *srow_arg, __local float *sbad_arg,
-                      FP_OCL_SCRATCH_ARG(__local uint *skt_arg, __local fp_tile *sds_arg,
-                                         __local float *skbad_arg, __local float *sx_arg))
+                      __local uint *skt_arg, __local fp_tile *sds_arg,
+                                         __local float *skbad_arg, __local float *sx_arg FP_OCL_SCRATCH_PARAM)
 {
     /* [FA2_WK, LD] 16-bit: K's rows for the fragments, then q and dO of a query block by row
      * pairs ([FA2_BQ / 2, LDP] words each) */

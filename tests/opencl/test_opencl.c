@@ -311,13 +311,24 @@ static void check_plan_fa2(void)
     CHECK(fp_ocl_kernel_local_bytes(FP_OCL_KERNEL_DQ, 64, 128, FP_OCL_FA2_NV) ==
           64 * 136 * 2 + 16 + 256 + 16 + 2 * FP_OCL_FA2_BK * 4 + 16 + 16);
     CHECK(fp_ocl_kernel_local_bytes(FP_OCL_KERNEL_DKDV, 64, 128, FP_OCL_FA2_NV) ==
-          64 * 136 * 2 + 16 + 2 * (2 * FP_OCL_FA2_BQ * 4 + 16) + 16);
+          64 * 136 * 2 + 16 + 2 * (2 * 16 * 4 + 16) + 16);
+    /* up to class 64 query blocks of 32 rows by default: the staging tile holds q and dO of one,
+     * row-major and by row pairs, 4 x 32 rows (more than the 64 keys); 16 where asked for */
+    CHECK(FP_OCL_FA2_BQ(64) == 32 && FP_OCL_FA2_BQ(16) == 32 && FP_OCL_FA2_BQ(96) == 16 &&
+          FP_OCL_FA2_BQ(256) == 16);
+    CHECK(fp_ocl_kernel_local_bytes(FP_OCL_KERNEL_DKDV, 64, 64, FP_OCL_FA2_NV) ==
+          128 * 72 * 2 + 16 + 2 * (2 * 32 * 4 + 16) + 16);
+    CHECK(fp_ocl_kernel_local_bytes_bq(FP_OCL_KERNEL_DKDV, 64, 64, FP_OCL_FA2_NV, 16) ==
+          64 * 72 * 2 + 16 + 2 * (2 * 16 * 4 + 16) + 16);
+    CHECK(fp_ocl_kernel_local_bytes(FP_OCL_KERNEL_FUSED, 64, 64, FP_OCL_FA2_NV) ==
+          fp_ocl_kernel_local_bytes(FP_OCL_KERNEL_DKDV, 64, 64, FP_OCL_FA2_NV) + 64 * 72 * 2 + 16 +
+              32 * 72 * 2 + 16 + 256 + 16);
     /* the one-kernel backward's: the dK / dV kernel's, a K tile, dS [BQ, 72] 16-bit and 64 key
      * flags; it fits 48 KiB at every FA2 head-dim class, its preparation and dQ conversion take
      * no local argument, and the tile-shaped and plain variants have none of it */
     CHECK(fp_ocl_kernel_local_bytes(FP_OCL_KERNEL_FUSED, 64, 128, FP_OCL_FA2_NV) ==
           fp_ocl_kernel_local_bytes(FP_OCL_KERNEL_DKDV, 64, 128, FP_OCL_FA2_NV) + 64 * 136 * 2 +
-              16 + FP_OCL_FA2_BQ * 72 * 2 + 16 + 256 + 16);
+              16 + 16 * 72 * 2 + 16 + 256 + 16);
     for (int64_t c = 16; c != 0; c = fp_ocl_dim_class(c + 1)) {
         size_t bytes[FP_OCL_MAX_LOCAL_ARGS];
         CHECK_MSG(fp_ocl_fused_fits(64, c, local, FP_OCL_FA2_NV) &&
@@ -332,8 +343,8 @@ static void check_plan_fa2(void)
      * same for K's copy for dS K (V's rows first), dS [BQ, 40], 32 key flags, and the two roles'
      * exchanged C fragments, 4 warps x 8 floats x 32 lanes */
     CHECK(fp_ocl_kernel_local_bytes(FP_OCL_KERNEL_FUSED, 64, 256, FP_OCL_FA2_NV) ==
-          32 * 264 * 2 + 16 + 2 * (2 * FP_OCL_FA2_BQ * 4 + 16) + 32 * 264 * 2 + 16 +
-              FP_OCL_FA2_BQ * 40 * 2 + 16 + 128 + 16 + 4096 + 16 + 16);
+          32 * 264 * 2 + 16 + 2 * (2 * 16 * 4 + 16) + 32 * 264 * 2 + 16 + 16 * 40 * 2 + 16 + 128 +
+              16 + 4096 + 16 + 16);
     {
         int64_t t = 0;
         CHECK(fp_ocl_plan(FP_OCL_BACKWARD_FUSED, 256, local, FP_OCL_FA2_NV, 0, &t) ==

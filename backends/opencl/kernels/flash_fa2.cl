@@ -734,6 +734,21 @@ FP_OCL_INLINE long fp_ocl_acc_row(const fp_ocl_args *a, const fp_ocl_seq *s, lon
     return a->dq_acc_off + (fp_ocl_delta_at(a, s, b, h, i) - a->delta_off) * a->head_dim;
 }
 
+/* The fast path's per-row values of this lane's query rows 8 j + 2 t4 + u (the columns of its C
+ * fragments of S^T and dP^T) in the dK / dV and fused kernels: l2[2 j + u] = fp_ocl_fa2_lse2 of
+ * the row's LSE, dl[2 j + u] its delta, from srow (LSE [FA2_BQ], delta [FA2_BQ]). */
+FP_OCL_INLINE void fp_ocl_fa2_fast_rows(float *l2, float *dl, __local const float *srow)
+{
+    const int t4 = get_local_id(0) % 4;
+    FP_OCL_UNROLL
+    for (int j = 0; j < FA2_BQ / 8; j++)
+        FP_OCL_UNROLL
+        for (int u = 0; u < 2; u++) {
+            l2[2 * j + u] = fp_ocl_fa2_lse2(srow[8 * j + 2 * t4 + u]);
+            dl[2 * j + u] = srow[FA2_BQ + 8 * j + 2 * t4 + u];
+        }
+}
+
 #if FA2_WIDE
 /* column tiles of dQ's D per warp and call of fp_ocl_fa2_dq_add in the fused backward: two, in
  * FA2_QP calls (all of them at once would pass 255 registers beside the kernel's accumulators) */
@@ -887,15 +902,8 @@ FP_OCL_INLINE void fp_ocl_fa2_dkdv(const fp_ocl_args *a, __global const fp_elem 
             fp_ocl_fa2_dots_bq(dst, vf, sdo, scratch);
             const int simple = !edge && cols == T && rows == FA2_BQ && !a->has_alibi;
             if (FP_OCL_BWD_FAST && simple && a->softcap == 0.0f) {
-                /* this lane's query rows 8 j + 2 t4 + u: lse2 and delta; its keys' flags */
-                float l2[FA2_BQ / 4], dl[FA2_BQ / 4];
-                FP_OCL_UNROLL
-                for (int j = 0; j < FA2_BQ / 8; j++)
-                    FP_OCL_UNROLL
-                    for (int u = 0; u < 2; u++) {
-                        l2[2 * j + u] = fp_ocl_fa2_lse2(srow[8 * j + 2 * t4 + u]);
-                        dl[2 * j + u] = srow[FA2_BQ + 8 * j + 2 * t4 + u];
-                    }
+                float l2[FA2_BQ / 4], dl[FA2_BQ / 4]; /* this lane's query rows; its keys' flags */
+                fp_ocl_fa2_fast_rows(l2, dl, srow);
                 const int kbad0 = fused && skbad[k_lo] != 0.0f;
                 const int kbad1 = fused && skbad[k_lo + 8] != 0.0f;
                 FP_OCL_UNROLL
@@ -1145,13 +1153,7 @@ fp_ocl_backward_fused(const fp_ocl_args a, __global const fp_elem *q, __global c
             if (FP_OCL_BWD_FAST && simple && a.softcap == 0.0f) {
                 /* as fp_ocl_fa2_dkdv's fast path; role 0 keeps P, role 1 dS */
                 float l2[FA2_BQ / 4], dl[FA2_BQ / 4];
-                FP_OCL_UNROLL
-                for (int j = 0; j < FA2_BQ / 8; j++)
-                    FP_OCL_UNROLL
-                    for (int u = 0; u < 2; u++) {
-                        l2[2 * j + u] = fp_ocl_fa2_lse2(srow[8 * j + 2 * t4 + u]);
-                        dl[2 * j + u] = srow[FA2_BQ + 8 * j + 2 * t4 + u];
-                    }
+                fp_ocl_fa2_fast_rows(l2, dl, srow);
                 const int kbad0 = skbad[k_lo] != 0.0f, kbad1 = skbad[k_lo + 8] != 0.0f;
                 FP_OCL_UNROLL
                 for (int j = 0; j < FA2_BQ / 8; j++)

@@ -212,6 +212,10 @@ static const tc_case table[] = {
     {DENSE(BF16, 3, 8, 1, 1, 400, 72), .alibi = 1, .use_seqused = 1, .seqused = {400, 1, 0}},
     {DENSE(F16, 2, 8, 2, 1, 300, 64), .page_size = 16, .use_seqused = 1, .seqused = {280, 33},
      .hole_page = 1, .quick = 1},
+    /* Whole blocks (every pair visible) at D = 256 with a softcap alone and with ALiBi alone: the
+     * OpenCL FA2-shaped backward's fast path (full blocks without either) must not take them. */
+    {DENSE(F16, 1, 2, 2, 65, 97, 256), .softcap = 10.0f},
+    {DENSE(BF16, 1, 4, 2, 97, 65, 256), .alibi = 1},
 };
 
 const tc_case *tc_table(int *count)

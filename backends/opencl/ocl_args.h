@@ -25,9 +25,15 @@
 #define FP_OCL_ACC 32
 
 /* The FA2-shaped kernels' inner blocks (kernels/flash_fa2.cl; their work-groups own 64 rows):
- * keys per block of the dQ kernel, query rows per block of the dK / dV kernel. */
-#define FP_OCL_FA2_BK 32
-#define FP_OCL_FA2_BQ 16
+ * keys per block of the dQ kernel; query rows per block of the dK / dV kernel and of the
+ * one-kernel backward by default: 32 up to head-dim class 64, where a warp's dK and dV
+ * accumulators leave room for the wider S^T and dP^T (half the query blocks, so half the
+ * barriers, copies and dQ passes per key), 16 above (32 would pass 255 registers at class 128 and
+ * 48 KiB of local memory above it). A program takes its query block as FP_OCL_BQ
+ * (FLASHPORT_OPENCL_BWD_BQ=16 asks for 16 at every class: ocl_attention.c). */
+#define FP_OCL_FA2_BK     32
+#define FP_OCL_FA2_BQ(d)  ((d) <= 64 ? 32 : 16)
+#define FP_OCL_FA2_BQ_MIN 16
 /* The FA2-shaped forward's blocks: keys per block, 64 up to head-dim class 128 and 32 above,
  * where K [32, D + 8] and V transposed [dims, 32 + 8] (16-bit) fit 48 KiB side by side and 64
  * keys would not; and the dims of O each pass over the keys computes, all of them up to class

@@ -16,7 +16,15 @@
  * layouts; a failed build is then an error). FLASHPORT_LOG lists the device's extensions at open
  * and names the variant of every build and call. The FA2-shaped backward runs as one kernel with
  * dQ by atomic adds unless the call is deterministic or FLASHPORT_OPENCL_BWD=two (read at open)
- * asks for the two-kernel form (use_fused says when).
+ * asks for the two-kernel form (use_fused says when). Two more settings of the FA2-shaped
+ * backward, read at open (docs/opencl.md, "The backward's fast path"), for A/B runs; each is part
+ * of the program key, so its programs are built only when asked for:
+ * FLASHPORT_OPENCL_BWD_FAST=0 computes every pair's P and dS by the exact per-pair code (exp of
+ * the transformed score, the mask, softcap and lse tests), where the default computes those of
+ * full blocks without softcap and ALiBi by the hardware's approximate exp2 of a pre-scaled
+ * score, with no per-pair test; FLASHPORT_OPENCL_BWD_BQ=16 takes query blocks of 16 rows in the dK
+ * / dV and one-kernel backward at head-dim classes up to 64 too, where the default is 32
+ * (FP_OCL_FA2_BQ).
  *
  * The first run of each kernel of a program is waited for, with the local memory the driver says
  * it takes checked against the device's first: a kernel that faults (NVIDIA's error -9999, after
@@ -149,18 +157,21 @@ static fp_ocl_program *cache_put(fp_ocl_ctx *ctx, const fp_ocl_program *pr)
     return &ctx->programs[ctx->num_programs++];
 }
 
-/* The program for (dtype, head-dim class d, tile t, variant) in the current context, built on
- * first use and kept (lock held). A tensor-core (FP_OCL_MMA_NV) build the driver refuses is kept
- * as a failed key, logged once with the driver's log, and gives *out = NULL with FLASHPORT_OK:
- * the caller plans the call again on the plain path. Any other failed build is the call's error,
- * with an excerpt of the driver's log. */
+/* The program for (dtype, head-dim class d, tile t, variant) with the handle's backward settings
+ * (query block, fast path) in the current context, built on first use and kept (lock held). A
+ * tensor-core (FP_OCL_MMA_NV) build the driver refuses is kept as a failed key, logged once with
+ * the driver's log, and gives *out = NULL with FLASHPORT_OK: the caller plans the call again on the
+ * plain path. Any other failed build is the call's error, with an excerpt of the driver's log. */
 static flashport_status get_program(fp_ocl_ctx *ctx, flashport_dtype dtype, int64_t d, int64_t t,
                                     int variant, fp_ocl_program **out)
 {
     *out = NULL;
+    const int64_t bq = ctx->bwd_bq16 ? FP_OCL_FA2_BQ_MIN : FP_OCL_FA2_BQ(d);
+    const int fast = ctx->bwd_fast;
     for (int i = 0; i < ctx->num_programs; i++) {
         fp_ocl_program *pr = &ctx->programs[i];
-        if (pr->dtype == dtype && pr->head_dim == d && pr->tile == t && pr->variant == variant) {
+        if (pr->dtype == dtype && pr->head_dim == d && pr->tile == t && pr->variant == variant &&
+            pr->bq == bq && pr->fast == fast) {
             *out = pr->failed ? NULL : pr;
             return FLASHPORT_OK;
         }
@@ -170,17 +181,20 @@ static flashport_status get_program(fp_ocl_ctx *ctx, flashport_dtype dtype, int6
     const double t0 = now_ms();
     const char *src = fp_ocl_program_source;
     cl_int err;
-    fp_ocl_program pr = {.dtype = dtype, .head_dim = d, .tile = t, .variant = variant};
+    fp_ocl_program pr = {
+        .dtype = dtype, .head_dim = d, .tile = t, .variant = variant, .bq = bq, .fast = fast};
     pr.program = cl->clCreateProgramWithSource(ctx->context, 1, &src, NULL, &err);
     flashport_status st = fp_ocl_check(err, "clCreateProgramWithSource");
     if (st != FLASHPORT_OK)
         return st;
-    char options[224];
+    char options[256];
     snprintf(options, sizeof options,
              "-cl-std=CL1.2 -DFP_OCL_DTYPE=%d -DFP_OCL_D=%lld -DFP_OCL_T=%lld -DFP_OCL_MMA=%d "
-             "-DFP_OCL_MMA_EMULATE=%d -DFP_OCL_FA2=%d -DFP_OCL_UNROLL_ALL=%d",
+             "-DFP_OCL_MMA_EMULATE=%d -DFP_OCL_FA2=%d -DFP_OCL_UNROLL_ALL=%d -DFP_OCL_BQ=%lld "
+             "-DFP_OCL_BWD_FAST=%d",
              dt, (long long)d, (long long)t, variant != FP_OCL_PLAIN,
-             fp_ocl_variant_emulated(variant), fp_ocl_variant_fa2(variant), ctx->unroll_all);
+             fp_ocl_variant_emulated(variant), fp_ocl_variant_fa2(variant), ctx->unroll_all,
+             (long long)bq, fast);
     err = cl->clBuildProgram(pr.program, 1, &ctx->device, options, NULL, NULL);
     if (err != CL_SUCCESS) {
         char *full = read_build_log(cl, pr.program, ctx->device), log[640];
@@ -198,7 +212,12 @@ static flashport_status get_program(fp_ocl_ctx *ctx, flashport_dtype dtype, int6
                                    "log: %s",
                                    variant_names[variant], options, ctx->device_name, (int)err,
                                    log);
-            pr = (fp_ocl_program){.dtype = dtype, .head_dim = d, .tile = t, .variant = variant};
+            pr = (fp_ocl_program){.dtype = dtype,
+                                  .head_dim = d,
+                                  .tile = t,
+                                  .variant = variant,
+                                  .bq = bq,
+                                  .fast = fast};
             pr.failed = 1;
             (void)cache_put(ctx, &pr);
             return FLASHPORT_OK;
@@ -235,11 +254,16 @@ static flashport_status get_program(fp_ocl_ctx *ctx, flashport_dtype dtype, int6
         return st;
     }
     *out = cache_put(ctx, &pr);
-    if (fp_ocl_host()->log_enabled())
+    if (fp_ocl_host()->log_enabled()) {
+        char bwd[64] = "";
+        if (fp_ocl_variant_fa2(variant))
+            snprintf(bwd, sizeof bwd, " (backward: query blocks of %lld, %s path)", (long long)bq,
+                     fast ? "fast" : "exact");
         fp_ocl_host()->log("opencl: built the %s for %s, D = %lld, %lld x %lld tiles on '%s' in "
-                           "%.0f ms",
+                           "%.0f ms%s",
                            variant_names[variant], dtype_names[dt], (long long)d, (long long)t,
-                           (long long)t, ctx->device_name, now_ms() - t0);
+                           (long long)t, ctx->device_name, now_ms() - t0, bwd);
+    }
     return FLASHPORT_OK;
 }
 
@@ -449,7 +473,8 @@ static flashport_status check_local_mem(const fp_ocl_ctx *ctx, const fp_ocl_prog
         ctx->cl->clGetKernelWorkGroupInfo(pr->kernels[k], ctx->device, CL_KERNEL_LOCAL_MEM_SIZE,
                                           sizeof used, &used, NULL),
         "clGetKernelWorkGroupInfo(CL_KERNEL_LOCAL_MEM_SIZE)");
-    const size_t planned = fp_ocl_kernel_local_bytes(k, pr->tile, pr->head_dim, pr->variant);
+    const size_t planned =
+        fp_ocl_kernel_local_bytes_bq(k, pr->tile, pr->head_dim, pr->variant, pr->bq);
     if (fp_ocl_host()->log_enabled())
         fp_ocl_host()->log("opencl: %s of the %s for %s, D = %lld, T = %lld takes %llu bytes of "
                            "local memory by the driver's count (planned: %zu of %zu)",
@@ -478,7 +503,7 @@ static flashport_status launch(fp_ocl_ctx *ctx, fp_ocl_program *pr, int k, const
 {
     const fp_ocl_api *cl = ctx->cl;
     size_t local[FP_OCL_MAX_LOCAL_ARGS];
-    const int nlocal = fp_ocl_local_args(k, pr->tile, pr->head_dim, pr->variant, local);
+    const int nlocal = fp_ocl_local_args_bq(k, pr->tile, pr->head_dim, pr->variant, pr->bq, local);
     cl_uint i = 0;
     cl_int err = cl->clSetKernelArg(pr->kernels[k], i++, sizeof *a, a);
     for (int b = 0; b < nbufs && err == CL_SUCCESS; b++)

@@ -257,6 +257,9 @@ static flashport_status ocl_open(int device, void **out)
                : !strcmp(bwd, "two")   ? FP_OCL_BWD_TWO
                : !strcmp(bwd, "fused") ? FP_OCL_BWD_FUSED
                                        : FP_OCL_BWD_AUTO;
+    const char *fast = getenv("FLASHPORT_OPENCL_BWD_FAST"), *bq = getenv("FLASHPORT_OPENCL_BWD_BQ");
+    ctx->bwd_fast = !(fast && !strcmp(fast, "0"));
+    ctx->bwd_bq16 = bq && !strcmp(bq, "16");
     cl_context_properties props[] = {CL_CONTEXT_PLATFORM, (cl_context_properties)platform, 0};
     cl_int err;
     ctx->own_context = cl->clCreateContext(props, 1, &dev, NULL, NULL, &err);

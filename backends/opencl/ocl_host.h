@@ -72,15 +72,18 @@ typedef struct fp_ocl_alloc {
     cl_mem mem;
 } fp_ocl_alloc;
 
-/* One program key (dtype, head-dim class, tile size, variant; kernels/flash.cl takes them as
- * compile-time constants) and what building it gave: its kernels, or failed = 1 when the
- * driver refused a tensor-core build (kept so that the key is not built again and its calls go
- * to the plain path; every other key, tensor-core ones included, is built on its own). ran[k]:
- * kernel k (FP_OCL_KERNEL_*) has completed one run, checked (ocl_attention.c's launch). */
+/* One program key (dtype, head-dim class, tile size, variant, the FA2-shaped backward's query
+ * block and fast path; kernels/flash.cl takes them as compile-time constants) and what building it
+ * gave: its kernels, or failed = 1 when the driver refused a tensor-core build (kept so that the
+ * key is not built again and its calls go to the plain path; every other key, tensor-core ones
+ * included, is built on its own). ran[k]: kernel k (FP_OCL_KERNEL_*) has completed one run, checked
+ * (ocl_attention.c's launch). */
 typedef struct fp_ocl_program {
     flashport_dtype dtype;
     int64_t head_dim, tile;
     int variant; /* FP_OCL_PLAIN, FP_OCL_MMA_NV, ... (ocl_plan.h's enum) */
+    int64_t bq;  /* FP_OCL_BQ: query rows per block of the FA2-shaped dK / dV and fused kernels */
+    int fast;    /* FP_OCL_BWD_FAST: their full blocks' P by exp2 without per-pair tests */
     int failed;
     int ran[FP_OCL_KERNELS];
     cl_program program;
@@ -120,6 +123,12 @@ typedef struct fp_ocl_ctx {
      * did not take it); ocl_attention.c's use_fused. Read once, so that the workspace size query
      * and the call it sizes cannot see two values of the environment. */
     int bwd;
+    /* The FA2-shaped backward's tuning, read at open like bwd: bwd_fast 0 where
+     * FLASHPORT_OPENCL_BWD_FAST=0 (every pair by the exact per-pair code, exp), else 1 (full blocks
+     * without softcap and ALiBi by exp2 of pre-scaled scores); bwd_bq16 1 where
+     * FLASHPORT_OPENCL_BWD_BQ=16 (query blocks of 16 rows at every head-dim class, not
+     * FP_OCL_FA2_BQ's 32 up to class 64). A program's key holds what it was built with. */
+    int bwd_fast, bwd_bq16;
     /* Programs of the current context by key, built on first use and kept, failed tensor-core
      * builds included (ocl_attention.c); when the cache is full the oldest is released. */
     fp_ocl_program programs[FP_OCL_MAX_PROGRAMS];

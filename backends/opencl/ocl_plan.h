@@ -115,14 +115,15 @@ static inline size_t fp_ocl_scratch_bytes(int variant)
     return fp_ocl_variant_emulated(variant) ? (size_t)(FP_OCL_WG / 32) * (16 * 16 + 16 * 8) * 4 : 0;
 }
 
-/* The __local kernel arguments of `kernel` with t x t tiles of head-dim class d, in argument
- * order, in bytes, FP_OCL_LOCAL_ALIGN more than the tile each holds, then the emulated variants'
- * scratch (fp_ocl_scratch_bytes, as it is) (ocl_attention.c passes exactly these; the planner
- * sums them); returns their count. [t, d] tiles (q, k, v, dO): fp_ocl_tile_ld and
- * fp_ocl_tile_elem_bytes; [t, t] f32 score tiles (S / P, dS) with pitch fp_ocl_score_ld; per-row
- * f32 values (the forward's row factors, the backward's LSE and delta). */
-static inline int fp_ocl_local_args(int kernel, int64_t t, int64_t d, int variant,
-                                    size_t bytes[FP_OCL_MAX_LOCAL_ARGS])
+/* The __local kernel arguments of `kernel` with t x t tiles of head-dim class d and, in the
+ * FA2-shaped backward, query blocks of bq rows (the program's FP_OCL_BQ), in argument order, in
+ * bytes, FP_OCL_LOCAL_ALIGN more than the tile each holds, then the emulated variants' scratch
+ * (fp_ocl_scratch_bytes, as it is) (ocl_attention.c passes exactly these; the planner sums them
+ * at the default query block, FP_OCL_FA2_BQ, the largest); returns their count. [t, d] tiles (q, k,
+ * v, dO): fp_ocl_tile_ld and fp_ocl_tile_elem_bytes; [t, t] f32 score tiles (S / P, dS) with pitch
+ * fp_ocl_score_ld; per-row f32 values (the forward's row factors, the backward's LSE and delta). */
+static inline int fp_ocl_local_args_bq(int kernel, int64_t t, int64_t d, int variant, int64_t bq,
+                                       size_t bytes[FP_OCL_MAX_LOCAL_ARGS])
 {
     const size_t tile = (size_t)(t * fp_ocl_tile_ld(d, variant) * fp_ocl_tile_elem_bytes(variant));
     const size_t scores = (size_t)(t * fp_ocl_score_ld(t)) * 4, rows = (size_t)t * 4;
@@ -131,15 +132,20 @@ static inline int fp_ocl_local_args(int kernel, int64_t t, int64_t d, int varian
         /* kernels/flash_fa2.cl: one 16-bit tile staging everything that goes through local
          * memory (forward: [FP_OCL_FA2_FK, d], q a key block's rows at a time, then k; backward:
          * [t, d], dQ: q, dO, then k and v of FP_OCL_FA2_BK rows each; dK / dV: k, v, then q and
-         * dO of FP_OCL_FA2_BQ rows each, row-major and as row pairs; the fused kernel's:
-         * [FP_OCL_FA2_WK, d], above FP_OCL_FA2_BWD_D q and dO as row pairs only), then per-row f32
-         * values and two blocks' row flags (the guard) */
+         * dO of bq rows each, row-major and as row pairs, 4 bq rows' worth, more than t where bq
+         * is 32; the fused kernel's: [FP_OCL_FA2_WK, d], above FP_OCL_FA2_BWD_D q and dO as row
+         * pairs only, 2 bq rows' worth), then per-row f32 values and two blocks' row flags (the
+         * guard) */
         const int64_t keys = kernel == FP_OCL_KERNEL_FORWARD ? FP_OCL_FA2_FK(d)
                              : kernel == FP_OCL_KERNEL_FUSED ? FP_OCL_FA2_WK(d)
                                                              : t;
+        /* the staging tile's rows where q and dO of a query block go through it */
+        int64_t qrows = 0;
+        if (kernel == FP_OCL_KERNEL_DKDV || kernel == FP_OCL_KERNEL_FUSED)
+            qrows = (d > FP_OCL_FA2_BWD_D ? 2 : 4) * bq;
         if (kernel == FP_OCL_KERNEL_PREP || kernel == FP_OCL_KERNEL_DQ_OUT)
             return 0; /* no local memory */
-        bytes[n++] = (size_t)(keys * fp_ocl_tile_ld(d, variant)) * 2;
+        bytes[n++] = (size_t)((keys > qrows ? keys : qrows) * fp_ocl_tile_ld(d, variant)) * 2;
         if (kernel == FP_OCL_KERNEL_FORWARD) {
             bytes[n++] = (size_t)(FP_OCL_FA2_OD(d) * fp_ocl_vt_ld(keys)) * 2; /* v^T, a pass's */
             bytes[n++] = (size_t)(2 * keys) * 4;                              /* key flags */
@@ -147,15 +153,15 @@ static inline int fp_ocl_local_args(int kernel, int64_t t, int64_t d, int varian
             bytes[n++] = rows;                  /* delta of the rows */
             bytes[n++] = 2 * FP_OCL_FA2_BK * 4; /* key flags */
         } else {
-            bytes[n++] = 2 * FP_OCL_FA2_BQ * 4; /* LSE and delta of a query block */
-            bytes[n++] = 2 * FP_OCL_FA2_BQ * 4; /* query-row flags */
+            bytes[n++] = (size_t)(2 * bq) * 4; /* LSE and delta of a query block */
+            bytes[n++] = (size_t)(2 * bq) * 4; /* query-row flags */
             if (kernel == FP_OCL_KERNEL_FUSED) {
                 /* k for dS K, as row pairs: [keys / 2, d + 8] words */
                 bytes[n++] = (size_t)(keys * fp_ocl_tile_ld(d, variant)) * 2;
-                bytes[n++] = (size_t)(FP_OCL_FA2_BQ * (keys + 8)) * 2; /* dS, [BQ, keys + 8] */
-                bytes[n++] = (size_t)keys * 4;                         /* key flags */
+                bytes[n++] = (size_t)(bq * (keys + 8)) * 2; /* dS, [bq, keys + 8] */
+                bytes[n++] = (size_t)keys * 4;              /* key flags */
                 if (d > FP_OCL_FA2_BWD_D) /* S^T and dP^T exchanged: 4 warps' C fragments */
-                    bytes[n++] = (size_t)FP_OCL_WG * (FP_OCL_FA2_BQ / 2) * 4;
+                    bytes[n++] = (size_t)(FP_OCL_WG * (bq / 2)) * 4;
             }
         }
     } else if (kernel == FP_OCL_KERNEL_FORWARD) {
@@ -180,6 +186,13 @@ static inline int fp_ocl_local_args(int kernel, int64_t t, int64_t d, int varian
     return n;
 }
 
+/* fp_ocl_local_args_bq at the default query block of head-dim class d. */
+static inline int fp_ocl_local_args(int kernel, int64_t t, int64_t d, int variant,
+                                    size_t bytes[FP_OCL_MAX_LOCAL_ARGS])
+{
+    return fp_ocl_local_args_bq(kernel, t, d, variant, FP_OCL_FA2_BQ(d), bytes);
+}
+
 /* The kernels' own __local array (FP_OCL_SCRATCH floats in kernels/flash.cl and mma_nv.cl): one
  * float, unused, in the variants that do not emulate (the emulated ones take an argument
  * instead: fp_ocl_scratch_bytes). */
@@ -193,16 +206,24 @@ static inline size_t fp_ocl_local_round(size_t bytes)
     return (bytes + FP_OCL_LOCAL_ALIGN - 1) / FP_OCL_LOCAL_ALIGN * FP_OCL_LOCAL_ALIGN;
 }
 
-/* Local memory one work-group of `kernel` takes: its arguments and its own array, each rounded
- * up to FP_OCL_LOCAL_ALIGN. */
-static inline size_t fp_ocl_kernel_local_bytes(int kernel, int64_t t, int64_t d, int variant)
+/* Local memory one work-group of `kernel` takes with query blocks of bq rows: its arguments and
+ * its own array, each rounded up to FP_OCL_LOCAL_ALIGN. */
+static inline size_t fp_ocl_kernel_local_bytes_bq(int kernel, int64_t t, int64_t d, int variant,
+                                                  int64_t bq)
 {
     size_t bytes[FP_OCL_MAX_LOCAL_ARGS];
-    const int n = fp_ocl_local_args(kernel, t, d, variant, bytes);
+    const int n = fp_ocl_local_args_bq(kernel, t, d, variant, bq, bytes);
     size_t total = fp_ocl_local_round(fp_ocl_static_local_bytes(variant));
     for (int i = 0; i < n; i++)
         total += fp_ocl_local_round(bytes[i]);
     return total;
+}
+
+/* fp_ocl_kernel_local_bytes_bq at the default query block of head-dim class d (the planner's:
+ * a smaller one takes less). */
+static inline size_t fp_ocl_kernel_local_bytes(int kernel, int64_t t, int64_t d, int variant)
+{
+    return fp_ocl_kernel_local_bytes_bq(kernel, t, d, variant, FP_OCL_FA2_BQ(d));
 }
 
 /* Local memory of one work-group of a variant with t x t tiles of head-dim class d: the forward

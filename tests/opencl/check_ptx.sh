@@ -36,15 +36,18 @@ if grep -nE '^[[:space:]]*#[[:space:]]*define[[:space:]]+[A-Za-z_0-9]+\([^)]*\.\
     exit 1
 fi
 
-# check DTYPE D T MMA: one program (MMA: 0 plain, 1 tile-shaped tensor-core, 2 FA2-shaped);
-# prints its line, or its errors and exits 1.
+# check DTYPE D T MMA BQ FAST: one program (MMA: 0 plain, 1 tile-shaped tensor-core, 2
+# FA2-shaped; BQ, FAST: the backward's FP_OCL_BQ and FP_OCL_BWD_FAST); prints its line, or its
+# errors and exits 1. BQ and FAST default to 16 and 1 (a planner of a revision before them lists
+# four columns: tools/opencl_program_diff.sh).
 check() {
-    local name="dtype$1-D$2-T$3-mma$4"
+    local bq=${5:-16} fast=${6:-1}
+    local name="dtype$1-D$2-T$3-mma$4-bq$bq-fast$fast"
     local cl=(-x cl -cl-std=CL1.2 -target nvptx64-nvidia-nvcl -march=sm_80
         -Xclang -target-feature -Xclang +ptx70 -Xclang -mlink-builtin-bitcode -Xclang "$LIBCLC"
         -include opencl-c.h -fgnu-keywords -Wno-linker-warnings -O2 -DFP_OCL_DTYPE="$1"
         -DFP_OCL_D="$2" -DFP_OCL_T="$3" -DFP_OCL_MMA=$(($4 > 0)) -DFP_OCL_FA2=$(($4 == 2))
-        -DFP_OCL_MMA_EMULATE=0
+        -DFP_OCL_MMA_EMULATE=0 -DFP_OCL_BQ="$bq" -DFP_OCL_BWD_FAST="$fast"
         -DFP_OCL_UNROLL_ALL=1)
     if [ -n "${KEEP:-}" ] &&
         ! "$CLANG" "${cl[@]}" -E -P -o "$KEEP/$name.i" "$SRC" 2>"$TMP/$name.err"; then

@@ -19,7 +19,10 @@
  *   - FLASHPORT_OPENCL_BWD read at open: the backward's size query and the call agree (bf16 on
  *     the emulated FA2-shaped kernels, the environment changed between open, query and call);
  *   - the emulated FA2-shaped forward and backward give the same bits on every run, on as many
- *     threads as the device uses.
+ *     threads as the device uses;
+ *   - the emulated FA2-shaped backward's fast path (full blocks) with rows whose LSE is -inf or
+ *     NaN: their dQ exactly 0, as on the exact path (FLASHPORT_OPENCL_BWD_FAST=0), whose dQ, dK
+ *     and dV it matches within bf16's rounding.
  * Every failing check prints its file, line and the reason (flashport_last_error where there is
  * one) on stderr, and each group of checks says on stdout that it starts, so a log shows which
  * group a failure belongs to on any driver. Exit 77 (skipped) when the machine has no OpenCL
@@ -34,6 +37,7 @@
 #include "tests/test_util.h"
 
 #include <CL/cl.h>
+#include <math.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -311,13 +315,24 @@ static void check_plan_fa2(void)
     CHECK(fp_ocl_kernel_local_bytes(FP_OCL_KERNEL_DQ, 64, 128, FP_OCL_FA2_NV) ==
           64 * 136 * 2 + 16 + 256 + 16 + 2 * FP_OCL_FA2_BK * 4 + 16 + 16);
     CHECK(fp_ocl_kernel_local_bytes(FP_OCL_KERNEL_DKDV, 64, 128, FP_OCL_FA2_NV) ==
-          64 * 136 * 2 + 16 + 2 * (2 * FP_OCL_FA2_BQ * 4 + 16) + 16);
+          64 * 136 * 2 + 16 + 2 * (2 * 16 * 4 + 16) + 16);
+    /* up to class 64 query blocks of 32 rows by default: the staging tile holds q and dO of one,
+     * row-major and by row pairs, 4 x 32 rows (more than the 64 keys); 16 where asked for */
+    CHECK(FP_OCL_FA2_BQ(64) == 32 && FP_OCL_FA2_BQ(16) == 32 && FP_OCL_FA2_BQ(96) == 16 &&
+          FP_OCL_FA2_BQ(256) == 16);
+    CHECK(fp_ocl_kernel_local_bytes(FP_OCL_KERNEL_DKDV, 64, 64, FP_OCL_FA2_NV) ==
+          128 * 72 * 2 + 16 + 2 * (2 * 32 * 4 + 16) + 16);
+    CHECK(fp_ocl_kernel_local_bytes_bq(FP_OCL_KERNEL_DKDV, 64, 64, FP_OCL_FA2_NV, 16) ==
+          64 * 72 * 2 + 16 + 2 * (2 * 16 * 4 + 16) + 16);
+    CHECK(fp_ocl_kernel_local_bytes(FP_OCL_KERNEL_FUSED, 64, 64, FP_OCL_FA2_NV) ==
+          fp_ocl_kernel_local_bytes(FP_OCL_KERNEL_DKDV, 64, 64, FP_OCL_FA2_NV) + 64 * 72 * 2 + 16 +
+              32 * 72 * 2 + 16 + 256 + 16);
     /* the one-kernel backward's: the dK / dV kernel's, a K tile, dS [BQ, 72] 16-bit and 64 key
      * flags; it fits 48 KiB at every FA2 head-dim class, its preparation and dQ conversion take
      * no local argument, and the tile-shaped and plain variants have none of it */
     CHECK(fp_ocl_kernel_local_bytes(FP_OCL_KERNEL_FUSED, 64, 128, FP_OCL_FA2_NV) ==
           fp_ocl_kernel_local_bytes(FP_OCL_KERNEL_DKDV, 64, 128, FP_OCL_FA2_NV) + 64 * 136 * 2 +
-              16 + FP_OCL_FA2_BQ * 72 * 2 + 16 + 256 + 16);
+              16 + 16 * 72 * 2 + 16 + 256 + 16);
     for (int64_t c = 16; c != 0; c = fp_ocl_dim_class(c + 1)) {
         size_t bytes[FP_OCL_MAX_LOCAL_ARGS];
         CHECK_MSG(fp_ocl_fused_fits(64, c, local, FP_OCL_FA2_NV) &&
@@ -332,8 +347,8 @@ static void check_plan_fa2(void)
      * same for K's copy for dS K (V's rows first), dS [BQ, 40], 32 key flags, and the two roles'
      * exchanged C fragments, 4 warps x 8 floats x 32 lanes */
     CHECK(fp_ocl_kernel_local_bytes(FP_OCL_KERNEL_FUSED, 64, 256, FP_OCL_FA2_NV) ==
-          32 * 264 * 2 + 16 + 2 * (2 * FP_OCL_FA2_BQ * 4 + 16) + 32 * 264 * 2 + 16 +
-              FP_OCL_FA2_BQ * 40 * 2 + 16 + 128 + 16 + 4096 + 16 + 16);
+          32 * 264 * 2 + 16 + 2 * (2 * 16 * 4 + 16) + 32 * 264 * 2 + 16 + 16 * 40 * 2 + 16 + 128 +
+              16 + 4096 + 16 + 16);
     {
         int64_t t = 0;
         CHECK(fp_ocl_plan(FP_OCL_BACKWARD_FUSED, 256, local, FP_OCL_FA2_NV, 0, &t) ==
@@ -626,40 +641,48 @@ static void check_bwd_form_fixed_at_open(void)
  * __local array (docs/opencl.md, "Tests"), hence several heads, two sequences and more than one
  * query block each. The backward asks to be deterministic (the
  * two-kernel form: the default one-kernel form adds dQ by atomic adds, in no fixed order). */
+/* A bf16 problem of [b, n, h or hk, d] tensors (LSE [b, h, n] f32) in the memory of p->be, q, k,
+ * v and dO uniform in [-2, 2) from `seed`; count[i]: tensor i's elements. */
+static flashport_status problem_make_bf16(problem *p, int64_t b, int64_t n, int64_t h, int64_t hk,
+                                          int64_t d, uint64_t seed, size_t count[NBUF])
+{
+    const int64_t q_shape[4] = {b, n, h, d}, kv_shape[4] = {b, n, hk, d}, lse_shape[3] = {b, h, n};
+    flashport_attention_params_init(&p->params);
+    tu_rng r = tu_rng_seed(seed);
+    uint16_t *host = malloc((size_t)(b * n * h * d) * 2);
+    flashport_status st = host ? FLASHPORT_OK : FLASHPORT_ERR_OUT_OF_MEMORY;
+    for (int i = 0; i < NBUF && st == FLASHPORT_OK; i++) {
+        const int lse = i == PLSE, kv = i == PK || i == PV || i == PDK || i == PDV;
+        count[i] = (size_t)(lse ? b * h * n : b * n * (kv ? hk : h) * d);
+        st = flashport_malloc(p->be, count[i] * (lse ? 4 : 2), &p->buf[i]);
+        p->t[i] = flashport_tensor_contiguous(p->buf[i], lse ? FLASHPORT_F32 : FLASHPORT_BF16,
+                                              lse ? 3 : 4,
+                                              lse  ? lse_shape
+                                              : kv ? kv_shape
+                                                   : q_shape);
+        if (st == FLASHPORT_OK && (i <= PV || i == PDO)) {
+            tu_fill_uniform(host, (int64_t)count[i], FLASHPORT_BF16, -2.0f, 2.0f, &r);
+            st = flashport_memcpy_to_device(p->be, p->buf[i], host, count[i] * 2);
+        }
+    }
+    free(host);
+    return st;
+}
+
 static void check_fa2_repeatable(void)
 {
     section("emulated FA2-shaped kernels: the same bits on every run");
     enum { RB = 2, RN = 200, RH = 4, RHK = 2, RD = 64, RUNS = 6 };
-    static const int64_t q_shape[4] = {RB, RN, RH, RD}, kv_shape[4] = {RB, RN, RHK, RD};
-    static const int64_t lse_shape[3] = {RB, RH, RN};
-    static const size_t count[NBUF] = {
-        [PQ] = RB * RN * RH * RD,   [PK] = RB * RN * RHK * RD,  [PV] = RB * RN * RHK * RD,
-        [PO] = RB * RN * RH * RD,   [PDO] = RB * RN * RH * RD,  [PDQ] = RB * RN * RH * RD,
-        [PDK] = RB * RN * RHK * RD, [PDV] = RB * RN * RHK * RD, [PLSE] = RB * RH * RN};
-    static uint16_t host[RB * RN * RH * RD];
     static uint32_t first[NBUF][RB * RN * RH * RD / 2 + 1], now[RB * RN * RH * RD / 2 + 1];
+    size_t count[NBUF];
     char *saved = env_copy("FLASHPORT_OPENCL_MMA");
     setenv("FLASHPORT_OPENCL_MMA", "emulate", 1);
     problem p;
     memset(&p, 0, sizeof p);
     EXPECT(flashport_backend_open_device("opencl", 0, &p.be), FLASHPORT_OK, "open (emulated)");
-    flashport_attention_params_init(&p.params);
+    flashport_status st =
+        p.be ? problem_make_bf16(&p, RB, RN, RH, RHK, RD, 11, count) : FLASHPORT_ERR_NO_DEVICE;
     p.params.deterministic = 1;
-    tu_rng r = tu_rng_seed(11);
-    flashport_status st = p.be ? FLASHPORT_OK : FLASHPORT_ERR_NO_DEVICE;
-    for (int i = 0; i < NBUF && st == FLASHPORT_OK; i++) {
-        const int lse = i == PLSE;
-        st = flashport_malloc(p.be, count[i] * (lse ? 4 : 2), &p.buf[i]);
-        p.t[i] =
-            flashport_tensor_contiguous(p.buf[i], lse ? FLASHPORT_F32 : FLASHPORT_BF16, lse ? 3 : 4,
-                                        lse                                          ? lse_shape
-                                        : i == PK || i == PV || i == PDK || i == PDV ? kv_shape
-                                                                                     : q_shape);
-        if (st == FLASHPORT_OK && (i <= PV || i == PDO)) {
-            tu_fill_uniform(host, (int64_t)count[i], FLASHPORT_BF16, -2.0f, 2.0f, &r);
-            st = flashport_memcpy_to_device(p.be, p.buf[i], host, count[i] * 2);
-        }
-    }
     EXPECT(st, FLASHPORT_OK, "allocate and fill the problem");
     static const int outs[5] = {PO, PLSE, PDQ, PDK, PDV};
     static const char *const names[5] = {"O", "LSE", "dQ", "dK", "dV"};
@@ -686,6 +709,92 @@ static void check_fa2_repeatable(void)
     }
     restore_env("FLASHPORT_OPENCL_MMA", saved);
     free(saved);
+}
+
+/* Rows whose LSE is -inf (a row that saw no key) or NaN inside blocks where every pair is
+ * visible, the FA2-shaped backward's fast path (docs/opencl.md, "The backward's fast path and
+ * query blocks"), emulated: their P is 0 there as on the exact path (FLASHPORT_OPENCL_BWD_FAST=0),
+ * so their dQ rows are exactly 0, and dQ, dK and dV of the two paths agree within bf16's
+ * rounding. Head dims 64 (one-kernel and deterministic two-kernel forms, query blocks of 32) and
+ * 256 (the wide one-kernel form); N = 128, no mask: full blocks only. */
+static void check_fast_path_rows(void)
+{
+    section("emulated FA2-shaped backward: LSE -inf / NaN rows in full blocks, fast and exact");
+    enum { FN = 128, FH = 2, ROW_INF = 5, ROW_NAN = 70 };
+    static const struct {
+        int d, deterministic;
+    } forms[3] = {{64, 0}, {64, 1}, {256, 0}};
+    char *saved_mma = env_copy("FLASHPORT_OPENCL_MMA"),
+         *saved_fast = env_copy("FLASHPORT_OPENCL_BWD_FAST");
+    setenv("FLASHPORT_OPENCL_MMA", "emulate", 1);
+    for (int f = 0; f < 3; f++) {
+        const int d = forms[f].d;
+        const size_t n = (size_t)(FN * FH * d);
+        float *grads[2] = {malloc(3 * n * sizeof(float)), malloc(3 * n * sizeof(float))};
+        uint16_t *bits = malloc(n * 2);
+        flashport_status st =
+            grads[0] && grads[1] && bits ? FLASHPORT_OK : FLASHPORT_ERR_OUT_OF_MEMORY;
+        for (int fast = 1; fast >= 0 && st == FLASHPORT_OK; fast--) {
+            setenv("FLASHPORT_OPENCL_BWD_FAST", fast ? "1" : "0", 1);
+            problem p;
+            size_t count[NBUF];
+            float lse[FH * FN];
+            memset(&p, 0, sizeof p);
+            st = flashport_backend_open_device("opencl", 0, &p.be);
+            if (st == FLASHPORT_OK)
+                st = problem_make_bf16(&p, 1, FN, FH, FH, d, 23, count);
+            p.params.deterministic = forms[f].deterministic;
+            if (st == FLASHPORT_OK)
+                st = problem_forward(&p);
+            if (st == FLASHPORT_OK)
+                st = flashport_memcpy_to_host(p.be, lse, p.buf[PLSE], sizeof lse);
+            lse[ROW_INF] = -INFINITY; /* head 0 */
+            lse[FN + ROW_NAN] = NAN;  /* head 1 */
+            if (st == FLASHPORT_OK)
+                st = flashport_memcpy_to_device(p.be, p.buf[PLSE], lse, sizeof lse);
+            if (st == FLASHPORT_OK)
+                st = problem_backward(&p);
+            for (int g = 0; g < 3 && st == FLASHPORT_OK; g++) {
+                st = flashport_memcpy_to_host(p.be, bits, p.buf[PDQ + g], n * 2);
+                if (st == FLASHPORT_OK)
+                    st = flashport_convert(grads[fast] + g * n, FLASHPORT_F32, bits, FLASHPORT_BF16,
+                                           n);
+            }
+            EXPECT(st, FLASHPORT_OK, fast ? "backward, fast path" : "backward, exact path");
+            int nonzero = 0;
+            for (int e = 0; e < d && st == FLASHPORT_OK; e++) /* dQ [1, FN, FH, d] */
+                nonzero += grads[fast][(size_t)(ROW_INF * FH) * d + e] != 0.0f ||
+                           grads[fast][(size_t)(ROW_NAN * FH + 1) * d + e] != 0.0f;
+            CHECK_MSG(nonzero == 0,
+                      "D %d%s, %s path: %d dQ elements of the rows with LSE -inf / NaN "
+                      "are not 0",
+                      d, forms[f].deterministic ? " deterministic" : "", fast ? "fast" : "exact",
+                      nonzero);
+            if (p.be) {
+                flashport_backend *be = p.be;
+                problem_free(&p);
+                flashport_backend_close(be);
+            }
+        }
+        float worst = 0.0f, scale = 1.0f;
+        for (size_t e = 0; e < 3 * n && st == FLASHPORT_OK; e++) {
+            const float diff = fabsf(grads[1][e] - grads[0][e]);
+            worst = diff > worst || diff != diff ? diff : worst;
+            scale = fabsf(grads[0][e]) > scale ? fabsf(grads[0][e]) : scale;
+        }
+        CHECK_MSG(st != FLASHPORT_OK || worst <= 4e-2f * scale,
+                  "D %d%s: fast and exact paths differ by %g (max |exact| %g)", d,
+                  forms[f].deterministic ? " deterministic" : "", (double)worst, (double)scale);
+        printf("D %d%s: fast - exact max %.3g of max |exact| %.3g\n", d,
+               forms[f].deterministic ? " deterministic" : "", (double)worst, (double)scale);
+        free(grads[0]);
+        free(grads[1]);
+        free(bits);
+    }
+    restore_env("FLASHPORT_OPENCL_MMA", saved_mma);
+    restore_env("FLASHPORT_OPENCL_BWD_FAST", saved_fast);
+    free(saved_mma);
+    free(saved_fast);
 }
 
 /* The caller's program's device: the one a handle opens as device 0 (first device of the lowest
@@ -819,6 +928,7 @@ int main(int argc, char **argv)
     flashport_backend_close(be);
     check_bwd_form_fixed_at_open();
     check_fa2_repeatable();
+    check_fast_path_rows();
     check_caller_queue(&p0);
     free(saved);
     printf("%s: %d failure(s)\n", tu_failures ? "FAIL" : "PASS", tu_failures);

@@ -206,6 +206,48 @@ FP_OCL_INLINE void fp_ocl_fa2_load_b_pairs(uint b[2], __local const uint *p)
     b[1] = p[(t + 4) * LDP + g];
 }
 
+/* The backward's fast path (FP_OCL_BWD_FAST = 1, the default; FLASHPORT_OPENCL_BWD_FAST=0
+ * builds without it): in a full block (every pair of its rows and keys visible, no row or key
+ * past the sequence) with no softcap and no ALiBi, P = 2^(qk scale log2(e) - lse log2(e)) by the
+ * device's fast exp2 (fp_ocl_exp2_fast: ex2.approx, about 2 ulp; P is rounded to the 16-bit
+ * storage type before any product takes it), with scale log2(e) folded once a kernel and
+ * lse log2(e) once a row (fp_ocl_fa2_lse2), and none of fp_ocl_fa2_grad's per-pair tests: the
+ * mask holds for every pair of the block, the score needs no transform, and a row whose lse is
+ * -inf or NaN (it saw no key, or a NaN) gets lse2 = +inf, so its P is exp2(-inf) = 0 for every
+ * finite score, as the exact path's test gives. The masked-key guard has nothing to do in such a
+ * block (no key is masked, no copy is scrubbed there) but for the one-kernel backward's key copy
+ * for dS K, always scrubbed: its flagged keys still give dS = NaN (the callers). */
+#define FA2_FAST_LOG2E 1.44269504088896340736f
+
+FP_OCL_INLINE float fp_ocl_fa2_lse2(float lse)
+{
+    return lse > -INFINITY ? lse * FA2_FAST_LOG2E : INFINITY;
+}
+
+/* 2^x by the hardware's approximation: ex2.approx.ftz.f32 through inline PTX (what NVIDIA's
+ * compiler gives native_exp2; written out so that the PTX check, clang with libclc, which has
+ * no native_exp2 for nvptx, compiles the same instruction), or native_exp2 on the emulation's
+ * devices. 2^-inf = +0. */
+FP_OCL_INLINE float fp_ocl_exp2_fast(float x)
+{
+#if FP_OCL_MMA_EMULATE
+    return native_exp2(x);
+#else
+    float r;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(x));
+    return r;
+#endif
+}
+
+/* P and dS of one pair on the fast path: sl2 = scale log2(e), lse2 = fp_ocl_fa2_lse2(lse). */
+FP_OCL_INLINE void fp_ocl_fa2_grad_fast(float qk, float dov, float sl2, float lse2, float delta_i,
+                                        float scale, float *p, float *ds)
+{
+    const float pp = fp_ocl_exp2_fast(fma(qk, sl2, -lse2));
+    *p = pp;
+    *ds = pp * (dov - delta_i) * scale;
+}
+
 /* P and dS of query i and key j from q . k (qk) and dO . v (dov): 0 where the pair is not
  * inside the tiles or the mask hides it, or the row saw no key (lse -inf); dS folds in the
  * softcap's derivative and the scale (flash.cl's fp_ocl_grad_scores). simple: the caller knows
@@ -347,7 +389,7 @@ FP_OCL_INLINE void fp_ocl_fa2_cmm(float *acc, const float *x, int nk, __local co
             }                                                                                      \
     }
 FP_OCL_FA2_DOTS(fp_ocl_fa2_dots_bk, FP_OCL_FA2_BK / 8)
-FP_OCL_FA2_DOTS(fp_ocl_fa2_dots_bq, FP_OCL_FA2_BQ / 8)
+FP_OCL_FA2_DOTS(fp_ocl_fa2_dots_bq, FP_OCL_BQ / 8)
 
 __kernel __attribute__((reqd_work_group_size(FP_OCL_WG, 1, 1))) void
 fp_ocl_forward(const fp_ocl_args a, __global const fp_elem *q, __global const fp_elem *k,
@@ -550,7 +592,10 @@ done:;
  * at every class; above FP_OCL_FA2_BWD_D (FA2_WIDE) the tile-shaped program serves the
  * two-kernel form (deterministic calls), and the fused kernel is a wide one of its own. */
 #define FA2_BK FP_OCL_FA2_BK /* keys per block of the dQ kernel */
-#define FA2_BQ FP_OCL_FA2_BQ /* query rows per block of the dK / dV kernel */
+#define FA2_BQ FP_OCL_BQ     /* query rows per block of the dK / dV and fused kernels */
+#if FA2_BQ != 16 && !(FA2_BQ == 32 && D <= 64)
+#error "the backward's query blocks have 16 rows, or 32 up to head-dim class 64 (ocl_args.h)"
+#endif
 /* keys a work-group of the one-kernel backward owns (ocl_args.h's FP_OCL_FA2_WK: T up to class
  * 128) */
 #if FA2_WIDE
@@ -608,6 +653,9 @@ fp_ocl_backward_dq(const fp_ocl_args a, __global const fp_elem *q, __global cons
     const float lse0 = r_lo < rows ? lse[fp_ocl_lse_at(&a, b, h, s.q_start + i0 + r_lo)] : -INFINITY;
     const float lse1 =
         r_lo + 8 < rows ? lse[fp_ocl_lse_at(&a, b, h, s.q_start + i0 + r_lo + 8)] : -INFINITY;
+    /* the fast path's (its rows past the sequence: lse -inf, so P = 0 on their zero scores) */
+    const float sl2 = a.scale * FA2_FAST_LOG2E;
+    const float l2_0 = fp_ocl_fa2_lse2(lse0), l2_1 = fp_ocl_fa2_lse2(lse1);
     float acc[FA2_ON * 4];
     FP_OCL_UNROLL
     for (int e = 0; e < FA2_ON * 4; e++)
@@ -631,20 +679,31 @@ fp_ocl_backward_dq(const fp_ocl_args a, __global const fp_elem *q, __global cons
         fp_ocl_fa2_dots_bk(sc, qf, sk, scratch);
         fp_ocl_fa2_dots_bk(dp, dof, sv, scratch);
         const int simple = !edge && cols == FA2_BK && !a.has_alibi;
-        FP_OCL_UNROLL
-        for (int j = 0; j < FA2_BK / 8; j++)
+        if (FP_OCL_BWD_FAST && simple && a.softcap == 0.0f) {
             FP_OCL_UNROLL
-            for (int e = 0; e < 4; e++) {
-                const int r = r_lo + 8 * (e / 2), c = 8 * j + 2 * t4 + e % 2;
-                float p, ds;
-                fp_ocl_fa2_grad(&a, &s, slope, simple, i0 + r, j0 + c, r < rows && c < cols,
-                                sc[4 * j + e], dp[4 * j + e], e < 2 ? lse0 : lse1,
-                                e < 2 ? dl0 : dl1, &p, &ds);
-                if (edge && r < rows && c < cols && bad[c] != 0.0f &&
-                    fp_mask_visible(i0 + r, j0 + c, s.nq, s.nk, a.left, a.right))
-                    ds = NAN;
-                sc[4 * j + e] = ds;
-            }
+            for (int j = 0; j < FA2_BK / 8; j++)
+                FP_OCL_UNROLL
+                for (int e = 0; e < 4; e++) {
+                    float p;
+                    fp_ocl_fa2_grad_fast(sc[4 * j + e], dp[4 * j + e], sl2, e < 2 ? l2_0 : l2_1,
+                                         e < 2 ? dl0 : dl1, a.scale, &p, &sc[4 * j + e]);
+                }
+        } else {
+            FP_OCL_UNROLL
+            for (int j = 0; j < FA2_BK / 8; j++)
+                FP_OCL_UNROLL
+                for (int e = 0; e < 4; e++) {
+                    const int r = r_lo + 8 * (e / 2), c = 8 * j + 2 * t4 + e % 2;
+                    float p, ds;
+                    fp_ocl_fa2_grad(&a, &s, slope, simple, i0 + r, j0 + c, r < rows && c < cols,
+                                    sc[4 * j + e], dp[4 * j + e], e < 2 ? lse0 : lse1,
+                                    e < 2 ? dl0 : dl1, &p, &ds);
+                    if (edge && r < rows && c < cols && bad[c] != 0.0f &&
+                        fp_mask_visible(i0 + r, j0 + c, s.nq, s.nk, a.left, a.right))
+                        ds = NAN;
+                    sc[4 * j + e] = ds;
+                }
+        }
         fp_ocl_fa2_cmm(acc, sc, FA2_BK / 16, sk, 0, scratch);
     }
     fp_ocl_fa2_store(dq, fp_ocl_row0(a.dq, b, s.q_start + i0, h), a.dq.s[1], a.dq.s[3], rows, hd,
@@ -675,11 +734,20 @@ FP_OCL_INLINE long fp_ocl_acc_row(const fp_ocl_args *a, const fp_ocl_seq *s, lon
     return a->dq_acc_off + (fp_ocl_delta_at(a, s, b, h, i) - a->delta_off) * a->head_dim;
 }
 
-/* The dK / dV kernels' staging tile holds q and dO of a query block row-major and as row-pair
- * tiles (fp_ocl_fa2_dkdv) */
-#if !FA2_WIDE && 2 * FA2_BQ * LD * 2 + FA2_BQ * LDP * 4 > T * LD * 2
-#error "q and dO of a query block, row-major and by row pairs, pass the staging tile"
-#endif
+/* The fast path's per-row values of this lane's query rows 8 j + 2 t4 + u (the columns of its C
+ * fragments of S^T and dP^T) in the dK / dV and fused kernels: l2[2 j + u] = fp_ocl_fa2_lse2 of
+ * the row's LSE, dl[2 j + u] its delta, from srow (LSE [FA2_BQ], delta [FA2_BQ]). */
+FP_OCL_INLINE void fp_ocl_fa2_fast_rows(float *l2, float *dl, __local const float *srow)
+{
+    const int t4 = get_local_id(0) % 4;
+    FP_OCL_UNROLL
+    for (int j = 0; j < FA2_BQ / 8; j++)
+        FP_OCL_UNROLL
+        for (int u = 0; u < 2; u++) {
+            l2[2 * j + u] = fp_ocl_fa2_lse2(srow[8 * j + 2 * t4 + u]);
+            dl[2 * j + u] = srow[FA2_BQ + 8 * j + 2 * t4 + u];
+        }
+}
 
 #if FA2_WIDE
 /* column tiles of dQ's D per warp and call of fp_ocl_fa2_dq_add in the fused backward: two, in
@@ -692,12 +760,12 @@ FP_OCL_INLINE long fp_ocl_acc_row(const fp_ocl_args *a, const fp_ocl_seq *s, lon
 #define FA2_LDS (FA2_WK + 8) /* pitch of its dS tile (16-bit, [FA2_BQ queries, FA2_WK keys]) */
 
 /* The one-kernel backward's dQ of query block i0 (rows rows, head h): dS K from sds ([FA2_BQ,
- * FA2_WK + 8] 16-bit, dS rounded) and skt (the keys as a row-pair tile), added to the f32 accumulator
- * dq_acc ([H, total_q, head_dim], laid out as the delta) by atomic adds; warp w owns dQ's column
- * tiles w, w + 4, ... (warps past D's tiles compute on a clamped copy and drop it, so that every
- * warp runs the same instructions, as the emulation's barriers need); where FA2_WIDE, the tiles
- * of call `part` of FA2_QP, 4 FA2_QN part + w, + 4, ... sds must be whole (a barrier after its
- * writes). */
+ * FA2_WK + 8] 16-bit, dS rounded; FA2_BQ / 16 strips of 16 rows) and skt (the keys as a row-pair
+ * tile), added to the f32 accumulator dq_acc ([H, total_q, head_dim], laid out as the delta) by
+ * atomic adds; warp w owns dQ's column tiles w, w + 4, ... (warps past D's tiles compute on a
+ * clamped copy and drop it, so that every warp runs the same instructions, as the emulation's
+ * barriers need); where FA2_WIDE, the tiles of call `part` of FA2_QP, 4 FA2_QN part + w, + 4, ...
+ * sds must be whole (a barrier after its writes). */
 #if FA2_WIDE
 FP_OCL_INLINE void fp_ocl_fa2_dq_add(const fp_ocl_args *a, const fp_ocl_seq *s, long b, long h,
                                      long i0, int rows, int hd, __local const fp_tile *sds,
@@ -714,31 +782,39 @@ FP_OCL_INLINE void fp_ocl_fa2_dq_add(const fp_ocl_args *a, const fp_ocl_seq *s, 
 {
     const int lane = get_local_id(0) % 32, t4 = lane % 4, w = get_local_id(0) / 32;
 #endif
-    float dqa[FA2_QN * 4];
+    /* the block's FA2_BQ / 16 strips of 16 rows (m), each K fragment taken by all of them */
+    float dqa[FA2_BQ / 16 * FA2_QN * 4];
     FP_OCL_UNROLL
-    for (int e = 0; e < FA2_QN * 4; e++)
+    for (int e = 0; e < FA2_BQ / 16 * FA2_QN * 4; e++)
         dqa[e] = 0.0f;
     FP_OCL_UNROLL
     for (int kk = 0; kk < FA2_WK / 16; kk++) {
-        uint pa[4];
-        fp_ocl_load_a(pa, sds, 1, 16 * kk, FA2_LDS, 1);
+        uint pa[FA2_BQ / 16 * 4];
+        FP_OCL_UNROLL
+        for (int m = 0; m < FA2_BQ / 16; m++)
+            fp_ocl_load_a(pa + 4 * m, sds, 1, 16 * m * FA2_LDS + 16 * kk, FA2_LDS, 1);
         FP_OCL_UNROLL
         for (int nn = 0; nn < FA2_QN; nn++) {
             const int n = min(w + 4 * nn, FA2_ON - 1);
             uint yb[2];
             fp_ocl_fa2_load_b_pairs(yb, skt + 8 * kk * LDP + 8 * n);
-            fp_ocl_mma16816(dqa + 4 * nn, pa, yb, scratch);
+            FP_OCL_UNROLL
+            for (int m = 0; m < FA2_BQ / 16; m++)
+                fp_ocl_mma16816(dqa + 4 * (m * FA2_QN + nn), pa + 4 * m, yb, scratch);
         }
     }
     FP_OCL_UNROLL
-    for (int nn = 0; nn < FA2_QN; nn++)
+    for (int m = 0; m < FA2_BQ / 16; m++)
         FP_OCL_UNROLL
-        for (int e = 0; e < 4; e++) {
-            const int r = lane / 4 + 8 * (e / 2), d = 8 * (w + 4 * nn) + 2 * t4 + e % 2;
-            const float x = dqa[4 * nn + e];
-            if (w + 4 * nn < FA2_ON && r < rows && d < hd && x != 0.0f)
-                fp_ocl_atomic_addf(dq_acc + fp_ocl_acc_row(a, s, b, h, i0 + r) + d, x);
-        }
+        for (int nn = 0; nn < FA2_QN; nn++)
+            FP_OCL_UNROLL
+            for (int e = 0; e < 4; e++) {
+                const int r = 16 * m + lane / 4 + 8 * (e / 2);
+                const int d = 8 * (w + 4 * nn) + 2 * t4 + e % 2;
+                const float x = dqa[4 * (m * FA2_QN + nn) + e];
+                if (w + 4 * nn < FA2_ON && r < rows && d < hd && x != 0.0f)
+                    fp_ocl_atomic_addf(dq_acc + fp_ocl_acc_row(a, s, b, h, i0 + r) + d, x);
+            }
 }
 
 #if !FA2_WIDE
@@ -767,6 +843,9 @@ FP_OCL_INLINE void fp_ocl_fa2_dkdv(const fp_ocl_args *a, __global const fp_elem 
     FP_OCL_KEY_BLOCK(a);
     const int lane = tid % 32, t4 = lane % 4, w = tid / 32;
     const int k_lo = 16 * w + lane / 4; /* this lane's keys: k_lo and k_lo + 8 */
+    const float sl2 = a->scale * FA2_FAST_LOG2E; /* the fast path's */
+    /* q and dO of a query block, row-major (FA2_BQ rows each), in the staging tile's first half
+     * (ocl_plan.h sizes it for 4 FA2_BQ rows, or T where more) */
     __local fp_tile *sq = stage, *sdo = stage + FA2_BQ * LD;
     /* q and dO again as row-pair tiles (the B operands of dK += dS^T Q and dV += P^T dO), in the
      * staging tile's second half */
@@ -822,29 +901,49 @@ FP_OCL_INLINE void fp_ocl_fa2_dkdv(const fp_ocl_args *a, __global const fp_elem 
             fp_ocl_fa2_dots_bq(pt, kf, sq, scratch);
             fp_ocl_fa2_dots_bq(dst, vf, sdo, scratch);
             const int simple = !edge && cols == T && rows == FA2_BQ && !a->has_alibi;
-            FP_OCL_UNROLL
-            for (int j = 0; j < FA2_BQ / 8; j++)
+            if (FP_OCL_BWD_FAST && simple && a->softcap == 0.0f) {
+                float l2[FA2_BQ / 4], dl[FA2_BQ / 4]; /* this lane's query rows; its keys' flags */
+                fp_ocl_fa2_fast_rows(l2, dl, srow);
+                const int kbad0 = fused && skbad[k_lo] != 0.0f;
+                const int kbad1 = fused && skbad[k_lo + 8] != 0.0f;
                 FP_OCL_UNROLL
-                for (int e = 0; e < 4; e++) {
-                    const int kc = k_lo + 8 * (e / 2), c = 8 * j + 2 * t4 + e % 2;
-                    const int inside = c < rows && kc < cols;
-                    float p, ds;
-                    fp_ocl_fa2_grad(a, &s, slope, simple, i0 + c, j0 + kc, inside, pt[4 * j + e],
-                                    dst[4 * j + e], srow[c], srow[FA2_BQ + c], &p, &ds);
-                    if (edge && inside && bad[c] != 0.0f &&
-                        fp_mask_visible(i0 + c, j0 + kc, s.nq, s.nk, a->left, a->right))
-                        p = ds = NAN;
-                    pt[4 * j + e] = p;
-                    dst[4 * j + e] = ds;
-                    if (fused) {
-                        const float dsq =
-                            inside && skbad[kc] != 0.0f &&
-                                    fp_mask_visible(i0 + c, j0 + kc, s.nq, s.nk, a->left, a->right)
-                                ? NAN
-                                : ds;
-                        sds[c * FA2_LDS + kc] = (fp_tile)fp_ocl_pack2(dsq, 0.0f);
+                for (int j = 0; j < FA2_BQ / 8; j++)
+                    FP_OCL_UNROLL
+                    for (int e = 0; e < 4; e++) {
+                        const int kc = k_lo + 8 * (e / 2), c = 8 * j + 2 * t4 + e % 2;
+                        fp_ocl_fa2_grad_fast(pt[4 * j + e], dst[4 * j + e], sl2, l2[2 * j + e % 2],
+                                             dl[2 * j + e % 2], a->scale, &pt[4 * j + e],
+                                             &dst[4 * j + e]);
+                        if (fused)
+                            sds[c * FA2_LDS + kc] = (fp_tile)fp_ocl_pack2(
+                                (e < 2 ? kbad0 : kbad1) ? NAN : dst[4 * j + e], 0.0f);
                     }
-                }
+            } else {
+                FP_OCL_UNROLL
+                for (int j = 0; j < FA2_BQ / 8; j++)
+                    FP_OCL_UNROLL
+                    for (int e = 0; e < 4; e++) {
+                        const int kc = k_lo + 8 * (e / 2), c = 8 * j + 2 * t4 + e % 2;
+                        const int inside = c < rows && kc < cols;
+                        float p, ds;
+                        fp_ocl_fa2_grad(a, &s, slope, simple, i0 + c, j0 + kc, inside,
+                                        pt[4 * j + e], dst[4 * j + e], srow[c], srow[FA2_BQ + c],
+                                        &p, &ds);
+                        if (edge && inside && bad[c] != 0.0f &&
+                            fp_mask_visible(i0 + c, j0 + kc, s.nq, s.nk, a->left, a->right))
+                            p = ds = NAN;
+                        pt[4 * j + e] = p;
+                        dst[4 * j + e] = ds;
+                        if (fused) {
+                            const float dsq = inside && skbad[kc] != 0.0f &&
+                                                      fp_mask_visible(i0 + c, j0 + kc, s.nq, s.nk,
+                                                                      a->left, a->right)
+                                                  ? NAN
+                                                  : ds;
+                            sds[c * FA2_LDS + kc] = (fp_tile)fp_ocl_pack2(dsq, 0.0f);
+                        }
+                    }
+            }
             fp_ocl_fa2_cmm(acc_v, pt, FA2_BQ / 16, sdop, 1, scratch);
             fp_ocl_fa2_cmm(acc_k, dst, FA2_BQ / 16, sqp, 1, scratch);
             if (fused) { /* its dQ is added after the next block's first barrier */
@@ -986,6 +1085,7 @@ fp_ocl_backward_fused(const fp_ocl_args a, __global const fp_elem *q, __global c
     FP_OCL_KEY_BLOCK_OF(&a, FA2_WK);
     const int lane = tid % 32, t4 = lane % 4, w = tid / 32, role = w / 2;
     const int k_lo = 16 * (w % 2) + lane / 4; /* this lane's keys: k_lo and k_lo + 8 */
+    const float sl2 = a.scale * FA2_FAST_LOG2E; /* the fast path's */
     __local uint *sqp = (__local uint *)stage, *sdop = sqp + FA2_BQ / 2 * LDP;
 
     fp_ocl_load_rows(stage, FA2_WK, k, &a, &kr, j0, cols, hd, 0, sbad, 1);
@@ -1050,30 +1150,52 @@ fp_ocl_backward_fused(const fp_ocl_args a, __global const fp_elem *q, __global c
                 sx[(w * (FA2_BQ / 2) + e) * 32 + lane] = x[e];
             barrier(CLK_LOCAL_MEM_FENCE);
             const int simple = !edge && cols == FA2_WK && rows == FA2_BQ && !a.has_alibi;
-            FP_OCL_UNROLL
-            for (int j = 0; j < FA2_BQ / 8; j++)
+            if (FP_OCL_BWD_FAST && simple && a.softcap == 0.0f) {
+                /* as fp_ocl_fa2_dkdv's fast path; role 0 keeps P, role 1 dS */
+                float l2[FA2_BQ / 4], dl[FA2_BQ / 4];
+                fp_ocl_fa2_fast_rows(l2, dl, srow);
+                const int kbad0 = skbad[k_lo] != 0.0f, kbad1 = skbad[k_lo + 8] != 0.0f;
                 FP_OCL_UNROLL
-                for (int e = 0; e < 4; e++) {
-                    const int kc = k_lo + 8 * (e / 2), c = 8 * j + 2 * t4 + e % 2;
-                    const int inside = c < rows && kc < cols;
-                    const float y = sx[((w ^ 2) * (FA2_BQ / 2) + 4 * j + e) * 32 + lane];
-                    float p, ds;
-                    fp_ocl_fa2_grad(&a, &s, slope, simple, i0 + c, j0 + kc, inside,
-                                    role ? y : x[4 * j + e], role ? x[4 * j + e] : y, srow[c],
-                                    srow[FA2_BQ + c], &p, &ds);
-                    if (edge && inside && bad[c] != 0.0f &&
-                        fp_mask_visible(i0 + c, j0 + kc, s.nq, s.nk, a.left, a.right))
-                        p = ds = NAN;
-                    x[4 * j + e] = role ? ds : p;
-                    if (role) {
-                        const float dsq =
-                            inside && skbad[kc] != 0.0f &&
-                                    fp_mask_visible(i0 + c, j0 + kc, s.nq, s.nk, a.left, a.right)
-                                ? NAN
-                                : ds;
-                        sds[c * FA2_LDS + kc] = (fp_tile)fp_ocl_pack2(dsq, 0.0f);
+                for (int j = 0; j < FA2_BQ / 8; j++)
+                    FP_OCL_UNROLL
+                    for (int e = 0; e < 4; e++) {
+                        const int kc = k_lo + 8 * (e / 2), c = 8 * j + 2 * t4 + e % 2;
+                        const float y = sx[((w ^ 2) * (FA2_BQ / 2) + 4 * j + e) * 32 + lane];
+                        float p, ds;
+                        fp_ocl_fa2_grad_fast(role ? y : x[4 * j + e], role ? x[4 * j + e] : y, sl2,
+                                             l2[2 * j + e % 2], dl[2 * j + e % 2], a.scale, &p,
+                                             &ds);
+                        x[4 * j + e] = role ? ds : p;
+                        if (role)
+                            sds[c * FA2_LDS + kc] = (fp_tile)fp_ocl_pack2(
+                                (e < 2 ? kbad0 : kbad1) ? NAN : ds, 0.0f);
                     }
-                }
+            } else {
+                FP_OCL_UNROLL
+                for (int j = 0; j < FA2_BQ / 8; j++)
+                    FP_OCL_UNROLL
+                    for (int e = 0; e < 4; e++) {
+                        const int kc = k_lo + 8 * (e / 2), c = 8 * j + 2 * t4 + e % 2;
+                        const int inside = c < rows && kc < cols;
+                        const float y = sx[((w ^ 2) * (FA2_BQ / 2) + 4 * j + e) * 32 + lane];
+                        float p, ds;
+                        fp_ocl_fa2_grad(&a, &s, slope, simple, i0 + c, j0 + kc, inside,
+                                        role ? y : x[4 * j + e], role ? x[4 * j + e] : y, srow[c],
+                                        srow[FA2_BQ + c], &p, &ds);
+                        if (edge && inside && bad[c] != 0.0f &&
+                            fp_mask_visible(i0 + c, j0 + kc, s.nq, s.nk, a.left, a.right))
+                            p = ds = NAN;
+                        x[4 * j + e] = role ? ds : p;
+                        if (role) {
+                            const float dsq = inside && skbad[kc] != 0.0f &&
+                                                      fp_mask_visible(i0 + c, j0 + kc, s.nq, s.nk,
+                                                                      a.left, a.right)
+                                                  ? NAN
+                                                  : ds;
+                            sds[c * FA2_LDS + kc] = (fp_tile)fp_ocl_pack2(dsq, 0.0f);
+                        }
+                    }
+            }
             fp_ocl_fa2_cmm(acc, x, FA2_BQ / 16, role ? sqp : sdop, 1, scratch);
             dq_h = h; /* its dQ is added after the next block's first barrier */
             dq_i0 = i0;

@@ -727,6 +727,20 @@ FP_OCL_INLINE void fp_ocl_atomic_addf(__global float *p, float x)
 #endif
 }
 
+/* p[0] += x and p[1] += y (p 8-byte aligned) for every caller at once: one vector reduction,
+ * `red.global.add.v2.f32`, where FP_OCL_RED_V2 (devices of compute capability >= 9.0, whose
+ * L2 takes a pair of floats in one reduction; it halves the reductions of dQ's accumulation),
+ * else two fp_ocl_atomic_addf */
+FP_OCL_INLINE void fp_ocl_atomic_add2f(__global float *p, float x, float y)
+{
+#if FP_OCL_RED_V2 && !FP_OCL_MMA_EMULATE
+    asm volatile("red.global.add.v2.f32 [%0], {%1, %2};" : : "l"(p), "f"(x), "f"(y) : "memory");
+#else
+    fp_ocl_atomic_addf(p, x);
+    fp_ocl_atomic_addf(p + 1, y);
+#endif
+}
+
 /* The element of (b, h, row i of sequence b), dim 0, in the fused backward's dQ accumulator:
  * [H, total_q, head_dim] f32, rows as the delta's. */
 FP_OCL_INLINE long fp_ocl_acc_row(const fp_ocl_args *a, const fp_ocl_seq *s, long b, long h, long i)
@@ -803,17 +817,31 @@ FP_OCL_INLINE void fp_ocl_fa2_dq_add(const fp_ocl_args *a, const fp_ocl_seq *s, 
                 fp_ocl_mma16816(dqa + 4 * (m * FA2_QN + nn), pa + 4 * m, yb, scratch);
         }
     }
+    /* a lane's C fragment holds two pairs of adjacent dims (rows lane / 4 and + 8): one
+     * reduction a pair where every pair is whole and 8-byte aligned (hd even) */
+    const bool pairs = hd % 2 == 0 && a->dq_acc_off % 2 == 0;
     FP_OCL_UNROLL
     for (int m = 0; m < FA2_BQ / 16; m++)
         FP_OCL_UNROLL
         for (int nn = 0; nn < FA2_QN; nn++)
             FP_OCL_UNROLL
-            for (int e = 0; e < 4; e++) {
+            for (int e = 0; e < 4; e += 2) {
                 const int r = 16 * m + lane / 4 + 8 * (e / 2);
-                const int d = 8 * (w + 4 * nn) + 2 * t4 + e % 2;
-                const float x = dqa[4 * (m * FA2_QN + nn) + e];
-                if (w + 4 * nn < FA2_ON && r < rows && d < hd && x != 0.0f)
-                    fp_ocl_atomic_addf(dq_acc + fp_ocl_acc_row(a, s, b, h, i0 + r) + d, x);
+                const int d = 8 * (w + 4 * nn) + 2 * t4;
+                const float x = dqa[4 * (m * FA2_QN + nn) + e],
+                            y = dqa[4 * (m * FA2_QN + nn) + e + 1];
+                if (w + 4 * nn >= FA2_ON || r >= rows || d >= hd)
+                    continue;
+                __global float *p = dq_acc + fp_ocl_acc_row(a, s, b, h, i0 + r) + d;
+                if (pairs) {
+                    if (x != 0.0f || y != 0.0f)
+                        fp_ocl_atomic_add2f(p, x, y);
+                } else {
+                    if (x != 0.0f)
+                        fp_ocl_atomic_addf(p, x);
+                    if (d + 1 < hd && y != 0.0f)
+                        fp_ocl_atomic_addf(p + 1, y);
+                }
             }
 }
 

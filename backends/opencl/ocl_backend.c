@@ -213,8 +213,8 @@ static flashport_status read_device(fp_ocl_ctx *ctx)
     ctx->local_mem = (size_t)local;
     ctx->max_alloc = (size_t)max_alloc;
     ctx->mma = device_mma(cl, ctx->device);
-    const char *red = getenv("FLASHPORT_OPENCL_RED_V2");
-    ctx->red_v2 = nv_major(cl, ctx->device) >= 9 && !(red && !strcmp(red, "0"));
+    const char *red = getenv("FLASHPORT_OPENCL_RED_VEC");
+    ctx->red_vec = nv_major(cl, ctx->device) >= 9 && !(red && !strcmp(red, "0"));
     cl_device_type type = 0;
     (void)cl->clGetDeviceInfo(ctx->device, CL_DEVICE_TYPE, sizeof type, &type, NULL);
     ctx->unroll_all = !(type & CL_DEVICE_TYPE_CPU);
@@ -238,7 +238,8 @@ static flashport_status read_device(fp_ocl_ctx *ctx)
                       "tensor-core variant for f16 / bf16: %s; the one-kernel backward's dQ by "
                       "%s reductions); extensions: %s",
                       ctx->index, ctx->device_name, ctx->platform_name, version,
-                      ctx->local_mem / 1024, mma[ctx->mma], ctx->red_v2 ? "vector" : "scalar", ext);
+                      ctx->local_mem / 1024, mma[ctx->mma], ctx->red_vec ? "vector" : "scalar",
+                      ext);
     }
     return FLASHPORT_OK;
 }

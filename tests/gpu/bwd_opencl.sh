@@ -9,7 +9,7 @@
 #          reductions on compute capability >= 9.0)
 #   fast0  FLASHPORT_OPENCL_BWD_FAST=0 (the exact per-pair code everywhere)
 #   bq16   FLASHPORT_OPENCL_BWD_BQ=16 (query blocks of 16; D <= 64 only, the same programs above)
-#   red1   FLASHPORT_OPENCL_RED_V2=0 (dQ by one reduction a float)
+#   red1   FLASHPORT_OPENCL_RED_VEC=0 (dQ by one reduction a float, not one a run of four)
 # per shape the SETTINGS in turn, ROUNDS rounds; the backward every turn, the forward once (new's
 # first round); --check in the first round only (the same programs run after it). Writes to
 # $OUT (6 files): bwd.md (per shape each setting's median TFLOP/s over the rounds and its
@@ -41,7 +41,7 @@ export FLASHPORT_OPENCL_PLATFORM=${PLATFORM:-NVIDIA}
 export FLASHPORT_OPENCL_MMA=${MMA:-nv}
 export PATH=$PATH:/usr/local/cuda/bin
 SETTINGS=${SETTINGS:-new fast0 bq16}
-unset FLASHPORT_OPENCL_BWD_FAST FLASHPORT_OPENCL_BWD_BQ FLASHPORT_OPENCL_RED_V2
+unset FLASHPORT_OPENCL_BWD_FAST FLASHPORT_OPENCL_BWD_BQ FLASHPORT_OPENCL_RED_VEC
 mkdir -p "$OUT" "$WORK"
 CLINC=()
 [ -e /usr/include/CL/cl.h ] || CLINC=(-DFLASHPORT_OPENCL_INCLUDE_DIR=/usr/local/cuda/include)
@@ -140,7 +140,7 @@ for r in $(seq 1 "$ROUNDS"); do
                 env=()
                 [ $setting = fast0 ] && env=(FLASHPORT_OPENCL_BWD_FAST=0)
                 [ $setting = bq16 ] && env=(FLASHPORT_OPENCL_BWD_BQ=16)
-                [ $setting = red1 ] && env=(FLASHPORT_OPENCL_RED_V2=0)
+                [ $setting = red1 ] && env=(FLASHPORT_OPENCL_RED_VEC=0)
                 dir=bwd check=()
                 [ $setting = new ] && [ "$r" = 1 ] && dir=both
                 [ "$r" = 1 ] && check=(--check)

@@ -746,6 +746,9 @@ FP_OCL_INLINE void fp_ocl_atomic_add4f(__global float *p, float4 v)
 #endif
 }
 
+/* Whether fp_ocl_fa2_dq_add adds runs of four dims (fp_ocl_atomic_add4f) */
+#define FA2_DQ_QUADS (FP_OCL_RED_VEC || FP_OCL_MMA_EMULATE)
+
 /* The element of (b, h, row i of sequence b), dim 0, in the fused backward's dQ accumulator:
  * [H, total_q, head_dim] f32, rows as the delta's. */
 FP_OCL_INLINE long fp_ocl_acc_row(const fp_ocl_args *a, const fp_ocl_seq *s, long b, long h, long i)
@@ -822,11 +825,13 @@ FP_OCL_INLINE void fp_ocl_fa2_dq_add(const fp_ocl_args *a, const fp_ocl_seq *s, 
                 fp_ocl_mma16816(dqa + 4 * (m * FA2_QN + nn), pa + 4 * m, yb, scratch);
         }
     }
-    /* A lane's C fragment holds dims 2 t4, + 1 of rows lane / 4 and + 8. Where every run of
-     * four dims is whole and 16-byte aligned (hd % 4 == 0), lanes t4 and t4 ^ 1 swap halves so
-     * that the even one holds four dims of the first row, the odd one four of the second, and
-     * each adds them by one fp_ocl_atomic_add4f; else one fp_ocl_atomic_addf a float. */
-    const bool quads = hd % 4 == 0 && a->dq_acc_off % 4 == 0;
+    /* A lane's C fragment holds dims 2 t4, + 1 of rows lane / 4 and + 8. With vector reductions
+     * (and in the emulation, which tests that code), where every run of four dims is whole and
+     * 16-byte aligned (hd % 4 == 0), lanes t4 and t4 ^ 1 swap halves so that the even one holds
+     * four dims of the first row, the odd one four of the second, and each adds them by one
+     * fp_ocl_atomic_add4f; else one fp_ocl_atomic_addf a float (scalar reductions of a warp
+     * spread over 8 rows, not 16 as a run of four's would). */
+    const bool quads = FA2_DQ_QUADS && hd % 4 == 0 && a->dq_acc_off % 4 == 0;
     const int odd = t4 & 1;
     FP_OCL_UNROLL
     for (int m = 0; m < FA2_BQ / 16; m++)
@@ -834,21 +839,25 @@ FP_OCL_INLINE void fp_ocl_fa2_dq_add(const fp_ocl_args *a, const fp_ocl_seq *s, 
         for (int nn = 0; nn < FA2_QN; nn++) {
             const float *c = dqa + 4 * (m * FA2_QN + nn);
             const bool tile = w + 4 * nn < FA2_ON;
+#if FA2_DQ_QUADS
+            /* every work-item shuffles (the emulation's barriers), whether or not it uses them */
+            const float sx = fp_ocl_shfl_xor(odd ? c[0] : c[2], 1, scratch),
+                        sy = fp_ocl_shfl_xor(odd ? c[1] : c[3], 1, scratch);
             if (quads) {
-                const float sx = fp_ocl_shfl_xor(odd ? c[0] : c[2], 1, scratch),
-                            sy = fp_ocl_shfl_xor(odd ? c[1] : c[3], 1, scratch);
                 const float4 v = odd ? (float4)(sx, sy, c[2], c[3]) : (float4)(c[0], c[1], sx, sy);
                 const int r = 16 * m + lane / 4 + 8 * odd, d = 8 * (w + 4 * nn) + 2 * (t4 - odd);
                 if (tile && r < rows && d < hd && any(v != (float4)(0.0f)))
                     fp_ocl_atomic_add4f(dq_acc + fp_ocl_acc_row(a, s, b, h, i0 + r) + d, v);
-            } else
-                FP_OCL_UNROLL
-                for (int e = 0; e < 4; e++) {
-                    const int r = 16 * m + lane / 4 + 8 * (e / 2);
-                    const int d = 8 * (w + 4 * nn) + 2 * t4 + e % 2;
-                    if (tile && r < rows && d < hd && c[e] != 0.0f)
-                        fp_ocl_atomic_addf(dq_acc + fp_ocl_acc_row(a, s, b, h, i0 + r) + d, c[e]);
-                }
+                continue;
+            }
+#endif
+            FP_OCL_UNROLL
+            for (int e = 0; e < 4; e++) {
+                const int r = 16 * m + lane / 4 + 8 * (e / 2);
+                const int d = 8 * (w + 4 * nn) + 2 * t4 + e % 2;
+                if (tile && r < rows && d < hd && c[e] != 0.0f)
+                    fp_ocl_atomic_addf(dq_acc + fp_ocl_acc_row(a, s, b, h, i0 + r) + d, c[e]);
+            }
         }
 }
 

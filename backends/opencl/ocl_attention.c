@@ -187,15 +187,27 @@ static flashport_status get_program(fp_ocl_ctx *ctx, flashport_dtype dtype, int6
     flashport_status st = fp_ocl_check(err, "clCreateProgramWithSource");
     if (st != FLASHPORT_OK)
         return st;
-    char options[256];
+    char options[320];
+    const int red_vec = variant == FP_OCL_FA2_NV && ctx->red_vec;
     snprintf(options, sizeof options,
              "-cl-std=CL1.2 -DFP_OCL_DTYPE=%d -DFP_OCL_D=%lld -DFP_OCL_T=%lld -DFP_OCL_MMA=%d "
              "-DFP_OCL_MMA_EMULATE=%d -DFP_OCL_FA2=%d -DFP_OCL_UNROLL_ALL=%d -DFP_OCL_BQ=%lld "
-             "-DFP_OCL_BWD_FAST=%d",
+             "-DFP_OCL_BWD_FAST=%d -DFP_OCL_RED_VEC=%d",
              dt, (long long)d, (long long)t, variant != FP_OCL_PLAIN,
              fp_ocl_variant_emulated(variant), fp_ocl_variant_fa2(variant), ctx->unroll_all,
-             (long long)bq, fast);
+             (long long)bq, fast, red_vec);
     err = cl->clBuildProgram(pr.program, 1, &ctx->device, options, NULL, NULL);
+    if (err != CL_SUCCESS && red_vec) {
+        /* a driver whose compiler takes no vector reduction: this handle's programs go without */
+        if (fp_ocl_host()->log_enabled())
+            fp_ocl_host()->log("opencl: building with vector reductions (%s) for '%s' failed "
+                               "(OpenCL error %d); this handle's programs are built without them "
+                               "from now on",
+                               options, ctx->device_name, (int)err);
+        release_program(cl, &pr);
+        ctx->red_vec = 0;
+        return get_program(ctx, dtype, d, t, variant, out);
+    }
     if (err != CL_SUCCESS) {
         char *full = read_build_log(cl, pr.program, ctx->device), log[640];
         build_log_excerpt(full, log, sizeof log);

@@ -156,6 +156,16 @@ static flashport_status pick_device(const fp_ocl_api *cl, int index, cl_platform
 #define CL_DEVICE_COMPUTE_CAPABILITY_MINOR_NV 0x4001
 #endif
 
+/* The compute capability's major number NVIDIA's driver gives for dev, 0 for other drivers */
+static cl_uint nv_major(const fp_ocl_api *cl, cl_device_id dev)
+{
+    cl_uint major = 0;
+    if (cl->clGetDeviceInfo(dev, CL_DEVICE_COMPUTE_CAPABILITY_MAJOR_NV, sizeof major, &major,
+                            NULL) != CL_SUCCESS)
+        major = 0;
+    return major;
+}
+
 /* The tensor-core variant of the device (ocl_plan.h): FP_OCL_FA2_NV (mma.sync m16n8k16 through
  * inline PTX; the kernels FA2-shaped, but for the backward above D = 128: tile-shaped) where
  * NVIDIA's driver reports compute capability >= 8.0, else FP_OCL_PLAIN; where a driver refuses a
@@ -177,12 +187,7 @@ static int device_mma(const fp_ocl_api *cl, cl_device_id dev)
     for (size_t i = 0; env && i < sizeof forced / sizeof forced[0]; i++)
         if (!strcmp(env, forced[i].name))
             return forced[i].variant;
-    cl_uint major = 0;
-    if (cl->clGetDeviceInfo(dev, CL_DEVICE_COMPUTE_CAPABILITY_MAJOR_NV, sizeof major, &major,
-                            NULL) == CL_SUCCESS &&
-        major >= 8)
-        return FP_OCL_FA2_NV;
-    return FP_OCL_PLAIN;
+    return nv_major(cl, dev) >= 8 ? FP_OCL_FA2_NV : FP_OCL_PLAIN;
 }
 
 /* Names and limits of ctx->device, read again when the handle adopts a caller's device. */
@@ -208,6 +213,8 @@ static flashport_status read_device(fp_ocl_ctx *ctx)
     ctx->local_mem = (size_t)local;
     ctx->max_alloc = (size_t)max_alloc;
     ctx->mma = device_mma(cl, ctx->device);
+    const char *red = getenv("FLASHPORT_OPENCL_RED_VEC");
+    ctx->red_vec = nv_major(cl, ctx->device) >= 9 && !(red && !strcmp(red, "0"));
     cl_device_type type = 0;
     (void)cl->clGetDeviceInfo(ctx->device, CL_DEVICE_TYPE, sizeof type, &type, NULL);
     ctx->unroll_all = !(type & CL_DEVICE_TYPE_CPU);
@@ -228,9 +235,11 @@ static flashport_status read_device(fp_ocl_ctx *ctx)
             "mma.sync through inline PTX, FA2-shaped (the backward up to D = 128)",
             "emulated, FA2-shaped (the backward up to D = 128; FLASHPORT_OPENCL_MMA=emulate)"};
         host_api->log("opencl: device %d: '%s' on platform '%s' (%s, %zu KiB local memory; "
-                      "tensor-core variant for f16 / bf16: %s); extensions: %s",
+                      "tensor-core variant for f16 / bf16: %s; the one-kernel backward's dQ by "
+                      "%s reductions); extensions: %s",
                       ctx->index, ctx->device_name, ctx->platform_name, version,
-                      ctx->local_mem / 1024, mma[ctx->mma], ext);
+                      ctx->local_mem / 1024, mma[ctx->mma], ctx->red_vec ? "vector" : "scalar",
+                      ext);
     }
     return FLASHPORT_OK;
 }

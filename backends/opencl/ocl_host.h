@@ -129,6 +129,11 @@ typedef struct fp_ocl_ctx {
      * FLASHPORT_OPENCL_BWD_BQ=16 (query blocks of 16 rows at every head-dim class, not
      * FP_OCL_FA2_BQ's 32 up to class 64). A program's key holds what it was built with. */
     int bwd_fast, bwd_bq16;
+    /* Whether the tensor-core programs accumulate the one-kernel backward's dQ by vector
+     * reductions (FP_OCL_RED_VEC, kernels/flash_fa2.cl): on NVIDIA devices of compute capability
+     * >= 9.0 unless FLASHPORT_OPENCL_RED_VEC=0 (read with the device), and no longer once a
+     * build with them failed. */
+    int red_vec;
     /* Programs of the current context by key, built on first use and kept, failed tensor-core
      * builds included (ocl_attention.c); when the cache is full the oldest is released. */
     fp_ocl_program programs[FP_OCL_MAX_PROGRAMS];

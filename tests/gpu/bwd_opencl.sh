@@ -5,19 +5,21 @@
 # run once (FLASHPORT_OPENCL_MMA=$MMA, default settings), SDPA's math backend on the same shapes
 # (bench/sdpa_grid.py, the GPU otherwise idle), then flashport-bench in turns of the settings
 # (docs/opencl.md, "The backward's fast path and query blocks"), each run its own process:
-#   new    the default (fast path; query blocks of 32 up to head-dim class 64)
+#   new    the default (fast path; query blocks of 32 up to head-dim class 64; dQ by vector
+#          reductions on compute capability >= 9.0)
 #   fast0  FLASHPORT_OPENCL_BWD_FAST=0 (the exact per-pair code everywhere)
 #   bq16   FLASHPORT_OPENCL_BWD_BQ=16 (query blocks of 16; D <= 64 only, the same programs above)
-# per shape new fast0 [bq16], ROUNDS rounds; the backward every turn, the forward once (new's
+#   red1   FLASHPORT_OPENCL_RED_VEC=0 (dQ by one reduction a float, not one a run of four)
+# per shape the SETTINGS in turn, ROUNDS rounds; the backward every turn, the forward once (new's
 # first round); --check in the first round only (the same programs run after it). Writes to
 # $OUT (6 files): bwd.md (per shape each setting's median TFLOP/s over the rounds and its
-# spread, SDPA math, new / math, new / fast0, new / bq16; the table's totals first), bench.csv
+# spread, SDPA math, new / math, new / each other setting; the table's totals first), bench.csv
 # (every run's rows, a `setting` and a `round` column first), bench.log, table.log, sdpa.csv,
 # sdpa.log. The build and the runs' own CSVs go to $WORK.
 #
 #   OUT=/tmp/bwd tests/gpu/bwd_opencl.sh
 #
-# Environment: ROUNDS (default 2), MMA (default nv), DTYPE (default bf16), DIMS (default
+# Environment: SETTINGS (default "new fast0 bq16"), ROUNDS (default 2), MMA (default nv), DTYPE (default bf16), DIMS (default
 # "64 128 256"), SEQLENS (default "2048 8192"), TOKENS and HIDDEN (B * N and H * D, default 16384
 # and 2048, the ANCHORS grid), ITERS (default 5), PLATFORM (default NVIDIA), TABLE (default 1),
 # SDPA (default 1), WORK (default /tmp/bwd_opencl), STOP_S (default 450: no bench run starts
@@ -38,7 +40,8 @@ STOP_S=${STOP_S:-450}
 export FLASHPORT_OPENCL_PLATFORM=${PLATFORM:-NVIDIA}
 export FLASHPORT_OPENCL_MMA=${MMA:-nv}
 export PATH=$PATH:/usr/local/cuda/bin
-unset FLASHPORT_OPENCL_BWD_FAST FLASHPORT_OPENCL_BWD_BQ
+SETTINGS=${SETTINGS:-new fast0 bq16}
+unset FLASHPORT_OPENCL_BWD_FAST FLASHPORT_OPENCL_BWD_BQ FLASHPORT_OPENCL_RED_VEC
 mkdir -p "$OUT" "$WORK"
 CLINC=()
 [ -e /usr/include/CL/cl.h ] || CLINC=(-DFLASHPORT_OPENCL_INCLUDE_DIR=/usr/local/cuda/include)
@@ -73,9 +76,10 @@ if [ "${SDPA:-1}" = 1 ]; then
 fi
 
 report() {
-    python3 - "$OUT" "$WORK" <<'PY' >"$OUT/bwd.md"
+    python3 - "$OUT" "$WORK" "$SETTINGS" <<'PY' >"$OUT/bwd.md"
 import csv, glob, os, re, statistics, sys
 out, work = sys.argv[1], sys.argv[2]
+others = [x for x in sys.argv[3].split() if x != "new"]
 if os.path.exists(f"{out}/table.log"):
     text = open(f"{out}/table.log").read()
     p = f = u = 0
@@ -108,17 +112,17 @@ def cell(v):
 def ratio(a, b):
     return f"{statistics.median(a) / statistics.median(b):.3f}" if a and b else "-"
 print("TFLOP/s, medians over the rounds (min .. max):\n")
-print("| dtype | D | N | causal | dir | new | fast0 | bq16 | SDPA math | new / math | new / fast0 "
-      "| new / bq16 |")
-print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+print("| dtype | D | N | causal | dir | new | " + "".join(f"{o} | " for o in others) +
+      "SDPA math | new / math | " + "".join(f"new / {o} | " for o in others))
+print("|---" * (8 + 2 * len(others)) + "|")
 for key in sorted(t, key=lambda k: (k[4], int(k[1]), int(k[2]), k[3])):
     s = t[key]
     n = s.get("new", [])
     sm = math.get(key[1:])
-    print("| " + " | ".join(key) + f" | {cell(n)} | {cell(s.get('fast0', []))} | "
-          f"{cell(s.get('bq16', []))} | {f'{sm:.3g}' if sm else '-'} | "
-          f"{f'{statistics.median(n) / sm:.3f}' if n and sm else '-'} | "
-          f"{ratio(n, s.get('fast0', []))} | {ratio(n, s.get('bq16', []))} |")
+    print("| " + " | ".join(key) + f" | {cell(n)} | " +
+          "".join(f"{cell(s.get(o, []))} | " for o in others) + f"{f'{sm:.3g}' if sm else '-'} | "
+          f"{f'{statistics.median(n) / sm:.3f}' if n and sm else '-'} | " +
+          "".join(f"{ratio(n, s.get(o, []))} | " for o in others))
 PY
 }
 
@@ -127,9 +131,8 @@ mkdir -p "$WORK/runs"
 for r in $(seq 1 "$ROUNDS"); do
     for D in $DIMS; do
         for N in $SEQLENS; do
-            settings="new fast0"
-            [ "$D" -le 64 ] && settings="new fast0 bq16"
-            for setting in $settings; do
+            for setting in $SETTINGS; do
+                [ $setting = bq16 ] && [ "$D" -gt 64 ] && continue
                 if [ $(($(date +%s) - start)) -ge "$STOP_S" ]; then
                     echo "stopped at $(($(date +%s) - start)) s before round $r D=$D N=$N $setting"
                     break 3
@@ -137,6 +140,7 @@ for r in $(seq 1 "$ROUNDS"); do
                 env=()
                 [ $setting = fast0 ] && env=(FLASHPORT_OPENCL_BWD_FAST=0)
                 [ $setting = bq16 ] && env=(FLASHPORT_OPENCL_BWD_BQ=16)
+                [ $setting = red1 ] && env=(FLASHPORT_OPENCL_RED_VEC=0)
                 dir=bwd check=()
                 [ $setting = new ] && [ "$r" = 1 ] && dir=both
                 [ "$r" = 1 ] && check=(--check)

@@ -36,6 +36,9 @@ if grep -nE '^[[:space:]]*#[[:space:]]*define[[:space:]]+[A-Za-z_0-9]+\([^)]*\.\
     exit 1
 fi
 
+# The FA2-shaped programs are checked as an sm_90 device builds them, with FP_OCL_RED_VEC = 1 (the
+# one-kernel backward's vector reductions, PTX ISA 8.1 and sm_90): clang 14 writes PTX 7.0 for
+# sm_80, so their PTX's .version and .target are raised to that before ptxas.
 # check DTYPE D T MMA BQ FAST: one program (MMA: 0 plain, 1 tile-shaped tensor-core, 2
 # FA2-shaped; BQ, FAST: the backward's FP_OCL_BQ and FP_OCL_BWD_FAST); prints its line, or its
 # errors and exits 1. BQ and FAST default to 16 and 1 (a planner of a revision before them lists
@@ -48,7 +51,7 @@ check() {
         -include opencl-c.h -fgnu-keywords -Wno-linker-warnings -O2 -DFP_OCL_DTYPE="$1"
         -DFP_OCL_D="$2" -DFP_OCL_T="$3" -DFP_OCL_MMA=$(($4 > 0)) -DFP_OCL_FA2=$(($4 == 2))
         -DFP_OCL_MMA_EMULATE=0 -DFP_OCL_BQ="$bq" -DFP_OCL_BWD_FAST="$fast"
-        -DFP_OCL_UNROLL_ALL=1)
+        -DFP_OCL_RED_VEC=$(($4 == 2)) -DFP_OCL_UNROLL_ALL=1)
     if [ -n "${KEEP:-}" ] &&
         ! "$CLANG" "${cl[@]}" -E -P -o "$KEEP/$name.i" "$SRC" 2>"$TMP/$name.err"; then
         echo "$name: clang -E failed:"
@@ -69,6 +72,8 @@ check() {
         grep -A1 "^\.extern" "$TMP/$name.ptx" | head -6
         return 1
     fi
+    [ "$4" != 2 ] ||
+        sed -i -e 's/^\.version 7\.0$/.version 8.1/' -e 's/^\.target sm_80/.target sm_90/' "$TMP/$name.ptx"
     [ -z "${KEEP:-}" ] || cp "$TMP/$name.ptx" "$KEEP/"
     if ! "$PTXAS" -arch=sm_90 -v -o "$TMP/$name.cubin" "$TMP/$name.ptx" >"$TMP/$name.v" 2>&1; then
         echo "$name: ptxas failed:"

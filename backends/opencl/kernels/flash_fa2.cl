@@ -727,6 +727,28 @@ FP_OCL_INLINE void fp_ocl_atomic_addf(__global float *p, float x)
 #endif
 }
 
+/* p[0 .. 3] += v (p 16-byte aligned) for every caller at once: one vector reduction,
+ * `red.global.add.v4.f32`, where FP_OCL_RED_VEC (devices of compute capability >= 9.0, whose L2
+ * reduces four floats in one operation: a quarter of the operations of dQ's accumulation), else
+ * four fp_ocl_atomic_addf */
+FP_OCL_INLINE void fp_ocl_atomic_add4f(__global float *p, float4 v)
+{
+#if FP_OCL_RED_VEC && !FP_OCL_MMA_EMULATE
+    asm volatile("red.global.add.v4.f32 [%0], {%1, %2, %3, %4};"
+                 :
+                 : "l"(p), "f"(v.x), "f"(v.y), "f"(v.z), "f"(v.w)
+                 : "memory");
+#else
+    fp_ocl_atomic_addf(p, v.x);
+    fp_ocl_atomic_addf(p + 1, v.y);
+    fp_ocl_atomic_addf(p + 2, v.z);
+    fp_ocl_atomic_addf(p + 3, v.w);
+#endif
+}
+
+/* Whether fp_ocl_fa2_dq_add adds runs of four dims (fp_ocl_atomic_add4f) */
+#define FA2_DQ_QUADS (FP_OCL_RED_VEC || FP_OCL_MMA_EMULATE)
+
 /* The element of (b, h, row i of sequence b), dim 0, in the fused backward's dQ accumulator:
  * [H, total_q, head_dim] f32, rows as the delta's. */
 FP_OCL_INLINE long fp_ocl_acc_row(const fp_ocl_args *a, const fp_ocl_seq *s, long b, long h, long i)
@@ -803,18 +825,40 @@ FP_OCL_INLINE void fp_ocl_fa2_dq_add(const fp_ocl_args *a, const fp_ocl_seq *s, 
                 fp_ocl_mma16816(dqa + 4 * (m * FA2_QN + nn), pa + 4 * m, yb, scratch);
         }
     }
+    /* A lane's C fragment holds dims 2 t4, + 1 of rows lane / 4 and + 8. With vector reductions
+     * (and in the emulation, which tests that code), where every run of four dims is whole and
+     * 16-byte aligned (hd % 4 == 0), lanes t4 and t4 ^ 1 swap halves so that the even one holds
+     * four dims of the first row, the odd one four of the second, and each adds them by one
+     * fp_ocl_atomic_add4f; else one fp_ocl_atomic_addf a float (scalar reductions of a warp
+     * spread over 8 rows, not 16 as a run of four's would). */
+    const bool quads = FA2_DQ_QUADS && hd % 4 == 0 && a->dq_acc_off % 4 == 0;
+    const int odd = t4 & 1;
     FP_OCL_UNROLL
     for (int m = 0; m < FA2_BQ / 16; m++)
         FP_OCL_UNROLL
-        for (int nn = 0; nn < FA2_QN; nn++)
+        for (int nn = 0; nn < FA2_QN; nn++) {
+            const float *c = dqa + 4 * (m * FA2_QN + nn);
+            const bool tile = w + 4 * nn < FA2_ON;
+#if FA2_DQ_QUADS
+            /* every work-item shuffles (the emulation's barriers), whether or not it uses them */
+            const float sx = fp_ocl_shfl_xor(odd ? c[0] : c[2], 1, scratch),
+                        sy = fp_ocl_shfl_xor(odd ? c[1] : c[3], 1, scratch);
+            if (quads) {
+                const float4 v = odd ? (float4)(sx, sy, c[2], c[3]) : (float4)(c[0], c[1], sx, sy);
+                const int r = 16 * m + lane / 4 + 8 * odd, d = 8 * (w + 4 * nn) + 2 * (t4 - odd);
+                if (tile && r < rows && d < hd && any(v != (float4)(0.0f)))
+                    fp_ocl_atomic_add4f(dq_acc + fp_ocl_acc_row(a, s, b, h, i0 + r) + d, v);
+                continue;
+            }
+#endif
             FP_OCL_UNROLL
             for (int e = 0; e < 4; e++) {
                 const int r = 16 * m + lane / 4 + 8 * (e / 2);
                 const int d = 8 * (w + 4 * nn) + 2 * t4 + e % 2;
-                const float x = dqa[4 * (m * FA2_QN + nn) + e];
-                if (w + 4 * nn < FA2_ON && r < rows && d < hd && x != 0.0f)
-                    fp_ocl_atomic_addf(dq_acc + fp_ocl_acc_row(a, s, b, h, i0 + r) + d, x);
+                if (tile && r < rows && d < hd && c[e] != 0.0f)
+                    fp_ocl_atomic_addf(dq_acc + fp_ocl_acc_row(a, s, b, h, i0 + r) + d, c[e]);
             }
+        }
 }
 
 #if !FA2_WIDE

@@ -4,7 +4,8 @@
 # is configured as run_h200.sh configures its build, for ARCHS (default 90a) only and without the
 # OpenCL plugin, in build-ab/NAME, all at once (JOBS compile jobs each, default: the cores / the
 # number of trees); a tree already built is only brought up to date. The library and its CUDA
-# plugin land in build-ab/NAME/lib; the test binaries are built where TESTS=1.
+# plugin land in build-ab/NAME/lib; test_backends and test_reliability are built in the trees
+# that TESTS names (space-separated NAMEs, default none).
 #
 #   OUT=/tmp/out tests/gpu/ab_builds.sh old=build-main-src new=. ref=build-noguard-src
 #
@@ -14,13 +15,13 @@ export PATH=$PATH:/usr/local/cuda/bin
 OUT=${OUT:-$PWD/out}
 mkdir -p "$OUT"
 jobs=${JOBS:-$(($(nproc) / $# > 1 ? $(nproc) / $# : 1))}
-targets=(flashport flashport_cuda)
-[ "${TESTS:-0}" = 1 ] && targets+=(test_backends test_reliability)
 GEN=()
 command -v ninja >/dev/null && GEN=(-G Ninja)
 pids=()
 for t in "$@"; do
   name=${t%%=*} src=${t#*=}
+  targets=(flashport flashport_cuda)
+  [[ " ${TESTS:-} " == *" $name "* ]] && targets+=(test_backends test_reliability)
   (
     start=$(date +%s)
     cmake -S "$src" -B "build-ab/$name" "${GEN[@]}" -DCMAKE_BUILD_TYPE=Release \

@@ -9,8 +9,16 @@
 #
 #   OUT=/tmp/out tests/gpu/ab_builds.sh old=build-main-src new=. ref=build-noguard-src
 #
-# Prints one line per tree (rc, seconds, kernels that spill); logs in $OUT/ab_build_NAME.log.
+# Prints one line per tree (rc, seconds, kernels that spill: ptxas's reports in this run's log,
+# so a tree brought up to date counts only the kernels it compiled again); logs in
+# $OUT/ab_build_NAME.log.
 set -uo pipefail
+usage() {
+  echo "usage: ab_builds.sh NAME=SRC [NAME=SRC ...]" >&2
+  exit 2
+}
+[ $# -gt 0 ] || usage
+for t in "$@"; do [[ $t == ?*=?* ]] || usage; done
 export PATH=$PATH:/usr/local/cuda/bin
 OUT=${OUT:-$PWD/out}
 mkdir -p "$OUT"

@@ -23,6 +23,7 @@ done
 names=(old new ref)
 for ((i = 3; i < ${#libs[@]}; i++)); do names+=("lib$((i + 1))"); done
 rounds=${AB_ROUNDS:-2}
+[[ $rounds =~ ^[1-9][0-9]*$ ]] || { echo "ab_libs.sh: AB_ROUNDS must be a positive count" >&2; exit 2; }
 OUT=${OUT:-$PWD/out-ab}
 args=("$@")
 [ ${#args[@]} -gt 0 ] || args=(--impls fa2 --rounds 1 --rep 20)
@@ -69,9 +70,9 @@ for d in ("fwd", "bwd"):
         print(f"{d}: controls " + "; ".join(
             f"{n}{rounds}/{n}1 {span([r[f'{n}{rounds}'][k] / r[f'{n}1'][k] for k in keys])}"
             for n in names))
-print("per shape: ours / FA2 in the same process, each round, then the builds' means over old's "
-      "and new / ref")
-print("dir dtype D N H causal | " + " | ".join(names) + " | " +
+print("per shape: ours / FA2 in the same process, each round, then the builds' means over "
+      f"{names[0]}'s" + (f" and {names[1]} / {names[2]}" if len(names) > 2 else ""))
+print("dir dtype D N H[/HKV] causal | " + " | ".join(names) + " | " +
       " ".join(f"{n}/{names[0]}" for n in names[1:]) +
       (f" {names[1]}/{names[2]}" if len(names) > 2 else ""))
 for k in sorted(r[f"{names[0]}1"], key=lambda k: (k[6], int(k[1]), int(k[2]), k[5], k[0])):
@@ -80,5 +81,6 @@ for k in sorted(r[f"{names[0]}1"], key=lambda k: (k[6], int(k[1]), int(k[2]), k[
     rel = " ".join(f"{mean(n, k) / mean(names[0], k):.3f}" for n in names[1:])
     if len(names) > 2:
         rel += f" {mean(names[1], k) / mean(names[2], k):.3f}"
-    print(f"{k[6]} {k[0]} {k[1]} {k[2]} {k[3]} {k[5]} | {cols} | {rel}")
+    heads = k[3] if k[4] == k[3] else f"{k[3]}/{k[4]}"
+    print(f"{k[6]} {k[0]} {k[1]} {k[2]} {heads} {k[5]} | {cols} | {rel}")
 PY

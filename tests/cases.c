@@ -7,7 +7,8 @@
  * see no key (Nq > Nk with causal, windows that miss every key, empty key sequences); f32, f16
  * and bf16; fp8 e4m3 / e5m2 forward with o in bf16 / f16 and descales (forward only: every
  * backend must refuse their backward); packed-qkv, permuted and padded, and head-dim-strided
- * layouts. The four N = 1000 cases dominate the run time; keep big cases rare.
+ * layouts. The N = 1000 cases and the N = 1100 sliding window dominate the run time; keep big
+ * cases rare.
  */
 #include "tests/cases.h"
 
@@ -108,6 +109,12 @@ static const tc_case table[] = {
     {DENSE(BF16, 1, 2, 2, 129, 65, 64), WINDOW(-1, 3)},
     {DENSE(F32, 1, 2, 1, 63, 129, 40), WINDOW(4, -1), .deterministic = 1},
     {DENSE(F16, 1, 2, 2, 129, 129, 128), WINDOW(64, 64), .deterministic = 1},
+    /* a sliding window wide enough for key blocks that every row of a 128-query block sees whole
+     * between its two edges: the sm90 forward's edge blocks on both sides of full ones in one
+     * tile. 12 heads make 108 tiles: enough that the CUDA launcher splits no key range (a split
+     * would cut the window apart) and fewer than the H200's 132 SMs, so the kernel of one block
+     * per tile takes it (FLASHPORT_CUDA_SM90_FWD_GRID=2 passes force the persistent one). */
+    {DENSE(BF16, 1, 12, 2, 1100, 1100, 128), WINDOW(600, 0)},
     /* softcap, alone and with everything else */
     {DENSE(F32, 1, 2, 2, 65, 65, 64), .softcap = 2.0f, .quick = 1},
     {DENSE(F16, 1, 2, 2, 129, 129, 64), .softcap = 30.0f, .causal = 1, .scale = 1.0f},

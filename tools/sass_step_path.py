@@ -8,8 +8,10 @@ The step loop: the innermost backward branch whose body holds at least N HGMMA i
 instruction, STL and LDL counts, and the shortest path through one iteration, counted per
 instruction: with branches taken or not as the shortest way round, that is the step that skips
 every rare branch (no softcap / ALiBi, no edge mask, no guard scrub, no mbarrier retry). --edge:
-the shortest path that passes through the edge mask's selects (the run of `FSEL R, R, RZ` or
-`FSEL R, RZ, +QNAN`, selects to 0 or NaN, densest in the loop), the step of an edge block. --list prints the path.
+the shortest path that passes through the edge mask's selects (the run of `FSEL R, R, RZ`,
+`FSEL R, R, -INF` or `FSEL R, RZ, +QNAN`, selects to 0, -inf or NaN, densest in the loop: the
+backward masks P^T and dS^T to 0, the forward masks S to -inf), the step of an edge block. --list
+prints the path.
 """
 import heapq
 import re
@@ -83,7 +85,7 @@ def main():
         return p[::-1]
 
     if '--edge' in args:
-        sel = re.compile(r'(@!?P\d )?FSEL R\d+, (R\d+(\.reuse)?, RZ|RZ, \+QNAN)')
+        sel = re.compile(r'(@!?P\d )?FSEL R\d+, (R\d+(\.reuse)?, (RZ|-INF )|RZ, \+QNAN)')
         body = list(range(src, dst + 1))
         dens = [sum(bool(sel.match(ins[j][1])) for j in body[k:k + 64]) if sel.match(ins[i][1])
                 else 0 for k, i in enumerate(body)]

@@ -31,29 +31,20 @@ mkdir -p "$OUT"
 OLDTREE=${OLDTREE:-$OUT/old-tree}
 [ -d "$OLDTREE" ] || git worktree add --detach "$OLDTREE" "$OLD" >"$OUT/worktree.log" 2>&1 ||
     { cat "$OUT/worktree.log"; exit 1; }
-CLINC=()
-[ -e /usr/include/CL/cl.h ] || CLINC=(-DFLASHPORT_OPENCL_INCLUDE_DIR=/usr/local/cuda/include)
-# build SIDE TARGETS...: the side's tree with CUDA off, the targets given
+# shellcheck source=tests/gpu/opencl_lib.sh
+. "$(dirname "$0")/opencl_lib.sh"
+# build SIDE TARGETS...: the side's tree with CUDA off (opencl_build), the targets given
 build() {
     local side=$1 src=.
     shift
-    [ $side = old ] && src=$OLDTREE
-    GEN=()
-    command -v ninja >/dev/null && [ ! -e "$OUT/build-$side/CMakeCache.txt" ] && GEN=(-G Ninja)
-    { cmake -S "$src" -B "$OUT/build-$side" "${GEN[@]}" -DCMAKE_BUILD_TYPE=Release \
-        -DFLASHPORT_CUDA=OFF -DFLASHPORT_HIP=OFF -DFLASHPORT_OPENCL=ON "${CLINC[@]}" &&
-        cmake --build "$OUT/build-$side" -j "$(nproc)" --target "$@"
-    } >"$OUT/build-$side.log" 2>&1 || { tail -30 "$OUT/build-$side.log"; exit 1; }
+    [ "$side" = old ] && src=$OLDTREE
+    opencl_build "$src" "$OUT/build-$side" "$OUT/build-$side.log" "$@" || exit 1
 }
-build new flashport-bench flashport_opencl $([ "${TABLE:-0}" = 1 ] && echo test_backends)
-if [ "${TABLE:-0}" = 1 ]; then
-    (
-        for part in "^f32 " "^f16 " "^bf16 " "^e"; do # ^e: fp8, refused by the backend
-            echo "### test_backends opencl --workspace --filter '$part'"
-            timeout 300 "$OUT/build-new/bin/test_backends" opencl --workspace --filter "$part"
-            echo "rc=$? ('$part')"
-        done >"$OUT/table.log" 2>&1
-    ) &
+targets=(flashport-bench flashport_opencl)
+[ "${TABLE:-0}" = 1 ] && targets+=(test_backends)
+build new "${targets[@]}"
+if [ "${TABLE:-0}" = 1 ]; then # while the old side builds
+    opencl_table "$OUT/build-new/bin" "$OUT/table.log" &
 fi
 build old flashport-bench flashport_opencl
 wait

@@ -43,24 +43,15 @@ export PATH=$PATH:/usr/local/cuda/bin
 SETTINGS=${SETTINGS:-new fast0 bq16}
 unset FLASHPORT_OPENCL_BWD_FAST FLASHPORT_OPENCL_BWD_BQ FLASHPORT_OPENCL_RED_VEC
 mkdir -p "$OUT" "$WORK"
-CLINC=()
-[ -e /usr/include/CL/cl.h ] || CLINC=(-DFLASHPORT_OPENCL_INCLUDE_DIR=/usr/local/cuda/include)
-GEN=()
-command -v ninja >/dev/null && [ ! -e "$WORK/build/CMakeCache.txt" ] && GEN=(-G Ninja)
-{ cmake -S . -B "$WORK/build" "${GEN[@]}" -DCMAKE_BUILD_TYPE=Release -DFLASHPORT_CUDA=OFF \
-    -DFLASHPORT_HIP=OFF -DFLASHPORT_OPENCL=ON "${CLINC[@]}" &&
-    cmake --build "$WORK/build" -j "$(nproc)" --target flashport-bench flashport_opencl \
-        test_backends test_reliability
-} >"$WORK/build.log" 2>&1 || { tail -30 "$WORK/build.log"; exit 1; }
+# shellcheck source=tests/gpu/opencl_lib.sh
+. "$(dirname "$0")/opencl_lib.sh"
+opencl_build . "$WORK/build" "$WORK/build.log" flashport-bench flashport_opencl test_backends \
+    test_reliability || exit 1
 BIN=$WORK/build/bin
 echo "built in $(($(date +%s) - start)) s"
 
 if [ "${TABLE:-1}" = 1 ]; then
-    for part in "^f32 " "^f16 " "^bf16 " "^e"; do # ^e: fp8, refused by the backend
-        echo "### test_backends opencl --workspace --filter '$part'"
-        timeout 300 "$BIN/test_backends" opencl --workspace --filter "$part"
-        echo "rc=$? ('$part')"
-    done >"$OUT/table.log" 2>&1
+    opencl_table "$BIN" "$OUT/table.log"
     {
         echo "### test_reliability opencl --masked-keys"
         timeout 120 "$BIN/test_reliability" opencl --masked-keys

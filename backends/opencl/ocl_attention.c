@@ -161,7 +161,9 @@ static fp_ocl_program *cache_put(fp_ocl_ctx *ctx, const fp_ocl_program *pr)
  * (query block, fast path) in the current context, built on first use and kept (lock held). A
  * tensor-core (FP_OCL_MMA_NV) build the driver refuses is kept as a failed key, logged once with
  * the driver's log, and gives *out = NULL with FLASHPORT_OK: the caller plans the call again on the
- * plain path. Any other failed build is the call's error, with an excerpt of the driver's log. */
+ * plain path. A build with vector reductions (ctx->red_vec) the driver refuses is made again
+ * without them, and the handle's later programs are built without them. Any other failed build
+ * is the call's error, with an excerpt of the driver's log. */
 static flashport_status get_program(fp_ocl_ctx *ctx, flashport_dtype dtype, int64_t d, int64_t t,
                                     int variant, fp_ocl_program **out)
 {

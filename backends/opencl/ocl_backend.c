@@ -168,12 +168,13 @@ static cl_uint nv_major(const fp_ocl_api *cl, cl_device_id dev)
 
 /* The tensor-core variant of the device (ocl_plan.h): FP_OCL_FA2_NV (mma.sync m16n8k16 through
  * inline PTX; the kernels FA2-shaped, but for the backward above D = 128: tile-shaped) where
- * NVIDIA's driver reports compute capability >= 8.0, else FP_OCL_PLAIN; where a driver refuses a
- * tensor-core program, that program falls back to the plain path. FLASHPORT_OPENCL_MMA=0 forces the
- * plain path (A/B runs), =nv the tensor-core variant on any device (the test of the fallback),
- * =nv-tile the same with the tile-shaped kernels everywhere (A/B of the two shapes), =emulate and
- * =emulate-tile the emulated ones on any device (the tests of the tensor-core layouts). */
-static int device_mma(const fp_ocl_api *cl, cl_device_id dev)
+ * NVIDIA's driver reports compute capability >= 8.0 (major: nv_major's), else FP_OCL_PLAIN; where a
+ * driver refuses a tensor-core program, that program falls back to the plain path.
+ * FLASHPORT_OPENCL_MMA=0 forces the plain path (A/B runs), =nv the tensor-core variant on any
+ * device (the test of the fallback), =nv-tile the same with the tile-shaped kernels everywhere (A/B
+ * of the two shapes), =emulate and =emulate-tile the emulated ones on any device (the tests of the
+ * tensor-core layouts). */
+static int device_mma(cl_uint major)
 {
     static const struct {
         const char *name;
@@ -187,7 +188,7 @@ static int device_mma(const fp_ocl_api *cl, cl_device_id dev)
     for (size_t i = 0; env && i < sizeof forced / sizeof forced[0]; i++)
         if (!strcmp(env, forced[i].name))
             return forced[i].variant;
-    return nv_major(cl, dev) >= 8 ? FP_OCL_FA2_NV : FP_OCL_PLAIN;
+    return major >= 8 ? FP_OCL_FA2_NV : FP_OCL_PLAIN;
 }
 
 /* Names and limits of ctx->device, read again when the handle adopts a caller's device. */
@@ -212,9 +213,10 @@ static flashport_status read_device(fp_ocl_ctx *ctx)
         return st;
     ctx->local_mem = (size_t)local;
     ctx->max_alloc = (size_t)max_alloc;
-    ctx->mma = device_mma(cl, ctx->device);
+    const cl_uint major = nv_major(cl, ctx->device);
+    ctx->mma = device_mma(major);
     const char *red = getenv("FLASHPORT_OPENCL_RED_VEC");
-    ctx->red_vec = nv_major(cl, ctx->device) >= 9 && !(red && !strcmp(red, "0"));
+    ctx->red_vec = major >= 9 && !(red && !strcmp(red, "0"));
     cl_device_type type = 0;
     (void)cl->clGetDeviceInfo(ctx->device, CL_DEVICE_TYPE, sizeof type, &type, NULL);
     ctx->unroll_all = !(type & CL_DEVICE_TYPE_CPU);

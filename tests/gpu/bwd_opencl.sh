@@ -19,12 +19,12 @@
 #
 #   OUT=/tmp/bwd tests/gpu/bwd_opencl.sh
 #
-# Environment: SETTINGS (default "new fast0 bq16"), ROUNDS (default 2), MMA (default nv), DTYPE (default bf16), DIMS (default
-# "64 128 256"), SEQLENS (default "2048 8192"), TOKENS and HIDDEN (B * N and H * D, default 16384
-# and 2048, the ANCHORS grid), ITERS (default 5), PLATFORM (default NVIDIA), TABLE (default 1),
-# SDPA (default 1), WORK (default /tmp/bwd_opencl), STOP_S (default 450: no bench run starts
-# after this many seconds of the script, each is stopped after 90, so that the whole stays
-# within a device call of 540 s and bwd.md is written).
+# Environment: SETTINGS (default "new fast0 bq16"), ROUNDS (default 2), MMA (default nv), DTYPE
+# (default bf16), DIMS (default "64 128 256"), SEQLENS (default "2048 8192"), TOKENS and HIDDEN
+# (B * N and H * D, default 16384 and 2048, the ANCHORS grid), ITERS (default 5), PLATFORM
+# (default NVIDIA), TABLE (default 1), SDPA (default 1), WORK (default /tmp/bwd_opencl), STOP_S
+# (default 450: no bench run starts after this many seconds of the script, each is stopped after
+# 90, so that the whole stays within a device call of 540 s and bwd.md is written).
 # Expected on the H200 (16 cores): build ~60 s, table and masked keys ~100 s, SDPA ~40 s, 28
 # bench runs of ~10 s: ~480 s.
 set -uo pipefail

@@ -72,8 +72,8 @@ check() {
         grep -A1 "^\.extern" "$TMP/$name.ptx" | head -6
         return 1
     fi
-    [ "$4" != 2 ] ||
-        sed -i -e 's/^\.version 7\.0$/.version 8.1/' -e 's/^\.target sm_80/.target sm_90/' "$TMP/$name.ptx"
+    [ "$4" != 2 ] || sed -i -e 's/^\.version 7\.0$/.version 8.1/' \
+        -e 's/^\.target sm_80/.target sm_90/' "$TMP/$name.ptx"
     [ -z "${KEEP:-}" ] || cp "$TMP/$name.ptx" "$KEEP/"
     if ! "$PTXAS" -arch=sm_90 -v -o "$TMP/$name.cubin" "$TMP/$name.ptx" >"$TMP/$name.v" 2>&1; then
         echo "$name: ptxas failed:"
